@@ -1,0 +1,217 @@
+"""Run configuration: TOML files in `configs/`, validated up front, overridden by CLI flags.
+
+A config has five tables: `[data]`, `[members]`, `[training]`, `[placement]`, `[aggregation]`
+(plus the optional `[data.synthetic]`). Unknown keys and wrong types are rejected with a
+`UsageError` that names the key and the expected type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+from ensemble.errors import UsageError
+
+AGGREGATORS = ("mean", "vote")
+ACTIVATIONS = ("relu", "tanh", "gelu", "elu", "sigmoid", "swish")
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "digits.toml"
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """`make_classification` parameters of the built-in `synthetic` source."""
+
+    rows: int = 50_000
+    features: int = 64
+    classes: int = 10
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the data comes from and how it is split (fractions of all rows)."""
+
+    source: str = "digits"
+    target: str = "target"
+    test_size: float = 0.2
+    validation_size: float = 0.1
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+@dataclass(frozen=True)
+class MembersConfig:
+    """The ensemble members: `count` MLPs with `hidden` layer widths."""
+
+    count: int = 4
+    hidden: tuple[int, ...] = (128, 64)
+    activation: str = "relu"
+    dropout: float = 0.0
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Adam training of every member; `seed` is the run seed."""
+
+    epochs: int = 20
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    seed: int = 0
+    deterministic: bool = True
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """Device spec: `auto`, `cpu:N` or a comma-separated list of device names."""
+
+    devices: str = "auto"
+
+
+@dataclass(frozen=True)
+class AggregationConfig:
+    """Aggregators applied to the members' predictions (`mean`, `vote`)."""
+
+    aggregators: tuple[str, ...] = AGGREGATORS
+
+
+@dataclass(frozen=True)
+class Config:
+    """The resolved configuration of a run."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    members: MembersConfig = field(default_factory=MembersConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (tuples become lists)."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    def sha256(self) -> str:
+        """sha256 of the canonical JSON of `to_dict()` (sorted keys)."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is tuple:
+        return f"list of {get_args(tp)[0].__name__}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check `value` against the annotated type `tp`; return it in that type."""
+    if get_origin(tp) is tuple:
+        item = get_args(tp)[0]
+        if not isinstance(value, (list, tuple)):
+            raise UsageError(f"Expected `{key}` to be a {_type_name(tp)}. Received: {key}={value!r}")
+        return tuple(_coerce(f"{key}[{i}]", v, item) for i, v in enumerate(value))
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
+        raise UsageError(f"Expected `{key}` to be a {_type_name(tp)}. Received: {key}={value!r}")
+    return value
+
+
+def _build(cls: type, table: Any, prefix: str) -> Any:
+    if not isinstance(table, dict):
+        raise UsageError(f"Expected `{prefix}` to be a table. Received: {prefix}={table!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - set(fields))
+    if unknown:
+        raise UsageError(
+            f"Unknown config key `{prefix}.{unknown[0]}`; expected one of: {', '.join(fields)}"
+        )
+    kwargs = {}
+    hints = get_type_hints(cls)
+    for name, value in table.items():
+        tp = hints[name]
+        key = f"{prefix}.{name}"
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, value, key)
+        else:
+            kwargs[name] = _coerce(key, value, tp)
+    return cls(**kwargs)
+
+
+def _check_ranges(cfg: Config) -> None:
+    def positive(key: str, value: float) -> None:
+        if value <= 0:
+            raise UsageError(f"Expected `{key}` to be positive. Received: {key}={value!r}")
+
+    positive("members.count", cfg.members.count)
+    positive("training.epochs", cfg.training.epochs)
+    positive("training.batch_size", cfg.training.batch_size)
+    positive("training.learning_rate", cfg.training.learning_rate)
+    for i, width in enumerate(cfg.members.hidden):
+        positive(f"members.hidden[{i}]", width)
+    syn = cfg.data.synthetic
+    for name in ("rows", "features", "classes"):
+        positive(f"data.synthetic.{name}", getattr(syn, name))
+    if cfg.training.seed < 0:
+        raise UsageError(f"Expected `training.seed` to be >= 0. Received: {cfg.training.seed}")
+    if not 0.0 <= cfg.members.dropout < 1.0:
+        raise UsageError(f"Expected `members.dropout` in [0, 1). Received: {cfg.members.dropout}")
+    if cfg.members.activation not in ACTIVATIONS:
+        raise UsageError(
+            f"Expected `members.activation` to be one of {', '.join(ACTIVATIONS)}. "
+            f"Received: {cfg.members.activation!r}"
+        )
+    for key in ("test_size", "validation_size"):
+        value = getattr(cfg.data, key)
+        if not 0.0 < value < 1.0:
+            raise UsageError(f"Expected `data.{key}` in (0, 1). Received: {value}")
+    if cfg.data.test_size + cfg.data.validation_size >= 0.9:
+        raise UsageError("Expected `data.test_size + data.validation_size` below 0.9.")
+    bad = [a for a in cfg.aggregation.aggregators if a not in AGGREGATORS]
+    if bad or not cfg.aggregation.aggregators:
+        raise UsageError(
+            f"Expected `aggregation.aggregators` from {', '.join(AGGREGATORS)}. "
+            f"Received: {list(cfg.aggregation.aggregators)}"
+        )
+
+
+def from_dict(table: dict[str, Any]) -> Config:
+    """Build and validate a `Config` from nested dicts (the TOML tables).
+
+    Raises:
+        UsageError: unknown key, wrong type or out-of-range value; the message names the key.
+    """
+    cfg = _build(Config, table, "config")
+    _check_ranges(cfg)
+    return cfg
+
+
+def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a TOML config (default `configs/digits.toml`) and apply dotted-key overrides.
+
+    Args:
+        path: TOML file; None for the default config.
+        overrides: e.g. `{"members.count": 4, "training.epochs": 2}`; None values are ignored.
+
+    Raises:
+        UsageError: missing or unparsable file, unknown key, wrong type or value.
+    """
+    path = Path(path) if path is not None else DEFAULT_CONFIG
+    try:
+        table = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"Config file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"Cannot read config file {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"Config file {path} is not valid TOML: {exc}") from None
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = table
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return from_dict(table)

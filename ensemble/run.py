@@ -1,0 +1,111 @@
+"""Preparing a run directory and keeping its manifest (shared by both replication modes).
+
+`prepare` loads and splits the data, fits the scaler, stores the scaled splits under `data/`,
+places the members and writes the first manifest (status `running`). Builders then train, and
+`finish` records the artifacts' sha256 and the final status.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ensemble import artifacts, data
+from ensemble.config import Config
+from ensemble.errors import UsageError
+from ensemble.members import member_seed
+from ensemble.placement import place
+from ensemble.preprocessing import Preprocessing
+
+
+def new_run_id(cfg: Config) -> str:
+    """`YYYYmmdd-HHMMSS-<first 6 hex of the config sha256>` (UTC)."""
+    return f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{cfg.sha256()[:6]}"
+
+
+def check_run_dir(run_dir: Path, overwrite: bool) -> None:
+    """Refuse to train into a directory that already holds a run, unless `overwrite`.
+
+    Raises:
+        UsageError: `run_dir` holds a manifest, or is a file.
+    """
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"Run directory {run_dir} is a file; expected a directory.")
+    if (run_dir / artifacts.MANIFEST).exists():
+        if not overwrite:
+            raise UsageError(f"Run directory {run_dir} already holds a run; "
+                             "pass --overwrite to replace it or choose another --run-dir.")
+        for sub in ("members", "data", "checkpoints"):
+            shutil.rmtree(run_dir / sub, ignore_errors=True)
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and the libraries a run depends on."""
+    import joblib
+    import keras
+    import pyarrow
+    import sklearn
+    import tensorflow as tf
+
+    import ensemble
+
+    return {"python": platform.python_version(), "tensorflow": tf.__version__,
+            "keras": keras.__version__, "numpy": np.__version__, "scikit-learn": sklearn.__version__,
+            "pyarrow": pyarrow.__version__, "joblib": joblib.__version__,
+            "ensemble": ensemble.__version__}
+
+
+def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
+            overwrite: bool = False) -> dict[str, Any]:
+    """Create the run directory up to training: data splits, preprocessing, placement.
+
+    Args:
+        devices: canonical device names; members are placed on them round robin.
+
+    Returns:
+        The manifest (also written to `run_dir/manifest.json`).
+
+    Raises:
+        UsageError: bad data or an existing run (see `check_run_dir`).
+    """
+    start = time.perf_counter()
+    check_run_dir(run_dir, overwrite)
+    ds = data.load(cfg.data)
+    rows, classes = data.split(ds, cfg.data, cfg.training.seed)
+    pre = Preprocessing.fit(ds, rows["train"], classes)
+    x, y = pre.transform(ds), data.encode(ds.y, classes)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    artifacts.write_splits(run_dir, {s: x[r] for s, r in rows.items()},
+                           {s: y[r] for s, r in rows.items()}, rows)
+    artifacts.write_text(run_dir / artifacts.PREPROCESSING, pre.to_json())
+    placement = place(cfg.members.count, devices)
+    manifest = {
+        "run_id": new_run_id(cfg), "mode": mode, "status": "running",
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": cfg.to_dict(), "config_sha256": cfg.sha256(),
+        "dataset": {"name": ds.name, "source": cfg.data.source, "target": cfg.data.target,
+                    "rows": {s: int(len(r)) for s, r in rows.items()},
+                    "feature_names": list(ds.feature_names), "classes": classes.tolist(),
+                    "sha256": ds.sha256()},
+        "devices": list(devices),
+        "members": [{"index": i, "seed": member_seed(cfg.training.seed, i), "device": d,
+                     "status": "pending"} for i, d in enumerate(placement)],
+        "versions": versions(),
+        "timings": {"prepare_seconds": time.perf_counter() - start},
+    }
+    artifacts.write_manifest(run_dir, manifest)
+    return manifest
+
+
+def finish(run_dir: Path, manifest: dict[str, Any], status: str, **timings: float) -> None:
+    """Record the final status, timings (seconds) and every artifact's sha256."""
+    manifest["status"] = status
+    manifest["timings"].update(timings)
+    manifest["artifacts"] = artifacts.artifact_hashes(run_dir)
+    artifacts.write_manifest(run_dir, manifest)

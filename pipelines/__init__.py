@@ -1,0 +1,1 @@
+"""Pipelines: train, predict, evaluate, aggregate, compare, benchmark; the CLI lives here."""

@@ -1,0 +1,162 @@
+"""The `ensemble` command line: one small function per subcommand, `main(argv) -> int`.
+
+Exit status: 0 success, 2 bad input or usage (one line on stderr naming the bad value and what
+was expected, no traceback), 1 an internal failure. Heavy modules are imported inside the
+subcommands so that a between-graph client starts lean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from ensemble.errors import UsageError  # noqa: E402
+
+MODES = ("in-graph", "between-graph")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, no usage dump
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _positive(text: str) -> int:
+    if not text.lstrip("-").isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, received {text!r}")
+    return int(text)
+
+
+def _nonneg(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, received {text!r}")
+    return int(text)
+
+
+def _load_config(args):
+    from ensemble import config
+
+    return config.load(args.config, {
+        "data.source": args.data, "data.target": args.target, "members.count": args.members,
+        "training.epochs": args.epochs, "training.seed": args.seed,
+        "placement.devices": args.devices})
+
+
+def cmd_train(args) -> int:
+    from pipelines import evaluate, train
+
+    cfg = _load_config(args)
+    run_dir = Path(args.run_dir) if args.run_dir else train.default_run_dir(cfg)
+    if args.mode == "in-graph":
+        train.train_in_graph(cfg, run_dir, overwrite=args.overwrite)
+    else:
+        from pipelines import between
+
+        between.train_between_graph(cfg, run_dir, jobs=args.jobs, overwrite=args.overwrite)
+    print(f"run directory: {run_dir}")
+    print(evaluate.evaluate(run_dir)[1])
+    return 0
+
+
+def cmd_predict(args) -> int:
+    from pipelines import predict
+
+    if args.mode == "in-graph":
+        predict.predict_in_graph(Path(args.run), args.data, Path(args.out), args.target,
+                                 args.devices)
+    else:
+        from pipelines import between
+
+        between.predict_between_graph(Path(args.run), args.data, Path(args.out), args.target,
+                                      jobs=args.jobs)
+    print(f"predictions: {args.out}")
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from pipelines import evaluate
+
+    preds = Path(args.predictions) if args.predictions else None
+    print(evaluate.evaluate(Path(args.run) if args.run else None, preds)[1])
+    return 0
+
+
+def cmd_aggregate(args) -> int:
+    from pipelines import between
+
+    between.aggregate_run(Path(args.run))
+    print(f"aggregated: {args.run}")
+    return 0
+
+
+def cmd_client(args) -> int:
+    from ensemble import between_graph
+
+    between_graph.run_client(Path(args.run), args.member, threads=args.threads)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="ensemble", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    t = sub.add_parser("train", help="train an ensemble and write a run directory")
+    t.add_argument("--config", help="TOML config (default configs/digits.toml)")
+    t.add_argument("--mode", choices=MODES, default="in-graph")
+    t.add_argument("--data", help="digits, breast_cancer, wine, iris, synthetic, or a file")
+    t.add_argument("--target", help="target column of a .csv/.parquet source")
+    t.add_argument("--members", type=_positive)
+    t.add_argument("--epochs", type=_positive)
+    t.add_argument("--seed", type=_nonneg)
+    t.add_argument("--devices", help="auto, cpu:N, or device names such as /GPU:0,/GPU:1")
+    t.add_argument("--jobs", type=_positive, help="between-graph: concurrent clients")
+    t.add_argument("--run-dir", help="output folder (default artifacts/<run_id>)")
+    t.add_argument("--overwrite", action="store_true", help="replace an existing run")
+    t.set_defaults(func=cmd_train)
+
+    pr = sub.add_parser("predict", help="predict a data set with a trained run")
+    pr.add_argument("--run", required=True)
+    pr.add_argument("--data", required=True)
+    pr.add_argument("--target")
+    pr.add_argument("--mode", choices=MODES, default="in-graph")
+    pr.add_argument("--devices", default="auto")
+    pr.add_argument("--jobs", type=_positive)
+    pr.add_argument("--out", required=True, help="FILE.parquet")
+    pr.set_defaults(func=cmd_predict)
+
+    e = sub.add_parser("evaluate", help="the ensemble against its members")
+    e.add_argument("--run")
+    e.add_argument("--predictions", help="a predictions Parquet file (default: the run's)")
+    e.set_defaults(func=cmd_evaluate)
+
+    a = sub.add_parser("aggregate", help="the between-graph aggregator")
+    a.add_argument("--run", required=True)
+    a.set_defaults(func=cmd_aggregate)
+
+    c = sub.add_parser("client", help="train one member of a prepared between-graph run")
+    c.add_argument("--run", required=True)
+    c.add_argument("--member", required=True, type=_nonneg)
+    c.add_argument("--threads", type=_positive, help="TensorFlow intra-op threads")
+    c.set_defaults(func=cmd_client)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status instead of exiting."""
+    try:
+        args = _parser().parse_args(argv)
+        return args.func(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

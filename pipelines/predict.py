@@ -1,0 +1,77 @@
+"""`ensemble predict`: apply a trained run to a data set and write its predictions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ensemble import artifacts, data, devices, tables
+from ensemble.config import DataConfig
+from ensemble.errors import UsageError
+from ensemble.placement import place
+from ensemble.preprocessing import Preprocessing
+
+
+def load_input(run_dir: Path, source: str, target: str | None):
+    """Read and scale the input of a prediction, matching its columns by name.
+
+    Returns:
+        (manifest, preprocessing, scaled x `[n_rows, n_features]` float32,
+        class indices `[n_rows]` or None when the input has no target column).
+    """
+    manifest = artifacts.read_manifest(run_dir)
+    pre = Preprocessing.read(Path(run_dir) / artifacts.PREPROCESSING)
+    target = target or manifest["dataset"].get("target", "target")
+    ds = data.load(DataConfig(source=source, target=target), require_target=False)
+    x = pre.transform(ds)
+    y = None if ds.y is None else data.encode(ds.y, pre.classes)
+    return manifest, pre, x, y
+
+
+def load_member(path: Path, device: str):
+    """Load one member with `safe_mode=True` onto `device`.
+
+    Raises:
+        UsageError: missing file, or a model that cannot be loaded safely.
+    """
+    import keras
+    import tensorflow as tf
+
+    if not path.is_file():
+        raise UsageError(f"Member model not found: {path}")
+    try:
+        with tf.device(device):
+            return keras.saving.load_model(path, safe_mode=True, compile=False)
+    except Exception as exc:  # Keras raises ValueError/TypeError/OSError for bad files
+        raise UsageError(f"Cannot load member model {path} safely: "
+                         f"{str(exc).splitlines()[0][:300]}") from None
+
+
+def check_out(out: Path) -> Path:
+    if out.suffix != ".parquet":
+        raise UsageError(f"Expected --out to end in .parquet. Received: {out}")
+    return out
+
+
+def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None = None,
+                     device_spec: str = "auto", batch_size: int = 16384):
+    """Rebuild the in-graph inference graph on this machine's devices and predict `source`.
+
+    Returns:
+        The predictions table (also written to `out`, split `predict`).
+    """
+    check_out(out)
+    manifest, pre, x, y = load_input(run_dir, source, target)
+    n = len(manifest["members"])
+    devs = place(n, devices.resolve(device_spec, n))
+    from ensemble.in_graph import InGraphEnsemble
+
+    models = [load_member(artifacts.member_model_path(run_dir, i), d) for i, d in enumerate(devs)]
+    aggs = manifest["config"]["aggregation"]["aggregators"]
+    ens = InGraphEnsemble(models, devs, aggs)
+    member_p, ens_p = ens.predict(x, batch_size)
+    table = tables.predictions_table(dict(enumerate(member_p)), "predict",
+                                     np.arange(len(x)), y, pre.classes, aggs, ens_p)
+    artifacts.write_parquet(out, table)
+    return table

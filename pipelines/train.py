@@ -1,0 +1,73 @@
+"""`ensemble train`: prepare the run directory, train the members, write the artifacts."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from ensemble import artifacts, devices, run, tables
+from ensemble.config import Config
+
+EVAL_SPLITS = ("validation", "test")
+
+
+def default_run_dir(cfg: Config) -> Path:
+    return Path("artifacts") / run.new_run_id(cfg)
+
+
+def configure_tf(deterministic: bool) -> None:
+    """Quiet logs; op determinism when the config asks for it (needed for mode parity)."""
+    import tensorflow as tf
+
+    if deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+
+def save_model(model, path: Path) -> None:
+    """Save a Keras model atomically (Keras 3 format)."""
+    with artifacts.atomic_path(path, suffix=".keras") as tmp:
+        model.save(tmp)
+
+
+def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False) -> dict:
+    """Train every member in one graph (in-graph replication) and write the run directory.
+
+    Returns:
+        The final manifest.
+    """
+    devs = devices.resolve(cfg.placement.devices, cfg.members.count)
+    configure_tf(cfg.training.deterministic)
+    from ensemble.in_graph import InGraphEnsemble
+
+    manifest = run.prepare(cfg, run_dir, "in-graph", devs, overwrite)
+    try:
+        split = {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}
+        classes = np.asarray(manifest["dataset"]["classes"])
+        (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
+        placed = [m["device"] for m in manifest["members"]]
+        start = time.perf_counter()
+        ens = InGraphEnsemble.build(cfg, x_tr.shape[1], len(classes), placed)
+        history = ens.fit(x_tr, y_tr, x_val, y_val, cfg.training.seed, cfg.training.epochs,
+                          cfg.training.batch_size)
+        train_seconds = time.perf_counter() - start
+        for i, model in enumerate(ens.models):
+            save_model(model, artifacts.member_model_path(run_dir, i))
+            manifest["members"][i]["status"] = "completed"
+        start = time.perf_counter()
+        parts = []
+        for s in EVAL_SPLITS:
+            x, y, rows = split[s]
+            member_p, ens_p = ens.predict(x)
+            parts.append(tables.predictions_table(dict(enumerate(member_p)), s, rows, y,
+                                                  classes, cfg.aggregation.aggregators, ens_p))
+        tables.write_outputs(run_dir, pa.concat_tables(parts), tables.history_table(history))
+        run.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
+                   predict_seconds=time.perf_counter() - start)
+    except BaseException:
+        manifest["status"] = "failed"
+        artifacts.write_manifest(run_dir, manifest)
+        raise
+    return manifest
