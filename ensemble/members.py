@@ -15,6 +15,7 @@ import numpy as np
 
 from ensemble import metrics
 from ensemble.config import MembersConfig
+from ensemble.errors import UsageError
 
 
 def member_seed(run_seed: int, index: int) -> int:
@@ -57,6 +58,26 @@ def build_optimizer(model, learning_rate: float):
     opt = keras.optimizers.Adam(learning_rate)
     opt.build(model.trainable_variables)
     return opt
+
+
+def load_member(path, device: str):
+    """Load a saved member with `safe_mode=True` onto `device`.
+
+    Raises:
+        UsageError: missing file, or a model that cannot be loaded safely (names the file).
+    """
+    import keras
+    import tensorflow as tf
+    from pathlib import Path
+
+    if not Path(path).is_file():
+        raise UsageError(f"Member model not found: {path}")
+    try:
+        with tf.device(device):
+            return keras.saving.load_model(path, safe_mode=True, compile=False)
+    except Exception as exc:  # Keras raises ValueError/TypeError/OSError for bad files
+        raise UsageError(f"Cannot load member model {path} safely: "
+                         f"{str(exc).splitlines()[0][:300]}") from None
 
 
 def train_step(model, optimizer, x, y, idx):

@@ -8,6 +8,8 @@ does not; scikit-learn has no ECE).
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from sklearn.metrics import accuracy_score, brier_score_loss
 
@@ -42,7 +44,9 @@ def brier(y: np.ndarray, p: np.ndarray) -> float:
     """Multiclass Brier score: mean over rows of `sum_c (p_c - onehot_c)^2` (Brier 1950);
     computed by `sklearn.metrics.brier_score_loss` with every class listed."""
     y, p = _check(y, p)
-    return float(brier_score_loss(y, p, labels=np.arange(p.shape[1])))
+    with warnings.catch_warnings():  # float32 rows sum to 1 within 1e-6, not sklearn's 1e-8
+        warnings.filterwarnings("ignore", message="The y_prob values do not sum to one")
+        return float(brier_score_loss(y, p, labels=np.arange(p.shape[1])))
 
 
 def ece(y: np.ndarray, p: np.ndarray, n_bins: int = ECE_BINS) -> float:

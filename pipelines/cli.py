@@ -12,11 +12,26 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from ensemble.errors import UsageError  # noqa: E402
 
 MODES = ("in-graph", "between-graph")
+
+
+def _import_tensorflow_quietly() -> None:
+    """Import TensorFlow with stderr silenced: its C++ runtime prints start-up banners (oneDNN,
+    CUDA probing) before any log level applies. Errors still surface as Python exceptions."""
+    if "tensorflow" in sys.modules:
+        return
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -95,7 +110,13 @@ def cmd_aggregate(args) -> int:
 def cmd_client(args) -> int:
     from ensemble import between_graph
 
-    between_graph.run_client(Path(args.run), args.member, threads=args.threads)
+    if args.predict:
+        if not args.out:
+            raise UsageError("client: --predict needs --out FILE.parquet")
+        between_graph.predict_client(Path(args.run), args.member, Path(args.predict),
+                                     Path(args.out), threads=args.threads)
+    else:
+        between_graph.run_client(Path(args.run), args.member, threads=args.threads)
     return 0
 
 
@@ -139,7 +160,9 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("client", help="train one member of a prepared between-graph run")
     c.add_argument("--run", required=True)
     c.add_argument("--member", required=True, type=_nonneg)
-    c.add_argument("--threads", type=_positive, help="TensorFlow intra-op threads")
+    c.add_argument("--threads", type=_positive, help="TensorFlow intra/inter-op threads")
+    c.add_argument("--predict", help="predict this .npz input instead of training")
+    c.add_argument("--out", help="with --predict: the member's predictions FILE.parquet")
     c.set_defaults(func=cmd_client)
     return p
 
@@ -148,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status instead of exiting."""
     try:
         args = _parser().parse_args(argv)
+        if args.command in ("train", "predict", "client", "compare"):
+            _import_tensorflow_quietly()
         return args.func(args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)

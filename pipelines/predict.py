@@ -9,6 +9,7 @@ import numpy as np
 from ensemble import artifacts, data, devices, tables
 from ensemble.config import DataConfig
 from ensemble.errors import UsageError
+from ensemble.members import load_member
 from ensemble.placement import place
 from ensemble.preprocessing import Preprocessing
 
@@ -27,25 +28,6 @@ def load_input(run_dir: Path, source: str, target: str | None):
     x = pre.transform(ds)
     y = None if ds.y is None else data.encode(ds.y, pre.classes)
     return manifest, pre, x, y
-
-
-def load_member(path: Path, device: str):
-    """Load one member with `safe_mode=True` onto `device`.
-
-    Raises:
-        UsageError: missing file, or a model that cannot be loaded safely.
-    """
-    import keras
-    import tensorflow as tf
-
-    if not path.is_file():
-        raise UsageError(f"Member model not found: {path}")
-    try:
-        with tf.device(device):
-            return keras.saving.load_model(path, safe_mode=True, compile=False)
-    except Exception as exc:  # Keras raises ValueError/TypeError/OSError for bad files
-        raise UsageError(f"Cannot load member model {path} safely: "
-                         f"{str(exc).splitlines()[0][:300]}") from None
 
 
 def check_out(out: Path) -> Path:

@@ -1,0 +1,149 @@
+"""Between-graph pipelines: the launcher, the aggregator run and between-graph prediction.
+
+The launcher prepares the run directory once (data split, preprocessing, placement), then runs
+one `ensemble client` process per member through a joblib pool, each with its own TensorFlow
+runtime, its own device and a share of the cores, and finally the aggregator.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ensemble import artifacts, devices, run, tables
+from ensemble.between_graph import aggregate_files, local_device
+from ensemble.config import Config
+from ensemble.errors import UsageError
+
+
+def default_jobs(n_members: int, devs: list[str]) -> int:
+    """As many concurrent clients as members, devices (GPUs) or cores allow."""
+    n_gpus = sum("GPU" in d for d in set(devs))
+    return max(1, min(n_members, n_gpus or devices.cpu_count()))
+
+
+def run_clients(run_dir: Path, commands: dict[int, list[str]], devs: dict[int, str],
+                jobs: int, on_done=None) -> dict[int, float]:
+    """Run one client process per member, `jobs` at a time (joblib thread pool of launchers).
+
+    Args:
+        commands: member index -> `ensemble` CLI arguments of its client.
+        devs: member index -> the member's device in the run.
+        on_done: optional callback `on_done(index)` after a client succeeded.
+
+    Returns:
+        member index -> wall seconds of its process (start-up included).
+
+    Raises:
+        RuntimeError: a client failed; names the member and its last error line.
+    """
+    from joblib import Parallel, delayed
+
+    threads = max(1, devices.cpu_count() // jobs)
+
+    def launch(index: int) -> tuple[int, float]:
+        env = dict(os.environ, **local_device(devs[index])[0])
+        start = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-m", "pipelines.cli", *commands[index], "--threads", str(threads)],
+            env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            err = UsageError if proc.returncode == 2 else RuntimeError
+            raise err(f"client of member {index} failed (exit {proc.returncode}): {last}")
+        if on_done is not None:
+            on_done(index)
+        return index, time.perf_counter() - start
+
+    return dict(Parallel(n_jobs=jobs, prefer="threads")(delayed(launch)(i) for i in commands))
+
+
+def aggregate_run(run_dir: Path) -> dict:
+    """`ensemble aggregate`: combine the member prediction files of a run into the run's
+    predictions, metrics and history, then mark the run completed.
+
+    Raises:
+        UsageError: not a run, or a member's predictions are missing (names the member).
+    """
+    start = time.perf_counter()
+    manifest = artifacts.read_manifest(run_dir)
+    indices = [m["index"] for m in manifest["members"]]
+    preds = aggregate_files([artifacts.member_predictions_path(run_dir, i) for i in indices],
+                            manifest["config"]["aggregation"]["aggregators"])
+    history = [r for i in indices
+               for r in artifacts.read_parquet(artifacts.member_history_path(run_dir, i))
+               .to_pylist()]
+    tables.write_outputs(run_dir, preds, tables.history_table(history))
+    for m in manifest["members"]:
+        m["status"] = "completed"
+    run.finish(run_dir, manifest, "completed", aggregate_seconds=time.perf_counter() - start)
+    return manifest
+
+
+def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
+                        overwrite: bool = False) -> dict:
+    """Prepare the run, train every member in its own client process, then aggregate.
+
+    Returns:
+        The final manifest.
+    """
+    devs = devices.resolve(cfg.placement.devices, cfg.members.count)
+    manifest = run.prepare(cfg, run_dir, "between-graph", devs, overwrite)
+    member_devs = {m["index"]: m["device"] for m in manifest["members"]}
+    jobs = jobs or default_jobs(len(member_devs), devs)
+    lock = threading.Lock()
+
+    def done(index: int) -> None:
+        with lock:
+            manifest["members"][index]["status"] = "completed"
+            artifacts.write_manifest(run_dir, manifest)
+
+    start = time.perf_counter()
+    try:
+        commands = {i: ["client", "--run", str(run_dir), "--member", str(i)] for i in member_devs}
+        seconds = run_clients(run_dir, commands, member_devs, jobs, done)
+    except BaseException:
+        manifest["status"] = "failed"
+        artifacts.write_manifest(run_dir, manifest)
+        raise
+    manifest["timings"].update(train_seconds=time.perf_counter() - start, jobs=jobs,
+                               client_seconds={str(i): s for i, s in seconds.items()})
+    artifacts.write_manifest(run_dir, manifest)
+    proc = subprocess.run([sys.executable, "-m", "pipelines.cli", "aggregate", "--run",
+                           str(run_dir)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"aggregator failed: {proc.stderr.strip()[-500:]}")
+    return artifacts.read_manifest(run_dir)
+
+
+def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | None = None,
+                          jobs: int | None = None):
+    """One client process per member predicts `source`, then the aggregator combines them.
+
+    Returns:
+        The predictions table (also written to `out`, split `predict`).
+    """
+    from pipelines.predict import check_out, load_input
+
+    check_out(out)
+    manifest, _, x, y = load_input(run_dir, source, target)
+    member_devs = {m["index"]: m["device"] for m in manifest["members"]}
+    with tempfile.TemporaryDirectory(prefix="ensemble-predict-") as tmp:
+        x_path = Path(tmp) / "input.npz"
+        np.savez(x_path, x=x, **({} if y is None else {"y": y}))
+        paths = {i: Path(tmp) / f"member-{i}.parquet" for i in member_devs}
+        commands = {i: ["client", "--run", str(run_dir), "--member", str(i),
+                        "--predict", str(x_path), "--out", str(paths[i])] for i in member_devs}
+        run_clients(run_dir, commands, member_devs,
+                    jobs or default_jobs(len(member_devs), list(member_devs.values())))
+        table = aggregate_files([paths[i] for i in member_devs],
+                                manifest["config"]["aggregation"]["aggregators"])
+    artifacts.write_parquet(out, table)
+    return table
