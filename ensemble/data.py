@@ -190,7 +190,7 @@ def encode(y: np.ndarray, classes: np.ndarray) -> np.ndarray:
     unknown = classes[pos] != y
     if np.any(unknown):
         raise UsageError(
-            f"Label {y[unknown][0]!r} is not a class of this run; expected one of "
+            f"Label {y[unknown][0].item()!r} is not a class of this run; expected one of "
             f"{classes.tolist()}"
         )
     return pos.astype(np.int32)

@@ -1,0 +1,52 @@
+"""Test set-up: the CPU split into 4 logical devices before TensorFlow initialises, and tiny
+configs so every training run takes seconds."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+N_LOGICAL_CPUS = 4
+
+
+def pytest_configure(config):
+    from ensemble import devices
+
+    devices.split_cpu(N_LOGICAL_CPUS)
+
+
+TINY = """
+[data]
+source = "digits"
+[members]
+count = 4
+hidden = [32]
+dropout = 0.1
+[training]
+epochs = 2
+batch_size = 64
+seed = 3
+[placement]
+devices = "cpu:2"
+"""
+
+
+@pytest.fixture(scope="session")
+def tiny_config(tmp_path_factory) -> Path:
+    """A 4-member, 2-epoch digits config on 2 logical CPU devices."""
+    path = tmp_path_factory.mktemp("configs") / "tiny.toml"
+    path.write_text(TINY)
+    return path
+
+
+def run_cli(*argv: str) -> int:
+    from pipelines.cli import main
+
+    return main([str(a) for a in argv])

@@ -1,0 +1,58 @@
+import numpy as np
+import pytest
+
+from ensemble.aggregate import aggregate, disagreement, hard_vote, soft_vote
+from ensemble.errors import UsageError
+
+# 3 members, 2 rows, 3 classes
+PROBS = np.array([
+    [[0.7, 0.2, 0.1], [0.1, 0.5, 0.4]],
+    [[0.2, 0.6, 0.2], [0.1, 0.3, 0.6]],
+    [[0.6, 0.3, 0.1], [0.3, 0.3, 0.4]],
+], dtype=np.float32)
+
+
+def test_soft_vote_by_hand():
+    expected = [[1.5 / 3, 1.1 / 3, 0.4 / 3], [0.5 / 3, 1.1 / 3, 1.4 / 3]]
+    np.testing.assert_allclose(soft_vote(PROBS), expected, atol=1e-7)
+
+
+def test_hard_vote_by_hand():
+    # row 0 votes: 0, 1, 0 -> class 0 with 2/3; row 1 votes: 1, 2, 2 -> class 2 with 2/3
+    np.testing.assert_allclose(hard_vote(PROBS), [[2 / 3, 1 / 3, 0], [0, 1 / 3, 2 / 3]], atol=1e-7)
+
+
+def test_hard_vote_ties_go_to_smallest_class():
+    tie = np.array([[[0.9, 0.1]], [[0.2, 0.8]]], dtype=np.float32)
+    shares = hard_vote(tie)
+    np.testing.assert_allclose(shares, [[0.5, 0.5]])
+    assert np.argmax(shares, axis=1)[0] == 0
+
+
+def test_rows_sum_to_one():
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(5), size=(4, 100)).astype(np.float32)
+    for name in ("mean", "vote"):
+        np.testing.assert_allclose(aggregate(p, name).sum(axis=1), 1.0, atol=1e-5)
+
+
+def test_unknown_aggregator_and_bad_shape():
+    with pytest.raises(UsageError, match="median"):
+        aggregate(PROBS, "median")
+    with pytest.raises(UsageError, match="shape"):
+        soft_vote(PROBS[0])
+
+
+def test_disagreement_by_hand():
+    # labels: m0 = [0, 1], m1 = [1, 2], m2 = [0, 2]; pairs: (0,1) 1.0, (0,2) 0.5, (1,2) 0.5
+    assert disagreement(PROBS) == pytest.approx(2 / 3)
+    assert disagreement(PROBS[:1]) == 0.0
+
+
+@pytest.mark.parametrize("name", ["mean", "vote"])
+def test_tensorflow_twin_agrees_with_numpy(name):
+    from ensemble.in_graph import aggregate_tf
+
+    rng = np.random.default_rng(1)
+    p = rng.dirichlet(np.ones(10), size=(5, 300)).astype(np.float32)
+    np.testing.assert_allclose(aggregate_tf(p, name).numpy(), aggregate(p, name), atol=1e-6)

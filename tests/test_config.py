@@ -1,0 +1,62 @@
+import pytest
+
+from ensemble import config
+from ensemble.errors import UsageError
+
+
+def test_default_config_is_digits():
+    cfg = config.load()
+    assert cfg.data.source == "digits"
+    assert cfg.aggregation.aggregators == ("mean", "vote")
+
+
+def test_every_shipped_config_loads():
+    for path in sorted(config.DEFAULT_CONFIG.parent.glob("*.toml")):
+        config.load(path)
+
+
+def test_overrides_win_and_none_is_ignored():
+    cfg = config.load(overrides={"members.count": 7, "training.epochs": None,
+                                 "data.synthetic.rows": 100})
+    assert cfg.members.count == 7
+    assert cfg.training.epochs == config.load().training.epochs
+    assert cfg.data.synthetic.rows == 100
+
+
+@pytest.mark.parametrize("table, match", [
+    ({"members": {"count": "4"}}, r"`config.members.count` to be a int. Received: .*'4'"),
+    ({"members": {"count": True}}, r"members.count"),
+    ({"members": {"hidden": 64}}, r"members.hidden` to be a list of int"),
+    ({"members": {"hidden": [64, "x"]}}, r"members.hidden\[1\]"),
+    ({"training": {"learning_rate": "fast"}}, r"training.learning_rate` to be a float"),
+    ({"training": {"lr": 0.1}}, r"Unknown config key `config.training.lr`"),
+    ({"model": {}}, r"Unknown config key `config.model`"),
+    ({"members": 3}, r"`config.members` to be a table"),
+    ({"members": {"count": 0}}, r"members.count` to be positive"),
+    ({"training": {"epochs": -1}}, r"training.epochs` to be positive"),
+    ({"members": {"dropout": 1.0}}, r"members.dropout"),
+    ({"members": {"activation": "magic"}}, r"members.activation.*'magic'"),
+    ({"aggregation": {"aggregators": ["median"]}}, r"aggregation.aggregators.*median"),
+    ({"data": {"test_size": 0.0}}, r"data.test_size"),
+])
+def test_bad_values_name_the_key(table, match):
+    with pytest.raises(UsageError, match=match):
+        config.from_dict(table)
+
+
+def test_int_is_accepted_for_float():
+    assert config.from_dict({"training": {"learning_rate": 1}}).training.learning_rate == 1.0
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(UsageError, match="not found"):
+        config.load(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[members\ncount = ")
+    with pytest.raises(UsageError, match="not valid TOML"):
+        config.load(bad)
+
+
+def test_sha256_changes_with_content():
+    a, b = config.from_dict({}), config.from_dict({"training": {"seed": 1}})
+    assert a.sha256() == config.from_dict({}).sha256() != b.sha256()

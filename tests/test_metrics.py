@@ -1,0 +1,52 @@
+import numpy as np
+import pytest
+
+from ensemble import metrics as M
+
+Y = np.array([0, 1, 2, 1])
+P = np.array([
+    [0.8, 0.1, 0.1],
+    [0.3, 0.6, 0.1],
+    [0.5, 0.2, 0.3],  # wrong: predicts 0
+    [0.0, 1.0, 0.0],
+])
+
+
+def test_accuracy():
+    assert M.accuracy(Y, P) == 0.75
+
+
+def test_nll_by_hand_with_clip():
+    expected = -(np.log(0.8) + np.log(0.6) + np.log(0.3) + np.log(1.0)) / 4
+    assert M.nll(Y, P) == pytest.approx(expected)
+    zero = np.array([[1.0, 0.0]])
+    assert M.nll(np.array([1]), zero) == pytest.approx(-np.log(1e-12))
+
+
+def test_brier_by_hand():
+    rows = [0.04 + 0.01 + 0.01, 0.09 + 0.16 + 0.01, 0.25 + 0.04 + 0.49, 0.0]
+    assert M.brier(Y, P) == pytest.approx(np.mean(rows))
+
+
+def test_ece_by_hand():
+    # top probabilities 0.8, 0.6, 0.5, 1.0 -> bins 12, 9, 7, 14 (1.0 clamps to the last bin)
+    # every bin holds one row: |acc - conf| = 0.2, 0.4, 0.5, 0.0 -> mean 0.275
+    assert M.ece(Y, P) == pytest.approx(0.275)
+
+
+def test_ece_shared_bin():
+    y = np.array([0, 1])
+    p = np.array([[0.9, 0.1], [0.92, 0.08]])  # both in bin 13, acc 0.5, conf 0.91
+    assert M.ece(y, p) == pytest.approx(0.41)
+
+
+def test_perfect_predictions():
+    y = np.array([0, 1, 2])
+    p = np.eye(3)
+    assert M.all_metrics(y, p) == pytest.approx({"accuracy": 1.0, "nll": 0.0, "brier": 0.0,
+                                                "ece": 0.0})
+
+
+def test_shape_mismatch():
+    with pytest.raises(ValueError, match="n_rows"):
+        M.accuracy(Y[:2], P)
