@@ -62,6 +62,8 @@ def split_cpu(n: int) -> list[str]:
     import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")[0]
+    if len(tf.config.get_logical_device_configuration(cpu) or []) >= n:
+        return [f"/device:CPU:{i}" for i in range(n)]  # an earlier, larger split stands
     try:
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]

@@ -53,10 +53,10 @@ def model_rows(model: str, member: int | None, aggregator: str | None, split: st
         "aggregator": pa.array([aggregator] * n, pa.string()),
         "split": pa.array([split] * n, pa.string()),
         "row": pa.array(np.arange(n, dtype=np.int64)),
-        "source_row": pa.array(np.asarray(rows, np.int64)),
         "y_true": pa.nulls(n, label) if y_true is None
         else pa.array(classes[y_true].tolist(), label),
         "y_pred": pa.array(classes[np.argmax(probs, axis=1)].tolist(), label),
+        "source_row": pa.array(np.asarray(rows, np.int64)),
     }
     for c, name in enumerate(classes.tolist()):
         cols[f"p_{name}"] = pa.array(np.asarray(probs[:, c], np.float32))

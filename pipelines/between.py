@@ -88,14 +88,20 @@ def aggregate_run(run_dir: Path) -> dict:
 
 
 def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
-                        overwrite: bool = False) -> dict:
+                        overwrite: bool = False, prepare_only: bool = False) -> dict:
     """Prepare the run, train every member in its own client process, then aggregate.
+
+    Args:
+        prepare_only: stop after preparing the run directory, so that a scheduler can launch
+            `ensemble client --run RUN --member I` for each member and then `ensemble aggregate`.
 
     Returns:
         The final manifest.
     """
     devs = devices.resolve(cfg.placement.devices, cfg.members.count)
     manifest = run.prepare(cfg, run_dir, "between-graph", devs, overwrite)
+    if prepare_only:
+        return manifest
     member_devs = {m["index"]: m["device"] for m in manifest["members"]}
     jobs = jobs or default_jobs(len(member_devs), devs)
     lock = threading.Lock()

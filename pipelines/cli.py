@@ -65,12 +65,22 @@ def cmd_train(args) -> int:
 
     cfg = _load_config(args)
     run_dir = Path(args.run_dir) if args.run_dir else train.default_run_dir(cfg)
+    if args.prepare_only and args.mode != "between-graph":
+        raise UsageError("--prepare-only is for --mode between-graph")
     if args.mode == "in-graph":
         train.train_in_graph(cfg, run_dir, overwrite=args.overwrite)
     else:
         from pipelines import between
 
-        between.train_between_graph(cfg, run_dir, jobs=args.jobs, overwrite=args.overwrite)
+        manifest = between.train_between_graph(cfg, run_dir, jobs=args.jobs,
+                                               overwrite=args.overwrite,
+                                               prepare_only=args.prepare_only)
+        if args.prepare_only:
+            print(f"prepared run directory: {run_dir}; now run, on any machine that sees it:")
+            for m in manifest["members"]:
+                print(f"  ensemble client --run {run_dir} --member {m['index']}")
+            print(f"then: ensemble aggregate --run {run_dir}")
+            return 0
     print(f"run directory: {run_dir}")
     print(evaluate.evaluate(run_dir)[1])
     return 0
@@ -136,6 +146,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--jobs", type=_positive, help="between-graph: concurrent clients")
     t.add_argument("--run-dir", help="output folder (default artifacts/<run_id>)")
     t.add_argument("--overwrite", action="store_true", help="replace an existing run")
+    t.add_argument("--prepare-only", action="store_true",
+                   help="between-graph: prepare the run for separately launched clients")
     t.set_defaults(func=cmd_train)
 
     pr = sub.add_parser("predict", help="predict a data set with a trained run")

@@ -1,0 +1,166 @@
+"""End to end through the CLI: in-graph train, predict (CSV and Parquet), evaluate, errors."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+from conftest import run_cli
+from sklearn.datasets import load_digits
+
+from ensemble import artifacts
+
+PRED_COLUMNS = ["model", "member", "aggregator", "split", "row", "y_true", "y_pred"]
+METRIC_COLUMNS = ["model", "member", "aggregator", "split", "n", "accuracy", "nll", "brier", "ece"]
+
+
+@pytest.fixture(scope="module")
+def in_graph_run(tmp_path_factory, tiny_config):
+    run_dir = tmp_path_factory.mktemp("runs") / "in-graph"
+    assert run_cli("train", "--config", tiny_config, "--run-dir", run_dir) == 0
+    return run_dir
+
+
+def _probs(table, classes=range(10)):
+    return np.column_stack([table.column(f"p_{c}").to_numpy() for c in classes])
+
+
+def test_manifest_records_placement_and_hashes(in_graph_run):
+    manifest = json.loads((in_graph_run / "manifest.json").read_text())
+    assert manifest["status"] == "completed" and manifest["mode"] == "in-graph"
+    devices = [m["device"] for m in manifest["members"]]
+    assert devices == ["/device:CPU:0", "/device:CPU:1", "/device:CPU:0", "/device:CPU:1"]
+    assert manifest["dataset"]["rows"] == {"train": 1257, "validation": 180, "test": 360}
+    for rel, digest in manifest["artifacts"].items():
+        assert artifacts.sha256_file(in_graph_run / rel) == digest
+    for name in ("predictions.parquet", "metrics.parquet", "history.parquet",
+                 "preprocessing.json", "members/member-3.keras"):
+        assert name in manifest["artifacts"]
+    assert not list(in_graph_run.rglob(".*.tmp"))
+
+
+def test_parquet_artifacts_open_in_pyarrow_pandas_duckdb(in_graph_run):
+    duckdb = pytest.importorskip("duckdb")
+    preds = pq.read_table(in_graph_run / "predictions.parquet")
+    assert preds.column_names[:7] == PRED_COLUMNS
+    assert preds.schema.field("member").type == pa.int32()
+    assert preds.schema.field("row").type == pa.int64()
+    assert json.loads(preds.schema.metadata[b"classes"]) == list(range(10))
+    assert set(preds.column("model").to_pylist()) == {
+        "member-0", "member-1", "member-2", "member-3", "ensemble-mean", "ensemble-vote"}
+    np.testing.assert_allclose(_probs(preds).sum(axis=1), 1.0, atol=1e-5)
+    frame = pq.read_table(in_graph_run / "metrics.parquet").to_pandas()
+    assert list(frame.columns[:9]) == METRIC_COLUMNS
+    con = duckdb.connect()
+    n = con.execute(f"select count(*) from '{in_graph_run / 'predictions.parquet'}' "
+                    "where model = 'ensemble-mean' and split = 'test'").fetchone()[0]
+    assert n == 360
+    hist = pq.read_table(in_graph_run / "history.parquet")
+    assert hist.num_rows == 4 * 2
+    assert hist.column_names == ["member", "epoch", "loss", "val_loss", "val_accuracy", "seconds"]
+
+
+def _independent_metrics(y, p):
+    """Every metric from its definition in DESIGN.md, written out with numpy loops."""
+    top = p.max(axis=1)
+    correct = p.argmax(axis=1) == y
+    ece = 0.0
+    for b in range(15):
+        in_bin = np.minimum(np.floor(15 * top), 14) == b
+        if in_bin.any():
+            ece += in_bin.mean() * abs(correct[in_bin].mean() - top[in_bin].mean())
+    onehot = np.eye(p.shape[1])[y]
+    return {"accuracy": correct.mean(),
+            "nll": -np.mean(np.log(np.clip(p[np.arange(len(y)), y], 1e-12, None))),
+            "brier": np.mean(((p - onehot) ** 2).sum(axis=1)), "ece": ece}
+
+
+def test_metrics_recomputed_from_predictions_match(in_graph_run):
+    preds = pq.read_table(in_graph_run / "predictions.parquet").to_pandas()
+    metrics = pq.read_table(in_graph_run / "metrics.parquet").to_pandas()
+    assert len(metrics) == 6 * 2
+    for _, row in metrics.iterrows():
+        part = preds[(preds.model == row.model) & (preds.split == row.split)]
+        p = part[[f"p_{c}" for c in range(10)]].to_numpy(np.float64)
+        expected = _independent_metrics(part.y_true.to_numpy(), p)
+        assert row.n == len(part)
+        for name, value in expected.items():
+            assert abs(row[name] - value) <= 1e-6, (row.model, row.split, name)
+
+
+def _test_rows_file(run_dir, tmp_path, ext):
+    """The digits test rows, columns in reversed order, target included, as CSV or Parquet."""
+    preds = pq.read_table(run_dir / "predictions.parquet").to_pandas()
+    test = preds[(preds.split == "test") & (preds.model == "ensemble-mean")].sort_values("row")
+    digits = load_digits()
+    rows = test.source_row.to_numpy()
+    cols = {"target": digits.target[rows]}
+    cols.update({n: digits.data[rows, i] for i, n in enumerate(digits.feature_names)})
+    table = pa.table(dict(reversed(list(cols.items()))))
+    path = tmp_path / f"test-rows.{ext}"
+    (pcsv.write_csv if ext == "csv" else pq.write_table)(table, path)
+    return path, preds[preds.split == "test"]
+
+
+@pytest.mark.parametrize("ext", ["csv", "parquet"])
+def test_predict_matches_run_test_predictions(in_graph_run, tmp_path, ext):
+    path, expected = _test_rows_file(in_graph_run, tmp_path, ext)
+    out = tmp_path / "pred.parquet"
+    assert run_cli("predict", "--run", in_graph_run, "--data", path, "--out", out) == 0
+    got = pq.read_table(out).to_pandas()
+    assert set(got.split) == {"predict"}
+    for model in expected.model.unique():
+        e = expected[expected.model == model].sort_values("row")
+        g = got[got.model == model].sort_values("row")
+        assert np.abs(_probs(pa.Table.from_pandas(g)) - _probs(pa.Table.from_pandas(e))).max() \
+            <= 1e-6
+        assert (g.y_true.to_numpy() == e.y_true.to_numpy()).all()
+        assert (g.y_pred.to_numpy() == e.y_pred.to_numpy()).all()
+
+
+def test_evaluate_prints_the_table(in_graph_run, capsys):
+    (in_graph_run / "metrics.parquet").unlink()
+    assert run_cli("evaluate", "--run", in_graph_run) == 0
+    out = capsys.readouterr().out
+    for label in ("member-0", "mean member", "best member", "ensemble-mean", "ensemble-vote",
+                  "ensemble-mean vs mean member", "ensemble-mean vs best member"):
+        assert label in out
+    assert (in_graph_run / "metrics.parquet").is_file()
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["train", "--members", "0"], "--members: expected a positive integer"),
+    (["train", "--mode", "sideways"], "invalid choice: 'sideways'"),
+    (["train", "--devices", "/TPU:9"], "Unknown device '/device:TPU:9'"),
+    (["train", "--devices", "cpu:x"], "cpu:N"),
+    (["train", "--data", "missing.csv"], "Data file not found: missing.csv"),
+    (["train", "--config", "nope.toml"], "Config file not found: nope.toml"),
+    (["evaluate", "--run", "/nonexistent"], "Not a run directory"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_input_exits_2_with_one_line(argv, match, capsys, tmp_path):
+    assert run_cli(*argv, *(["--run-dir", tmp_path / "r"] if argv[0] == "train" else [])) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and match in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_predict_errors(in_graph_run, tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    pcsv.write_csv(pa.table({"pixel_0_0": [1.0]}), bad)
+    assert run_cli("predict", "--run", in_graph_run, "--data", bad, "--out",
+                   tmp_path / "o.parquet") == 2
+    assert "missing from" in capsys.readouterr().err
+    assert run_cli("predict", "--run", in_graph_run, "--data", "digits", "--out",
+                   tmp_path / "o.csv") == 2
+    assert "--out to end in .parquet" in capsys.readouterr().err
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_existing_run_is_not_overwritten(in_graph_run, tiny_config, capsys):
+    before = (in_graph_run / "manifest.json").read_bytes()
+    assert run_cli("train", "--config", tiny_config, "--run-dir", in_graph_run) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert (in_graph_run / "manifest.json").read_bytes() == before

@@ -1,0 +1,83 @@
+"""The in-graph builder: placement read from the traced graph, and members that depend only on
+(run seed, member index)."""
+
+import re
+
+import numpy as np
+import pytest
+
+from ensemble import artifacts, config, devices, run
+from ensemble.placement import place
+
+CFG = config.from_dict({"members": {"count": 4, "hidden": [16], "dropout": 0.1},
+                        "training": {"epochs": 2, "batch_size": 64, "seed": 5}})
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("prepared")
+    run.prepare(CFG, run_dir, "in-graph", ["/device:CPU:0"])
+    return {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}
+
+
+def _build(devs, indices=None):
+    from ensemble.in_graph import InGraphEnsemble
+
+    return InGraphEnsemble.build(CFG, 64, 10, devs, indices)
+
+
+# Variable reads and captured resource handles carry no device in the graph: the runtime
+# colocates them with their variable, whose device the test checks separately.
+COLOCATED = {"Placeholder", "ReadVariableOp"}
+
+
+def _ops_by_member(graph, n_members):
+    found = {k: set() for k in range(n_members)}
+    for op in graph.get_operations():
+        m = re.match(r"member_(\d+)(?:_\d+)?/", op.name)
+        if m and op.type not in COLOCATED:
+            found[int(m.group(1))].add(op.device)
+    return found
+
+
+def test_traced_training_graph_pins_each_member_to_its_device(prepared):
+    devs = place(4, devices.split_cpu(2))
+    assert devs == ["/device:CPU:0", "/device:CPU:1", "/device:CPU:0", "/device:CPU:1"]
+    ens = _build(devs)
+    x, y, _ = prepared["train"]
+    graph = ens.make_train_step(x, y).get_concrete_function().graph
+    found = _ops_by_member(graph, 4)
+    for k in range(4):
+        assert found[k] == {devs[k]}, f"member {k} ops on {found[k]}"
+    # the backward pass (MatMul gradients) is split evenly over the two devices too
+    matmuls = [op.device for op in graph.get_operations() if op.type == "MatMul"]
+    assert matmuls.count("/device:CPU:0") == matmuls.count("/device:CPU:1") > 0
+    # member variables live on the member's device
+    for k, model in enumerate(ens.models):
+        assert all(v.value.device.endswith(devs[k][len("/device"):])
+                   for v in model.trainable_variables)
+
+
+def test_aggregation_ops_run_on_the_client_device():
+    devs = ["/device:CPU:1", "/device:CPU:2"]
+    ens = _build(devs, [0, 1])
+    graph = ens.predict_fn.get_concrete_function().graph
+    found = _ops_by_member(graph, 2)
+    assert found[0] == {devs[0]} and found[1] == {devs[1]}
+    stacks = [op for op in graph.get_operations() if op.type in ("Pack", "Mean", "OneHot")]
+    assert stacks and all(op.device == "/device:CPU:0" for op in stacks)
+
+
+def test_member_alone_equals_member_in_ensemble(prepared):
+    (x, y, _), (xv, yv, _) = prepared["train"], prepared["validation"]
+    seed, epochs, bs = CFG.training.seed, CFG.training.epochs, CFG.training.batch_size
+    full = _build(["/device:CPU:0", "/device:CPU:1", "/device:CPU:2", "/device:CPU:3"])
+    full.fit(x, y, xv, yv, seed, epochs, bs)
+    alone = _build(["/device:CPU:3"], [2])
+    alone.fit(x, y, xv, yv, seed, epochs, bs)
+    for a, b in zip(alone.models[0].get_weights(), full.models[2].get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    other = full.models[1].get_weights()[0]
+    assert not np.allclose(other, full.models[2].get_weights()[0])
+    xt = prepared["test"][0]
+    np.testing.assert_allclose(alone.predict(xt)[0][0], full.predict(xt)[0][2], atol=1e-6)
