@@ -1,17 +1,25 @@
+from pathlib import Path
+
 import pytest
 
 from ensemble import config
 from ensemble.errors import UsageError
 
 
-def test_default_config_is_digits():
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def test_builtin_defaults_equal_configs_digits_toml():
     cfg = config.load()
     assert cfg.data.source == "digits"
     assert cfg.aggregation.aggregators == ("mean", "vote")
+    assert config.load(CONFIGS / "digits.toml") == cfg
 
 
 def test_every_shipped_config_loads():
-    for path in sorted(config.DEFAULT_CONFIG.parent.glob("*.toml")):
+    paths = sorted(CONFIGS.glob("*.toml"))
+    assert len(paths) >= 2
+    for path in paths:
         config.load(path)
 
 
