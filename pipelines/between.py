@@ -7,6 +7,7 @@ runtime, its own device and a share of the cores, and finally the aggregator.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -29,8 +30,30 @@ def default_jobs(n_members: int, devs: list[str]) -> int:
     return max(1, min(n_members, n_gpus or devices.cpu_count()))
 
 
+def run_process(argv: list[str], env: dict | None = None) -> dict:
+    """Run `python -m pipelines.cli ARGV...` and measure it.
+
+    Returns:
+        `{"returncode", "seconds" (wall), "spawned_unix" (time.time() at spawn),
+        "peak_rss_bytes" (the process's own peak resident memory, from wait4), "stdout",
+        "stderr"}`.
+    """
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start, spawned = time.perf_counter(), time.time()
+        proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", *argv], env=env,
+                                stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)  # reap it ourselves to get its rusage
+        seconds = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return {"returncode": proc.returncode, "seconds": seconds, "spawned_unix": spawned,
+                "peak_rss_bytes": usage.ru_maxrss * 1024, "stdout": out.read(),
+                "stderr": err.read()}
+
+
 def run_clients(run_dir: Path, commands: dict[int, list[str]], devs: dict[int, str],
-                jobs: int, on_done=None) -> dict[int, float]:
+                jobs: int, on_done=None) -> dict[int, dict]:
     """Run one client process per member, `jobs` at a time (joblib thread pool of launchers).
 
     Args:
@@ -39,28 +62,29 @@ def run_clients(run_dir: Path, commands: dict[int, list[str]], devs: dict[int, s
         on_done: optional callback `on_done(index)` after a client succeeded.
 
     Returns:
-        member index -> wall seconds of its process (start-up included).
+        member index -> `{"seconds": process wall time, "work_seconds": the client's own
+        training/prediction time, "startup_seconds": the difference, "peak_rss_bytes"}`.
 
     Raises:
-        RuntimeError: a client failed; names the member and its last error line.
+        UsageError / RuntimeError: a client failed (bad input / internal); names the member.
     """
     from joblib import Parallel, delayed
 
     threads = max(1, devices.cpu_count() // jobs)
 
-    def launch(index: int) -> tuple[int, float]:
+    def launch(index: int) -> tuple[int, dict]:
         env = dict(os.environ, **local_device(devs[index])[0])
-        start = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, "-m", "pipelines.cli", *commands[index], "--threads", str(threads)],
-            env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            err = UsageError if proc.returncode == 2 else RuntimeError
-            raise err(f"client of member {index} failed (exit {proc.returncode}): {last}")
+        res = run_process([*commands[index], "--threads", str(threads)], env)
+        if res["returncode"] != 0:
+            last = (res["stderr"].strip().splitlines() or ["(no output)"])[-1]
+            err = UsageError if res["returncode"] == 2 else RuntimeError
+            raise err(f"client of member {index} failed (exit {res['returncode']}): {last}")
         if on_done is not None:
             on_done(index)
-        return index, time.perf_counter() - start
+        work = json.loads(res["stdout"].strip().splitlines()[-1])["work_seconds"]
+        return index, {"seconds": res["seconds"], "work_seconds": work,
+                       "startup_seconds": res["seconds"] - work,
+                       "peak_rss_bytes": res["peak_rss_bytes"]}
 
     return dict(Parallel(n_jobs=jobs, prefer="threads")(delayed(launch)(i) for i in commands))
 
@@ -114,19 +138,21 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
     start = time.perf_counter()
     try:
         commands = {i: ["client", "--run", str(run_dir), "--member", str(i)] for i in member_devs}
-        seconds = run_clients(run_dir, commands, member_devs, jobs, done)
+        clients = run_clients(run_dir, commands, member_devs, jobs, done)
     except BaseException:
         manifest["status"] = "failed"
         artifacts.write_manifest(run_dir, manifest)
         raise
     manifest["timings"].update(train_seconds=time.perf_counter() - start, jobs=jobs,
-                               client_seconds={str(i): s for i, s in seconds.items()})
+                               clients={str(i): c for i, c in clients.items()})
     artifacts.write_manifest(run_dir, manifest)
-    proc = subprocess.run([sys.executable, "-m", "pipelines.cli", "aggregate", "--run",
-                           str(run_dir)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"aggregator failed: {proc.stderr.strip()[-500:]}")
-    return artifacts.read_manifest(run_dir)
+    res = run_process(["aggregate", "--run", str(run_dir)])
+    if res["returncode"] != 0:
+        raise RuntimeError(f"aggregator failed: {res['stderr'].strip()[-500:]}")
+    manifest = artifacts.read_manifest(run_dir)
+    manifest["timings"]["aggregator_peak_rss_bytes"] = res["peak_rss_bytes"]
+    artifacts.write_manifest(run_dir, manifest)
+    return manifest
 
 
 def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | None = None,
@@ -134,7 +160,8 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
     """One client process per member predicts `source`, then the aggregator combines them.
 
     Returns:
-        The predictions table (also written to `out`, split `predict`).
+        (the predictions table, also written to `out` with split `predict`;
+        `{"jobs": N, "clients": run_clients' measurements}`).
     """
     from pipelines.predict import check_out, load_input
 
@@ -147,9 +174,9 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
         paths = {i: Path(tmp) / f"member-{i}.parquet" for i in member_devs}
         commands = {i: ["client", "--run", str(run_dir), "--member", str(i),
                         "--predict", str(x_path), "--out", str(paths[i])] for i in member_devs}
-        run_clients(run_dir, commands, member_devs,
-                    jobs or default_jobs(len(member_devs), list(member_devs.values())))
+        jobs = jobs or default_jobs(len(member_devs), list(member_devs.values()))
+        clients = run_clients(run_dir, commands, member_devs, jobs)
         table = aggregate_files([paths[i] for i in member_devs],
                                 manifest["config"]["aggregation"]["aggregators"])
     artifacts.write_parquet(out, table)
-    return table
+    return table, {"jobs": jobs, "clients": {str(i): c for i, c in clients.items()}}

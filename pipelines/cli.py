@@ -8,8 +8,10 @@ subcommands so that a between-graph client starts lean.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -67,6 +69,7 @@ def cmd_train(args) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else train.default_run_dir(cfg)
     if args.prepare_only and args.mode != "between-graph":
         raise UsageError("--prepare-only is for --mode between-graph")
+    ready = time.time()
     if args.mode == "in-graph":
         train.train_in_graph(cfg, run_dir, overwrite=args.overwrite)
     else:
@@ -81,6 +84,11 @@ def cmd_train(args) -> int:
                 print(f"  ensemble client --run {run_dir} --member {m['index']}")
             print(f"then: ensemble aggregate --run {run_dir}")
             return 0
+    from ensemble import artifacts
+
+    manifest = artifacts.read_manifest(run_dir)  # when this process was ready to work
+    manifest["timings"]["process_ready_unix"] = ready
+    artifacts.write_manifest(run_dir, manifest)
     print(f"run directory: {run_dir}")
     print(evaluate.evaluate(run_dir)[1])
     return 0
@@ -89,15 +97,31 @@ def cmd_train(args) -> int:
 def cmd_predict(args) -> int:
     from pipelines import predict
 
+    ready, report = time.time(), {}
     if args.mode == "in-graph":
-        predict.predict_in_graph(Path(args.run), args.data, Path(args.out), args.target,
-                                 args.devices)
+        table = predict.predict_in_graph(Path(args.run), args.data, Path(args.out), args.target,
+                                         args.devices)
     else:
         from pipelines import between
 
-        between.predict_between_graph(Path(args.run), args.data, Path(args.out), args.target,
-                                      jobs=args.jobs)
+        table, report = between.predict_between_graph(Path(args.run), args.data, Path(args.out),
+                                                      args.target, jobs=args.jobs)
+    n_rows = table.num_rows // len(set(table.column("model").to_pylist()))
     print(f"predictions: {args.out}")
+    # last stdout line: a machine-readable report (read by `ensemble compare`)
+    print(json.dumps({"out": args.out, "rows": n_rows, "ready_unix": ready, **report}))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from pipelines import compare
+
+    base = Path(args.run_dir) if args.run_dir else Path("artifacts") / "compare"
+    table = compare.compare(args.config, base, {"training.epochs": args.epochs,
+                                                "members.count": args.members,
+                                                "placement.devices": args.devices})
+    print(f"comparison: {base / 'comparison.parquet'}")
+    print(compare.verdict(table))
     return 0
 
 
@@ -120,6 +144,7 @@ def cmd_aggregate(args) -> int:
 def cmd_client(args) -> int:
     from ensemble import between_graph
 
+    start = time.perf_counter()
     if args.predict:
         if not args.out:
             raise UsageError("client: --predict needs --out FILE.parquet")
@@ -127,6 +152,8 @@ def cmd_client(args) -> int:
                                      Path(args.out), threads=args.threads)
     else:
         between_graph.run_client(Path(args.run), args.member, threads=args.threads)
+    # last stdout line, read by the launcher: the client's work time without process start-up
+    print(json.dumps({"member": args.member, "work_seconds": time.perf_counter() - start}))
     return 0
 
 
@@ -169,6 +196,14 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--run", required=True)
     a.set_defaults(func=cmd_aggregate)
 
+    cmp = sub.add_parser("compare", help="train and predict in both modes; measure the cost")
+    cmp.add_argument("--config", help="TOML config (default configs/digits.toml)")
+    cmp.add_argument("--run-dir", help="output folder (default artifacts/compare)")
+    cmp.add_argument("--members", type=_positive)
+    cmp.add_argument("--epochs", type=_positive)
+    cmp.add_argument("--devices")
+    cmp.set_defaults(func=cmd_compare)
+
     c = sub.add_parser("client", help="train one member of a prepared between-graph run")
     c.add_argument("--run", required=True)
     c.add_argument("--member", required=True, type=_nonneg)
@@ -183,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status instead of exiting."""
     try:
         args = _parser().parse_args(argv)
-        if args.command in ("train", "predict", "client", "compare"):
+        if args.command in ("train", "predict", "client"):
             _import_tensorflow_quietly()
         return args.func(args)
     except UsageError as exc:
