@@ -126,3 +126,18 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory in bytes (`VmHWM` of /proc/self/status, which,
+    unlike `ru_maxrss`, does not inherit the parent's memory at fork)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -113,7 +113,8 @@ class InGraphEnsemble:
                 on_device[device] = (tf.identity(tf.constant(x_train, tf.float32)),
                                      tf.identity(tf.constant(y_train, tf.int32)))
 
-        @tf.function(input_signature=[tf.TensorSpec([len(self.models), None], tf.int32)])
+        @tf.function(input_signature=[tf.TensorSpec([len(self.models), None], tf.int32)],
+                     autograph=False)
         def step(idx):
             losses = []
             for k, (model, opt, device) in enumerate(zip(self.models, self.optimizers,

@@ -30,26 +30,19 @@ def default_jobs(n_members: int, devs: list[str]) -> int:
     return max(1, min(n_members, n_gpus or devices.cpu_count()))
 
 
-def run_process(argv: list[str], env: dict | None = None) -> dict:
-    """Run `python -m pipelines.cli ARGV...` and measure it.
+def run_process(argv: list[str], env: dict | None = None,
+                module: str = "pipelines.cli") -> dict:
+    """Run `python -m MODULE ARGV...` (default: the `ensemble` CLI) and measure it.
 
     Returns:
-        `{"returncode", "seconds" (wall), "spawned_unix" (time.time() at spawn),
-        "peak_rss_bytes" (the process's own peak resident memory, from wait4), "stdout",
-        "stderr"}`.
+        `{"returncode", "seconds" (wall), "spawned_unix" (time.time() at spawn), "stdout",
+        "stderr"}`. Processes report their own peak memory on their last stdout line.
     """
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        start, spawned = time.perf_counter(), time.time()
-        proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", *argv], env=env,
-                                stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)  # reap it ourselves to get its rusage
-        seconds = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        return {"returncode": proc.returncode, "seconds": seconds, "spawned_unix": spawned,
-                "peak_rss_bytes": usage.ru_maxrss * 1024, "stdout": out.read(),
-                "stderr": err.read()}
+    start, spawned = time.perf_counter(), time.time()
+    proc = subprocess.run([sys.executable, "-m", module, *argv], env=env, capture_output=True,
+                          text=True)
+    return {"returncode": proc.returncode, "seconds": time.perf_counter() - start,
+            "spawned_unix": spawned, "stdout": proc.stdout, "stderr": proc.stderr}
 
 
 def run_clients(run_dir: Path, commands: dict[int, list[str]], devs: dict[int, str],
@@ -81,10 +74,10 @@ def run_clients(run_dir: Path, commands: dict[int, list[str]], devs: dict[int, s
             raise err(f"client of member {index} failed (exit {res['returncode']}): {last}")
         if on_done is not None:
             on_done(index)
-        work = json.loads(res["stdout"].strip().splitlines()[-1])["work_seconds"]
-        return index, {"seconds": res["seconds"], "work_seconds": work,
-                       "startup_seconds": res["seconds"] - work,
-                       "peak_rss_bytes": res["peak_rss_bytes"]}
+        report = json.loads(res["stdout"].strip().splitlines()[-1])
+        return index, {"seconds": res["seconds"], "work_seconds": report["work_seconds"],
+                       "startup_seconds": res["seconds"] - report["work_seconds"],
+                       "peak_rss_bytes": report["peak_rss_bytes"]}
 
     return dict(Parallel(n_jobs=jobs, prefer="threads")(delayed(launch)(i) for i in commands))
 
@@ -150,7 +143,8 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
     if res["returncode"] != 0:
         raise RuntimeError(f"aggregator failed: {res['stderr'].strip()[-500:]}")
     manifest = artifacts.read_manifest(run_dir)
-    manifest["timings"]["aggregator_peak_rss_bytes"] = res["peak_rss_bytes"]
+    report = json.loads(res["stdout"].strip().splitlines()[-1])
+    manifest["timings"]["aggregator_peak_rss_bytes"] = report["peak_rss_bytes"]
     artifacts.write_manifest(run_dir, manifest)
     return manifest
 

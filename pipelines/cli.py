@@ -16,6 +16,7 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from ensemble.devices import peak_rss_bytes  # noqa: E402
 from ensemble.errors import UsageError  # noqa: E402
 
 MODES = ("in-graph", "between-graph")
@@ -87,7 +88,7 @@ def cmd_train(args) -> int:
     from ensemble import artifacts
 
     manifest = artifacts.read_manifest(run_dir)  # when this process was ready to work
-    manifest["timings"]["process_ready_unix"] = ready
+    manifest["timings"].update(process_ready_unix=ready, process_peak_rss_bytes=peak_rss_bytes())
     artifacts.write_manifest(run_dir, manifest)
     print(f"run directory: {run_dir}")
     print(evaluate.evaluate(run_dir)[1])
@@ -109,7 +110,8 @@ def cmd_predict(args) -> int:
     n_rows = table.num_rows // len(set(table.column("model").to_pylist()))
     print(f"predictions: {args.out}")
     # last stdout line: a machine-readable report (read by `ensemble compare`)
-    print(json.dumps({"out": args.out, "rows": n_rows, "ready_unix": ready, **report}))
+    print(json.dumps({"out": args.out, "rows": n_rows, "ready_unix": ready,
+                      "peak_rss_bytes": peak_rss_bytes(), **report}))
     return 0
 
 
@@ -138,6 +140,7 @@ def cmd_aggregate(args) -> int:
 
     between.aggregate_run(Path(args.run))
     print(f"aggregated: {args.run}")
+    print(json.dumps({"peak_rss_bytes": peak_rss_bytes()}))
     return 0
 
 
@@ -153,7 +156,8 @@ def cmd_client(args) -> int:
     else:
         between_graph.run_client(Path(args.run), args.member, threads=args.threads)
     # last stdout line, read by the launcher: the client's work time without process start-up
-    print(json.dumps({"member": args.member, "work_seconds": time.perf_counter() - start}))
+    print(json.dumps({"member": args.member, "work_seconds": time.perf_counter() - start,
+                      "peak_rss_bytes": peak_rss_bytes()}))
     return 0
 
 

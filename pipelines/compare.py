@@ -29,7 +29,7 @@ def _check(res: dict, what: str) -> dict:
     return res
 
 
-def _peak(own: int, clients: list[dict], jobs: int) -> int:
+def concurrent_peak(own: int, clients: list[dict], jobs: int) -> int:
     """Peak resident bytes of a mode: its driver process plus, for between-graph, the `jobs`
     largest client peaks (clients that can run at once; an upper bound)."""
     return own + sum(sorted((c["peak_rss_bytes"] for c in clients), reverse=True)[:jobs])
@@ -46,7 +46,7 @@ def _train_row(mode: str, run_dir: Path, res: dict) -> dict:
     ens = next(r for r in metrics if r["model"] == "ensemble-mean" and r["split"] == "test")
     return {"mode": mode, "phase": "train", "wall_seconds": res["seconds"],
             "member_rows_per_second": rows / res["seconds"],
-            "peak_rss_bytes": _peak(res["peak_rss_bytes"], clients, t.get("jobs", 1)),
+            "peak_rss_bytes": concurrent_peak(t["process_peak_rss_bytes"], clients, t.get("jobs", 1)),
             "startup_seconds": startup, "processes": 1 + len(clients) + bool(clients),
             "devices": len(set(x["device"] for x in m["members"])),
             **{f"test_{k}": ens[k] for k in ("accuracy", "nll", "brier", "ece")}}
@@ -59,7 +59,7 @@ def _predict_row(mode: str, res: dict, n_members: int, n_devices: int) -> dict:
     startup += sum(c["startup_seconds"] for c in clients)
     return {"mode": mode, "phase": "predict", "wall_seconds": res["seconds"],
             "member_rows_per_second": n_members * report["rows"] / res["seconds"],
-            "peak_rss_bytes": _peak(res["peak_rss_bytes"], clients, report.get("jobs") or 1),
+            "peak_rss_bytes": concurrent_peak(report["peak_rss_bytes"], clients, report.get("jobs") or 1),
             "startup_seconds": startup, "processes": 1 + len(clients),
             "devices": n_devices}
 
