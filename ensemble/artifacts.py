@@ -144,3 +144,31 @@ def artifact_hashes(run_dir: str | Path) -> dict[str, str]:
         for p in sorted(run_dir.rglob("*"))
         if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
     }
+
+
+def recorded_hashes(manifest: dict[str, Any]) -> dict[str, str]:
+    """Every sha256 the manifest records: the run's artifacts and each member's files."""
+    out = dict(manifest.get("artifacts", {}))
+    for m in manifest.get("members", []):
+        out.update(m.get("sha256", {}))
+    return out
+
+
+def verify(run_dir: str | Path, manifest: dict[str, Any], path: str | Path) -> Path:
+    """Check a run file against the sha256 the manifest records for it (if any).
+
+    Returns:
+        The path.
+
+    Raises:
+        UsageError: the file is missing or its sha256 differs (names the file).
+    """
+    path = Path(path)
+    expected = recorded_hashes(manifest).get(os.path.relpath(path, run_dir))
+    if expected is None:
+        return path
+    if not path.is_file():
+        raise UsageError(f"Artifact missing: {path}")
+    if sha256_file(path) != expected:
+        raise UsageError(f"Damaged artifact {path}: its sha256 does not match the manifest.")
+    return path

@@ -68,7 +68,8 @@ def run_client(run_dir: Path, index: int, threads: int | None = None) -> Path:
     """Train member `index` of a prepared run and write its files atomically.
 
     Writes `members/member-<index>.keras`, `.history.parquet` and `.predictions.parquet`
-    (validation and test rows, the columns of DESIGN.md).
+    (validation and test rows, the columns of DESIGN.md). Saves a checkpoint after every
+    epoch under `checkpoints/member-<index>/` and resumes from it when one exists.
 
     Args:
         threads: TensorFlow intra/inter-op threads for this client (None: TF's default).
@@ -90,7 +91,7 @@ def run_client(run_dir: Path, index: int, threads: int | None = None) -> Path:
     member = InGraphEnsemble.build(cfg, x_tr.shape[1], len(classes), [device], [index])
     member.aggregators = ()
     history = member.fit(x_tr, y_tr, x_val, y_val, cfg.training.seed, cfg.training.epochs,
-                         cfg.training.batch_size)
+                         cfg.training.batch_size, run_dir / "checkpoints" / f"member-{index}")
     parts = [tables.predictions_table({index: member.predict(split[s][0])[0][0]}, s,
                                       split[s][2], split[s][1], classes, ())
              for s in EVAL_SPLITS]
@@ -115,7 +116,8 @@ def predict_client(run_dir: Path, index: int, x_path: Path, out: Path,
 
     with np.load(x_path, allow_pickle=False) as z:
         x, y = z["x"], (z["y"] if "y" in z.files else None)
-    model = load_member(artifacts.member_model_path(run_dir, index), device)
+    path = artifacts.verify(run_dir, manifest, artifacts.member_model_path(run_dir, index))
+    model = load_member(path, device)
     probs = InGraphEnsemble([model], [device], ()).predict(x)[0][0]
     table = tables.predictions_table({index: probs}, "predict", np.arange(len(x)), y,
                                      np.asarray(manifest["dataset"]["classes"]), ())

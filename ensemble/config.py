@@ -189,17 +189,20 @@ def from_dict(table: dict[str, Any]) -> Config:
     return cfg
 
 
-def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
+         base: dict[str, Any] | None = None) -> Config:
     """Read a TOML config and apply dotted-key overrides.
 
     Args:
-        path: TOML file; None for the built-in defaults (equal to `configs/digits.toml`).
+        path: TOML file; None for `base`, or for the built-in defaults (equal to
+            `configs/digits.toml`) when `base` is None too.
+        base: config tables to start from when `path` is None (e.g. a run's resolved config).
         overrides: e.g. `{"members.count": 4, "training.epochs": 2}`; None values are ignored.
 
     Raises:
         UsageError: missing or unparsable file, unknown key, wrong type or value.
     """
-    table: dict[str, Any] = {}
+    table: dict[str, Any] = json.loads(json.dumps(base)) if base else {}
     try:
         if path is not None:
             path = Path(path)

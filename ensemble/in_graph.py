@@ -128,11 +128,16 @@ class InGraphEnsemble:
         return step
 
     def fit(self, x_train, y_train, x_val, y_val, run_seed: int, epochs: int,
-            batch_size: int, on_epoch=None) -> list[dict]:
+            batch_size: int, checkpoint_dir=None) -> list[dict]:
         """Train every member with one traced step per batch; returns the history records
-        of `members.train_loop`."""
+        of `members.train_loop`. With `checkpoint_dir`, resume from its newest checkpoint and
+        save one after every epoch."""
+        from ensemble.checkpoints import EpochCheckpoints
+
         step = self.make_train_step(x_train, y_train)
         x_val = np.asarray(x_val, np.float32)
+        ckpt = (EpochCheckpoints(checkpoint_dir, self.models, self.optimizers)
+                if checkpoint_dir is not None else None)
         return train_loop(lambda idx: step(tf.constant(idx)).numpy(),
                           lambda: self.predict(x_val)[0], self.indices, run_seed, epochs,
-                          len(x_train), batch_size, y_val, on_epoch)
+                          len(x_train), batch_size, y_val, ckpt)

@@ -144,23 +144,27 @@ def _progbar(n_steps: int, epoch: int, epochs: int):
 
 def train_loop(step: Callable[[np.ndarray], object], predict_val: Callable[[], np.ndarray],
                indices: Sequence[int], run_seed: int, epochs: int, n_train: int,
-               batch_size: int, y_val: np.ndarray, on_epoch=None) -> list[dict]:
-    """Run `epochs` epochs for the members `indices` and record their history.
+               batch_size: int, y_val: np.ndarray, checkpoints=None) -> list[dict]:
+    """Run the epochs for the members `indices` and record their history.
 
     Args:
         step: takes `[len(indices), batch]` int32 batch rows, runs one training step of those
             members, returns their `[len(indices)]` losses (a tensor or array).
         predict_val: returns validation probabilities `[len(indices), n_val, n_classes]`.
         y_val: `[n_val]` validation class indices.
-        on_epoch: optional callback `on_epoch(epoch)` after each epoch (checkpoints).
+        checkpoints: optional `checkpoints.EpochCheckpoints`: training resumes after its newest
+            checkpoint and saves one after every epoch.
 
     Returns:
-        History records `{member, epoch, loss, val_loss, val_accuracy, seconds}`; `seconds` is
-        the epoch's wall time, shared by the members trained together.
+        History records `{member, epoch, loss, val_loss, val_accuracy, seconds}` of every epoch
+        (restored ones included); `seconds` is the epoch's wall time, shared by the members
+        trained together.
     """
-    records = []
+    from ensemble.checkpoints import maybe_hold
+
+    start_epoch, records = checkpoints.restore() if checkpoints is not None else (0, [])
     n_steps = -(-n_train // batch_size)
-    for epoch in range(epochs):
+    for epoch in range(start_epoch, epochs):
         start = time.perf_counter()
         order = np.stack([batch_order(run_seed, i, epoch, n_train) for i in indices])
         bar = _progbar(n_steps, epoch, epochs)
@@ -170,6 +174,7 @@ def train_loop(step: Callable[[np.ndarray], object], predict_val: Callable[[], n
             loss_sum = loss_sum + step(order[:, lo:hi]) * (hi - lo)
             if bar is not None:
                 bar.update(s + 1)
+            maybe_hold(epoch, s, indices)
         losses = np.asarray(loss_sum) / n_train
         val = predict_val()
         seconds = time.perf_counter() - start
@@ -179,6 +184,7 @@ def train_loop(step: Callable[[np.ndarray], object], predict_val: Callable[[], n
                 "val_loss": metrics.nll(y_val, val[k]),
                 "val_accuracy": metrics.accuracy(y_val, val[k]), "seconds": seconds,
             })
-        if on_epoch is not None:
-            on_epoch(epoch)
+        if checkpoints is not None:
+            checkpoints.save(epoch, records)
+        maybe_hold(epoch, None, indices)
     return records

@@ -7,8 +7,10 @@ places the members and writes the first manifest (status `running`). Builders th
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
+import socket
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -87,6 +89,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     placement = place(cfg.members.count, devices)
     manifest = {
         "run_id": new_run_id(cfg), "mode": mode, "status": "running",
+        "pid": os.getpid(), "host": socket.gethostname(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": cfg.to_dict(), "config_sha256": cfg.sha256(),
         "dataset": {"name": ds.name, "source": cfg.data.source, "target": cfg.data.target,
@@ -109,3 +112,78 @@ def finish(run_dir: Path, manifest: dict[str, Any], status: str, **timings: floa
     manifest["timings"].update(timings)
     manifest["artifacts"] = artifacts.artifact_hashes(run_dir)
     artifacts.write_manifest(run_dir, manifest)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def effective_status(manifest: dict[str, Any]) -> str:
+    """The run status, with `running` turned into `interrupted` when the recorded driver
+    process (on this host) is gone."""
+    status = manifest.get("status", "unknown")
+    if (status == "running" and manifest.get("host") == socket.gethostname()
+            and not _alive(int(manifest.get("pid", -1)))):
+        return "interrupted"
+    return status
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two config dicts."""
+    keys = sorted(set(old) | set(new))
+    out = []
+    for k in keys:
+        a, b, name = old.get(k), new.get(k), f"{prefix}{k}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_changes(a, b, name + ".")
+        elif a != b:
+            out.append(f"{name}: {a!r} -> {b!r}")
+    return out
+
+
+def reopen(run_dir: Path, cfg: Config, mode: str) -> dict[str, Any]:
+    """Reopen an interrupted or failed run for `--resume`; marks it running again.
+
+    Raises:
+        UsageError: not a run, another mode, completed or still running, or a config whose
+        sha256 differs from the run's (names the changed keys).
+    """
+    manifest = artifacts.read_manifest(run_dir)
+    if manifest["mode"] != mode:
+        raise UsageError(f"Run {run_dir} was trained with --mode {manifest['mode']}; "
+                         f"resume it with that mode, not {mode}.")
+    status = effective_status(manifest)
+    if status == "completed":
+        raise UsageError(f"Run {run_dir} is already completed; nothing to resume.")
+    if status == "running":
+        raise UsageError(f"Run {run_dir} is still running (pid {manifest.get('pid')} on "
+                         f"{manifest.get('host')}); cannot resume it twice.")
+    if cfg.sha256() != manifest["config_sha256"]:
+        changes = config_changes(manifest["config"], cfg.to_dict())
+        raise UsageError(f"Config changed since run {run_dir} started ({'; '.join(changes)}); "
+                         "resume needs the same config.")
+    manifest.update(status="running", pid=os.getpid(), host=socket.gethostname())
+    artifacts.write_manifest(run_dir, manifest)
+    return manifest
+
+
+def member_files(run_dir: Path, index: int) -> list[Path]:
+    """The files a completed member leaves in `members/`."""
+    return [artifacts.member_model_path(run_dir, index),
+            artifacts.member_history_path(run_dir, index),
+            artifacts.member_predictions_path(run_dir, index)]
+
+
+def require_completed(run_dir: Path, manifest: dict[str, Any]) -> None:
+    """Raises UsageError unless the run is completed (names its status and the fix)."""
+    status = effective_status(manifest)
+    if status != "completed":
+        hint = ("resume it with `ensemble train --resume --run-dir "
+                f"{run_dir}`" if status in ("interrupted", "failed") else "wait for it")
+        raise UsageError(f"Run {run_dir} is {status}, not completed; {hint}.")

@@ -46,20 +46,22 @@ def run_process(argv: list[str], env: dict | None = None,
 
 
 def run_clients(run_dir: Path, commands: dict[int, list[str]], devs: dict[int, str],
-                jobs: int, on_done=None) -> dict[int, dict]:
+                jobs: int, on_exit=None) -> dict[int, dict]:
     """Run one client process per member, `jobs` at a time (joblib thread pool of launchers).
+    A failed client does not stop the others: every client runs, then failures are raised.
 
     Args:
         commands: member index -> `ensemble` CLI arguments of its client.
         devs: member index -> the member's device in the run.
-        on_done: optional callback `on_done(index)` after a client succeeded.
+        on_exit: optional callback `on_exit(index, ok)` when a client ends.
 
     Returns:
         member index -> `{"seconds": process wall time, "work_seconds": the client's own
         training/prediction time, "startup_seconds": the difference, "peak_rss_bytes"}`.
 
     Raises:
-        UsageError / RuntimeError: a client failed (bad input / internal); names the member.
+        UsageError / RuntimeError: a client failed (bad input / internal); names every failed
+        member and its last error line.
     """
     from joblib import Parallel, delayed
 
@@ -68,70 +70,112 @@ def run_clients(run_dir: Path, commands: dict[int, list[str]], devs: dict[int, s
     def launch(index: int) -> tuple[int, dict]:
         env = dict(os.environ, **local_device(devs[index])[0])
         res = run_process([*commands[index], "--threads", str(threads)], env)
+        if on_exit is not None:
+            on_exit(index, res["returncode"] == 0)
         if res["returncode"] != 0:
             last = (res["stderr"].strip().splitlines() or ["(no output)"])[-1]
-            err = UsageError if res["returncode"] == 2 else RuntimeError
-            raise err(f"client of member {index} failed (exit {res['returncode']}): {last}")
-        if on_done is not None:
-            on_done(index)
+            return index, {"returncode": res["returncode"], "error": last}
         report = json.loads(res["stdout"].strip().splitlines()[-1])
         return index, {"seconds": res["seconds"], "work_seconds": report["work_seconds"],
                        "startup_seconds": res["seconds"] - report["work_seconds"],
                        "peak_rss_bytes": report["peak_rss_bytes"]}
 
-    return dict(Parallel(n_jobs=jobs, prefer="threads")(delayed(launch)(i) for i in commands))
+    results = dict(Parallel(n_jobs=jobs, prefer="threads")(delayed(launch)(i) for i in commands))
+    failed = {i: r for i, r in results.items() if "error" in r}
+    if failed:
+        text = "; ".join(f"client of member {i} failed (exit {r['returncode']}): {r['error']}"
+                         for i, r in sorted(failed.items()))
+        usage = all(r["returncode"] == 2 for r in failed.values())
+        raise (UsageError if usage else RuntimeError)(text)
+    return results
 
 
-def aggregate_run(run_dir: Path) -> dict:
+def aggregate_run(run_dir: Path, min_members: int | None = None) -> dict:
     """`ensemble aggregate`: combine the member prediction files of a run into the run's
     predictions, metrics and history, then mark the run completed.
 
+    Args:
+        min_members: aggregate a partial ensemble when at least this many members have
+            predictions; the manifest and the predictions' metadata record which were used.
+
     Raises:
-        UsageError: not a run, or a member's predictions are missing (names the member).
+        UsageError: not a run, a damaged member file, or members missing (names them).
     """
     start = time.perf_counter()
     manifest = artifacts.read_manifest(run_dir)
     indices = [m["index"] for m in manifest["members"]]
-    preds = aggregate_files([artifacts.member_predictions_path(run_dir, i) for i in indices],
+    have = [i for i in indices if artifacts.member_predictions_path(run_dir, i).is_file()
+            and manifest["members"][i].get("status") != "failed"]
+    missing = sorted(set(indices) - set(have))
+    if missing and (min_members is None or len(have) < min_members):
+        need = f"at least {min_members}" if min_members else "all"
+        raise UsageError(
+            f"Members {missing} have no predictions ("
+            f"{artifacts.member_predictions_path(run_dir, missing[0])} missing or failed); "
+            f"the aggregator needs {need} of {len(indices)} members. Run their clients "
+            "(`ensemble client --run RUN --member I`) or pass --min-members K.")
+    for i in have:
+        for path in run.member_files(run_dir, i)[1:]:
+            artifacts.verify(run_dir, manifest, path)
+    preds = aggregate_files([artifacts.member_predictions_path(run_dir, i) for i in have],
                             manifest["config"]["aggregation"]["aggregators"])
-    history = [r for i in indices
+    preds = preds.replace_schema_metadata({**preds.schema.metadata,
+                                           b"members": json.dumps(have).encode()})
+    history = [r for i in have
                for r in artifacts.read_parquet(artifacts.member_history_path(run_dir, i))
                .to_pylist()]
     tables.write_outputs(run_dir, preds, tables.history_table(history))
-    for m in manifest["members"]:
-        m["status"] = "completed"
+    for i in have:
+        manifest["members"][i]["status"] = "completed"
+    manifest["aggregated_members"] = have
     run.finish(run_dir, manifest, "completed", aggregate_seconds=time.perf_counter() - start)
     return manifest
 
 
 def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
-                        overwrite: bool = False, prepare_only: bool = False) -> dict:
+                        overwrite: bool = False, prepare_only: bool = False,
+                        resume: bool = False) -> dict:
     """Prepare the run, train every member in its own client process, then aggregate.
 
     Args:
         prepare_only: stop after preparing the run directory, so that a scheduler can launch
             `ensemble client --run RUN --member I` for each member and then `ensemble aggregate`.
+        resume: continue an interrupted or failed run: only members not completed run, each
+            from its own newest checkpoint.
 
     Returns:
         The final manifest.
+
+    Raises:
+        RuntimeError / UsageError: a client failed; the members that finished are kept and
+        recorded as completed, the failed ones as failed.
     """
     devs = devices.resolve(cfg.placement.devices, cfg.members.count)
-    manifest = run.prepare(cfg, run_dir, "between-graph", devs, overwrite)
+    if resume:
+        manifest = run.reopen(run_dir, cfg, "between-graph")
+    else:
+        manifest = run.prepare(cfg, run_dir, "between-graph", devs, overwrite)
     if prepare_only:
         return manifest
-    member_devs = {m["index"]: m["device"] for m in manifest["members"]}
-    jobs = jobs or default_jobs(len(member_devs), devs)
+    todo = {m["index"]: m["device"] for m in manifest["members"]
+            if m["status"] != "completed"
+            or not all(p.is_file() for p in run.member_files(run_dir, m["index"]))}
+    jobs = jobs or default_jobs(max(1, len(todo)), devs)
     lock = threading.Lock()
 
-    def done(index: int) -> None:
+    def record(index: int, ok: bool) -> None:
         with lock:
-            manifest["members"][index]["status"] = "completed"
+            entry = manifest["members"][index]
+            entry["status"] = "completed" if ok else "failed"
+            if ok:
+                entry["sha256"] = {os.path.relpath(p, run_dir): artifacts.sha256_file(p)
+                                   for p in run.member_files(run_dir, index)}
             artifacts.write_manifest(run_dir, manifest)
 
     start = time.perf_counter()
     try:
-        commands = {i: ["client", "--run", str(run_dir), "--member", str(i)] for i in member_devs}
-        clients = run_clients(run_dir, commands, member_devs, jobs, done)
+        commands = {i: ["client", "--run", str(run_dir), "--member", str(i)] for i in todo}
+        clients = run_clients(run_dir, commands, todo, jobs, record)
     except BaseException:
         manifest["status"] = "failed"
         artifacts.write_manifest(run_dir, manifest)

@@ -54,10 +54,10 @@ def _nonneg(text: str) -> int:
     return int(text)
 
 
-def _load_config(args):
+def _load_config(args, base: dict | None = None):
     from ensemble import config
 
-    return config.load(args.config, {
+    return config.load(args.config, base=base, overrides={
         "data.source": args.data, "data.target": args.target, "members.count": args.members,
         "training.epochs": args.epochs, "training.seed": args.seed,
         "placement.devices": args.devices})
@@ -66,19 +66,30 @@ def _load_config(args):
 def cmd_train(args) -> int:
     from pipelines import evaluate, train
 
-    cfg = _load_config(args)
+    if args.resume:
+        from ensemble import artifacts
+
+        if not args.run_dir:
+            raise UsageError("--resume needs --run-dir PATH of the run to continue")
+        manifest = artifacts.read_manifest(args.run_dir)
+        args.mode = args.mode or manifest["mode"]
+        cfg = _load_config(args, base=manifest["config"])
+    else:
+        cfg = _load_config(args)
+    args.mode = args.mode or "in-graph"
     run_dir = Path(args.run_dir) if args.run_dir else train.default_run_dir(cfg)
     if args.prepare_only and args.mode != "between-graph":
         raise UsageError("--prepare-only is for --mode between-graph")
     ready = time.time()
     if args.mode == "in-graph":
-        train.train_in_graph(cfg, run_dir, overwrite=args.overwrite)
+        train.train_in_graph(cfg, run_dir, overwrite=args.overwrite, resume=args.resume)
     else:
         from pipelines import between
 
         manifest = between.train_between_graph(cfg, run_dir, jobs=args.jobs,
                                                overwrite=args.overwrite,
-                                               prepare_only=args.prepare_only)
+                                               prepare_only=args.prepare_only,
+                                               resume=args.resume)
         if args.prepare_only:
             print(f"prepared run directory: {run_dir}; now run, on any machine that sees it:")
             for m in manifest["members"]:
@@ -138,7 +149,7 @@ def cmd_evaluate(args) -> int:
 def cmd_aggregate(args) -> int:
     from pipelines import between
 
-    between.aggregate_run(Path(args.run))
+    between.aggregate_run(Path(args.run), args.min_members)
     print(f"aggregated: {args.run}")
     print(json.dumps({"peak_rss_bytes": peak_rss_bytes()}))
     return 0
@@ -167,7 +178,7 @@ def _parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train an ensemble and write a run directory")
     t.add_argument("--config", help="TOML config (default configs/digits.toml)")
-    t.add_argument("--mode", choices=MODES, default="in-graph")
+    t.add_argument("--mode", choices=MODES, help="default in-graph (on --resume: the run's)")
     t.add_argument("--data", help="digits, breast_cancer, wine, iris, synthetic, or a file")
     t.add_argument("--target", help="target column of a .csv/.parquet source")
     t.add_argument("--members", type=_positive)
@@ -177,6 +188,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--jobs", type=_positive, help="between-graph: concurrent clients")
     t.add_argument("--run-dir", help="output folder (default artifacts/<run_id>)")
     t.add_argument("--overwrite", action="store_true", help="replace an existing run")
+    t.add_argument("--resume", action="store_true",
+                   help="continue the interrupted run in --run-dir from its checkpoints")
     t.add_argument("--prepare-only", action="store_true",
                    help="between-graph: prepare the run for separately launched clients")
     t.set_defaults(func=cmd_train)
@@ -198,6 +211,8 @@ def _parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("aggregate", help="the between-graph aggregator")
     a.add_argument("--run", required=True)
+    a.add_argument("--min-members", type=_positive,
+                   help="aggregate a partial ensemble of at least K members")
     a.set_defaults(func=cmd_aggregate)
 
     cmp = sub.add_parser("compare", help="train and predict in both modes; measure the cost")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ensemble import artifacts, tables
+from ensemble import artifacts, run, tables
 from ensemble.errors import UsageError
 from ensemble.metrics import METRICS
 
@@ -72,8 +72,9 @@ def evaluate(run_dir: Path | None, predictions: Path | None = None) -> tuple[pa.
     if predictions is None:
         if run_dir is None:
             raise UsageError("Expected --run PATH or --predictions FILE.parquet.")
-        artifacts.read_manifest(run_dir)
-        predictions = Path(run_dir) / artifacts.PREDICTIONS
+        manifest = artifacts.read_manifest(run_dir)
+        run.require_completed(run_dir, manifest)
+        predictions = artifacts.verify(run_dir, manifest, Path(run_dir) / artifacts.PREDICTIONS)
         out = Path(run_dir) / artifacts.METRICS
     else:
         out = predictions.with_name(predictions.stem + ".metrics.parquet")

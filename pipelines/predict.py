@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ensemble import artifacts, data, devices, tables
+from ensemble import artifacts, data, devices, run, tables
 from ensemble.config import DataConfig
 from ensemble.errors import UsageError
 from ensemble.members import load_member
@@ -22,7 +22,9 @@ def load_input(run_dir: Path, source: str, target: str | None):
         class indices `[n_rows]` or None when the input has no target column).
     """
     manifest = artifacts.read_manifest(run_dir)
-    pre = Preprocessing.read(Path(run_dir) / artifacts.PREPROCESSING)
+    run.require_completed(run_dir, manifest)
+    pre = Preprocessing.read(artifacts.verify(run_dir, manifest,
+                                              Path(run_dir) / artifacts.PREPROCESSING))
     target = target or manifest["dataset"].get("target", "target")
     ds = data.load(DataConfig(source=source, target=target), require_target=False)
     x = pre.transform(ds)
@@ -49,7 +51,9 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
     devs = place(n, devices.resolve(device_spec, n))
     from ensemble.in_graph import InGraphEnsemble
 
-    models = [load_member(artifacts.member_model_path(run_dir, i), d) for i, d in enumerate(devs)]
+    models = [load_member(artifacts.verify(run_dir, manifest,
+                                           artifacts.member_model_path(run_dir, i)), d)
+              for i, d in enumerate(devs)]
     aggs = manifest["config"]["aggregation"]["aggregators"]
     ens = InGraphEnsemble(models, devs, aggs)
     member_p, ens_p = ens.predict(x, batch_size)

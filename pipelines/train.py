@@ -32,8 +32,12 @@ def save_model(model, path: Path) -> None:
         model.save(tmp)
 
 
-def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False) -> dict:
+def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
+                   resume: bool = False) -> dict:
     """Train every member in one graph (in-graph replication) and write the run directory.
+
+    A checkpoint of the whole graph (all members at the same epoch) is saved after every
+    epoch; `resume` continues an interrupted run from the newest one.
 
     Returns:
         The final manifest.
@@ -42,7 +46,10 @@ def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False) -> dict:
     configure_tf(cfg.training.deterministic)
     from ensemble.in_graph import InGraphEnsemble
 
-    manifest = run.prepare(cfg, run_dir, "in-graph", devs, overwrite)
+    if resume:
+        manifest = run.reopen(run_dir, cfg, "in-graph")
+    else:
+        manifest = run.prepare(cfg, run_dir, "in-graph", devs, overwrite)
     try:
         split = {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}
         classes = np.asarray(manifest["dataset"]["classes"])
@@ -51,7 +58,7 @@ def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False) -> dict:
         start = time.perf_counter()
         ens = InGraphEnsemble.build(cfg, x_tr.shape[1], len(classes), placed)
         history = ens.fit(x_tr, y_tr, x_val, y_val, cfg.training.seed, cfg.training.epochs,
-                          cfg.training.batch_size)
+                          cfg.training.batch_size, run_dir / "checkpoints" / "in-graph")
         train_seconds = time.perf_counter() - start
         for i, model in enumerate(ens.models):
             save_model(model, artifacts.member_model_path(run_dir, i))

@@ -1,0 +1,93 @@
+"""Per-epoch checkpoints (`tf.train.CheckpointManager`, the last two kept) and resume.
+
+A checkpoint holds every trained variable of the members it covers (weights, Adam slots and
+step counters, dropout seed states) plus the epoch it closes; `history.json` beside it holds the
+history records so far. Restoring tries the newest checkpoint, falls back to the previous one
+when it is damaged, and fails with a message naming the file when none can be read: never a
+silent restart from scratch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from ensemble import artifacts
+from ensemble.errors import UsageError
+
+KEEP = 2
+
+
+class EpochCheckpoints:
+    """Checkpoints of a group of members (all of an in-graph run, or one client's member).
+
+    Args:
+        directory: where the checkpoint files go (created on the first save).
+        models: the members' Keras models.
+        optimizers: their `members.Adam` optimisers, same order.
+    """
+
+    def __init__(self, directory: Path, models, optimizers):
+        import tensorflow as tf
+
+        self.directory = Path(directory)
+        self.epoch = tf.Variable(-1, dtype=tf.int64, trainable=False)
+        groups = {f"member_{k}": tf.train.Checkpoint(
+            variables=list(model.variables), m=opt.m, v=opt.v, iterations=opt.iterations)
+            for k, (model, opt) in enumerate(zip(models, optimizers))}
+        self.checkpoint = tf.train.Checkpoint(epoch=self.epoch, **groups)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.directory), KEEP)
+
+    def save(self, epoch: int, history: list[dict]) -> None:
+        """Save the state after `epoch` (0-based) and the history records so far."""
+        self.epoch.assign(epoch)
+        self.manager.save(checkpoint_number=epoch)
+        artifacts.write_text(self.directory / "history.json", json.dumps(history))
+
+    def restore(self) -> tuple[int, list[dict]]:
+        """Restore the newest readable checkpoint.
+
+        Returns:
+            (the first epoch still to train, the history records of the restored epochs);
+            `(0, [])` when there is no checkpoint yet.
+
+        Raises:
+            UsageError: checkpoints exist but none can be read (names the newest one).
+        """
+        import tensorflow as tf
+
+        paths = list(reversed(self.manager.checkpoints))
+        for path in paths:
+            try:
+                self.checkpoint.read(path).assert_existing_objects_matched()
+            except (tf.errors.OpError, ValueError, AssertionError) as exc:
+                print(f"warning: checkpoint {path} is damaged ({type(exc).__name__}); "
+                      "trying the previous one", file=sys.stderr)
+                continue
+            done = int(self.epoch.numpy())
+            history = json.loads((self.directory / "history.json").read_text())
+            return done + 1, [r for r in history if r["epoch"] <= done]
+        if paths:
+            raise UsageError(f"Every checkpoint in {self.directory} is damaged (newest: "
+                             f"{paths[0]}); cannot resume. Start over with --overwrite.")
+        return 0, []
+
+
+def maybe_hold(epoch: int, step: int | None, indices) -> None:
+    """Test hook: with `ENSEMBLE_HOLD_AT="EPOCH:STEP"` (STEP `end` for after the epoch's
+    checkpoint) and optionally `ENSEMBLE_HOLD_MEMBER=I`, write the process id to
+    `ENSEMBLE_HOLD_MARKER` and wait there, so a test can kill the process at a known point."""
+    spec = os.environ.get("ENSEMBLE_HOLD_AT")
+    if not spec:
+        return
+    member = os.environ.get("ENSEMBLE_HOLD_MEMBER")
+    if member is not None and int(member) not in indices:
+        return
+    want_epoch, want_step = spec.split(":")
+    if int(want_epoch) == epoch and want_step == ("end" if step is None else str(step)):
+        artifacts.write_text(Path(os.environ["ENSEMBLE_HOLD_MARKER"]), str(os.getpid()))
+        while True:
+            time.sleep(1)
