@@ -63,7 +63,7 @@ class EpochCheckpoints:
         for path in paths:
             try:
                 self.checkpoint.read(path).assert_existing_objects_matched()
-            except (tf.errors.OpError, ValueError, AssertionError) as exc:
+            except (tf.errors.OpError, ValueError, AssertionError, IndexError, OSError) as exc:
                 print(f"warning: checkpoint {path} is damaged ({type(exc).__name__}); "
                       "trying the previous one", file=sys.stderr)
                 continue

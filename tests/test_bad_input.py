@@ -1,0 +1,148 @@
+"""Bad input, over every command: exit status 2, one clear line, nothing existing overwritten."""
+
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pytest
+from conftest import run_cli
+
+from ensemble import artifacts
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_config):
+    run_dir = tmp_path_factory.mktemp("bad") / "run"
+    assert run_cli("train", "--config", tiny_config, "--run-dir", run_dir,
+                   "--members", "2") == 0
+    return run_dir
+
+
+def _one_line(capsys, *needles):
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["train", "--seed", "-1"], "--seed: expected an integer >= 0"),
+    (["train", "--epochs", "-3"], "--epochs: expected a positive integer"),
+    (["train", "--members", "two"], "--members: expected a positive integer"),
+    (["train", "--devices", ""], "--devices"),
+    (["train", "--data", "table.xlsx"], "Unknown data source 'table.xlsx'"),
+    (["train", "--resume"], "--resume needs --run-dir"),
+    (["train", "--prepare-only"], "--prepare-only is for --mode between-graph"),
+    (["predict", "--run", "x"], "the following arguments are required"),
+    (["aggregate", "--run", "/nonexistent"], "Not a run directory"),
+    (["client", "--run", "/nonexistent", "--member", "0"], "Not a run directory"),
+    (["aggregate", "--run", "/tmp", "--min-members", "0"], "--min-members"),
+])
+def test_usage_errors(argv, needle, capsys):
+    assert run_cli(*argv) == 2
+    _one_line(capsys, needle)
+
+
+def test_data_file_problems_at_train(tmp_path, capsys):
+    cases = {
+        "empty.csv": "",
+        "notcsv.csv": "a,b\n1,2,3,4\n\x00\x01",
+        "nan.csv": "f1,f2,target\n1,2,0\nnan,3,1\n",
+        "inf.csv": "f1,f2,target\n1,2,0\ninf,3,1\n",
+        "strings.csv": "f1,f2,target\n1,a,0\n2,b,1\n",
+        "oneclass.csv": "f1,f2,target\n1,2,0\n3,4,0\n",
+        "notarget.csv": "f1,f2,label\n1,2,0\n3,4,1\n",
+    }
+    needles = {"empty.csv": "empty", "notcsv.csv": "Cannot read", "nan.csv": "NaN or inf",
+               "inf.csv": "NaN or inf", "strings.csv": "'f2'", "oneclass.csv": "two classes",
+               "notarget.csv": "Target column 'target' not found"}
+    for name, text in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        assert run_cli("train", "--data", path, "--run-dir", tmp_path / "r") == 2, name
+        _one_line(capsys, needles[name])
+        assert not (tmp_path / "r").exists()
+    (tmp_path / "dir.csv").mkdir()  # exists but is not a readable file
+    assert run_cli("train", "--data", tmp_path / "dir.csv", "--run-dir", tmp_path / "r") == 2
+    _one_line(capsys, "dir.csv")
+    fake = tmp_path / "fake.parquet"
+    fake.write_bytes(b"PAR1 but not really")
+    assert run_cli("train", "--data", fake, "--run-dir", tmp_path / "r") == 2
+    _one_line(capsys, "as Parquet")
+
+
+def test_wrong_features_at_predict(trained, tmp_path, capsys):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    cols = {n: d.data[:5, i] for i, n in enumerate(d.feature_names)}
+    fewer = tmp_path / "fewer.csv"
+    pcsv.write_csv(pa.table({k: v for k, v in list(cols.items())[:-1]}), fewer)
+    more = tmp_path / "more.csv"
+    pcsv.write_csv(pa.table({**cols, "extra": np.zeros(5)}), more)
+    out = tmp_path / "out.parquet"
+    assert run_cli("predict", "--run", trained, "--data", fewer, "--out", out) == 2
+    _one_line(capsys, "'pixel_7_7' missing")
+    assert run_cli("predict", "--run", trained, "--data", more, "--out", out) == 2
+    _one_line(capsys, "Unexpected column 'extra'")
+    assert not out.exists()
+
+
+def _replace_member(run_dir, data: bytes):
+    """Swap member 0's file for `data` and record its sha256, as a forged run would."""
+    path = artifacts.member_model_path(run_dir, 0)
+    path.write_bytes(data)
+    manifest = artifacts.read_manifest(run_dir)
+    manifest["artifacts"]["members/member-0.keras"] = artifacts.sha256_file(path)
+    artifacts.write_manifest(run_dir, manifest)
+
+
+def test_model_file_that_is_not_keras(trained, tmp_path, capsys):
+    run_dir = tmp_path / "copy"
+    shutil.copytree(trained, run_dir)
+    _replace_member(run_dir, b"this is not a zip archive")
+    assert run_cli("predict", "--run", run_dir, "--data", "digits", "--out",
+                   tmp_path / "o.parquet") == 2
+    _one_line(capsys, "Cannot load member model", "member-0.keras")
+
+
+def test_model_that_needs_unsafe_loading_is_refused(trained, tmp_path, capsys):
+    import keras
+
+    run_dir = tmp_path / "copy"
+    shutil.copytree(trained, run_dir)
+    evil = keras.Sequential([keras.Input((64,)), keras.layers.Lambda(lambda x: x[:, :10] * 0),
+                             keras.layers.Softmax()])
+    path = tmp_path / "evil.keras"
+    evil.save(path)
+    _replace_member(run_dir, path.read_bytes())
+    assert run_cli("predict", "--run", run_dir, "--data", "digits", "--out",
+                   tmp_path / "o.parquet") == 2
+    _one_line(capsys, "Cannot load member model", "safely")
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_overwrite_is_explicit(trained, tmp_path, tiny_config, capsys):
+    run_dir = tmp_path / "copy"
+    shutil.copytree(trained, run_dir)
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert run_cli("train", "--config", tiny_config, "--run-dir", run_dir) == 2
+    _one_line(capsys, "already holds a run", "--overwrite")
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    assert run_cli("train", "--config", tiny_config, "--run-dir", run_dir, "--members", "1",
+                   "--overwrite") == 0
+    assert len(artifacts.read_manifest(run_dir)["members"]) == 1
+    assert not artifacts.member_model_path(run_dir, 1).exists()
+
+
+def test_predict_refuses_an_unfinished_run(trained, tmp_path, capsys):
+    run_dir = tmp_path / "copy"
+    shutil.copytree(trained, run_dir)
+    manifest = artifacts.read_manifest(run_dir)
+    manifest["status"] = "failed"
+    artifacts.write_manifest(run_dir, manifest)
+    assert run_cli("predict", "--run", run_dir, "--data", "digits", "--out",
+                   tmp_path / "o.parquet") == 2
+    _one_line(capsys, "is failed, not completed", "--resume")
