@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ensemble import artifacts, tables
+from ensemble.cluster import explain
 from ensemble.data import encode
 from ensemble.errors import UsageError
 
@@ -49,19 +50,29 @@ def _member_entry(manifest: dict, index: int) -> dict:
     return members[index]
 
 
-def _start_client(manifest: dict, index: int, threads: int | None):
-    """Configure this process's TensorFlow for one member; return (cfg, device)."""
+def _start_client(manifest: dict, index: int, threads: int | None, device: str | None = None,
+                  cluster: dict | None = None):
+    """Configure this process's TensorFlow for one member; return (cfg, device, cluster).
+
+    The member's device is `device` or the manifest's; on a cluster (`cluster` or the
+    manifest's) the client connects to it and uses the remote device as it is.
+    """
     from ensemble import config, devices
+    from ensemble.cluster import connect, task_of
 
     cfg = config.from_dict(manifest["config"])
-    env, device = local_device(_member_entry(manifest, index)["device"])
+    cluster = cluster or manifest.get("cluster")
+    env, device = local_device(device or _member_entry(manifest, index)["device"])
     os.environ.update(env)
     devices.set_threads(threads, threads)
     import tensorflow as tf
 
     if cfg.training.deterministic:
         tf.config.experimental.enable_op_determinism()
-    return cfg, device
+    if cluster is not None:
+        cluster = task_of(cluster, device)
+        connect(cluster)
+    return cfg, device, cluster
 
 
 def run_client(run_dir: Path, index: int, threads: int | None = None) -> Path:
@@ -79,9 +90,20 @@ def run_client(run_dir: Path, index: int, threads: int | None = None) -> Path:
 
     Raises:
         UsageError: not a prepared run, or `index` out of range.
+        cluster.ClusterError: on a cluster, the member's task is unreachable.
     """
     manifest = artifacts.read_manifest(run_dir)
-    cfg, device = _start_client(manifest, index, threads)
+    cfg, device, cluster = _start_client(manifest, index, threads)
+    try:
+        return _train_member(run_dir, manifest, cfg, index, device)
+    except Exception as exc:
+        err = explain(cluster, exc)
+        if err is exc:
+            raise
+        raise err from None
+
+
+def _train_member(run_dir: Path, manifest: dict, cfg, index: int, device: str) -> Path:
     from ensemble.in_graph import InGraphEnsemble
 
     split = {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}
@@ -106,11 +128,13 @@ def run_client(run_dir: Path, index: int, threads: int | None = None) -> Path:
 
 
 def predict_client(run_dir: Path, index: int, x_path: Path, out: Path,
-                   threads: int | None = None) -> Path:
+                   threads: int | None = None, device: str | None = None,
+                   cluster: dict | None = None) -> Path:
     """Predict the rows of `x_path` (`.npz` with `x` `[n_rows, n_features]` float32, optional
-    `y` class indices) with member `index` only; write its prediction rows to `out`."""
+    `y` class indices) with member `index` only, on `device` (default: the member's device
+    in the run); write its prediction rows to `out`."""
     manifest = artifacts.read_manifest(run_dir)
-    cfg, device = _start_client(manifest, index, threads)
+    _, device, cluster = _start_client(manifest, index, threads, device, cluster)
     from ensemble.in_graph import InGraphEnsemble
     from ensemble.members import load_member
 

@@ -79,7 +79,8 @@ class EpochCheckpoints:
 def maybe_hold(epoch: int, step: int | None, indices) -> None:
     """Test hook: with `ENSEMBLE_HOLD_AT="EPOCH:STEP"` (STEP `end` for after the epoch's
     checkpoint) and optionally `ENSEMBLE_HOLD_MEMBER=I`, write the process id to
-    `ENSEMBLE_HOLD_MARKER` and wait there, so a test can kill the process at a known point."""
+    `ENSEMBLE_HOLD_MARKER` and wait there while that file exists, so a test can kill the
+    process (or something it depends on) at a known point, then release it."""
     spec = os.environ.get("ENSEMBLE_HOLD_AT")
     if not spec:
         return
@@ -88,6 +89,7 @@ def maybe_hold(epoch: int, step: int | None, indices) -> None:
         return
     want_epoch, want_step = spec.split(":")
     if int(want_epoch) == epoch and want_step == ("end" if step is None else str(step)):
-        artifacts.write_text(Path(os.environ["ENSEMBLE_HOLD_MARKER"]), str(os.getpid()))
-        while True:
-            time.sleep(1)
+        marker = Path(os.environ["ENSEMBLE_HOLD_MARKER"])
+        artifacts.write_text(marker, str(os.getpid()))
+        while marker.exists():
+            time.sleep(0.1)

@@ -91,18 +91,29 @@ def set_threads(intra_op: int | None = None, inter_op: int | None = None) -> Non
         pass
 
 
-def resolve(spec: str, n_members: int) -> list[str]:
+def resolve(spec: str, n_members: int, cluster: dict | None = None) -> list[str]:
     """Resolve a device spec to canonical device names, configuring logical CPUs if needed.
 
     `auto`: every GPU if there is one, otherwise the CPU split into
-    `min(n_members, AUTO_CPU_CAP)` logical devices.
+    `min(n_members, AUTO_CPU_CAP)` logical devices. With a `cluster` spec, this client
+    connects to it first and `auto` means the devices of its tasks (`cluster.connect`).
 
     Raises:
-        UsageError: malformed spec, or a named device this machine does not have.
+        UsageError: malformed spec, or a named device this machine (or cluster) does not have.
+        cluster.ClusterError: a task of the cluster is unreachable.
     """
     import tensorflow as tf
 
     kind, value = parse(spec)
+    if cluster is not None:
+        from ensemble.cluster import connect
+
+        if kind == "cpu":
+            raise UsageError(f"--devices {spec} splits the local CPU; with --cluster use auto "
+                             "or device names such as /job:worker/replica:0/task:1/device:CPU:0")
+        remote = connect(cluster)
+        if kind == "auto":
+            return remote
     if kind == "cpu":
         return split_cpu(value)
     if kind == "auto":

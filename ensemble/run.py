@@ -64,11 +64,12 @@ def versions() -> dict[str, str]:
 
 
 def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
-            overwrite: bool = False) -> dict[str, Any]:
+            overwrite: bool = False, cluster: dict | None = None) -> dict[str, Any]:
     """Create the run directory up to training: data splits, preprocessing, placement.
 
     Args:
         devices: canonical device names; members are placed on them round robin.
+        cluster: the cluster spec the devices belong to (recorded), or None.
 
     Returns:
         The manifest (also written to `run_dir/manifest.json`).
@@ -96,7 +97,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
                     "rows": {s: int(len(r)) for s, r in rows.items()},
                     "feature_names": list(ds.feature_names), "classes": classes.tolist(),
                     "sha256": ds.sha256()},
-        "devices": list(devices),
+        "devices": list(devices), "cluster": cluster,
         "members": [{"index": i, "seed": member_seed(cfg.training.seed, i), "device": d,
                      "status": "pending"} for i, d in enumerate(placement)],
         "versions": versions(),

@@ -22,6 +22,7 @@ from ensemble import artifacts, devices, run, tables
 from ensemble.between_graph import aggregate_files, local_device
 from ensemble.config import Config
 from ensemble.errors import UsageError
+from ensemble.placement import place
 
 
 def default_jobs(n_members: int, devs: list[str]) -> int:
@@ -134,7 +135,7 @@ def aggregate_run(run_dir: Path, min_members: int | None = None) -> dict:
 
 def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
                         overwrite: bool = False, prepare_only: bool = False,
-                        resume: bool = False) -> dict:
+                        resume: bool = False, cluster: dict | None = None) -> dict:
     """Prepare the run, train every member in its own client process, then aggregate.
 
     Args:
@@ -142,6 +143,8 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
             `ensemble client --run RUN --member I` for each member and then `ensemble aggregate`.
         resume: continue an interrupted or failed run: only members not completed run, each
             from its own newest checkpoint.
+        cluster: a cluster spec: members go round robin over its tasks' devices; each client
+            connects to the cluster and runs its member on its task.
 
     Returns:
         The final manifest.
@@ -150,11 +153,13 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
         RuntimeError / UsageError: a client failed; the members that finished are kept and
         recorded as completed, the failed ones as failed.
     """
-    devs = devices.resolve(cfg.placement.devices, cfg.members.count)
+    if resume:
+        cluster = cluster or artifacts.read_manifest(run_dir).get("cluster")
+    devs = devices.resolve(cfg.placement.devices, cfg.members.count, cluster)
     if resume:
         manifest = run.reopen(run_dir, cfg, "between-graph")
     else:
-        manifest = run.prepare(cfg, run_dir, "between-graph", devs, overwrite)
+        manifest = run.prepare(cfg, run_dir, "between-graph", devs, overwrite, cluster)
     if prepare_only:
         return manifest
     todo = {m["index"]: m["device"] for m in manifest["members"]
@@ -194,8 +199,10 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
 
 
 def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | None = None,
-                          jobs: int | None = None):
+                          jobs: int | None = None, cluster_file: str | None = None):
     """One client process per member predicts `source`, then the aggregator combines them.
+    With `cluster_file`, members go round robin over that cluster's devices instead of the
+    devices they were trained on.
 
     Returns:
         (the predictions table, also written to `out` with split `predict`;
@@ -206,12 +213,20 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
     check_out(out)
     manifest, _, x, y = load_input(run_dir, source, target)
     member_devs = {m["index"]: m["device"] for m in manifest["members"]}
+    extra = []
+    if cluster_file is not None:
+        from ensemble.cluster import load_spec
+
+        devs = devices.resolve("auto", len(member_devs), load_spec(cluster_file))
+        member_devs = dict(enumerate(place(len(member_devs), devs)))
+        extra = ["--cluster", str(cluster_file)]
     with tempfile.TemporaryDirectory(prefix="ensemble-predict-") as tmp:
         x_path = Path(tmp) / "input.npz"
         np.savez(x_path, x=x, **({} if y is None else {"y": y}))
         paths = {i: Path(tmp) / f"member-{i}.parquet" for i in member_devs}
-        commands = {i: ["client", "--run", str(run_dir), "--member", str(i),
-                        "--predict", str(x_path), "--out", str(paths[i])] for i in member_devs}
+        commands = {i: ["client", "--run", str(run_dir), "--member", str(i), "--predict",
+                        str(x_path), "--out", str(paths[i]), "--device", d, *extra]
+                    for i, d in member_devs.items()}
         jobs = jobs or default_jobs(len(member_devs), list(member_devs.values()))
         clients = run_clients(run_dir, commands, member_devs, jobs)
         table = aggregate_files([paths[i] for i in member_devs],

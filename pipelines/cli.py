@@ -63,6 +63,12 @@ def _load_config(args, base: dict | None = None):
         "placement.devices": args.devices})
 
 
+def _cluster(args):
+    from ensemble.cluster import load_spec
+
+    return load_spec(getattr(args, "cluster", None))
+
+
 def cmd_train(args) -> int:
     from pipelines import evaluate, train
 
@@ -82,14 +88,15 @@ def cmd_train(args) -> int:
         raise UsageError("--prepare-only is for --mode between-graph")
     ready = time.time()
     if args.mode == "in-graph":
-        train.train_in_graph(cfg, run_dir, overwrite=args.overwrite, resume=args.resume)
+        train.train_in_graph(cfg, run_dir, overwrite=args.overwrite, resume=args.resume,
+                             cluster=_cluster(args))
     else:
         from pipelines import between
 
         manifest = between.train_between_graph(cfg, run_dir, jobs=args.jobs,
                                                overwrite=args.overwrite,
                                                prepare_only=args.prepare_only,
-                                               resume=args.resume)
+                                               resume=args.resume, cluster=_cluster(args))
         if args.prepare_only:
             print(f"prepared run directory: {run_dir}; now run, on any machine that sees it:")
             for m in manifest["members"]:
@@ -112,12 +119,13 @@ def cmd_predict(args) -> int:
     ready, report = time.time(), {}
     if args.mode == "in-graph":
         table = predict.predict_in_graph(Path(args.run), args.data, Path(args.out), args.target,
-                                         args.devices)
+                                         args.devices, cluster=_cluster(args))
     else:
         from pipelines import between
 
         table, report = between.predict_between_graph(Path(args.run), args.data, Path(args.out),
-                                                      args.target, jobs=args.jobs)
+                                                      args.target, jobs=args.jobs,
+                                                      cluster_file=args.cluster)
     n_rows = table.num_rows // len(set(table.column("model").to_pylist()))
     print(f"predictions: {args.out}")
     # last stdout line: a machine-readable report (read by `ensemble compare`)
@@ -132,7 +140,8 @@ def cmd_compare(args) -> int:
     base = Path(args.run_dir) if args.run_dir else Path("artifacts") / "compare"
     table = compare.compare(args.config, base, {"training.epochs": args.epochs,
                                                 "members.count": args.members,
-                                                "placement.devices": args.devices})
+                                                "placement.devices": args.devices},
+                            cluster_file=args.cluster)
     print(f"comparison: {base / 'comparison.parquet'}")
     print(compare.verdict(table))
     return 0
@@ -163,13 +172,23 @@ def cmd_client(args) -> int:
         if not args.out:
             raise UsageError("client: --predict needs --out FILE.parquet")
         between_graph.predict_client(Path(args.run), args.member, Path(args.predict),
-                                     Path(args.out), threads=args.threads)
+                                     Path(args.out), threads=args.threads, device=args.device,
+                                     cluster=_cluster(args))
     else:
         between_graph.run_client(Path(args.run), args.member, threads=args.threads)
     # last stdout line, read by the launcher: the client's work time without process start-up
     print(json.dumps({"member": args.member, "work_seconds": time.perf_counter() - start,
                       "peak_rss_bytes": peak_rss_bytes()}))
     return 0
+
+
+def cmd_server(args) -> int:
+    from ensemble import cluster
+
+    spec = cluster.load_spec(args.cluster)
+    if spec is None:
+        raise UsageError("server: expected --cluster FILE.json or TF_CONFIG")
+    return cluster.serve(spec, args.task)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -187,6 +206,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--devices", help="auto, cpu:N, or device names such as /GPU:0,/GPU:1")
     t.add_argument("--jobs", type=_positive, help="between-graph: concurrent clients")
     t.add_argument("--run-dir", help="output folder (default artifacts/<run_id>)")
+    t.add_argument("--cluster", help="cluster spec FILE.json (default: TF_CONFIG, if set)")
     t.add_argument("--overwrite", action="store_true", help="replace an existing run")
     t.add_argument("--resume", action="store_true",
                    help="continue the interrupted run in --run-dir from its checkpoints")
@@ -202,6 +222,7 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--devices", default="auto")
     pr.add_argument("--jobs", type=_positive)
     pr.add_argument("--out", required=True, help="FILE.parquet")
+    pr.add_argument("--cluster", help="cluster spec FILE.json to predict on")
     pr.set_defaults(func=cmd_predict)
 
     e = sub.add_parser("evaluate", help="the ensemble against its members")
@@ -221,6 +242,7 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--members", type=_positive)
     cmp.add_argument("--epochs", type=_positive)
     cmp.add_argument("--devices")
+    cmp.add_argument("--cluster", help="cluster spec FILE.json: compare both modes on it")
     cmp.set_defaults(func=cmd_compare)
 
     c = sub.add_parser("client", help="train one member of a prepared between-graph run")
@@ -229,7 +251,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--threads", type=_positive, help="TensorFlow intra/inter-op threads")
     c.add_argument("--predict", help="predict this .npz input instead of training")
     c.add_argument("--out", help="with --predict: the member's predictions FILE.parquet")
+    c.add_argument("--device", help="with --predict: run the member here")
+    c.add_argument("--cluster", help="with --predict: cluster spec FILE.json")
     c.set_defaults(func=cmd_client)
+
+    s = sub.add_parser("server", help="serve one task of a TensorFlow cluster")
+    s.add_argument("--cluster", help="cluster spec FILE.json (default: TF_CONFIG)")
+    s.add_argument("--task", required=True, help="JOB:I, e.g. worker:0")
+    s.set_defaults(func=cmd_server)
     return p
 
 
@@ -237,12 +266,19 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status instead of exiting."""
     try:
         args = _parser().parse_args(argv)
-        if args.command in ("train", "predict", "client"):
+        if args.command in ("train", "predict", "client", "server"):
             _import_tensorflow_quietly()
         return args.func(args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        from ensemble.cluster import ClusterError
+
+        if isinstance(exc, ClusterError):
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        raise
 
 
 def entry() -> None:

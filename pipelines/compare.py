@@ -73,9 +73,11 @@ def parity(a: pa.Table, b: pa.Table) -> tuple[float, float]:
     return float(diff), float(same.mean())
 
 
-def compare(config_path: str | None, base: Path, overrides: dict | None = None) -> pa.Table:
+def compare(config_path: str | None, base: Path, overrides: dict | None = None,
+            cluster_file: str | None = None) -> pa.Table:
     """Run both modes (train, then predict on the config's data source) and write
     `base/comparison.parquet` (one row per mode and phase) and `base/comparison.png`.
+    With `cluster_file`, both modes run on that TensorFlow cluster.
 
     Returns:
         The comparison table.
@@ -85,15 +87,18 @@ def compare(config_path: str | None, base: Path, overrides: dict | None = None) 
     cfg_file = base / "config.toml"
     artifacts.write_text(cfg_file, _to_toml(cfg.to_dict()))
     rows, preds = [], {}
+    on = ["--cluster", str(cluster_file)] if cluster_file else []
     for mode in MODES:
         run_dir = base / mode
         res = _check(run_process(["train", "--config", str(cfg_file), "--mode", mode,
-                                  "--run-dir", str(run_dir), "--overwrite"]), f"{mode} training")
+                                  "--run-dir", str(run_dir), "--overwrite", *on]),
+                     f"{mode} training")
         rows.append(_train_row(mode, run_dir, res))
         out = base / f"{mode}.predictions.parquet"
         res = _check(run_process(["predict", "--run", str(run_dir), "--data", cfg.data.source,
-                                  "--mode", mode, "--devices", cfg.placement.devices,
-                                  "--out", str(out)]), f"{mode} prediction")
+                                  "--mode", mode, "--out", str(out), *on,
+                                  *([] if on else ["--devices", cfg.placement.devices])]),
+                     f"{mode} prediction")
         rows.append(_predict_row(mode, res, cfg.members.count, rows[-1]["devices"]))
         preds[mode] = (artifacts.read_parquet(run_dir / artifacts.PREDICTIONS),
                        artifacts.read_parquet(out))

@@ -39,8 +39,10 @@ def check_out(out: Path) -> Path:
 
 
 def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None = None,
-                     device_spec: str = "auto", batch_size: int = 16384):
-    """Rebuild the in-graph inference graph on this machine's devices and predict `source`.
+                     device_spec: str = "auto", batch_size: int = 16384,
+                     cluster: dict | None = None):
+    """Rebuild the in-graph inference graph on this machine's (or `cluster`'s) devices and
+    predict `source`.
 
     Returns:
         The predictions table (also written to `out`, split `predict`).
@@ -48,7 +50,7 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
     check_out(out)
     manifest, pre, x, y = load_input(run_dir, source, target)
     n = len(manifest["members"])
-    devs = place(n, devices.resolve(device_spec, n))
+    devs = place(n, devices.resolve(device_spec, n, cluster))
     from ensemble.in_graph import InGraphEnsemble
 
     models = [load_member(artifacts.verify(run_dir, manifest,

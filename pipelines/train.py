@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from ensemble import artifacts, devices, run, tables
+from ensemble.cluster import explain
 from ensemble.config import Config
 
 EVAL_SPLITS = ("validation", "test")
@@ -33,23 +34,31 @@ def save_model(model, path: Path) -> None:
 
 
 def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
-                   resume: bool = False) -> dict:
+                   resume: bool = False, cluster: dict | None = None) -> dict:
     """Train every member in one graph (in-graph replication) and write the run directory.
 
     A checkpoint of the whole graph (all members at the same epoch) is saved after every
     epoch; `resume` continues an interrupted run from the newest one.
 
+    With a `cluster` spec, members are placed on the devices of its tasks and the
+    aggregation stays on this client.
+
     Returns:
         The final manifest.
+
+    Raises:
+        cluster.ClusterError: a task of the cluster is unreachable, before or during the run.
     """
-    devs = devices.resolve(cfg.placement.devices, cfg.members.count)
+    if resume:
+        cluster = cluster or artifacts.read_manifest(run_dir).get("cluster")
+    devs = devices.resolve(cfg.placement.devices, cfg.members.count, cluster)
     configure_tf(cfg.training.deterministic)
     from ensemble.in_graph import InGraphEnsemble
 
     if resume:
         manifest = run.reopen(run_dir, cfg, "in-graph")
     else:
-        manifest = run.prepare(cfg, run_dir, "in-graph", devs, overwrite)
+        manifest = run.prepare(cfg, run_dir, "in-graph", devs, overwrite, cluster)
     try:
         split = {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}
         classes = np.asarray(manifest["dataset"]["classes"])
@@ -73,8 +82,11 @@ def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
         tables.write_outputs(run_dir, pa.concat_tables(parts), tables.history_table(history))
         run.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
                    predict_seconds=time.perf_counter() - start)
-    except BaseException:
+    except BaseException as exc:
         manifest["status"] = "failed"
         artifacts.write_manifest(run_dir, manifest)
-        raise
+        err = explain(cluster, exc)
+        if err is exc:
+            raise
+        raise err from None
     return manifest

@@ -1,0 +1,176 @@
+"""TensorFlow clusters: cluster specs, `ensemble server` tasks, and connecting a client.
+
+The engine is TensorFlow's own gRPC runtime (`tf.distribute.Server`, `tf.train.ClusterSpec`,
+`tf.config.experimental_connect_to_cluster`). Its servers have NO authentication and run any
+graph they are sent: keep them on a loopback or isolated private network.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from ensemble.errors import UsageError
+
+PROBE_SECONDS = 5.0
+
+
+class ClusterError(RuntimeError):
+    """A task of the cluster cannot be reached; the message names it."""
+
+
+def load_spec(path: str | Path | None) -> dict[str, list[str]] | None:
+    """The cluster spec from a JSON file, else from `TF_CONFIG["cluster"]`, else None.
+
+    Raises:
+        UsageError: unreadable file, or not a `{job: ["host:port", ...]}` dict.
+    """
+    if path is not None:
+        try:
+            spec = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise UsageError(f"Cluster file not found: {path}") from None
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"Cluster file {path} is not valid JSON: {exc}") from None
+        source = str(path)
+    elif os.environ.get("TF_CONFIG"):
+        try:
+            spec = json.loads(os.environ["TF_CONFIG"]).get("cluster")
+        except (ValueError, AttributeError):
+            raise UsageError("TF_CONFIG is not a JSON object with a `cluster` key.") from None
+        source = "TF_CONFIG"
+        if spec is None:
+            return None
+    else:
+        return None
+    ok = isinstance(spec, dict) and spec and all(
+        isinstance(j, str) and isinstance(a, list) and a
+        and all(isinstance(x, str) and x.rpartition(":")[2].isdigit() for x in a)
+        for j, a in spec.items())
+    if not ok or "localhost" in spec:
+        raise UsageError(f'Expected a cluster spec such as {{"worker": ["127.0.0.1:2222"]}} '
+                         f"(job names other than localhost) in {source}. Received: {spec!r}")
+    return spec
+
+
+def tasks(spec: dict) -> list[tuple[str, int, str]]:
+    """`[(job, task index, "host:port"), ...]` of a spec (full, or sparse `{job: {i: addr}}`)."""
+    return [(job, int(i), addr) for job, addrs in spec.items()
+            for i, addr in (addrs.items() if isinstance(addrs, dict) else enumerate(addrs))]
+
+
+def task_of(spec: dict[str, list[str]], device: str) -> dict:
+    """The sparse spec `{job: {index: addr}}` of the task that owns `device`: a between-graph
+    client connects to its own task only, so other tasks being down does not stop it."""
+    import tensorflow as tf
+
+    d = tf.DeviceSpec.from_string(device)
+    return {d.job: {d.task or 0: spec[d.job][d.task or 0]}}
+
+
+def unreachable(spec: dict, timeout: float = PROBE_SECONDS) -> list[str]:
+    """Tasks whose address refuses a TCP connection: `["worker:1 (127.0.0.1:2223)", ...]`."""
+    down = []
+    for job, i, addr in tasks(spec):
+        host, _, port = addr.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        except OSError:
+            down.append(f"{job}:{i} ({addr})")
+    return down
+
+
+def check(spec: dict) -> None:
+    """Raises ClusterError naming every task that cannot be reached."""
+    down = unreachable(spec)
+    if down:
+        raise ClusterError(f"cluster task unreachable: {', '.join(down)}; start it with "
+                           "`ensemble server --cluster FILE --task JOB:I`")
+
+
+def connect(spec: dict) -> list[str]:
+    """Connect this client to the cluster and list the devices of its tasks.
+
+    Returns:
+        Remote device names (`/job:worker/replica:0/task:1/device:CPU:0`), GPUs when any
+        task has one, else every task's first CPU.
+
+    Raises:
+        ClusterError: a task is unreachable (named).
+    """
+    check(spec)
+    import tensorflow as tf
+
+    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(spec))
+    remote = [d for d in tf.config.list_logical_devices() if "/job:localhost" not in d.name
+              and d.name.startswith("/job:")]
+    gpus = [d.name for d in remote if d.device_type == "GPU"]
+    return gpus or [d.name for d in remote if d.device_type == "CPU" and d.name.endswith(":0")]
+
+
+def explain(spec: dict[str, list[str]] | None, exc: BaseException) -> BaseException:
+    """Turn a TensorFlow error met while running on a cluster into a ClusterError naming the
+    unreachable tasks; other errors are returned unchanged."""
+    if spec is None:
+        return exc
+    down = unreachable(spec, timeout=2.0)
+    if down:
+        return ClusterError(f"cluster task unreachable during the run: {', '.join(down)}")
+    return exc
+
+
+def public_addresses(spec: dict[str, list[str]]) -> list[str]:
+    """Addresses of the spec outside the loopback and private ranges."""
+    out = []
+    for _, _, addr in tasks(spec):
+        host = addr.rpartition(":")[0].strip("[]")
+        try:
+            ip = ipaddress.ip_address(host if host != "localhost" else "127.0.0.1")
+        except ValueError:
+            try:
+                ip = ipaddress.ip_address(socket.gethostbyname(host))
+            except OSError:
+                out.append(addr)
+                continue
+        if not (ip.is_loopback or ip.is_private):
+            out.append(addr)
+    return out
+
+
+def serve(spec: dict[str, list[str]], task: str) -> int:
+    """Start the `tf.distribute.Server` of `task` (`job:index`) and serve until SIGTERM or
+    SIGINT; returns exit status 0.
+
+    Raises:
+        UsageError: a task that is not in the spec.
+    """
+    job, _, index = task.partition(":")
+    if job not in spec or not index.isdigit() or int(index) >= len(spec[job]):
+        raise UsageError(f"Expected --task JOB:I from {[f'{j}:{i}' for j, i, _ in tasks(spec)]}. "
+                         f"Received: task={task!r}")
+    public = public_addresses(spec)
+    if public:
+        print(f"WARNING: {', '.join(public)} are outside the loopback and private ranges. "
+              "TensorFlow servers have no authentication and run any graph they are sent: "
+              "serve only on an isolated network.", file=sys.stderr, flush=True)
+    import tensorflow as tf
+
+    tf.config.experimental.enable_op_determinism()
+    server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job,
+                                  task_index=int(index), protocol="grpc", start=True)
+    devices = [d.name for d in tf.config.list_logical_devices()]
+    print(f"serving {task} at {spec[job][int(index)]} ({server.target}); devices: "
+          f"{', '.join(devices)}", flush=True)
+    stop = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(True))
+    while not stop:
+        time.sleep(0.2)
+    print(f"stopping {task}", flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # the gRPC server has no clean shutdown; exit without waiting for it
