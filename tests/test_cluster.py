@@ -1,6 +1,7 @@
 """Both modes on a TensorFlow cluster of two `ensemble server` processes on 127.0.0.1.
 
 Every server is started by the test that uses it and stopped (and checked gone) at its end.
+Every command that joins the cluster runs in its own process, never in the test process.
 """
 
 import json
@@ -132,9 +133,11 @@ def test_both_modes_on_the_cluster_match_the_local_run(shared_servers, local_run
     for name in ("accuracy", "nll", "brier", "ece"):
         np.testing.assert_allclose(m_cluster.column(name).to_numpy(),
                                    m_local.column(name).to_numpy(), atol=1e-5)
-    out = tmp_path / "p.parquet"
-    assert run_cli("predict", "--run", run_dir, "--data", "digits", "--mode", mode,
-                   "--cluster", servers.file, "--out", out) == 0
+    out = tmp_path / "p.parquet"  # in its own process: the test process never joins a cluster
+    res = subprocess.run([sys.executable, "-m", "pipelines.cli", "predict", "--run", str(run_dir),
+                          "--data", "digits", "--mode", mode, "--cluster", str(servers.file),
+                          "--out", str(out)], capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr
     assert pq.read_table(out).num_rows == 1797 * 6
 
 
