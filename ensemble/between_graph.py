@@ -110,8 +110,8 @@ def _train_member(run_dir: Path, manifest: dict, cfg, index: int, device: str) -
     classes = np.asarray(manifest["dataset"]["classes"])
     (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
     start = time.perf_counter()
-    member = InGraphEnsemble.build(cfg, x_tr.shape[1], len(classes), [device], [index])
-    member.aggregators = ()
+    member = InGraphEnsemble.build(cfg, x_tr.shape[1], len(classes), [device], [index],
+                                   aggregators=())  # a client aggregates nothing
     history = member.fit(x_tr, y_tr, x_val, y_val, cfg.training.seed, cfg.training.epochs,
                          cfg.training.batch_size, run_dir / "checkpoints" / f"member-{index}")
     parts = [tables.predictions_table({index: member.predict(split[s][0])[0][0]}, s,

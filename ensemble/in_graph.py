@@ -66,8 +66,10 @@ class InGraphEnsemble:
 
     @classmethod
     def build(cls, cfg: Config, n_features: int, n_classes: int, devices: Sequence[str],
-              indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE):
-        """Build fresh members (and their Adam optimisers) on `devices`."""
+              indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE,
+              aggregators: Sequence[str] | None = None):
+        """Build fresh members (and their Adam optimisers) on `devices`; `aggregators`
+        defaults to the config's."""
         indices = list(indices) if indices is not None else list(range(len(devices)))
         models, optimizers = [], []
         for i, device in zip(indices, devices):
@@ -76,7 +78,8 @@ class InGraphEnsemble:
                                      member_seed(cfg.training.seed, i), name=f"member_{i}")
                 optimizers.append(build_optimizer(model, cfg.training.learning_rate))
             models.append(model)
-        ens = cls(models, devices, cfg.aggregation.aggregators, indices, client_device)
+        aggs = cfg.aggregation.aggregators if aggregators is None else aggregators
+        ens = cls(models, devices, aggs, indices, client_device)
         ens.optimizers = optimizers
         return ens
 
