@@ -98,8 +98,7 @@ def metrics_table(predictions: pa.Table) -> pa.Table:
     for split in sorted(set(labelled.column("split").to_pylist())):
         part = labelled.filter(pc.equal(labelled.column("split"), split))
         models = list(dict.fromkeys(part.column("model").to_pylist()))
-        members = part.filter(pc.is_valid(part.column("member")))
-        member_p = {}
+        member_p, first = {}, len(out)
         for model in models:
             t = part.filter(pc.equal(part.column("model"), model))
             p = probabilities(t, classes)
@@ -109,10 +108,9 @@ def metrics_table(predictions: pa.Table) -> pa.Table:
                 member_p[member] = p
             out.append({"model": model, "member": member, "aggregator": agg, "split": split,
                         "n": len(y), **M.all_metrics(y, p)})
-        dis = disagreement(np.stack(list(member_p.values()))) if members.num_rows else None
-        for row in out:
-            if row["split"] == split:
-                row["disagreement"] = dis if row["aggregator"] is not None else None
+        dis = disagreement(np.stack(list(member_p.values()))) if member_p else None
+        for row in out[first:]:
+            row["disagreement"] = dis if row["aggregator"] is not None else None
     schema = pa.schema([("model", pa.string()), ("member", pa.int32()),
                         ("aggregator", pa.string()), ("split", pa.string()), ("n", pa.int64()),
                         ("accuracy", pa.float64()), ("nll", pa.float64()),
