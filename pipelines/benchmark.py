@@ -151,21 +151,21 @@ def _worker_main(argv: list[str]) -> None:
 
 
 def _run(argv: list[str], module: str = "pipelines.cli") -> dict:
-    from pipelines.between import run_process
+    from pipelines.between import checked, run_process
 
-    res = run_process(argv, module=module)
-    if res["returncode"] != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed: {res['stderr'].strip()[-800:]}")
-    return res
+    return checked(run_process(argv, module=module), " ".join(argv))
 
 
 def _worker(name: str, run_dir: Path | str = "-") -> tuple[dict, dict]:
+    from pipelines.between import last_report
+
     res = _run([name, str(run_dir)], module="pipelines.benchmark")
-    return json.loads(res["stdout"].strip().splitlines()[-1]), res
+    return last_report(res), res
 
 
 def _mode_rows(workload: str, cfg_path: str | None, base: Path) -> tuple[list[dict], Path]:
     from ensemble import artifacts
+    from pipelines.between import last_report
 
     rows, ig_dir = [], base / "in-graph"
     for mode in ("in-graph", "between-graph"):
@@ -185,7 +185,7 @@ def _mode_rows(workload: str, cfg_path: str | None, base: Path) -> tuple[list[di
         out = base / f"{mode}.predict.parquet"
         res = _run(["predict", "--run", str(run_dir), "--data", m["config"]["data"]["source"],
                     "--mode", mode, "--out", str(out)])
-        report = json.loads(res["stdout"].strip().splitlines()[-1])
+        report = last_report(res)
         rows.append({"workload": workload, "method": mode, "phase": "predict",
                      "seconds": res["seconds"], "wall_seconds": res["seconds"],
                      "peak_rss_bytes": concurrent_peak(

@@ -46,6 +46,21 @@ def run_process(argv: list[str], env: dict | None = None,
             "spawned_unix": spawned, "stdout": proc.stdout, "stderr": proc.stderr}
 
 
+def last_report(res: dict) -> dict:
+    """The JSON report a measured `ensemble` process prints as its last stdout line."""
+    return json.loads(res["stdout"].strip().splitlines()[-1])
+
+
+def checked(res: dict, what: str) -> dict:
+    """`res` of `run_process`, or raise naming `what` and the process's last error line:
+    UsageError for exit status 2 (bad input), RuntimeError otherwise."""
+    if res["returncode"] != 0:
+        last = (res["stderr"].strip().splitlines() or ["(no output)"])[-1]
+        err = UsageError if res["returncode"] == 2 else RuntimeError
+        raise err(f"{what} failed (exit {res['returncode']}): {last}")
+    return res
+
+
 def run_clients(run_dir: Path, commands: dict[int, list[str]], devs: dict[int, str],
                 jobs: int, on_exit=None) -> dict[int, dict]:
     """Run one client process per member, `jobs` at a time (joblib thread pool of launchers).
@@ -76,7 +91,7 @@ def run_clients(run_dir: Path, commands: dict[int, list[str]], devs: dict[int, s
         if res["returncode"] != 0:
             last = (res["stderr"].strip().splitlines() or ["(no output)"])[-1]
             return index, {"returncode": res["returncode"], "error": last}
-        report = json.loads(res["stdout"].strip().splitlines()[-1])
+        report = last_report(res)
         return index, {"seconds": res["seconds"], "work_seconds": report["work_seconds"],
                        "startup_seconds": res["seconds"] - report["work_seconds"],
                        "peak_rss_bytes": report["peak_rss_bytes"]}
@@ -188,12 +203,9 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
     manifest["timings"].update(train_seconds=time.perf_counter() - start, jobs=jobs,
                                clients={str(i): c for i, c in clients.items()})
     artifacts.write_manifest(run_dir, manifest)
-    res = run_process(["aggregate", "--run", str(run_dir)])
-    if res["returncode"] != 0:
-        raise RuntimeError(f"aggregator failed: {res['stderr'].strip()[-500:]}")
+    res = checked(run_process(["aggregate", "--run", str(run_dir)]), "aggregator")
     manifest = artifacts.read_manifest(run_dir)
-    report = json.loads(res["stdout"].strip().splitlines()[-1])
-    manifest["timings"]["aggregator_peak_rss_bytes"] = report["peak_rss_bytes"]
+    manifest["timings"]["aggregator_peak_rss_bytes"] = last_report(res)["peak_rss_bytes"]
     artifacts.write_manifest(run_dir, manifest)
     return manifest
 

@@ -15,18 +15,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ensemble import artifacts, config, tables
-from ensemble.errors import UsageError
-from pipelines.between import run_process
+from pipelines.between import checked, last_report, run_process
 
 MODES = ("in-graph", "between-graph")
-
-
-def _check(res: dict, what: str) -> dict:
-    if res["returncode"] != 0:
-        last = (res["stderr"].strip().splitlines() or ["(no output)"])[-1]
-        err = UsageError if res["returncode"] == 2 else RuntimeError
-        raise err(f"{what} failed (exit {res['returncode']}): {last}")
-    return res
 
 
 def concurrent_peak(own: int, clients: list[dict], jobs: int) -> int:
@@ -53,7 +44,7 @@ def _train_row(mode: str, run_dir: Path, res: dict) -> dict:
 
 
 def _predict_row(mode: str, res: dict, n_members: int, n_devices: int) -> dict:
-    report = json.loads(res["stdout"].strip().splitlines()[-1])
+    report = last_report(res)
     clients = list((report.get("clients") or {}).values())
     startup = report["ready_unix"] - res["spawned_unix"]
     startup += sum(c["startup_seconds"] for c in clients)
@@ -90,12 +81,12 @@ def compare(config_path: str | None, base: Path, overrides: dict | None = None,
     on = ["--cluster", str(cluster_file)] if cluster_file else []
     for mode in MODES:
         run_dir = base / mode
-        res = _check(run_process(["train", "--config", str(cfg_file), "--mode", mode,
+        res = checked(run_process(["train", "--config", str(cfg_file), "--mode", mode,
                                   "--run-dir", str(run_dir), "--overwrite", *on]),
                      f"{mode} training")
         rows.append(_train_row(mode, run_dir, res))
         out = base / f"{mode}.predictions.parquet"
-        res = _check(run_process(["predict", "--run", str(run_dir), "--data", cfg.data.source,
+        res = checked(run_process(["predict", "--run", str(run_dir), "--data", cfg.data.source,
                                   "--mode", mode, "--out", str(out), *on,
                                   *([] if on else ["--devices", cfg.placement.devices])]),
                      f"{mode} prediction")
