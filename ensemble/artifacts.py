@@ -26,6 +26,7 @@ PREDICTIONS = "predictions.parquet"
 METRICS = "metrics.parquet"
 HISTORY = "history.parquet"
 SPLITS = ("train", "validation", "test")
+EVAL_SPLITS = ("validation", "test")  # the splits a run predicts and evaluates
 
 
 @contextmanager

@@ -18,12 +18,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ensemble import artifacts, tables
-from ensemble.cluster import explain
+from ensemble.cluster import naming_unreachable_tasks
 from ensemble.data import encode
 from ensemble.errors import UsageError
-
-EVAL_SPLITS = ("validation", "test")
-
 
 def local_device(device: str) -> tuple[dict[str, str], str]:
     """Map a run's device name to what a client process sees of it.
@@ -94,17 +91,13 @@ def run_client(run_dir: Path, index: int, threads: int | None = None) -> Path:
     """
     manifest = artifacts.read_manifest(run_dir)
     cfg, device, cluster = _start_client(manifest, index, threads)
-    try:
+    with naming_unreachable_tasks(cluster):
         return _train_member(run_dir, manifest, cfg, index, device)
-    except Exception as exc:
-        err = explain(cluster, exc)
-        if err is exc:
-            raise
-        raise err from None
 
 
 def _train_member(run_dir: Path, manifest: dict, cfg, index: int, device: str) -> Path:
     from ensemble.in_graph import InGraphEnsemble
+    from ensemble.members import save_member
 
     split = {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}
     classes = np.asarray(manifest["dataset"]["classes"])
@@ -116,9 +109,8 @@ def _train_member(run_dir: Path, manifest: dict, cfg, index: int, device: str) -
                          cfg.training.batch_size, run_dir / "checkpoints" / f"member-{index}")
     parts = [tables.predictions_table({index: member.predict(split[s][0])[0][0]}, s,
                                       split[s][2], split[s][1], classes, ())
-             for s in EVAL_SPLITS]
-    with artifacts.atomic_path(artifacts.member_model_path(run_dir, index), ".keras") as tmp:
-        member.models[0].save(tmp)
+             for s in artifacts.EVAL_SPLITS]
+    save_member(member.models[0], artifacts.member_model_path(run_dir, index))
     artifacts.write_parquet(artifacts.member_history_path(run_dir, index),
                             tables.history_table(history))
     out = artifacts.member_predictions_path(run_dir, index)

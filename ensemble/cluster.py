@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from ensemble.errors import UsageError
 
@@ -113,15 +114,21 @@ def connect(spec: dict) -> list[str]:
     return gpus or [d.name for d in remote if d.device_type == "CPU" and d.name.endswith(":0")]
 
 
-def explain(spec: dict[str, list[str]] | None, exc: BaseException) -> BaseException:
-    """Turn a TensorFlow error met while running on a cluster into a ClusterError naming the
-    unreachable tasks; other errors are returned unchanged."""
-    if spec is None:
-        return exc
-    down = unreachable(spec, timeout=2.0)
-    if down:
-        return ClusterError(f"cluster task unreachable during the run: {', '.join(down)}")
-    return exc
+@contextmanager
+def naming_unreachable_tasks(spec: dict | None):
+    """Run a block on the cluster `spec` (None: locally, nothing changes). An error raised in
+    it while a task is unreachable becomes a ClusterError naming those tasks; other errors
+    pass unchanged."""
+    try:
+        yield
+    except ClusterError:
+        raise
+    except Exception:
+        down = unreachable(spec, timeout=2.0) if spec is not None else []
+        if not down:
+            raise
+        raise ClusterError(f"cluster task unreachable during the run: {', '.join(down)}") \
+            from None
 
 
 def public_addresses(spec: dict[str, list[str]]) -> list[str]:

@@ -71,7 +71,7 @@ class Adam:
         self.m = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in self.variables]
         self.v = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in self.variables]
 
-    def apply(self, grads, variables=None) -> None:
+    def apply(self, grads) -> None:
         """Apply one update with `grads` (same order as the variables)."""
         import tensorflow as tf
 
@@ -88,6 +88,14 @@ class Adam:
 def build_optimizer(model, learning_rate: float) -> Adam:
     """Adam over `model.trainable_variables`, its slots created now (on the current device)."""
     return Adam(model.trainable_variables, learning_rate)
+
+
+def save_member(model, path) -> None:
+    """Save a member atomically in the Keras 3 format (`.keras`)."""
+    from ensemble.artifacts import atomic_path
+
+    with atomic_path(path, suffix=".keras") as tmp:
+        model.save(tmp)
 
 
 def load_member(path, device: str):
@@ -129,7 +137,7 @@ def train_step(model, optimizer, x, y, idx):
         probs = model(xb, training=True)
         loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(yb, probs))
     grads = tape.gradient(loss, model.trainable_variables)
-    optimizer.apply(grads, model.trainable_variables)
+    optimizer.apply(grads)
     return loss
 
 

@@ -9,10 +9,8 @@ import numpy as np
 import pyarrow as pa
 
 from ensemble import artifacts, devices, run, tables
-from ensemble.cluster import explain
+from ensemble.cluster import naming_unreachable_tasks
 from ensemble.config import Config
-
-EVAL_SPLITS = ("validation", "test")
 
 
 def default_run_dir(cfg: Config) -> Path:
@@ -20,17 +18,11 @@ def default_run_dir(cfg: Config) -> Path:
 
 
 def configure_tf(deterministic: bool) -> None:
-    """Quiet logs; op determinism when the config asks for it (needed for mode parity)."""
+    """Op determinism when the config asks for it (needed for mode parity)."""
     import tensorflow as tf
 
     if deterministic:
         tf.config.experimental.enable_op_determinism()
-
-
-def save_model(model, path: Path) -> None:
-    """Save a Keras model atomically (Keras 3 format)."""
-    with artifacts.atomic_path(path, suffix=".keras") as tmp:
-        model.save(tmp)
 
 
 def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
@@ -53,40 +45,45 @@ def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
         cluster = cluster or artifacts.read_manifest(run_dir).get("cluster")
     devs = devices.resolve(cfg.placement.devices, cfg.members.count, cluster)
     configure_tf(cfg.training.deterministic)
-    from ensemble.in_graph import InGraphEnsemble
-
     if resume:
         manifest = run.reopen(run_dir, cfg, "in-graph")
     else:
         manifest = run.prepare(cfg, run_dir, "in-graph", devs, overwrite, cluster)
     try:
-        split = {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}
-        classes = np.asarray(manifest["dataset"]["classes"])
-        (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
-        placed = [m["device"] for m in manifest["members"]]
-        start = time.perf_counter()
-        ens = InGraphEnsemble.build(cfg, x_tr.shape[1], len(classes), placed)
-        history = ens.fit(x_tr, y_tr, x_val, y_val, cfg.training.seed, cfg.training.epochs,
-                          cfg.training.batch_size, run_dir / "checkpoints" / "in-graph")
-        train_seconds = time.perf_counter() - start
-        for i, model in enumerate(ens.models):
-            save_model(model, artifacts.member_model_path(run_dir, i))
-            manifest["members"][i]["status"] = "completed"
-        start = time.perf_counter()
-        parts = []
-        for s in EVAL_SPLITS:
-            x, y, rows = split[s]
-            member_p, ens_p = ens.predict(x)
-            parts.append(tables.predictions_table(dict(enumerate(member_p)), s, rows, y,
-                                                  classes, cfg.aggregation.aggregators, ens_p))
-        tables.write_outputs(run_dir, pa.concat_tables(parts), tables.history_table(history))
-        run.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
-                   predict_seconds=time.perf_counter() - start)
-    except BaseException as exc:
+        with naming_unreachable_tasks(cluster):
+            _train_and_write(cfg, run_dir, manifest)
+    except BaseException:
         manifest["status"] = "failed"
         artifacts.write_manifest(run_dir, manifest)
-        err = explain(cluster, exc)
-        if err is exc:
-            raise
-        raise err from None
+        raise
     return manifest
+
+
+def _train_and_write(cfg: Config, run_dir: Path, manifest: dict) -> None:
+    """Build, train (with per-epoch checkpoints), save the members, predict the evaluation
+    splits and write the run's tables; updates `manifest` and finishes the run."""
+    from ensemble.in_graph import InGraphEnsemble
+    from ensemble.members import save_member
+
+    split = {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}
+    classes = np.asarray(manifest["dataset"]["classes"])
+    (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
+    placed = [m["device"] for m in manifest["members"]]
+    start = time.perf_counter()
+    ens = InGraphEnsemble.build(cfg, x_tr.shape[1], len(classes), placed)
+    history = ens.fit(x_tr, y_tr, x_val, y_val, cfg.training.seed, cfg.training.epochs,
+                      cfg.training.batch_size, run_dir / "checkpoints" / "in-graph")
+    train_seconds = time.perf_counter() - start
+    for i, model in enumerate(ens.models):
+        save_member(model, artifacts.member_model_path(run_dir, i))
+        manifest["members"][i]["status"] = "completed"
+    start = time.perf_counter()
+    parts = []
+    for s in artifacts.EVAL_SPLITS:
+        x, y, rows = split[s]
+        member_p, ens_p = ens.predict(x)
+        parts.append(tables.predictions_table(dict(enumerate(member_p)), s, rows, y,
+                                              classes, cfg.aggregation.aggregators, ens_p))
+    tables.write_outputs(run_dir, pa.concat_tables(parts), tables.history_table(history))
+    run.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
+               predict_seconds=time.perf_counter() - start)

@@ -50,3 +50,12 @@ def run_cli(*argv: str) -> int:
     from pipelines.cli import main
 
     return main([str(a) for a in argv])
+
+
+def set_status(run_dir, status: str) -> None:
+    """Rewrite a run's manifest status (to simulate a failed or interrupted run)."""
+    from ensemble import artifacts
+
+    manifest = artifacts.read_manifest(run_dir)
+    manifest["status"] = status
+    artifacts.write_manifest(run_dir, manifest)

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pytest
-from conftest import run_cli
+from conftest import run_cli, set_status
 
 from ensemble import artifacts
 
@@ -140,9 +140,7 @@ def test_overwrite_is_explicit(trained, tmp_path, tiny_config, capsys):
 def test_predict_refuses_an_unfinished_run(trained, tmp_path, capsys):
     run_dir = tmp_path / "copy"
     shutil.copytree(trained, run_dir)
-    manifest = artifacts.read_manifest(run_dir)
-    manifest["status"] = "failed"
-    artifacts.write_manifest(run_dir, manifest)
+    set_status(run_dir, "failed")
     assert run_cli("predict", "--run", run_dir, "--data", "digits", "--out",
                    tmp_path / "o.parquet") == 2
     _one_line(capsys, "is failed, not completed", "--resume")

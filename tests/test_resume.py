@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_cli
+from conftest import run_cli, set_status
 
 from ensemble import artifacts, run
 
@@ -98,9 +98,7 @@ def test_between_graph_client_killed_only_that_member_is_retrained(clean, tiny_c
 def test_resume_refuses_a_changed_config(clean, tmp_path, capsys):
     run_dir = tmp_path / "copy"
     shutil.copytree(clean, run_dir)
-    manifest = artifacts.read_manifest(run_dir)
-    manifest["status"] = "failed"
-    artifacts.write_manifest(run_dir, manifest)
+    set_status(run_dir, "failed")
     assert run_cli("train", "--resume", "--run-dir", run_dir, "--epochs", "5") == 2
     err = capsys.readouterr().err
     assert "training.epochs: 2 -> 5" in err
@@ -117,9 +115,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(clean, tmp_path, c
     ckpt = run_dir / "checkpoints" / "in-graph"
     newest = sorted(ckpt.glob("ckpt-1.data-*"))[0]
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # truncated
-    manifest = artifacts.read_manifest(run_dir)
-    manifest["status"] = "failed"
-    artifacts.write_manifest(run_dir, manifest)
+    set_status(run_dir, "failed")
     assert run_cli("train", "--resume", "--run-dir", run_dir) == 0
     assert "ckpt-1" in capsys.readouterr().err  # the warning names the damaged checkpoint
     _, p = _probs(run_dir / "predictions.parquet")
@@ -132,9 +128,7 @@ def test_every_checkpoint_damaged_is_an_error_naming_it(clean, tmp_path, capsys)
     shutil.copytree(clean, run_dir)
     for data in (run_dir / "checkpoints" / "in-graph").glob("ckpt-*.data-*"):
         data.write_bytes(b"\0" * 16)
-    manifest = artifacts.read_manifest(run_dir)
-    manifest["status"] = "failed"
-    artifacts.write_manifest(run_dir, manifest)
+    set_status(run_dir, "failed")
     assert run_cli("train", "--resume", "--run-dir", run_dir) == 2
     assert "ckpt-1" in capsys.readouterr().err.splitlines()[-1]
 
