@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import tomllib
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
@@ -21,6 +22,8 @@ from typing import Any, get_args, get_origin, get_type_hints
 from ensemble.errors import UsageError
 
 AGGREGATORS = ("mean", "vote")
+IMPUTE = ("error", "median", "most_frequent")
+CATEGORICAL = ("auto", "none")
 ACTIVATIONS = ("relu", "tanh", "gelu", "elu", "sigmoid", "swish")
 
 
@@ -36,12 +39,21 @@ class SyntheticConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where the data comes from and how it is split (fractions of all rows)."""
+    """Where the data comes from, how it is split (fractions of all rows) and prepared.
+
+    `categorical`: `"auto"` one-hot encodes string, boolean and dictionary columns, `"none"`
+    encodes nothing, a list names the columns to encode. `impute`: `"error"` refuses missing
+    feature values, `"median"` fills numeric ones with the training median (categorical ones
+    with the most frequent category), `"most_frequent"` fills both with the most frequent value.
+    A relative file `source` in a config file is resolved against that file's folder.
+    """
 
     source: str = "digits"
     target: str = "target"
     test_size: float = 0.2
     validation_size: float = 0.1
+    categorical: str | tuple[str, ...] = "auto"
+    impute: str = "error"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -108,6 +120,14 @@ def _type_name(tp: Any) -> str:
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Check `value` against the annotated type `tp`; return it in that type."""
+    if isinstance(tp, types.UnionType):
+        for option in get_args(tp):
+            try:
+                return _coerce(key, value, option)
+            except UsageError:
+                pass
+        names = " or a ".join(_type_name(t) for t in get_args(tp))
+        raise UsageError(f"Expected `{key}` to be a {names}. Received: {key}={value!r}")
     if get_origin(tp) is tuple:
         item = get_args(tp)[0]
         if not isinstance(value, (list, tuple)):
@@ -170,6 +190,12 @@ def _check_ranges(cfg: Config) -> None:
             raise UsageError(f"Expected `data.{key}` in (0, 1). Received: {value}")
     if cfg.data.test_size + cfg.data.validation_size >= 0.9:
         raise UsageError("Expected `data.test_size + data.validation_size` below 0.9.")
+    if cfg.data.impute not in IMPUTE:
+        raise UsageError(f"Expected `data.impute` to be one of {', '.join(IMPUTE)}. "
+                         f"Received: {cfg.data.impute!r}")
+    if isinstance(cfg.data.categorical, str) and cfg.data.categorical not in CATEGORICAL:
+        raise UsageError(f"Expected `data.categorical` to be \"auto\", \"none\" or a list of "
+                         f"column names. Received: {cfg.data.categorical!r}")
     bad = [a for a in cfg.aggregation.aggregators if a not in AGGREGATORS]
     if bad or not cfg.aggregation.aggregators:
         raise UsageError(
@@ -187,6 +213,16 @@ def from_dict(table: dict[str, Any]) -> Config:
     cfg = _build(Config, table, "config")
     _check_ranges(cfg)
     return cfg
+
+
+def _resolve_source(table: dict[str, Any], path: Path) -> None:
+    """A relative file `data.source` in a config file names a file beside that config."""
+    data = table.get("data")
+    if not isinstance(data, dict) or not isinstance(data.get("source"), str):
+        return
+    source = Path(data["source"])
+    if source.suffix in (".csv", ".parquet") and not source.is_absolute():
+        data["source"] = str((path.resolve().parent / source))
 
 
 def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
@@ -213,6 +249,8 @@ def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None
         raise UsageError(f"Cannot read config file {path}: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"Config file {path} is not valid TOML: {exc}") from None
+    if path is not None:
+        _resolve_source(table, path)
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue

@@ -1,16 +1,25 @@
-"""Data sources, validation, the stratified split and the scaler.
+"""Data sources, validation, the stratified split and the label encoding.
 
 Sources: the built-in data sets that ship with scikit-learn (`digits`, `breast_cancer`, `wine`,
 `iris`), the built-in `synthetic` source (`make_classification`), and `.parquet` / `.csv` files
-with a named target column (read by pyarrow). Features are float32 `[n_rows, n_features]`;
-labels keep their original values (ints or strings).
+with a named target column (read by pyarrow). Numeric features are float32 `[n_rows, n_features]`
+(NaN where missing, filled later by the imputer when `data.impute` allows it); categorical
+features (strings, booleans, dictionary columns under `data.categorical = "auto"`) stay raw
+strings until `ensemble.preprocessing` one-hot encodes them. Labels keep their original values.
+
+Every problem of a file is collected and reported in ONE `UsageError` (one line), and nothing
+here imports TensorFlow or scikit-learn for a file source, so a bad CSV fails in well under a
+second, before TensorFlow loads.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -22,26 +31,41 @@ from ensemble.errors import UsageError
 BUILTIN = ("digits", "breast_cancer", "wine", "iris", "synthetic")
 
 
+def notice(message: str) -> None:
+    """One informational line on stderr (never stdout: stdout belongs to the user)."""
+    print(f"notice: {message}", file=sys.stderr, flush=True)
+
+
 @dataclass(frozen=True)
 class Dataset:
     """A labelled (or unlabelled, `y is None`) table.
 
     Attributes:
         name: source name or file path.
-        x: `[n_rows, n_features]` float32 features.
+        x: `[n_rows, n_features]` float32 numeric features (NaN where a value is missing).
         y: `[n_rows]` labels (int64 or str), or None when the target column is absent.
-        feature_names: the `n_features` column names.
+        feature_names: the `n_features` numeric column names (columns of `x`).
+        categorical: raw categorical columns, name -> `[n_rows]` object array of str (None
+            where missing); empty for all-numeric data.
     """
 
     name: str
     x: np.ndarray
     y: np.ndarray | None
     feature_names: tuple[str, ...]
+    categorical: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Every input column name: numeric, then categorical."""
+        return self.feature_names + tuple(self.categorical)
 
     def sha256(self) -> str:
-        """sha256 over the feature bytes, the labels and the feature names."""
+        """sha256 over the feature bytes, the categorical values, the labels and the names."""
         h = hashlib.sha256(np.ascontiguousarray(self.x).tobytes())
-        h.update("\0".join(self.feature_names).encode())
+        h.update("\0".join(self.columns).encode())
+        for values in self.categorical.values():
+            h.update("\0".join(map(str, values.tolist())).encode())
         if self.y is not None:
             h.update("\0".join(map(str, self.y.tolist())).encode())
         return h.hexdigest()
@@ -74,60 +98,143 @@ def _read_table(path: Path) -> pa.Table:
     try:
         if path.suffix == ".parquet":
             return pq.read_table(path)
-        return pcsv.read_csv(path)
+        return pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(strings_can_be_null=True))
     except (pa.ArrowInvalid, OSError) as exc:
         kind = "Parquet" if path.suffix == ".parquet" else "CSV"
         raise UsageError(f"Cannot read {path} as {kind}: {str(exc).splitlines()[0]}") from None
 
 
-def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bool) -> Dataset:
-    """Validate a pyarrow table and split it into features and labels.
+def _is_numeric(tp: pa.DataType) -> bool:
+    return pa.types.is_integer(tp) or pa.types.is_floating(tp)
+
+
+def _is_category_like(tp: pa.DataType) -> bool:
+    return (pa.types.is_string(tp) or pa.types.is_large_string(tp) or pa.types.is_boolean(tp)
+            or pa.types.is_dictionary(tp) or pa.types.is_null(tp))
+
+
+def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
+    y = np.asarray(col.to_numpy(zero_copy_only=False))
+    y = y.astype(str) if y.dtype.kind in "OUSb" else y
+    if y.dtype.kind == "f":
+        if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
+            problems.append(f"target column {target!r} must hold class labels")
+            return None
+        y = y.astype(np.int64)
+    return y
+
+
+def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bool,
+                     categorical: str | Sequence[str] = "auto", impute: str = "error",
+                     expected: Sequence[str] | None = None, strict: bool = False) -> Dataset:
+    """Validate a pyarrow table and split it into numeric features, categorical features and
+    labels. Rows whose label is missing are dropped (with a notice) when the target is required.
+
+    Args:
+        categorical: `"auto"` (string, boolean and dictionary columns), `"none"`, or names.
+        impute: `"error"` refuses missing feature values; `"median"` / `"most_frequent"`
+            leave them for the imputer (NaN, or None in categorical columns).
+        expected: the columns a trained run needs (predict time), or None (train time).
+            Columns beyond them are ignored with one notice naming them.
+        strict: with `expected`, refuse extra columns instead.
 
     Raises:
-        UsageError: no rows, missing target (when required), non-numeric features, NaN or inf.
+        UsageError: one message listing every problem found (no rows, missing target or
+        expected columns, non-numeric non-categorical columns, missing values under
+        `impute = "error"`, inf, unreadable labels).
     """
     if table.num_rows == 0:
         raise UsageError(f"Data {name} has no rows; expected at least one.")
+    problems: list[str] = []
     y = None
     if target in table.column_names:
         col = table.column(target)
+        if col.null_count and require_target:
+            keep = pc.is_valid(col)
+            table = table.filter(keep)
+            notice(f"dropped {col.null_count} rows of {name} whose label {target!r} is missing")
+            col = table.column(target)
         if col.null_count:
-            raise UsageError(f"Target column {target!r} of {name} has {col.null_count} nulls.")
-        y = np.asarray(col.to_numpy(zero_copy_only=False))
-        y = y.astype(str) if y.dtype.kind in "OUS" else y
-        if y.dtype.kind == "f":
-            if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
-                raise UsageError(f"Target column {target!r} of {name} must hold class labels.")
-            y = y.astype(np.int64)
+            notice(f"target column {target!r} of {name} has missing labels; labels not used")
+        else:
+            y = _labels(col, target, name, problems)
         table = table.drop_columns([target])
     elif require_target:
-        raise UsageError(
-            f"Target column {target!r} not found in {name}; columns: {', '.join(table.column_names)}"
-        )
-    if table.num_columns == 0:
-        raise UsageError(f"Data {name} has no feature columns besides {target!r}.")
-    for field in table.schema:
-        if not (pa.types.is_integer(field.type) or pa.types.is_floating(field.type)
-                or pa.types.is_boolean(field.type)):
-            raise UsageError(
-                f"Feature column {field.name!r} of {name} is {field.type}; expected numbers."
-            )
-    x = np.column_stack([
-        pc.cast(table.column(n), pa.float64()).to_numpy(zero_copy_only=False)
-        for n in table.column_names
-    ]).astype(np.float32)
-    bad = ~np.isfinite(x)
-    if bad.any():
-        r, c = np.argwhere(bad)[0]
-        raise UsageError(
-            f"Feature column {table.column_names[c]!r} of {name} holds NaN or inf (row {r}); "
-            "expected finite numbers."
-        )
-    return Dataset(name, x, y, tuple(table.column_names))
+        problems.append(f"Target column {target!r} not found (columns: "
+                        f"{', '.join(table.column_names)})")
+    if expected is not None:
+        missing = [c for c in expected if c not in table.column_names]
+        if missing:
+            shown = ", ".join(map(repr, missing[:8])) + (", ..." if len(missing) > 8 else "")
+            problems.append(f"{len(missing)} training column{'s' * (len(missing) > 1)} "
+                            f"{shown} missing from the input (expected {len(expected)})")
+        extra = [c for c in table.column_names if c not in expected]
+        if extra and strict:
+            problems.append(f"extra column{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))}"
+                            " (--strict-columns refuses columns the run was not trained on)")
+        elif extra:
+            notice(f"ignoring column{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))} of "
+                   f"{name}: not features of this run")
+        table = table.select([c for c in table.column_names if c in expected])
+    elif table.num_columns == 0:
+        problems.append(f"no feature columns besides {target!r}")
+    if categorical == "auto":
+        cat_names = [f.name for f in table.schema if _is_category_like(f.type)
+                     and not pa.types.is_null(f.type)]
+    elif categorical == "none":
+        cat_names = []
+    else:
+        unknown = [c for c in categorical if c not in table.column_names and expected is None]
+        if unknown:
+            problems.append(f"categorical column{'s' * (len(unknown) > 1)} "
+                            f"{', '.join(map(repr, unknown))} not found")
+        cat_names = [c for c in categorical if c in table.column_names]
+    numeric, cats, missing_values = [], {}, []
+    for f in table.schema:
+        col = table.column(f.name)
+        if f.name in cat_names:
+            values = pc.cast(col, pa.string()) if not pa.types.is_dictionary(f.type) else \
+                pc.cast(pc.dictionary_decode(col), pa.string())
+            cats[f.name] = np.asarray(values.to_numpy(zero_copy_only=False), dtype=object)
+            if col.null_count:
+                missing_values.append((f.name, col.null_count))
+            continue
+        if not (_is_numeric(f.type) or pa.types.is_boolean(f.type)):
+            problems.append(f"column {f.name!r} is {f.type}; expected numbers (or list it in "
+                            "[data] categorical to one-hot encode it)")
+            continue
+        values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+        values = np.asarray(values, np.float64)
+        if np.isinf(values).any():
+            r = int(np.flatnonzero(np.isinf(values))[0])
+            problems.append(f"column {f.name!r} holds NaN or inf (inf at row {r}); "
+                            "expected finite numbers")
+        if np.isnan(values).any():
+            missing_values.append((f.name, int(np.isnan(values).sum())))
+        numeric.append((f.name, values))
+    if missing_values and impute == "error":
+        cols = ", ".join(f"{c!r} ({n} row{'s' * (n > 1)})" for c, n in missing_values)
+        one = len(missing_values) == 1
+        problems.append(f"column{'' if one else 's'} {cols} hold{'s' * one} NaN or inf: missing "
+                        "values (set [data] impute = \"median\" or \"most_frequent\", or "
+                        "--impute, to fill them)")
+    if problems:
+        raise UsageError(f"{len(problems)} problem{'s' * (len(problems) > 1)} in data {name}: "
+                         + "; ".join(problems) + ".")
+    x = (np.column_stack([v for _, v in numeric]) if numeric
+         else np.zeros((table.num_rows, 0))).astype(np.float32)
+    return Dataset(name, x, y, tuple(n for n, _ in numeric), cats)
 
 
-def load(cfg: DataConfig, require_target: bool = True) -> Dataset:
+def load(cfg: DataConfig, require_target: bool = True, expected: Sequence[str] | None = None,
+         strict: bool = False) -> Dataset:
     """Load the source named by `cfg.source` (built-in name or file path).
+
+    Files are read once per process (cached on path, size and modification time), so the
+    CLI can check the data before importing TensorFlow and the run reuses what it read.
+
+    Args:
+        expected, strict: see `table_to_dataset` (predict time).
 
     Raises:
         UsageError: unknown source, unreadable file, or any `table_to_dataset` error; a
@@ -142,10 +249,21 @@ def load(cfg: DataConfig, require_target: bool = True) -> Dataset:
                 f"Unknown data source {cfg.source!r}; expected one of {', '.join(BUILTIN)} "
                 "or a .parquet or .csv file."
             )
-        ds = table_to_dataset(_read_table(path), str(path), cfg.target, require_target)
+        stat = path.stat() if path.is_file() else None
+        key = (stat.st_size, stat.st_mtime_ns) if stat else None
+        ds = _load_file(cfg, key, require_target,
+                        None if expected is None else tuple(expected), strict)
     if require_target and len(np.unique(ds.y)) < 2:
         raise UsageError(f"Data {ds.name} has fewer than two classes; expected at least two.")
     return ds
+
+
+@functools.lru_cache(maxsize=2)
+def _load_file(cfg: DataConfig, _stat_key, require_target: bool,
+               expected: tuple[str, ...] | None, strict: bool) -> Dataset:
+    path = Path(cfg.source)
+    return table_to_dataset(_read_table(path), str(path), cfg.target, require_target,
+                            cfg.categorical, cfg.impute, expected, strict)
 
 
 def split(ds: Dataset, cfg: DataConfig, seed: int) -> tuple[dict[str, np.ndarray], np.ndarray]:

@@ -1,64 +1,154 @@
-"""The scaler fitted on the training split, stored as JSON (never a pickle).
+"""Data preparation fitted on the training split, stored as JSON (never a pickle): imputation,
+one-hot encoding of categorical columns and standardisation, plus column matching by name.
 
-It also holds what a run needs to read new data: the feature names (columns are matched by
-name at predict time, in any order) and the class labels.
+The parameters are fitted with scikit-learn (`SimpleImputer`, `OneHotEncoder`,
+`StandardScaler`) on the training rows only; what they learned (fill values, categories,
+mean and scale) is stored in `preprocessing.json` and applied with numpy, which is exactly the
+estimators' `transform` for these parameters (one-hot: `handle_unknown="ignore"`, an unknown
+category is an all-zero block) and needs no pickled estimator.
+
+`Preprocessing.read_input` is the one place where new data meets a trained run: it reads a
+source, matches its columns to the training columns by name (any order), ignores extra columns
+with one notice (or refuses them with `strict`), and reports every problem in one message.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from sklearn.preprocessing import StandardScaler
 
+from ensemble import data
+from ensemble.config import DataConfig
 from ensemble.data import Dataset
 from ensemble.errors import UsageError
 
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """Standardisation `(x - mean) / scale` plus the run's feature names and classes.
+    """Impute, one-hot encode and standardise, with the run's feature names and classes.
 
     Attributes:
-        feature_names: the `n_features` training column names, in training order.
-        mean, scale: `[n_features]` float64, from `sklearn.preprocessing.StandardScaler`.
+        feature_names: the numeric training column names, in training order.
+        mean, scale: `[n_outputs]` float64 standardisation of every output column (numeric
+            columns, then the one-hot columns), from `StandardScaler`.
         classes: sorted class labels `[n_classes]` (int64 or str).
+        fill: numeric fill values `[len(feature_names)]` (empty when `impute == "error"`).
+        categories: categorical column -> its sorted training categories (one output each).
+        category_fill: categorical column -> fill category for missing values.
+        impute: the `data.impute` setting the run was trained with.
     """
 
     feature_names: tuple[str, ...]
     mean: np.ndarray
     scale: np.ndarray
     classes: np.ndarray
+    fill: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    categories: dict[str, list[str]] = field(default_factory=dict)
+    category_fill: dict[str, str] = field(default_factory=dict)
+    impute: str = "error"
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The input columns a data set must have: numeric, then categorical."""
+        return self.feature_names + tuple(self.categories)
+
+    @property
+    def output_names(self) -> list[str]:
+        """Names of the `n_outputs` model inputs (`column=category` for one-hot columns)."""
+        return list(self.feature_names) + [f"{c}={v}" for c, cats in self.categories.items()
+                                           for v in cats]
 
     @classmethod
-    def fit(cls, ds: Dataset, train_rows: np.ndarray, classes: np.ndarray) -> "Preprocessing":
-        """Fit the scaler on `ds.x[train_rows]` only."""
-        sc = StandardScaler().fit(ds.x[train_rows].astype(np.float64))
-        return cls(ds.feature_names, sc.mean_, sc.scale_, np.asarray(classes))
+    def fit(cls, ds: Dataset, train_rows: np.ndarray, classes: np.ndarray,
+            impute: str = "error") -> "Preprocessing":
+        """Fit imputer, encoder and scaler on the training rows `train_rows` of `ds` only."""
+        from sklearn.impute import SimpleImputer
+        from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
-    def transform(self, ds: Dataset) -> np.ndarray:
-        """Scale `ds.x` after matching its columns to the training columns by name.
+        x = ds.x[train_rows].astype(np.float64)
+        fill = np.zeros(0)
+        if impute != "error" and x.shape[1]:
+            imp = SimpleImputer(strategy=impute, keep_empty_features=True).fit(x)
+            fill = imp.statistics_
+        categories, category_fill = {}, {}
+        for name, values in ds.categorical.items():
+            col = np.asarray(values[train_rows], dtype=object).reshape(-1, 1)
+            known = col[col[:, 0] != None]  # noqa: E711 (object array comparison)
+            if known.size == 0:
+                known = np.asarray([["missing"]], dtype=object)
+            if impute != "error":
+                category_fill[name] = str(SimpleImputer(strategy="most_frequent").fit(
+                    known.astype(str).astype(object)).statistics_[0])
+            enc = OneHotEncoder(handle_unknown="ignore").fit(known.astype(str))
+            categories[name] = [str(c) for c in enc.categories_[0]]
+        pre = cls(ds.feature_names, np.zeros(0), np.zeros(0), np.asarray(classes), fill,
+                  categories, category_fill, impute)
+        raw, _ = pre._encode(ds, train_rows)
+        sc = StandardScaler().fit(raw)
+        return cls(ds.feature_names, sc.mean_, sc.scale_, np.asarray(classes), fill,
+                   categories, category_fill, impute)
 
-        Returns:
-            `[n_rows, n_features]` float32.
-
-        Raises:
-            UsageError: a training feature missing from `ds`, or an unexpected extra column.
-        """
+    def _encode(self, ds: Dataset, rows: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+        """Impute and one-hot encode (before scaling); returns (`[n_rows, n_outputs]` float64,
+        {column: count of unknown categories})."""
         pos = {name: i for i, name in enumerate(ds.feature_names)}
-        missing = [n for n in self.feature_names if n not in pos]
+        missing = [n for n in self.columns if n not in pos and n not in ds.categorical]
         if missing:
             raise UsageError(
                 f"Feature column {missing[0]!r} missing from {ds.name}; expected the "
-                f"{len(self.feature_names)} training columns ({len(missing)} missing)."
+                f"{len(self.columns)} training columns ({len(missing)} missing)."
             )
-        extra = sorted(set(pos) - set(self.feature_names))
+        take = slice(None) if rows is None else rows
+        x = ds.x[take][:, [pos[n] for n in self.feature_names]].astype(np.float64)
+        if len(self.fill):
+            x = np.where(np.isnan(x), self.fill, x)
+        blocks, unknown = [x], {}
+        for name, cats in self.categories.items():
+            col = np.asarray(ds.categorical[name][take], dtype=object)
+            if name in self.category_fill:
+                col = np.where(col == None, self.category_fill[name], col)  # noqa: E711
+            col = col.astype(str)
+            onehot = (col[:, None] == np.asarray(cats)[None, :]).astype(np.float64)
+            n_unknown = int((onehot.sum(axis=1) == 0).sum())
+            if n_unknown:
+                unknown[name] = n_unknown
+            blocks.append(onehot)
+        return np.concatenate(blocks, axis=1), unknown
+
+    def transform(self, ds: Dataset) -> np.ndarray:
+        """Impute, encode and scale `ds` after matching its columns to the training columns by
+        name. Unknown categories (none at training) become all-zero blocks, with one notice
+        counting them per column.
+
+        Returns:
+            `[n_rows, n_outputs]` float32.
+
+        Raises:
+            UsageError: a training column missing from `ds`, or an unexpected extra column.
+        """
+        extra = sorted(set(ds.columns) - set(self.columns))
         if extra:
             raise UsageError(f"Unexpected column {extra[0]!r} in {ds.name}; not a training feature.")
-        x = ds.x[:, [pos[n] for n in self.feature_names]].astype(np.float64)
+        x, unknown = self._encode(ds)
+        if unknown:
+            data.notice("unknown categories ignored (all-zero encoding): " + ", ".join(
+                f"{n} rows in {c!r}" for c, n in unknown.items()))
         return ((x - self.mean) / self.scale).astype(np.float32)
+
+    def read_input(self, source: str, target: str, strict: bool = False) -> Dataset:
+        """Read new data for this run: columns matched by name, extra columns ignored with one
+        notice (refused when `strict`), missing values allowed only if the run imputes.
+
+        Raises:
+            UsageError: every problem of the input in one message (missing training columns,
+            extra columns under `strict`, unreadable values).
+        """
+        cfg = DataConfig(source=source, target=target,
+                         categorical=tuple(self.categories) or "none", impute=self.impute)
+        return data.load(cfg, require_target=False, expected=self.columns, strict=strict)
 
     def to_json(self) -> str:
         return json.dumps({
@@ -67,6 +157,11 @@ class Preprocessing:
             "mean": self.mean.tolist(),
             "scale": self.scale.tolist(),
             "classes": self.classes.tolist(),
+            "impute": self.impute,
+            "fill": self.fill.tolist(),
+            "categories": self.categories,
+            "category_fill": self.category_fill,
+            "output_names": self.output_names,
         }, indent=1)
 
     @classmethod
@@ -80,8 +175,12 @@ class Preprocessing:
             d = json.loads(Path(path).read_text())
             classes = np.asarray(d["classes"])
             return cls(tuple(d["feature_names"]), np.asarray(d["mean"], np.float64),
-                       np.asarray(d["scale"], np.float64), classes)
+                       np.asarray(d["scale"], np.float64), classes,
+                       np.asarray(d.get("fill", []), np.float64),
+                       {str(k): [str(c) for c in v] for k, v in d.get("categories", {}).items()},
+                       {str(k): str(v) for k, v in d.get("category_fill", {}).items()},
+                       d.get("impute", "error"))
         except FileNotFoundError:
             raise UsageError(f"Preprocessing file not found: {path}") from None
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise UsageError(f"Preprocessing file {path} is malformed: {exc}") from None

@@ -81,7 +81,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     check_run_dir(run_dir, overwrite)
     ds = data.load(cfg.data)
     rows, classes = data.split(ds, cfg.data, cfg.training.seed)
-    pre = Preprocessing.fit(ds, rows["train"], classes)
+    pre = Preprocessing.fit(ds, rows["train"], classes, cfg.data.impute)
     x, y = pre.transform(ds), data.encode(ds.y, classes)
     run_dir.mkdir(parents=True, exist_ok=True)
     artifacts.write_splits(run_dir, {s: x[r] for s, r in rows.items()},
@@ -95,7 +95,8 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
         "config": cfg.to_dict(), "config_sha256": cfg.sha256(),
         "dataset": {"name": ds.name, "source": cfg.data.source, "target": cfg.data.target,
                     "rows": {s: int(len(r)) for s, r in rows.items()},
-                    "feature_names": list(ds.feature_names), "classes": classes.tolist(),
+                    "columns": list(ds.columns), "feature_names": pre.output_names,
+                    "classes": classes.tolist(),
                     "sha256": ds.sha256()},
         "devices": list(devices), "cluster": cluster,
         "members": [{"index": i, "seed": member_seed(cfg.training.seed, i), "device": d,

@@ -211,7 +211,8 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
 
 
 def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | None = None,
-                          jobs: int | None = None, cluster_file: str | None = None):
+                          jobs: int | None = None, cluster_file: str | None = None,
+                          strict_columns: bool = False):
     """One client process per member predicts `source`, then the aggregator combines them.
     With `cluster_file`, members go round robin over that cluster's devices instead of the
     devices they were trained on.
@@ -223,7 +224,7 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
     from pipelines.predict import check_out, load_input
 
     check_out(out)
-    manifest, _, x, y = load_input(run_dir, source, target)
+    manifest, _, x, y = load_input(run_dir, source, target, strict_columns)
     member_devs = {m["index"]: m["device"] for m in manifest["members"]}
     extra = []
     if cluster_file is not None:

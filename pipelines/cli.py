@@ -60,7 +60,7 @@ def _load_config(args, base: dict | None = None):
     return config.load(args.config, base=base, overrides={
         "data.source": args.data, "data.target": args.target, "members.count": args.members,
         "training.epochs": args.epochs, "training.seed": args.seed,
-        "placement.devices": args.devices})
+        "placement.devices": args.devices, "data.impute": getattr(args, "impute", None)})
 
 
 def _cluster(args):
@@ -70,7 +70,6 @@ def _cluster(args):
 
 
 def cmd_train(args) -> int:
-    from pipelines import evaluate, train
 
     if args.resume:
         from ensemble import artifacts
@@ -83,6 +82,13 @@ def cmd_train(args) -> int:
     else:
         cfg = _load_config(args)
     args.mode = args.mode or "in-graph"
+    if not args.resume:  # every data problem, in one message, before TensorFlow loads
+        from ensemble import data
+
+        data.load(cfg.data)
+    _import_tensorflow_quietly()
+    from pipelines import evaluate, train
+
     run_dir = Path(args.run_dir) if args.run_dir else train.default_run_dir(cfg)
     if args.prepare_only and args.mode != "between-graph":
         raise UsageError("--prepare-only is for --mode between-graph")
@@ -119,13 +125,15 @@ def cmd_predict(args) -> int:
     ready, report = time.time(), {}
     if args.mode == "in-graph":
         table = predict.predict_in_graph(Path(args.run), args.data, Path(args.out), args.target,
-                                         args.devices, cluster=_cluster(args))
+                                         args.devices, cluster=_cluster(args),
+                                         strict_columns=args.strict_columns)
     else:
         from pipelines import between
 
         table, report = between.predict_between_graph(Path(args.run), args.data, Path(args.out),
                                                       args.target, jobs=args.jobs,
-                                                      cluster_file=args.cluster)
+                                                      cluster_file=args.cluster,
+                                                      strict_columns=args.strict_columns)
     n_rows = table.num_rows // len(set(table.column("model").to_pylist()))
     print(f"predictions: {args.out}")
     # last stdout line: a machine-readable report (read by `ensemble compare`)
@@ -200,6 +208,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--mode", choices=MODES, help="default in-graph (on --resume: the run's)")
     t.add_argument("--data", help="digits, breast_cancer, wine, iris, synthetic, or a file")
     t.add_argument("--target", help="target column of a .csv/.parquet source")
+    t.add_argument("--impute", choices=("error", "median", "most_frequent"),
+                   help="missing feature values: refuse, or fill from the training split")
     t.add_argument("--members", type=_positive)
     t.add_argument("--epochs", type=_positive)
     t.add_argument("--seed", type=_nonneg)
@@ -223,6 +233,8 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--jobs", type=_positive)
     pr.add_argument("--out", required=True, help="FILE.parquet")
     pr.add_argument("--cluster", help="cluster spec FILE.json to predict on")
+    pr.add_argument("--strict-columns", action="store_true",
+                    help="refuse columns the run was not trained on (default: ignore them)")
     pr.set_defaults(func=cmd_predict)
 
     e = sub.add_parser("evaluate", help="the ensemble against its members")
@@ -266,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status instead of exiting."""
     try:
         args = _parser().parse_args(argv)
-        if args.command in ("train", "predict", "client", "server"):
+        if args.command in ("predict", "client", "server"):
             _import_tensorflow_quietly()
         return args.func(args)
     except UsageError as exc:

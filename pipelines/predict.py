@@ -7,15 +7,15 @@ from pathlib import Path
 import numpy as np
 
 from ensemble import artifacts, data, devices, run, tables
-from ensemble.config import DataConfig
 from ensemble.errors import UsageError
 from ensemble.members import load_member
 from ensemble.placement import place
 from ensemble.preprocessing import Preprocessing
 
 
-def load_input(run_dir: Path, source: str, target: str | None):
-    """Read and scale the input of a prediction, matching its columns by name.
+def load_input(run_dir: Path, source: str, target: str | None, strict: bool = False):
+    """Read and scale the input of a prediction, matching its columns by name (extra columns
+    ignored with a notice, or refused when `strict`; see `Preprocessing.read_input`).
 
     Returns:
         (manifest, preprocessing, scaled x `[n_rows, n_features]` float32,
@@ -26,7 +26,7 @@ def load_input(run_dir: Path, source: str, target: str | None):
     pre = Preprocessing.read(artifacts.verify(run_dir, manifest,
                                               Path(run_dir) / artifacts.PREPROCESSING))
     target = target or manifest["dataset"].get("target", "target")
-    ds = data.load(DataConfig(source=source, target=target), require_target=False)
+    ds = pre.read_input(source, target, strict)
     x = pre.transform(ds)
     y = None if ds.y is None else data.encode(ds.y, pre.classes)
     return manifest, pre, x, y
@@ -40,7 +40,7 @@ def check_out(out: Path) -> Path:
 
 def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None = None,
                      device_spec: str = "auto", batch_size: int = 16384,
-                     cluster: dict | None = None):
+                     cluster: dict | None = None, strict_columns: bool = False):
     """Rebuild the in-graph inference graph on this machine's (or `cluster`'s) devices and
     predict `source`.
 
@@ -48,7 +48,7 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
         The predictions table (also written to `out`, split `predict`).
     """
     check_out(out)
-    manifest, pre, x, y = load_input(run_dir, source, target)
+    manifest, pre, x, y = load_input(run_dir, source, target, strict_columns)
     n = len(manifest["members"])
     devs = place(n, devices.resolve(device_spec, n, cluster))
     from ensemble.in_graph import InGraphEnsemble

@@ -51,7 +51,7 @@ def test_data_file_problems_at_train(tmp_path, capsys):
         "notcsv.csv": "a,b\n1,2,3,4\n\x00\x01",
         "nan.csv": "f1,f2,target\n1,2,0\nnan,3,1\n",
         "inf.csv": "f1,f2,target\n1,2,0\ninf,3,1\n",
-        "strings.csv": "f1,f2,target\n1,a,0\n2,b,1\n",
+        "strings.csv": "f1,f2,target\n1,a,0\n2,,1\n",
         "oneclass.csv": "f1,f2,target\n1,2,0\n3,4,0\n",
         "notarget.csv": "f1,f2,label\n1,2,0\n3,4,1\n",
     }
@@ -85,8 +85,9 @@ def test_wrong_features_at_predict(trained, tmp_path, capsys):
     out = tmp_path / "out.parquet"
     assert run_cli("predict", "--run", trained, "--data", fewer, "--out", out) == 2
     _one_line(capsys, "'pixel_7_7' missing")
-    assert run_cli("predict", "--run", trained, "--data", more, "--out", out) == 2
-    _one_line(capsys, "Unexpected column 'extra'")
+    assert run_cli("predict", "--run", trained, "--data", more, "--out", out,
+                   "--strict-columns") == 2
+    _one_line(capsys, "extra column 'extra'", "--strict-columns")
     assert not out.exists()
 
 

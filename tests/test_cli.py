@@ -164,3 +164,49 @@ def test_existing_run_is_not_overwritten(in_graph_run, tiny_config, capsys):
     assert run_cli("train", "--config", tiny_config, "--run-dir", in_graph_run) == 2
     assert "already holds a run" in capsys.readouterr().err
     assert (in_graph_run / "manifest.json").read_bytes() == before
+
+
+def _tabular_csv(path, n=90, with_id=False):
+    """A CSV with the traits of the Palmer penguins file: string features, missing numbers and
+    categories, a missing label; `with_id` adds an id column first (as at predict time)."""
+    rng = np.random.default_rng(0)
+    species = np.array(["Adelie", "Gentoo", "Chinstrap"])[np.arange(n) % 3]
+    island = np.where(species == "Gentoo", "Biscoe", rng.choice(["Dream", "Torgersen"], n))
+    bill = np.where(species == "Adelie", 38.0, 47.0) + rng.normal(0, 2, n)
+    lines = ["island,bill_length_mm,sex,species"]
+    for i in range(n):
+        b = "" if i % 17 == 5 else f"{bill[i]:.1f}"
+        sex = "" if i % 13 == 7 else rng.choice(["male", "female"])
+        label = "" if (i == n - 1 and not with_id) else species[i]
+        lines.append(f"{island[i]},{b},{sex},{label}")
+    if with_id:
+        lines = [f"{'id' if i == 0 else f'P-{i:03d}'},{ln}" for i, ln in enumerate(lines)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("mode", ["in-graph", "between-graph"])
+def test_tabular_csv_as_people_have_it(mode, tmp_path, capsys):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    _tabular_csv(folder / "animals.csv")
+    _tabular_csv(folder / "animals_with_id.csv", with_id=True)
+    (folder / "c.toml").write_text(  # a relative source: beside the config, not the cwd
+        '[data]\nsource = "animals.csv"\ntarget = "species"\nimpute = "median"\n'
+        '[members]\ncount = 2\nhidden = [8]\n[training]\nepochs = 2\n'
+        '[placement]\ndevices = "cpu:2"\n')
+    run_dir = tmp_path / "run"
+    assert run_cli("train", "--config", folder / "c.toml", "--mode", mode,
+                   "--run-dir", run_dir) == 0
+    assert "dropped 1 rows" in capsys.readouterr().err
+    pre = json.loads((run_dir / "preprocessing.json").read_text())
+    assert pre["categories"]["island"] == ["Biscoe", "Dream", "Torgersen"]
+    assert pre["impute"] == "median" and "island=Biscoe" in pre["output_names"]
+    out = tmp_path / "p.parquet"
+    assert run_cli("predict", "--run", run_dir, "--data", folder / "animals_with_id.csv",
+                   "--mode", mode, "--out", out) == 0
+    captured = capsys.readouterr()
+    assert "ignoring column 'id'" in captured.err
+    table = pq.read_table(out)
+    assert table.filter(pa.compute.equal(table["model"], "ensemble-mean")).num_rows == 90
+    assert sorted(set(table.column("y_true").to_pylist())) == ["Adelie", "Chinstrap", "Gentoo"]

@@ -1,4 +1,5 @@
 import re
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -89,8 +90,8 @@ def test_file_source_with_string_labels(tmp_path, ext):
 ])
 def test_bad_data(tmp_path, columns, target, match):
     path = _write(tmp_path, pa.table(columns), "d.parquet")
-    with pytest.raises(UsageError, match=match):
-        data.load(DataConfig(source=path, target=target))
+    with pytest.raises(UsageError, match=match):  # strings are numbers' problem without encoding
+        data.load(DataConfig(source=path, target=target, categorical="none"))
 
 
 def test_bad_files(tmp_path):
@@ -121,3 +122,106 @@ def test_unknown_label():
         data.encode(np.array(["x", "z"]), np.array(["x", "y"]))
     with pytest.raises(UsageError, match="do not match"):
         data.encode(np.array([0, 1]), np.array(["x", "y"]))
+
+
+# A small table with the traits of the Palmer penguins CSV: string and boolean features,
+# missing numbers, a missing category, a missing label.
+TRAITS = ("island,bill,mass,sex,tagged,species\n"
+          "Biscoe,39.1,3750,male,true,Adelie\n"
+          "Dream,,3800,female,false,Adelie\n"
+          "Biscoe,40.3,,female,true,Gentoo\n"
+          "Torgersen,47.5,4200,,false,Gentoo\n"
+          "Dream,46.1,4100,male,true,\n"
+          "Biscoe,36.7,3450,female,false,Adelie\n"
+          "Dream,48.7,4450,male,true,Gentoo\n")
+
+
+def test_every_data_problem_in_one_message_without_tensorflow(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "traits.csv"
+    path.write_text(TRAITS)
+    with pytest.raises(UsageError) as err:
+        data.load(DataConfig(source=str(path), target="species", categorical="none"))
+    msg = str(err.value)
+    assert len(msg.splitlines()) == 1
+    for col in ("'island'", "'sex'", "'bill'", "'mass'"):  # all at once (booleans are 0/1)
+        assert col in msg, msg
+    code = ("import sys; from pipelines.cli import main; rc = main(['train', '--data', "
+            f"{str(path)!r}, '--target', 'species']); "
+            "print(rc, 'tensorflow' in sys.modules, 'keras' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path, env={**__import__("os").environ,
+                                             "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert proc.stdout.split() == ["2", "False", "False"], proc.stdout + proc.stderr
+    assert "'bill' (1 row), 'mass' (1 row), 'sex' (1 row)" in proc.stderr, proc.stderr
+
+
+def test_categorical_and_imputation_fitted_on_train_rows_only(tmp_path, capsys):
+    path = tmp_path / "traits.csv"
+    path.write_text(TRAITS)
+    ds = data.load(DataConfig(source=str(path), target="species", impute="median"))
+    assert "dropped 1 rows" in capsys.readouterr().err  # the row with no label
+    assert ds.feature_names == ("bill", "mass") and set(ds.categorical) == {"island", "sex",
+                                                                             "tagged"}
+    assert len(ds.y) == 6
+    train = np.array([0, 1, 2, 4])  # Biscoe, Dream, Biscoe, Biscoe (rows after the drop)
+    pre = Preprocessing.fit(ds, train, np.unique(ds.y), impute="median")
+    assert pre.categories["island"] == ["Biscoe", "Dream"]  # Torgersen is not in train
+    np.testing.assert_allclose(pre.fill, [np.median([39.1, 40.3, 36.7]),
+                                          np.median([3750, 3800, 3450])])
+    assert pre.category_fill["sex"] == "female"
+    x = pre.transform(ds)
+    names = pre.output_names
+    assert x.shape == (6, len(names)) and np.isfinite(x).all()
+    # the Torgersen row (row 3) has an all-zero island block before scaling: unknown category
+    island = [i for i, n in enumerate(names) if n.startswith("island=")]
+    raw = x[:, island] * pre.scale[island] + pre.mean[island]
+    np.testing.assert_allclose(raw[3], 0.0, atol=1e-6)
+    assert "1 rows in 'island'" in capsys.readouterr().err
+    # the filled value is the training median, scaled
+    bill = names.index("bill")
+    assert x[1, bill] == pytest.approx((pre.fill[0] - pre.mean[bill]) / pre.scale[bill], rel=1e-5)
+    back = tmp_path / "pre.json"
+    back.write_text(pre.to_json())
+    np.testing.assert_array_equal(Preprocessing.read(back).transform(ds), x)
+    assert "pickle" not in back.read_text()
+
+
+def test_input_columns_matched_by_name_extra_ignored_or_refused(tmp_path, capsys):
+    path = tmp_path / "traits.csv"
+    path.write_text(TRAITS)
+    ds = data.load(DataConfig(source=str(path), target="species", impute="median"))
+    pre = Preprocessing.fit(ds, np.arange(len(ds.y)), np.unique(ds.y), impute="median")
+    lines = TRAITS.splitlines()
+    with_id = tmp_path / "with_id.csv"  # an id column first, the columns in another order
+    cols = lines[0].split(",")
+    order = [5, 4, 3, 2, 1, 0]
+    with_id.write_text("\n".join(
+        ",".join([("row_id" if i == 0 else f"r{i}")] + [ln.split(",")[j] for j in order])
+        for i, ln in enumerate(lines)) + "\n")
+    capsys.readouterr()
+    new = pre.read_input(str(with_id), "species")
+    assert "ignoring column 'row_id'" in capsys.readouterr().err
+    np.testing.assert_array_equal(pre.transform(new), pre.transform(
+        pre.read_input(str(path), "species")))
+    assert cols[0] == "island"
+    with pytest.raises(UsageError, match="'row_id'.*--strict-columns"):
+        pre.read_input(str(with_id), "species", strict=True)
+    no_mass = tmp_path / "no_mass.csv"
+    no_mass.write_text("\n".join(",".join(p for j, p in enumerate(ln.split(",")) if j != 2)
+                                 for ln in lines) + "\n")
+    with pytest.raises(UsageError, match="'mass' missing from"):
+        pre.read_input(str(no_mass), "species")
+
+
+def test_relative_source_resolves_against_the_config_folder(tmp_path, monkeypatch):
+    from ensemble import config
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.toml").write_text('[data]\nsource = "t.csv"\n')
+    monkeypatch.chdir(tmp_path)
+    cfg = config.load("sub/c.toml")
+    assert Path(cfg.data.source) == (tmp_path / "sub" / "t.csv").resolve()
+    assert config.load("sub/c.toml", {"data.source": "x.csv"}).data.source == "x.csv"
