@@ -35,19 +35,35 @@ def run_process(argv: list[str], env: dict | None = None,
                 module: str = "pipelines.cli") -> dict:
     """Run `python -m MODULE ARGV...` (default: the `ensemble` CLI) and measure it.
 
+    The process writes its machine-readable report (peak memory, work time) to the file named
+    by `$ENSEMBLE_REPORT`, which this sets to a fresh temporary file, so the user's stdout
+    never carries it.
+
     Returns:
         `{"returncode", "seconds" (wall), "spawned_unix" (time.time() at spawn), "stdout",
-        "stderr"}`. Processes report their own peak memory on their last stdout line.
+        "stderr", "report" (the process's JSON report, or None)}`.
     """
-    start, spawned = time.perf_counter(), time.time()
-    proc = subprocess.run([sys.executable, "-m", module, *argv], env=env, capture_output=True,
-                          text=True)
-    return {"returncode": proc.returncode, "seconds": time.perf_counter() - start,
-            "spawned_unix": spawned, "stdout": proc.stdout, "stderr": proc.stderr}
+    fd, report_path = tempfile.mkstemp(prefix="ensemble-report-", suffix=".json")
+    os.close(fd)
+    env = dict(os.environ if env is None else env, ENSEMBLE_REPORT=report_path)
+    try:
+        start, spawned = time.perf_counter(), time.time()
+        proc = subprocess.run([sys.executable, "-m", module, *argv], env=env,
+                              capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        text = Path(report_path).read_text()
+    finally:
+        os.unlink(report_path)
+    return {"returncode": proc.returncode, "seconds": seconds, "spawned_unix": spawned,
+            "stdout": proc.stdout, "stderr": proc.stderr,
+            "report": json.loads(text) if text.strip() else None}
 
 
 def last_report(res: dict) -> dict:
-    """The JSON report a measured `ensemble` process prints as its last stdout line."""
+    """The JSON report of a measured process: its `$ENSEMBLE_REPORT` file, or (for workers
+    that print it) its last stdout line."""
+    if res.get("report") is not None:
+        return res["report"]
     return json.loads(res["stdout"].strip().splitlines()[-1])
 
 

@@ -8,8 +8,10 @@ subcommands so that a between-graph client starts lean.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ from ensemble.devices import peak_rss_bytes  # noqa: E402
 from ensemble.errors import UsageError  # noqa: E402
 
 MODES = ("in-graph", "between-graph")
+IMPUTE = ("error", "median", "most_frequent")
 
 
 def _import_tensorflow_quietly() -> None:
@@ -38,7 +41,17 @@ def _import_tensorflow_quietly() -> None:
 
 
 class _Parser(argparse.ArgumentParser):
+    """No abbreviations (`--member` is not `--members`); errors are one line with a "did you
+    mean" taken from the known choices."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):  # one line, exit 2, no usage dump
+        bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if bad:
+            message += _suggest(bad.group(1), re.findall(r"'([^']*)'", bad.group(2)))
         raise UsageError(f"{self.prog}: {message}")
 
 
@@ -55,12 +68,36 @@ def _nonneg(text: str) -> int:
 
 
 def _load_config(args, base: dict | None = None):
+    """The config file (or `base`) with the command's flags applied; `cpu:N` beyond the member
+    count is capped to it with a notice (the extra logical devices would stay idle)."""
+    import dataclasses
+
     from ensemble import config
 
-    return config.load(args.config, base=base, overrides={
+    cfg = config.load(args.config, base=base, overrides={
         "data.source": args.data, "data.target": args.target, "members.count": args.members,
-        "training.epochs": args.epochs, "training.seed": args.seed,
+        "training.epochs": getattr(args, "epochs", None), "training.seed": getattr(args, "seed", None),
         "placement.devices": args.devices, "data.impute": getattr(args, "impute", None)})
+    spec, n = cfg.placement.devices.strip(), cfg.members.count
+    if spec.startswith("cpu:") and spec[4:].isdigit() and int(spec[4:]) > n:
+        from ensemble.data import notice
+
+        notice(f"--devices {spec} gives more logical devices than the {n} members; "
+               f"using cpu:{n}")
+        cfg = dataclasses.replace(cfg, placement=dataclasses.replace(cfg.placement,
+                                                                     devices=f"cpu:{n}"))
+    return cfg
+
+
+def report(payload: dict, args=None) -> None:
+    """A machine-readable report for the process that launched this one: written as JSON to the
+    file named by `$ENSEMBLE_REPORT` (set by `pipelines.between.run_process`), never to the
+    user's stdout; printed as the last stdout line only when the user asks with `--json`."""
+    path = os.environ.get("ENSEMBLE_REPORT")
+    if path:
+        Path(path).write_text(json.dumps(payload))
+    if getattr(args, "json", False):
+        print(json.dumps(payload))
 
 
 def _cluster(args):
@@ -82,6 +119,7 @@ def cmd_train(args) -> int:
     else:
         cfg = _load_config(args)
     args.mode = args.mode or "in-graph"
+    _refuse_inapplicable(args)
     if not args.resume:  # every data problem, in one message, before TensorFlow loads
         from ensemble import data
 
@@ -122,23 +160,22 @@ def cmd_train(args) -> int:
 def cmd_predict(args) -> int:
     from pipelines import predict
 
-    ready, report = time.time(), {}
+    ready, measured = time.time(), {}
     if args.mode == "in-graph":
         table = predict.predict_in_graph(Path(args.run), args.data, Path(args.out), args.target,
-                                         args.devices, cluster=_cluster(args),
+                                         args.devices or "auto", cluster=_cluster(args),
                                          strict_columns=args.strict_columns)
     else:
         from pipelines import between
 
-        table, report = between.predict_between_graph(Path(args.run), args.data, Path(args.out),
+        table, measured = between.predict_between_graph(Path(args.run), args.data, Path(args.out),
                                                       args.target, jobs=args.jobs,
                                                       cluster_file=args.cluster,
                                                       strict_columns=args.strict_columns)
     n_rows = table.num_rows // len(set(table.column("model").to_pylist()))
     print(f"predictions: {args.out}")
-    # last stdout line: a machine-readable report (read by `ensemble compare`)
-    print(json.dumps({"out": args.out, "rows": n_rows, "ready_unix": ready,
-                      "peak_rss_bytes": peak_rss_bytes(), **report}))
+    report({"out": args.out, "rows": n_rows, "ready_unix": ready,
+            "peak_rss_bytes": peak_rss_bytes(), **measured}, args)
     return 0
 
 
@@ -168,7 +205,7 @@ def cmd_aggregate(args) -> int:
 
     between.aggregate_run(Path(args.run), args.min_members)
     print(f"aggregated: {args.run}")
-    print(json.dumps({"peak_rss_bytes": peak_rss_bytes()}))
+    report({"peak_rss_bytes": peak_rss_bytes()})
     return 0
 
 
@@ -184,9 +221,9 @@ def cmd_client(args) -> int:
                                      cluster=_cluster(args))
     else:
         between_graph.run_client(Path(args.run), args.member, threads=args.threads)
-    # last stdout line, read by the launcher: the client's work time without process start-up
-    print(json.dumps({"member": args.member, "work_seconds": time.perf_counter() - start,
-                      "peak_rss_bytes": peak_rss_bytes()}))
+    # read by the launcher: the client's work time without process start-up
+    report({"member": args.member, "work_seconds": time.perf_counter() - start,
+            "peak_rss_bytes": peak_rss_bytes()})
     return 0
 
 
@@ -199,85 +236,197 @@ def cmd_server(args) -> int:
     return cluster.serve(spec, args.task)
 
 
+DESCRIPTION = """\
+ensemble: train a deep ensemble of neural networks with in-graph or between-graph replication,
+evaluate it against its members, and measure which replication mode is faster on this machine."""
+
+EXAMPLES = """\
+examples:
+  ensemble train --data penguins.csv --target species --impute median
+  ensemble compare --data digits --members 4 --epochs 5 --repeats 3
+
+'ensemble COMMAND --help' shows a command's options."""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help that states every option's default: `(default: X)` from the parser when the help
+    text does not already say it; flags are `(default: off)`."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default is argparse.SUPPRESS or action.required:
+            return text
+        if action.default is False:
+            return f"{text} (default: off)"
+        if action.default is not None:
+            return f"{text} (default: %(default)s)"
+        return text
+
+
+def _add(parser, *flags, **kwargs):
+    """`add_argument` with help required (a test checks every option has help)."""
+    assert kwargs.get("help"), flags
+    return parser.add_argument(*flags, **kwargs)
+
+
+def _common_run_options(parser, what: str) -> None:
+    """The options `train` and `compare` share (they override the config)."""
+    _add(parser, "--config", metavar="PATH",
+         help="TOML config; relative paths in it are read beside it "
+              "(default: the built-in digits config, equal to configs/digits.toml)")
+    _add(parser, "--data", metavar="SOURCE",
+         help="digits, breast_cancer, wine, iris, synthetic, or a .csv/.parquet file "
+              "(default: the config's [data] source, digits)")
+    _add(parser, "--target", metavar="COL",
+         help="label column of a .csv/.parquet file (default: the config's, 'target')")
+    _add(parser, "--impute", choices=IMPUTE,
+         help="missing feature values: refuse them, or fill them from the training split "
+              "(default: the config's, error)")
+    _add(parser, "--members", type=_positive, metavar="N",
+         help=f"number of members {what} (default: the config's, 4)")
+    _add(parser, "--epochs", type=_positive, metavar="N",
+         help="training epochs of every member (default: the config's, 30)")
+    _add(parser, "--devices", metavar="SPEC",
+         help="auto, cpu:N (the CPU split into N logical devices), or device names such as "
+              "/GPU:0,/GPU:1 (default: the config's, auto)")
+    _add(parser, "--cluster", metavar="FILE",
+         help="TensorFlow cluster spec FILE.json (default: TF_CONFIG, if set)")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ensemble", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = _Parser(prog="ensemble", description=DESCRIPTION, epilog=EXAMPLES,
+                formatter_class=_HelpFormatter)
+    sub = p.add_subparsers(dest="command", title="commands", metavar="COMMAND",
+                           parser_class=_Parser)
+    p.commands = sub.choices
 
-    t = sub.add_parser("train", help="train an ensemble and write a run directory")
-    t.add_argument("--config", help="TOML config (default configs/digits.toml)")
-    t.add_argument("--mode", choices=MODES, help="default in-graph (on --resume: the run's)")
-    t.add_argument("--data", help="digits, breast_cancer, wine, iris, synthetic, or a file")
-    t.add_argument("--target", help="target column of a .csv/.parquet source")
-    t.add_argument("--impute", choices=("error", "median", "most_frequent"),
-                   help="missing feature values: refuse, or fill from the training split")
-    t.add_argument("--members", type=_positive)
-    t.add_argument("--epochs", type=_positive)
-    t.add_argument("--seed", type=_nonneg)
-    t.add_argument("--devices", help="auto, cpu:N, or device names such as /GPU:0,/GPU:1")
-    t.add_argument("--jobs", type=_positive, help="between-graph: concurrent clients")
-    t.add_argument("--run-dir", help="output folder (default artifacts/<run_id>)")
-    t.add_argument("--cluster", help="cluster spec FILE.json (default: TF_CONFIG, if set)")
-    t.add_argument("--overwrite", action="store_true", help="replace an existing run")
-    t.add_argument("--resume", action="store_true",
-                   help="continue the interrupted run in --run-dir from its checkpoints")
-    t.add_argument("--prepare-only", action="store_true",
-                   help="between-graph: prepare the run for separately launched clients")
-    t.set_defaults(func=cmd_train)
+    def command(name: str, text: str, func):
+        cp = sub.add_parser(name, help=text, description=f"ensemble {name}: {text}.",
+                            formatter_class=_HelpFormatter)
+        cp.set_defaults(func=func)
+        return cp
 
-    pr = sub.add_parser("predict", help="predict a data set with a trained run")
-    pr.add_argument("--run", required=True)
-    pr.add_argument("--data", required=True)
-    pr.add_argument("--target")
-    pr.add_argument("--mode", choices=MODES, default="in-graph")
-    pr.add_argument("--devices", default="auto")
-    pr.add_argument("--jobs", type=_positive)
-    pr.add_argument("--out", required=True, help="FILE.parquet")
-    pr.add_argument("--cluster", help="cluster spec FILE.json to predict on")
-    pr.add_argument("--strict-columns", action="store_true",
-                    help="refuse columns the run was not trained on (default: ignore them)")
-    pr.set_defaults(func=cmd_predict)
+    t = command("train", "train an ensemble and write a run directory", cmd_train)
+    _common_run_options(t, "to train")
+    _add(t, "--mode", choices=MODES,
+         help="in-graph: one process, one graph holding every member; between-graph: one "
+              "client process per device (default: in-graph; on --resume: the run's)")
+    _add(t, "--seed", type=_nonneg, metavar="N", help="run seed (default: the config's, 0)")
+    _add(t, "--jobs", type=_positive, metavar="N",
+         help="between-graph only: concurrent client processes "
+              "(default: as many as members, GPUs or cores allow)")
+    _add(t, "--run-dir", metavar="PATH", help="output folder (default: artifacts/<run_id>)")
+    _add(t, "--overwrite", action="store_true", help="replace a run already in --run-dir")
+    _add(t, "--resume", action="store_true",
+         help="continue the interrupted run in --run-dir from its checkpoints")
+    _add(t, "--prepare-only", action="store_true",
+         help="between-graph only: prepare the run for separately launched clients")
 
-    e = sub.add_parser("evaluate", help="the ensemble against its members")
-    e.add_argument("--run")
-    e.add_argument("--predictions", help="a predictions Parquet file (default: the run's)")
-    e.set_defaults(func=cmd_evaluate)
+    pr = command("predict", "predict a data set with a trained run", cmd_predict)
+    _add(pr, "--run", required=True, metavar="PATH", help="the run directory to predict with")
+    _add(pr, "--data", required=True, metavar="SOURCE",
+         help="built-in data set name or .csv/.parquet file; columns matched by name")
+    _add(pr, "--target", metavar="COL",
+         help="label column, used for y_true when present (default: the run's)")
+    _add(pr, "--out", required=True, metavar="FILE.parquet", help="where the predictions go")
+    _add(pr, "--mode", choices=MODES, default="in-graph",
+         help="in-graph: one process; between-graph: one client per member")
+    _add(pr, "--devices", metavar="SPEC",
+         help="in-graph only: devices to predict on (default: auto)")
+    _add(pr, "--jobs", type=_positive, metavar="N",
+         help="between-graph only: concurrent client processes (default: as many as allowed)")
+    _add(pr, "--cluster", metavar="FILE", help="cluster spec FILE.json to predict on "
+                                                "(default: none)")
+    _add(pr, "--strict-columns", action="store_true",
+         help="refuse columns the run was not trained on (by default they are ignored, "
+              "named in a notice)")
+    _add(pr, "--json", action="store_true",
+         help="print a machine-readable report (rows, timings, peak memory) as the last line")
 
-    a = sub.add_parser("aggregate", help="the between-graph aggregator")
-    a.add_argument("--run", required=True)
-    a.add_argument("--min-members", type=_positive,
-                   help="aggregate a partial ensemble of at least K members")
-    a.set_defaults(func=cmd_aggregate)
+    e = command("evaluate", "print the ensemble against its members, validation and test",
+                cmd_evaluate)
+    _add(e, "--run", metavar="PATH", help="a run directory (default: none; or --predictions)")
+    _add(e, "--predictions", metavar="FILE.parquet",
+         help="a predictions Parquet file (default: the run's)")
 
-    cmp = sub.add_parser("compare", help="train and predict in both modes; measure the cost")
-    cmp.add_argument("--config", help="TOML config (default configs/digits.toml)")
-    cmp.add_argument("--run-dir", help="output folder (default artifacts/compare)")
-    cmp.add_argument("--members", type=_positive)
-    cmp.add_argument("--epochs", type=_positive)
-    cmp.add_argument("--devices")
-    cmp.add_argument("--cluster", help="cluster spec FILE.json: compare both modes on it")
-    cmp.set_defaults(func=cmd_compare)
+    a = command("aggregate", "combine a between-graph run's member predictions", cmd_aggregate)
+    _add(a, "--run", required=True, metavar="PATH", help="the between-graph run directory")
+    _add(a, "--min-members", type=_positive, metavar="K",
+         help="aggregate a partial ensemble of at least K members (default: all members)")
 
-    c = sub.add_parser("client", help="train one member of a prepared between-graph run")
-    c.add_argument("--run", required=True)
-    c.add_argument("--member", required=True, type=_nonneg)
-    c.add_argument("--threads", type=_positive, help="TensorFlow intra/inter-op threads")
-    c.add_argument("--predict", help="predict this .npz input instead of training")
-    c.add_argument("--out", help="with --predict: the member's predictions FILE.parquet")
-    c.add_argument("--device", help="with --predict: run the member here")
-    c.add_argument("--cluster", help="with --predict: cluster spec FILE.json")
-    c.set_defaults(func=cmd_client)
+    cmp = command("compare", "train and predict in both modes; measure which is faster here",
+                  cmd_compare)
+    _common_run_options(cmp, "in each mode")
+    _add(cmp, "--run-dir", metavar="PATH", help="output folder (default: artifacts/compare)")
+    _add(cmp, "--repeats", type=_positive, metavar="N", default=3,
+         help="runs of each phase of each mode, order alternated")
+    _add(cmp, "--overwrite", action="store_true", help="replace an existing comparison folder")
 
-    s = sub.add_parser("server", help="serve one task of a TensorFlow cluster")
-    s.add_argument("--cluster", help="cluster spec FILE.json (default: TF_CONFIG)")
-    s.add_argument("--task", required=True, help="JOB:I, e.g. worker:0")
-    s.set_defaults(func=cmd_server)
+    c = command("client", "train (or predict) members of a prepared between-graph run",
+                cmd_client)
+    _add(c, "--run", required=True, metavar="PATH", help="the prepared run directory")
+    _add(c, "--member", required=True, type=_nonneg, metavar="I", help="member index")
+    _add(c, "--threads", type=_positive, metavar="N",
+         help="TensorFlow intra/inter-op threads (default: TensorFlow's)")
+    _add(c, "--predict", metavar="X.npz", help="predict this input instead of training "
+                                                "(default: train)")
+    _add(c, "--out", metavar="FILE.parquet",
+         help="with --predict: the member's predictions (default: none)")
+    _add(c, "--device", metavar="NAME", help="with --predict: run the member here "
+                                              "(default: its training device)")
+    _add(c, "--cluster", metavar="FILE", help="with --predict: cluster spec FILE.json "
+                                               "(default: none)")
+
+    s = command("server", "serve one task of a TensorFlow cluster", cmd_server)
+    _add(s, "--cluster", metavar="FILE", help="cluster spec FILE.json (default: TF_CONFIG)")
+    _add(s, "--task", required=True, metavar="JOB:I", help="the task to serve, e.g. worker:0")
     return p
+
+
+def _refuse_inapplicable(args) -> None:
+    """Options that do not apply to the chosen mode are refused, with the reason."""
+    mode = getattr(args, "mode", None)
+    if args.command in ("train", "predict") and mode == "in-graph" and args.jobs:
+        raise UsageError("--jobs applies to --mode between-graph only: in-graph replication "
+                         "runs every member in one process")
+    if args.command == "predict" and mode == "between-graph" and args.devices:
+        raise UsageError("--devices applies to --mode in-graph only: between-graph clients "
+                         "predict on the members' own devices (or --cluster's)")
+    if args.command == "client" and not args.predict:
+        for flag in ("out", "device", "cluster"):
+            if getattr(args, flag):
+                raise UsageError(f"client: --{flag} applies with --predict only")
+
+
+def _suggest(word: str, known) -> str:
+    """` (did you mean X?)` for the closest of `known` (difflib), or ``."""
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _parse(argv: list[str] | None):
+    """Parse `argv`; unknown options are refused with a suggestion from the command's own."""
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command is None:
+        return parser, None
+    if extra:
+        options = parser.commands[args.command]._option_string_actions
+        first = next((x for x in extra if x.startswith("-")), extra[0])
+        raise UsageError(f"ensemble {args.command}: unrecognized arguments: {' '.join(extra)}"
+                         + _suggest(first.split("=")[0], options))
+    return parser, args
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status instead of exiting."""
     try:
-        args = _parser().parse_args(argv)
+        parser, args = _parse(argv)
+        if args is None:  # `ensemble` alone: the commands, one line each, and examples
+            parser.print_help()
+            return 0
+        if args.command != "train":  # train: once its mode is known (on --resume, the run's)
+            _refuse_inapplicable(args)
         if args.command in ("predict", "client", "server"):
             _import_tensorflow_quietly()
         return args.func(args)

@@ -210,3 +210,65 @@ def test_tabular_csv_as_people_have_it(mode, tmp_path, capsys):
     table = pq.read_table(out)
     assert table.filter(pa.compute.equal(table["model"], "ensemble-mean")).num_rows == 90
     assert sorted(set(table.column("y_true").to_pylist())) == ["Adelie", "Chinstrap", "Gentoo"]
+
+
+def test_ensemble_alone_and_help_list_the_commands_with_examples(capsys):
+    from pipelines.cli import _parser
+
+    assert run_cli() == 0
+    alone = capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        run_cli("--help")
+    assert done.value.code == 0
+    helped = capsys.readouterr().out
+    for text in (alone, helped):
+        for name in ("train", "predict", "evaluate", "aggregate", "compare", "client", "server"):
+            line = next(ln for ln in text.splitlines() if ln.strip().startswith(name))
+            assert len(line.split()) > 1 or name == "aggregate", line  # the command's one line
+        assert text.count("\n  ensemble ") == 2  # two examples
+    for name, sub in _parser().commands.items():  # every option has help, with its default
+        for action in sub._actions:
+            if action.option_strings and action.dest != "help":
+                shown = sub.formatter_class("x")._get_help_string(action)
+                assert action.help and ("default" in shown or action.required), (name, action)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["train", "--member", "3"], "unrecognized arguments: --member 3 (did you mean --members?)"),
+    (["train", "--epoch", "3"], "did you mean --epochs?"),
+    (["predict", "--run", "r", "--data", "d", "--out", "o.parquet", "--strict-column"],
+     "did you mean --strict-columns?"),
+    (["trian"], "invalid choice: 'trian'"),
+    (["trian"], "(did you mean train?)"),
+    (["train", "--mode", "ingraph"], "(did you mean in-graph?)"),
+    (["train", "--jobs", "2"], "--jobs applies to --mode between-graph only"),
+    (["predict", "--run", "r", "--data", "d", "--out", "o.parquet", "--jobs", "2"],
+     "--jobs applies to --mode between-graph only"),
+    (["predict", "--run", "r", "--data", "d", "--out", "o.parquet", "--mode", "between-graph",
+      "--devices", "cpu:2"], "--devices applies to --mode in-graph only"),
+])
+def test_cli_guides_abbreviations_typos_and_inapplicable_options(argv, needle, capsys):
+    assert run_cli(*argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_cpu_devices_beyond_the_members_are_capped_with_a_notice(capsys):
+    from pipelines.cli import _load_config, _parse
+
+    _, args = _parse(["train", "--members", "3", "--devices", "cpu:100"])
+    assert _load_config(args).placement.devices == "cpu:3"
+    assert "more logical devices than the 3 members; using cpu:3" in capsys.readouterr().err
+    _, args = _parse(["train", "--members", "3", "--devices", "cpu:2"])
+    assert _load_config(args).placement.devices == "cpu:2"
+
+
+def test_predict_stdout_holds_no_json(in_graph_run, tmp_path, capsys):
+    out = tmp_path / "p.parquet"
+    capsys.readouterr()
+    assert run_cli("predict", "--run", in_graph_run, "--data", "digits", "--out", out) == 0
+    printed = capsys.readouterr().out
+    assert printed.strip() and "{" not in printed, printed
+    assert run_cli("predict", "--run", in_graph_run, "--data", "digits", "--out", out,
+                   "--json") == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"] == 1797
