@@ -183,12 +183,13 @@ def cmd_compare(args) -> int:
     from pipelines import compare
 
     base = Path(args.run_dir) if args.run_dir else Path("artifacts") / "compare"
-    table = compare.compare(args.config, base, {"training.epochs": args.epochs,
-                                                "members.count": args.members,
-                                                "placement.devices": args.devices},
-                            cluster_file=args.cluster)
-    print(f"comparison: {base / 'comparison.parquet'}")
+    table, _ = compare.compare(_load_config(args), base, repeats=args.repeats,
+                               overwrite=args.overwrite, cluster_file=args.cluster)
     print(compare.verdict(table))
+    print(f"comparison: {base / 'comparison.parquet'} (summary), {base / 'runs.parquet'} "
+          f"(every run)")
+    if (base / "comparison.png").is_file():
+        print(f"chart: {base / 'comparison.png'}")
     return 0
 
 

@@ -1,23 +1,47 @@
-"""`ensemble compare`: train and predict the same ensemble in both replication modes, measure
-each mode's cost (wall time, throughput, peak memory of all its processes, process start-up)
-and the parity of their predictions, and say which mode is better on this machine.
+"""`ensemble compare`: train and predict the same ensemble in both replication modes, several
+times, measure each mode's cost (wall time, throughput, peak memory of all its processes,
+start-up on the critical path) and the parity of their predictions, and say which mode is
+better on this machine, or that neither is clearly better.
 
-Every phase runs as its own `ensemble` process so that its memory is its own.
+Every phase runs as its own `ensemble` process so that its memory is its own. Each phase of
+each mode runs `repeats` times, the mode order alternating between repeats (in-graph first, then
+between-graph first, ...), so that a warming machine favours neither mode.
+
+Columns (also printed under the table):
+- `wall_seconds`: the phase's whole process, spawn to exit (what a user waits).
+- `startup_seconds`: time on the critical path before the first training (or prediction) step:
+  the driver process's start-up (spawn until TensorFlow is loaded and arguments are read), data
+  preparation, and for between-graph the start-up of the first client to begin work (clients
+  start in parallel, so their start-ups are not summed).
+- `work_seconds`: `wall_seconds - startup_seconds`: training or prediction, writing artifacts
+  and (between-graph) aggregation.
+- `member_rows_per_second`: rows times members (times epochs when training) per wall second.
+- `peak_rss_bytes`: the driver's peak resident memory plus, between-graph, the `jobs` largest
+  client peaks (clients that can run at once; an upper bound).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import statistics
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ensemble import artifacts, config, tables
+from ensemble import artifacts, devices, tables
+from ensemble.config import Config
+from ensemble.errors import UsageError
 from pipelines.between import checked, last_report, run_process
 
 MODES = ("in-graph", "between-graph")
+PHASES = ("train", "predict")
+MEASURES = ("wall_seconds", "startup_seconds", "work_seconds", "member_rows_per_second",
+            "peak_rss_bytes")
+DIGITS = {"wall_seconds": 2, "startup_seconds": 2, "work_seconds": 2,
+          "member_rows_per_second": 0, "peak_rss_bytes": 0}
 
 
 def concurrent_peak(own: int, clients: list[dict], jobs: int) -> int:
@@ -26,33 +50,39 @@ def concurrent_peak(own: int, clients: list[dict], jobs: int) -> int:
     return own + sum(sorted((c["peak_rss_bytes"] for c in clients), reverse=True)[:jobs])
 
 
+def _first_client_startup(clients: list[dict]) -> float:
+    """Start-up of the first client to begin work (0 without clients): parallel clients'
+    start-ups overlap, so only the shortest is on the critical path to the first step."""
+    return min((c["startup_seconds"] for c in clients), default=0.0)
+
+
 def _train_row(mode: str, run_dir: Path, res: dict) -> dict:
     m = artifacts.read_manifest(run_dir)
     t, cfg = m["timings"], m["config"]
     clients = list(t.get("clients", {}).values())
-    startup = t["process_ready_unix"] - res["spawned_unix"]
-    startup += sum(c["startup_seconds"] for c in clients)
+    startup = (t["process_ready_unix"] - res["spawned_unix"] + t.get("prepare_seconds", 0.0)
+               + _first_client_startup(clients))
     rows = m["dataset"]["rows"]["train"] * cfg["training"]["epochs"] * cfg["members"]["count"]
     metrics = artifacts.read_parquet(run_dir / artifacts.METRICS).to_pylist()
     ens = next(r for r in metrics if r["model"] == "ensemble-mean" and r["split"] == "test")
     return {"mode": mode, "phase": "train", "wall_seconds": res["seconds"],
+            "startup_seconds": startup, "work_seconds": res["seconds"] - startup,
             "member_rows_per_second": rows / res["seconds"],
             "peak_rss_bytes": concurrent_peak(t["process_peak_rss_bytes"], clients, t.get("jobs", 1)),
-            "startup_seconds": startup, "processes": 1 + len(clients) + bool(clients),
+            "processes": 1 + len(clients) + bool(clients),
             "devices": len(set(x["device"] for x in m["members"])),
-            **{f"test_{k}": ens[k] for k in ("accuracy", "nll", "brier", "ece")}}
+            "test_accuracy": ens["accuracy"]}
 
 
 def _predict_row(mode: str, res: dict, n_members: int, n_devices: int) -> dict:
     report = last_report(res)
     clients = list((report.get("clients") or {}).values())
-    startup = report["ready_unix"] - res["spawned_unix"]
-    startup += sum(c["startup_seconds"] for c in clients)
+    startup = report["ready_unix"] - res["spawned_unix"] + _first_client_startup(clients)
     return {"mode": mode, "phase": "predict", "wall_seconds": res["seconds"],
+            "startup_seconds": startup, "work_seconds": res["seconds"] - startup,
             "member_rows_per_second": n_members * report["rows"] / res["seconds"],
             "peak_rss_bytes": concurrent_peak(report["peak_rss_bytes"], clients, report.get("jobs") or 1),
-            "startup_seconds": startup, "processes": 1 + len(clients),
-            "devices": n_devices}
+            "processes": 1 + len(clients), "devices": n_devices, "test_accuracy": None}
 
 
 def parity(a: pa.Table, b: pa.Table) -> tuple[float, float]:
@@ -64,44 +94,104 @@ def parity(a: pa.Table, b: pa.Table) -> tuple[float, float]:
     return float(diff), float(same.mean())
 
 
-def compare(config_path: str | None, base: Path, overrides: dict | None = None,
-            cluster_file: str | None = None) -> pa.Table:
-    """Run both modes (train, then predict on the config's data source) and write
-    `base/comparison.parquet` (one row per mode and phase) and `base/comparison.png`.
-    With `cluster_file`, both modes run on that TensorFlow cluster.
+def check_folder(base: Path, overwrite: bool) -> None:
+    """Refuse a comparison folder that already holds something, unless `overwrite`.
+
+    Raises:
+        UsageError: `base` is a file, or a non-empty folder without `overwrite`.
+    """
+    if base.exists() and not base.is_dir():
+        raise UsageError(f"Comparison folder {base} is a file; expected a folder.")
+    if base.is_dir() and any(base.iterdir()):
+        if not overwrite:
+            raise UsageError(f"Comparison folder {base} already exists; pass --overwrite to "
+                             "replace it or choose another --run-dir.")
+        for mode in MODES:
+            shutil.rmtree(base / mode, ignore_errors=True)
+
+
+def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
+            cluster_file: str | None = None) -> tuple[pa.Table, pa.Table]:
+    """Run both modes `repeats` times (train, then predict on the config's data source; mode
+    order alternated between repeats) and write `base/runs.parquet` (one row per mode, phase and
+    repeat), `base/comparison.parquet` (the summary: median, min and max per mode and phase,
+    rounded as printed) and `base/comparison.png`. With `cluster_file`, both modes run on that
+    TensorFlow cluster.
 
     Returns:
-        The comparison table.
+        (summary table, runs table).
+
+    Raises:
+        UsageError: an existing folder without `overwrite`, bad data, or a phase that failed on
+        bad input.
     """
-    cfg = config.load(config_path, overrides)
+    from ensemble import data
+
+    check_folder(base, overwrite)
+    data.load(cfg.data)  # every data problem now, before any process starts
+    table = cfg.to_dict()
+    source = Path(cfg.data.source)
+    if source.suffix in (".csv", ".parquet"):  # the config is written elsewhere: absolute path
+        table["data"]["source"] = str(source.resolve())
     base.mkdir(parents=True, exist_ok=True)
     cfg_file = base / "config.toml"
-    artifacts.write_text(cfg_file, _to_toml(cfg.to_dict()))
-    rows, preds = [], {}
+    artifacts.write_text(cfg_file, _to_toml(table))
     on = ["--cluster", str(cluster_file)] if cluster_file else []
+    runs, preds = [], {}
+    for repeat in range(repeats):
+        order = MODES if repeat % 2 == 0 else MODES[::-1]
+        for position, mode in enumerate(order):
+            run_dir = base / mode
+            res = checked(run_process(["train", "--config", str(cfg_file), "--mode", mode,
+                                      "--run-dir", str(run_dir), "--overwrite", *on]),
+                         f"{mode} training")
+            runs.append(_train_row(mode, run_dir, res))
+            out = base / f"{mode}.predictions.parquet"
+            res = checked(run_process(["predict", "--run", str(run_dir), "--data",
+                                      table["data"]["source"], "--mode", mode, "--out", str(out),
+                                      *on, *([] if on or mode != "in-graph"
+                                             else ["--devices", cfg.placement.devices])]),
+                         f"{mode} prediction")
+            runs.append(_predict_row(mode, res, cfg.members.count, runs[-1]["devices"]))
+            for r in runs[-2:]:
+                r.update(repeat=repeat, position=position)
+            preds[mode] = (artifacts.read_parquet(run_dir / artifacts.PREDICTIONS),
+                           artifacts.read_parquet(out))
+    parities = {ph: parity(preds[MODES[0]][k], preds[MODES[1]][k]) for k, ph in enumerate(PHASES)}
+    summary = summarise(runs, parities)
+    runs_table = pa.Table.from_pylist(runs)
+    context = {"data": Path(cfg.data.source).name, "members": cfg.members.count,
+               "epochs": cfg.training.epochs, "devices": cfg.placement.devices,
+               "cores": devices.cpu_count(), "repeats": repeats}
+    summary_table = pa.Table.from_pylist(summary).replace_schema_metadata(
+        {b"context": json.dumps(context).encode()})
+    artifacts.write_parquet(base / "runs.parquet", runs_table)
+    artifacts.write_parquet(base / "comparison.parquet", summary_table)
+    _chart(summary, context, base / "comparison.png")
+    return summary_table, runs_table
+
+
+def summarise(runs: list[dict], parities: dict[str, tuple[float, float]]) -> list[dict]:
+    """One row per mode and phase: `<measure>_median`, `_min`, `_max` over the repeats of
+    every measure, rounded to the digits the printed table shows (so the file holds exactly
+    the printed figures), plus parity and test accuracy."""
+    rows = []
     for mode in MODES:
-        run_dir = base / mode
-        res = checked(run_process(["train", "--config", str(cfg_file), "--mode", mode,
-                                  "--run-dir", str(run_dir), "--overwrite", *on]),
-                     f"{mode} training")
-        rows.append(_train_row(mode, run_dir, res))
-        out = base / f"{mode}.predictions.parquet"
-        res = checked(run_process(["predict", "--run", str(run_dir), "--data", cfg.data.source,
-                                  "--mode", mode, "--out", str(out), *on,
-                                  *([] if on else ["--devices", cfg.placement.devices])]),
-                     f"{mode} prediction")
-        rows.append(_predict_row(mode, res, cfg.members.count, rows[-1]["devices"]))
-        preds[mode] = (artifacts.read_parquet(run_dir / artifacts.PREDICTIONS),
-                       artifacts.read_parquet(out))
-    (diff_t, same_t), (diff_p, same_p) = (parity(preds[MODES[0]][k], preds[MODES[1]][k])
-                                          for k in (0, 1))
-    for r in rows:
-        r["parity_max_abs_diff"] = diff_t if r["phase"] == "train" else diff_p
-        r["parity_same_labels"] = same_t if r["phase"] == "train" else same_p
-    table = pa.Table.from_pylist(rows)
-    artifacts.write_parquet(base / "comparison.parquet", table)
-    _chart(rows, base / "comparison.png")
-    return table
+        for phase in PHASES:
+            mine = [r for r in runs if r["mode"] == mode and r["phase"] == phase]
+            row = {"mode": mode, "phase": phase, "repeats": len(mine)}
+            for key in MEASURES:
+                values = [r[key] for r in mine]
+                for stat, value in (("median", statistics.median(values)),
+                                    ("min", min(values)), ("max", max(values))):
+                    row[f"{key}_{stat}"] = round(float(value), DIGITS[key])
+            acc = [r["test_accuracy"] for r in mine if r["test_accuracy"] is not None]
+            row["test_accuracy"] = round(float(acc[-1]), 4) if acc else None
+            diff, same = parities[phase]
+            row["parity_max_abs_diff"] = float(f"{diff:.2e}")
+            row["parity_same_labels"] = round(same, 4)
+            rows.append(row)
+    return rows
 
 
 def _to_toml(d: dict, prefix: str = "") -> str:
@@ -114,8 +204,10 @@ def _to_toml(d: dict, prefix: str = "") -> str:
     return text
 
 
-def _chart(rows: list[dict], path: Path) -> None:
-    """Bar charts of wall time and peak memory per mode and phase (needs matplotlib)."""
+def _chart(rows: list[dict], context: dict, path: Path) -> None:
+    """Bar charts of wall time (median, min-max whiskers, start-up shaded) and peak memory per
+    mode and phase, each bar labelled with its value; the title names the data set, member
+    count, epochs, devices, cores and repeats (needs matplotlib)."""
     try:
         import matplotlib
 
@@ -124,37 +216,72 @@ def _chart(rows: list[dict], path: Path) -> None:
     except ImportError:
         print("matplotlib not installed (pip install '.[bench]'): no chart written")
         return
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     labels = [f"{r['mode']}\n{r['phase']}" for r in rows]
     colors = ["tab:blue" if r["mode"] == MODES[0] else "tab:orange" for r in rows]
-    axes[0].bar(labels, [r["wall_seconds"] for r in rows], color=colors)
-    axes[0].set_ylabel("wall seconds")
-    axes[1].bar(labels, [r["peak_rss_bytes"] / 2**20 for r in rows], color=colors)
-    axes[1].set_ylabel("peak resident memory (MiB)")
-    for ax in axes:
+    for ax, key, scale, unit in ((axes[0], "wall_seconds", 1, "wall seconds"),
+                                 (axes[1], "peak_rss_bytes", 2**20, "peak resident MiB")):
+        med = np.array([r[f"{key}_median"] for r in rows]) / scale
+        err = np.array([[m - r[f"{key}_min"] / scale, r[f"{key}_max"] / scale - m]
+                        for m, r in zip(med, rows)]).T
+        bars = ax.bar(labels, med, color=colors, yerr=err, capsize=4)
+        if key == "wall_seconds":
+            ax.bar(labels, [r["startup_seconds_median"] for r in rows], color="none",
+                   hatch="//", edgecolor="black", linewidth=0, label="start-up (median)")
+            ax.legend(fontsize=8)
+        ax.bar_label(bars, labels=[f"{v:.1f}" if scale == 1 else f"{v:.0f}" for v in med],
+                     fontsize=8, padding=2)
+        ax.set_ylabel(f"{unit} (median; whiskers: min-max)")
         ax.tick_params(axis="x", labelsize=8)
-    fig.suptitle("ensemble compare: in-graph vs between-graph replication")
+    fig.suptitle(f"ensemble compare on {context['data']}: {context['members']} members, "
+                 f"{context['epochs']} epochs, devices {context['devices']}, "
+                 f"{context['cores']} cores, {context['repeats']} repeats", fontsize=10)
     fig.tight_layout()
     with artifacts.atomic_path(path, ".png") as tmp:
         fig.savefig(tmp, dpi=100)
     plt.close(fig)
 
 
+LEGEND = """\
+wall s: whole process, spawn to exit; start-up s: critical path before the first step (process
+start, TensorFlow import, data preparation, and between-graph the first client's start-up; not
+a sum over parallel clients); rows/s: rows x members (x epochs) per wall second; peak MiB:
+driver + concurrent clients. Figures: median [min-max] over the repeats."""
+
+
+def _spread(r: dict, key: str, fmt: str) -> str:
+    return (f"{r[key + '_median']:{fmt}} [{r[key + '_min']:{fmt}}-{r[key + '_max']:{fmt}}]")
+
+
 def verdict(table: pa.Table) -> str:
-    """The printed summary: one line per mode and phase, then the faster mode per phase."""
-    lines = [f"{'mode':<15}{'phase':<9}{'wall s':>9}{'rows/s':>12}{'peak MiB':>10}"
-             f"{'start-up s':>12}{'test acc':>10}"]
+    """The printed summary: one line per mode and phase (median [min-max]), the column
+    definitions, then per phase the faster mode, or "no clear winner" when the two modes'
+    min-max ranges overlap, and what each mode's time went to."""
     rows = table.to_pylist()
+    lines = [f"{'mode':<15}{'phase':<9}{'wall s':>20}{'start-up s':>20}{'rows/s':>10}"
+             f"{'peak MiB':>10}{'test acc':>10}"]
     for r in rows:
         acc = r.get("test_accuracy")
-        lines.append(f"{r['mode']:<15}{r['phase']:<9}{r['wall_seconds']:>9.2f}"
-                     f"{r['member_rows_per_second']:>12.0f}{r['peak_rss_bytes'] / 2**20:>10.0f}"
-                     f"{r['startup_seconds']:>12.2f}"
+        lines.append(f"{r['mode']:<15}{r['phase']:<9}{_spread(r, 'wall_seconds', '.2f'):>20}"
+                     f"{_spread(r, 'startup_seconds', '.2f'):>20}"
+                     f"{r['member_rows_per_second_median']:>10.0f}"
+                     f"{r['peak_rss_bytes_median'] / 2**20:>10.0f}"
                      f"{'' if acc is None or acc != acc else f'{acc:.4f}':>10}")
-    for phase in ("train", "predict"):
+    lines.append(LEGEND)
+    for phase in PHASES:
         a, b = (next(r for r in rows if r["mode"] == m and r["phase"] == phase) for m in MODES)
-        fast, slow = (a, b) if a["wall_seconds"] <= b["wall_seconds"] else (b, a)
-        lines.append(f"{phase}: {fast['mode']} is {slow['wall_seconds'] / fast['wall_seconds']:.2f}x "
-                     f"faster; parity max |dp| = {a['parity_max_abs_diff']:.2e}, "
-                     f"identical labels {a['parity_same_labels']:.1%}")
+        fast, slow = (a, b) if a["wall_seconds_median"] <= b["wall_seconds_median"] else (b, a)
+        n = a.get("repeats", 1)
+        if fast["wall_seconds_max"] >= slow["wall_seconds_min"] and n > 1:
+            head = (f"{phase}: no clear winner: the difference ({fast['wall_seconds_median']:.2f} "
+                    f"s vs {slow['wall_seconds_median']:.2f} s median) is within the spread of "
+                    f"{n} repeats")
+        else:
+            ratio = slow["wall_seconds_median"] / fast["wall_seconds_median"]
+            head = f"{phase}: {fast['mode']} is {ratio:.2f}x faster"
+        went = "; ".join(
+            f"{r['mode']} start-up {r['startup_seconds_median']:.2f} s, {phase} and the rest "
+            f"{r['work_seconds_median']:.2f} s" for r in (a, b))
+        lines.append(f"{head}; parity max |dp| = {a['parity_max_abs_diff']:.2e}, identical "
+                     f"labels {a['parity_same_labels']:.2%}. Time went to (medians): {went}")
     return "\n".join(lines)

@@ -32,12 +32,81 @@ def test_concurrent_peak_counts_the_jobs_largest_clients():
     assert compare.concurrent_peak(100, [], 1) == 100
 
 
+def _runs(walls):
+    """Runs rows `{(mode, phase): [wall seconds per repeat]}` as `compare` records them."""
+    return [{"mode": m, "phase": ph, "wall_seconds": w, "startup_seconds": w / 4,
+             "work_seconds": w * 3 / 4, "member_rows_per_second": 1.0, "peak_rss_bytes": 2**20,
+             "test_accuracy": 0.9 if ph == "train" else None}
+            for (m, ph), ws in walls.items() for w in ws]
+
+
+PARITY = {"train": (0.0, 1.0), "predict": (0.0, 1.0)}
+
+
 def test_verdict_names_the_faster_mode():
-    base = {"member_rows_per_second": 1.0, "peak_rss_bytes": 2**20, "startup_seconds": 1.0,
-            "test_accuracy": 0.9, "parity_max_abs_diff": 0.0, "parity_same_labels": 1.0}
-    rows = [dict(base, mode=m, phase=ph, wall_seconds=s)
-            for m, ph, s in [("in-graph", "train", 2.0), ("in-graph", "predict", 1.0),
-                             ("between-graph", "train", 6.0), ("between-graph", "predict", 0.5)]]
+    rows = compare.summarise(_runs({("in-graph", "train"): [2.0], ("in-graph", "predict"): [1.0],
+                                    ("between-graph", "train"): [6.0],
+                                    ("between-graph", "predict"): [0.5]}), PARITY)
     text = compare.verdict(pa.Table.from_pylist(rows))
     assert "train: in-graph is 3.00x faster" in text
     assert "predict: between-graph is 2.00x faster" in text
+
+
+def test_verdict_says_no_clear_winner_within_the_spread():
+    rows = compare.summarise(_runs({("in-graph", "train"): [2.0, 2.6, 3.1],
+                                    ("between-graph", "train"): [3.0, 2.9, 4.0],
+                                    ("in-graph", "predict"): [1.0, 1.2, 1.4],
+                                    ("between-graph", "predict"): [2.0, 2.1, 2.2]}), PARITY)
+    by = {(r["mode"], r["phase"]): r for r in rows}
+    assert by["in-graph", "train"]["wall_seconds_median"] == 2.6
+    assert (by["between-graph", "train"]["wall_seconds_min"],
+            by["between-graph", "train"]["wall_seconds_max"]) == (2.9, 4.0)
+    text = compare.verdict(pa.Table.from_pylist(rows))
+    assert "train: no clear winner" in text and "within the spread of 3 repeats" in text
+    assert "predict: in-graph is 1.75x faster" in text
+    assert "in-graph start-up 0.30 s, predict and the rest 0.90 s" in text
+
+
+def test_existing_folder_is_refused_without_overwrite(tmp_path, capsys):
+    from conftest import run_cli
+
+    (tmp_path / "cmp").mkdir()
+    (tmp_path / "cmp" / "comparison.parquet").write_text("earlier")
+    assert run_cli("compare", "--run-dir", tmp_path / "cmp", "--data", "iris") == 2
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
+    assert (tmp_path / "cmp" / "comparison.parquet").read_text() == "earlier"
+
+
+def test_compare_end_to_end_with_repeats(tmp_path, capsys):
+    """Both modes, 2 repeats each on a tiny config: the table holds exactly the figures of the
+    runs it made and prints them; the mode order alternates; the chart is announced."""
+    from conftest import run_cli
+
+    from ensemble import artifacts
+
+    folder = tmp_path / "cmp"
+    assert run_cli("compare", "--data", "iris", "--members", "2", "--epochs", "1",
+                   "--devices", "cpu:2", "--repeats", "2", "--run-dir", folder) == 0
+    printed = capsys.readouterr().out
+    runs = artifacts.read_parquet(folder / "runs.parquet").to_pylist()
+    summary = artifacts.read_parquet(folder / "comparison.parquet").to_pylist()
+    assert len(runs) == 8 and len(summary) == 4
+    first = {r["repeat"]: r["mode"] for r in runs if r["position"] == 0}
+    assert first == {0: "in-graph", 1: "between-graph"}  # order alternated
+    for s in summary:
+        mine = [r for r in runs if r["mode"] == s["mode"] and r["phase"] == s["phase"]]
+        walls = sorted(r["wall_seconds"] for r in mine)
+        assert len(walls) == 2 and s["repeats"] == 2
+        assert s["wall_seconds_median"] == pytest.approx((walls[0] + walls[1]) / 2, abs=0.006)
+        assert s["wall_seconds_min"] == pytest.approx(walls[0], abs=0.006)
+        assert s["wall_seconds_max"] == pytest.approx(walls[1], abs=0.006)
+        for r in mine:  # start-up is on the critical path: never more than the wall time
+            assert 0 < r["startup_seconds"] < r["wall_seconds"]
+        line = next(ln for ln in printed.splitlines()
+                    if ln.startswith(s["mode"] + " ") and f" {s['phase']} " in ln)
+        assert (f"{s['wall_seconds_median']:.2f} [{s['wall_seconds_min']:.2f}-"
+                f"{s['wall_seconds_max']:.2f}]") in line
+    assert summary[0]["parity_max_abs_diff"] <= 1e-6
+    assert f"parity max |dp| = {summary[0]['parity_max_abs_diff']:.2e}" in printed
+    assert f"chart: {folder / 'comparison.png'}" in printed
+    assert (folder / "comparison.png").stat().st_size > 0
