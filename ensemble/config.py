@@ -11,6 +11,7 @@ A config has five tables: `[data]`, `[members]`, `[training]`, `[placement]`, `[
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import tomllib
@@ -146,9 +147,10 @@ def _build(cls: type, table: Any, prefix: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(table) - set(fields))
     if unknown:
-        raise UsageError(
-            f"Unknown config key `{prefix}.{unknown[0]}`; expected one of: {', '.join(fields)}"
-        )
+        close = difflib.get_close_matches(unknown[0], list(fields), n=1)
+        hint = f" (did you mean `{prefix}.{close[0]}`?)" if close else ""
+        raise UsageError(f"Unknown config key `{prefix}.{unknown[0]}`{hint}; expected one of: "
+                         f"{', '.join(fields)}")
     kwargs = {}
     hints = get_type_hints(cls)
     for name, value in table.items():

@@ -46,6 +46,10 @@ def test_overrides_win_and_none_is_ignored():
     ({"members": {"activation": "magic"}}, r"members.activation.*'magic'"),
     ({"aggregation": {"aggregators": ["median"]}}, r"aggregation.aggregators.*median"),
     ({"data": {"test_size": 0.0}}, r"data.test_size"),
+    ({"data": {"sourse": "iris"}}, r"did you mean `config.data.source`\?"),
+    ({"data": {"impute": "mean"}}, r"data.impute.*median.*'mean'"),
+    ({"data": {"categorical": "all"}}, r"data.categorical.*'all'"),
+    ({"data": {"categorical": ["a", 3]}}, r"data.categorical"),
 ])
 def test_bad_values_name_the_key(table, match):
     with pytest.raises(UsageError, match=match):
