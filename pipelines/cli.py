@@ -8,10 +8,7 @@ subcommands so that a between-graph client starts lean.
 from __future__ import annotations
 
 import argparse
-import difflib
-import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -20,6 +17,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from ensemble.devices import peak_rss_bytes  # noqa: E402
 from ensemble.errors import UsageError  # noqa: E402
+from pipelines.guide import HelpFormatter as _HelpFormatter  # noqa: E402
+from pipelines.guide import Parser as _Parser  # noqa: E402
+from pipelines.guide import add as _add  # noqa: E402
+from pipelines.guide import nonneg as _nonneg  # noqa: E402
+from pipelines.guide import positive as _positive  # noqa: E402
+from pipelines.guide import report, unknown_options  # noqa: E402
 
 MODES = ("in-graph", "between-graph")
 IMPUTE = ("error", "median", "most_frequent")
@@ -38,33 +41,6 @@ def _import_tensorflow_quietly() -> None:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
-
-
-class _Parser(argparse.ArgumentParser):
-    """No abbreviations (`--member` is not `--members`); errors are one line with a "did you
-    mean" taken from the known choices."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str):  # one line, exit 2, no usage dump
-        bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
-        if bad:
-            message += _suggest(bad.group(1), re.findall(r"'([^']*)'", bad.group(2)))
-        raise UsageError(f"{self.prog}: {message}")
-
-
-def _positive(text: str) -> int:
-    if not text.lstrip("-").isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, received {text!r}")
-    return int(text)
-
-
-def _nonneg(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, received {text!r}")
-    return int(text)
 
 
 def _load_config(args, base: dict | None = None):
@@ -87,17 +63,6 @@ def _load_config(args, base: dict | None = None):
         cfg = dataclasses.replace(cfg, placement=dataclasses.replace(cfg.placement,
                                                                      devices=f"cpu:{n}"))
     return cfg
-
-
-def report(payload: dict, args=None) -> None:
-    """A machine-readable report for the process that launched this one: written as JSON to the
-    file named by `$ENSEMBLE_REPORT` (set by `pipelines.between.run_process`), never to the
-    user's stdout; printed as the last stdout line only when the user asks with `--json`."""
-    path = os.environ.get("ENSEMBLE_REPORT")
-    if path:
-        Path(path).write_text(json.dumps(payload))
-    if getattr(args, "json", False):
-        print(json.dumps(payload))
 
 
 def _cluster(args):
@@ -249,27 +214,6 @@ examples:
 'ensemble COMMAND --help' shows a command's options."""
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Help that states every option's default: `(default: X)` from the parser when the help
-    text does not already say it; flags are `(default: off)`."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if "default" in text or action.default is argparse.SUPPRESS or action.required:
-            return text
-        if action.default is False:
-            return f"{text} (default: off)"
-        if action.default is not None:
-            return f"{text} (default: %(default)s)"
-        return text
-
-
-def _add(parser, *flags, **kwargs):
-    """`add_argument` with help required (a test checks every option has help)."""
-    assert kwargs.get("help"), flags
-    return parser.add_argument(*flags, **kwargs)
-
-
 def _common_run_options(parser, what: str) -> None:
     """The options `train` and `compare` share (they override the config)."""
     _add(parser, "--config", metavar="PATH",
@@ -399,12 +343,6 @@ def _refuse_inapplicable(args) -> None:
                 raise UsageError(f"client: --{flag} applies with --predict only")
 
 
-def _suggest(word: str, known) -> str:
-    """` (did you mean X?)` for the closest of `known` (difflib), or ``."""
-    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
 def _parse(argv: list[str] | None):
     """Parse `argv`; unknown options are refused with a suggestion from the command's own."""
     parser = _parser()
@@ -412,10 +350,7 @@ def _parse(argv: list[str] | None):
     if args.command is None:
         return parser, None
     if extra:
-        options = parser.commands[args.command]._option_string_actions
-        first = next((x for x in extra if x.startswith("-")), extra[0])
-        raise UsageError(f"ensemble {args.command}: unrecognized arguments: {' '.join(extra)}"
-                         + _suggest(first.split("=")[0], options))
+        raise unknown_options(args.command, extra, parser.commands[args.command])
     return parser, args
 
 

@@ -1,0 +1,90 @@
+"""Argument parsing that guides: no abbreviations, one-line errors with a "did you mean" from
+the known options and choices (difflib), help that states every default, and the
+machine-readable report channel between processes (never the user's stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import re
+from pathlib import Path
+
+from ensemble.errors import UsageError
+
+
+def suggest(word: str, known) -> str:
+    """` (did you mean X?)` for the closest of `known` (difflib), or ``."""
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def unknown_options(command: str, extra: list[str], parser: argparse.ArgumentParser) -> UsageError:
+    """The error for options `extra` that `parser` (the command's) does not know, with the
+    closest known option suggested."""
+    first = next((x for x in extra if x.startswith("-")), extra[0])
+    return UsageError(f"ensemble {command}: unrecognized arguments: {' '.join(extra)}"
+                      + suggest(first.split("=")[0], parser._option_string_actions))
+
+
+class Parser(argparse.ArgumentParser):
+    """No abbreviations (`--member` is not `--members`); errors are one line with a "did you
+    mean" taken from the known choices."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):  # one line, exit 2, no usage dump
+        bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if bad:
+            message += suggest(bad.group(1), re.findall(r"'([^']*)'", bad.group(2)))
+        raise UsageError(f"{self.prog}: {message}")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help that states every option's default: `(default: X)` from the parser when the help
+    text does not already say it; flags are `(default: off)`."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default is argparse.SUPPRESS or action.required:
+            return text
+        if action.default is False:
+            return f"{text} (default: off)"
+        if action.default is not None:
+            return f"{text} (default: %(default)s)"
+        return text
+
+
+def add(parser, *flags, **kwargs):
+    """`add_argument` with help required (a test checks every option has help)."""
+    assert kwargs.get("help"), flags
+    return parser.add_argument(*flags, **kwargs)
+
+
+def positive(text: str) -> int:
+    if not text.lstrip("-").isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, received {text!r}")
+    return int(text)
+
+
+def nonneg(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, received {text!r}")
+    return int(text)
+
+
+def report(payload: dict, args=None) -> None:
+    """A machine-readable report for the process that launched this one: written as JSON to the
+    file named by `$ENSEMBLE_REPORT` (set by `pipelines.between.run_process`), never to the
+    user's stdout; printed as the last stdout line only when the user asks with `--json`."""
+    path = os.environ.get("ENSEMBLE_REPORT")
+    if path:
+        Path(path).write_text(json.dumps(payload))
+    if getattr(args, "json", False):
+        print(json.dumps(payload))
+
+
