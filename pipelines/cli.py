@@ -122,7 +122,24 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _check_input_early(args) -> None:
+    """Every problem of the input data in one message before TensorFlow loads (the run's own
+    problems, damaged or unfinished, are left to the full check that follows)."""
+    from ensemble import artifacts
+    from ensemble.preprocessing import Preprocessing
+
+    try:
+        manifest = artifacts.read_manifest(Path(args.run))
+        pre = Preprocessing.read(Path(args.run) / artifacts.PREPROCESSING)
+    except (UsageError, OSError):
+        return
+    target = args.target or manifest.get("dataset", {}).get("target", "target")
+    pre.read_input(args.data, target, args.strict_columns)  # cached: read once
+
+
 def cmd_predict(args) -> int:
+    _check_input_early(args)
+    _import_tensorflow_quietly()
     from pipelines import predict
 
     ready, measured = time.time(), {}
@@ -363,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command != "train":  # train: once its mode is known (on --resume, the run's)
             _refuse_inapplicable(args)
-        if args.command in ("predict", "client", "server"):
+        if args.command in ("client", "server"):
             _import_tensorflow_quietly()
         return args.func(args)
     except UsageError as exc:

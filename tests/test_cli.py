@@ -272,3 +272,21 @@ def test_predict_stdout_holds_no_json(in_graph_run, tmp_path, capsys):
     assert run_cli("predict", "--run", in_graph_run, "--data", "digits", "--out", out,
                    "--json") == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"] == 1797
+
+
+def test_predict_reports_input_problems_before_tensorflow(in_graph_run, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("pixel_0_0,pixel_0_1,note\n1,,x\n")
+    code = ("import sys; from pipelines.cli import main; rc = main(['predict', '--run', "
+            f"{str(in_graph_run)!r}, '--data', {str(bad)!r}, '--out', 'o.parquet']); "
+            "print(rc, 'tensorflow' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ,
+                                             "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert proc.stdout.split() == ["2", "False"], proc.stdout + proc.stderr
+    assert "62 training columns" in proc.stderr and "ignoring column 'note'" in proc.stderr
