@@ -48,6 +48,14 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Help that states every option's default: `(default: X)` from the parser when the help
     text does not already say it; flags are `(default: off)`."""
 
+    def __init__(self, prog: str, max_help_position: int = 30, **kwargs):
+        super().__init__(prog, max_help_position=max_help_position, **kwargs)
+
+    def add_argument(self, action):
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction):  # commands are listed one level
+            self._action_max_length += self._indent_increment  # deeper than argparse counts
+
     def _get_help_string(self, action):
         text = action.help or ""
         if "default" in text or action.default is argparse.SUPPRESS or action.required:
