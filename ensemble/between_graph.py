@@ -1,9 +1,11 @@
-"""Between-graph replication: one graph and one client process per member.
+"""Between-graph replication: one graph per member, trained by long-lived client processes.
 
-A client reads a prepared run directory (config, scaled splits, placement), builds ITS member's
-graph on its device, trains it with the same per-member step as the in-graph builder (a client
-is the in-graph builder restricted to one member), and writes that member's model, history and
-predictions. The aggregator combines the members' prediction files, never their models.
+A client is a long-lived process pinned to its device(s): it reads a prepared run directory
+(config, scaled splits, placement) and trains its queue of members one after another, each in
+its own graph (a `group.MemberGroup` of one member, the same per-member step as in-graph), and
+writes each member's model, history and predictions as soon as that member is done: a member,
+not a process, is the unit of work, failure and resume. The aggregator combines the members'
+prediction files, never their models.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -22,21 +24,37 @@ from ensemble.cluster import naming_unreachable_tasks
 from ensemble.data import encode
 from ensemble.errors import UsageError
 
-def local_device(device: str) -> tuple[dict[str, str], str]:
-    """Map a run's device name to what a client process sees of it.
+def local_devices(devices: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """Map the run's device names of a client's members to what the client process sees.
 
-    A client sees only its own device: for `/device:GPU:k` it sets `CUDA_VISIBLE_DEVICES=k`
-    and uses `/device:GPU:0`; a (logical) CPU device is the client's whole `/device:CPU:0`.
+    A client sees only its own devices: for GPUs it sets `CUDA_VISIBLE_DEVICES` to theirs (in
+    order of first use) and names them `/device:GPU:0..`; a (logical) CPU device is the
+    client's whole `/device:CPU:0`; a cluster device stays as it is.
 
     Returns:
-        (environment variables to set before TensorFlow starts, device name in the client).
+        (environment variables to set before TensorFlow starts, `[len(devices)]` device names
+        in the client).
     """
-    if "/job:" in device and "/job:localhost" not in device:
-        return {}, device
-    kind, _, index = device.rpartition("device:")[2].partition(":")
-    if kind == "GPU":
-        return {"CUDA_VISIBLE_DEVICES": index}, "/device:GPU:0"
-    return {}, "/device:CPU:0"
+    gpus: list[str] = []
+    names = []
+    for device in devices:
+        if "/job:" in device and "/job:localhost" not in device:
+            names.append(device)
+            continue
+        kind, _, index = device.rpartition("device:")[2].partition(":")
+        if kind == "GPU":
+            if index not in gpus:
+                gpus.append(index)
+            names.append(f"/device:GPU:{gpus.index(index)}")
+        else:
+            names.append("/device:CPU:0")
+    return ({"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else {}), names
+
+
+def local_device(device: str) -> tuple[dict[str, str], str]:
+    """`local_devices` of one device: (environment variables, device name in the client)."""
+    env, names = local_devices([device])
+    return env, names[0]
 
 
 def _member_entry(manifest: dict, index: int) -> dict:
@@ -47,19 +65,22 @@ def _member_entry(manifest: dict, index: int) -> dict:
     return members[index]
 
 
-def _start_client(manifest: dict, index: int, threads: int | None, device: str | None = None,
-                  cluster: dict | None = None):
-    """Configure this process's TensorFlow for one member; return (cfg, device, cluster).
+def _start_client(manifest: dict, indices: Sequence[int], threads: int | None,
+                  devices_: Sequence[str] | None = None, cluster: dict | None = None):
+    """Configure this process's TensorFlow for its members; return (cfg, local device names,
+    cluster).
 
-    The member's device is `device` or the manifest's; on a cluster (`cluster` or the
-    manifest's) the client connects to it and uses the remote device as it is.
+    The members' devices are `devices_` or the manifest's; on a cluster (`cluster` or the
+    manifest's) the client connects to it and uses the remote devices as they are.
     """
     from ensemble import config, devices
     from ensemble.cluster import connect, task_of
 
     cfg = config.from_dict(manifest["config"])
     cluster = cluster or manifest.get("cluster")
-    env, device = local_device(device or _member_entry(manifest, index)["device"])
+    wanted = list(devices_) if devices_ else [_member_entry(manifest, i)["device"]
+                                               for i in indices]
+    env, local = local_devices(wanted)
     os.environ.update(env)
     devices.set_threads(threads, threads)
     import tensorflow as tf
@@ -67,46 +88,62 @@ def _start_client(manifest: dict, index: int, threads: int | None, device: str |
     if cfg.training.deterministic:
         tf.config.experimental.enable_op_determinism()
     if cluster is not None:
-        cluster = task_of(cluster, device)
+        cluster = task_of(cluster, local[0])
         connect(cluster)
-    return cfg, device, cluster
+    return cfg, local, cluster
 
 
-def run_client(run_dir: Path, index: int, threads: int | None = None) -> Path:
-    """Train member `index` of a prepared run and write its files atomically.
+def run_client(run_dir: Path, indices: int | Sequence[int], threads: int | None = None,
+               callbacks: Callable[[int], Sequence] | None = None,
+               on_member_done: Callable[[int, float], None] | None = None) -> list[Path]:
+    """Train members `indices` of a prepared run one after another, each in its own graph,
+    and write each one's files atomically as soon as it is done.
 
-    Writes `members/member-<index>.keras`, `.history.parquet` and `.predictions.parquet`
-    (validation and test rows, the columns of DESIGN.md). Saves a checkpoint after every
-    epoch under `checkpoints/member-<index>/` and resumes from it when one exists.
+    Writes `members/member-<i>.keras`, `.history.parquet` and `.predictions.parquet`
+    (validation and test rows, the columns of DESIGN.md). Saves checkpoints under
+    `checkpoints/member-<i>/` (every `training.checkpoint_every` epochs) and resumes from them
+    when they exist.
 
     Args:
         threads: TensorFlow intra/inter-op threads for this client (None: TF's default).
+        callbacks: member index -> its `training.Callback`s (progress).
+        on_member_done: called with (member index, its work seconds) after its files are
+            written.
 
     Returns:
-        The member's predictions path.
+        The members' predictions paths.
 
     Raises:
-        UsageError: not a prepared run, or `index` out of range.
-        cluster.ClusterError: on a cluster, the member's task is unreachable.
+        UsageError: not a prepared run, or an index out of range.
+        cluster.ClusterError: on a cluster, a member's task is unreachable.
     """
+    indices = [indices] if isinstance(indices, int) else list(indices)
     manifest = artifacts.read_manifest(run_dir)
-    cfg, device, cluster = _start_client(manifest, index, threads)
+    cfg, local, cluster = _start_client(manifest, indices, threads)
+    split = {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}
+    out = []
     with naming_unreachable_tasks(cluster):
-        return _train_member(run_dir, manifest, cfg, index, device)
+        for index, device in zip(indices, local):
+            start = time.perf_counter()
+            cbs = callbacks(index) if callbacks is not None else ()
+            out.append(_train_member(run_dir, manifest, cfg, split, index, device, cbs))
+            if on_member_done is not None:
+                on_member_done(index, time.perf_counter() - start)
+    return out
 
 
-def _train_member(run_dir: Path, manifest: dict, cfg, index: int, device: str) -> Path:
-    from ensemble.in_graph import InGraphEnsemble
+def _train_member(run_dir: Path, manifest: dict, cfg, split: dict, index: int, device: str,
+                  callbacks: Sequence) -> Path:
+    from ensemble.group import MemberGroup
     from ensemble.members import save_member
 
-    split = {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}
     classes = np.asarray(manifest["dataset"]["classes"])
     (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
-    start = time.perf_counter()
-    member = InGraphEnsemble.build(cfg, x_tr.shape[1], len(classes), [device], [index],
-                                   aggregators=())  # a client aggregates nothing
+    member = MemberGroup.build(cfg, x_tr.shape[1], len(classes), [device], [index])
     history = member.fit(x_tr, y_tr, x_val, y_val, cfg.training.seed, cfg.training.epochs,
-                         cfg.training.batch_size, run_dir / "checkpoints" / f"member-{index}")
+                         cfg.training.batch_size, run_dir / "checkpoints" / f"member-{index}",
+                         callbacks, cfg.training.steps_per_execution,
+                         cfg.training.checkpoint_every)
     parts = [tables.predictions_table({index: member.predict(split[s][0])[0][0]}, s,
                                       split[s][2], split[s][1], classes, ())
              for s in artifacts.EVAL_SPLITS]
@@ -115,30 +152,41 @@ def _train_member(run_dir: Path, manifest: dict, cfg, index: int, device: str) -
                             tables.history_table(history))
     out = artifacts.member_predictions_path(run_dir, index)
     artifacts.write_parquet(out, pa.concat_tables(parts))
-    print(f"member {index}: trained on {device} in {time.perf_counter() - start:.2f} s")
     return out
 
 
-def predict_client(run_dir: Path, index: int, x_path: Path, out: Path,
-                   threads: int | None = None, device: str | None = None,
-                   cluster: dict | None = None) -> Path:
+def predict_client(run_dir: Path, indices: int | Sequence[int], x_path: Path, out: Path,
+                   threads: int | None = None, devices_: Sequence[str] | None = None,
+                   cluster: dict | None = None) -> list[Path]:
     """Predict the rows of `x_path` (`.npz` with `x` `[n_rows, n_features]` float32, optional
-    `y` class indices) with member `index` only, on `device` (default: the member's device
-    in the run); write its prediction rows to `out`."""
-    manifest = artifacts.read_manifest(run_dir)
-    _, device, cluster = _start_client(manifest, index, threads, device, cluster)
-    from ensemble.in_graph import InGraphEnsemble
+    `y` class indices) with members `indices`, one after another, each on its device
+    (`devices_`, default: the member's device in the run); write each member's prediction
+    rows to `out` (a `.parquet` file for one member) or to `out/member-<i>.parquet`.
+
+    Returns:
+        The written paths, one per member.
+    """
+    from ensemble.group import MemberGroup
     from ensemble.members import load_member
 
+    indices = [indices] if isinstance(indices, int) else list(indices)
+    manifest = artifacts.read_manifest(run_dir)
+    _, local, cluster = _start_client(manifest, indices, threads, devices_, cluster)
     with np.load(x_path, allow_pickle=False) as z:
         x, y = z["x"], (z["y"] if "y" in z.files else None)
-    path = artifacts.verify(run_dir, manifest, artifacts.member_model_path(run_dir, index))
-    model = load_member(path, device)
-    probs = InGraphEnsemble([model], [device], ()).predict(x)[0][0]
-    table = tables.predictions_table({index: probs}, "predict", np.arange(len(x)), y,
-                                     np.asarray(manifest["dataset"]["classes"]), ())
-    artifacts.write_parquet(out, table)
-    return out
+    classes = np.asarray(manifest["dataset"]["classes"])
+    paths = []
+    for index, device in zip(indices, local):
+        path = artifacts.verify(run_dir, manifest, artifacts.member_model_path(run_dir, index))
+        model = load_member(path, device)
+        probs = MemberGroup([model], [device], [index]).predict(x)[0][0]
+        table = tables.predictions_table({index: probs}, "predict", np.arange(len(x)), y,
+                                         classes, ())
+        target = (Path(out) if len(indices) == 1 and str(out).endswith(".parquet")
+                  else Path(out) / f"member-{index}.parquet")
+        artifacts.write_parquet(target, table)
+        paths.append(target)
+    return paths
 
 
 def aggregate_files(paths: Sequence[Path], aggregators: Sequence[str]) -> pa.Table:

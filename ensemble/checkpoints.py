@@ -76,20 +76,25 @@ class EpochCheckpoints:
         return 0, []
 
 
-def maybe_hold(epoch: int, step: int | None, indices) -> None:
-    """Test hook: with `ENSEMBLE_HOLD_AT="EPOCH:STEP"` (STEP `end` for after the epoch's
-    checkpoint) and optionally `ENSEMBLE_HOLD_MEMBER=I`, write the process id to
-    `ENSEMBLE_HOLD_MARKER` and wait there while that file exists, so a test can kill the
-    process (or something it depends on) at a known point, then release it."""
+def hold_point(indices) -> tuple[int, int | None] | None:
+    """Test hook, read once per training run: `(epoch, step)` from `ENSEMBLE_HOLD_AT="EPOCH:STEP"`
+    (STEP `end`, given as None, for after the epoch's checkpoint), or None when unset or when
+    `ENSEMBLE_HOLD_MEMBER=I` names a member not in `indices`. The epoch loop puts a call
+    boundary after that step and calls `hold_here` there: the hook never enters a traced call."""
     spec = os.environ.get("ENSEMBLE_HOLD_AT")
     if not spec:
-        return
+        return None
     member = os.environ.get("ENSEMBLE_HOLD_MEMBER")
     if member is not None and int(member) not in indices:
-        return
-    want_epoch, want_step = spec.split(":")
-    if int(want_epoch) == epoch and want_step == ("end" if step is None else str(step)):
-        marker = Path(os.environ["ENSEMBLE_HOLD_MARKER"])
-        artifacts.write_text(marker, str(os.getpid()))
-        while marker.exists():
-            time.sleep(0.1)
+        return None
+    epoch, step = spec.split(":")
+    return int(epoch), (None if step == "end" else int(step))
+
+
+def hold_here() -> None:
+    """Write this process's id to `ENSEMBLE_HOLD_MARKER` and wait while that file exists, so a
+    test can kill the process (or something it depends on) at a known point, then release it."""
+    marker = Path(os.environ["ENSEMBLE_HOLD_MARKER"])
+    artifacts.write_text(marker, str(os.getpid()))
+    while marker.exists():
+        time.sleep(0.1)

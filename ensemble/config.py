@@ -77,6 +77,8 @@ class TrainingConfig:
     learning_rate: float = 1e-3
     seed: int = 0
     deterministic: bool = True
+    checkpoint_every: int = 1  # epochs between checkpoints (the last epoch is always saved)
+    steps_per_execution: int = 0  # steps per traced call; 0: automatic (calls of about 1 s)
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,10 @@ def _check_ranges(cfg: Config) -> None:
     positive("training.epochs", cfg.training.epochs)
     positive("training.batch_size", cfg.training.batch_size)
     positive("training.learning_rate", cfg.training.learning_rate)
+    positive("training.checkpoint_every", cfg.training.checkpoint_every)
+    if cfg.training.steps_per_execution < 0:
+        raise UsageError("Expected `training.steps_per_execution` to be >= 0 (0: automatic). "
+                         f"Received: {cfg.training.steps_per_execution}")
     for i, width in enumerate(cfg.members.hidden):
         positive(f"members.hidden[{i}]", width)
     syn = cfg.data.synthetic

@@ -1,28 +1,33 @@
 """Between-graph pipelines: the launcher, the aggregator run and between-graph prediction.
 
-The launcher prepares the run directory once (data split, preprocessing, placement), then runs
-one `ensemble client` process per member through a joblib pool, each with its own TensorFlow
-runtime, its own device and a share of the cores, and finally the aggregator.
+The launcher prepares the run directory once (data split, preprocessing, placement), then starts
+at most `--jobs` long-lived `ensemble client` processes, each pinned to its device(s) with its
+share of the cores and its queue of members (each member in its own graph), and finally the
+aggregator. Process launching and measuring lives in `pipelines.processes`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from ensemble import artifacts, devices, run, tables
-from ensemble.between_graph import aggregate_files, local_device
+from ensemble.between_graph import aggregate_files, local_devices
 from ensemble.config import Config
 from ensemble.errors import UsageError
 from ensemble.placement import place
+from pipelines.processes import checked, last_error, last_report, run_process
+
+__all__ = ["aggregate_run", "checked", "client_queues", "default_jobs", "last_report",
+           "predict_between_graph", "run_clients", "run_process", "train_between_graph"]
 
 
 def default_jobs(n_members: int, devs: list[str]) -> int:
@@ -31,95 +36,105 @@ def default_jobs(n_members: int, devs: list[str]) -> int:
     return max(1, min(n_members, n_gpus or devices.cpu_count()))
 
 
-def run_process(argv: list[str], env: dict | None = None,
-                module: str = "pipelines.cli") -> dict:
-    """Run `python -m MODULE ARGV...` (default: the `ensemble` CLI) and measure it.
+def client_queues(devs: dict[int, str], jobs: int) -> list[list[int]]:
+    """Split the members into at most `jobs` client queues, members of one device together.
 
-    The process writes its machine-readable report (peak memory, work time) to the file named
-    by `$ENSEMBLE_REPORT`, which this sets to a fresh temporary file, so the user's stdout
-    never carries it.
-
-    Returns:
-        `{"returncode", "seconds" (wall), "spawned_unix" (time.time() at spawn), "stdout",
-        "stderr", "report" (the process's JSON report, or None)}`.
-    """
-    fd, report_path = tempfile.mkstemp(prefix="ensemble-report-", suffix=".json")
-    os.close(fd)
-    env = dict(os.environ if env is None else env, ENSEMBLE_REPORT=report_path)
-    try:
-        start, spawned = time.perf_counter(), time.time()
-        proc = subprocess.run([sys.executable, "-m", module, *argv], env=env,
-                              capture_output=True, text=True)
-        seconds = time.perf_counter() - start
-        text = Path(report_path).read_text()
-    finally:
-        os.unlink(report_path)
-    return {"returncode": proc.returncode, "seconds": seconds, "spawned_unix": spawned,
-            "stdout": proc.stdout, "stderr": proc.stderr,
-            "report": json.loads(text) if text.strip() else None}
-
-
-def last_report(res: dict) -> dict:
-    """The JSON report of a measured process: its `$ENSEMBLE_REPORT` file, or (for workers
-    that print it) its last stdout line."""
-    if res.get("report") is not None:
-        return res["report"]
-    return json.loads(res["stdout"].strip().splitlines()[-1])
-
-
-def checked(res: dict, what: str) -> dict:
-    """`res` of `run_process`, or raise naming `what` and the process's last error line:
-    UsageError for exit status 2 (bad input), RuntimeError otherwise."""
-    if res["returncode"] != 0:
-        last = (res["stderr"].strip().splitlines() or ["(no output)"])[-1]
-        err = UsageError if res["returncode"] == 2 else RuntimeError
-        raise err(f"{what} failed (exit {res['returncode']}): {last}")
-    return res
-
-
-def run_clients(run_dir: Path, commands: dict[int, list[str]], devs: dict[int, str],
-                jobs: int, on_exit=None) -> dict[int, dict]:
-    """Run one client process per member, `jobs` at a time (joblib thread pool of launchers).
-    A failed client does not stop the others: every client runs, then failures are raised.
+    Device groups (members in index order) go round robin over the queues; when there are
+    fewer devices than `jobs` and they are local, the members themselves go round robin, so
+    that `jobs` clients share the devices. A member's results never depend on its queue.
 
     Args:
-        commands: member index -> `ensemble` CLI arguments of its client.
         devs: member index -> the member's device in the run.
-        on_exit: optional callback `on_exit(index, ok)` when a client ends.
 
     Returns:
-        member index -> `{"seconds": process wall time, "work_seconds": the client's own
-        training/prediction time, "startup_seconds": the difference, "peak_rss_bytes"}`.
+        `[n_queues]` lists of member indices, each non-empty.
+    """
+    groups: dict[str, list[int]] = {}
+    for i in sorted(devs):
+        groups.setdefault(devs[i], []).append(i)
+    n = max(1, min(jobs, len(devs)))
+    remote = any("/job:" in d and "/job:localhost" not in d for d in groups)
+    if len(groups) >= n or remote:
+        queues: list[list[int]] = [[] for _ in range(min(n, len(groups)) if not remote
+                                                     else len(groups))]
+        for g, members in enumerate(groups.values()):
+            queues[g % len(queues)].extend(members)
+        return queues
+    ordered = [i for members in groups.values() for i in members]
+    return [ordered[q::n] for q in range(n)]
+
+
+def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[int]], list[str]],
+                devs: dict[int, str], on_member=None, verbosity: int = 1) -> dict[int, dict]:
+    """Run one long-lived client process per queue, all at once; each trains (or predicts)
+    its members one after another. A failed client does not stop the others: every client
+    runs, then failures are raised. Clients' progress reports are printed as
+    `member I: epoch E/N - ...` lines on stdout (none when `verbosity` is 0).
+
+    Args:
+        queues: member indices per client (`client_queues`).
+        command: a queue -> the `ensemble` CLI arguments of its client (without `--threads`).
+        devs: member index -> the member's device in the run (pins the client).
+        on_member: optional callback `on_member(index, ok)` when a member is done (ok) or its
+            client ended without finishing it.
+
+    Returns:
+        member index -> `{"client": queue number, "seconds": the client's process wall time,
+        "work_seconds": the member's own training/prediction time, "startup_seconds": the
+        client's start-up (spawn to ready), "peak_rss_bytes": the client's peak}`.
 
     Raises:
-        UsageError / RuntimeError: a client failed (bad input / internal); names every failed
-        member and its last error line.
+        UsageError / RuntimeError: a client failed (bad input / internal); names the failed
+        members and each client's last error line.
     """
-    from joblib import Parallel, delayed
+    from ensemble.progress import format_report, parse_report
 
-    threads = max(1, devices.cpu_count() // jobs)
+    threads = max(1, devices.cpu_count() // max(1, len(queues)))
+    lock = threading.Lock()
+    done: dict[int, float] = {}
 
-    def launch(index: int) -> tuple[int, dict]:
-        env = dict(os.environ, **local_device(devs[index])[0])
-        res = run_process([*commands[index], "--threads", str(threads)], env)
-        if on_exit is not None:
-            on_exit(index, res["returncode"] == 0)
+    def launch(q: int) -> tuple[int, dict]:
+        queue = queues[q]
+        env = dict(os.environ, **local_devices([devs[i] for i in queue])[0])
+
+        def on_line(line: str) -> bool:
+            report = parse_report(line)
+            if report is None:
+                return False
+            if report.get("kind") == "member-done":
+                with lock:
+                    done[report["member"]] = report["work_seconds"]
+                if on_member is not None:
+                    on_member(report["member"], True)
+            elif verbosity > 0:
+                text = format_report(report, verbose=verbosity >= 2)
+                if text:
+                    with lock:
+                        print(text, flush=True)
+            return True
+
+        res = run_process([*command(queue), "--threads", str(threads), "--progress", "report"],
+                          env, on_stderr_line=on_line)
         if res["returncode"] != 0:
-            last = (res["stderr"].strip().splitlines() or ["(no output)"])[-1]
-            return index, {"returncode": res["returncode"], "error": last}
+            for i in queue:
+                if i not in done and on_member is not None:
+                    on_member(i, False)
+            return q, {"returncode": res["returncode"], "error": last_error(res)}
         report = last_report(res)
-        return index, {"seconds": res["seconds"], "work_seconds": report["work_seconds"],
-                       "startup_seconds": res["seconds"] - report["work_seconds"],
-                       "peak_rss_bytes": report["peak_rss_bytes"]}
+        return q, {"seconds": res["seconds"], "peak_rss_bytes": report["peak_rss_bytes"],
+                   "startup_seconds": report["ready_unix"] - res["spawned_unix"]}
 
-    results = dict(Parallel(n_jobs=jobs, prefer="threads")(delayed(launch)(i) for i in commands))
-    failed = {i: r for i, r in results.items() if "error" in r}
+    with ThreadPoolExecutor(max_workers=max(1, len(queues))) as pool:
+        results = dict(pool.map(launch, range(len(queues))))
+    failed = {q: r for q, r in results.items() if "error" in r}
     if failed:
-        text = "; ".join(f"client of member {i} failed (exit {r['returncode']}): {r['error']}"
-                         for i, r in sorted(failed.items()))
+        text = "; ".join(
+            f"client of members {[i for i in queues[q] if i not in done]} failed "
+            f"(exit {r['returncode']}): {r['error']}" for q, r in sorted(failed.items()))
         usage = all(r["returncode"] == 2 for r in failed.values())
         raise (UsageError if usage else RuntimeError)(text)
-    return results
+    return {i: {"client": q, "work_seconds": done.get(i), **results[q]}
+            for q, queue in enumerate(queues) for i in queue}
 
 
 def aggregate_run(run_dir: Path, min_members: int | None = None) -> dict:
@@ -166,7 +181,8 @@ def aggregate_run(run_dir: Path, min_members: int | None = None) -> dict:
 
 def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
                         overwrite: bool = False, prepare_only: bool = False,
-                        resume: bool = False, cluster: dict | None = None) -> dict:
+                        resume: bool = False, cluster: dict | None = None,
+                        verbosity: int = 1) -> dict:
     """Prepare the run, train every member in its own client process, then aggregate.
 
     Args:
@@ -175,7 +191,8 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
         resume: continue an interrupted or failed run: only members not completed run, each
             from its own newest checkpoint.
         cluster: a cluster spec: members go round robin over its tasks' devices; each client
-            connects to the cluster and runs its member on its task.
+            connects to the cluster and runs its members on its task.
+        verbosity: 0 quiet, 1 a line per member and epoch, 2 also within epochs.
 
     Returns:
         The final manifest.
@@ -199,7 +216,7 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
     jobs = jobs or default_jobs(max(1, len(todo)), devs)
     lock = threading.Lock()
 
-    def record(index: int, ok: bool) -> None:
+    def record(index: int, ok: bool) -> None:  # called as each member ends
         with lock:
             entry = manifest["members"][index]
             entry["status"] = "completed" if ok else "failed"
@@ -210,13 +227,15 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
 
     start = time.perf_counter()
     try:
-        commands = {i: ["client", "--run", str(run_dir), "--member", str(i)] for i in todo}
-        clients = run_clients(run_dir, commands, todo, jobs, record)
+        queues = client_queues(todo, jobs)
+        clients = run_clients(run_dir, queues, lambda q: ["client", "--run", str(run_dir),
+                                                          "--member", ",".join(map(str, q))],
+                              todo, record, verbosity)
     except BaseException:
         manifest["status"] = "failed"
         artifacts.write_manifest(run_dir, manifest)
         raise
-    manifest["timings"].update(train_seconds=time.perf_counter() - start, jobs=jobs,
+    manifest["timings"].update(train_seconds=time.perf_counter() - start, jobs=len(queues),
                                clients={str(i): c for i, c in clients.items()})
     artifacts.write_manifest(run_dir, manifest)
     res = checked(run_process(["aggregate", "--run", str(run_dir)]), "aggregator")
@@ -253,12 +272,13 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
         x_path = Path(tmp) / "input.npz"
         np.savez(x_path, x=x, **({} if y is None else {"y": y}))
         paths = {i: Path(tmp) / f"member-{i}.parquet" for i in member_devs}
-        commands = {i: ["client", "--run", str(run_dir), "--member", str(i), "--predict",
-                        str(x_path), "--out", str(paths[i]), "--device", d, *extra]
-                    for i, d in member_devs.items()}
         jobs = jobs or default_jobs(len(member_devs), list(member_devs.values()))
-        clients = run_clients(run_dir, commands, member_devs, jobs)
+        queues = client_queues(member_devs, jobs)
+        clients = run_clients(run_dir, queues, lambda q: [
+            "client", "--run", str(run_dir), "--member", ",".join(map(str, q)), "--predict",
+            str(x_path), "--out", tmp, "--device", ",".join(member_devs[i] for i in q), *extra],
+            member_devs, verbosity=0)
         table = aggregate_files([paths[i] for i in member_devs],
                                 manifest["config"]["aggregation"]["aggregators"])
     artifacts.write_parquet(out, table)
-    return table, {"jobs": jobs, "clients": {str(i): c for i, c in clients.items()}}
+    return table, {"jobs": len(queues), "clients": {str(i): c for i, c in clients.items()}}

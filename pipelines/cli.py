@@ -96,16 +96,18 @@ def cmd_train(args) -> int:
     if args.prepare_only and args.mode != "between-graph":
         raise UsageError("--prepare-only is for --mode between-graph")
     ready = time.time()
+    verbosity = 0 if args.quiet else 2 if args.verbose else 1
     if args.mode == "in-graph":
         train.train_in_graph(cfg, run_dir, overwrite=args.overwrite, resume=args.resume,
-                             cluster=_cluster(args))
+                             cluster=_cluster(args), verbosity=verbosity)
     else:
         from pipelines import between
 
         manifest = between.train_between_graph(cfg, run_dir, jobs=args.jobs,
                                                overwrite=args.overwrite,
                                                prepare_only=args.prepare_only,
-                                               resume=args.resume, cluster=_cluster(args))
+                                               resume=args.resume, cluster=_cluster(args),
+                                               verbosity=verbosity)
         if args.prepare_only:
             print(f"prepared run directory: {run_dir}; now run, on any machine that sees it:")
             for m in manifest["members"]:
@@ -192,21 +194,50 @@ def cmd_aggregate(args) -> int:
     return 0
 
 
-def cmd_client(args) -> int:
-    from ensemble import between_graph
+def _member_list(text: str) -> list[int]:
+    parts = text.split(",")
+    if not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"expected member indices I or I,J,... (integers >= 0), received {text!r}")
+    return [int(p) for p in parts]
 
+
+def cmd_client(args) -> int:
+    from ensemble import between_graph, progress
+
+    ready = time.time()  # TensorFlow is imported (main) and the arguments are parsed
     start = time.perf_counter()
     if args.predict:
         if not args.out:
-            raise UsageError("client: --predict needs --out FILE.parquet")
+            raise UsageError("client: --predict needs --out FILE.parquet (or a folder)")
+        devs = args.device.split(",") if args.device else None
+        if devs is not None and len(devs) != len(args.member):
+            raise UsageError(f"client: --device names {len(devs)} devices for "
+                             f"{len(args.member)} members; expected one per member")
         between_graph.predict_client(Path(args.run), args.member, Path(args.predict),
-                                     Path(args.out), threads=args.threads, device=args.device,
+                                     Path(args.out), threads=args.threads, devices_=devs,
                                      cluster=_cluster(args))
     else:
-        between_graph.run_client(Path(args.run), args.member, threads=args.threads)
-    # read by the launcher: the client's work time without process start-up
-    report({"member": args.member, "work_seconds": time.perf_counter() - start,
-            "peak_rss_bytes": peak_rss_bytes()})
+        def callbacks(index: int):
+            if args.progress == "report":
+                return [progress.ReportProgress([index])]
+            if args.progress == "log":
+                return [progress.LogProgress(sys.stdout, prefix=f"member {index}: ")]
+            return []
+
+        def done(index: int, seconds: float) -> None:
+            if args.progress == "report":  # the launcher records the member as completed
+                print(progress.PREFIX + json.dumps({"kind": "member-done", "member": index,
+                                                    "work_seconds": seconds}),
+                      file=sys.stderr, flush=True)
+            elif args.progress == "log":
+                print(f"member {index}: trained in {seconds:.2f} s", flush=True)
+
+        between_graph.run_client(Path(args.run), args.member, threads=args.threads,
+                                 callbacks=callbacks, on_member_done=done)
+    # read by the launcher ($ENSEMBLE_REPORT): when the client was ready, its work time, memory
+    report({"members": args.member, "ready_unix": ready,
+            "work_seconds": time.perf_counter() - start, "peak_rss_bytes": peak_rss_bytes()})
     return 0
 
 
@@ -283,6 +314,10 @@ def _parser() -> argparse.ArgumentParser:
          help="continue the interrupted run in --run-dir from its checkpoints")
     _add(t, "--prepare-only", action="store_true",
          help="between-graph only: prepare the run for separately launched clients")
+    loud = t.add_mutually_exclusive_group()
+    _add(loud, "--quiet", action="store_true", help="no progress output")
+    _add(loud, "--verbose", action="store_true",
+         help="more progress: a line per member and epoch, lines within long epochs")
 
     pr = command("predict", "predict a data set with a trained run", cmd_predict)
     _add(pr, "--run", required=True, metavar="PATH", help="the run directory to predict with")
@@ -327,15 +362,19 @@ def _parser() -> argparse.ArgumentParser:
     c = command("client", "train (or predict) members of a prepared between-graph run",
                 cmd_client)
     _add(c, "--run", required=True, metavar="PATH", help="the prepared run directory")
-    _add(c, "--member", required=True, type=_nonneg, metavar="I", help="member index")
+    _add(c, "--member", required=True, type=_member_list, metavar="I[,J,...]",
+         help="member index, or a queue of members trained one after another")
+    _add(c, "--progress", choices=("log", "report", "none"), default="log",
+         help="log: lines on stdout; report: machine-readable lines on stderr for a launcher")
     _add(c, "--threads", type=_positive, metavar="N",
          help="TensorFlow intra/inter-op threads (default: TensorFlow's)")
     _add(c, "--predict", metavar="X.npz", help="predict this input instead of training "
                                                 "(default: train)")
     _add(c, "--out", metavar="FILE.parquet",
          help="with --predict: the member's predictions (default: none)")
-    _add(c, "--device", metavar="NAME", help="with --predict: run the member here "
-                                              "(default: its training device)")
+    _add(c, "--device", metavar="NAME[,NAME...]",
+         help="with --predict: run the members here, one device per member "
+              "(default: their training devices)")
     _add(c, "--cluster", metavar="FILE", help="with --predict: cluster spec FILE.json "
                                                "(default: none)")
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from ensemble import artifacts, devices, run, tables
+from ensemble import artifacts, devices, progress, run, tables
 from ensemble.cluster import naming_unreachable_tasks
 from ensemble.config import Config
 
@@ -26,7 +27,8 @@ def configure_tf(deterministic: bool) -> None:
 
 
 def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
-                   resume: bool = False, cluster: dict | None = None) -> dict:
+                   resume: bool = False, cluster: dict | None = None, verbosity: int = 1,
+                   callbacks: Sequence = ()) -> dict:
     """Train every member in one graph (in-graph replication) and write the run directory.
 
     A checkpoint of the whole graph (all members at the same epoch) is saved after every
@@ -34,6 +36,9 @@ def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
 
     With a `cluster` spec, members are placed on the devices of its tasks and the
     aggregation stays on this client.
+
+    Progress goes to stdout (`progress.for_people(verbosity)`); `callbacks` are further
+    `training.Callback`s (per call and per epoch).
 
     Returns:
         The final manifest.
@@ -51,7 +56,8 @@ def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
         manifest = run.prepare(cfg, run_dir, "in-graph", devs, overwrite, cluster)
     try:
         with naming_unreachable_tasks(cluster):
-            _train_and_write(cfg, run_dir, manifest)
+            _train_and_write(cfg, run_dir, manifest,
+                             [*progress.for_people(verbosity), *callbacks])
     except BaseException:
         manifest["status"] = "failed"
         artifacts.write_manifest(run_dir, manifest)
@@ -59,7 +65,7 @@ def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
     return manifest
 
 
-def _train_and_write(cfg: Config, run_dir: Path, manifest: dict) -> None:
+def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequence) -> None:
     """Build, train (with per-epoch checkpoints), save the members, predict the evaluation
     splits and write the run's tables; updates `manifest` and finishes the run."""
     from ensemble.in_graph import InGraphEnsemble
@@ -72,7 +78,8 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict) -> None:
     start = time.perf_counter()
     ens = InGraphEnsemble.build(cfg, x_tr.shape[1], len(classes), placed)
     history = ens.fit(x_tr, y_tr, x_val, y_val, cfg.training.seed, cfg.training.epochs,
-                      cfg.training.batch_size, run_dir / "checkpoints" / "in-graph")
+                      cfg.training.batch_size, run_dir / "checkpoints" / "in-graph", callbacks,
+                      cfg.training.steps_per_execution, cfg.training.checkpoint_every)
     train_seconds = time.perf_counter() - start
     for i, model in enumerate(ens.models):
         save_member(model, artifacts.member_model_path(run_dir, i))

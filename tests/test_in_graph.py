@@ -31,12 +31,21 @@ def _build(devs, indices=None):
 COLOCATED = {"Placeholder", "ReadVariableOp"}
 
 
+def _all_ops(graph):
+    """(name, type, device) of the graph's ops and of the ops inside its functions (the
+    bodies of the training call's `tf.while_loop`)."""
+    ops = [(op.name, op.type, op.device) for op in graph.get_operations()]
+    for fn in graph.as_graph_def().library.function:
+        ops += [(n.name, n.op, n.device) for n in fn.node_def]
+    return ops
+
+
 def _ops_by_member(graph, n_members):
     found = {k: set() for k in range(n_members)}
-    for op in graph.get_operations():
-        m = re.match(r"member_(\d+)(?:_\d+)?/", op.name)
-        if m and op.type not in COLOCATED:
-            found[int(m.group(1))].add(op.device)
+    for name, kind, device in _all_ops(graph):
+        m = re.match(r"(?:while/)?member_(\d+)(?:_\d+)?/", name)
+        if m and kind not in COLOCATED:
+            found[int(m.group(1))].add(device)
     return found
 
 
@@ -45,12 +54,12 @@ def test_traced_training_graph_pins_each_member_to_its_device(prepared):
     assert devs == ["/device:CPU:0", "/device:CPU:1", "/device:CPU:0", "/device:CPU:1"]
     ens = _build(devs)
     x, y, _ = prepared["train"]
-    graph = ens.make_train_step(x, y).get_concrete_function().graph
+    graph = ens.make_train_steps(x, y).get_concrete_function().graph
     found = _ops_by_member(graph, 4)
     for k in range(4):
         assert found[k] == {devs[k]}, f"member {k} ops on {found[k]}"
     # the backward pass (MatMul gradients) is split evenly over the two devices too
-    matmuls = [op.device for op in graph.get_operations() if op.type == "MatMul"]
+    matmuls = [device for _, kind, device in _all_ops(graph) if kind == "MatMul"]
     assert matmuls.count("/device:CPU:0") == matmuls.count("/device:CPU:1") > 0
     # member variables live on the member's device
     for k, model in enumerate(ens.models):

@@ -1,0 +1,115 @@
+"""A group of members trained and run by one client: every member of an in-graph run, or the
+member a between-graph client is working on.
+
+Member `k` lives on `devices[k]`: its layers are both *built* and *called* under `tf.device` of
+that device (building alone would place its variables, not its computation). Training runs the
+traced many-steps call of `ensemble.training`; prediction one traced call per row batch.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from ensemble.config import Config
+from ensemble.members import build_member, member_seed
+from ensemble.optimizer import build_optimizer
+from ensemble.training import make_steps_fn, train_loop
+
+CLIENT_DEVICE = "/device:CPU:0"
+
+
+class MemberGroup:
+    """Members in one graph, member `k` on `devices[k]`.
+
+    Args:
+        models: the members' Keras models, built (or loaded) under their device.
+        devices: `[n_members]` device names, e.g. from `RoundRobinPlacement.assign`.
+        indices: the members' indices in the run (default `0..n_members-1`).
+        client_device: where the ops that combine the members' outputs run.
+    """
+
+    def __init__(self, models: Sequence, devices: Sequence[str],
+                 indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE):
+        self.models, self.devices = list(models), list(devices)
+        self.indices = list(indices) if indices is not None else list(range(len(models)))
+        self.client_device = client_device
+        self.optimizers: list = []
+        n_features = self.models[0].input_shape[-1]
+        self.predict_fn = tf.function(
+            self._predict_graph,
+            input_signature=[tf.TensorSpec([None, n_features], tf.float32)])
+
+    @classmethod
+    def build(cls, cfg: Config, n_features: int, n_classes: int, devices: Sequence[str],
+              indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE,
+              **kwargs):
+        """Build fresh members (and their Adam optimisers) on `devices`; `kwargs` go to the
+        constructor."""
+        indices = list(indices) if indices is not None else list(range(len(devices)))
+        models, optimizers = [], []
+        for i, device in zip(indices, devices):
+            with tf.device(device):
+                model = build_member(cfg.members, n_features, n_classes,
+                                     member_seed(cfg.training.seed, i), name=f"member_{i}")
+                optimizers.append(build_optimizer(model, cfg.training.learning_rate))
+            models.append(model)
+        group = cls(models, devices, indices=indices, client_device=client_device, **kwargs)
+        group.optimizers = optimizers
+        return group
+
+    def _member_probs(self, x):
+        probs = []
+        for model, device in zip(self.models, self.devices):
+            with tf.device(device):
+                probs.append(model(x, training=False))
+        with tf.device(self.client_device):
+            return tf.stack(probs)
+
+    def _predict_graph(self, x):
+        return self._member_probs(x), {}
+
+    def predict(self, x: np.ndarray, batch_size: int = 16384):
+        """Member (and, for subclasses, ensemble) probabilities of `x` `[n_rows, n_features]`,
+        in batches of `batch_size` rows.
+
+        Returns:
+            (`[n_members, n_rows, n_classes]` float32, `{aggregator: [n_rows, n_classes]}`).
+        """
+        members, ens = [], {}
+        for lo in range(0, len(x), batch_size):
+            m, e = self.predict_fn(tf.constant(x[lo:lo + batch_size], tf.float32))
+            members.append(m.numpy())
+            for a, v in e.items():
+                ens.setdefault(a, []).append(v.numpy())
+        return (np.concatenate(members, axis=1),
+                {a: np.concatenate(v, axis=0) for a, v in ens.items()})
+
+    def make_train_steps(self, x_train: np.ndarray, y_train: np.ndarray):
+        """The traced many-steps training call of these members (`training.make_steps_fn`):
+        `run_steps(idx [steps, n_members, batch] int32, total [n_members] float32) ->
+        [n_members]` running loss sums."""
+        return make_steps_fn(self.models, self.optimizers, self.devices, x_train, y_train,
+                             self.client_device)
+
+    def fit(self, x_train, y_train, x_val, y_val, run_seed: int, epochs: int,
+            batch_size: int, checkpoint_dir=None, callbacks=(), steps_per_call: int = 0,
+            checkpoint_every: int = 1) -> list[dict]:
+        """Train every member; returns the history records of `training.train_loop`.
+
+        With `checkpoint_dir`, resume from its newest checkpoint and save one every
+        `checkpoint_every` epochs (and after the last). `callbacks` are `training.Callback`s.
+        """
+        from ensemble.checkpoints import EpochCheckpoints
+
+        run_steps = self.make_train_steps(x_train, y_train)
+        x_val = np.asarray(x_val, np.float32)
+        ckpt = (EpochCheckpoints(checkpoint_dir, self.models, self.optimizers)
+                if checkpoint_dir is not None else None)
+        return train_loop(lambda idx, total: run_steps(tf.constant(idx),
+                                                       tf.constant(total)).numpy(),
+                          lambda: self.predict(x_val)[0], self.indices, run_seed, epochs,
+                          len(x_train), batch_size, y_val, ckpt, callbacks, steps_per_call,
+                          checkpoint_every)

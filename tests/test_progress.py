@@ -1,0 +1,84 @@
+"""Progress reporting: `ensemble train` with stdout to a pipe shows per-epoch lines while the
+run is still going, in both modes (the run is held at the end of epoch 1 by the test hook)."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ensemble import progress
+
+
+def _lines_while_held(argv, tmp_path, want, member=None, timeout=180):
+    """Start `ensemble train ARGV` with stdout to a pipe, held after the first epoch's
+    checkpoint; read stdout until a line starts with `want`; return (the lines read while it was
+    held, exit status, rest of stdout)."""
+    marker = tmp_path / "hold.pid"
+    env = dict(os.environ, ENSEMBLE_HOLD_AT="0:end", ENSEMBLE_HOLD_MARKER=str(marker))
+    if member is not None:
+        env["ENSEMBLE_HOLD_MEMBER"] = str(member)
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "train", *map(str, argv)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while not marker.exists():
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the run never reached the hold point"
+            time.sleep(0.1)
+        seen = []
+        while not any(line.startswith(want) for line in seen):  # blocks until a line comes
+            line = proc.stdout.readline()
+            assert line, "stdout closed before an epoch line"
+            seen.append(line)
+        assert proc.poll() is None  # the run is still held: the lines came before its end
+        marker.unlink()
+        rest, err = proc.communicate(timeout=timeout)
+        return seen, proc.returncode, rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_in_graph_progress_reaches_a_pipe_before_the_run_ends(tiny_config, tmp_path):
+    seen, code, rest = _lines_while_held(["--config", tiny_config, "--run-dir",
+                                          tmp_path / "run"], tmp_path, "epoch 1/2")
+    assert code == 0
+    line = next(x for x in seen if x.startswith("epoch 1/2"))
+    assert "loss" in line and "val_loss" in line and "val_accuracy" in line
+    assert "epoch 2/2" in rest and "run directory" in rest
+    assert progress.PREFIX not in "".join(seen) + rest  # no machine reports on stdout
+
+
+def test_between_graph_progress_is_one_line_per_member_and_epoch(tiny_config, tmp_path):
+    seen, code, rest = _lines_while_held(["--config", tiny_config, "--run-dir", tmp_path / "run",
+                                          "--mode", "between-graph", "--jobs", "2"],
+                                         tmp_path, "member 0: epoch 1/2", member=0)
+    assert code == 0
+    assert any(x.startswith("member 0: epoch 1/2 - loss") for x in seen)
+    out = "".join(seen) + rest
+    for i in range(4):
+        for e in (1, 2):
+            assert sum(x.startswith(f"member {i}: epoch {e}/2 -") for x in out.splitlines()) == 1
+    assert progress.PREFIX not in out
+
+
+def test_quiet_prints_no_progress(tiny_config, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "pipelines.cli", "train", "--config",
+                          str(tiny_config), "--run-dir", str(tmp_path / "run"), "--quiet",
+                          "--epochs", "1"], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert "epoch" not in out.stdout and "run directory" in out.stdout
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_progress_for_people_picks_bar_or_log_lines(tty):
+    class Stream:
+        def isatty(self):
+            return tty
+
+    kinds = [type(c) for c in progress.for_people(1, Stream())]
+    assert kinds == [progress.TerminalProgress if tty else progress.LogProgress]
+    assert progress.for_people(0, Stream()) == []
