@@ -8,6 +8,7 @@ subcommands so that a between-graph client starts lean.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
