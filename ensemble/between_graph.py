@@ -189,11 +189,13 @@ def predict_client(run_dir: Path, indices: int | Sequence[int], x_path: Path, ou
     return paths
 
 
-def aggregate_files(paths: Sequence[Path], aggregators: Sequence[str]) -> pa.Table:
+def aggregate_files(paths: Sequence[Path], aggregators: Sequence[str],
+                    params: dict | None = None) -> pa.Table:
     """The aggregator: combine member prediction files into the full predictions table.
 
     Reads only the files; per split, applies the numpy aggregators to the stacked member
-    probabilities `[n_members, n_rows, n_classes]`.
+    probabilities `[n_members, n_rows, n_classes]`, fitted ones with `params` (`{name:
+    params}` of `aggregators.json`).
 
     Raises:
         UsageError: a missing member file (named), or files whose rows do not line up.
@@ -217,5 +219,5 @@ def aggregate_files(paths: Sequence[Path], aggregators: Sequence[str]) -> pa.Tab
         y = first.column("y_true")
         y = None if y.null_count else encode(y.to_numpy(zero_copy_only=False), classes)
         parts.append(tables.predictions_table(probs, split, first.column("source_row").to_numpy(),
-                                              y, classes, aggregators))
+                                              y, classes, aggregators, params=params))
     return pa.concat_tables(parts)

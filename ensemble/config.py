@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
+from ensemble.aggregate import AGGREGATORS
 from ensemble.errors import UsageError
 
-AGGREGATORS = ("mean", "vote")
+DEFAULT_AGGREGATORS = ("mean", "vote")
 IMPUTE = ("error", "median", "most_frequent")
 CATEGORICAL = ("auto", "none")
 ACTIVATIONS = ("relu", "tanh", "gelu", "elu", "sigmoid", "swish")
@@ -47,12 +48,15 @@ class DataConfig:
     feature values, `"median"` fills numeric ones with the training median (categorical ones
     with the most frequent category), `"most_frequent"` fills both with the most frequent value.
     A relative file `source` in a config file is resolved against that file's folder.
+    `split_seed` alone decides the train/validation/test split (never the training seed), so
+    runs with other seeds or member counts are scored on the same test rows.
     """
 
     source: str = "digits"
     target: str = "target"
     test_size: float = 0.2
     validation_size: float = 0.1
+    split_seed: int = 0
     categorical: str | tuple[str, ...] = "auto"
     impute: str = "error"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
@@ -90,9 +94,18 @@ class PlacementConfig:
 
 @dataclass(frozen=True)
 class AggregationConfig:
-    """Aggregators applied to the members' predictions (`mean`, `vote`)."""
+    """Aggregators applied to the members' predictions, and the fitted ones' settings.
 
-    aggregators: tuple[str, ...] = AGGREGATORS
+    `aggregators`: from `mean`, `vote`, `geometric`, `weighted`, `greedy`, `stacking`,
+    `temperature` (the last four are fitted on the validation split). `weights`: fixed member
+    weights for `weighted` (empty: fitted). `greedy_rounds`: additions of ensemble selection.
+    `stacking_folds`: cross-validation folds choosing the stacker's regularisation.
+    """
+
+    aggregators: tuple[str, ...] = DEFAULT_AGGREGATORS
+    weights: tuple[float, ...] = ()
+    greedy_rounds: int = 20
+    stacking_folds: int = 5
 
 
 @dataclass(frozen=True)
@@ -185,6 +198,18 @@ def _check_ranges(cfg: Config) -> None:
         positive(f"data.synthetic.{name}", getattr(syn, name))
     if cfg.training.seed < 0:
         raise UsageError(f"Expected `training.seed` to be >= 0. Received: {cfg.training.seed}")
+    if cfg.data.split_seed < 0:
+        raise UsageError(f"Expected `data.split_seed` to be >= 0. Received: {cfg.data.split_seed}")
+    positive("aggregation.greedy_rounds", cfg.aggregation.greedy_rounds)
+    if cfg.aggregation.stacking_folds < 2:
+        raise UsageError("Expected `aggregation.stacking_folds` >= 2. "
+                         f"Received: {cfg.aggregation.stacking_folds}")
+    agg = cfg.aggregation
+    if agg.weights and (len(agg.weights) != cfg.members.count or min(agg.weights) < 0
+                        or sum(agg.weights) <= 0):
+        raise UsageError(f"Expected `aggregation.weights` to be {cfg.members.count} non-negative "
+                         f"numbers (one per member) with a positive sum, or empty (fitted). "
+                         f"Received: {list(agg.weights)}")
     if not 0.0 <= cfg.members.dropout < 1.0:
         raise UsageError(f"Expected `members.dropout` in [0, 1). Received: {cfg.members.dropout}")
     if cfg.members.activation not in ACTIVATIONS:

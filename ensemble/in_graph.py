@@ -11,31 +11,10 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from ensemble.aggregate_tf import aggregate_tf
 from ensemble.group import CLIENT_DEVICE, MemberGroup
 
 __all__ = ["CLIENT_DEVICE", "InGraphEnsemble", "aggregate_tf"]
-
-
-def aggregate_tf(member_probs: tf.Tensor, name: str) -> tf.Tensor:
-    """TensorFlow twin of `ensemble.aggregate.aggregate`.
-
-    Args:
-        member_probs: `[n_members, n_rows, n_classes]` float32 probabilities.
-        name: `mean` (soft voting) or `vote` (hard voting: share of member votes per class).
-
-    Returns:
-        `[n_rows, n_classes]` float32.
-
-    Raises:
-        ValueError: unknown aggregator.
-    """
-    if name == "mean":
-        return tf.reduce_mean(member_probs, axis=0)
-    if name == "vote":
-        n_members, n_classes = tf.shape(member_probs)[0], tf.shape(member_probs)[2]
-        votes = tf.one_hot(tf.argmax(member_probs, axis=2), n_classes, dtype=tf.float32)
-        return tf.reduce_sum(votes, axis=0) / tf.cast(n_members, tf.float32)
-    raise ValueError(f"Expected an aggregator from mean, vote. Received: aggregator={name!r}")
 
 
 class InGraphEnsemble(MemberGroup):
@@ -44,14 +23,17 @@ class InGraphEnsemble(MemberGroup):
     Args:
         models: the members' Keras models, built (or loaded) under their device.
         devices: `[n_members]` device names, e.g. from `RoundRobinPlacement.assign`.
-        aggregators: aggregator names computed in the graph (`mean`, `vote`).
+        aggregators: aggregator names computed in the graph (`ensemble.aggregate.AGGREGATORS`).
+        params: fitted aggregators' parameters `{name: params}` (`aggregators.json`).
         indices: the members' indices in the run (default `0..n_members-1`).
         client_device: where the aggregation ops run.
     """
 
     def __init__(self, models: Sequence, devices: Sequence[str], aggregators: Sequence[str],
-                 indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE):
+                 indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE,
+                 params: dict | None = None):
         self.aggregators = tuple(aggregators)
+        self.params = dict(params or {})
         super().__init__(models, devices, indices, client_device)
 
     @classmethod
@@ -66,4 +48,5 @@ class InGraphEnsemble(MemberGroup):
     def _predict_graph(self, x):
         stacked = self._member_probs(x)
         with tf.device(self.client_device):
-            return stacked, {a: aggregate_tf(stacked, a) for a in self.aggregators}
+            return stacked, {a: aggregate_tf(stacked, a, self.params.get(a))
+                             for a in self.aggregators}

@@ -16,6 +16,7 @@ from sklearn.metrics import accuracy_score, brier_score_loss
 NLL_CLIP = 1e-12
 ECE_BINS = 15
 METRICS = ("accuracy", "nll", "brier", "ece")
+LOWER_IS_BETTER = frozenset({"nll", "brier", "ece"})
 
 
 def _check(y: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -66,3 +67,45 @@ def ece(y: np.ndarray, p: np.ndarray, n_bins: int = ECE_BINS) -> float:
 def all_metrics(y: np.ndarray, p: np.ndarray) -> dict[str, float]:
     """Every metric of `METRICS` for one model: `{"accuracy": ..., "nll": ..., ...}`."""
     return {"accuracy": accuracy(y, p), "nll": nll(y, p), "brier": brier(y, p), "ece": ece(y, p)}
+
+
+def entropy(p: np.ndarray) -> np.ndarray:
+    """Shannon entropy (nats) of each row of `p` `[n_rows, n_classes]` (or of the last axis of
+    any array), with `0 log 0 = 0`. Returns `[n_rows]` float64."""
+    p = np.asarray(p, dtype=np.float64)
+    return -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), axis=-1)
+
+
+def uncertainty(member_probs: np.ndarray, ensemble_probs: np.ndarray,
+                weights: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per-row uncertainty of an ensemble (Lakshminarayanan et al. 2017; Depeweg et al. 2018).
+
+    Args:
+        member_probs: `[n_members, n_rows, n_classes]`.
+        ensemble_probs: `[n_rows, n_classes]`, the ensemble's predictive distribution.
+        weights: `[n_members]` weights of the expected member entropy (uniform when None).
+
+    Returns:
+        `{"entropy": H(ensemble), "expected_entropy": sum_m w_m H(p_m), "mutual_information":
+        their difference}`, each `[n_rows]` float64. For the mean (or a weighted mean with the
+        same weights) the difference is BALD's mutual information, >= 0 (Jensen).
+    """
+    member_h = entropy(member_probs)  # [n_members, n_rows]
+    n = member_h.shape[0]
+    w = np.full(n, 1.0 / n) if weights is None else np.asarray(weights, np.float64)
+    h, expected = entropy(ensemble_probs), w @ member_h
+    return {"entropy": h, "expected_entropy": expected, "mutual_information": h - expected}
+
+
+def mean_pairwise_kl(member_probs: np.ndarray) -> float:
+    """Mean KL divergence `KL(p_i || p_j)` (nats) over ordered member pairs `i != j` and rows,
+    probabilities clipped at 1e-12; 0 for a single member. Input `[n_members, n_rows,
+    n_classes]`."""
+    p = np.clip(np.asarray(member_probs, np.float64), NLL_CLIP, 1.0)
+    n = p.shape[0]
+    if n < 2:
+        return 0.0
+    logp = np.log(p)
+    kl = [np.mean(np.sum(p[i] * (logp[i] - logp[j]), axis=1))
+          for i in range(n) for j in range(n) if i != j]
+    return float(np.mean(kl))

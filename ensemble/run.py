@@ -80,7 +80,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     start = time.perf_counter()
     check_run_dir(run_dir, overwrite)
     ds = data.load(cfg.data)
-    rows, classes = data.split(ds, cfg.data, cfg.training.seed)
+    rows, classes = data.split(ds, cfg.data, cfg.data.split_seed)
     pre = Preprocessing.fit(ds, rows["train"], classes, cfg.data.impute)
     x, y = pre.transform(ds), data.encode(ds.y, classes)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -14,8 +14,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ensemble import metrics as M
-from ensemble.aggregate import aggregate, disagreement
+from ensemble.aggregate import aggregate, disagreement, member_weights
 from ensemble.data import encode
+
+UNCERTAINTY = ("entropy", "expected_entropy", "mutual_information")
+NOT_PROBABILITIES = {"vote"}  # vote shares: accuracy and disagreement only
 
 
 def _label_type(classes: np.ndarray) -> pa.DataType:
@@ -34,7 +37,7 @@ def classes_from(table: pa.Table) -> np.ndarray:
 
 def model_rows(model: str, member: int | None, aggregator: str | None, split: str,
                rows: np.ndarray, y_true: np.ndarray | None, probs: np.ndarray,
-               classes: np.ndarray) -> pa.Table:
+               classes: np.ndarray, uncertainty: dict | None = None) -> pa.Table:
     """Prediction rows of one model on one split.
 
     Args:
@@ -43,6 +46,8 @@ def model_rows(model: str, member: int | None, aggregator: str | None, split: st
         y_true: `[n_rows]` int class indices, or None when the labels are unknown.
         probs: `[n_rows, n_classes]` probabilities.
         classes: `[n_classes]` sorted class labels (int or str).
+        uncertainty: ensemble rows: `{"entropy", "expected_entropy", "mutual_information"}`
+            arrays `[n_rows]` (`ensemble.metrics.uncertainty`); null when None.
     """
     n = len(rows)
     classes = np.asarray(classes)
@@ -60,27 +65,37 @@ def model_rows(model: str, member: int | None, aggregator: str | None, split: st
     }
     for c, name in enumerate(classes.tolist()):
         cols[f"p_{name}"] = pa.array(np.asarray(probs[:, c], np.float32))
+    for name in UNCERTAINTY:
+        cols[name] = (pa.nulls(n, pa.float64()) if uncertainty is None
+                      else pa.array(np.asarray(uncertainty[name], np.float64)))
     return pa.table(cols)
 
 
 def predictions_table(member_probs: dict[int, np.ndarray], split: str, rows: np.ndarray,
                       y_true: np.ndarray | None, classes: np.ndarray,
                       aggregators: Sequence[str],
-                      ensemble_probs: dict[str, np.ndarray] | None = None) -> pa.Table:
+                      ensemble_probs: dict[str, np.ndarray] | None = None,
+                      params: dict | None = None) -> pa.Table:
     """Member rows and ensemble rows of one split.
 
     Args:
         member_probs: member index -> `[n_rows, n_classes]` probabilities.
         ensemble_probs: aggregator -> `[n_rows, n_classes]`; computed with the numpy
             aggregators from `member_probs` when None.
+        params: fitted aggregators' parameters `{name: params}` (`aggregators.json`), for the
+            members in index order.
     """
+    params = params or {}
     parts = [model_rows(f"member-{i}", i, None, split, rows, y_true, p, classes)
              for i, p in sorted(member_probs.items())]
+    stacked = np.stack([p for _, p in sorted(member_probs.items())]) if member_probs else None
     if ensemble_probs is None:
-        stacked = np.stack([p for _, p in sorted(member_probs.items())])
-        ensemble_probs = {a: aggregate(stacked, a) for a in aggregators}
-    parts += [model_rows(f"ensemble-{a}", None, a, split, rows, y_true, ensemble_probs[a], classes)
-              for a in aggregators]
+        ensemble_probs = {a: aggregate(stacked, a, params.get(a)) for a in aggregators}
+    for a in aggregators:
+        unc = None if a in NOT_PROBABILITIES else M.uncertainty(
+            stacked, ensemble_probs[a], member_weights(a, len(stacked), params.get(a)))
+        parts.append(model_rows(f"ensemble-{a}", None, a, split, rows, y_true,
+                                ensemble_probs[a], classes, unc))
     return pa.concat_tables(parts).replace_schema_metadata(classes_metadata(classes))
 
 
@@ -89,12 +104,47 @@ def probabilities(table: pa.Table, classes: np.ndarray) -> np.ndarray:
     return np.column_stack([table.column(f"p_{c}").to_numpy() for c in np.asarray(classes).tolist()])
 
 
-def metrics_table(predictions: pa.Table) -> pa.Table:
+GAINS = tuple(f"gain_vs_{ref}_{m}" for ref in ("mean", "best") for m in M.METRICS)
+METRICS_SCHEMA = pa.schema(
+    [("model", pa.string()), ("member", pa.int32()), ("aggregator", pa.string()),
+     ("split", pa.string()), ("n", pa.int64())]
+    + [(m, pa.float64()) for m in M.METRICS]
+    + [("disagreement", pa.float64()), ("mean_pairwise_kl", pa.float64()),
+       ("mean_mutual_information", pa.float64()), ("best_member", pa.int32())]
+    + [(g, pa.float64()) for g in GAINS])
+
+
+def gain(ensemble: float | None, reference: float | None, metric: str) -> float | None:
+    """Ensemble gain on `metric`: positive = ensemble better (lower NLL/Brier/ECE, higher
+    accuracy); None when either value is None."""
+    if ensemble is None or reference is None:
+        return None
+    return reference - ensemble if metric in M.LOWER_IS_BETTER else ensemble - reference
+
+
+def _best_member(rows: list[dict]) -> int | None:
+    """The member with the lowest validation NLL (ties: higher accuracy, smaller index)."""
+    val = [r for r in rows if r["member"] is not None and r["split"] == "validation"]
+    if not val:
+        return None
+    return min(val, key=lambda r: (r["nll"], -r["accuracy"], r["member"]))["member"]
+
+
+def metrics_table(predictions: pa.Table, best_member: int | None = None) -> pa.Table:
     """One row per model and split with `n`, accuracy, NLL, Brier and ECE; rows with unknown
-    `y_true` are left out. Ensemble rows also carry the members' `disagreement` on the split."""
+    `y_true` are left out. Vote rows have null NLL/Brier/ECE (vote shares are not
+    probabilities).
+
+    Ensemble rows also carry, per split: the members' `disagreement`, `mean_pairwise_kl`, the
+    ensemble's `mean_mutual_information`, `best_member` (chosen on the validation split, or
+    given by `best_member`, e.g. from the run's `aggregators.json`), and the ensemble gain
+    `gain_vs_{mean,best}_<metric>` over the mean member (mean of the members' metrics) and
+    over the best member on that split (positive = ensemble better).
+    """
     classes = classes_from(predictions)
     out = []
     labelled = predictions.filter(pc.is_valid(predictions.column("y_true")))
+    has_mi = "mutual_information" in predictions.column_names
     for split in sorted(set(labelled.column("split").to_pylist())):
         part = labelled.filter(pc.equal(labelled.column("split"), split))
         models = list(dict.fromkeys(part.column("model").to_pylist()))
@@ -106,16 +156,64 @@ def metrics_table(predictions: pa.Table) -> pa.Table:
             member, agg = t.column("member")[0].as_py(), t.column("aggregator")[0].as_py()
             if member is not None:
                 member_p[member] = p
-            out.append({"model": model, "member": member, "aggregator": agg, "split": split,
-                        "n": len(y), **M.all_metrics(y, p)})
-        dis = disagreement(np.stack(list(member_p.values()))) if member_p else None
+            row = {"model": model, "member": member, "aggregator": agg, "split": split,
+                   "n": len(y), **M.all_metrics(y, p)}
+            if agg in NOT_PROBABILITIES:
+                row.update(nll=None, brier=None, ece=None)
+            mi = t.column("mutual_information") if has_mi and agg is not None else None
+            row["mean_mutual_information"] = (None if mi is None or mi.null_count
+                                              else float(np.mean(mi.to_numpy())))
+            out.append(row)
+        stacked = np.stack([p for _, p in sorted(member_p.items())]) if member_p else None
         for row in out[first:]:
-            row["disagreement"] = dis if row["aggregator"] is not None else None
-    schema = pa.schema([("model", pa.string()), ("member", pa.int32()),
-                        ("aggregator", pa.string()), ("split", pa.string()), ("n", pa.int64()),
-                        ("accuracy", pa.float64()), ("nll", pa.float64()),
-                        ("brier", pa.float64()), ("ece", pa.float64()),
-                        ("disagreement", pa.float64())])
+            is_ens = row["aggregator"] is not None and stacked is not None
+            row["disagreement"] = disagreement(stacked) if is_ens else None
+            row["mean_pairwise_kl"] = M.mean_pairwise_kl(stacked) if is_ens else None
+    for split in {r["split"] for r in out}:
+        rows = [r for r in out if r["split"] == split]
+        members = {r["member"]: r for r in rows if r["member"] is not None}
+        best = best_member if best_member in members else _best_member(out)
+        best = best if best in members else (
+            min(members.values(), key=lambda r: (r["nll"], r["member"]))["member"]
+            if members else None)
+        for r in rows:
+            if r["aggregator"] is None or not members:
+                continue
+            r["best_member"] = best
+            for m in M.METRICS:
+                mean = float(np.mean([x[m] for x in members.values()]))
+                r[f"gain_vs_mean_{m}"] = gain(r[m], mean, m)
+                r[f"gain_vs_best_{m}"] = gain(r[m], members[best][m], m)
+    return pa.Table.from_pylist(out, schema=METRICS_SCHEMA)
+
+
+def ensemble_size_table(member_probs: dict[str, np.ndarray], y: dict[str, np.ndarray],
+                        greedy_order: list[int] | None = None) -> pa.Table:
+    """The ensemble-size curve: metrics of the mean of the first k members, k = 1..n_members
+    (`order` = "first": members in index order; k = 1 is member 0 and k = n_members the
+    mean ensemble), and of the first k picks of greedy selection (`order` = "greedy", picks
+    with replacement, k = 1..len(greedy_order)).
+
+    Args:
+        member_probs: split -> `[n_members, n_rows, n_classes]` (members in index order).
+        y: split -> `[n_rows]` class indices.
+        greedy_order: member positions in the order greedy selection picked them.
+    """
+    out = []
+    for split, probs in member_probs.items():
+        probs = np.asarray(probs, np.float64)
+        orders = {"first": list(range(len(probs)))}
+        if greedy_order:
+            orders["greedy"] = list(greedy_order)
+        for name, order in orders.items():
+            total = np.zeros(probs.shape[1:])
+            for k, m in enumerate(order, start=1):
+                total += probs[m]
+                out.append({"order": name, "k": k, "split": split, "member_added": int(m),
+                            **M.all_metrics(y[split], (total / k).astype(np.float32))})
+    schema = pa.schema([("order", pa.string()), ("k", pa.int32()), ("split", pa.string()),
+                        ("member_added", pa.int32())]
+                       + [(m, pa.float64()) for m in M.METRICS])
     return pa.Table.from_pylist(out, schema=schema)
 
 

@@ -138,45 +138,10 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
 
 
 def aggregate_run(run_dir: Path, min_members: int | None = None) -> dict:
-    """`ensemble aggregate`: combine the member prediction files of a run into the run's
-    predictions, metrics and history, then mark the run completed.
+    """The aggregator step of a between-graph run: `pipelines.aggregate.aggregate_run`."""
+    from pipelines.aggregate import aggregate_run as run_aggregator
 
-    Args:
-        min_members: aggregate a partial ensemble when at least this many members have
-            predictions; the manifest and the predictions' metadata record which were used.
-
-    Raises:
-        UsageError: not a run, a damaged member file, or members missing (names them).
-    """
-    start = time.perf_counter()
-    manifest = artifacts.read_manifest(run_dir)
-    indices = [m["index"] for m in manifest["members"]]
-    have = [i for i in indices if artifacts.member_predictions_path(run_dir, i).is_file()
-            and manifest["members"][i].get("status") != "failed"]
-    missing = sorted(set(indices) - set(have))
-    if missing and (min_members is None or len(have) < min_members):
-        need = f"at least {min_members}" if min_members else "all"
-        raise UsageError(
-            f"Members {missing} have no predictions ("
-            f"{artifacts.member_predictions_path(run_dir, missing[0])} missing or failed); "
-            f"the aggregator needs {need} of {len(indices)} members. Run their clients "
-            "(`ensemble client --run RUN --member I`) or pass --min-members K.")
-    for i in have:
-        for path in run.member_files(run_dir, i)[1:]:
-            artifacts.verify(run_dir, manifest, path)
-    preds = aggregate_files([artifacts.member_predictions_path(run_dir, i) for i in have],
-                            manifest["config"]["aggregation"]["aggregators"])
-    preds = preds.replace_schema_metadata({**preds.schema.metadata,
-                                           b"members": json.dumps(have).encode()})
-    history = [r for i in have
-               for r in artifacts.read_parquet(artifacts.member_history_path(run_dir, i))
-               .to_pylist()]
-    tables.write_outputs(run_dir, preds, tables.history_table(history))
-    for i in have:
-        manifest["members"][i]["status"] = "completed"
-    manifest["aggregated_members"] = have
-    run.finish(run_dir, manifest, "completed", aggregate_seconds=time.perf_counter() - start)
-    return manifest
+    return run_aggregator(run_dir, min_members=min_members)
 
 
 def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
@@ -258,8 +223,12 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
     """
     from pipelines.predict import check_out, load_input
 
+    from ensemble.fitted import member_params
+    from ensemble.posthoc import run_aggregators
+
     check_out(out)
     manifest, _, x, y = load_input(run_dir, source, target, strict_columns)
+    names, fit = run_aggregators(run_dir, manifest)
     member_devs = {m["index"]: m["device"] for m in manifest["members"]}
     extra = []
     if cluster_file is not None:
@@ -278,7 +247,7 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
             "client", "--run", str(run_dir), "--member", ",".join(map(str, q)), "--predict",
             str(x_path), "--out", tmp, "--device", ",".join(member_devs[i] for i in q), *extra],
             member_devs, verbosity=0)
-        table = aggregate_files([paths[i] for i in member_devs],
-                                manifest["config"]["aggregation"]["aggregators"])
+        table = aggregate_files([paths[i] for i in member_devs], names,
+                                member_params(fit, sorted(member_devs)))
     artifacts.write_parquet(out, table)
     return table, {"jobs": len(queues), "clients": {str(i): c for i, c in clients.items()}}

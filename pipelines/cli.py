@@ -182,15 +182,18 @@ def cmd_evaluate(args) -> int:
     from pipelines import evaluate
 
     preds = Path(args.predictions) if args.predictions else None
-    print(evaluate.evaluate(Path(args.run) if args.run else None, preds)[1])
+    print(evaluate.evaluate(Path(args.run) if args.run else None, preds, args.plots)[1])
     return 0
 
 
 def cmd_aggregate(args) -> int:
-    from pipelines import between
+    from pipelines import aggregate, evaluate
 
-    between.aggregate_run(Path(args.run), args.min_members)
+    names = aggregate.parse_aggregators(args.aggregators)
+    aggregate.aggregate_run(Path(args.run), names, args.min_members)
     print(f"aggregated: {args.run}")
+    if args.aggregators:
+        print(evaluate.evaluate(Path(args.run))[1])
     report({"peak_rss_bytes": peak_rss_bytes()})
     return 0
 
@@ -346,9 +349,16 @@ def _parser() -> argparse.ArgumentParser:
     _add(e, "--run", metavar="PATH", help="a run directory (default: none; or --predictions)")
     _add(e, "--predictions", metavar="FILE.parquet",
          help="a predictions Parquet file (default: the run's)")
+    _add(e, "--plots", action="store_true",
+         help="also write PNGs beside the metrics: reliability, ensemble size, members "
+              "(needs matplotlib)")
 
-    a = command("aggregate", "combine a between-graph run's member predictions", cmd_aggregate)
-    _add(a, "--run", required=True, metavar="PATH", help="the between-graph run directory")
+    a = command("aggregate", "recompute a run's ensemble from its stored member predictions "
+                "(no TensorFlow)", cmd_aggregate)
+    _add(a, "--run", required=True, metavar="PATH", help="a run directory of either mode")
+    _add(a, "--aggregators", metavar="LIST",
+         help="comma-separated, from mean,vote,geometric,weighted,greedy,stacking,temperature; "
+              "fitted ones fit on the validation split (default: the run's)")
     _add(a, "--min-members", type=_positive, metavar="K",
          help="aggregate a partial ensemble of at least K members (default: all members)")
 

@@ -1,74 +1,189 @@
-"""`ensemble evaluate`: the table of the ensemble against its members.
+"""`ensemble evaluate`: the table of the ensemble against its members, validation then test.
 
 Metrics are recomputed from the predictions file (never trusted from elsewhere), written to
-the metrics Parquet, and printed: every member, the mean member, the best member (highest
-accuracy), each ensemble aggregator, and the ensemble gain over the mean and the best member.
+the metrics Parquet, and printed in a 100-column table: every member, the mean member, the best
+member (chosen on the validation split), each ensemble aggregator; then each ensemble's gain
+over the mean and the best member on test, absolute and relative; the fitted aggregators'
+parameters; diversity; and one sentence saying what the ensemble gained.
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ensemble import artifacts, run, tables
+from ensemble import artifacts, fitted, run, tables
 from ensemble.errors import UsageError
-from ensemble.metrics import METRICS
+from ensemble.metrics import LOWER_IS_BETTER, METRICS
 
-LOWER_IS_BETTER = {"nll", "brier", "ece"}
-
-
-def _row(name: str, values: dict) -> str:
-    return f"{name:<28}" + "".join(f"{values[m]:>10.4f}" for m in METRICS)
+SPLIT_ORDER = ("validation", "test", "predict", "train")
+NAME_WIDTH, COL = 35, 16  # 35 + 4 * 16 = 99 columns; a cell holds at most 15 characters
 
 
-def _gain(ens: dict, ref: dict) -> dict:
-    """Improvement of `ens` over `ref`, positive = ensemble better."""
-    return {m: (ref[m] - ens[m]) if m in LOWER_IS_BETTER else (ens[m] - ref[m]) for m in METRICS}
+def number(value: float | None, digits: int = 4, signed: bool = False) -> str:
+    """`value` rounded to `digits`, never `-0.0000` (a value that rounds to zero prints
+    unsigned); `n/a` for None."""
+    if value is None:
+        return "n/a"
+    text = f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+    return text.lstrip("+-") if float(text) == 0 else text
 
 
-def format_table(metrics: pa.Table, split: str) -> str:
-    """Render the evaluation table of one split.
+def _gain_cell(gain: float | None, reference: float | None, metric: str) -> str:
+    """`+0.0123 (+5.1%)`: absolute gain and gain relative to the reference (positive =
+    ensemble better); relative gains of 10% or more without decimals."""
+    if gain is None or reference is None:
+        return "n/a"
+    if reference == 0:
+        return number(gain, 4, True)
+    rel = 100 * gain / abs(reference)
+    return f"{number(gain, 4, True)} ({number(rel, 0 if abs(rel) >= 9.95 else 1, True)}%)"
+
+
+def _line(name: str, cells: list[str]) -> str:
+    return f"{name:<{NAME_WIDTH}}" + "".join(f"{c:>{COL}}" for c in cells)
+
+
+def _references(rows: list[dict]) -> tuple[dict, dict | None, list[dict]]:
+    members = [r for r in rows if r["member"] is not None]
+    mean = {m: sum(r[m] for r in members) / len(members) for m in METRICS} if members else {}
+    best_idx = next((r["best_member"] for r in rows if r.get("best_member") is not None), None)
+    best = next((r for r in members if r["member"] == best_idx), None)
+    return mean, best, members
+
+
+def _split_block(split: str, rows: list[dict]) -> list[str]:
+    mean, best, members = _references(rows)
+    out = [f"{split} ({rows[0]['n']} rows)"]
+    out += [_line("  " + r["model"], [number(r[m]) for m in METRICS]) for r in members]
+    if members:
+        out.append(_line("  mean member", [number(mean[m]) for m in METRICS]))
+    if best is not None:
+        out.append(_line(f"  best member ({best['model']})", [number(best[m]) for m in METRICS]))
+    out += [_line("  " + r["model"], [number(r[m]) for m in METRICS])
+            for r in rows if r["aggregator"] is not None]
+    return out
+
+
+def _gain_block(split: str, rows: list[dict]) -> list[str]:
+    mean, best, members = _references(rows)
+    ensembles = [r for r in rows if r["aggregator"] is not None]
+    if not members or not ensembles:
+        return []
+    out = [f"ensemble gain on {split} (positive = ensemble better; relative to the reference)"]
+    for r in ensembles:
+        out.append(_line(f"{r['model']} vs mean member",
+                         [_gain_cell(r[f"gain_vs_mean_{m}"], mean[m], m) for m in METRICS]))
+        if best is not None:
+            out.append(_line(f"{r['model']} vs best member",
+                             [_gain_cell(r[f"gain_vs_best_{m}"], best[m], m) for m in METRICS]))
+    e = ensembles[0]
+    if e.get("disagreement") is not None:
+        mi = [f"{r['model']} {number(r['mean_mutual_information'])}" for r in ensembles
+              if r.get("mean_mutual_information") is not None][:1]
+        out.append(f"diversity on {split}: disagreement {number(e['disagreement'])}, mean "
+                   f"pairwise KL {number(e['mean_pairwise_kl'])} nats"
+                   + (f",\n  mean mutual information ({mi[0]} nats)" if mi else ""))
+    return out
+
+
+def verdict(metrics: pa.Table, split: str = "test") -> str:
+    """One sentence on what the ensemble gained on `split`: the ensemble with the lowest
+    validation NLL (the mean when there is no validation split), its NLL change against the
+    mean member and the best member (chosen on validation), and its accuracy change."""
+    rows = [r for r in metrics.to_pylist() if r["split"] == split]
+    mean, best, members = _references(rows)
+    cands = [r for r in rows if r["aggregator"] is not None and r["nll"] is not None]
+    if not cands or not members:
+        return ""
+    val = {r["model"]: r["nll"] for r in metrics.to_pylist()
+           if r["split"] == "validation" and r["aggregator"] is not None and r["nll"] is not None}
+    ens = min(cands, key=lambda r: val.get(r["model"], 0.0 if r["aggregator"] == "mean" else 1.0))
+
+    def change(ref: float) -> str:
+        rel = (ref - ens["nll"]) / ref if ref else 0.0
+        word = "lowers" if rel >= 0 else "raises"
+        return word, f"{abs(100 * rel):.0f}%"
+
+    w1, c1 = change(mean["nll"])
+    text = (f"The {len(members)}-member ensemble ({ens['model']}"
+            + (", chosen on validation" if val else "") + f") {w1} {split} NLL by {c1} "
+            "against the mean member")
+    ref = best or mean
+    if best is not None:
+        w2, c2 = change(best["nll"])
+        text += (f" and {'' if w2 == w1 else w2 + ' it '}by {c2} against the best member "
+                 f"({best['model']}, chosen on validation)")
+    points = 100 * (ens["accuracy"] - ref["accuracy"])
+    return text + f"; accuracy {number(points, 1, True)} points against the " \
+        f"{'best' if best is not None else 'mean'} member."
+
+
+def _fitted_lines(fit: dict | None) -> list[str]:
+    """The fitted aggregators' parameters, one line each."""
+    if not fit or not fit.get("params"):
+        return []
+    names = [f"member-{i}" for i in fit["members"]]
+    out = [f"fitted on the validation split ({fit['n_rows']} rows):"]
+    for name, p in fit["params"].items():
+        if name in ("weighted", "greedy"):
+            ws = ", ".join(f"{n} {w:.2f}" for n, w in zip(names, p["weights"]) if w > 0)
+            extra = (f" ({p['size']} of {len(p['order'])} rounds kept)" if name == "greedy"
+                     else f" ({p.get('source', 'fitted')})")
+            out.append(f"  {name}: weights {ws}{extra}")
+        elif name == "stacking":
+            out.append(f"  stacking: logistic regression, C = {p['C']:.3g} "
+                       f"({p['folds']}-fold cross-validation)")
+        elif name == "temperature":
+            out.append(f"  temperature: T = {p['temperature']:.3f}")
+    return out
+
+
+def format_table(metrics: pa.Table, fit: dict | None = None) -> str:
+    """Render the evaluation table: splits in the order validation, test, others.
 
     Raises:
-        UsageError: the metrics hold no row for `split`.
+        UsageError: the metrics hold no row.
     """
-    part = metrics.filter(pc.equal(metrics.column("split"), split)).to_pylist()
-    if not part:
-        raise UsageError(f"No labelled rows for split {split!r}; cannot evaluate.")
-    members = [r for r in part if r["member"] is not None]
-    ensembles = [r for r in part if r["aggregator"] is not None]
-    lines = [f"split: {split} ({part[0]['n']} rows), {len(members)} members",
-             f"{'model':<28}" + "".join(f"{m:>10}" for m in METRICS)]
-    lines += [_row(r["model"], r) for r in members]
-    if members:
-        mean = {m: sum(r[m] for r in members) / len(members) for m in METRICS}
-        best = max(members, key=lambda r: (r["accuracy"], -r["nll"]))
-        lines += [_row("mean member", mean), _row(f"best member ({best['model']})", best)]
-    lines += [_row(r["model"], r) for r in ensembles]
-    if members and ensembles:
-        lines.append("ensemble gain (positive = ensemble better)")
-        for r in ensembles:
-            lines.append(_row(f"{r['model']} vs mean member", _gain(r, mean)))
-            lines.append(_row(f"{r['model']} vs best member", _gain(r, best)))
-        if ensembles[0].get("disagreement") is not None:
-            lines.append(f"member disagreement: {ensembles[0]['disagreement']:.4f}")
-    return "\n".join(lines)
+    rows = metrics.to_pylist()
+    if not rows:
+        raise UsageError("No labelled rows; cannot evaluate.")
+    splits = sorted({r["split"] for r in rows}, key=SPLIT_ORDER.index)
+    better = ["higher" if m not in LOWER_IS_BETTER else "lower" for m in METRICS]
+    lines = [_line("model", list(METRICS)), _line("(better)", better)]
+    for s in splits:
+        lines += _split_block(s, [r for r in rows if r["split"] == s])
+    last = "test" if "test" in splits else splits[-1]
+    lines += _gain_block(last, [r for r in rows if r["split"] == last])
+    lines += _fitted_lines(fit)
+    if any(r["aggregator"] == "vote" for r in rows):
+        lines.append("ensemble-vote: vote shares are not probabilities, so NLL, Brier and ECE "
+                     "are n/a")
+    sentence = textwrap.fill(verdict(metrics, last), NAME_WIDTH + 4 * COL)
+    return "\n".join(lines + ([sentence] if sentence else []))
 
 
-def evaluate(run_dir: Path | None, predictions: Path | None = None) -> tuple[pa.Table, str]:
+def evaluate(run_dir: Path | None, predictions: Path | None = None,
+             plots: bool = False) -> tuple[pa.Table, str]:
     """Recompute the metrics of a run's (or a predictions file's) predictions and write them.
 
     Writes `metrics.parquet` in the run (for the run's own predictions) or
-    `<predictions stem>.metrics.parquet` beside a given predictions file.
+    `<predictions stem>.metrics.parquet` beside a given predictions file. The best member is
+    the run's (chosen on validation, `aggregators.json`) when the run is known.
+
+    Args:
+        plots: also write PNGs (`ensemble.plots`) beside the metrics.
 
     Returns:
-        (metrics table, the printed text: one table per labelled split, test first).
+        (metrics table, the printed text).
 
     Raises:
         UsageError: no run/predictions, or a predictions file without labels.
     """
+    fit = fitted.read(run_dir) if run_dir is not None else None
     if predictions is None:
         if run_dir is None:
             raise UsageError("Expected --run PATH or --predictions FILE.parquet.")
@@ -78,10 +193,14 @@ def evaluate(run_dir: Path | None, predictions: Path | None = None) -> tuple[pa.
         out = Path(run_dir) / artifacts.METRICS
     else:
         out = predictions.with_name(predictions.stem + ".metrics.parquet")
-    table = tables.metrics_table(artifacts.read_parquet(predictions))
+    preds = artifacts.read_parquet(predictions)
+    table = tables.metrics_table(preds, (fit or {}).get("best_member"))
     if table.num_rows == 0:
         raise UsageError(f"{predictions} has no rows with a known y_true; cannot evaluate.")
     artifacts.write_parquet(out, table)
-    splits = sorted(set(table.column("split").to_pylist()),
-                    key=lambda s: ["test", "predict", "validation", "train"].index(s))
-    return table, "\n\n".join(format_table(table, s) for s in splits)
+    text = format_table(table, fit)
+    if plots:
+        from pipelines import plots as P
+
+        text += "\n" + P.write_plots(out.parent, preds, table, run_dir)
+    return table, text

@@ -8,8 +8,10 @@ import numpy as np
 
 from ensemble import artifacts, data, devices, run, tables
 from ensemble.errors import UsageError
+from ensemble.fitted import member_params
 from ensemble.members import load_member
 from ensemble.placement import place
+from ensemble.posthoc import run_aggregators
 from ensemble.preprocessing import Preprocessing
 
 
@@ -56,10 +58,11 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
     models = [load_member(artifacts.verify(run_dir, manifest,
                                            artifacts.member_model_path(run_dir, i)), d)
               for i, d in enumerate(devs)]
-    aggs = manifest["config"]["aggregation"]["aggregators"]
-    ens = InGraphEnsemble(models, devs, aggs)
+    aggs, fit = run_aggregators(run_dir, manifest)
+    params = member_params(fit, list(range(n)))
+    ens = InGraphEnsemble(models, devs, aggs, params=params)
     member_p, ens_p = ens.predict(x, batch_size)
     table = tables.predictions_table(dict(enumerate(member_p)), "predict",
-                                     np.arange(len(x)), y, pre.classes, aggs, ens_p)
+                                     np.arange(len(x)), y, pre.classes, aggs, ens_p, params)
     artifacts.write_parquet(out, table)
     return table

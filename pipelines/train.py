@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Sequence
@@ -9,7 +10,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from ensemble import artifacts, devices, progress, run, tables
+from ensemble import artifacts, devices, posthoc, progress, run, tables
 from ensemble.cluster import naming_unreachable_tasks
 from ensemble.config import Config
 
@@ -76,7 +77,7 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
     placed = [m["device"] for m in manifest["members"]]
     start = time.perf_counter()
-    ens = InGraphEnsemble.build(cfg, x_tr.shape[1], len(classes), placed)
+    ens = InGraphEnsemble.build(cfg, x_tr.shape[1], len(classes), placed, aggregators=())
     history = ens.fit(x_tr, y_tr, x_val, y_val, cfg.training.seed, cfg.training.epochs,
                       cfg.training.batch_size, run_dir / "checkpoints" / "in-graph", callbacks,
                       cfg.training.steps_per_execution, cfg.training.checkpoint_every)
@@ -85,12 +86,21 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
         save_member(model, artifacts.member_model_path(run_dir, i))
         manifest["members"][i]["status"] = "completed"
     start = time.perf_counter()
-    parts = []
+    # the fitted aggregators fit on the validation members' predictions, then the graph
+    # applies them with the TensorFlow twins
+    names, settings = cfg.aggregation.aggregators, dataclasses.asdict(cfg.aggregation)
+    members = posthoc.SplitMembers(ens.indices, ens.predict(x_val)[0], split["validation"][2],
+                                   y_val)
+    fit = posthoc.fit({"validation": members}, names, settings)
+    graph = InGraphEnsemble(ens.models, placed, names, ens.indices, params=fit["params"])
+    parts, splits = [], {}
     for s in artifacts.EVAL_SPLITS:
         x, y, rows = split[s]
-        member_p, ens_p = ens.predict(x)
+        member_p, ens_p = graph.predict(x)
+        splits[s] = posthoc.SplitMembers(ens.indices, member_p, rows, y)
         parts.append(tables.predictions_table(dict(enumerate(member_p)), s, rows, y,
-                                              classes, cfg.aggregation.aggregators, ens_p))
+                                              classes, names, ens_p, fit["params"]))
+    posthoc.write_fit(run_dir, fit, splits, settings)
     tables.write_outputs(run_dir, pa.concat_tables(parts), tables.history_table(history))
     run.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
                predict_seconds=time.perf_counter() - start)

@@ -1,11 +1,13 @@
 """Between-graph replication: parity with in-graph, --jobs invariance, standalone clients and
 the aggregator. Clients are real separate processes."""
 
+import json
 import shutil
 import subprocess
 import sys
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import run_cli
@@ -60,7 +62,9 @@ def test_mode_parity(runs):
     cols = ["accuracy", "nll", "brier", "ece", "disagreement"]
     np.testing.assert_allclose(m_ig[cols].to_numpy(float), m_bg[cols].to_numpy(float), atol=1e-5)
     # the members really were trained: not the same across members
-    assert m_ig[m_ig.split == "test"].nll.nunique() == 6
+    test = m_ig[m_ig.split == "test"]
+    assert test[test.aggregator != "vote"].nll.nunique() == 5  # vote shares: null NLL
+    assert test[test.aggregator == "vote"].nll.isna().all()
 
 
 def test_jobs_1_and_2_give_identical_artifacts(runs):
@@ -126,3 +130,81 @@ def test_predict_between_graph_equals_in_graph(runs, tmp_path):
     assert a.schema == b.schema and a.num_rows == b.num_rows == 1797 * 6
     assert a.column("y_pred").to_pylist() == b.column("y_pred").to_pylist()
     assert np.abs(_probs(a) - _probs(b)).max() <= 1e-5
+
+
+ALL_AGGREGATORS = "mean,vote,geometric,weighted,greedy,stacking,temperature"
+
+
+@pytest.fixture(scope="module")
+def aggregated(runs, tmp_path_factory):
+    """Copies of both modes' runs, re-aggregated with every aggregator by `ensemble aggregate`
+    in a fresh process that reports whether TensorFlow was imported."""
+    tmp = tmp_path_factory.mktemp("agg")
+    out = {}
+    for mode, name in (("in-graph", "in-graph"), ("between-graph", "jobs2")):
+        run_dir = tmp / mode
+        shutil.copytree(runs[name], run_dir)
+        code = ("import sys; from pipelines.cli import main; "
+                f"rc = main(['aggregate', '--run', {str(run_dir)!r}, '--aggregators', "
+                f"{ALL_AGGREGATORS!r}]); print('TF', 'tensorflow' in sys.modules); sys.exit(rc)")
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip().endswith("TF False")  # no TensorFlow in the aggregator
+        out[mode] = run_dir
+    return out
+
+
+def test_aggregate_gives_the_same_table_in_both_modes(aggregated):
+    ig, bg = _table(aggregated["in-graph"]), _table(aggregated["between-graph"])
+    models = set(ig.column("model").to_pylist())
+    assert {f"ensemble-{a}" for a in ALL_AGGREGATORS.split(",")} <= models
+    assert ig.column("model").to_pylist() == bg.column("model").to_pylist()
+    assert np.abs(_probs(ig) - _probs(bg)).max() <= 1e-5
+    fits = [json.loads((aggregated[m] / "aggregators.json").read_text()) for m in aggregated]
+    assert fits[0]["aggregators"] == ALL_AGGREGATORS.split(",")
+    assert fits[0]["best_member"] == fits[1]["best_member"]
+    for name in ("weighted", "greedy"):
+        np.testing.assert_allclose(fits[0]["params"][name]["weights"],
+                                   fits[1]["params"][name]["weights"], atol=1e-3)
+    curve = _table(aggregated["in-graph"], "ensemble_size.parquet").to_pandas()
+    metrics = _table(aggregated["in-graph"], "metrics.parquet").to_pandas()
+    first = curve[(curve.order == "first") & (curve.split == "test")].set_index("k")
+    test = metrics[metrics.split == "test"].set_index("model")
+    assert first.loc[1, "nll"] == pytest.approx(test.loc["member-0", "nll"], abs=1e-6)
+    assert first.loc[4, "nll"] == pytest.approx(test.loc["ensemble-mean", "nll"], abs=1e-6)
+
+
+def test_predict_applies_the_fitted_aggregators_in_both_modes(aggregated, tmp_path):
+    from sklearn.datasets import load_digits
+
+    for mode, run_dir in aggregated.items():
+        preds = _table(run_dir).to_pandas()
+        test = preds[preds.split == "test"]
+        rows = test[test.model == "member-0"].sort_values("row").source_row.to_numpy()
+        digits = load_digits()
+        data = {"target": digits.target[rows],
+                **{n: digits.data[rows, i] for i, n in enumerate(digits.feature_names)}}
+        src = tmp_path / f"{mode}-test.parquet"
+        pq.write_table(pa.table(data), src)
+        out = tmp_path / f"{mode}-pred.parquet"
+        assert run_cli("predict", "--run", run_dir, "--data", src, "--mode", mode,
+                       "--out", out) == 0
+        got = pq.read_table(out).to_pandas()
+        for model in test.model.unique():
+            e = test[test.model == model].sort_values("row").filter(like="p_").to_numpy()
+            g = got[got.model == model].sort_values("row").filter(like="p_").to_numpy()
+            assert np.abs(e - g).max() <= 1e-6, (mode, model)
+
+
+def test_split_depends_on_split_seed_only(tiny_config, tmp_path):
+    from ensemble import config, run
+
+    rows = []
+    for seed in (0, 7):
+        cfg = config.load(tiny_config, overrides={"training.seed": seed})
+        run.prepare(cfg, tmp_path / f"s{seed}", "in-graph", ["/device:CPU:0"])
+        rows.append(artifacts.read_split(tmp_path / f"s{seed}", "test")[2])
+    assert np.array_equal(rows[0], rows[1])
+    cfg = config.load(tiny_config, overrides={"data.split_seed": 1})
+    run.prepare(cfg, tmp_path / "other", "in-graph", ["/device:CPU:0"])
+    assert not np.array_equal(rows[0], artifacts.read_split(tmp_path / "other", "test")[2])

@@ -1,0 +1,105 @@
+"""`ensemble evaluate --plots`: PNG pictures of an evaluation (matplotlib, the `bench` extra).
+
+Three figures beside the metrics: `reliability.png` (reliability diagram of the ensemble
+against the best member on test, 15 equal-width confidence bins as the ECE), `ensemble_size.png`
+(test NLL and accuracy of the mean of the first k members, and of greedy selection's first k
+picks), and `members.png` (every member against every ensemble, one panel per metric).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ensemble import artifacts, tables
+from ensemble.errors import UsageError
+from ensemble.metrics import ECE_BINS, LOWER_IS_BETTER, METRICS
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("--plots needs matplotlib: pip install 'ensemble[bench]' "
+                         "(or pip install matplotlib).") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _model(preds: pa.Table, model: str, split: str):
+    t = preds.filter(pc.and_(pc.equal(preds.column("model"), model),
+                             pc.equal(preds.column("split"), split)))
+    classes = tables.classes_from(preds)
+    from ensemble.data import encode
+
+    y = encode(t.column("y_true").to_numpy(zero_copy_only=False), classes)
+    return y, tables.probabilities(t, classes)
+
+
+def _reliability(ax, y, p, label):
+    conf, correct = p.max(axis=1), (p.argmax(axis=1) == y)
+    bins = np.minimum(np.floor(ECE_BINS * conf).astype(int), ECE_BINS - 1)
+    xs, accs = [], []
+    for b in range(ECE_BINS):
+        if (bins == b).any():
+            xs.append(conf[bins == b].mean())
+            accs.append(correct[bins == b].mean())
+    ax.plot(xs, accs, marker="o", label=label)
+
+
+def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path | None) -> str:
+    """Write the PNGs into `folder`; returns the lines announcing their paths.
+
+    Raises:
+        UsageError: matplotlib is not installed (names the extra to install).
+    """
+    plt = _pyplot()
+    rows = metrics.to_pylist()
+    split = "test" if any(r["split"] == "test" for r in rows) else rows[0]["split"]
+    rows = [r for r in rows if r["split"] == split]
+    members = [r for r in rows if r["member"] is not None]
+    ensembles = [r for r in rows if r["aggregator"] is not None and r["nll"] is not None]
+    written = []
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.plot([0, 1], [0, 1], "k:", label="perfect calibration")
+    best = next((r for r in members if r["member"] == rows[0].get("best_member")), None)
+    for r in ([ensembles[0]] if ensembles else []) + ([best] if best else []):
+        _reliability(ax, *_model(preds, r["model"], split), r["model"])
+    ax.set(xlabel="confidence (top probability)", ylabel="accuracy",
+           title=f"Reliability on {split}")
+    ax.legend()
+    written.append(folder / "reliability.png")
+    fig.savefig(written[-1], dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+    curve_path = None if run_dir is None else Path(run_dir) / "ensemble_size.parquet"
+    if curve_path is not None and curve_path.is_file():
+        curve = [r for r in artifacts.read_parquet(curve_path).to_pylist() if r["split"] == split]
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        for ax, m in zip(axes, ("nll", "accuracy")):
+            for order in dict.fromkeys(r["order"] for r in curve):
+                pts = [(r["k"], r[m]) for r in curve if r["order"] == order]
+                ax.plot(*zip(*pts), marker=".", label=f"{order} k members")
+            ax.set(xlabel="k (members averaged)", ylabel=m, title=f"{m} on {split}")
+            ax.legend()
+        written.append(folder / "ensemble_size.png")
+        fig.savefig(written[-1], dpi=100, bbox_inches="tight")
+        plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 4))
+    for ax, m in zip(axes, METRICS):
+        shown = [r for r in members + ensembles if r[m] is not None]
+        ax.barh([r["model"] for r in shown], [r[m] for r in shown],
+                color=["tab:gray" if r["member"] is not None else "tab:blue" for r in shown])
+        ax.set(title=f"{m} on {split} ({'lower' if m in LOWER_IS_BETTER else 'higher'} "
+                     "is better)")
+    written.append(folder / "members.png")
+    fig.savefig(written[-1], dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return "\n".join(f"plot: {p}" for p in written)

@@ -1,0 +1,174 @@
+"""Aggregators beyond mean/vote and their fitting: hand-computed values, ensemble selection on a
+case a reader can follow, stacking against scikit-learn, TensorFlow twins, no test row in a fit."""
+
+import numpy as np
+import pytest
+
+from ensemble import aggregate as A
+from ensemble import fitted, posthoc, tables
+from ensemble import metrics as M
+from ensemble.errors import UsageError
+
+PROBS = np.array([
+    [[0.7, 0.2, 0.1], [0.1, 0.5, 0.4]],
+    [[0.2, 0.6, 0.2], [0.1, 0.3, 0.6]],
+    [[0.6, 0.3, 0.1], [0.3, 0.3, 0.4]],
+], dtype=np.float32)
+
+# Greedy case (2 classes, 2 rows, both of class 0). A is sure and right on row 0, unsure on
+# row 1; B the reverse; C is lukewarm on both. NLL: A = B = (-ln .99 - ln .4) / 2 = 0.463,
+# C = -ln .6 = 0.511; A+B averaged gives .695 on both rows: -ln .695 = 0.364, the best.
+A_, B_, C_ = [[.99, .01], [.4, .6]], [[.4, .6], [.99, .01]], [[.6, .4], [.6, .4]]
+GREEDY = np.array([A_, B_, C_])
+GREEDY_Y = np.array([0, 0])
+
+
+def test_geometric_by_hand():
+    g = np.array([[0.7 * 0.2 * 0.6, 0.2 * 0.6 * 0.3, 0.1 * 0.2 * 0.1],
+                  [0.1 * 0.1 * 0.3, 0.5 * 0.3 * 0.3, 0.4 * 0.6 * 0.4]]) ** (1 / 3)
+    np.testing.assert_allclose(A.geometric(PROBS), g / g.sum(axis=1, keepdims=True), atol=1e-7)
+
+
+def test_weighted_by_hand():
+    expected = (2 * PROBS[0] + PROBS[1] + PROBS[2]) / 4
+    np.testing.assert_allclose(A.weighted(PROBS, [2, 1, 1]), expected, atol=1e-7)
+    with pytest.raises(UsageError, match="3 non-negative member weights"):
+        A.weighted(PROBS, [1, -1, 1])
+
+
+def test_temperature_by_hand():
+    # mean [0.8, 0.2] at T = 2: sqrt(.8) / (sqrt(.8) + sqrt(.2)) = 2/3
+    p = np.array([[[0.8, 0.2]], [[0.8, 0.2]]])
+    np.testing.assert_allclose(A.temperature_scaled(p, 2.0), [[2 / 3, 1 / 3]], atol=1e-7)
+    np.testing.assert_allclose(A.temperature_scaled(p, 1.0), [[0.8, 0.2]], atol=1e-7)
+
+
+def test_stacking_apply_by_hand():
+    # one member, identity coefficients: softmax of the probabilities themselves
+    p = np.array([[[1.0, 0.0]]])
+    e = np.e
+    np.testing.assert_allclose(A.stacked(p, np.eye(2), [0.0, 0.0]),
+                               [[e / (e + 1), 1 / (e + 1)]], atol=1e-7)
+    with pytest.raises(UsageError, match="do not fit"):
+        A.stacked(PROBS, np.eye(3), np.zeros(3))
+
+
+def test_fitted_aggregator_without_parameters_is_refused():
+    with pytest.raises(UsageError, match="greedy"):
+        A.aggregate(PROBS, "greedy")
+
+
+def test_greedy_picks_what_a_reader_picks():
+    # round 1: A (0.463, tie with B goes to the smaller index); round 2: A+B (0.364);
+    # round 3: A+B+A or A+B+B (0.374) or A+B+C (0.41): worse, so the kept prefix is [A, B]
+    res = fitted.greedy_selection(GREEDY, GREEDY_Y, rounds=3)
+    assert res["order"] == [0, 1, 0]
+    assert res["size"] == 2
+    assert res["weights"] == [0.5, 0.5, 0.0]
+
+
+def test_weights_fitted_on_the_simplex():
+    # at w = (.5, .5, 0) the NLL gradient is -1 for A and B and -0.6/.695 > -1 for C: optimal
+    w = fitted.fit_weights(GREEDY, GREEDY_Y)["weights"]
+    np.testing.assert_allclose(w, [0.5, 0.5, 0.0], atol=1e-4)
+
+
+def test_temperature_fit_matches_a_grid_search():
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(4) * 0.3, size=(3, 200))
+    y = rng.integers(0, 4, 200)
+    t = fitted.fit_temperature(probs, y)["temperature"]
+    grid = np.exp(np.linspace(np.log(0.05), np.log(20), 4001))
+    nlls = [M.nll(y, A.temperature_scaled(probs, g)) for g in grid]
+    assert t == pytest.approx(grid[int(np.argmin(nlls))], rel=2e-3)
+
+
+@pytest.mark.parametrize("n_classes", [2, 4])
+def test_stacking_matches_scikit_learn(n_classes):
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(n_classes)
+    y = np.repeat(np.arange(n_classes), 30)
+    probs = rng.dirichlet(np.ones(n_classes), size=(3, len(y)))
+    probs[0, np.arange(len(y)), y] += 1.0  # member 0 informative
+    probs /= probs.sum(axis=2, keepdims=True)
+    fit = fitted.fit_stacking(probs, y, folds=5)
+    new = rng.dirichlet(np.ones(n_classes), size=(3, 50))
+    ours = A.stacked(new, fit["coef"], fit["intercept"])
+    theirs = LogisticRegression(C=fit["C"], max_iter=1000).fit(
+        A.stacking_features(probs), y).predict_proba(A.stacking_features(new))
+    np.testing.assert_allclose(ours, theirs, atol=1e-6)
+    assert fit["folds"] == 5
+
+
+def test_entropy_mutual_information_and_kl_by_hand():
+    assert M.entropy(np.array([[0.5, 0.5], [1.0, 0.0]])) == pytest.approx([np.log(2), 0.0])
+    members = np.array([[[1.0, 0.0]], [[0.0, 1.0]]])  # two sure members that disagree
+    u = M.uncertainty(members, members.mean(axis=0))
+    assert u["entropy"] == pytest.approx([np.log(2)])
+    assert u["expected_entropy"] == pytest.approx([0.0])
+    assert u["mutual_information"] == pytest.approx([np.log(2)])
+    p, q = np.array([0.5, 0.5]), np.array([0.9, 0.1])
+    kl_pq = 0.5 * np.log(0.5 / 0.9) + 0.5 * np.log(0.5 / 0.1)
+    kl_qp = 0.9 * np.log(0.9 / 0.5) + 0.1 * np.log(0.1 / 0.5)
+    assert M.mean_pairwise_kl(np.array([[p], [q]])) == pytest.approx((kl_pq + kl_qp) / 2)
+    assert M.mean_pairwise_kl(np.array([[p]])) == 0.0
+
+
+def _fit_random(n_members=4, n_rows=120, n_classes=5, seed=0):
+    rng = np.random.default_rng(seed)
+    probs = rng.dirichlet(np.ones(n_classes) * 0.5, size=(n_members, n_rows)).astype(np.float32)
+    y = np.tile(np.arange(n_classes), n_rows // n_classes)
+    fit = fitted.fit(probs, y, A.AGGREGATORS, list(range(n_members)))
+    return probs, y, fit
+
+
+@pytest.mark.parametrize("name", A.AGGREGATORS)
+def test_tensorflow_twin_agrees_with_numpy_for_every_aggregator(name):
+    from ensemble.aggregate_tf import aggregate_tf
+
+    probs, _, fit = _fit_random()
+    new = np.random.default_rng(9).dirichlet(np.ones(5), size=(4, 300)).astype(np.float32)
+    params = fit["params"].get(name)
+    np.testing.assert_allclose(aggregate_tf(new, name, params).numpy(),
+                               A.aggregate(new, name, params), atol=1e-6)
+
+
+def _member_table(probs_by_split, y_by_split):
+    parts = [tables.predictions_table(dict(enumerate(p)), s, np.arange(p.shape[1]) + 1000 * k,
+                                      y_by_split[s], np.arange(p.shape[2]), ())
+             for k, (s, p) in enumerate(probs_by_split.items())]
+    import pyarrow as pa
+
+    return pa.concat_tables(parts)
+
+
+def test_no_fitted_aggregator_reads_a_test_row():
+    probs, y, _ = _fit_random(seed=1)
+    test_probs, test_y = _fit_random(seed=2)[:2]
+    clean = posthoc.by_split(_member_table({"validation": probs, "test": test_probs},
+                                           {"validation": y, "test": test_y}))
+    poisoned_p = np.roll(test_probs, 1, axis=2)[::-1]  # every test row wrong, members shuffled
+    poisoned = posthoc.by_split(_member_table({"validation": probs, "test": poisoned_p},
+                                              {"validation": y, "test": (test_y + 1) % 5}))
+    names = A.AGGREGATORS
+    assert posthoc.fit(clean, names) == posthoc.fit(poisoned, names)
+    # ... while the test rows themselves do change
+    assert not np.allclose(clean["test"].probs, poisoned["test"].probs)
+
+
+def test_run_predictions_rebuilt_with_uncertainty_columns():
+    probs, y, fit = _fit_random(seed=3)
+    splits = posthoc.by_split(_member_table({"validation": probs}, {"validation": y}))
+    preds = posthoc.rebuild(splits, np.arange(5), ["mean", "vote", "greedy"], fit["params"])
+    mean = preds.filter(preds.column("model").to_numpy(zero_copy_only=False) == "ensemble-mean")
+    mi = mean.column("mutual_information").to_numpy()
+    assert np.all(mi >= -1e-12)  # BALD >= 0 for the mean (Jensen)
+    vote = preds.filter(preds.column("model").to_numpy(zero_copy_only=False) == "ensemble-vote")
+    assert vote.column("entropy").null_count == vote.num_rows
+    metrics = tables.metrics_table(preds).to_pylist()
+    row = next(r for r in metrics if r["model"] == "ensemble-mean")
+    assert row["mean_mutual_information"] == pytest.approx(float(mi.mean()))
+    assert row["best_member"] == fit["best_member"]
+    member_nll = np.mean([r["nll"] for r in metrics if r["member"] is not None])
+    assert row["gain_vs_mean_nll"] == pytest.approx(member_nll - row["nll"])
