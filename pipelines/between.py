@@ -8,7 +8,6 @@ aggregator. Process launching and measuring lives in `pipelines.processes`.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import threading
@@ -19,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from ensemble import artifacts, devices, run, tables
+from ensemble import artifacts, devices, run
 from ensemble.between_graph import aggregate_files, local_devices
 from ensemble.config import Config
 from ensemble.errors import UsageError

@@ -13,7 +13,6 @@ import textwrap
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ensemble import artifacts, fitted, run, tables
 from ensemble.errors import UsageError
