@@ -68,9 +68,11 @@ def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path 
 
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.plot([0, 1], [0, 1], "k:", label="perfect calibration")
-    best = next((r for r in members if r["member"] == rows[0].get("best_member")), None)
+    best_idx = next((r["best_member"] for r in rows if r.get("best_member") is not None), None)
+    best = next((r for r in members if r["member"] == best_idx), None)
     for r in ([ensembles[0]] if ensembles else []) + ([best] if best else []):
-        _reliability(ax, *_model(preds, r["model"], split), r["model"])
+        label = r["model"] + (" (best member, chosen on validation)" if r is best else "")
+        _reliability(ax, *_model(preds, r["model"], split), label)
     ax.set(xlabel="confidence (top probability)", ylabel="accuracy",
            title=f"Reliability on {split}")
     ax.legend()
@@ -85,16 +87,18 @@ def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path 
         for ax, m in zip(axes, ("nll", "accuracy")):
             for order in dict.fromkeys(r["order"] for r in curve):
                 pts = [(r["k"], r[m]) for r in curve if r["order"] == order]
-                ax.plot(*zip(*pts), marker=".", label=f"{order} k members")
-            ax.set(xlabel="k (members averaged)", ylabel=m, title=f"{m} on {split}")
+                label = ("first k members" if order == "first"
+                         else "greedy selection's first k picks")
+                ax.plot(*zip(*pts), marker=".", label=label)
+            ax.set(xlabel="k (members averaged, with repeats for greedy)", ylabel=m, title=f"{m} on {split}")
             ax.legend()
         written.append(folder / "ensemble_size.png")
         fig.savefig(written[-1], dpi=100, bbox_inches="tight")
         plt.close(fig)
 
-    fig, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 4))
+    fig, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 4), sharey=True)
     for ax, m in zip(axes, METRICS):
-        shown = [r for r in members + ensembles if r[m] is not None]
+        shown = members + ensembles  # same bars in every panel (the y axis is shared)
         ax.barh([r["model"] for r in shown], [r[m] for r in shown],
                 color=["tab:gray" if r["member"] is not None else "tab:blue" for r in shown])
         ax.set(title=f"{m} on {split} ({'lower' if m in LOWER_IS_BETTER else 'higher'} "

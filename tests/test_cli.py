@@ -293,3 +293,31 @@ def test_predict_reports_input_problems_before_tensorflow(in_graph_run, tmp_path
                                              "PYTHONPATH": str(Path(__file__).parent.parent)})
     assert proc.stdout.split() == ["2", "False"], proc.stdout + proc.stderr
     assert "62 training columns" in proc.stderr and "ignoring column 'note'" in proc.stderr
+
+
+def test_evaluate_table_reads_well(in_graph_run, capsys):
+    from pipelines.evaluate import number
+
+    assert number(-0.00004) == "0.0000" and number(-0.00004, signed=True) == "0.0000"
+    assert number(0.01234, signed=True) == "+0.0123" and number(None) == "n/a"
+    assert run_cli("evaluate", "--run", in_graph_run) == 0
+    out = capsys.readouterr().out
+    lines = out.strip().splitlines()
+    assert max(len(line) for line in lines) <= 100
+    assert "-0.0000" not in out
+    assert out.index("validation (") < out.index("test (")
+    assert "(better)" in lines[1] and "higher" in lines[1] and "lower" in lines[1]
+    flat = " ".join(out.split())
+    assert "chosen on validation" in flat and "against the mean member" in flat
+    assert lines[-1].endswith("member.")  # the verdict sentence ends the table
+
+
+def test_evaluate_plots(in_graph_run, capsys, monkeypatch):
+    assert run_cli("evaluate", "--run", in_graph_run, "--plots") == 0
+    out = capsys.readouterr().out
+    for name in ("reliability.png", "ensemble_size.png", "members.png"):
+        assert (in_graph_run / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"plot: {in_graph_run / name}" in out
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # not installed
+    assert run_cli("evaluate", "--run", in_graph_run, "--plots") == 2
+    assert "matplotlib" in capsys.readouterr().err
