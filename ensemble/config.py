@@ -63,13 +63,27 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class MemberOverride:
+    """One member's hyperparameters where they differ from `[members]`/`[training]`
+    (`[[members.override]]`, a hyperparameter ensemble). Unset keys are None."""
+
+    index: int = -1
+    hidden: tuple[int, ...] | None = None
+    activation: str | None = None
+    dropout: float | None = None
+    learning_rate: float | None = None
+
+
+@dataclass(frozen=True)
 class MembersConfig:
-    """The ensemble members: `count` MLPs with `hidden` layer widths."""
+    """The ensemble members: `count` MLPs with `hidden` layer widths; `override` gives
+    per-member hyperparameters (`batch_size` and `epochs` stay shared by the run)."""
 
     count: int = 4
     hidden: tuple[int, ...] = (256, 128)
     activation: str = "relu"
     dropout: float = 0.1
+    override: tuple[MemberOverride, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,9 +101,11 @@ class TrainingConfig:
 
 @dataclass(frozen=True)
 class PlacementConfig:
-    """Device spec: `auto`, `cpu:N` or a comma-separated list of device names."""
+    """Device spec: `auto`, `cpu:N` or a comma-separated list of device names; `strategy`:
+    `round-robin` (by member index) or `balanced` (by each member's FLOPs per row)."""
 
     devices: str = "auto"
+    strategy: str = "round-robin"
 
 
 @dataclass(frozen=True)
@@ -142,12 +158,14 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
                 return _coerce(key, value, option)
             except UsageError:
                 pass
-        names = " or a ".join(_type_name(t) for t in get_args(tp))
+        names = " or a ".join(_type_name(t) for t in get_args(tp) if t is not type(None))
         raise UsageError(f"Expected `{key}` to be a {names}. Received: {key}={value!r}")
     if get_origin(tp) is tuple:
         item = get_args(tp)[0]
         if not isinstance(value, (list, tuple)):
             raise UsageError(f"Expected `{key}` to be a {_type_name(tp)}. Received: {key}={value!r}")
+        if dataclasses.is_dataclass(item):
+            return tuple(_build(item, v, f"{key}[{i}]") for i, v in enumerate(value))
         return tuple(_coerce(f"{key}[{i}]", v, item) for i, v in enumerate(value))
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -161,6 +179,10 @@ def _build(cls: type, table: Any, prefix: str) -> Any:
         raise UsageError(f"Expected `{prefix}` to be a table. Received: {prefix}={table!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(table) - set(fields))
+    shared = [k for k in unknown if k in ("batch_size", "epochs")]
+    if cls is MemberOverride and shared:
+        raise UsageError(f"`{prefix}.{shared[0]}`: batch_size and epochs are shared by every "
+                         "member of a run; set them in [training], not per member.")
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(fields), n=1)
         hint = f" (did you mean `{prefix}.{close[0]}`?)" if close else ""
@@ -193,6 +215,25 @@ def _check_ranges(cfg: Config) -> None:
                          f"Received: {cfg.training.steps_per_execution}")
     for i, width in enumerate(cfg.members.hidden):
         positive(f"members.hidden[{i}]", width)
+    seen = set()
+    for k, o in enumerate(cfg.members.override):
+        key = f"members.override[{k}]"
+        if not 0 <= o.index < cfg.members.count or o.index in seen:
+            raise UsageError(f"Expected `{key}.index` to be a distinct member index in "
+                             f"0..{cfg.members.count - 1}. Received: index={o.index}")
+        seen.add(o.index)
+        for i, width in enumerate(o.hidden or ()):
+            positive(f"{key}.hidden[{i}]", width)
+        if o.learning_rate is not None:
+            positive(f"{key}.learning_rate", o.learning_rate)
+        if o.dropout is not None and not 0.0 <= o.dropout < 1.0:
+            raise UsageError(f"Expected `{key}.dropout` in [0, 1). Received: {o.dropout}")
+        if o.activation is not None and o.activation not in ACTIVATIONS:
+            raise UsageError(f"Expected `{key}.activation` to be one of "
+                             f"{', '.join(ACTIVATIONS)}. Received: {o.activation!r}")
+    if cfg.placement.strategy not in ("round-robin", "balanced"):
+        raise UsageError("Expected `placement.strategy` to be \"round-robin\" or \"balanced\". "
+                         f"Received: {cfg.placement.strategy!r}")
     syn = cfg.data.synthetic
     for name in ("rows", "features", "classes"):
         positive(f"data.synthetic.{name}", getattr(syn, name))
@@ -235,6 +276,27 @@ def _check_ranges(cfg: Config) -> None:
             f"Expected `aggregation.aggregators` from {', '.join(AGGREGATORS)}. "
             f"Received: {list(cfg.aggregation.aggregators)}"
         )
+
+
+def member_config(cfg: Config, index: int) -> tuple[MembersConfig, float]:
+    """Member `index`'s resolved architecture and learning rate: `[members]` and
+    `training.learning_rate` with its `[[members.override]]` applied."""
+    over = next((o for o in cfg.members.override if o.index == index), None)
+    members, lr = cfg.members, cfg.training.learning_rate
+    if over is None:
+        return members, lr
+    changes = {k: getattr(over, k) for k in ("hidden", "activation", "dropout")
+               if getattr(over, k) is not None}
+    return (dataclasses.replace(members, **changes),
+            lr if over.learning_rate is None else over.learning_rate)
+
+
+def member_hparams(cfg: Config, index: int) -> dict[str, Any]:
+    """Member `index`'s resolved hyperparameters as JSON: hidden, activation, dropout,
+    learning_rate."""
+    m, lr = member_config(cfg, index)
+    return {"hidden": list(m.hidden), "activation": m.activation, "dropout": m.dropout,
+            "learning_rate": lr}
 
 
 def from_dict(table: dict[str, Any]) -> Config:

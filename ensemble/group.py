@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from ensemble.config import Config
+from ensemble.config import Config, member_config
 from ensemble.members import build_member, member_seed
 from ensemble.optimizer import build_optimizer
 from ensemble.training import make_steps_fn, train_loop
@@ -51,10 +51,11 @@ class MemberGroup:
         indices = list(indices) if indices is not None else list(range(len(devices)))
         models, optimizers = [], []
         for i, device in zip(indices, devices):
+            arch, lr = member_config(cfg, i)  # [[members.override]] applied
             with tf.device(device):
-                model = build_member(cfg.members, n_features, n_classes,
+                model = build_member(arch, n_features, n_classes,
                                      member_seed(cfg.training.seed, i), name=f"member_{i}")
-                optimizers.append(build_optimizer(model, cfg.training.learning_rate))
+                optimizers.append(build_optimizer(model, lr))
             models.append(model)
         group = cls(models, devices, indices=indices, client_device=client_device, **kwargs)
         group.optimizers = optimizers

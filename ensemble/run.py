@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from ensemble import artifacts, data
-from ensemble.config import Config
+from ensemble.config import Config, member_hparams
 from ensemble.errors import UsageError
 from ensemble.members import member_seed
-from ensemble.placement import place
+from ensemble.placement import mlp_flops, place
 from ensemble.preprocessing import Preprocessing
 
 
@@ -87,7 +87,10 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     artifacts.write_splits(run_dir, {s: x[r] for s, r in rows.items()},
                            {s: y[r] for s, r in rows.items()}, rows)
     artifacts.write_text(run_dir / artifacts.PREPROCESSING, pre.to_json())
-    placement = place(cfg.members.count, devices)
+    n_features, n_classes = len(pre.output_names), len(classes)
+    hparams = [member_hparams(cfg, i) for i in range(cfg.members.count)]
+    flops = [mlp_flops(n_features, h["hidden"], n_classes) for h in hparams]
+    placement = place(cfg.members.count, devices, cfg.placement.strategy, flops)
     manifest = {
         "run_id": new_run_id(cfg), "mode": mode, "status": "running",
         "pid": os.getpid(), "host": socket.gethostname(),
@@ -99,8 +102,10 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
                     "classes": classes.tolist(),
                     "sha256": ds.sha256()},
         "devices": list(devices), "cluster": cluster,
+        "placement": {"strategy": cfg.placement.strategy},
         "members": [{"index": i, "seed": member_seed(cfg.training.seed, i), "device": d,
-                     "status": "pending"} for i, d in enumerate(placement)],
+                     "status": "pending", "hparams": hparams[i], "flops_per_row": flops[i]}
+                    for i, d in enumerate(placement)],
         "versions": versions(),
         "timings": {"prepare_seconds": time.perf_counter() - start},
     }

@@ -44,3 +44,45 @@ def test_placement_does_not_import_tensorflow():
     code = "import sys, ensemble.placement; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+BALANCED = [
+    # costs, devices, expected (longest first, each to the least-loaded device)
+    ([5, 5], ["a", "b"], ["a", "b"]),
+    ([1, 9, 1, 1], ["a", "b"], ["b", "a", "b", "b"]),  # 9 alone; the three 1s together
+    ([3, 3, 2, 2, 2], ["a", "b"], ["a", "b", "a", "b", "a"]),  # loads 7 and 5
+    ([4, 1, 4, 1], ["a", "b", "c"], ["a", "c", "b", "c"]),
+    ([2, 2, 2], ["a"], ["a", "a", "a"]),
+    ([0, 0], ["a", "b"], ["a", "b"]),  # equal costs: round robin by index
+]
+
+
+@pytest.mark.parametrize("costs, devices, expected", BALANCED)
+def test_balanced_table(costs, devices, expected):
+    assert place(len(costs), devices, "balanced", costs) == expected
+
+
+def test_balanced_beats_round_robin_on_mixed_costs():
+    costs = [8, 1, 8, 1]  # round robin puts both 8s on the same device of two
+    load = {}
+    for strategy in ("round-robin", "balanced"):
+        devs = place(4, ["a", "b"], strategy, costs)
+        load[strategy] = max(sum(c for c, d in zip(costs, devs) if d == x) for x in "ab")
+    assert load == {"round-robin": 16, "balanced": 9}
+
+
+def test_mlp_flops_by_hand():
+    from ensemble.placement import mlp_flops
+
+    assert mlp_flops(64, [256, 128], 10) == 2 * (64 * 256 + 256 * 128 + 128 * 10)
+    assert mlp_flops(4, [], 3) == 24
+
+
+@pytest.mark.parametrize("strategy, costs, match", [
+    ("fastest", None, "placement.strategy"),
+    ("balanced", None, "one cost per member"),
+    ("balanced", [1, -1], "non-negative"),
+])
+def test_bad_strategies(strategy, costs, match):
+    with pytest.raises(UsageError, match=match):
+        place(2, ["a", "b"], strategy, costs)

@@ -1,0 +1,97 @@
+"""Hyperparameter ensembles: members of different architectures in both modes, balanced
+placement, per-member overrides in the config and the manifest."""
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import run_cli
+
+from ensemble import artifacts, config
+from ensemble.errors import UsageError
+
+HETERO = """
+[data]
+source = "digits"
+[members]
+count = 3
+hidden = [32]
+[[members.override]]
+index = 1
+hidden = [48, 16]
+activation = "tanh"
+learning_rate = 0.003
+[[members.override]]
+index = 2
+dropout = 0.0
+[training]
+epochs = 2
+batch_size = 64
+seed = 1
+[placement]
+devices = "cpu:2"
+strategy = "balanced"
+"""
+
+
+@pytest.fixture(scope="module")
+def hetero(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hetero")
+    path = tmp / "hetero.toml"
+    path.write_text(HETERO)
+    runs = {}
+    for mode in ("in-graph", "between-graph"):
+        runs[mode] = tmp / mode
+        assert run_cli("train", "--config", path, "--mode", mode, "--run-dir", runs[mode]) == 0
+    return path, runs
+
+
+def test_overrides_resolve_per_member(hetero):
+    cfg = config.load(hetero[0])
+    assert config.member_hparams(cfg, 0) == {"hidden": [32], "activation": "relu",
+                                             "dropout": 0.1, "learning_rate": 0.001}
+    assert config.member_hparams(cfg, 1) == {"hidden": [48, 16], "activation": "tanh",
+                                             "dropout": 0.1, "learning_rate": 0.003}
+    assert config.member_hparams(cfg, 2)["dropout"] == 0.0
+
+
+def test_heterogeneous_members_same_in_both_modes(hetero):
+    _, runs = hetero
+    a, b = (pq.read_table(runs[m] / "predictions.parquet").to_pandas() for m in runs)
+    cols = [c for c in a.columns if c.startswith("p_")]
+    assert (a.model == b.model).all()
+    assert abs(a[cols].to_numpy() - b[cols].to_numpy()).max() <= 1e-6
+    manifest = artifacts.read_manifest(runs["in-graph"])
+    members = manifest["members"]
+    assert [m["hparams"]["hidden"] for m in members] == [[32], [48, 16], [32]]
+    # FLOPs per row: 2 * (64*32 + 32*10) = 4736 and 2 * (64*48 + 48*16 + 16*10) = 8000:
+    # balanced placement gives the costliest member a device of its own
+    assert [m["flops_per_row"] for m in members] == [4736, 8000, 4736]
+    assert [m["device"] for m in members] == ["/device:CPU:1", "/device:CPU:0",
+                                              "/device:CPU:1"]
+    assert manifest["placement"] == {"strategy": "balanced"}
+
+
+def test_heterogeneous_members_on_their_devices_in_the_traced_graph(hetero):
+    from test_in_graph import _ops_by_member
+
+    from ensemble.in_graph import InGraphEnsemble
+
+    cfg = config.load(hetero[0])
+    devs = ["/device:CPU:1", "/device:CPU:0", "/device:CPU:1"]
+    ens = InGraphEnsemble.build(cfg, 64, 10, devs)
+    assert [len(m.layers) for m in ens.models] == [3, 5, 2]  # dense+dropout per layer, output
+    found = _ops_by_member(ens.predict_fn.get_concrete_function().graph, 3)
+    assert found == {0: {devs[0]}, 1: {devs[1]}, 2: {devs[2]}}
+
+
+@pytest.mark.parametrize("override, match", [
+    ({"index": 5}, r"override\[0\]\.index"),
+    ({"index": 0, "epochs": 3}, "shared by every member"),
+    ({"index": 0, "batch_size": 3}, "shared by every member"),
+    ({"index": 0, "dropout": 1.5}, r"override\[0\]\.dropout"),
+    ({"index": 0, "hidden": [0]}, r"override\[0\]\.hidden\[0\]"),
+    ({"index": 0, "activation": "soft"}, r"override\[0\]\.activation"),
+    ({"index": 0, "l1": 0.1}, r"members\.override\[0\]\.l1"),
+])
+def test_bad_overrides(override, match):
+    with pytest.raises(UsageError, match=match):
+        config.from_dict({"members": {"count": 2, "override": [override]}})
