@@ -2,6 +2,26 @@
 
 Blocks only: configuration, data, device placement, members, the two builders, aggregators,
 metrics and artifacts. The pipelines and the CLI live in the `pipelines` package.
+
+The notebook API is re-exported here lazily (module `__getattr__`, PEP 562): `ensemble.train`,
+`ensemble.load_run` and `ensemble.Run` come from `pipelines.api` the first time they are used,
+so `import ensemble` imports neither TensorFlow nor the pipelines (clients and the aggregator
+start lean). `ensemble.sklearn.DeepEnsembleClassifier` is the scikit-learn estimator.
 """
 
 __version__ = "0.1.0"
+
+_API = ("train", "load_run", "Run")
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from pipelines import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'ensemble' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_API])

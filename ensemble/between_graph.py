@@ -83,6 +83,7 @@ def _start_client(manifest: dict, indices: Sequence[int], threads: int | None,
     env, local = local_devices(wanted)
     os.environ.update(env)
     devices.set_threads(threads, threads)
+    devices.configure_gpus(cfg.placement.memory_growth, cfg.placement.memory_limit_mb)
     import tensorflow as tf
 
     if cfg.training.deterministic:
@@ -126,10 +127,23 @@ def run_client(run_dir: Path, indices: int | Sequence[int], threads: int | None 
         for index, device in zip(indices, local):
             start = time.perf_counter()
             cbs = callbacks(index) if callbacks is not None else ()
-            out.append(_train_member(run_dir, manifest, cfg, split, index, device, cbs))
+            with _placement_log(run_dir, index):
+                out.append(_train_member(run_dir, manifest, cfg, split, index, device, cbs))
             if on_member_done is not None:
                 on_member_done(index, time.perf_counter() - start)
     return out
+
+
+def _placement_log(run_dir: Path, index: int):
+    """TensorFlow's placement log of member `index` to `RUN/placement/member-<i>.log` when the
+    launcher asks for it (`--log-device-placement`), else nothing."""
+    import contextlib
+
+    from ensemble import placement_log
+
+    if os.environ.get(placement_log.ENV) != "1":
+        return contextlib.nullcontext()
+    return placement_log.capture(Path(run_dir) / "placement" / f"member-{index}.log")
 
 
 def _train_member(run_dir: Path, manifest: dict, cfg, split: dict, index: int, device: str,
@@ -140,6 +154,10 @@ def _train_member(run_dir: Path, manifest: dict, cfg, split: dict, index: int, d
     classes = np.asarray(manifest["dataset"]["classes"])
     (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
     member = MemberGroup.build(cfg, x_tr.shape[1], len(classes), [device], [index])
+    if cfg.training.tensorboard:
+        from ensemble.tensorboard import MemberScalars
+
+        callbacks = [*callbacks, MemberScalars(run_dir)]
     history = member.fit(x_tr, y_tr, x_val, y_val, cfg.training.seed, cfg.training.epochs,
                          cfg.training.batch_size, run_dir / "checkpoints" / f"member-{index}",
                          callbacks, cfg.training.steps_per_execution,

@@ -97,15 +97,24 @@ class TrainingConfig:
     deterministic: bool = True
     checkpoint_every: int = 1  # epochs between checkpoints (the last epoch is always saved)
     steps_per_execution: int = 0  # steps per traced call; 0: automatic (calls of about 1 s)
+    tensorboard: bool = False  # tf.summary scalars under RUN/tensorboard/ (members, ensemble)
 
 
 @dataclass(frozen=True)
 class PlacementConfig:
     """Device spec: `auto`, `cpu:N` or a comma-separated list of device names; `strategy`:
-    `round-robin` (by member index) or `balanced` (by each member's FLOPs per row)."""
+    `round-robin` (by member index) or `balanced` (by each member's FLOPs per row).
+
+    GPU memory: `memory_growth` allocates GPU memory as needed instead of all of it at
+    start-up; `memory_limit_mb` caps every GPU at this many MiB (a logical device
+    configuration; 0: no cap). Both apply before TensorFlow initialises; without GPUs they
+    only print a notice.
+    """
 
     devices: str = "auto"
     strategy: str = "round-robin"
+    memory_growth: bool = True
+    memory_limit_mb: int = 0
 
 
 @dataclass(frozen=True)
@@ -237,6 +246,9 @@ def _check_ranges(cfg: Config) -> None:
     syn = cfg.data.synthetic
     for name in ("rows", "features", "classes"):
         positive(f"data.synthetic.{name}", getattr(syn, name))
+    if cfg.placement.memory_limit_mb < 0:
+        raise UsageError("Expected `placement.memory_limit_mb` to be >= 0 (0: no limit). "
+                         f"Received: {cfg.placement.memory_limit_mb}")
     if cfg.training.seed < 0:
         raise UsageError(f"Expected `training.seed` to be >= 0. Received: {cfg.training.seed}")
     if cfg.data.split_seed < 0:

@@ -1,7 +1,9 @@
-"""Device specs: resolve `auto`, `cpu:N` or a list of device names to TensorFlow devices.
+"""Devices: resolve `auto`, `cpu:N` or a list of device names to TensorFlow devices, set GPU
+memory growth and limits, and describe the devices and the TensorFlow build.
 
-`cpu:N` splits the CPU into N logical devices, which TensorFlow allows only before it
-initialises its runtime; call `resolve` before running any TensorFlow op.
+`cpu:N` splits the CPU into N logical devices and `configure_gpus` sets memory growth or a
+memory limit (a logical device configuration, as in TensorFlow's GPU guide); TensorFlow allows
+both only before it initialises its runtime, so call them before running any TensorFlow op.
 """
 
 from __future__ import annotations
@@ -53,11 +55,16 @@ def canonical(name: str) -> str:
     return spec.replace(device_index=spec.device_index or 0).to_string()
 
 
-def split_cpu(n: int) -> list[str]:
+def split_cpu(n: int, allow_fewer: bool = False) -> list[str]:
     """Split the CPU into `n` logical devices (or reuse an earlier, large enough split).
 
+    Args:
+        allow_fewer: when TensorFlow is already initialised with fewer logical CPU devices,
+            return those (members then share them round robin) instead of raising.
+
     Raises:
-        UsageError: TensorFlow is already initialised with fewer logical CPU devices.
+        UsageError: TensorFlow is already initialised with fewer logical CPU devices (and
+            not `allow_fewer`).
     """
     import tensorflow as tf
 
@@ -70,6 +77,8 @@ def split_cpu(n: int) -> list[str]:
         )
     except RuntimeError:  # already initialised in this process
         have = len(tf.config.list_logical_devices("CPU"))
+        if have < n and allow_fewer:
+            return [f"/device:CPU:{i}" for i in range(have)]
         if have < n:
             raise UsageError(
                 f"TensorFlow is already initialised with {have} logical CPU devices; "
@@ -95,7 +104,8 @@ def resolve(spec: str, n_members: int, cluster: dict | None = None) -> list[str]
     """Resolve a device spec to canonical device names, configuring logical CPUs if needed.
 
     `auto`: every GPU if there is one, otherwise the CPU split into
-    `min(n_members, AUTO_CPU_CAP)` logical devices. With a `cluster` spec, this client
+    `min(n_members, AUTO_CPU_CAP)` logical devices (or the logical CPUs that an already
+    initialised TensorFlow has, e.g. in a notebook that trained before). With a `cluster` spec, this client
     connects to it first and `auto` means the devices of its tasks (`cluster.connect`).
 
     Raises:
@@ -120,7 +130,7 @@ def resolve(spec: str, n_members: int, cluster: dict | None = None) -> list[str]
         gpus = tf.config.list_physical_devices("GPU")
         if gpus:
             return [f"/device:GPU:{i}" for i in range(len(gpus))]
-        return split_cpu(max(1, min(n_members, AUTO_CPU_CAP)))
+        return split_cpu(max(1, min(n_members, AUTO_CPU_CAP)), allow_fewer=True)
     names = [canonical(n) for n in value]
     local = {canonical(d.name) for d in tf.config.list_logical_devices()}
     for name in names:
@@ -129,6 +139,136 @@ def resolve(spec: str, n_members: int, cluster: dict | None = None) -> list[str]
                 f"Unknown device {name!r}; this machine has: {', '.join(sorted(local))}"
             )
     return names
+
+
+def configure_gpus(memory_growth: bool = True, memory_limit_mb: int = 0) -> list[str]:
+    """Set memory growth, or a memory limit of `memory_limit_mb` MiB, on every visible GPU.
+
+    TensorFlow refuses memory growth on a GPU with a logical device configuration, so a limit
+    wins over growth. Call before TensorFlow initialises its runtime.
+
+    Returns:
+        Notices for the user (one line each): no GPU to apply the settings to, or TensorFlow
+        already initialised (the settings then apply from the next process). Never raises for
+        these cases: a CPU-only machine runs the same config.
+    """
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        if memory_limit_mb:
+            return [f"no GPU on this machine: placement.memory_limit_mb = {memory_limit_mb} "
+                    f"and memory_growth = {str(memory_growth).lower()} have no effect; "
+                    "training runs on the CPU"]
+        return []
+    notices = []
+    for gpu in gpus:
+        try:
+            if memory_limit_mb:
+                tf.config.set_logical_device_configuration(
+                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=memory_limit_mb)])
+            elif memory_growth:
+                tf.config.experimental.set_memory_growth(gpu, True)
+        except (RuntimeError, ValueError) as exc:
+            notices.append(f"GPU memory settings not applied to {gpu.name} ({exc}); "
+                           "TensorFlow was already initialised in this process")
+            break
+    if memory_limit_mb and memory_growth:
+        notices.append(f"placement.memory_limit_mb = {memory_limit_mb} caps each GPU; "
+                       "memory_growth does not apply to a GPU with a memory limit")
+    return notices
+
+
+def build_info() -> dict:
+    """The TensorFlow build: version, CUDA and cuDNN versions when it is a CUDA build
+    (`tf.sysconfig.get_build_info()`), as JSON-able values."""
+    import tensorflow as tf
+
+    info = {"tensorflow": tf.__version__}
+    try:
+        raw = dict(tf.sysconfig.get_build_info())
+    except Exception:  # some builds have no build info module
+        raw = {}
+    for key, value in raw.items():
+        info[key] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return info
+
+
+def _host_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def describe() -> dict:
+    """The physical and logical devices TensorFlow sees, with their memory in bytes.
+
+    Returns:
+        `{"physical": [{name, type, memory_bytes, details}], "logical": [{name, type,
+        memory_limit_bytes}], "build": build_info()}`: the physical CPU's memory is the host's
+        RAM; a physical GPU's is its total memory as TensorFlow reports it
+        (`device_lib.list_local_devices`, the memory of the logical devices on it, when
+        no limit is set); a logical device's is TensorFlow's memory limit for it (None for
+        the logical CPUs beyond the first, which share the host memory).
+    """
+    import tensorflow as tf
+    from tensorflow.python.client import device_lib
+
+    local = {canonical(d.name): int(d.memory_limit) for d in device_lib.list_local_devices()}
+    physical = []
+    for dev in tf.config.list_physical_devices():
+        details = {}
+        if dev.device_type == "GPU":
+            try:
+                details = {k: (v if isinstance(v, (str, int)) else str(v))
+                           for k, v in tf.config.experimental.get_device_details(dev).items()}
+            except Exception:
+                details = {}
+        mem = (_host_memory_bytes() if dev.device_type == "CPU" else
+               sum(v for k, v in local.items() if f"{dev.device_type}:" in k) or None)
+        physical.append({"name": dev.name, "type": dev.device_type, "memory_bytes": mem,
+                         "details": details})
+    logical = [{"name": canonical(d.name), "type": d.device_type,
+                "memory_limit_bytes": local.get(canonical(d.name))}
+               for d in tf.config.list_logical_devices()]
+    return {"physical": physical, "logical": logical, "build": build_info()}
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "memory unknown"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return ""
+
+
+def format_description(desc: dict) -> str:
+    """`describe()` as the lines `ensemble devices` prints."""
+    lines = ["physical devices:"]
+    for d in desc["physical"]:
+        extra = d["details"].get("device_name")
+        cc = d["details"].get("compute_capability")
+        what = f" ({extra}{f', compute capability {cc}' if cc else ''})" if extra else ""
+        label = "host memory" if d["type"] == "CPU" else "memory"
+        lines.append(f"  {d['name']:<28} {d['type']:<4} {label} {_size(d['memory_bytes'])}{what}")
+    if not any(d["type"] == "GPU" for d in desc["physical"]):
+        lines.append("  (no GPU visible to TensorFlow)")
+    lines.append("logical devices:")
+    for d in desc["logical"]:
+        mem = d["memory_limit_bytes"]
+        text = ("shares host memory" if mem is None and d["type"] == "CPU"
+                else f"memory limit {_size(mem)}")
+        lines.append(f"  {d['name']:<28} {d['type']:<4} {text}")
+    b = desc["build"]
+    if b.get("is_cuda_build"):
+        gpu = f"CUDA {b.get('cuda_version', '?')}, cuDNN {b.get('cudnn_version', '?')}"
+    else:
+        gpu = "no CUDA (CPU-only build)"
+    lines.append(f"tensorflow {b['tensorflow']}: {gpu}")
+    return "\n".join(lines)
 
 
 def cpu_count() -> int:

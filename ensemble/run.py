@@ -20,6 +20,7 @@ import numpy as np
 
 from ensemble import artifacts, data
 from ensemble.config import Config, member_hparams
+from ensemble.devices import build_info
 from ensemble.errors import UsageError
 from ensemble.members import member_seed
 from ensemble.placement import mlp_flops, place
@@ -106,7 +107,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
         "members": [{"index": i, "seed": member_seed(cfg.training.seed, i), "device": d,
                      "status": "pending", "hparams": hparams[i], "flops_per_row": flops[i]}
                     for i, d in enumerate(placement)],
-        "versions": versions(),
+        "versions": versions(), "tensorflow_build": build_info(),
         "timings": {"prepare_seconds": time.perf_counter() - start},
     }
     artifacts.write_manifest(run_dir, manifest)

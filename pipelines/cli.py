@@ -91,37 +91,46 @@ def cmd_train(args) -> int:
 
         data.load(cfg.data)
     _import_tensorflow_quietly()
-    from pipelines import evaluate, train
+    from pipelines import api
 
-    run_dir = Path(args.run_dir) if args.run_dir else train.default_run_dir(cfg)
-    if args.prepare_only and args.mode != "between-graph":
-        raise UsageError("--prepare-only is for --mode between-graph")
     ready = time.time()
     verbosity = 0 if args.quiet else 2 if args.verbose else 1
-    if args.mode == "in-graph":
-        train.train_in_graph(cfg, run_dir, overwrite=args.overwrite, resume=args.resume,
-                             cluster=_cluster(args), verbosity=verbosity)
-    else:
-        from pipelines import between
-
-        manifest = between.train_between_graph(cfg, run_dir, jobs=args.jobs,
-                                               overwrite=args.overwrite,
-                                               prepare_only=args.prepare_only,
-                                               resume=args.resume, cluster=_cluster(args),
-                                               verbosity=verbosity)
-        if args.prepare_only:
-            print(f"prepared run directory: {run_dir}; now run, on any machine that sees it:")
-            for m in manifest["members"]:
-                print(f"  ensemble client --run {run_dir} --member {m['index']}")
-            print(f"then: ensemble aggregate --run {run_dir}")
-            return 0
+    trained = api.train(cfg, args.mode, args.run_dir, overwrite=args.overwrite,
+                        resume=args.resume, jobs=args.jobs, cluster=_cluster(args),
+                        prepare_only=args.prepare_only,
+                        tensorboard=True if args.tensorboard else None,
+                        log_device_placement=args.log_device_placement, verbosity=verbosity)
+    run_dir = trained.path
+    if args.prepare_only:
+        print(f"prepared run directory: {run_dir}; now run, on any machine that sees it:")
+        for m in trained.manifest["members"]:
+            print(f"  ensemble client --run {run_dir} --member {m['index']}")
+        print(f"then: ensemble aggregate --run {run_dir}")
+        return 0
     from ensemble import artifacts
 
     manifest = artifacts.read_manifest(run_dir)  # when this process was ready to work
     manifest["timings"].update(process_ready_unix=ready, process_peak_rss_bytes=peak_rss_bytes())
     artifacts.write_manifest(run_dir, manifest)
     print(f"run directory: {run_dir}")
-    print(evaluate.evaluate(run_dir)[1])
+    if trained.config.training.tensorboard:
+        print(f"tensorboard: tensorboard --logdir {run_dir / 'tensorboard'}")
+    print(trained.summary())
+    return 0
+
+
+def cmd_devices(args) -> int:
+    from ensemble import config, devices
+
+    cfg = config.load(args.config)
+    spec = args.devices or cfg.placement.devices
+    limit = cfg.placement.memory_limit_mb if args.memory_limit_mb is None else args.memory_limit_mb
+    for text in devices.configure_gpus(cfg.placement.memory_growth, limit):
+        print(f"notice: {text}", file=sys.stderr)
+    kind, n = devices.parse(spec)
+    if kind == "cpu":
+        devices.split_cpu(n)
+    print(devices.format_description(devices.describe()))
     return 0
 
 
@@ -318,6 +327,12 @@ def _parser() -> argparse.ArgumentParser:
          help="continue the interrupted run in --run-dir from its checkpoints")
     _add(t, "--prepare-only", action="store_true",
          help="between-graph only: prepare the run for separately launched clients")
+    _add(t, "--tensorboard", action="store_true",
+         help="write tf.summary scalars under RUN/tensorboard/ (default: the config's "
+              "[training] tensorboard, false)")
+    _add(t, "--log-device-placement", action="store_true",
+         help="print where every member's ops ran (TensorFlow's placement log, filtered to "
+              "the members; kept under RUN/placement/)")
     loud = t.add_mutually_exclusive_group()
     _add(loud, "--quiet", action="store_true", help="no progress output")
     _add(loud, "--verbose", action="store_true",
@@ -389,6 +404,15 @@ def _parser() -> argparse.ArgumentParser:
     _add(c, "--cluster", metavar="FILE", help="with --predict: cluster spec FILE.json "
                                                "(default: none)")
 
+    d = command("devices", "list the physical and logical devices TensorFlow sees, with "
+                           "their memory", cmd_devices)
+    _add(d, "--config", metavar="PATH",
+         help="TOML config whose [placement] memory settings apply (default: built-in)")
+    _add(d, "--devices", metavar="SPEC",
+         help="split the CPU first with cpu:N (default: the config's, auto)")
+    _add(d, "--memory-limit-mb", type=_nonneg, metavar="MB",
+         help="cap each GPU at MB MiB (default: the config's [placement] memory_limit_mb, 0)")
+
     s = command("server", "serve one task of a TensorFlow cluster", cmd_server)
     _add(s, "--cluster", metavar="FILE", help="cluster spec FILE.json (default: TF_CONFIG)")
     _add(s, "--task", required=True, metavar="JOB:I", help="the task to serve, e.g. worker:0")
@@ -430,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command != "train":  # train: once its mode is known (on --resume, the run's)
             _refuse_inapplicable(args)
-        if args.command in ("client", "server"):
+        if args.command in ("client", "server", "devices"):
             _import_tensorflow_quietly()
         return args.func(args)
     except UsageError as exc:

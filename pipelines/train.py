@@ -78,6 +78,12 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     placed = [m["device"] for m in manifest["members"]]
     start = time.perf_counter()
     ens = InGraphEnsemble.build(cfg, x_tr.shape[1], len(classes), placed, aggregators=())
+    if cfg.training.tensorboard:  # member scalars, and the in-graph ensemble's per epoch
+        from ensemble.tensorboard import EnsembleScalars, MemberScalars
+
+        callbacks = [*callbacks, MemberScalars(run_dir),
+                     EnsembleScalars(run_dir, lambda: ens.predict(x_val)[0], y_val,
+                                     cfg.aggregation.aggregators)]
     history = ens.fit(x_tr, y_tr, x_val, y_val, cfg.training.seed, cfg.training.epochs,
                       cfg.training.batch_size, run_dir / "checkpoints" / "in-graph", callbacks,
                       cfg.training.steps_per_execution, cfg.training.checkpoint_every)
