@@ -425,6 +425,9 @@ def _refuse_inapplicable(args) -> None:
     if args.command in ("train", "predict") and mode == "in-graph" and args.jobs:
         raise UsageError("--jobs applies to --mode between-graph only: in-graph replication "
                          "runs every member in one process")
+    if args.command == "train" and mode == "in-graph" and args.prepare_only:
+        raise UsageError("--prepare-only is for --mode between-graph: it writes the run "
+                         "directory for clients started by hand or by a scheduler")
     if args.command == "predict" and mode == "between-graph" and args.devices:
         raise UsageError("--devices applies to --mode in-graph only: between-graph clients "
                          "predict on the members' own devices (or --cluster's)")
