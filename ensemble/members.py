@@ -54,20 +54,23 @@ def save_member(model, path) -> None:
         model.save(tmp)
 
 
-def load_member(path, device: str):
-    """Load a saved member with `safe_mode=True` onto `device`.
+def load_member(path, device: str | None):
+    """Load a saved member with `safe_mode=True` onto `device` (None: no device scope, as an
+    export needs: nothing hard-wired).
 
     Raises:
         UsageError: missing file, or a model that cannot be loaded safely (names the file).
     """
+    import contextlib
+    from pathlib import Path
+
     import keras
     import tensorflow as tf
-    from pathlib import Path
 
     if not Path(path).is_file():
         raise UsageError(f"Member model not found: {path}")
     try:
-        with tf.device(device):
+        with tf.device(device) if device is not None else contextlib.nullcontext():
             return keras.saving.load_model(path, safe_mode=True, compile=False)
     except Exception as exc:  # Keras raises ValueError/TypeError/OSError for bad files
         raise UsageError(f"Cannot load member model {path} safely: "

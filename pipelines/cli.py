@@ -173,6 +173,15 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    _import_tensorflow_quietly()
+    from ensemble.export import export_run
+
+    path = export_run(Path(args.run), Path(args.out), args.version, args.aggregator)
+    print(f"SavedModel: {path} (TensorFlow Serving: --model_base_path={path.parent.resolve()})")
+    return 0
+
+
 def cmd_compare(args) -> int:
     from pipelines import compare
 
@@ -358,6 +367,16 @@ def _parser() -> argparse.ArgumentParser:
               "named in a notice)")
     _add(pr, "--json", action="store_true",
          help="print a machine-readable report (rows, timings, peak memory) as the last line")
+
+    x = command("export", "write a run as a SavedModel for TensorFlow Serving (DIR/<version>/)",
+                cmd_export)
+    _add(x, "--run", required=True, metavar="PATH", help="the run directory to export")
+    _add(x, "--out", required=True, metavar="DIR", help="model base folder of TF Serving")
+    _add(x, "--version", type=_positive, metavar="N",
+         help="version folder DIR/N (default: 1 + the largest version in DIR)")
+    _add(x, "--aggregator", metavar="NAME",
+         help="aggregator of the serving_default signature (default: the run's first); "
+              "every aggregator of the run gets its own signature too")
 
     e = command("evaluate", "print the ensemble against its members, validation and test",
                 cmd_evaluate)

@@ -1,0 +1,174 @@
+"""Export a trained run as a SavedModel in TensorFlow Serving's layout (`DIR/<version>/`).
+
+The SavedModel is self-contained: a client sends raw, unscaled feature rows and gets the
+ensemble's probabilities and the original class labels back, with no Python of this project.
+
+- Signature `serving_default` (the chosen aggregator) and one signature per aggregator of the
+  run, named after it (`mean`, `vote`, `weighted`, ...). Each takes `features`: `[batch,
+  n_features]` float32 in the run's feature order (`assets/feature_names.txt`, one name a
+  line; also in the signatures' method docs, `feature_names` on the loaded object) and returns
+  `probabilities` `[batch, n_classes]` float32, `labels` `[batch]` (the original labels:
+  int64 or string, through a `tf.constant` lookup of `assets/classes.txt`), `class_index`
+  `[batch]` int64, `member_probabilities` `[batch, n_members, n_classes]` float32 (batch first,
+  as TF Serving's row format wants).
+- In the graph: numeric imputation (the fill values of `preprocessing.json`, when the run
+  imputes), standardisation in float64 as `Preprocessing.transform`, every member, and the
+  aggregator's TensorFlow twin (`ensemble.aggregate_tf`) with the parameters of
+  `aggregators.json`. A run with categorical columns is refused: string columns cannot enter
+  a float32 `[batch, n_features]` signature.
+- No device is hard-wired: members are loaded and the signatures traced under no `tf.device`,
+  and TensorFlow's default variable policy saves no device, so the export loads on any machine.
+
+Written with TensorFlow's own `tf.saved_model.save` of a `tf.Module`; the version folder is
+written under a temporary name beside it and renamed into place, so TF Serving (which watches
+`DIR`) never sees a half-written version.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ensemble import artifacts, run
+from ensemble.errors import UsageError
+from ensemble.preprocessing import Preprocessing
+
+DEFAULT_SIGNATURE = "serving_default"
+FEATURES_ASSET = "feature_names.txt"
+CLASSES_ASSET = "classes.txt"
+
+
+def next_version(out: Path) -> int:
+    """1 + the largest integer version folder in `out` (1 when there is none)."""
+    found = [int(p.name) for p in Path(out).glob("*") if p.is_dir() and p.name.isdigit()]
+    return max(found, default=0) + 1
+
+
+def check_exportable(pre: Preprocessing) -> None:
+    """Raises UsageError for a run the float32 signature cannot serve (categorical columns)."""
+    if pre.categories:
+        raise UsageError(
+            f"Cannot export a run with categorical columns ({', '.join(pre.categories)}): the "
+            "SavedModel takes float32 features [batch, n_features]; retrain on numeric columns "
+            "(or one-hot encode them in the data) to export.")
+
+
+def build_module(models, pre: Preprocessing, aggregators, params: dict, default: str):
+    """The `tf.Module` to save and its signatures.
+
+    Args:
+        models: the members' Keras models `[n_members]` (loaded under no device).
+        pre: the run's preprocessing (numeric only, see `check_exportable`).
+        aggregators: the run's aggregator names; `default` among them.
+        params: fitted aggregators' parameters `{name: params}` (`aggregators.json`).
+
+    Returns:
+        (module, `{signature name: concrete function}`).
+    """
+    import tensorflow as tf
+
+    from ensemble.aggregate_tf import aggregate_tf
+
+    n_features = len(pre.feature_names)
+    names = list(pre.feature_names)
+    mod = tf.Module()
+    mod.members = list(models)
+    mod.feature_names = tf.constant(names)
+    classes = pre.classes
+    mod.classes = tf.constant(classes.astype(str) if classes.dtype.kind in "OUS"
+                              else classes.astype(np.int64))
+    mean, scale = tf.constant(pre.mean, tf.float64), tf.constant(pre.scale, tf.float64)
+    fill = tf.constant(pre.fill, tf.float64) if len(pre.fill) else None
+    spec = tf.TensorSpec([None, n_features], tf.float32, name="features")
+    doc = (f"features: [batch, {n_features}] float32, raw (unscaled) columns in this order: "
+           + ", ".join(names))
+
+    def make(aggregator: str):
+        def serve(features):
+            x = tf.cast(features, tf.float64)
+            if fill is not None:
+                x = tf.where(tf.math.is_nan(x), fill, x)
+            x = tf.cast((x - mean) / scale, tf.float32)
+            stacked = tf.stack([m(x, training=False) for m in mod.members])
+            probs = aggregate_tf(stacked, aggregator, params.get(aggregator))
+            index = tf.argmax(probs, axis=1)
+            return {"probabilities": probs, "labels": tf.gather(mod.classes, index),
+                    "class_index": index,
+                    "member_probabilities": tf.transpose(stacked, [1, 0, 2])}
+
+        serve.__doc__ = f"Ensemble ({aggregator}) prediction. {doc}"
+        return tf.function(serve, input_signature=[spec]).get_concrete_function()
+
+    sigs = {a: make(a) for a in aggregators}
+    sigs[DEFAULT_SIGNATURE] = sigs[default]
+    for a, fn in sigs.items():  # keep them reachable on the loaded object too
+        setattr(mod, "predict" if a == DEFAULT_SIGNATURE else f"predict_{a}", fn)
+    return mod, sigs
+
+
+def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
+               aggregator: str | None = None) -> Path:
+    """Write run `run_dir` as a SavedModel `out/<version>/` for TensorFlow Serving.
+
+    Args:
+        version: the version folder (an integer >= 1); default: 1 + the largest in `out`.
+        aggregator: the aggregator of `serving_default` (default: the run's first).
+
+    Returns:
+        The version folder.
+
+    Raises:
+        UsageError: the run is not completed or damaged, has categorical columns, the
+            aggregator is not one of the run's, or `out/<version>` already exists.
+    """
+    from ensemble.fitted import member_params
+    from ensemble.posthoc import run_aggregators
+
+    run_dir, out = Path(run_dir), Path(out)
+    manifest = artifacts.read_manifest(run_dir)
+    run.require_completed(run_dir, manifest)
+    pre = Preprocessing.read(artifacts.verify(run_dir, manifest,
+                                              run_dir / artifacts.PREPROCESSING))
+    check_exportable(pre)
+    names, fit = run_aggregators(run_dir, manifest)
+    aggregator = aggregator or names[0]
+    if aggregator not in names:
+        raise UsageError(f"Expected --aggregator to be one of the run's aggregators "
+                         f"({', '.join(names)}). Received: {aggregator!r}")
+    if version is None:
+        version = next_version(out)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise UsageError(f"Expected `version` to be an integer >= 1. Received: {version!r}")
+    target = out / str(version)
+    if target.exists():
+        raise UsageError(f"{target} already exists; choose another --version (next free: "
+                         f"{next_version(out)}).")
+    n = len(manifest["members"])
+    params = member_params(fit, list(range(n)))
+    from ensemble.members import load_member
+
+    import tensorflow as tf
+
+    models = [load_member(artifacts.verify(run_dir, manifest,
+                                           artifacts.member_model_path(run_dir, i)), None)
+              for i in range(n)]
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=out))
+    try:
+        texts = {FEATURES_ASSET: "\n".join(pre.feature_names) + "\n",
+                 CLASSES_ASSET: "\n".join(map(str, pre.classes.tolist())) + "\n"}
+        staging = tmp / "staging"
+        staging.mkdir()
+        for name, text in texts.items():
+            (staging / name).write_text(text)
+        mod, sigs = build_module(models, pre, names, params, aggregator)
+        mod.assets = [tf.saved_model.Asset(str(staging / name)) for name in texts]
+        tf.saved_model.save(mod, str(tmp / "model"), signatures=sigs)
+        os.replace(tmp / "model", target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
