@@ -72,19 +72,23 @@ class Dataset:
 
 
 def _builtin(cfg: DataConfig) -> Dataset:
+    return _builtin_cached(cfg.source, cfg.synthetic if cfg.source == "synthetic" else None)
+
+
+@functools.lru_cache(maxsize=2)  # the CLI checks the data before TensorFlow loads, then uses it
+def _builtin_cached(source: str, s) -> Dataset:
     import sklearn.datasets as skd
 
-    if cfg.source == "synthetic":
-        s = cfg.synthetic
+    if source == "synthetic":
         x, y = skd.make_classification(
             n_samples=s.rows, n_features=s.features, n_informative=max(2, s.features // 2),
             n_redundant=0, n_classes=s.classes, random_state=s.seed,
         )
         names = tuple(f"x{i}" for i in range(s.features))
         return Dataset("synthetic", x.astype(np.float32), y.astype(np.int64), names)
-    bunch = getattr(skd, f"load_{cfg.source}")()
+    bunch = getattr(skd, f"load_{source}")()
     names = tuple(str(n) for n in bunch.feature_names)
-    return Dataset(cfg.source, bunch.data.astype(np.float32), bunch.target.astype(np.int64), names)
+    return Dataset(source, bunch.data.astype(np.float32), bunch.target.astype(np.int64), names)
 
 
 def _read_table(path: Path) -> pa.Table:

@@ -100,7 +100,22 @@ def set_threads(intra_op: int | None = None, inter_op: int | None = None) -> Non
         pass
 
 
-def resolve(spec: str, n_members: int, cluster: dict | None = None) -> list[str]:
+GPU_DEVICE_NODES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+
+def gpu_possible() -> bool:
+    """Whether TensorFlow could find a GPU here: a CUDA (`/dev/nvidia*`), ROCm (`/dev/kfd`) or
+    WSL (`/dev/dxg`) device node exists, or the OS is not Linux (Metal plug-ins). A cheap
+    check, so that a process that only *names* devices (the between-graph launcher) can skip
+    importing TensorFlow on a machine without GPUs."""
+    import sys
+
+    return not sys.platform.startswith("linux") or any(os.path.exists(p)
+                                                        for p in GPU_DEVICE_NODES)
+
+
+def resolve(spec: str, n_members: int, cluster: dict | None = None,
+            names_only: bool = False) -> list[str]:
     """Resolve a device spec to canonical device names, configuring logical CPUs if needed.
 
     `auto`: every GPU if there is one, otherwise the CPU split into
@@ -108,13 +123,21 @@ def resolve(spec: str, n_members: int, cluster: dict | None = None) -> list[str]
     initialised TensorFlow has, e.g. in a notebook that trained before). With a `cluster` spec, this client
     connects to it first and `auto` means the devices of its tasks (`cluster.connect`).
 
+    `names_only`: the caller only needs the names (a between-graph launcher: each client
+    configures its own TensorFlow); then `cpu:N`, and `auto` on a machine without GPUs
+    (`gpu_possible`), are answered without importing TensorFlow or splitting the CPU.
+
     Raises:
         UsageError: malformed spec, or a named device this machine (or cluster) does not have.
         cluster.ClusterError: a task of the cluster is unreachable.
     """
+    kind, value = parse(spec)
+    if names_only and cluster is None and (kind == "cpu" or
+                                           (kind == "auto" and not gpu_possible())):
+        n = value if kind == "cpu" else max(1, min(n_members, AUTO_CPU_CAP))
+        return [f"/device:CPU:{i}" for i in range(n)]
     import tensorflow as tf
 
-    kind, value = parse(spec)
     if cluster is not None:
         from ensemble.cluster import connect
 
@@ -141,6 +164,14 @@ def resolve(spec: str, n_members: int, cluster: dict | None = None) -> list[str]
     return names
 
 
+def _no_gpu_notice(memory_growth: bool, memory_limit_mb: int) -> list[str]:
+    if memory_limit_mb:
+        return [f"no GPU on this machine: placement.memory_limit_mb = {memory_limit_mb} "
+                f"and memory_growth = {str(memory_growth).lower()} have no effect; "
+                "training runs on the CPU"]
+    return []
+
+
 def configure_gpus(memory_growth: bool = True, memory_limit_mb: int = 0) -> list[str]:
     """Set memory growth, or a memory limit of `memory_limit_mb` MiB, on every visible GPU.
 
@@ -152,15 +183,13 @@ def configure_gpus(memory_growth: bool = True, memory_limit_mb: int = 0) -> list
         already initialised (the settings then apply from the next process). Never raises for
         these cases: a CPU-only machine runs the same config.
     """
+    if not gpu_possible():  # answered without starting TensorFlow's GPU probing
+        return _no_gpu_notice(memory_growth, memory_limit_mb)
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
-        if memory_limit_mb:
-            return [f"no GPU on this machine: placement.memory_limit_mb = {memory_limit_mb} "
-                    f"and memory_growth = {str(memory_growth).lower()} have no effect; "
-                    "training runs on the CPU"]
-        return []
+        return _no_gpu_notice(memory_growth, memory_limit_mb)
     notices = []
     for gpu in gpus:
         try:

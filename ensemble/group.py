@@ -38,8 +38,8 @@ class MemberGroup:
         self.client_device = client_device
         self.optimizers: list = []
         n_features = self.models[0].input_shape[-1]
-        self.predict_fn = tf.function(
-            self._predict_graph,
+        self.predict_fn = tf.function(  # plain Python control flow: no AutoGraph conversion
+            self._predict_graph, autograph=False,
             input_signature=[tf.TensorSpec([None, n_features], tf.float32)])
 
     @classmethod

@@ -1,9 +1,11 @@
 """Classification metrics over probabilities (numpy, pure).
 
 Inputs are integer class indices `y` of shape `[n_rows]` and probabilities `p` of shape
-`[n_rows, n_classes]`. Accuracy and the multiclass Brier score come from scikit-learn; NLL and
-ECE follow the definitions of DESIGN.md (NLL clips at 1e-12, which `sklearn.metrics.log_loss`
-does not; scikit-learn has no ECE).
+`[n_rows, n_classes]`. The multiclass Brier score comes from scikit-learn (imported when first
+used); accuracy is one numpy line, the same as `sklearn.metrics.accuracy_score` on 1-D labels,
+so that a between-graph client, which scores its member on the validation split every epoch,
+never loads scikit-learn. NLL and ECE follow the definitions of DESIGN.md (NLL clips at 1e-12,
+which `sklearn.metrics.log_loss` does not; scikit-learn has no ECE).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from sklearn.metrics import accuracy_score, brier_score_loss
 
 NLL_CLIP = 1e-12
 ECE_BINS = 15
@@ -32,7 +33,7 @@ def _check(y: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def accuracy(y: np.ndarray, p: np.ndarray) -> float:
     """Share of rows whose argmax class equals `y` (ties to the smallest index)."""
     y, p = _check(y, p)
-    return float(accuracy_score(y, np.argmax(p, axis=1)))
+    return float(np.mean(np.argmax(p, axis=1) == y))
 
 
 def nll(y: np.ndarray, p: np.ndarray) -> float:
@@ -44,6 +45,8 @@ def nll(y: np.ndarray, p: np.ndarray) -> float:
 def brier(y: np.ndarray, p: np.ndarray) -> float:
     """Multiclass Brier score: mean over rows of `sum_c (p_c - onehot_c)^2` (Brier 1950);
     computed by `sklearn.metrics.brier_score_loss` with every class listed."""
+    from sklearn.metrics import brier_score_loss
+
     y, p = _check(y, p)
     with warnings.catch_warnings():  # float32 rows sum to 1 within 1e-6, not sklearn's 1e-8
         warnings.filterwarnings("ignore", message="The y_prob values do not sum to one")

@@ -11,6 +11,7 @@ import os
 import platform
 import shutil
 import socket
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,20 +49,29 @@ def check_run_dir(run_dir: Path, overwrite: bool) -> None:
             shutil.rmtree(run_dir / sub, ignore_errors=True)
 
 
-def versions() -> dict[str, str]:
-    """Versions of Python and the libraries a run depends on."""
-    import joblib
-    import keras
-    import pyarrow
-    import sklearn
-    import tensorflow as tf
+def versions() -> dict[str, str | None]:
+    """Versions of Python and the libraries a run depends on, read from the installed
+    distributions' metadata (`importlib.metadata`): nothing is imported, so a process that
+    does not need TensorFlow or scikit-learn never loads them to record a version.
+    A library that is not installed (or installed under another distribution name) is None."""
+    from importlib.metadata import PackageNotFoundError, version
 
     import ensemble
 
-    return {"python": platform.python_version(), "tensorflow": tf.__version__,
-            "keras": keras.__version__, "numpy": np.__version__, "scikit-learn": sklearn.__version__,
-            "pyarrow": pyarrow.__version__, "joblib": joblib.__version__,
-            "ensemble": ensemble.__version__}
+    def first(*names: str) -> str | None:
+        for name in names:
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                continue
+        return None
+
+    return {"python": platform.python_version(),
+            "tensorflow": first("tensorflow", "tensorflow-cpu", "tensorflow-macos",
+                                "tensorflow-intel", "tf-nightly"),
+            "keras": first("keras", "keras-nightly"), "numpy": first("numpy"),
+            "scikit-learn": first("scikit-learn"), "pyarrow": first("pyarrow"),
+            "joblib": first("joblib"), "ensemble": ensemble.__version__}
 
 
 def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
@@ -107,7 +117,10 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
         "members": [{"index": i, "seed": member_seed(cfg.training.seed, i), "device": d,
                      "status": "pending", "hparams": hparams[i], "flops_per_row": flops[i]}
                     for i, d in enumerate(placement)],
-        "versions": versions(), "tensorflow_build": build_info(),
+        "versions": versions(),
+        # the build is TensorFlow's to tell: recorded here when this process has loaded it
+        # (in-graph), else from the first between-graph client's report
+        "tensorflow_build": build_info() if "tensorflow" in sys.modules else None,
         "timings": {"prepare_seconds": time.perf_counter() - start},
     }
     artifacts.write_manifest(run_dir, manifest)

@@ -111,6 +111,34 @@ class Callback:
         epoch's history records, one per member (see `train_loop`)."""
 
 
+class SteadyState(Callback):
+    """Measures the steady-state training rate: the rows each member trained in every traced
+    call after the run's first one (which pays for tracing and warm-up), and their seconds.
+
+    Args:
+        batch_size, n_train: the run's batch size and training rows (rows of a call follow from
+            its step count; the ragged last step has `n_train % batch_size` rows).
+
+    Attributes:
+        rows: rows per member over the steady-state calls.
+        seconds: wall seconds of those calls (host time between call ends, so the host's own
+            work between calls, small, is included; validation and checkpoints are not).
+    """
+
+    def __init__(self, batch_size: int, n_train: int):
+        self.batch_size, self.n_train = batch_size, n_train
+        self.rows, self.seconds = 0, 0.0
+        self._first, self._last = True, (0, 0.0)
+
+    def on_call_end(self, epoch, steps_done, n_steps, mean_losses, seconds):
+        done = min(steps_done * self.batch_size, self.n_train)
+        if steps_done > self._last[0] and not self._first:
+            self.rows += done - min(self._last[0] * self.batch_size, self.n_train)
+            self.seconds += seconds - self._last[1]
+        self._first = False
+        self._last = (steps_done, seconds) if steps_done < n_steps else (0, 0.0)
+
+
 def _plan(n_steps: int, batch_size: int, n_train: int):
     """Row bounds `(lo, hi)` of each step; the last one ragged when `batch_size` does not
     divide `n_train`."""

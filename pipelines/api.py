@@ -246,10 +246,18 @@ class Run:
         return evaluate(self.path)[0].to_pandas()
 
     def summary(self) -> str:
-        """The table `ensemble evaluate` prints (ensemble against its members, per split)."""
-        from pipelines.evaluate import evaluate
+        """The table `ensemble evaluate` prints (ensemble against its members, per split),
+        from the run's stored `metrics.parquet` (checked against its recorded hash)."""
+        from ensemble import fitted
+        from pipelines.evaluate import format_table
 
-        return evaluate(self.path)[1]
+        path = self.path / artifacts.METRICS
+        if not path.is_file():
+            from pipelines.evaluate import evaluate
+
+            return evaluate(self.path)[1]
+        artifacts.verify(self.path, self.manifest, path)
+        return format_table(artifacts.read_parquet(path), fitted.read(self.path))
 
     def predict(self, data, target: str | None = None, devices: str = "auto"):
         """Predict rows with the run's members (in-graph, on this machine's `devices`).

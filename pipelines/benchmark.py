@@ -1,36 +1,49 @@
 """Benchmark harness: the project's two modes against what users would pick instead.
 
-    python -m pipelines.benchmark [--workload digits|wide|all] [--out DIR]
+    python -m pipelines.benchmark [--workload digits|wide|wide-long|all] [--repeats 3]
+                                  [--methods in-graph,between-graph,naive,sklearn] [--out DIR]
 
-For each workload, in the same run, each method runs in its own process: the project's in-graph
-and between-graph training and prediction, the naive way (members built and trained one after
-another with `model.fit`), scikit-learn's `VotingClassifier(voting="soft")` of `MLPClassifier`
-with the same layers and epochs (`n_jobs=2`), in-graph prediction of 1,000,000 rows, and the
-machine's float32 GEMM rate (numpy, 2048x2048). Writes `results.parquet` and `results.md`.
-Never run by the test suite.
+Every method runs in its own fresh process, as a user would run it, and is measured whole:
+`wall` is spawn to exit (what a user waits); `train` is the training phase alone (the
+process's own clock around its training loop); `steady` is the steady-state training rate,
+in GFLOP/s and as a fraction of the machine's float32 GEMM rate measured by numpy in the same
+run (2048x2048), over every traced call (in-graph) or epoch (naive) after the first, which
+pays for tracing. FLOPs: 3x the forward pass (forward plus twice for backward), dense layers
+only, `2 * sum(w_in * w_out)` per row (`placement.mlp_flops`).
+
+Methods: `in-graph` and `between-graph` (`ensemble train`), `naive` (members built and trained
+one after another with Keras `model.fit`, then averaged), `sklearn` (`VotingClassifier`
+(voting="soft") of `MLPClassifier`s with the same layers and epochs, `n_jobs=2`), and
+`predict-1m` (in-graph prediction of 1,000,000 rows by the trained ensemble, time of the
+prediction alone). Each workload runs `--repeats` times; the method order is reversed on every
+other repeat, so drift of a shared machine does not favour one method. The summary gives the
+median and [min-max] over the repeats; `x in-graph` is a method's median whole-process wall over
+in-graph's. Writes `runs.parquet` (every process), `results.parquet` and `results.md` (the
+summary). Never run by the test suite.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from pipelines.compare import concurrent_peak
-
-WORKLOADS = {"digits": None, "wide": "configs/wide.toml"}
+WIDE = "configs/wide.toml"
+# workload -> (config file or None for the built-in default, dotted overrides, default methods)
+WORKLOADS = {
+    "digits": (None, [], ("in-graph", "between-graph", "naive", "sklearn")),
+    "wide": (WIDE, [], ("in-graph", "between-graph", "naive", "sklearn")),
+    "wide-long": (WIDE, ["--epochs", "10"], ("in-graph", "between-graph", "naive")),
+}
+METHODS = ("in-graph", "between-graph", "naive", "sklearn", "predict-1m")
 PREDICT_ROWS = 1_000_000
-
-
-def forward_flops(cfg, n_features: int, n_classes: int) -> int:
-    """Multiply-adds x 2 of one member's forward pass on one row (dense layers only)."""
-    widths = [n_features, *cfg.members.hidden, n_classes]
-    return 2 * sum(a * b for a, b in zip(widths, widths[1:]))
 
 
 def gemm_rate(n: int = 2048, repeats: int = 5) -> float:
@@ -73,6 +86,15 @@ def worker_naive(run_dir: Path) -> dict:
     cfg, manifest, split = _load(run_dir)
     (x, y, _), (xt, yt, _) = split["train"], split["test"]
     n_classes = len(manifest["dataset"]["classes"])
+    epoch_seconds: list[list[float]] = []
+
+    class EpochTimes(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            epoch_seconds[-1].append(time.perf_counter() - self.start)
+
     probs, seconds = [], 0.0
     for i in range(cfg.members.count):
         start = time.perf_counter()
@@ -80,12 +102,15 @@ def worker_naive(run_dir: Path) -> dict:
                              member_seed(cfg.training.seed, i), f"member_{i}")
         model.compile(keras.optimizers.Adam(cfg.training.learning_rate),
                       "sparse_categorical_crossentropy")
+        epoch_seconds.append([])
         model.fit(x, y, batch_size=cfg.training.batch_size, epochs=cfg.training.epochs,
-                  shuffle=True, verbose=0)
+                  shuffle=True, verbose=0, callbacks=[EpochTimes()])
         seconds += time.perf_counter() - start
         probs.append(model.predict(xt, batch_size=16384, verbose=0))
     acc = float((np.mean(probs, axis=0).argmax(1) == yt).mean())
-    return {"seconds": seconds, "test_accuracy": acc, "peak_rss_bytes": _peak_bytes()}
+    steady = [s for member in epoch_seconds for s in member[1:]]  # each member's first: tracing
+    return {"train_seconds": seconds, "test_accuracy": acc, "peak_rss_bytes": _peak_bytes(),
+            "steady_rows": len(x) * len(steady), "steady_seconds": sum(steady)}
 
 
 def worker_sklearn(run_dir: Path) -> dict:
@@ -114,7 +139,8 @@ def worker_sklearn(run_dir: Path) -> dict:
     seconds = time.perf_counter() - start
     acc = float((clf.predict(xt) == yt).mean())
     get_reusable_executor().shutdown(wait=True)  # reap the workers so their memory is counted
-    return {"seconds": seconds, "test_accuracy": acc, "peak_rss_bytes": _peak_bytes(children=2)}
+    return {"train_seconds": seconds, "test_accuracy": acc,
+            "peak_rss_bytes": _peak_bytes(children=2)}
 
 
 def worker_predict_1m(run_dir: Path) -> dict:
@@ -133,15 +159,13 @@ def worker_predict_1m(run_dir: Path) -> dict:
                                                  dtype=np.float32)
     ens.predict(x[:16384])  # trace once
     seconds = _timed(lambda: ens.predict(x, batch_size=32768))
-    return {"seconds": seconds, "rows": PREDICT_ROWS, "peak_rss_bytes": _peak_bytes()}
+    return {"predict_seconds": seconds, "rows": PREDICT_ROWS, "peak_rss_bytes": _peak_bytes()}
 
 
 WORKERS = {"naive": worker_naive, "sklearn": worker_sklearn, "predict-1m": worker_predict_1m}
 
 
 def _worker_main(argv: list[str]) -> None:
-    import os
-
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     name, run_dir = argv
     if name == "gemm":
@@ -150,89 +174,144 @@ def _worker_main(argv: list[str]) -> None:
         print(json.dumps(WORKERS[name](Path(run_dir))))
 
 
-def _run(argv: list[str], module: str = "pipelines.cli") -> dict:
-    from pipelines.between import checked, run_process
+def _measured(argv: list[str], module: str = "pipelines.cli") -> dict:
+    from pipelines.processes import checked, run_process
 
     return checked(run_process(argv, module=module), " ".join(argv))
 
 
-def _worker(name: str, run_dir: Path | str = "-") -> tuple[dict, dict]:
-    from pipelines.between import last_report
-
-    res = _run([name, str(run_dir)], module="pipelines.benchmark")
-    return last_report(res), res
+def _train_flops_per_row(manifest: dict) -> float:
+    """Training FLOPs of one row through every member: 3x the forward FLOPs."""
+    return 3.0 * sum(m["flops_per_row"] for m in manifest["members"])
 
 
-def _mode_rows(workload: str, cfg_path: str | None, base: Path) -> tuple[list[dict], Path]:
+def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int) -> dict:
     from ensemble import artifacts
-    from pipelines.between import last_report
+    from pipelines.compare import client_processes, concurrent_peak
 
-    rows, ig_dir = [], base / "in-graph"
-    for mode in ("in-graph", "between-graph"):
-        run_dir = base / mode
-        res = _run(["train", *(["--config", cfg_path] if cfg_path else []), "--mode", mode,
-                    "--run-dir", str(run_dir), "--overwrite"])
-        m = artifacts.read_manifest(run_dir)
-        clients = list(m["timings"].get("clients", {}).values())
-        metrics = artifacts.read_parquet(run_dir / artifacts.METRICS).to_pylist()
-        acc = next(r["accuracy"] for r in metrics
-                   if r["model"] == "ensemble-mean" and r["split"] == "test")
-        rows.append({"workload": workload, "method": mode, "phase": "train",
-                     "seconds": m["timings"]["train_seconds"], "wall_seconds": res["seconds"],
-                     "peak_rss_bytes": concurrent_peak(m["timings"]["process_peak_rss_bytes"],
-                                                       clients, m["timings"].get("jobs", 1)),
-                     "test_accuracy": acc})
-        out = base / f"{mode}.predict.parquet"
-        res = _run(["predict", "--run", str(run_dir), "--data", m["config"]["data"]["source"],
-                    "--mode", mode, "--out", str(out)])
-        report = last_report(res)
-        rows.append({"workload": workload, "method": mode, "phase": "predict",
-                     "seconds": res["seconds"], "wall_seconds": res["seconds"],
-                     "peak_rss_bytes": concurrent_peak(
-                         report["peak_rss_bytes"], list((report.get("clients") or {}).values()),
-                         report.get("jobs") or 1),
-                     "rows": report["rows"]})
-    return rows, ig_dir
+    run_dir = base / f"{mode}-{repeat}"
+    res = _measured(["train", *cfg_args, "--mode", mode, "--run-dir", str(run_dir),
+                     "--overwrite", "--quiet"])
+    m = artifacts.read_manifest(run_dir)
+    t = m["timings"]
+    metrics = artifacts.read_parquet(run_dir / artifacts.METRICS).to_pylist()
+    acc = next(r["accuracy"] for r in metrics
+               if r["model"] == "ensemble-mean" and r["split"] == "test")
+    clients = client_processes(t.get("clients", {}))
+    return {"wall_seconds": res["seconds"], "train_seconds": t["train_seconds"],
+            "steady_rows": t.get("steady_rows"), "steady_seconds": t.get("steady_seconds"),
+            "flops_per_row": _train_flops_per_row(m), "test_accuracy": acc,
+            "peak_rss_bytes": concurrent_peak(t["process_peak_rss_bytes"], clients,
+                                              t.get("jobs", 1)), "run_dir": str(run_dir)}
 
 
-def run_workload(workload: str, out: Path) -> list[dict]:
-    """Every method on one workload, in the same run; returns result rows."""
-    from ensemble import artifacts, config
+def _run_worker(name: str, prepared: Path, trained: Path | None) -> dict:
+    from pipelines.processes import last_report
 
-    cfg_path = WORKLOADS[workload]
-    gemm = _worker("gemm")[0]["flops_per_second"]
-    rows, ig_dir = _mode_rows(workload, cfg_path, out / workload)
-    for name, phase in (("naive", "train"), ("sklearn", "train"), ("predict-1m", "predict")):
-        result, res = _worker(name, ig_dir)
-        rows.append({"workload": workload, "method": name, "phase": phase,
-                     "seconds": result["seconds"], "wall_seconds": res["seconds"],
-                     "peak_rss_bytes": result["peak_rss_bytes"],
-                     "test_accuracy": result.get("test_accuracy"), "rows": result.get("rows")})
-    m = artifacts.read_manifest(ig_dir)
-    cfg = config.from_dict(m["config"])
-    fwd = forward_flops(cfg, len(m["dataset"]["feature_names"]), len(m["dataset"]["classes"]))
-    train_flop = 3 * fwd * m["dataset"]["rows"]["train"] * cfg.training.epochs * cfg.members.count
-    ig_train = next(r["seconds"] for r in rows if r["method"] == "in-graph" and
-                    r["phase"] == "train")
-    for r in rows:
-        flop = train_flop if r["phase"] == "train" else fwd * cfg.members.count * (r["rows"] or 0)
-        r["gflops"] = flop / r["seconds"] / 1e9
-        r["gemm_fraction"] = flop / r["seconds"] / gemm
-        r["gemm_gflops"] = gemm / 1e9
-        r["seconds_vs_in_graph"] = r["seconds"] / ig_train if r["phase"] == "train" else None
+    from ensemble import artifacts
+
+    res = _measured([name, str(trained if name == "predict-1m" else prepared)],
+                    module="pipelines.benchmark")
+    out = last_report(res)
+    m = artifacts.read_manifest(prepared)
+    row = {"wall_seconds": res["seconds"], "train_seconds": out.get("train_seconds"),
+           "predict_seconds": out.get("predict_seconds"), "rows": out.get("rows"),
+           "steady_rows": out.get("steady_rows"), "steady_seconds": out.get("steady_seconds"),
+           "flops_per_row": _train_flops_per_row(m), "test_accuracy": out.get("test_accuracy"),
+           "peak_rss_bytes": out["peak_rss_bytes"]}
+    if name == "predict-1m":  # forward only: a third of the training FLOPs per row
+        row["flops_per_row"] /= 3.0
+        row["steady_rows"], row["steady_seconds"] = out["rows"], out["predict_seconds"]
+    return row
+
+
+def run_workload(workload: str, out: Path, repeats: int, methods: list[str]) -> list[dict]:
+    """Every method on one workload, `repeats` times, order reversed every other repeat;
+    returns one row per process run."""
+    cfg_path, extra, _ = WORKLOADS[workload]
+    cfg_args = [*(["--config", cfg_path] if cfg_path else []), *extra]
+    base = out / workload
+    prepared = base / "data"  # the splits every method reads (no TensorFlow needed)
+    _measured(["train", *cfg_args, "--mode", "between-graph", "--prepare-only", "--run-dir",
+               str(prepared), "--overwrite"])
+    rows, trained = [], None
+    for r in range(repeats):
+        gemm = json.loads(_measured(["gemm", "-"], module="pipelines.benchmark")["stdout"]
+                          .strip().splitlines()[-1])["flops_per_second"]
+        order = methods if r % 2 == 0 else methods[::-1]
+        if "predict-1m" in order and trained is None:  # it needs a trained in-graph run
+            order = [m for m in order if m != "predict-1m"] + ["predict-1m"]
+        for position, method in enumerate(order):
+            if method in ("in-graph", "between-graph"):
+                row = _run_mode(method, base, cfg_args, r)
+                if method == "in-graph":
+                    trained = Path(row["run_dir"])
+            else:
+                row = _run_worker(method, prepared, trained)
+            row.update(workload=workload, method=method, repeat=r, position=position,
+                       gemm_flops_per_second=gemm)
+            rows.append(row)
+            print(f"  {workload} repeat {r} {method}: {row['wall_seconds']:.2f} s", flush=True)
     return rows
 
 
-def markdown(rows: list[dict]) -> str:
-    """The results as a Markdown table (the README's performance section)."""
-    head = ("| workload | method | phase | seconds | x in-graph | GFLOP/s | of GEMM | peak MiB "
-            "| test acc |\n|---|---|---|---|---|---|---|---|---|\n")
-    fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
-    return head + "".join(
-        f"| {r['workload']} | {r['method']} | {r['phase']} | {r['seconds']:.2f} | "
-        f"{fmt(r['seconds_vs_in_graph'], '.2f')} | {r['gflops']:.1f} | "
-        f"{r['gemm_fraction']:.0%} | {r['peak_rss_bytes'] / 2**20:.0f} | "
-        f"{fmt(r.get('test_accuracy'), '.4f')} |\n" for r in rows)
+def summarise(runs: list[dict]) -> list[dict]:
+    """Median and [min, max] per workload and method over the repeats (see the module doc)."""
+    out = []
+    for w in dict.fromkeys(r["workload"] for r in runs):
+        mine = [r for r in runs if r["workload"] == w]
+        ig_wall = statistics.median(r["wall_seconds"] for r in mine if r["method"] == "in-graph") \
+            if any(r["method"] == "in-graph" for r in mine) else None
+        for method in dict.fromkeys(r["method"] for r in mine):
+            rs = [r for r in mine if r["method"] == method]
+            row = {"workload": w, "method": method, "repeats": len(rs)}
+            for key in ("wall_seconds", "train_seconds", "peak_rss_bytes", "test_accuracy"):
+                vals = [r[key] for r in rs if r.get(key) is not None]
+                row[key + "_median"] = statistics.median(vals) if vals else None
+                row[key + "_min"] = min(vals) if vals else None
+                row[key + "_max"] = max(vals) if vals else None
+            rates = [r["steady_rows"] * r["flops_per_row"] / r["steady_seconds"]
+                     for r in rs if r.get("steady_seconds")]
+            fracs = [r["steady_rows"] * r["flops_per_row"] / r["steady_seconds"]
+                     / r["gemm_flops_per_second"] for r in rs if r.get("steady_seconds")]
+            row["steady_gflops_median"] = statistics.median(rates) / 1e9 if rates else None
+            row["steady_gemm_fraction_median"] = statistics.median(fracs) if fracs else None
+            row["steady_gemm_fraction_min"] = min(fracs) if fracs else None
+            row["steady_gemm_fraction_max"] = max(fracs) if fracs else None
+            row["wall_vs_in_graph"] = (row["wall_seconds_median"] / ig_wall
+                                       if ig_wall and method != "predict-1m" else None)
+            row["gemm_gflops_median"] = statistics.median(
+                r["gemm_flops_per_second"] for r in rs) / 1e9
+            out.append(row)
+    return out
+
+
+def markdown(summary: list[dict]) -> str:
+    """The summary as a Markdown table (the README's performance section)."""
+    def spread(r, key, fmt):
+        if r[key + "_median"] is None:
+            return ""
+        return (f"{format(r[key + '_median'], fmt)} [{format(r[key + '_min'], fmt)}-"
+                f"{format(r[key + '_max'], fmt)}]")
+
+    head = ("| workload | method | wall s | x in-graph | train s | steady GFLOP/s | of GEMM "
+            "| peak MiB | test acc |\n|---|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for r in summary:
+        ratio = "" if r["wall_vs_in_graph"] is None else f"{r['wall_vs_in_graph']:.2f}"
+        gflops = "" if r["steady_gflops_median"] is None else f"{r['steady_gflops_median']:.1f}"
+        peak = ("" if r["peak_rss_bytes_median"] is None
+                else f"{r['peak_rss_bytes_median'] / 2**20:.0f}")
+        lines.append(
+            f"| {r['workload']} | {r['method']} | {spread(r, 'wall_seconds', '.2f')} | {ratio} "
+            f"| {spread(r, 'train_seconds', '.2f')} | {gflops} "
+            f"| {spread(r, 'steady_gemm_fraction', '.0%')} | {peak} "
+            f"| {spread(r, 'test_accuracy', '.4f')} |")
+    gemm = ", ".join(f"{w}: {g:.0f}" for w, g in dict.fromkeys(
+        (r["workload"], round(r["gemm_gflops_median"])) for r in summary))
+    return (head + "\n".join(lines) + f"\n\nnumpy float32 GEMM, GFLOP/s (median per workload): "
+            f"{gemm}; {os.cpu_count()} cores. Figures: median [min-max] over "
+            f"{summary[0]['repeats']} repeats.\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,22 +319,35 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in (*WORKERS, "gemm"):
         _worker_main(argv)
         return 0
-    p = argparse.ArgumentParser(prog="python -m pipelines.benchmark", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m pipelines.benchmark", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
+    p.add_argument("--repeats", type=int, default=3, help="runs of every method (default 3)")
+    p.add_argument("--methods", help="comma-separated subset of " + ", ".join(METHODS)
+                   + " (default: the workload's own list)")
     p.add_argument("--out", default="artifacts/benchmark")
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats must be at least 1; got {args.repeats}")
+    chosen = args.methods.split(",") if args.methods else None
+    if chosen and set(chosen) - set(METHODS):
+        p.error(f"unknown method(s) {sorted(set(chosen) - set(METHODS))}; "
+                f"expected from {', '.join(METHODS)}")
     import pyarrow as pa
 
     from ensemble import artifacts
 
     out = Path(args.out)
-    rows = []
+    runs = []
     for w in (WORKLOADS if args.workload == "all" else [args.workload]):
-        rows += run_workload(w, out)
-        print(markdown([r for r in rows if r["workload"] == w]), flush=True)
-    artifacts.write_parquet(out / "results.parquet", pa.Table.from_pylist(rows))
-    artifacts.write_text(out / "results.md", markdown(rows))
-    print(f"results: {out / 'results.parquet'}, {out / 'results.md'}")
+        runs += run_workload(w, out, args.repeats, chosen or list(WORKLOADS[w][2]))
+        print(markdown(summarise([r for r in runs if r["workload"] == w])), flush=True)
+    summary = summarise(runs)
+    artifacts.write_parquet(out / "runs.parquet", pa.Table.from_pylist(runs))
+    artifacts.write_parquet(out / "results.parquet", pa.Table.from_pylist(summary))
+    artifacts.write_text(out / "results.md", markdown(summary))
+    print(f"results: {out / 'results.md'}, {out / 'results.parquet'} (summary), "
+          f"{out / 'runs.parquet'} (every process)")
     return 0
 
 

@@ -121,7 +121,8 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
             return q, {"returncode": res["returncode"], "error": last_error(res)}
         report = last_report(res)
         return q, {"seconds": res["seconds"], "peak_rss_bytes": report["peak_rss_bytes"],
-                   "startup_seconds": report["ready_unix"] - res["spawned_unix"]}
+                   "startup_seconds": report["ready_unix"] - res["spawned_unix"],
+                   "tensorflow_build": report.get("tensorflow_build")}
 
     with ThreadPoolExecutor(max_workers=max(1, len(queues))) as pool:
         results = dict(pool.map(launch, range(len(queues))))
@@ -167,7 +168,7 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
     """
     if resume:
         cluster = cluster or artifacts.read_manifest(run_dir).get("cluster")
-    devs = devices.resolve(cfg.placement.devices, cfg.members.count, cluster)
+    devs = devices.resolve(cfg.placement.devices, cfg.members.count, cluster, names_only=True)
     if resume:
         manifest = run.reopen(run_dir, cfg, "between-graph")
     else:
@@ -199,6 +200,9 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
         manifest["status"] = "failed"
         artifacts.write_manifest(run_dir, manifest)
         raise
+    builds = [c.pop("tensorflow_build", None) for c in clients.values()]
+    manifest["tensorflow_build"] = manifest.get("tensorflow_build") or next(
+        (b for b in builds if b), None)  # the launcher never loads TensorFlow: the clients tell
     manifest["timings"].update(train_seconds=time.perf_counter() - start, jobs=len(queues),
                                clients={str(i): c for i, c in clients.items()})
     artifacts.write_manifest(run_dir, manifest)
@@ -249,4 +253,6 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
         table = aggregate_files([paths[i] for i in member_devs], names,
                                 member_params(fit, sorted(member_devs)))
     artifacts.write_parquet(out, table)
+    for c in clients.values():
+        c.pop("tensorflow_build", None)
     return table, {"jobs": len(queues), "clients": {str(i): c for i, c in clients.items()}}

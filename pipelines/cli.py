@@ -29,19 +29,34 @@ MODES = ("in-graph", "between-graph")
 IMPUTE = ("error", "median", "most_frequent")
 
 
+KERAS_EXTRAS = ("sklearn", "scipy", "pandas", "matplotlib")
+
+
 def _import_tensorflow_quietly() -> None:
     """Import TensorFlow with stderr silenced: its C++ runtime prints start-up banners (oneDNN,
-    CUDA probing) before any log level applies. Errors still surface as Python exceptions."""
+    CUDA probing) before any log level applies. Errors still surface as Python exceptions.
+
+    Keras imports scikit-learn, SciPy, pandas and matplotlib (pyplot) when they are installed,
+    for wrappers and plots this CLI never uses: about 2 s of every process's start-up. Those
+    not loaded yet are hidden while TensorFlow loads (a `None` entry in `sys.modules` makes an
+    import fail, which Keras handles by leaving the extra off) and importable again after, so a
+    command that needs one (scikit-learn for data and metrics) still loads it, once, when used.
+    """
     if "tensorflow" in sys.modules:
         return
+    hidden = [name for name in KERAS_EXTRAS if name not in sys.modules]
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     try:
+        sys.modules.update(dict.fromkeys(hidden))
         os.dup2(devnull, 2)
         import tensorflow  # noqa: F401
     finally:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+        for name in hidden:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
 
 
 def _load_config(args, base: dict | None = None):
@@ -90,7 +105,8 @@ def cmd_train(args) -> int:
         from ensemble import data
 
         data.load(cfg.data)
-    _import_tensorflow_quietly()
+    if args.mode == "in-graph" or args.cluster or os.environ.get("TF_CONFIG"):  # not a
+        _import_tensorflow_quietly()  # between-graph launcher: its clients load TensorFlow
     from pipelines import api
 
     ready = time.time()
@@ -151,7 +167,8 @@ def _check_input_early(args) -> None:
 
 def cmd_predict(args) -> int:
     _check_input_early(args)
-    _import_tensorflow_quietly()
+    if args.mode == "in-graph":  # a between-graph launcher never loads TensorFlow
+        _import_tensorflow_quietly()
     from pipelines import predict
 
     ready, measured = time.time(), {}
@@ -258,8 +275,11 @@ def cmd_client(args) -> int:
         between_graph.run_client(Path(args.run), args.member, threads=args.threads,
                                  callbacks=callbacks, on_member_done=done)
     # read by the launcher ($ENSEMBLE_REPORT): when the client was ready, its work time, memory
+    from ensemble.devices import build_info
+
     report({"members": args.member, "ready_unix": ready,
-            "work_seconds": time.perf_counter() - start, "peak_rss_bytes": peak_rss_bytes()})
+            "work_seconds": time.perf_counter() - start, "peak_rss_bytes": peak_rss_bytes(),
+            "tensorflow_build": build_info()})
     return 0
 
 

@@ -44,9 +44,17 @@ DIGITS = {"wall_seconds": 2, "startup_seconds": 2, "work_seconds": 2,
           "member_rows_per_second": 0, "peak_rss_bytes": 0}
 
 
+def client_processes(per_member: dict) -> list[dict]:
+    """One entry per client process from a `{member: measurements}` record
+    (`timings.clients`, a prediction report's `clients`): a long-lived client trains or
+    predicts several members, and its process figures (wall, start-up, peak) are its own."""
+    return list({c.get("client", i): c for i, c in per_member.items()}.values())
+
+
 def concurrent_peak(own: int, clients: list[dict], jobs: int) -> int:
     """Peak resident bytes of a mode: its driver process plus, for between-graph, the `jobs`
-    largest client peaks (clients that can run at once; an upper bound)."""
+    largest client peaks (clients that can run at once; an upper bound); `clients` holds one
+    entry per client process (`client_processes`)."""
     return own + sum(sorted((c["peak_rss_bytes"] for c in clients), reverse=True)[:jobs])
 
 
@@ -59,7 +67,7 @@ def _first_client_startup(clients: list[dict]) -> float:
 def _train_row(mode: str, run_dir: Path, res: dict) -> dict:
     m = artifacts.read_manifest(run_dir)
     t, cfg = m["timings"], m["config"]
-    clients = list(t.get("clients", {}).values())
+    clients = client_processes(t.get("clients", {}))
     startup = (t["process_ready_unix"] - res["spawned_unix"] + t.get("prepare_seconds", 0.0)
                + _first_client_startup(clients))
     rows = m["dataset"]["rows"]["train"] * cfg["training"]["epochs"] * cfg["members"]["count"]
@@ -76,7 +84,7 @@ def _train_row(mode: str, run_dir: Path, res: dict) -> dict:
 
 def _predict_row(mode: str, res: dict, n_members: int, n_devices: int) -> dict:
     report = last_report(res)
-    clients = list((report.get("clients") or {}).values())
+    clients = client_processes(report.get("clients") or {})
     startup = report["ready_unix"] - res["spawned_unix"] + _first_client_startup(clients)
     return {"mode": mode, "phase": "predict", "wall_seconds": res["seconds"],
             "startup_seconds": startup, "work_seconds": res["seconds"] - startup,

@@ -9,6 +9,7 @@ import argparse
 import difflib
 import json
 import os
+import sys
 import re
 from pathlib import Path
 
@@ -85,10 +86,15 @@ def nonneg(text: str) -> int:
     return int(text)
 
 
+HEAVY = ("tensorflow", "keras", "sklearn", "scipy", "pandas", "matplotlib")
+
+
 def report(payload: dict, args=None) -> None:
     """A machine-readable report for the process that launched this one: written as JSON to the
     file named by `$ENSEMBLE_REPORT` (set by `pipelines.between.run_process`), never to the
-    user's stdout; printed as the last stdout line only when the user asks with `--json`."""
+    user's stdout; printed as the last stdout line only when the user asks with `--json`.
+    `loaded` lists which of the heavy libraries this process imported (start-up cost)."""
+    payload = {**payload, "loaded": [m for m in HEAVY if m in sys.modules]}
     path = os.environ.get("ENSEMBLE_REPORT")
     if path:
         Path(path).write_text(json.dumps(payload))

@@ -71,6 +71,7 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     splits and write the run's tables; updates `manifest` and finishes the run."""
     from ensemble.in_graph import InGraphEnsemble
     from ensemble.members import save_member
+    from ensemble.training import SteadyState
 
     split = {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}
     classes = np.asarray(manifest["dataset"]["classes"])
@@ -84,10 +85,13 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
         callbacks = [*callbacks, MemberScalars(run_dir),
                      EnsembleScalars(run_dir, lambda: ens.predict(x_val)[0], y_val,
                                      cfg.aggregation.aggregators)]
+    steady = SteadyState(cfg.training.batch_size, len(x_tr))
     history = ens.fit(x_tr, y_tr, x_val, y_val, cfg.training.seed, cfg.training.epochs,
-                      cfg.training.batch_size, run_dir / "checkpoints" / "in-graph", callbacks,
-                      cfg.training.steps_per_execution, cfg.training.checkpoint_every)
+                      cfg.training.batch_size, run_dir / "checkpoints" / "in-graph",
+                      [*callbacks, steady], cfg.training.steps_per_execution,
+                      cfg.training.checkpoint_every)
     train_seconds = time.perf_counter() - start
+    manifest["timings"].update(steady_rows=steady.rows, steady_seconds=steady.seconds)
     for i, model in enumerate(ens.models):
         save_member(model, artifacts.member_model_path(run_dir, i))
         manifest["members"][i]["status"] = "completed"
