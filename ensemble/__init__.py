@@ -6,13 +6,14 @@ metrics and artifacts. The pipelines and the CLI live in the `pipelines` package
 The notebook API is re-exported here lazily (module `__getattr__`, PEP 562): `ensemble.train`,
 `ensemble.load_run` and `ensemble.Run` come from `pipelines.api` the first time they are used,
 so `import ensemble` imports neither TensorFlow nor the pipelines (clients and the aggregator
-start lean). `ensemble.sklearn.DeepEnsembleClassifier` is the scikit-learn estimator.
+start lean). `ensemble.DeepEnsembleClassifier`, the scikit-learn estimator, is lazy too (from
+`ensemble.sklearn`, which imports scikit-learn but not TensorFlow).
 """
 
 __version__ = "0.1.0"
 
 _API = ("train", "load_run", "Run")
-__all__ = ["__version__", *_API]
+__all__ = ["__version__", *_API, "DeepEnsembleClassifier"]
 
 
 def __getattr__(name: str):
@@ -20,8 +21,12 @@ def __getattr__(name: str):
         from pipelines import api
 
         return getattr(api, name)
+    if name == "DeepEnsembleClassifier":
+        from ensemble.sklearn import DeepEnsembleClassifier
+
+        return DeepEnsembleClassifier
     raise AttributeError(f"module 'ensemble' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted([*globals(), *_API])
+    return sorted([*globals(), *_API, "DeepEnsembleClassifier"])

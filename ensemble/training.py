@@ -47,10 +47,14 @@ def train_step(model, optimizer, x, y, idx):
     return loss
 
 
-def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: str):
+def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: str,
+                  on_device: dict | None = None):
     """The traced call that trains a group of members for several steps.
 
-    The training data is copied once onto each member's device. The returned function takes
+    The training data is copied once onto each member's device; or the caller gives those
+    copies as `on_device` `{device: (x [n_train, n_features] float32, y [n_train] int32)}`,
+    e.g. variables it reassigns between fits so that the call is traced once
+    (`ensemble.graph_cache`; `x_train`, `y_train` are then unused). The returned function takes
     `idx` `[steps, n_members, batch]` int32 (member `k`'s rows of each step) and `total`
     `[n_members]` float32 (the epoch's running loss sum so far) and returns `total` plus, step
     after step, each member's batch-mean loss x batch rows: carrying the running sum through
@@ -60,8 +64,10 @@ def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: 
     """
     import tensorflow as tf
 
-    on_device = {}
+    on_device = dict(on_device or {})
     for device in dict.fromkeys(devices):
+        if device in on_device:
+            continue
         with tf.device(device):
             on_device[device] = (tf.identity(tf.constant(x_train, tf.float32)),
                                  tf.identity(tf.constant(y_train, tf.int32)))
@@ -156,8 +162,9 @@ def train_loop(run_steps: Callable[[np.ndarray, np.ndarray], np.ndarray],
         run_steps: takes `[steps, len(indices), batch]` int32 batch rows and the running
             `[len(indices)]` float32 loss sum, runs those steps for those members
             (`make_steps_fn`), returns the new running sum (losses x rows).
-        predict_val: returns validation probabilities `[len(indices), n_val, n_classes]`.
-        y_val: `[n_val]` validation class indices.
+        predict_val: returns validation probabilities `[len(indices), n_val, n_classes]`;
+            None when there is no validation data (`val_loss`, `val_accuracy` are then NaN).
+        y_val: `[n_val]` validation class indices (unused without `predict_val`).
         checkpoints: optional `checkpoints.EpochCheckpoints`: training resumes after its
             newest checkpoint and saves one every `checkpoint_every` epochs and after the last.
         callbacks: `Callback` hooks, called in order.
@@ -207,11 +214,13 @@ def train_loop(run_steps: Callable[[np.ndarray, np.ndarray], np.ndarray],
             if hold_step is not None and done == hold_step + 1:
                 hold_here()
         losses = total.astype(np.float64) / n_train
-        val = predict_val()
+        val = predict_val() if predict_val is not None else None
         seconds = time.perf_counter() - start
+        nan = float("nan")
         new = [{"member": i, "epoch": epoch, "loss": float(losses[j]),
-                "val_loss": metrics.nll(y_val, val[j]),
-                "val_accuracy": metrics.accuracy(y_val, val[j]), "seconds": seconds}
+                "val_loss": nan if val is None else metrics.nll(y_val, val[j]),
+                "val_accuracy": nan if val is None else metrics.accuracy(y_val, val[j]),
+                "seconds": seconds}
                for j, i in enumerate(indices)]
         records.extend(new)
         if checkpoints is not None and ((epoch + 1) % checkpoint_every == 0

@@ -147,7 +147,7 @@ def aggregate_run(run_dir: Path, min_members: int | None = None) -> dict:
 def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
                         overwrite: bool = False, prepare_only: bool = False,
                         resume: bool = False, cluster: dict | None = None,
-                        verbosity: int = 1) -> dict:
+                        verbosity: int = 1, prepared: dict | None = None) -> dict:
     """Prepare the run, train every member in its own client process, then aggregate.
 
     Args:
@@ -158,6 +158,9 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
         cluster: a cluster spec: members go round robin over its tasks' devices; each client
             connects to the cluster and runs its members on its task.
         verbosity: 0 quiet, 1 a line per member and epoch, 2 also within epochs.
+        prepared: the manifest of a run directory the caller prepared itself (its `data/`
+            splits, `preprocessing.json` and placement written, as `DeepEnsembleClassifier`
+            does from arrays); training starts from it instead of `run.prepare`.
 
     Returns:
         The final manifest.
@@ -171,6 +174,8 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
     devs = devices.resolve(cfg.placement.devices, cfg.members.count, cluster, names_only=True)
     if resume:
         manifest = run.reopen(run_dir, cfg, "between-graph")
+    elif prepared is not None:
+        manifest = prepared
     else:
         manifest = run.prepare(cfg, run_dir, "between-graph", devs, overwrite, cluster)
     if prepare_only:

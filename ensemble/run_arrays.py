@@ -1,0 +1,238 @@
+"""Ensembles from in-memory arrays: what `ensemble.sklearn.DeepEnsembleClassifier` composes.
+
+Preprocessing, training in either replication mode, prediction, and saving/loading as a run
+directory (the layout of DESIGN.md, so `ensemble.load_run` and `ensemble predict --run` read
+it). Unlike `ensemble train`, every row given is a training row: no split is made (scikit-learn
+does its own), and validation rows come only from `validation_data`.
+
+In-graph training runs `training.train_loop` over the cached traced call of
+`ensemble.graph_cache` (the per-member step and seeds of every other path). Between-graph
+training writes a prepared run directory (`data/` splits: train = the rows given,
+validation = test = `validation_data`, or the training rows without it) and hands it to
+`pipelines.between.train_between_graph`, imported there only: launching client processes is
+composition and lives in `pipelines/`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import socket
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ensemble import artifacts, fitted, run, tables
+from ensemble.aggregate import FITTED
+from ensemble.config import Config, from_dict, member_config, member_hparams
+from ensemble.data import Dataset
+from ensemble.errors import UsageError
+from ensemble.members import member_seed
+from ensemble.preprocessing import Preprocessing
+
+_configured = False
+
+
+def dataset(x: np.ndarray, names: Sequence[str]) -> Dataset:
+    """`x` `[n_rows, n_features]` as an unlabelled `Dataset` with column names `names`."""
+    return Dataset("arrays", np.asarray(x, np.float32), None, tuple(str(n) for n in names))
+
+
+def fit_preprocessing(x: np.ndarray, y: np.ndarray, classes: np.ndarray,
+                      names: Sequence[str]) -> Preprocessing:
+    """The standardisation of `ensemble train`, fitted on all rows of `x`."""
+    ds = dataclasses.replace(dataset(x, names), y=y)
+    return Preprocessing.fit(ds, np.arange(len(x)), classes)
+
+
+def _configure(cfg: Config) -> list[str]:
+    """GPU memory settings (once, before TensorFlow initialises), op determinism, and the
+    members' devices (`placement.devices`, round robin)."""
+    global _configured
+    from ensemble import devices
+    from ensemble.placement import place
+
+    if not _configured:
+        devices.configure_gpus(cfg.placement.memory_growth, cfg.placement.memory_limit_mb)
+        _configured = True
+    if cfg.training.deterministic:
+        import tensorflow as tf
+
+        tf.config.experimental.enable_op_determinism()
+    n = cfg.members.count
+    return place(n, devices.resolve(cfg.placement.devices, n))
+
+
+def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preprocessing,
+                   run_dir=None) -> dict[str, Any]:
+    """Train every member in one graph on `x` `[n_rows, n_features]` (scaled), `y` class
+    indices; `val` is `(x_val, y_val)` or None.
+
+    Returns:
+        `{"devices", "weights" ([n_members] lists of arrays), "aggregators" (aggregators.json
+        content of a fitted aggregator, else None), "history" (DataFrame)}`.
+    """
+    from ensemble import graph_cache
+    from ensemble.training import train_loop
+
+    devs = _configure(cfg)
+    entry = graph_cache.get(cfg, x.shape[1], len(pre.classes), devs)
+    group = entry.group
+    with entry.lock:
+        entry.reset(cfg.training.seed)
+        entry.feed(x, y)
+        predict_val = None if val is None else (lambda: group.predict(val[0])[0])
+        records = train_loop(entry.steps, predict_val, group.indices, cfg.training.seed,
+                             cfg.training.epochs, len(x), cfg.training.batch_size,
+                             None if val is None else val[1], None, (),
+                             cfg.training.steps_per_execution)
+        weights = entry.weights()
+        aggs = None
+        name = cfg.aggregation.aggregators[0]
+        if name in FITTED:
+            aggs = fitted.fit(group.predict(val[0])[0], val[1], [name], group.indices,
+                              dataclasses.asdict(cfg.aggregation))
+    return {"devices": devs, "weights": weights, "aggregators": aggs,
+            "history": tables.history_table(records).to_pandas()}
+
+
+def train_between_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preprocessing,
+                        run_dir=None) -> dict[str, Any]:
+    """Train every member in its own client process through a run directory (`run_dir`, or
+    a temporary one removed afterwards); same arguments and result as `train_in_graph`."""
+    from ensemble.members import load_member
+    from pipelines.between import train_between_graph as launch  # client processes
+
+    tmp = Path(tempfile.mkdtemp(prefix="ensemble-sklearn-")) if run_dir is None else None
+    path = tmp or Path(run_dir)
+    try:
+        run.check_run_dir(path, overwrite=True)
+        devs = _configure(cfg)
+        xv, yv = val if val is not None else (x, y)
+        rows = {"train": np.arange(len(x)), "validation": np.arange(len(xv)),
+                "test": np.arange(len(xv))}
+        artifacts.write_splits(path, {"train": x, "validation": xv, "test": xv},
+                               {"train": y, "validation": yv, "test": yv}, rows)
+        artifacts.write_text(path / artifacts.PREPROCESSING, pre.to_json())
+        manifest = manifest_for(cfg, "between-graph", pre, {k: len(v) for k, v in rows.items()},
+                                devs, "running")
+        artifacts.write_manifest(path, manifest)
+        launch(cfg, path, prepared=manifest, verbosity=0)
+        n = cfg.members.count
+        weights = [load_member(artifacts.member_model_path(path, i), "/device:CPU:0")
+                   .get_weights() for i in range(n)]
+        history = artifacts.read_parquet(path / artifacts.HISTORY).to_pandas()
+        if val is None:
+            history[["val_loss", "val_accuracy"]] = np.nan  # those were training rows
+        aggs = fitted.read(path) if cfg.aggregation.aggregators[0] in FITTED else None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return {"devices": devs, "weights": weights, "aggregators": aggs, "history": history}
+
+
+def predict(est, x: np.ndarray, members: bool = False) -> np.ndarray:
+    """Probabilities of scaled rows `x` with a fitted estimator's weights: the aggregator's
+    `[n_rows, n_classes]`, or every member's `[n_members, n_rows, n_classes]` (float32)."""
+    from ensemble import graph_cache
+
+    cfg, name = est.config_, est.aggregator_
+    n = len(est.member_weights_)
+    devs = _configure(cfg)
+    params = fitted.member_params(est.aggregators_, list(range(n)))
+    entry = graph_cache.get(cfg, x.shape[1], len(est.classes_), devs)
+    with entry.lock:
+        entry.load(est.member_weights_)
+        member_p, ens = entry.predictor(name, params).predict(x)
+    return member_p if members else ens[name]
+
+
+def manifest_for(cfg: Config, mode: str, pre: Preprocessing, rows: dict[str, int],
+                 devs: Sequence[str], status: str, named: bool = False) -> dict[str, Any]:
+    """A run manifest (the keys of `run.prepare`) for arrays; `named`: the columns came with
+    names (a DataFrame), else they are `x0..`."""
+    from ensemble.devices import build_info
+
+    now = datetime.now(timezone.utc)
+    return {
+        "run_id": f"{now:%Y%m%d-%H%M%S}-{cfg.sha256()[:6]}", "mode": mode, "status": status,
+        "pid": os.getpid(), "host": socket.gethostname(),
+        "created": now.isoformat(timespec="seconds"),
+        "config": cfg.to_dict(), "config_sha256": cfg.sha256(),
+        "dataset": {"name": "arrays", "source": "arrays (DeepEnsembleClassifier.fit)",
+                    "target": "target", "rows": rows, "columns": list(pre.columns),
+                    "feature_names": pre.output_names, "named_columns": named,
+                    "classes": pre.classes.tolist(),
+                    "splits": "train: every row given to fit; validation and test: "
+                              "validation_data (the training rows without it)"},
+        "devices": list(dict.fromkeys(devs)), "cluster": None,
+        "placement": {"strategy": cfg.placement.strategy},
+        "members": [{"index": i, "seed": member_seed(cfg.training.seed, i), "device": d,
+                     "status": "pending", "hparams": member_hparams(cfg, i)}
+                    for i, d in enumerate(devs)],
+        "versions": run.versions(), "tensorflow_build": build_info(), "timings": {},
+    }
+
+
+def save(est, path: Path, overwrite: bool = False) -> Path:
+    """Write a fitted estimator as a completed run directory; returns `path`."""
+    from ensemble.members import build_member, save_member
+
+    run.check_run_dir(path, overwrite)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg, pre = est.config_, est.preprocessing_
+    n_features, n_classes = len(pre.output_names), len(pre.classes)
+    manifest = manifest_for(cfg, est.mode, pre, dict(est.n_rows_), est.devices_, "running",
+                            hasattr(est, "feature_names_in_"))
+    for i, weights in enumerate(est.member_weights_):
+        model = build_member(member_config(cfg, i)[0], n_features, n_classes,
+                             member_seed(cfg.training.seed, i), f"member_{i}")
+        model.set_weights(weights)
+        save_member(model, artifacts.member_model_path(path, i))
+        manifest["members"][i]["status"] = "completed"
+    artifacts.write_text(path / artifacts.PREPROCESSING, pre.to_json())
+    if est.aggregators_:
+        fitted.write(path, est.aggregators_)
+    artifacts.write_parquet(path / artifacts.HISTORY, tables.history_table(
+        est.history_.to_dict("records")))
+    run.finish(path, manifest, "completed")
+    return path
+
+
+def load(cls, path: Path):
+    """A fitted `cls` (the estimator class) from a completed run directory."""
+    from ensemble.members import load_member
+    from ensemble.posthoc import run_aggregators
+
+    manifest = artifacts.read_manifest(path)
+    run.require_completed(path, manifest)
+    cfg = from_dict(manifest["config"])
+    pre = Preprocessing.read(artifacts.verify(path, manifest, path / artifacts.PREPROCESSING))
+    if pre.categories:
+        raise UsageError(f"Run {path} one-hot encodes categorical columns "
+                         f"({', '.join(pre.categories)}); an estimator takes numeric arrays: "
+                         f"use ensemble.load_run({str(path)!r}).predict(DataFrame)")
+    n = len(manifest["members"])
+    weights = [load_member(artifacts.verify(path, manifest, artifacts.member_model_path(path, i)),
+                           "/device:CPU:0").get_weights() for i in range(n)]
+    names, fit_ = run_aggregators(path, manifest)
+    m, t = cfg.members, cfg.training
+    est = cls(n_members=m.count, hidden=tuple(m.hidden), activation=m.activation,
+              dropout=m.dropout, epochs=t.epochs, batch_size=t.batch_size,
+              learning_rate=t.learning_rate, random_state=t.seed, mode=manifest["mode"],
+              devices=cfg.placement.devices, aggregator=names[0])
+    est.classes_, est.preprocessing_, est.config_ = pre.classes, pre, cfg
+    est.n_features_in_ = len(pre.feature_names)
+    if manifest["dataset"].get("named_columns", manifest["dataset"]["name"] != "arrays"):
+        est.feature_names_in_ = np.asarray(pre.feature_names, dtype=object)
+    est.seed_, est.devices_ = t.seed, [e["device"] for e in manifest["members"]]
+    est.member_weights_, est.aggregator_ = weights, names[0]
+    est.aggregators_ = fit_ if names[0] in FITTED else None
+    est.n_rows_ = dict(manifest["dataset"]["rows"])
+    hist = path / artifacts.HISTORY
+    est.history_ = artifacts.read_parquet(hist).to_pandas() if hist.is_file() else None
+    return est
