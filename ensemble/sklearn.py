@@ -211,7 +211,8 @@ class DeepEnsembleClassifier(ClassifierMixin, BaseEstimator):
 
     def predict(self, X) -> np.ndarray:
         """Labels `[n_rows]` from `classes_`: the most probable class (ties to the first)."""
-        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        proba = self.predict_proba(X)  # first: it checks that the estimator is fitted
+        return self.classes_[np.argmax(proba, axis=1)]
 
     def save(self, path, overwrite: bool = False) -> Path:
         """Write the fitted ensemble as a run directory (manifest, `members/member-<i>.keras`,

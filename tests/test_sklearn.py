@@ -1,0 +1,165 @@
+"""`DeepEnsembleClassifier` beyond scikit-learn's checks: the same members as the in-graph
+builder and as between-graph clients, scikit-learn's model selection, validation data, fitted
+aggregators, run directories and pickling."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_iris
+
+from conftest import ROOT
+from ensemble import artifacts, config, metrics
+from ensemble.sklearn import DeepEnsembleClassifier
+
+SMALL = dict(n_members=2, hidden=(8,), dropout=0.0, epochs=4, learning_rate=0.02,
+             batch_size=16)
+
+
+@pytest.fixture(scope="module")
+def iris():
+    x, y = load_iris(return_X_y=True)
+    order = np.random.default_rng(0).permutation(len(x))
+    x, y = x[order], np.asarray(["setosa", "versicolor", "virginica"])[y[order]]
+    return x[:110], y[:110], x[110:], y[110:]
+
+
+@pytest.fixture(scope="module")
+def fitted(iris):
+    x, y, xv, yv = iris
+    return DeepEnsembleClassifier(**SMALL, random_state=7).fit(x, y, validation_data=(xv, yv))
+
+
+def test_import_ensemble_stays_light():
+    code = ("import sys, ensemble; ensemble.DeepEnsembleClassifier; "
+            "print('tensorflow' in sys.modules, 'pipelines' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_members_equal_a_fresh_in_graph_build(iris, fitted):
+    """Cached graphs reset to a fresh build: the same weights as `InGraphEnsemble.build` +
+    `fit` on the same standardised rows, even after a fit with another seed."""
+    from ensemble.in_graph import InGraphEnsemble
+
+    x, y, xv, yv = iris
+    DeepEnsembleClassifier(**SMALL, random_state=1).fit(x, y)  # same graphs, other state
+    again = DeepEnsembleClassifier(**SMALL, random_state=7).fit(x, y, validation_data=(xv, yv))
+    cfg = config.from_dict({"members": {"count": 2, "hidden": [8], "dropout": 0.0},
+                            "training": {"epochs": 4, "batch_size": 16,
+                                         "learning_rate": 0.02, "seed": 7}})
+    pre = fitted.preprocessing_
+    xs = ((x - pre.mean) / pre.scale).astype(np.float32)
+    y_idx = np.searchsorted(fitted.classes_, y)
+    ens = InGraphEnsemble.build(cfg, 4, 3, fitted.devices_, aggregators=())
+    ens.fit(xs, y_idx, xs, y_idx, 7, 4, 16)
+    for k in range(2):
+        for a, b, c in zip(fitted.member_weights_[k], again.member_weights_[k],
+                           ens.models[k].get_weights()):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_allclose(a, c, atol=1e-6)
+
+
+def test_validation_data_gives_history_and_fitted_aggregator(iris, fitted):
+    x, y, xv, yv = iris
+    hist = fitted.history_
+    assert sorted(hist["epoch"].unique()) == [0, 1, 2, 3]
+    last = hist[hist["epoch"] == 3].sort_values("member")
+    members = fitted.predict_members(xv)
+    y_idx = np.searchsorted(fitted.classes_, yv)
+    for k in range(2):
+        assert last["val_loss"].iloc[k] == pytest.approx(metrics.nll(y_idx, members[k]), rel=1e-5)
+    assert fitted.score(x, y) > 0.8
+    np.testing.assert_allclose(fitted.predict_proba(xv), members.mean(axis=0), atol=1e-6)
+    with pytest.raises(ValueError, match="validation_data"):
+        DeepEnsembleClassifier(**SMALL, aggregator="temperature").fit(x, y)
+    temp = DeepEnsembleClassifier(**SMALL, random_state=7, aggregator="temperature").fit(
+        x, y, validation_data=(xv, yv))
+    t = temp.aggregators_["params"]["temperature"]["temperature"]
+    assert temp.aggregators_["n_rows"] == len(xv) and t > 0
+    logits = np.log(np.clip(members.mean(axis=0), 1e-12, None)) / t  # the same members
+    expected = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(temp.predict_proba(xv), expected, atol=1e-4)
+
+
+def test_bad_parameters_name_the_parameter(iris):
+    x, y, _, _ = iris
+    with pytest.raises(ValueError, match=r"`n_members` to be positive.*n_members=0"):
+        DeepEnsembleClassifier(n_members=0).fit(x, y)
+    with pytest.raises(ValueError, match="mode"):
+        DeepEnsembleClassifier(mode="sideways").fit(x, y)
+    with pytest.raises(ValueError, match=r"not in y's classes"):
+        DeepEnsembleClassifier(**SMALL).fit(x, y, validation_data=(x[:2], ["a", "b"]))
+
+
+def test_pipeline_cross_validation_and_grid_search(iris):
+    from sklearn.model_selection import GridSearchCV, cross_val_score
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import MinMaxScaler
+
+    x, y, _, _ = iris
+    pipe = make_pipeline(MinMaxScaler(), DeepEnsembleClassifier(**SMALL, random_state=0))
+    scores = cross_val_score(pipe, x, y, cv=3)
+    assert len(scores) == 3 and scores.min() > 0.6
+    grid = GridSearchCV(DeepEnsembleClassifier(**SMALL, random_state=0),
+                        {"epochs": [1, 6], "hidden": [(8,), (16,)]}, cv=2).fit(x, y)
+    assert grid.best_params_["epochs"] == 6  # more training wins on iris
+    assert grid.best_estimator_.score(x, y) > 0.8
+
+
+def test_save_load_pickle_and_run_api(iris, fitted, tmp_path):
+    import pandas as pd
+
+    import ensemble
+
+    x, y, xv, yv = iris
+    kept = DeepEnsembleClassifier(**SMALL, random_state=7, run_dir=tmp_path / "kept").fit(x, y)
+    manifest = artifacts.read_manifest(tmp_path / "kept")
+    assert manifest["mode"] == "in-graph" and manifest["status"] == "completed"
+    assert manifest["dataset"]["rows"] == {"train": len(x)}
+    assert kept.history_["val_loss"].isna().all()  # no validation_data
+    expected = fitted.predict_proba(xv)
+    path = fitted.save(tmp_path / "clf")
+    with pytest.raises(ValueError, match="already holds a run"):
+        fitted.save(path)
+    loaded = DeepEnsembleClassifier.load(path)
+    np.testing.assert_allclose(loaded.predict_proba(xv), expected, atol=1e-6)
+    assert loaded.get_params()["n_members"] == 2 and list(loaded.classes_) == list(
+        fitted.classes_)
+    clone = pickle.loads(pickle.dumps(fitted))
+    np.testing.assert_array_equal(clone.predict_proba(xv), expected)
+    run = ensemble.load_run(path)
+    table = run.predict(xv)
+    ens = table[table["model"] == "ensemble-mean"].sort_values("row")
+    assert list(ens["y_pred"]) == list(fitted.predict(xv))
+    # named columns come back as feature_names_in_
+    cols = [f"c{i}" for i in range(4)]
+    named = DeepEnsembleClassifier(**SMALL, random_state=7).fit(pd.DataFrame(x, columns=cols), y)
+    back = DeepEnsembleClassifier.load(named.save(tmp_path / "named"))
+    assert list(back.feature_names_in_) == cols
+    np.testing.assert_allclose(back.predict_proba(pd.DataFrame(xv, columns=cols)),
+                               named.predict_proba(pd.DataFrame(xv, columns=cols)), atol=1e-6)
+
+
+def test_between_graph_gives_the_in_graph_members(iris, fitted, tmp_path, monkeypatch):
+    """Member 0 trained alone by a between-graph client process equals member 0 of the
+    two-member in-graph ensemble: members depend on (seed, index) only, not on the mode or
+    the member count (one member: one client process, the test's cost)."""
+    x, y, xv, yv = iris
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    between = DeepEnsembleClassifier(**{**SMALL, "n_members": 1}, random_state=7,
+                                     mode="between-graph").fit(x, y, validation_data=(xv, yv))
+    assert list(scratch.iterdir()) == []  # its temporary run directory is gone
+    np.testing.assert_allclose(between.predict_members(xv)[0], fitted.predict_members(xv)[0],
+                               atol=1e-5)
+    ours = fitted.history_[fitted.history_["member"] == 0]
+    np.testing.assert_allclose(between.history_["val_loss"], ours["val_loss"], rtol=1e-5)
