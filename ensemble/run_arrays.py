@@ -86,10 +86,13 @@ def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preproce
         entry.reset(cfg.training.seed)
         entry.feed(x, y)
         predict_val = None if val is None else (lambda: group.predict(val[0])[0])
-        records = train_loop(entry.steps, predict_val, group.indices, cfg.training.seed,
-                             cfg.training.epochs, len(x), cfg.training.batch_size,
-                             None if val is None else val[1], None, (),
-                             cfg.training.steps_per_execution)
+        try:
+            records = train_loop(entry.steps, predict_val, group.indices, cfg.training.seed,
+                                 cfg.training.epochs, len(x), cfg.training.batch_size,
+                                 None if val is None else val[1], None, (),
+                                 cfg.training.steps_per_execution)
+        finally:  # the cache keeps the graphs, not a copy of the rows
+            entry.feed(np.zeros((0, x.shape[1]), np.float32), np.zeros(0, np.int32))
         weights = entry.weights()
         aggs = None
         name = cfg.aggregation.aggregators[0]
@@ -140,9 +143,15 @@ def predict(est, x: np.ndarray, members: bool = False) -> np.ndarray:
     `[n_rows, n_classes]`, or every member's `[n_members, n_rows, n_classes]` (float32)."""
     from ensemble import graph_cache
 
+    from ensemble import devices
+    from ensemble.placement import place
+
     cfg, name = est.config_, est.aggregator_
     n = len(est.member_weights_)
-    devs = _configure(cfg)
+    try:
+        devs = _configure(cfg)
+    except UsageError:  # e.g. unpickled where TensorFlow already has fewer logical CPUs
+        devs = place(n, devices.resolve("auto", n))
     params = fitted.member_params(est.aggregators_, list(range(n)))
     entry = graph_cache.get(cfg, x.shape[1], len(est.classes_), devs)
     with entry.lock:

@@ -15,7 +15,7 @@ import pytest
 from sklearn.datasets import load_iris
 
 from conftest import ROOT
-from ensemble import artifacts, config, metrics
+from ensemble import artifacts, metrics
 from ensemble.sklearn import DeepEnsembleClassifier
 
 SMALL = dict(n_members=2, hidden=(8,), dropout=0.0, epochs=4, learning_rate=0.02,
@@ -42,29 +42,6 @@ def test_import_ensemble_stays_light():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
     assert out.stdout.split() == ["False", "False"], out.stderr
-
-
-def test_members_equal_a_fresh_in_graph_build(iris, fitted):
-    """Cached graphs reset to a fresh build: the same weights as `InGraphEnsemble.build` +
-    `fit` on the same standardised rows, even after a fit with another seed."""
-    from ensemble.in_graph import InGraphEnsemble
-
-    x, y, xv, yv = iris
-    DeepEnsembleClassifier(**SMALL, random_state=1).fit(x, y)  # same graphs, other state
-    again = DeepEnsembleClassifier(**SMALL, random_state=7).fit(x, y, validation_data=(xv, yv))
-    cfg = config.from_dict({"members": {"count": 2, "hidden": [8], "dropout": 0.0},
-                            "training": {"epochs": 4, "batch_size": 16,
-                                         "learning_rate": 0.02, "seed": 7}})
-    pre = fitted.preprocessing_
-    xs = ((x - pre.mean) / pre.scale).astype(np.float32)
-    y_idx = np.searchsorted(fitted.classes_, y)
-    ens = InGraphEnsemble.build(cfg, 4, 3, fitted.devices_, aggregators=())
-    ens.fit(xs, y_idx, xs, y_idx, 7, 4, 16)
-    for k in range(2):
-        for a, b, c in zip(fitted.member_weights_[k], again.member_weights_[k],
-                           ens.models[k].get_weights()):
-            np.testing.assert_array_equal(a, b)
-            np.testing.assert_allclose(a, c, atol=1e-6)
 
 
 def test_validation_data_gives_history_and_fitted_aggregator(iris, fitted):
@@ -163,3 +140,29 @@ def test_between_graph_gives_the_in_graph_members(iris, fitted, tmp_path, monkey
                                atol=1e-5)
     ours = fitted.history_[fitted.history_["member"] == 0]
     np.testing.assert_allclose(between.history_["val_loss"], ours["val_loss"], rtol=1e-5)
+
+
+def test_same_members_as_ensemble_train_on_the_same_rows(tmp_path):
+    """The estimator trains through the CLI's blocks: given the training rows of an
+    `ensemble train` run (raw, in the run's order), the same seed gives the same members;
+    also after a fit with another seed on the same cached graphs (they reset to a fresh
+    build)."""
+    import ensemble
+    from ensemble.members import load_member
+
+    run = ensemble.train({"data": {"source": "iris"},
+                          "members": {"count": 2, "hidden": [8], "dropout": 0.1},
+                          "training": {"epochs": 3, "batch_size": 16, "learning_rate": 0.02,
+                                       "seed": 4},
+                          "placement": {"devices": "cpu:2"}}, run_dir=tmp_path / "run")
+    rows = artifacts.read_split(run.path, "train")[2]
+    x, y = load_iris(return_X_y=True)
+    DeepEnsembleClassifier(n_members=2, hidden=(8,), dropout=0.1, epochs=2, batch_size=16,
+                           learning_rate=0.02, random_state=9, devices="cpu:2").fit(x, y)
+    est = DeepEnsembleClassifier(n_members=2, hidden=(8,), dropout=0.1, epochs=3,
+                                 batch_size=16, learning_rate=0.02, random_state=4,
+                                 devices="cpu:2").fit(x[rows], y[rows])
+    for k in range(2):
+        theirs = load_member(artifacts.member_model_path(run.path, k), "/device:CPU:0")
+        for a, b in zip(est.member_weights_[k], theirs.get_weights(), strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-6)
