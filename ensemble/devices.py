@@ -238,8 +238,9 @@ def describe() -> dict:
         memory_limit_bytes}], "build": build_info()}`: the physical CPU's memory is the host's
         RAM; a physical GPU's is its total memory as TensorFlow reports it
         (`device_lib.list_local_devices`, the memory of the logical devices on it, when
-        no limit is set); a logical device's is TensorFlow's memory limit for it (None for
-        the logical CPUs beyond the first, which share the host memory).
+        no limit is set); a logical GPU's is TensorFlow's memory limit for it; None for the
+        logical CPUs, which share the host memory (the 256 MiB `device_lib` reports for
+        `CPU:0` is a nominal figure, not a cap).
     """
     import tensorflow as tf
     from tensorflow.python.client import device_lib
@@ -259,7 +260,8 @@ def describe() -> dict:
         physical.append({"name": dev.name, "type": dev.device_type, "memory_bytes": mem,
                          "details": details})
     logical = [{"name": canonical(d.name), "type": d.device_type,
-                "memory_limit_bytes": local.get(canonical(d.name))}
+                "memory_limit_bytes": (None if d.device_type == "CPU"
+                                       else local.get(canonical(d.name)))}
                for d in tf.config.list_logical_devices()]
     return {"physical": physical, "logical": logical, "build": build_info()}
 
@@ -288,8 +290,7 @@ def format_description(desc: dict) -> str:
     lines.append("logical devices:")
     for d in desc["logical"]:
         mem = d["memory_limit_bytes"]
-        text = ("shares host memory" if mem is None and d["type"] == "CPU"
-                else f"memory limit {_size(mem)}")
+        text = ("shares host memory" if d["type"] == "CPU" else f"memory limit {_size(mem)}")
         lines.append(f"  {d['name']:<28} {d['type']:<4} {text}")
     b = desc["build"]
     if b.get("is_cuda_build"):

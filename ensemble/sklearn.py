@@ -81,6 +81,11 @@ class DeepEnsembleClassifier(ClassifierMixin, BaseEstimator):
         history_: pandas DataFrame, one row per member and epoch (loss, val_loss, ...; val_*
             NaN without `validation_data`).
         config_: the resolved `Config`. seed_: the run seed used. devices_: member devices.
+        aggregator_: the aggregator `predict_proba` applies. n_rows_: rows per split
+            (`train`, and `validation` with `validation_data`).
+
+    Like `ensemble train` (`training.deterministic`), fitting turns on TensorFlow's op
+    determinism for the whole process, so equal seeds give equal members.
     """
 
     def __init__(self, n_members=4, hidden=(256, 128), activation="relu", dropout=0.1,
