@@ -72,17 +72,20 @@ class MemberOverride:
     activation: str | None = None
     dropout: float | None = None
     learning_rate: float | None = None
+    l2: float | None = None
 
 
 @dataclass(frozen=True)
 class MembersConfig:
-    """The ensemble members: `count` MLPs with `hidden` layer widths; `override` gives
+    """The ensemble members: `count` MLPs with `hidden` layer widths; `l2` is the L2 penalty
+    `l2 * sum(kernel**2)` on every Dense kernel, added to the training loss; `override` gives
     per-member hyperparameters (`batch_size` and `epochs` stay shared by the run)."""
 
     count: int = 4
     hidden: tuple[int, ...] = (256, 128)
     activation: str = "relu"
     dropout: float = 0.1
+    l2: float = 0.0
     override: tuple[MemberOverride, ...] = ()
 
 
@@ -235,6 +238,8 @@ def _check_ranges(cfg: Config) -> None:
             positive(f"{key}.hidden[{i}]", width)
         if o.learning_rate is not None:
             positive(f"{key}.learning_rate", o.learning_rate)
+        if o.l2 is not None and o.l2 < 0:
+            raise UsageError(f"Expected `{key}.l2` to be >= 0. Received: {o.l2}")
         if o.dropout is not None and not 0.0 <= o.dropout < 1.0:
             raise UsageError(f"Expected `{key}.dropout` in [0, 1). Received: {o.dropout}")
         if o.activation is not None and o.activation not in ACTIVATIONS:
@@ -263,6 +268,8 @@ def _check_ranges(cfg: Config) -> None:
         raise UsageError(f"Expected `aggregation.weights` to be {cfg.members.count} non-negative "
                          f"numbers (one per member) with a positive sum, or empty (fitted). "
                          f"Received: {list(agg.weights)}")
+    if cfg.members.l2 < 0:
+        raise UsageError(f"Expected `members.l2` to be >= 0. Received: {cfg.members.l2}")
     if not 0.0 <= cfg.members.dropout < 1.0:
         raise UsageError(f"Expected `members.dropout` in [0, 1). Received: {cfg.members.dropout}")
     if cfg.members.activation not in ACTIVATIONS:
@@ -297,7 +304,7 @@ def member_config(cfg: Config, index: int) -> tuple[MembersConfig, float]:
     members, lr = cfg.members, cfg.training.learning_rate
     if over is None:
         return members, lr
-    changes = {k: getattr(over, k) for k in ("hidden", "activation", "dropout")
+    changes = {k: getattr(over, k) for k in ("hidden", "activation", "dropout", "l2")
                if getattr(over, k) is not None}
     return (dataclasses.replace(members, **changes),
             lr if over.learning_rate is None else over.learning_rate)
@@ -305,10 +312,10 @@ def member_config(cfg: Config, index: int) -> tuple[MembersConfig, float]:
 
 def member_hparams(cfg: Config, index: int) -> dict[str, Any]:
     """Member `index`'s resolved hyperparameters as JSON: hidden, activation, dropout,
-    learning_rate."""
+    learning_rate, l2."""
     m, lr = member_config(cfg, index)
     return {"hidden": list(m.hidden), "activation": m.activation, "dropout": m.dropout,
-            "learning_rate": lr}
+            "learning_rate": lr, "l2": m.l2}
 
 
 def from_dict(table: dict[str, Any]) -> Config:

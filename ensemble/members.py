@@ -28,20 +28,24 @@ def build_member(cfg: MembersConfig, n_features: int, n_classes: int, seed: int,
     """A Keras MLP `[n_rows, n_features] -> [n_rows, n_classes]` probabilities (softmax).
 
     Call it under `tf.device(...)` so its variables live on the member's device. Every
-    initialiser and dropout layer gets its own seed derived from `seed`.
+    initialiser and dropout layer gets its own seed derived from `seed`. With `cfg.l2 > 0`
+    every Dense kernel carries `keras.regularizers.L2(cfg.l2)` (`l2 * sum(kernel**2)`), which
+    `training.train_step` adds to the loss: the same in both replication modes.
     """
     import keras
+
+    reg = keras.regularizers.L2(cfg.l2) if cfg.l2 > 0 else None
 
     layers = [keras.Input((n_features,))]
     for i, width in enumerate(cfg.hidden):
         layers.append(keras.layers.Dense(
-            width, activation=cfg.activation, name=f"dense_{i}",
+            width, activation=cfg.activation, name=f"dense_{i}", kernel_regularizer=reg,
             kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 2 * i)))
         if cfg.dropout > 0:
             layers.append(keras.layers.Dropout(cfg.dropout, seed=seed + 2 * i + 1,
                                                name=f"dropout_{i}"))
     layers.append(keras.layers.Dense(
-        n_classes, activation="softmax", name="output",
+        n_classes, activation="softmax", name="output", kernel_regularizer=reg,
         kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 2 * len(cfg.hidden))))
     return keras.Sequential(layers, name=name)
 

@@ -33,7 +33,8 @@ def train_step(model, optimizer, x, y, idx):
         idx: `[batch]` int32 row indices of this batch.
 
     Returns:
-        Scalar float32 mean cross-entropy (natural log) of the batch.
+        Scalar float32 mean cross-entropy (natural log) of the batch, plus the member's kernel
+        L2 penalty (`model.losses`) when it has one.
     """
     import keras
     import tensorflow as tf
@@ -42,6 +43,8 @@ def train_step(model, optimizer, x, y, idx):
     with tf.GradientTape() as tape:
         probs = model(xb, training=True)
         loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(yb, probs))
+        if model.losses:  # the kernel L2 penalty (`members.l2`)
+            loss = loss + tf.add_n(model.losses)
     grads = tape.gradient(loss, model.trainable_variables)
     optimizer.apply(grads)
     return loss

@@ -22,6 +22,7 @@ learning_rate = 0.003
 [[members.override]]
 index = 2
 dropout = 0.0
+l2 = 0.001
 [training]
 epochs = 2
 batch_size = 64
@@ -47,10 +48,11 @@ def hetero(tmp_path_factory):
 def test_overrides_resolve_per_member(hetero):
     cfg = config.load(hetero[0])
     assert config.member_hparams(cfg, 0) == {"hidden": [32], "activation": "relu",
-                                             "dropout": 0.1, "learning_rate": 0.001}
+                                             "dropout": 0.1, "learning_rate": 0.001, "l2": 0.0}
     assert config.member_hparams(cfg, 1) == {"hidden": [48, 16], "activation": "tanh",
-                                             "dropout": 0.1, "learning_rate": 0.003}
+                                             "dropout": 0.1, "learning_rate": 0.003, "l2": 0.0}
     assert config.member_hparams(cfg, 2)["dropout"] == 0.0
+    assert config.member_hparams(cfg, 2)["l2"] == 0.001
 
 
 def test_heterogeneous_members_same_in_both_modes(hetero):
@@ -83,6 +85,30 @@ def test_heterogeneous_members_on_their_devices_in_the_traced_graph(hetero):
     assert found == {0: {devs[0]}, 1: {devs[1]}, 2: {devs[2]}}
 
 
+def test_l2_penalty_is_added_to_the_step_loss():
+    import numpy as np
+    import tensorflow as tf
+
+    from ensemble.members import build_member
+    from ensemble.optimizer import build_optimizer
+    from ensemble.training import train_step
+
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(size=(16, 5)), tf.float32)
+    y = tf.constant(rng.integers(0, 3, 16), tf.int32)
+    idx = tf.range(16)
+    losses = {}
+    for l2 in (0.0, 0.5):
+        arch = config.MembersConfig(hidden=(4,), dropout=0.0, l2=l2)
+        model = build_member(arch, 5, 3, seed=7, name="m")
+        kernels = sum(float(tf.reduce_sum(tf.square(v))) for v in model.trainable_variables
+                      if len(v.shape) == 2)
+        losses[l2] = (float(train_step(model, build_optimizer(model, 1e-3), x, y, idx)),
+                      kernels)
+    (plain, kernels), (penalised, _) = losses[0.0], losses[0.5]
+    assert penalised == pytest.approx(plain + 0.5 * kernels, rel=1e-5)
+
+
 @pytest.mark.parametrize("override, match", [
     ({"index": 5}, r"override\[0\]\.index"),
     ({"index": 0, "epochs": 3}, "shared by every member"),
@@ -91,6 +117,7 @@ def test_heterogeneous_members_on_their_devices_in_the_traced_graph(hetero):
     ({"index": 0, "hidden": [0]}, r"override\[0\]\.hidden\[0\]"),
     ({"index": 0, "activation": "soft"}, r"override\[0\]\.activation"),
     ({"index": 0, "l1": 0.1}, r"members\.override\[0\]\.l1"),
+    ({"index": 0, "l2": -0.1}, r"override\[0\]\.l2"),
 ])
 def test_bad_overrides(override, match):
     with pytest.raises(UsageError, match=match):
