@@ -4,7 +4,8 @@ The defaults of the dataclasses below ARE the default run (`configs/digits.toml`
 out; a test keeps the two equal), so an installed `ensemble train` needs no file.
 
 A config has five tables: `[data]`, `[members]`, `[training]`, `[placement]`, `[aggregation]`
-(plus the optional `[data.synthetic]`). Unknown keys and wrong types are rejected with a
+(plus the optional `[data.synthetic]`; a `[search]` table is `ensemble search`'s, read and
+checked by `ensemble.search`, and left out of the run config here). Unknown keys and wrong types are rejected with a
 `UsageError` that names the key and the expected type.
 """
 
@@ -364,6 +365,7 @@ def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"Config file {path} is not valid TOML: {exc}") from None
     if path is not None:
+        table.pop("search", None)  # ensemble search's space (ensemble.search), not the run's
         _resolve_source(table, path)
     for dotted, value in (overrides or {}).items():
         if value is None:

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from ensemble import artifacts, config, fitted, posthoc, run, tables
+from ensemble import artifacts, config, fitted, posthoc, records, run, tables
 from ensemble.aggregate import AGGREGATORS
 from ensemble.errors import UsageError
 
@@ -63,8 +63,8 @@ def _between_graph_members(run_dir: Path, manifest: dict, min_members: int | Non
 def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
                   min_members: int | None = None) -> dict:
     """Recompute a run's ensemble from its member predictions and write `predictions.parquet`,
-    `metrics.parquet`, `aggregators.json` and `ensemble_size.parquet` (between-graph: also
-    `history.parquet`, and the run is marked completed).
+    `metrics.parquet`, `aggregators.json`, `ensemble_size.parquet` and `members.parquet`
+    (between-graph: also `history.parquet`, and the run is marked completed).
 
     Args:
         aggregators: names to apply (default: the run's `aggregators.json` list, else its
@@ -115,5 +115,6 @@ def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
         table = tables.metrics_table(preds, fit["best_member"])
         artifacts.write_parquet(run_dir / artifacts.PREDICTIONS, preds)
         artifacts.write_parquet(run_dir / artifacts.METRICS, table)
+    records.write_members(run_dir, manifest)
     run.finish(run_dir, manifest, "completed", aggregate_seconds=time.perf_counter() - start)
     return manifest

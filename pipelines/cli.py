@@ -135,6 +135,28 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_search(args) -> int:
+    from pipelines import search
+
+    plan = search.plan(args.config, args.candidates, args.select, args.stratify, overrides={
+        "training.epochs": args.epochs, "placement.devices": args.devices})
+    if not args.resume:  # every space and data problem before TensorFlow loads
+        from ensemble import data
+
+        data.load(plan.config.data)
+    _import_tensorflow_quietly()
+    from pipelines import evaluate, train
+
+    run_dir = Path(args.run_dir) if args.run_dir else train.default_run_dir(plan.config)
+    verbosity = 0 if args.quiet else 1
+    search.run_search(plan, run_dir, args.mode, resume=args.resume, overwrite=args.overwrite,
+                      jobs=args.jobs, verbosity=verbosity)
+    print(f"run directory: {run_dir} (members.parquet: every candidate; predict applies the "
+          "greedy selection)")
+    print(evaluate.evaluate(run_dir)[1])
+    return 0
+
+
 def cmd_devices(args) -> int:
     from ensemble import config, devices
 
@@ -300,6 +322,7 @@ EXAMPLES = """\
 examples:
   ensemble train --data penguins.csv --target species --impute median
   ensemble compare --data digits --members 4 --epochs 5 --repeats 3
+  ensemble search --config configs/search.toml --candidates 16 --select 4
 
 'ensemble COMMAND --help' shows a command's options."""
 
@@ -424,6 +447,30 @@ def _parser() -> argparse.ArgumentParser:
          help="runs of each phase of each mode, order alternated")
     _add(cmp, "--overwrite", action="store_true", help="replace an existing comparison folder")
 
+    se = command("search", "hyperparameter ensemble: sample candidates from the config's "
+                 "[search] space, train them as one run, keep a greedy selection", cmd_search)
+    _add(se, "--config", required=True, metavar="PATH",
+         help="TOML config with a [search] table (see configs/search.toml)")
+    _add(se, "--candidates", required=True, type=_positive, metavar="N",
+         help="candidate members sampled from the [search] space and trained")
+    _add(se, "--select", required=True, type=_positive, metavar="K",
+         help="greedy selection (on validation NLL, repeats allowed) of at most K candidates")
+    _add(se, "--stratify", type=_nonneg, metavar="S", default=0,
+         help="train every selected configuration again with S new seeds, then select again")
+    _add(se, "--mode", choices=MODES, default="in-graph",
+         help="in-graph: one graph holding every candidate; between-graph: client processes")
+    _add(se, "--epochs", type=_positive, metavar="N",
+         help="training epochs of every candidate (default: the config's)")
+    _add(se, "--devices", metavar="SPEC",
+         help="auto, cpu:N or device names (default: the config's)")
+    _add(se, "--jobs", type=_positive, metavar="N",
+         help="between-graph only: concurrent client processes (default: as many as allowed)")
+    _add(se, "--run-dir", metavar="PATH", help="output folder (default: artifacts/<run_id>)")
+    _add(se, "--overwrite", action="store_true", help="replace a run already in --run-dir")
+    _add(se, "--resume", action="store_true",
+         help="continue an interrupted search in --run-dir: only unfinished candidates train")
+    _add(se, "--quiet", action="store_true", help="no progress output")
+
     c = command("client", "train (or predict) members of a prepared between-graph run",
                 cmd_client)
     _add(c, "--run", required=True, metavar="PATH", help="the prepared run directory")
@@ -461,7 +508,7 @@ def _parser() -> argparse.ArgumentParser:
 def _refuse_inapplicable(args) -> None:
     """Options that do not apply to the chosen mode are refused, with the reason."""
     mode = getattr(args, "mode", None)
-    if args.command in ("train", "predict") and mode == "in-graph" and args.jobs:
+    if args.command in ("train", "predict", "search") and mode == "in-graph" and args.jobs:
         raise UsageError("--jobs applies to --mode between-graph only: in-graph replication "
                          "runs every member in one process")
     if args.command == "train" and mode == "in-graph" and args.prepare_only:

@@ -198,6 +198,10 @@ def evaluate(run_dir: Path | None, predictions: Path | None = None,
         raise UsageError(f"{predictions} has no rows with a known y_true; cannot evaluate.")
     artifacts.write_parquet(out, table)
     text = format_table(table, fit)
+    if run_dir is not None and predictions == Path(run_dir) / artifacts.PREDICTIONS:
+        from pipelines.search import comparison_lines  # a search run: selection vs references
+
+        text = "\n".join([text, *comparison_lines(run_dir)])
     if plots:
         from pipelines import plots as P
 

@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from ensemble import artifacts, devices, posthoc, progress, run, tables
+from ensemble import artifacts, devices, posthoc, progress, records, run, tables
 from ensemble.cluster import naming_unreachable_tasks
 from ensemble.config import Config
 
@@ -112,5 +112,6 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
                                               classes, names, ens_p, fit["params"]))
     posthoc.write_fit(run_dir, fit, splits, settings)
     tables.write_outputs(run_dir, pa.concat_tables(parts), tables.history_table(history))
+    records.write_members(run_dir, manifest)
     run.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
                predict_seconds=time.perf_counter() - start)

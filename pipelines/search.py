@@ -1,0 +1,188 @@
+"""`ensemble search`: a hyperparameter ensemble (Wenzel et al. 2020) by random search and
+greedy ensemble selection, on the ordinary training path.
+
+1. N candidates are sampled from the config's `[search]` space (`ensemble.search`) and become
+   the `[[members.override]]` of ONE run, trained by `api.train` in either replication mode
+   across the devices (no second trainer: resume, faults, placement and records are the
+   run's).
+2. That run's `greedy` aggregator (ensemble selection with replacement, Caruana et al. 2004)
+   runs `K` rounds on validation NLL: the selection of at most K candidates. `greedy` is the
+   run's first aggregator and `aggregators.json` holds its weights, so `predict`, `aggregate`
+   and `export` apply exactly that selection (`ensemble-greedy` rows).
+3. With `--stratify S`, every selected configuration is trained again with S new member
+   seeds (run seed + 1) as a second run in `--run-dir`, the candidates' run moving to
+   `RUN/candidates/`, and greedy selection runs again over those `S x selected` members.
+
+The run's manifest records the search (`search`: seed, space, candidates, select, stratify).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ensemble import aggregate, artifacts, config, metrics, posthoc, records, run
+from ensemble import search as S
+from ensemble.errors import UsageError
+
+CANDIDATES_DIR = "candidates"
+
+
+@dataclass
+class Plan:
+    """A checked search: the candidates' run config and what produced it."""
+
+    seed: int
+    space: dict[str, Any]
+    raw: dict[str, Any]
+    base: dict[str, Any]  # the config tables without [search], flags applied
+    candidates: list[dict[str, Any]]
+    select: int
+    stratify: int
+    config: config.Config  # the candidates' run
+
+
+def plan(config_path: str | Path, candidates: int, select: int, stratify: int = 0,
+         overrides: dict[str, Any] | None = None) -> Plan:
+    """Check the space and build the candidates' run config; no TensorFlow.
+
+    Raises:
+        UsageError: a bad `[search]` table (names the key), config or count.
+    """
+    seed, space, raw = S.load_space(config_path)
+    if stratify < 0:
+        raise UsageError(f"Expected --stratify >= 0. Received: {stratify}")
+    base = config.load(config_path, overrides=overrides).to_dict()
+    cands = S.sample(space, seed, candidates)
+    cfg = config.from_dict(S.candidate_tables(base, cands, select))
+    return Plan(seed, space, raw, base, cands, select, stratify, cfg)
+
+
+def _train(cfg: config.Config, run_dir: Path, mode: str, resume: bool, overwrite: bool,
+           jobs: int | None, verbosity: int) -> None:
+    """One run on the ordinary path; with `resume`, a completed run is kept and an
+    unfinished one resumes (only its unfinished members / from its checkpoint)."""
+    from pipelines import api
+
+    if resume and (run_dir / artifacts.MANIFEST).is_file():
+        if run.effective_status(artifacts.read_manifest(run_dir)) == "completed":
+            return
+        api.train(cfg, mode, run_dir, resume=True, jobs=jobs, verbosity=verbosity)
+    else:
+        api.train(cfg, mode, run_dir, overwrite=overwrite, jobs=jobs, verbosity=verbosity)
+
+
+def _record(run_dir: Path, info: dict[str, Any]) -> dict[str, Any]:
+    """Add the search to the run's manifest, write `members.parquet`, refresh the hashes."""
+    manifest = artifacts.read_manifest(run_dir)
+    manifest["search"] = info
+    records.write_members(run_dir, manifest)
+    run.finish(run_dir, manifest, "completed")
+    return manifest
+
+
+def selected(run_dir: Path) -> dict[int, float]:
+    """`{member index: greedy weight}` of the members a run's greedy selection kept."""
+    from ensemble import fitted
+
+    fit = fitted.read(run_dir) or {}
+    greedy = fit.get("params", {}).get("greedy")
+    if greedy is None:
+        raise UsageError(f"Run {run_dir} has no greedy selection in {fitted.FILENAME}.")
+    return {i: w for i, w in zip(fit["members"], greedy["weights"]) if w > 0}
+
+
+def run_search(p: Plan, run_dir: Path, mode: str = "in-graph", resume: bool = False,
+               overwrite: bool = False, jobs: int | None = None, verbosity: int = 1) -> Path:
+    """Train the candidates (and, with stratification, the selected ones again) and record
+    the search; returns `run_dir`, the run whose selection `predict` applies.
+
+    Raises:
+        UsageError: `run_dir` already holds a run (without `overwrite`/`resume`), or a run
+        to resume that was started with another config or mode.
+    """
+    run_dir = Path(run_dir)
+    cand_dir = run_dir / CANDIDATES_DIR if p.stratify else run_dir
+    if not resume:
+        for d in {run_dir, cand_dir}:
+            run.check_run_dir(d, overwrite)
+    info = {"seed": p.seed, "space": p.raw, "candidates": len(p.candidates),
+            "select": p.select, "stratify": p.stratify}
+    _train(p.config, cand_dir, mode, resume, overwrite, jobs, verbosity)
+    _record(cand_dir, info)
+    if not p.stratify:
+        return run_dir
+    chosen = sorted(selected(cand_dir))
+    source = [c for c in chosen for _ in range(p.stratify)]
+    tables = S.candidate_tables(p.base, [p.candidates[c] for c in source], p.select,
+                                seed_offset=S.STRATIFY_SEED_OFFSET)
+    _train(config.from_dict(tables), run_dir, mode, resume, overwrite, jobs, verbosity)
+    _record(run_dir, {**info, "candidate": source, "candidates_run": CANDIDATES_DIR})
+    return run_dir
+
+
+def _split_probs(run_dir: Path) -> dict[str, posthoc.SplitMembers]:
+    manifest = artifacts.read_manifest(run_dir)
+    preds = artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS)
+    return posthoc.by_split(posthoc.member_rows(artifacts.read_parquet(preds)))
+
+
+def comparison(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The search's selection against its references on every labelled split: the plain
+    deep ensemble of the same size (the mean of the first n candidates, n = the number of
+    distinct members selected: the same networks to run at prediction time, no selection)
+    and the best single candidate (lowest validation NLL).
+
+    Returns:
+        Rows `{split, model, n_members, accuracy, nll, brier, ece}`; [] for a run that is
+        not a search.
+    """
+    run_dir = Path(run_dir)
+    info = artifacts.read_manifest(run_dir).get("search")
+    if not info:
+        return []
+    weights = selected(run_dir)
+    own = _split_probs(run_dir)
+    cands = _split_probs(run_dir / info["candidates_run"]) if info.get("candidates_run") else own
+    n = len(weights)
+    val = cands["validation"]
+    best = val.members[int(np.argmin([metrics.nll(val.y, p) for p in val.probs]))]
+    out = []
+    for split in ("validation", "test"):
+        if split not in own or own[split].y is None:
+            continue
+        s, c = own[split], cands[split]
+        if not np.array_equal(s.rows, c.rows):
+            raise UsageError(f"The candidates' {split} rows differ from the run's.")
+        w = [weights.get(i, 0.0) for i in s.members]
+        firsts = [k for k, i in enumerate(c.members) if i < n]
+        models = [(f"selected (greedy, {n} of {len(s.members)})", n,
+                   aggregate.weighted(s.probs, w)),
+                  (f"mean of first {n} candidates", n,
+                   aggregate.soft_vote(c.probs[firsts])),
+                  (f"best candidate (member-{best})", 1, c.probs[c.members.index(best)])]
+        out += [{"split": split, "model": name, "n_members": k, **metrics.all_metrics(s.y, p)}
+                for name, k, p in models]
+    return out
+
+
+def comparison_lines(run_dir: str | Path) -> list[str]:
+    """`comparison` as lines of the `ensemble evaluate` table ([] when not a search)."""
+    from pipelines.evaluate import _line, number
+
+    rows = comparison(run_dir)
+    if not rows:
+        return []
+    info = artifacts.read_manifest(run_dir)["search"]
+    strat = (f", stratified: {info['stratify']} seeds per selected configuration"
+             if info.get("stratify") else "")
+    out = [f"hyperparameter search: {info['candidates']} candidates, greedy selection of at "
+           f"most {info['select']} on validation NLL{strat}"]
+    for split in dict.fromkeys(r["split"] for r in rows):
+        out.append(f"{split}")
+        out += [_line("  " + r["model"], [number(r[m]) for m in metrics.METRICS])
+                for r in rows if r["split"] == split]
+    return out
