@@ -322,7 +322,6 @@ EXAMPLES = """\
 examples:
   ensemble train --data penguins.csv --target species --impute median
   ensemble compare --data digits --members 4 --epochs 5 --repeats 3
-  ensemble search --config configs/search.toml --candidates 16 --select 4
 
 'ensemble COMMAND --help' shows a command's options."""
 
