@@ -5,8 +5,8 @@ out; a test keeps the two equal), so an installed `ensemble train` needs no file
 
 A config has five tables: `[data]`, `[members]`, `[training]`, `[placement]`, `[aggregation]`
 (plus the optional `[data.synthetic]`; a `[search]` table is `ensemble search`'s, read and
-checked by `ensemble.search`, and left out of the run config here). Unknown keys and wrong types are rejected with a
-`UsageError` that names the key and the expected type.
+checked by `ensemble.search`, and left out of the run config here). Unknown keys and wrong
+types are rejected with a `UsageError` that names the key and the expected type.
 """
 
 from __future__ import annotations

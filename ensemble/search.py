@@ -180,7 +180,8 @@ def _draw(rng: np.random.Generator, dim: dict[str, Any]) -> Any:
         u = (math.exp(rng.uniform(math.log(low), math.log(hi))) if dim["log"]
              else rng.uniform(low, hi))
         return [int(min(max(math.floor(u), low), high))]
-    u = math.exp(rng.uniform(math.log(low), math.log(high))) if dim["log"] else rng.uniform(low, high)
+    u = (math.exp(rng.uniform(math.log(low), math.log(high))) if dim["log"]
+         else rng.uniform(low, high))
     return float(f"{min(max(u, low), high):.4g}")  # 4 significant digits: readable records
 
 

@@ -7,8 +7,8 @@ greedy ensemble selection, on the ordinary training path.
    run's).
 2. That run's `greedy` aggregator (ensemble selection with replacement, Caruana et al. 2004)
    runs `K` rounds on validation NLL: the selection of at most K candidates. `greedy` is the
-   run's first aggregator and `aggregators.json` holds its weights, so `predict`, `aggregate`
-   and `export` apply exactly that selection (`ensemble-greedy` rows).
+   run's first aggregator and `aggregators.json` holds its weights, so `predict` and `aggregate`
+   apply exactly that selection (`ensemble-greedy` rows).
 3. With `--stratify S`, every selected configuration is trained again with S new member
    seeds (run seed + 1) as a second run in `--run-dir`, the candidates' run moving to
    `RUN/candidates/`, and greedy selection runs again over those `S x selected` members.
