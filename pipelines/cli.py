@@ -138,6 +138,8 @@ def cmd_train(args) -> int:
 def cmd_search(args) -> int:
     from pipelines import search
 
+    if args.resume and not args.run_dir:
+        raise UsageError("--resume needs --run-dir PATH of the search to continue")
     plan = search.plan(args.config, args.candidates, args.select, args.stratify, overrides={
         "training.epochs": args.epochs, "placement.devices": args.devices})
     if not args.resume:  # every space and data problem before TensorFlow loads
