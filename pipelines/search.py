@@ -132,9 +132,9 @@ def _split_probs(run_dir: Path) -> dict[str, posthoc.SplitMembers]:
 
 def comparison(run_dir: str | Path) -> list[dict[str, Any]]:
     """The search's selection against its references on every labelled split: the plain
-    deep ensemble of the same size (the mean of the first n candidates, n = the number of
-    distinct members selected: the same networks to run at prediction time, no selection)
-    and the best single candidate (lowest validation NLL).
+    ensemble of the same size budget (the mean of the first K candidates, K = `--select`:
+    random hyperparameters, no selection) and the best single candidate (lowest validation
+    NLL).
 
     Returns:
         Rows `{split, model, n_members, accuracy, nll, brier, ece}`; [] for a run that is
@@ -147,7 +147,7 @@ def comparison(run_dir: str | Path) -> list[dict[str, Any]]:
     weights = selected(run_dir)
     own = _split_probs(run_dir)
     cands = _split_probs(run_dir / info["candidates_run"]) if info.get("candidates_run") else own
-    n = len(weights)
+    n, k = len(weights), min(int(info["select"]), len(cands["validation"].members))
     val = cands["validation"]
     best = val.members[int(np.argmin([metrics.nll(val.y, p) for p in val.probs]))]
     out = []
@@ -158,10 +158,10 @@ def comparison(run_dir: str | Path) -> list[dict[str, Any]]:
         if not np.array_equal(s.rows, c.rows):
             raise UsageError(f"The candidates' {split} rows differ from the run's.")
         w = [weights.get(i, 0.0) for i in s.members]
-        firsts = [k for k, i in enumerate(c.members) if i < n]
+        firsts = [j for j, i in enumerate(c.members) if i < k]
         models = [(f"selected (greedy, {n} of {len(s.members)})", n,
                    aggregate.weighted(s.probs, w)),
-                  (f"mean of first {n} candidates", n,
+                  (f"mean of first {k} candidates", k,
                    aggregate.soft_vote(c.probs[firsts])),
                   (f"best candidate (member-{best})", 1, c.probs[c.members.index(best)])]
         out += [{"split": split, "model": name, "n_members": k, **metrics.all_metrics(s.y, p)}
