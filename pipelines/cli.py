@@ -146,7 +146,8 @@ def cmd_search(args) -> int:
         from ensemble import data
 
         data.load(plan.config.data)
-    _import_tensorflow_quietly()
+    if args.mode == "in-graph":  # a between-graph launcher leaves TensorFlow to its clients
+        _import_tensorflow_quietly()
     from pipelines import evaluate, train
 
     run_dir = Path(args.run_dir) if args.run_dir else train.default_run_dir(plan.config)
