@@ -166,3 +166,18 @@ def test_same_members_as_ensemble_train_on_the_same_rows(tmp_path):
         theirs = load_member(artifacts.member_model_path(run.path, k), "/device:CPU:0")
         for a, b in zip(est.member_weights_[k], theirs.get_weights(), strict=True):
             np.testing.assert_allclose(a, b, atol=1e-6)
+    # the notebook API on the same run: metrics, evaluate, predict(DataFrame)
+    assert run.status == "completed" and run.mode == "in-graph"
+    stored = run.metrics
+    assert set(stored["split"]) == {"validation", "test"}
+    np.testing.assert_allclose(run.evaluate()["nll"], stored["nll"], equal_nan=True)
+    frame = load_iris(as_frame=True).frame
+    test_rows = artifacts.read_split(run.path, "test")[2]
+    got = run.predict(frame.iloc[test_rows])
+    want = run.predictions.query("split == 'test'")
+    cols = [c for c in want.columns if c.startswith("p_")]
+    for model in ("member-0", "ensemble-mean"):
+        a = got[got["model"] == model].sort_values("row")
+        b = want[want["model"] == model].sort_values("row")
+        np.testing.assert_allclose(a[cols].to_numpy(), b[cols].to_numpy(), atol=1e-6)
+        assert list(a["y_true"]) == list(b["y_true"])  # the target column is read too
