@@ -12,7 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from ensemble import artifacts, fitted, metrics, posthoc
+from ensemble import artifacts, config, fitted, metrics, posthoc
+from ensemble.placement import mlp_flops
 
 MEMBERS_TABLE = "members.parquet"
 
@@ -44,14 +45,17 @@ def members_table(run_dir: str | Path, manifest: dict[str, Any]) -> pa.Table:
     n_features = len(manifest["dataset"]["feature_names"])
     n_classes = len(manifest["dataset"]["classes"])
     source = (manifest.get("search") or {}).get("candidate")
+    cfg = config.from_dict(manifest["config"])
     rows = []
     for m in manifest["members"]:
-        i, h = m["index"], m["hparams"]
+        i = m["index"]
+        h = m.get("hparams") or config.member_hparams(cfg, i)  # older runs: from the config
         pos = val.members.index(i) if val is not None and i in val.members else None
         row = {"member": i, "seed": m["seed"], "hidden": h["hidden"],
                "activation": h["activation"], "dropout": h["dropout"],
                "learning_rate": h["learning_rate"], "l2": h.get("l2", 0.0),
-               "flops_per_row": m["flops_per_row"],
+               "flops_per_row": m.get("flops_per_row",
+                                      mlp_flops(n_features, h["hidden"], n_classes)),
                "parameters": parameter_count(n_features, h["hidden"], n_classes),
                "device": m["device"],
                "train_seconds": sum(r["seconds"] for r in history if r["member"] == i),
