@@ -165,8 +165,11 @@ def manifest_for(cfg: Config, mode: str, pre: Preprocessing, rows: dict[str, int
     """A run manifest (the keys of `run.prepare`) for arrays; `named`: the columns came with
     names (a DataFrame), else they are `x0..`."""
     from ensemble.devices import build_info
+    from ensemble.placement import mlp_flops
 
     now = datetime.now(timezone.utc)
+    hparams = [member_hparams(cfg, i) for i in range(len(devs))]
+    n_features, n_classes = len(pre.output_names), len(pre.classes)
     return {
         "run_id": f"{now:%Y%m%d-%H%M%S}-{cfg.sha256()[:6]}", "mode": mode, "status": status,
         "pid": os.getpid(), "host": socket.gethostname(),
@@ -181,8 +184,9 @@ def manifest_for(cfg: Config, mode: str, pre: Preprocessing, rows: dict[str, int
         "devices": list(dict.fromkeys(devs)), "cluster": None,
         "placement": {"strategy": cfg.placement.strategy},
         "members": [{"index": i, "seed": member_seed(cfg.training.seed, i), "device": d,
-                     "status": "pending", "hparams": member_hparams(cfg, i)}
-                    for i, d in enumerate(devs)],
+                     "status": "pending", "hparams": h,
+                     "flops_per_row": mlp_flops(n_features, h["hidden"], n_classes)}
+                    for i, (d, h) in enumerate(zip(devs, hparams))],
         "versions": run.versions(), "tensorflow_build": build_info(), "timings": {},
     }
 
