@@ -175,11 +175,18 @@ def _train_member(run_dir: Path, manifest: dict, cfg, split: dict, index: int, d
 
 def predict_client(run_dir: Path, indices: int | Sequence[int], x_path: Path, out: Path,
                    threads: int | None = None, devices_: Sequence[str] | None = None,
-                   cluster: dict | None = None) -> list[Path]:
-    """Predict the rows of `x_path` (`.npz` with `x` `[n_rows, n_features]` float32, optional
-    `y` class indices) with members `indices`, one after another, each on its device
-    (`devices_`, default: the member's device in the run); write each member's prediction
-    rows to `out` (a `.parquet` file for one member) or to `out/member-<i>.parquet`.
+                   cluster: dict | None = None, batch_rows: int | None = None,
+                   target: str | None = None) -> list[Path]:
+    """Predict the rows of `x_path` with members `indices`, each in its own graph on its
+    device (`devices_`, default: the member's device in the run).
+
+    `x_path` is either a `.npz` (`x` `[n_rows, n_features]` float32 scaled, optional `y` class
+    indices): each member's prediction rows go to `out` (a `.parquet` file for one member) or
+    `out/member-<i>.parquet`; or a data source (`.parquet` / `.csv` file or folder), streamed
+    in batches of `batch_rows` (`ensemble.stream.InputStream`): the input is read once and
+    every batch goes through each member; `out/member-<i>.parquet` then holds only its
+    probabilities (`c<k>` float32 per class index) and `y` (class index, null when unknown),
+    one row per input row in order, for `pipelines.between.aggregate_stream`.
 
     Returns:
         The written paths, one per member.
@@ -190,21 +197,49 @@ def predict_client(run_dir: Path, indices: int | Sequence[int], x_path: Path, ou
     indices = [indices] if isinstance(indices, int) else list(indices)
     manifest = artifacts.read_manifest(run_dir)
     _, local, cluster = _start_client(manifest, indices, threads, devices_, cluster)
+    groups = {}
+    for index, device in zip(indices, local):
+        path = artifacts.verify(run_dir, manifest, artifacts.member_model_path(run_dir, index))
+        groups[index] = MemberGroup([load_member(path, device)], [device], [index])
+    if not str(x_path).endswith(".npz"):
+        return _predict_stream(run_dir, manifest, groups, str(x_path), Path(out), batch_rows,
+                               target)
     with np.load(x_path, allow_pickle=False) as z:
         x, y = z["x"], (z["y"] if "y" in z.files else None)
     classes = np.asarray(manifest["dataset"]["classes"])
     paths = []
-    for index, device in zip(indices, local):
-        path = artifacts.verify(run_dir, manifest, artifacts.member_model_path(run_dir, index))
-        model = load_member(path, device)
-        probs = MemberGroup([model], [device], [index]).predict(x)[0][0]
+    for index, group in groups.items():
+        probs = group.predict(x)[0][0]
         table = tables.predictions_table({index: probs}, "predict", np.arange(len(x)), y,
                                          classes, ())
-        target = (Path(out) if len(indices) == 1 and str(out).endswith(".parquet")
-                  else Path(out) / f"member-{index}.parquet")
-        artifacts.write_parquet(target, table)
-        paths.append(target)
+        target_path = (Path(out) if len(indices) == 1 and str(out).endswith(".parquet")
+                       else Path(out) / f"member-{index}.parquet")
+        artifacts.write_parquet(target_path, table)
+        paths.append(target_path)
     return paths
+
+
+def _predict_stream(run_dir: Path, manifest: dict, groups: dict, source: str, out: Path,
+                    batch_rows: int | None, target: str | None) -> list[Path]:
+    import contextlib
+
+    from ensemble.preprocessing import Preprocessing
+    from ensemble.stream import DEFAULT_BATCH_ROWS, InputStream, PredictionWriter
+
+    pre = Preprocessing.read(artifacts.verify(run_dir, manifest,
+                                              Path(run_dir) / artifacts.PREPROCESSING))
+    stream = InputStream(pre, source, target or manifest["dataset"].get("target", "target"),
+                         batch_rows=batch_rows or DEFAULT_BATCH_ROWS, quiet=True)
+    paths = {i: out / f"member-{i}.parquet" for i in groups}
+    with contextlib.ExitStack() as stack:
+        writers = {i: stack.enter_context(PredictionWriter(p)) for i, p in paths.items()}
+        for b in stream:
+            y = pa.array(b.y, pa.int32()) if b.y is not None else pa.nulls(len(b.x), pa.int32())
+            for i, group in groups.items():
+                probs = group.predict(b.x)[0][0]
+                cols = {f"c{k}": pa.array(probs[:, k]) for k in range(probs.shape[1])}
+                writers[i].write(pa.table({**cols, "y": y}))
+    return list(paths.values())
 
 
 def aggregate_files(paths: Sequence[Path], aggregators: Sequence[str],

@@ -37,6 +37,8 @@ class MemberGroup:
         self.indices = list(indices) if indices is not None else list(range(len(models)))
         self.client_device = client_device
         self.optimizers: list = []
+        # member position -> [(model copy, device)] of its replicas (`set_replicas`)
+        self.replicas: dict[int, list] = {}
         n_features = self.models[0].input_shape[-1]
         self.predict_fn = tf.function(  # plain Python control flow: no AutoGraph conversion
             self._predict_graph, autograph=False,
@@ -61,11 +63,29 @@ class MemberGroup:
         group.optimizers = optimizers
         return group
 
+    def set_replicas(self, replicas: dict[int, list]) -> None:
+        """Data parallelism in prediction: member at position `k` runs as the replicas
+        `replicas[k]` `[(model, device), ...]` (copies of its weights, one per device); each
+        batch's rows are split evenly across them and the outputs concatenated in row order
+        (`make_parallel`: split, run on each device, concatenate). Members not named run
+        whole on their device. Call before the first prediction (the graph is traced then)."""
+        self.replicas = {k: list(v) for k, v in replicas.items() if len(v) > 1}
+
     def _member_probs(self, x):
         probs = []
-        for model, device in zip(self.models, self.devices):
-            with tf.device(device):
-                probs.append(model(x, training=False))
+        for k, (model, device) in enumerate(zip(self.models, self.devices)):
+            copies = self.replicas.get(k)
+            if not copies:
+                with tf.device(device):
+                    probs.append(model(x, training=False))
+                continue
+            n, parts = tf.shape(x)[0], []
+            for j, (copy, replica_device) in enumerate(copies):
+                lo, hi = n * j // len(copies), n * (j + 1) // len(copies)
+                with tf.name_scope(f"replica_{k}_{j}"), tf.device(replica_device):
+                    parts.append(copy(x[lo:hi], training=False))
+            with tf.device(self.client_device):
+                probs.append(tf.concat(parts, axis=0))
         with tf.device(self.client_device):
             return tf.stack(probs)
 

@@ -116,3 +116,34 @@ def place(n_members: int, devices: Sequence[str], strategy: str = "round-robin",
         return BalancedPlacement(tuple(devices)).assign(list(costs))
     raise UsageError(f"Expected `placement.strategy` to be one of {', '.join(STRATEGIES)}. "
                      f"Received: {strategy!r}")
+
+
+def replica_devices(n_members: int, devices: Sequence[str], replicas: int | str = "auto"
+                    ) -> list[list[str]]:
+    """The devices of every member's replicas for prediction (data parallelism): replica `j`
+    of member `i` on `devices[(i + j * n_members) % len(devices)]`, so replica 0 is the
+    round-robin device of `place` and, with `devices // members` replicas each, every device
+    works.
+
+    Args:
+        replicas: `auto` (`max(1, len(devices) // n_members)`) or a positive integer, at most
+            `len(devices)` (a member's replicas never share a device).
+
+    Returns:
+        `[n_members]` lists of `replicas` device names.
+
+    Raises:
+        UsageError: `replicas` is neither `auto` nor an integer in 1..len(devices).
+    """
+    _check_count(n_members)
+    _check_devices(tuple(devices))
+    if replicas == "auto":
+        replicas = max(1, len(devices) // n_members)
+    if isinstance(replicas, str) and replicas.isdigit():
+        replicas = int(replicas)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or \
+            not 1 <= replicas <= len(devices):
+        raise UsageError(f"Expected --replicas to be auto or an integer in 1..{len(devices)} "
+                         f"(the devices). Received: {replicas!r}")
+    return [[devices[(i + j * n_members) % len(devices)] for j in range(replicas)]
+            for i in range(n_members)]

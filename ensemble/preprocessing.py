@@ -129,14 +129,24 @@ class Preprocessing:
         Raises:
             UsageError: a training column missing from `ds`, or an unexpected extra column.
         """
+        x, unknown = self.encode_scaled(ds)
+        if unknown:
+            data.notice("unknown categories ignored (all-zero encoding): " + ", ".join(
+                f"{n} rows in {c!r}" for c, n in unknown.items()))
+        return x
+
+    def encode_scaled(self, ds: Dataset) -> tuple[np.ndarray, dict[str, int]]:
+        """`transform` without the notice, for a batch of a streamed input.
+
+        Returns:
+            (`[n_rows, n_outputs]` float32, {categorical column: rows with an unknown
+            category}).
+        """
         extra = sorted(set(ds.columns) - set(self.columns))
         if extra:
             raise UsageError(f"Unexpected column {extra[0]!r} in {ds.name}; not a training feature.")
         x, unknown = self._encode(ds)
-        if unknown:
-            data.notice("unknown categories ignored (all-zero encoding): " + ", ".join(
-                f"{n} rows in {c!r}" for c, n in unknown.items()))
-        return ((x - self.mean) / self.scale).astype(np.float32)
+        return ((x - self.mean) / self.scale).astype(np.float32), unknown
 
     def read_input(self, source: str, target: str, strict: bool = False) -> Dataset:
         """Read new data for this run: columns matched by name, extra columns ignored with one

@@ -154,3 +154,51 @@ def for_people(verbosity: int = 1, stream: TextIO | None = None) -> list[Callbac
     if stream.isatty():
         return [TerminalProgress(stream)]
     return [LogProgress(stream, verbose=verbosity >= 2)]
+
+
+class RowProgress:
+    """Progress of a streamed prediction in rows, with rows per second: a Keras `Progbar` on a
+    terminal (when Keras is loaded: a between-graph launcher never loads it), elsewhere a log
+    line every `every` seconds; `end` prints the closing line.
+
+    Args:
+        total: rows of the input, or None when unknown (CSV).
+        verbosity: 0 prints nothing.
+    """
+
+    def __init__(self, total: int | None, stream: TextIO | None = None, verbosity: int = 1,
+                 every: float = LOG_EVERY_SECONDS):
+        self.total, self.stream, self.verbosity, self.every = total, stream, verbosity, every
+        self.start = self.last = time.monotonic()
+        self.rows, self.bar = 0, None
+        out = stream or sys.stdout
+        if verbosity > 0 and out.isatty() and "keras" in sys.modules:  # never load it here
+            import keras
+
+            self.bar = keras.utils.Progbar(total, stateful_metrics=["rows/s"], unit_name="row")
+
+    def _rate(self) -> float:
+        return self.rows / max(time.monotonic() - self.start, 1e-9)
+
+    def update(self, rows: int) -> None:
+        """`rows` more rows are done."""
+        self.rows += rows
+        if self.verbosity <= 0:
+            return
+        if self.bar is not None:
+            self.bar.update(self.rows, [("rows/s", self._rate())])
+            return
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            of = f"/{self.total:,}" if self.total else ""
+            print(f"predicted {self.rows:,}{of} rows - {self._rate():,.0f} rows/s",
+                  file=self.stream or sys.stdout, flush=True)
+
+    def end(self) -> float:
+        """Print the closing line; returns the seconds since the start."""
+        seconds = time.monotonic() - self.start
+        if self.verbosity > 0:
+            print(f"predicted {self.rows:,} rows in {seconds:.1f} s "
+                  f"({self._rate():,.0f} rows/s)", file=self.stream or sys.stdout, flush=True)
+        return seconds

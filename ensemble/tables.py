@@ -37,12 +37,15 @@ def classes_from(table: pa.Table) -> np.ndarray:
 
 def model_rows(model: str, member: int | None, aggregator: str | None, split: str,
                rows: np.ndarray, y_true: np.ndarray | None, probs: np.ndarray,
-               classes: np.ndarray, uncertainty: dict | None = None) -> pa.Table:
-    """Prediction rows of one model on one split.
+               classes: np.ndarray, uncertainty: dict | None = None,
+               first_row: int = 0) -> pa.Table:
+    """Prediction rows of one model on one split, every column built by Arrow from numpy
+    (no Python object per row).
 
     Args:
         rows: `[n_rows]` int64 row positions in the source data set (column `source_row`);
-            column `row` is the position in the split, `0..n_rows-1`.
+            column `row` is the position in the split, `first_row..first_row+n_rows-1` (a
+            batch of a streamed prediction starts at its offset).
         y_true: `[n_rows]` int class indices, or None when the labels are unknown.
         probs: `[n_rows, n_classes]` probabilities.
         classes: `[n_classes]` sorted class labels (int or str).
@@ -52,15 +55,16 @@ def model_rows(model: str, member: int | None, aggregator: str | None, split: st
     n = len(rows)
     classes = np.asarray(classes)
     label = _label_type(classes)
+    labels = pa.array(classes, label)
     cols = {
-        "model": pa.array([model] * n, pa.string()),
-        "member": pa.array([member] * n, pa.int32()),
-        "aggregator": pa.array([aggregator] * n, pa.string()),
-        "split": pa.array([split] * n, pa.string()),
-        "row": pa.array(np.arange(n, dtype=np.int64)),
+        "model": pa.repeat(pa.scalar(model, pa.string()), n),
+        "member": pa.repeat(pa.scalar(member, pa.int32()), n),
+        "aggregator": pa.repeat(pa.scalar(aggregator, pa.string()), n),
+        "split": pa.repeat(pa.scalar(split, pa.string()), n),
+        "row": pa.array(np.arange(first_row, first_row + n, dtype=np.int64)),
         "y_true": pa.nulls(n, label) if y_true is None
-        else pa.array(classes[y_true].tolist(), label),
-        "y_pred": pa.array(classes[np.argmax(probs, axis=1)].tolist(), label),
+        else labels.take(pa.array(np.asarray(y_true, np.int64))),
+        "y_pred": labels.take(pa.array(np.argmax(probs, axis=1).astype(np.int64))),
         "source_row": pa.array(np.asarray(rows, np.int64)),
     }
     for c, name in enumerate(classes.tolist()):
@@ -75,7 +79,7 @@ def predictions_table(member_probs: dict[int, np.ndarray], split: str, rows: np.
                       y_true: np.ndarray | None, classes: np.ndarray,
                       aggregators: Sequence[str],
                       ensemble_probs: dict[str, np.ndarray] | None = None,
-                      params: dict | None = None) -> pa.Table:
+                      params: dict | None = None, first_row: int = 0) -> pa.Table:
     """Member rows and ensemble rows of one split.
 
     Args:
@@ -84,10 +88,11 @@ def predictions_table(member_probs: dict[int, np.ndarray], split: str, rows: np.
             aggregators from `member_probs` when None.
         params: fitted aggregators' parameters `{name: params}` (`aggregators.json`), for the
             members in index order.
+        first_row: column `row` of the first row (`model_rows`).
     """
     params = params or {}
-    parts = [model_rows(f"member-{i}", i, None, split, rows, y_true, p, classes)
-             for i, p in sorted(member_probs.items())]
+    parts = [model_rows(f"member-{i}", i, None, split, rows, y_true, p, classes,
+                        first_row=first_row) for i, p in sorted(member_probs.items())]
     stacked = np.stack([p for _, p in sorted(member_probs.items())]) if member_probs else None
     if ensemble_probs is None:
         ensemble_probs = {a: aggregate(stacked, a, params.get(a)) for a in aggregators}
@@ -95,7 +100,7 @@ def predictions_table(member_probs: dict[int, np.ndarray], split: str, rows: np.
         unc = None if a in NOT_PROBABILITIES else M.uncertainty(
             stacked, ensemble_probs[a], member_weights(a, len(stacked), params.get(a)))
         parts.append(model_rows(f"ensemble-{a}", None, a, split, rows, y_true,
-                                ensemble_probs[a], classes, unc))
+                                ensemble_probs[a], classes, unc, first_row))
     return pa.concat_tables(parts).replace_schema_metadata(classes_metadata(classes))
 
 

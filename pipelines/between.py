@@ -8,6 +8,7 @@ aggregator. Process launching and measuring lives in `pipelines.processes`.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import threading
@@ -19,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from ensemble import artifacts, devices, run
-from ensemble.between_graph import aggregate_files, local_devices
+from ensemble.between_graph import local_devices
 from ensemble.config import Config
 from ensemble.errors import UsageError
 from ensemble.placement import place
@@ -220,44 +221,100 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
 
 def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | None = None,
                           jobs: int | None = None, cluster_file: str | None = None,
-                          strict_columns: bool = False):
-    """One client process per member predicts `source`, then the aggregator combines them.
-    With `cluster_file`, members go round robin over that cluster's devices instead of the
-    devices they were trained on.
+                          strict_columns: bool = False, batch_size: int | None = None,
+                          verbosity: int = 0):
+    """One client process per member (queue) streams `source` and writes its members'
+    probabilities; then the aggregator streams those files, batch by batch, into `out`. With
+    `cluster_file`, members go round robin over that cluster's devices instead of the devices
+    they were trained on.
 
     Returns:
-        (the predictions table, also written to `out` with split `predict`;
+        (the prediction's manifest, also written to `<out>.manifest.json`;
         `{"jobs": N, "clients": run_clients' measurements}`).
     """
-    from pipelines.predict import check_out, load_input
+    from pipelines.predict import check_out, open_input, record, write_manifest
 
     from ensemble.fitted import member_params
     from ensemble.posthoc import run_aggregators
+    from ensemble.progress import RowProgress
+    from ensemble.stream import DEFAULT_BATCH_ROWS
 
     check_out(out)
-    manifest, _, x, y = load_input(run_dir, source, target, strict_columns)
+    batch_size = batch_size or DEFAULT_BATCH_ROWS
+    manifest, pre, stream = open_input(run_dir, source, target, strict_columns, batch_size)
+    stream.check()
     names, fit = run_aggregators(run_dir, manifest)
     member_devs = {m["index"]: m["device"] for m in manifest["members"]}
-    extra = []
+    extra = ["--batch-size", str(batch_size)] + (["--target", target] if target else [])
     if cluster_file is not None:
         from ensemble.cluster import load_spec
 
         devs = devices.resolve("auto", len(member_devs), load_spec(cluster_file))
         member_devs = dict(enumerate(place(len(member_devs), devs)))
-        extra = ["--cluster", str(cluster_file)]
-    with tempfile.TemporaryDirectory(prefix="ensemble-predict-") as tmp:
-        x_path = Path(tmp) / "input.npz"
-        np.savez(x_path, x=x, **({} if y is None else {"y": y}))
+        extra += ["--cluster", str(cluster_file)]
+    start = time.perf_counter()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".ensemble-predict-", dir=Path(out).parent) as tmp:
         paths = {i: Path(tmp) / f"member-{i}.parquet" for i in member_devs}
         jobs = jobs or default_jobs(len(member_devs), list(member_devs.values()))
         queues = client_queues(member_devs, jobs)
         clients = run_clients(run_dir, queues, lambda q: [
             "client", "--run", str(run_dir), "--member", ",".join(map(str, q)), "--predict",
-            str(x_path), "--out", tmp, "--device", ",".join(member_devs[i] for i in q), *extra],
+            str(Path(source).resolve()) if Path(source).exists() else source, "--out", tmp,
+            "--device", ",".join(member_devs[i] for i in q), *extra],
             member_devs, verbosity=0)
-        table = aggregate_files([paths[i] for i in member_devs], names,
-                                member_params(fit, sorted(member_devs)))
-    artifacts.write_parquet(out, table)
+        progress = RowProgress(None, verbosity=verbosity)
+        rows = aggregate_stream([paths[i] for i in sorted(member_devs)], sorted(member_devs),
+                                out, pre.classes, names,
+                                member_params(fit, sorted(member_devs)), batch_size,
+                                progress.update)
+        progress.end()
     for c in clients.values():
         c.pop("tensorflow_build", None)
-    return table, {"jobs": len(queues), "clients": {str(i): c for i, c in clients.items()}}
+    placed = {i: [d] for i, d in member_devs.items()}
+    rec = record(run_dir, manifest, source, out, "between-graph", rows,
+                 time.perf_counter() - start, batch_size, placed)
+    return write_manifest(out, rec), {"jobs": len(queues),
+                                      "clients": {str(i): c for i, c in clients.items()}}
+
+
+def aggregate_stream(paths: list[Path], members: list[int], out: Path, classes, names,
+                     params: dict, batch_rows: int, on_rows=None) -> int:
+    """The aggregator of a streamed between-graph prediction: read the members' probability
+    files (`ensemble.between_graph.predict_client`) batch by batch in lockstep and write
+    member and ensemble rows (numpy aggregators, fitted ones with `params`) to `out`.
+
+    Returns:
+        The number of input rows.
+
+    Raises:
+        UsageError: a member file is missing or its row count differs from the others'.
+    """
+    import pyarrow.parquet as pq
+
+    from ensemble import tables
+    from ensemble.stream import PredictionWriter
+
+    for path in paths:
+        if not Path(path).is_file():
+            raise UsageError(f"Member predictions missing: {path}")
+    files = [pq.ParquetFile(p) for p in paths]
+    if len({f.metadata.num_rows for f in files}) != 1:
+        raise UsageError(f"Member predictions of {', '.join(map(str, paths))} differ in rows.")
+    first = 0
+    meta = {"prediction": json.dumps({"mode": "between-graph"})}
+    with PredictionWriter(out, meta) as writer:
+        for parts in zip(*(f.iter_batches(batch_size=batch_rows) for f in files)):
+            n = parts[0].num_rows
+            probs = {m: np.column_stack([rb.column(f"c{k}").to_numpy()
+                                         for k in range(len(classes))])
+                     for m, rb in zip(members, parts)}
+            y = parts[0].column("y")
+            y = None if y.null_count else y.to_numpy()
+            rows = np.arange(first, first + n, dtype=np.int64)
+            writer.write(tables.predictions_table(probs, "predict", rows, y, classes, names,
+                                                  params=params, first_row=first))
+            first += n
+            if on_rows is not None:
+                on_rows(n)
+    return first

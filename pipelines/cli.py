@@ -176,10 +176,12 @@ def cmd_devices(args) -> int:
 
 
 def _check_input_early(args) -> None:
-    """Every problem of the input data in one message before TensorFlow loads (the run's own
-    problems, damaged or unfinished, are left to the full check that follows)."""
+    """Every problem of the input's columns and first batch in one message before TensorFlow
+    loads (the run's own problems, damaged or unfinished, are left to the full check that
+    follows)."""
     from ensemble import artifacts
     from ensemble.preprocessing import Preprocessing
+    from ensemble.stream import InputStream
 
     try:
         manifest = artifacts.read_manifest(Path(args.run))
@@ -187,31 +189,36 @@ def _check_input_early(args) -> None:
     except (UsageError, OSError):
         return
     target = args.target or manifest.get("dataset", {}).get("target", "target")
-    pre.read_input(args.data, target, args.strict_columns)  # cached: read once
+    InputStream(pre, args.data, target, args.strict_columns, args.batch_size).check()
 
 
 def cmd_predict(args) -> int:
+    from pipelines.predict import check_out
+
+    check_out(Path(args.out))
     _check_input_early(args)
     if args.mode == "in-graph":  # a between-graph launcher never loads TensorFlow
         _import_tensorflow_quietly()
     from pipelines import predict
 
     ready, measured = time.time(), {}
+    verbosity = 0 if args.quiet else 1
     if args.mode == "in-graph":
-        table = predict.predict_in_graph(Path(args.run), args.data, Path(args.out), args.target,
-                                         args.devices or "auto", cluster=_cluster(args),
-                                         strict_columns=args.strict_columns)
+        rec = predict.predict_in_graph(Path(args.run), args.data, Path(args.out), args.target,
+                                       args.devices or "auto", args.batch_size,
+                                       cluster=_cluster(args), strict_columns=args.strict_columns,
+                                       replicas=args.replicas or 1, verbosity=verbosity)
     else:
         from pipelines import between
 
-        table, measured = between.predict_between_graph(Path(args.run), args.data, Path(args.out),
-                                                      args.target, jobs=args.jobs,
-                                                      cluster_file=args.cluster,
-                                                      strict_columns=args.strict_columns)
-    n_rows = table.num_rows // len(set(table.column("model").to_pylist()))
+        rec, measured = between.predict_between_graph(
+            Path(args.run), args.data, Path(args.out), args.target, jobs=args.jobs,
+            cluster_file=args.cluster, strict_columns=args.strict_columns,
+            batch_size=args.batch_size, verbosity=verbosity)
     print(f"predictions: {args.out}")
-    report({"out": args.out, "rows": n_rows, "ready_unix": ready,
-            "peak_rss_bytes": peak_rss_bytes(), **measured}, args)
+    report({"out": args.out, "rows": rec["rows"], "ready_unix": ready,
+            "seconds": rec["seconds"], "rows_per_second": rec["rows_per_second"],
+            "members": rec["members"], "peak_rss_bytes": peak_rss_bytes(), **measured}, args)
     return 0
 
 
@@ -280,7 +287,8 @@ def cmd_client(args) -> int:
                              f"{len(args.member)} members; expected one per member")
         between_graph.predict_client(Path(args.run), args.member, Path(args.predict),
                                      Path(args.out), threads=args.threads, devices_=devs,
-                                     cluster=_cluster(args))
+                                     cluster=_cluster(args), batch_rows=args.batch_size,
+                                     target=args.target)
     else:
         def callbacks(index: int):
             if args.progress == "report":
@@ -407,6 +415,12 @@ def _parser() -> argparse.ArgumentParser:
          help="between-graph only: concurrent client processes (default: as many as allowed)")
     _add(pr, "--cluster", metavar="FILE", help="cluster spec FILE.json to predict on "
                                                 "(default: none)")
+    _add(pr, "--batch-size", type=_positive, metavar="ROWS", default=65536,
+         help="rows read, predicted and written at a time (memory stays flat)")
+    _add(pr, "--replicas", metavar="auto|N",
+         help="in-graph only: replicas of each member over the devices, each batch's rows "
+              "split across them; auto: devices // members (default: 1)")
+    _add(pr, "--quiet", action="store_true", help="no progress output")
     _add(pr, "--strict-columns", action="store_true",
          help="refuse columns the run was not trained on (by default they are ignored, "
               "named in a notice)")
@@ -482,8 +496,13 @@ def _parser() -> argparse.ArgumentParser:
          help="log: lines on stdout; report: machine-readable lines on stderr for a launcher")
     _add(c, "--threads", type=_positive, metavar="N",
          help="TensorFlow intra/inter-op threads (default: TensorFlow's)")
-    _add(c, "--predict", metavar="X.npz", help="predict this input instead of training "
-                                                "(default: train)")
+    _add(c, "--predict", metavar="X.npz|SOURCE",
+         help="predict this input instead of training: scaled X.npz, or a data source "
+              "streamed in batches (default: train)")
+    _add(c, "--batch-size", type=_positive, metavar="ROWS",
+         help="with --predict SOURCE: rows per batch (default: 65536)")
+    _add(c, "--target", metavar="COL", help="with --predict SOURCE: label column "
+                                            "(default: the run's)")
     _add(c, "--out", metavar="FILE.parquet",
          help="with --predict: the member's predictions (default: none)")
     _add(c, "--device", metavar="NAME[,NAME...]",
@@ -519,10 +538,18 @@ def _refuse_inapplicable(args) -> None:
     if args.command == "predict" and mode == "between-graph" and args.devices:
         raise UsageError("--devices applies to --mode in-graph only: between-graph clients "
                          "predict on the members' own devices (or --cluster's)")
+    if args.command == "predict" and mode == "between-graph" and args.replicas:
+        raise UsageError("--replicas applies to --mode in-graph only: a between-graph client "
+                         "runs one graph per member on its own device")
+    if args.command == "predict" and args.replicas and args.replicas != "auto" and \
+            not (args.replicas.isdigit() and int(args.replicas) >= 1):
+        raise UsageError(f"Expected --replicas to be auto or a positive integer. "
+                         f"Received: {args.replicas!r}")
     if args.command == "client" and not args.predict:
-        for flag in ("out", "device", "cluster"):
+        for flag in ("out", "device", "cluster", "batch_size", "target"):
             if getattr(args, flag):
-                raise UsageError(f"client: --{flag} applies with --predict only")
+                raise UsageError(f"client: --{flag.replace('_', '-')} applies with --predict "
+                                 "only")
 
 
 def _parse(argv: list[str] | None):

@@ -1,37 +1,43 @@
-"""`ensemble predict`: apply a trained run to a data set and write its predictions."""
+"""`ensemble predict`: apply a trained run to a data set, streaming, and write its predictions.
+
+The input is read in batches of `--batch-size` rows (`ensemble.stream.InputStream`); each
+batch is scaled, predicted and appended to the output with one `ParquetWriter`, which is renamed
+into place at the end, so memory stays flat however large the input. In-graph prediction can
+run each member as several replicas (`--replicas`): the rows of every batch are split across
+the member's devices. Beside the output, `<out>.manifest.json` records the run, the input, the
+rows, the timing and member -> devices.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-import numpy as np
-
-from ensemble import artifacts, data, devices, run, tables
+from ensemble import artifacts, devices, run, tables
 from ensemble.errors import UsageError
-from ensemble.fitted import member_params
-from ensemble.members import load_member
-from ensemble.placement import place
-from ensemble.posthoc import run_aggregators
 from ensemble.preprocessing import Preprocessing
+from ensemble.stream import DEFAULT_BATCH_ROWS, InputStream
+
+GRAPH_BATCH_ROWS = 16384  # rows per traced call: bounds the members' activations in memory
 
 
-def load_input(run_dir: Path, source: str, target: str | None, strict: bool = False):
-    """Read and scale the input of a prediction, matching its columns by name (extra columns
-    ignored with a notice, or refused when `strict`; see `Preprocessing.read_input`).
+def open_input(run_dir: Path, source: str, target: str | None, strict: bool = False,
+               batch_rows: int = DEFAULT_BATCH_ROWS, quiet: bool = False):
+    """The run's manifest and preprocessing, and the input as an `InputStream` (columns
+    matched by name; extra columns ignored with a notice, or refused when `strict`).
 
     Returns:
-        (manifest, preprocessing, scaled x `[n_rows, n_features]` float32,
-        class indices `[n_rows]` or None when the input has no target column).
+        (manifest, preprocessing, stream).
+
+    Raises:
+        UsageError: the run is not completed or damaged, or the source cannot be read.
     """
     manifest = artifacts.read_manifest(run_dir)
     run.require_completed(run_dir, manifest)
     pre = Preprocessing.read(artifacts.verify(run_dir, manifest,
                                               Path(run_dir) / artifacts.PREPROCESSING))
     target = target or manifest["dataset"].get("target", "target")
-    ds = pre.read_input(source, target, strict)
-    x = pre.transform(ds)
-    y = None if ds.y is None else data.encode(ds.y, pre.classes)
-    return manifest, pre, x, y
+    return manifest, pre, InputStream(pre, source, target, strict, batch_rows, quiet)
 
 
 def check_out(out: Path) -> Path:
@@ -40,29 +46,79 @@ def check_out(out: Path) -> Path:
     return out
 
 
+def manifest_path(out: Path) -> Path:
+    """`preds.parquet` -> `preds.manifest.json`."""
+    return Path(out).with_suffix(".manifest.json")
+
+
+def write_manifest(out: Path, record: dict) -> dict:
+    """Write the prediction's manifest beside `out` (atomically); returns `record`."""
+    artifacts.write_text(manifest_path(out), json.dumps(record, indent=1))
+    return record
+
+
+def record(run_dir: Path, manifest: dict, source: str, out: Path, mode: str, rows: int,
+           seconds: float, batch_rows: int, member_devices: dict[int, list[str]]) -> dict:
+    """The prediction's manifest: run, input, output, rows, seconds, member -> devices."""
+    return {"run": str(run_dir), "run_id": manifest.get("run_id"), "source": str(source),
+            "out": str(out), "mode": mode, "rows": rows, "batch_size": batch_rows,
+            "seconds": seconds, "rows_per_second": rows / max(seconds, 1e-9),
+            "members": [{"index": i, "devices": d} for i, d in sorted(member_devices.items())]}
+
+
 def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None = None,
-                     device_spec: str = "auto", batch_size: int = 16384,
-                     cluster: dict | None = None, strict_columns: bool = False):
+                     device_spec: str = "auto", batch_size: int = DEFAULT_BATCH_ROWS,
+                     cluster: dict | None = None, strict_columns: bool = False,
+                     replicas: int | str = 1, verbosity: int = 0) -> dict:
     """Rebuild the in-graph inference graph on this machine's (or `cluster`'s) devices and
-    predict `source`.
+    predict `source` batch by batch into `out` (split `predict`).
+
+    Args:
+        batch_size: rows read, predicted and written at a time.
+        replicas: replicas per member, `auto` (`devices // members`) or an integer
+            (`ensemble.placement.replica_devices`); each batch's rows are split across them.
+        verbosity: 0 quiet, 1 progress (`ensemble.progress.RowProgress`).
 
     Returns:
-        The predictions table (also written to `out`, split `predict`).
+        The prediction's manifest (also written to `<out>.manifest.json`).
+
+    Raises:
+        UsageError: bad run, input, output name or `replicas`; nothing is left under `out`.
     """
+    from ensemble.fitted import member_params
+    from ensemble.members import load_member
+    from ensemble.placement import replica_devices
+    from ensemble.posthoc import run_aggregators
+    from ensemble.progress import RowProgress
+    from ensemble.stream import PredictionWriter
+
     check_out(out)
-    manifest, pre, x, y = load_input(run_dir, source, target, strict_columns)
+    manifest, pre, stream = open_input(run_dir, source, target, strict_columns, batch_size)
+    stream.check()
     n = len(manifest["members"])
-    devs = place(n, devices.resolve(device_spec, n, cluster))
+    groups = replica_devices(n, devices.resolve(device_spec, n, cluster), replicas)
     from ensemble.in_graph import InGraphEnsemble
 
-    models = [load_member(artifacts.verify(run_dir, manifest,
-                                           artifacts.member_model_path(run_dir, i)), d)
-              for i, d in enumerate(devs)]
+    copies = []
+    for i, group in enumerate(groups):
+        path = artifacts.verify(run_dir, manifest, artifacts.member_model_path(run_dir, i))
+        copies.append([(load_member(path, d), d) for d in group])
     aggs, fit = run_aggregators(run_dir, manifest)
     params = member_params(fit, list(range(n)))
-    ens = InGraphEnsemble(models, devs, aggs, params=params)
-    member_p, ens_p = ens.predict(x, batch_size)
-    table = tables.predictions_table(dict(enumerate(member_p)), "predict",
-                                     np.arange(len(x)), y, pre.classes, aggs, ens_p, params)
-    artifacts.write_parquet(out, table)
-    return table
+    ens = InGraphEnsemble([c[0][0] for c in copies], [g[0] for g in groups], aggs,
+                          params=params)
+    ens.set_replicas(dict(enumerate(copies)))
+    placed = dict(enumerate(groups))
+    progress = RowProgress(stream.n_rows, verbosity=verbosity)
+    meta = {"prediction": json.dumps({"mode": "in-graph", "members": {str(i): g for i, g in
+                                                                       placed.items()}})}
+    with PredictionWriter(out, meta) as writer:
+        for b in stream:
+            member_p, ens_p = ens.predict(b.x, min(batch_size, GRAPH_BATCH_ROWS))
+            writer.write(tables.predictions_table(dict(enumerate(member_p)), "predict", b.rows,
+                                                  b.y, pre.classes, aggs, ens_p, params,
+                                                  first_row=b.first_row))
+            progress.update(len(b.x))
+    seconds = progress.end()
+    return write_manifest(out, record(run_dir, manifest, source, out, "in-graph",
+                                      progress.rows, seconds, batch_size, placed))

@@ -83,6 +83,10 @@ for name, fn in m.signatures.items():
     out[name] = {k: (v.numpy().astype(str) if v.dtype == tf.string else v.numpy()).tolist()
                  for k, v in r.items()}
 json.dump(out, open(sys.argv[3], "w"))
+# then TensorFlow's own `saved_model_cli show --all`, in this process (one TensorFlow start)
+import runpy
+sys.argv = ["saved_model_cli", "show", "--dir", sys.argv[1], "--all"]
+runpy.run_module("tensorflow.python.tools.saved_model_cli", run_name="__main__")
 """
 
 
@@ -100,18 +104,10 @@ def test_export_serves_the_run_in_a_plain_tensorflow_process(string_run, tmp_pat
     np.save(tmp_path / "x.npy", x)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    cli = Path(sys.executable).with_name("saved_model_cli")
-    show = ([str(cli)] if cli.is_file() else
-            [sys.executable, "-m", "tensorflow.python.tools.saved_model_cli"])
-    procs = [subprocess.Popen([sys.executable, "-c", LOADER, str(version), str(tmp_path / "x.npy"),
-                               str(tmp_path / "out.json")], cwd=tmp_path, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
-             subprocess.Popen([*show, "show", "--dir", str(version), "--all"], cwd=tmp_path,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)]
-    results = [p.communicate(timeout=120) for p in procs]
-    for p, (_, err) in zip(procs, results):
-        assert p.returncode == 0, err[-2000:]
+    proc = subprocess.run([sys.executable, "-c", LOADER, str(version), str(tmp_path / "x.npy"),
+                           str(tmp_path / "out.json")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     served = json.loads((tmp_path / "out.json").read_text())
     assert set(served) == {DEFAULT_SIGNATURE, *AGGREGATORS}
     for name in AGGREGATORS:
@@ -126,7 +122,7 @@ def test_export_serves_the_run_in_a_plain_tensorflow_process(string_run, tmp_pat
             assert np.abs(members[:, k] - expected[f"member-{k}"][0]).max() <= 1e-6
     assert served[DEFAULT_SIGNATURE]["probabilities"] == served["stacking"]["probabilities"]
     assert set(served["mean"]["labels"]) <= {f"d{k}" for k in range(10)}
-    listing = results[1][0]
+    listing = proc.stdout
     for name in [DEFAULT_SIGNATURE, *AGGREGATORS]:
         assert f"signature_def['{name}']" in listing
     assert "features" in listing and "labels" in listing
@@ -170,3 +166,110 @@ def test_export_refuses_categorical_columns():
                         categories={"colour": ["blue", "red"]})
     with pytest.raises(UsageError, match="categorical columns \\(colour\\)"):
         check_exportable(pre)
+
+
+def _expect_equal(out: Path, expected: dict, n_rows: int):
+    got = pq.read_table(out)
+    classes = [f"d{k}" for k in range(10)]
+    assert set(got.column("split").to_pylist()) == {"predict"}
+    for model, (probs, labels) in expected.items():
+        t = got.filter(pc.equal(got.column("model"), model))
+        assert t.column("row").to_pylist() == list(range(n_rows)), model  # in order
+        p = np.column_stack([t.column(f"p_{c}").to_numpy() for c in classes])
+        assert np.abs(p - probs).max() <= 1e-6, model
+        assert t.column("y_pred").to_pylist() == labels, model
+    return got
+
+
+def _raw_test_table(base: Path) -> pa.Table:
+    preds = pq.read_table(base / "run" / "predictions.parquet")
+    first = preds.filter(pc.and_(pc.equal(preds.column("split"), "test"),
+                                 pc.equal(preds.column("model"), "member-0")))
+    first = first.take(pc.sort_indices(first.column("row")))
+    return pq.read_table(base / "digits.parquet").take(first.column("source_row"))
+
+
+def test_streamed_csv_folder_in_small_batches_equals_the_run(string_run, tmp_path, capsys):
+    """A folder of two CSV files (and an extra `id` column), read in batches of 100 rows that
+    straddle the files, gives the run's own test predictions, rows in order."""
+    import pyarrow.csv as pcsv
+
+    raw = _raw_test_table(string_run)
+    raw = raw.append_column("id", pa.array(np.arange(raw.num_rows)))
+    folder = tmp_path / "input"
+    folder.mkdir()
+    pcsv.write_csv(raw.slice(0, 150), folder / "part-0.csv")
+    pcsv.write_csv(raw.slice(150), folder / "part-1.csv")
+    _, expected = _test_rows(string_run)
+    out = tmp_path / "pred.parquet"
+    capsys.readouterr()
+    assert run_cli("predict", "--run", string_run / "run", "--data", folder, "--out", out,
+                   "--batch-size", "100") == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("ignoring column 'id'") == 1
+    assert f"predicted {raw.num_rows:,} rows" in captured.out
+    got = _expect_equal(out, expected, raw.num_rows)
+    member0 = got.filter(pc.equal(got.column("model"), "member-0"))
+    assert member0.column("y_true").to_pylist() == raw.column("digit").to_pylist()
+    record = json.loads((tmp_path / "pred.manifest.json").read_text())
+    assert record["rows"] == raw.num_rows and record["batch_size"] == 100
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["input", "pred.manifest.json",
+                                                          "pred.parquet"]
+
+
+def test_bad_value_mid_stream_leaves_nothing(string_run, tmp_path, capsys):
+    raw = _raw_test_table(string_run)
+    px = raw.column("px5").to_numpy().astype(float)
+    px[250] = np.inf
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(raw.set_column(raw.schema.get_field_index("px5"), "px5", pa.array(px)), bad)
+    out = tmp_path / "out" / "pred.parquet"
+    capsys.readouterr()
+    assert run_cli("predict", "--run", string_run / "run", "--data", bad, "--out", out,
+                   "--batch-size", "100") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "rows 200..299" in err and "'px5'" in err
+    assert not out.exists() and list(out.parent.iterdir()) == []
+
+
+def test_replicas_run_on_their_own_devices_and_change_nothing(string_run, tmp_path):
+    """3 members x 2 replicas over 4 logical CPUs: every replica's ops (read from the traced
+    graph) on its own device, its weights there too, and the same probabilities as whole
+    members (CLI too: the prediction's manifest records member -> devices)."""
+    from ensemble import devices
+    from ensemble.in_graph import InGraphEnsemble
+    from ensemble.members import load_member
+    from ensemble.placement import replica_devices
+
+    run_dir = string_run / "run"
+    devs = devices.split_cpu(4)
+    groups = replica_devices(3, devs, 2)
+    copies = [[(load_member(run_dir / "members" / f"member-{i}.keras", d), d) for d in g]
+              for i, g in enumerate(groups)]
+    whole = InGraphEnsemble([c[0][0] for c in copies], [g[0] for g in groups], ["mean"])
+    replicated = InGraphEnsemble([c[0][0] for c in copies], [g[0] for g in groups], ["mean"])
+    replicated.set_replicas(dict(enumerate(copies)))
+    graph = replicated.predict_fn.get_concrete_function().graph
+    for k, group in enumerate(groups):
+        assert len(set(group)) == 2
+        for j, device in enumerate(group):
+            ops = [op for op in graph.get_operations()
+                   if op.name.startswith(f"replica_{k}_{j}/") and op.type == "MatMul"]
+            assert len(ops) == 2 and {op.device for op in ops} == {device}
+            assert all(v.value.device.endswith(device[len("/device"):])
+                       for v in copies[k][j][0].trainable_variables)
+    x, _ = _test_rows(string_run)
+    x = ((x - np.asarray(json.loads((run_dir / "preprocessing.json").read_text())["mean"]))
+         / np.asarray(json.loads((run_dir / "preprocessing.json").read_text())["scale"])
+         ).astype(np.float32)
+    for rows in (len(x), 7, 1):  # uneven splits, and a replica with no row
+        (m1, e1), (m2, e2) = whole.predict(x[:rows]), replicated.predict(x[:rows])
+        assert np.abs(m1 - m2).max() <= 1e-6 and np.abs(e1["mean"] - e2["mean"]).max() <= 1e-6
+
+    out = tmp_path / "pred.parquet"
+    pq.write_table(_raw_test_table(string_run), tmp_path / "in.parquet")
+    assert run_cli("predict", "--run", run_dir, "--data", tmp_path / "in.parquet", "--out",
+                   out, "--devices", "cpu:4", "--replicas", "2", "--quiet") == 0
+    record = json.loads((tmp_path / "pred.manifest.json").read_text())
+    assert [m["devices"] for m in record["members"]] == groups
+    _expect_equal(out, _test_rows(string_run)[1], len(x))
