@@ -98,20 +98,32 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     artifacts.write_splits(run_dir, {s: x[r] for s, r in rows.items()},
                            {s: y[r] for s, r in rows.items()}, rows)
     artifacts.write_text(run_dir / artifacts.PREPROCESSING, pre.to_json())
-    n_features, n_classes = len(pre.output_names), len(classes)
+    manifest = new_manifest(cfg, mode, devices, pre, {
+        "name": ds.name, "source": cfg.data.source, "target": cfg.data.target,
+        "rows": {s: int(len(r)) for s, r in rows.items()}, "columns": list(ds.columns),
+        "sha256": ds.sha256()}, cluster)
+    manifest["timings"]["prepare_seconds"] = time.perf_counter() - start
+    artifacts.write_manifest(run_dir, manifest)
+    return manifest
+
+
+def new_manifest(cfg: Config, mode: str, devices: list[str], pre: Preprocessing,
+                 dataset: dict[str, Any], cluster: dict | None = None) -> dict[str, Any]:
+    """The first manifest of a run (status `running`): config, `dataset` (plus the feature
+    names and classes of `pre`), members placed on `devices` by `placement.strategy` with
+    their seeds, hyperparameters and FLOPs per row, versions. Shared by `prepare` and runs
+    built from arrays (`ensemble.run_arrays`)."""
+    n_features, n_classes = len(pre.output_names), len(pre.classes)
     hparams = [member_hparams(cfg, i) for i in range(cfg.members.count)]
     flops = [mlp_flops(n_features, h["hidden"], n_classes) for h in hparams]
     placement = place(cfg.members.count, devices, cfg.placement.strategy, flops)
-    manifest = {
+    return {
         "run_id": new_run_id(cfg), "mode": mode, "status": "running",
         "pid": os.getpid(), "host": socket.gethostname(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": cfg.to_dict(), "config_sha256": cfg.sha256(),
-        "dataset": {"name": ds.name, "source": cfg.data.source, "target": cfg.data.target,
-                    "rows": {s: int(len(r)) for s, r in rows.items()},
-                    "columns": list(ds.columns), "feature_names": pre.output_names,
-                    "classes": classes.tolist(),
-                    "sha256": ds.sha256()},
+        "dataset": {**dataset, "feature_names": pre.output_names,
+                    "classes": pre.classes.tolist()},
         "devices": list(devices), "cluster": cluster,
         "placement": {"strategy": cfg.placement.strategy},
         "members": [{"index": i, "seed": member_seed(cfg.training.seed, i), "device": d,
@@ -121,10 +133,8 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
         # the build is TensorFlow's to tell: recorded here when this process has loaded it
         # (in-graph), else from the first between-graph client's report
         "tensorflow_build": build_info() if "tensorflow" in sys.modules else None,
-        "timings": {"prepare_seconds": time.perf_counter() - start},
+        "timings": {},
     }
-    artifacts.write_manifest(run_dir, manifest)
-    return manifest
 
 
 def finish(run_dir: Path, manifest: dict[str, Any], status: str, **timings: float) -> None:

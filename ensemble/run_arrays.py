@@ -16,11 +16,8 @@ composition and lives in `pipelines/`.
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
-import socket
 import tempfile
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -28,7 +25,7 @@ import numpy as np
 
 from ensemble import artifacts, fitted, run, tables
 from ensemble.aggregate import FITTED
-from ensemble.config import Config, from_dict, member_config, member_hparams
+from ensemble.config import Config, from_dict, member_config
 from ensemble.data import Dataset
 from ensemble.errors import UsageError
 from ensemble.members import member_seed
@@ -121,8 +118,8 @@ def train_between_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Pre
         artifacts.write_splits(path, {"train": x, "validation": xv, "test": xv},
                                {"train": y, "validation": yv, "test": yv}, rows)
         artifacts.write_text(path / artifacts.PREPROCESSING, pre.to_json())
-        manifest = manifest_for(cfg, "between-graph", pre, {k: len(v) for k, v in rows.items()},
-                                devs, "running")
+        manifest = manifest_for(cfg, "between-graph", pre,
+                                {k: len(v) for k, v in rows.items()}, devs)
         artifacts.write_manifest(path, manifest)
         launch(cfg, path, prepared=manifest, verbosity=0)
         n = cfg.members.count
@@ -161,34 +158,15 @@ def predict(est, x: np.ndarray, members: bool = False) -> np.ndarray:
 
 
 def manifest_for(cfg: Config, mode: str, pre: Preprocessing, rows: dict[str, int],
-                 devs: Sequence[str], status: str, named: bool = False) -> dict[str, Any]:
-    """A run manifest (the keys of `run.prepare`) for arrays; `named`: the columns came with
-    names (a DataFrame), else they are `x0..`."""
-    from ensemble.devices import build_info
-    from ensemble.placement import mlp_flops
-
-    now = datetime.now(timezone.utc)
-    hparams = [member_hparams(cfg, i) for i in range(len(devs))]
-    n_features, n_classes = len(pre.output_names), len(pre.classes)
-    return {
-        "run_id": f"{now:%Y%m%d-%H%M%S}-{cfg.sha256()[:6]}", "mode": mode, "status": status,
-        "pid": os.getpid(), "host": socket.gethostname(),
-        "created": now.isoformat(timespec="seconds"),
-        "config": cfg.to_dict(), "config_sha256": cfg.sha256(),
-        "dataset": {"name": "arrays", "source": "arrays (DeepEnsembleClassifier.fit)",
-                    "target": "target", "rows": rows, "columns": list(pre.columns),
-                    "feature_names": pre.output_names, "named_columns": named,
-                    "classes": pre.classes.tolist(),
-                    "splits": "train: every row given to fit; validation and test: "
-                              "validation_data (the training rows without it)"},
-        "devices": list(dict.fromkeys(devs)), "cluster": None,
-        "placement": {"strategy": cfg.placement.strategy},
-        "members": [{"index": i, "seed": member_seed(cfg.training.seed, i), "device": d,
-                     "status": "pending", "hparams": h,
-                     "flops_per_row": mlp_flops(n_features, h["hidden"], n_classes)}
-                    for i, (d, h) in enumerate(zip(devs, hparams))],
-        "versions": run.versions(), "tensorflow_build": build_info(), "timings": {},
-    }
+                 devs: Sequence[str], named: bool = False) -> dict[str, Any]:
+    """The first manifest (`run.new_manifest`, status `running`) of a run from arrays, its
+    members placed as `devs` `[n_members]`; `named`: the columns came with names (a
+    DataFrame), else they are `x0..`."""
+    return run.new_manifest(cfg, mode, list(dict.fromkeys(devs)), pre, {
+        "name": "arrays", "source": "arrays (DeepEnsembleClassifier.fit)", "target": "target",
+        "rows": rows, "columns": list(pre.columns), "named_columns": named,
+        "splits": "train: every row given to fit; validation and test: validation_data "
+                  "(the training rows without it)"})
 
 
 def save(est, path: Path, overwrite: bool = False) -> Path:
@@ -199,7 +177,7 @@ def save(est, path: Path, overwrite: bool = False) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     cfg, pre = est.config_, est.preprocessing_
     n_features, n_classes = len(pre.output_names), len(pre.classes)
-    manifest = manifest_for(cfg, est.mode, pre, dict(est.n_rows_), est.devices_, "running",
+    manifest = manifest_for(cfg, est.mode, pre, dict(est.n_rows_), est.devices_,
                             hasattr(est, "feature_names_in_"))
     for i, weights in enumerate(est.member_weights_):
         model = build_member(member_config(cfg, i)[0], n_features, n_classes,

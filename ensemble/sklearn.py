@@ -29,7 +29,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ensemble import artifacts, config, run_arrays
+from ensemble import config, run_arrays
 from ensemble.aggregate import FITTED
 from ensemble.errors import UsageError
 
