@@ -24,6 +24,8 @@ from typing import Any, get_args, get_origin, get_type_hints
 from ensemble.aggregate import AGGREGATORS
 from ensemble.errors import UsageError
 
+MODES = ("in-graph", "between-graph")  # the replication modes, in-graph the default
+
 DEFAULT_AGGREGATORS = ("mean", "vote")
 IMPUTE = ("error", "median", "most_frequent")
 CATEGORICAL = ("auto", "none")

@@ -61,7 +61,6 @@ def ece(y: np.ndarray, p: np.ndarray, n_bins: int = ECE_BINS) -> float:
     conf = p.max(axis=1)
     correct = (np.argmax(p, axis=1) == y).astype(np.float64)
     bins = np.minimum(np.floor(n_bins * conf).astype(np.int64), n_bins - 1)
-    n_b = np.bincount(bins, minlength=n_bins)
     acc_sum = np.bincount(bins, weights=correct, minlength=n_bins)
     conf_sum = np.bincount(bins, weights=conf, minlength=n_bins)
     return float(np.abs(acc_sum - conf_sum).sum() / len(y))

@@ -17,8 +17,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ensemble import artifacts, data
 from ensemble.config import Config, member_hparams
 from ensemble.devices import build_info

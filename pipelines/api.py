@@ -29,10 +29,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from ensemble import artifacts
-from ensemble.config import Config
+from ensemble.config import MODES, Config
 from ensemble.errors import UsageError
 
-MODES = ("in-graph", "between-graph")
 
 
 def as_config(config: Config | Mapping | str | Path | None = None,

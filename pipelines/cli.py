@@ -25,7 +25,7 @@ from pipelines.guide import nonneg as _nonneg  # noqa: E402
 from pipelines.guide import positive as _positive  # noqa: E402
 from pipelines.guide import report, unknown_options  # noqa: E402
 
-MODES = ("in-graph", "between-graph")
+from ensemble.config import MODES  # noqa: E402
 IMPUTE = ("error", "median", "most_frequent")
 
 

@@ -32,11 +32,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ensemble import artifacts, devices, tables
-from ensemble.config import Config
+from ensemble.config import MODES, Config
 from ensemble.errors import UsageError
 from pipelines.between import checked, last_report, run_process
 
-MODES = ("in-graph", "between-graph")
 PHASES = ("train", "predict")
 MEASURES = ("wall_seconds", "startup_seconds", "work_seconds", "member_rows_per_second",
             "peak_rss_bytes")
