@@ -1,7 +1,11 @@
-"""The run directory: atomic writes, Parquet I/O with checksums, the manifest.
+"""The run directory: atomic, durable writes, Parquet I/O with checksums, the manifest.
 
-Every artifact is written to a temporary name in its own folder and renamed into place
-(`os.replace`), so a crash never leaves a half-written file under the final name.
+Every artifact is written to a temporary name in its own folder, flushed to disk (`fsync`),
+given the permissions the umask allows (as `open` would; `mkstemp` alone gives 0600) and
+renamed into place (`os.replace`), and then the folder itself is flushed so that the rename
+survives a power loss: a crash never leaves a half-written or empty file under the final name.
+Every artifact read from a run is checked against the sha256 the manifest records (`verify`);
+a file with no recorded hash is an error, not a pass.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -29,10 +34,44 @@ SPLITS = ("train", "validation", "test")
 EVAL_SPLITS = ("validation", "test")  # the splits a run predicts and evaluates
 
 
+_UMASK: list[int] = []
+_UMASK_LOCK = threading.Lock()
+
+
+def _file_mode() -> int:
+    """`0o666` less this process's umask (read once: reading it means setting it)."""
+    with _UMASK_LOCK:
+        if not _UMASK:
+            mask = os.umask(0o022)
+            os.umask(mask)
+            _UMASK.append(mask)
+    return 0o666 & ~_UMASK[0]
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Flush a folder's entries (renames, new and removed files) to disk."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    paths = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 @contextmanager
 def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
-    """Yield a temporary path (ending in `suffix`) beside `path`; rename it onto `path` when
-    the block succeeds, delete it when the block raises."""
+    """Yield a temporary path (ending in `suffix`) beside `path`; when the block succeeds,
+    flush it (`fsync`), give it the umask's permissions, rename it onto `path` and flush the
+    folder; delete it when the block raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
@@ -40,7 +79,10 @@ def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
     tmp = Path(tmp)
     try:
         yield tmp
+        _fsync_tree(tmp)
+        os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -103,13 +145,17 @@ def write_splits(run_dir: Path, x: dict[str, np.ndarray], y: dict[str, np.ndarra
                 np.savez(f, x=x[name], y=y[name], row=rows[name])
 
 
-def read_split(run_dir: Path, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Read `data/<name>.npz` (no pickle): `(x [n, f] float32, y [n] int32, row [n] int64)`.
+def read_split(run_dir: Path, name: str, manifest: dict[str, Any] | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Read `data/<name>.npz` (no pickle): `(x [n, f] float32, y [n] int32, row [n] int64)`,
+    verified against `manifest`'s sha256 when given.
 
     Raises:
-        UsageError: the run directory holds no prepared split `name`.
+        UsageError: the run directory holds no prepared split `name`, or it is damaged.
     """
     path = Path(run_dir) / "data" / f"{name}.npz"
+    if manifest is not None and path.is_file():
+        verify(run_dir, manifest, path)
     try:
         with np.load(path, allow_pickle=False) as z:
             return z["x"], z["y"], z["row"]
@@ -156,20 +202,31 @@ def recorded_hashes(manifest: dict[str, Any]) -> dict[str, str]:
 
 
 def verify(run_dir: str | Path, manifest: dict[str, Any], path: str | Path) -> Path:
-    """Check a run file against the sha256 the manifest records for it (if any).
+    """Check a run file against the sha256 the manifest records for it.
 
     Returns:
         The path.
 
     Raises:
-        UsageError: the file is missing or its sha256 differs (names the file).
+        UsageError: no sha256 recorded for the file, the file is missing, or its sha256
+        differs (each names the file).
     """
     path = Path(path)
-    expected = recorded_hashes(manifest).get(os.path.relpath(path, run_dir))
-    if expected is None:
-        return path
+    rel = os.path.relpath(path, run_dir)
+    expected = recorded_hashes(manifest).get(rel)
     if not path.is_file():
         raise UsageError(f"Artifact missing: {path}")
+    if expected is None:
+        raise UsageError(f"No sha256 recorded for {path} in {Path(run_dir) / MANIFEST}; "
+                         "the file cannot be trusted (the run is unfinished, or the file was "
+                         "added by hand).")
     if sha256_file(path) != expected:
         raise UsageError(f"Damaged artifact {path}: its sha256 does not match the manifest.")
     return path
+
+
+def record_hashes(manifest: dict[str, Any], run_dir: str | Path, paths) -> None:
+    """Record the sha256 of `paths` (run files) in `manifest["artifacts"]` (in place)."""
+    hashes = manifest.setdefault("artifacts", {})
+    for p in paths:
+        hashes[os.path.relpath(p, run_dir)] = sha256_file(p)

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ensemble import artifacts, tables
+from ensemble import artifacts, interrupt, runlock, tables
 from ensemble.cluster import naming_unreachable_tasks
 from ensemble.data import encode
 from ensemble.errors import UsageError
@@ -114,24 +114,59 @@ def run_client(run_dir: Path, indices: int | Sequence[int], threads: int | None 
     Returns:
         The members' predictions paths.
 
+    Holds each member's lock (`runlock`) while it runs and records each member's status and
+    its files' sha256 in the manifest as soon as it ends.
+
     Raises:
-        UsageError: not a prepared run, or an index out of range.
+        UsageError: not a prepared run, an index out of range, or the run (or a member) held
+            by another process.
         cluster.ClusterError: on a cluster, a member's task is unreachable.
+        interrupt.Interrupted: SIGINT/SIGTERM; the member is recorded as interrupted.
     """
     indices = [indices] if isinstance(indices, int) else list(indices)
     manifest = artifacts.read_manifest(run_dir)
-    cfg, local, cluster = _start_client(manifest, indices, threads)
-    split = {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}
-    out = []
-    with naming_unreachable_tasks(cluster):
-        for index, device in zip(indices, local):
-            start = time.perf_counter()
-            cbs = callbacks(index) if callbacks is not None else ()
-            with _placement_log(run_dir, index):
-                out.append(_train_member(run_dir, manifest, cfg, split, index, device, cbs))
-            if on_member_done is not None:
-                on_member_done(index, time.perf_counter() - start)
+    for index in indices:
+        _member_entry(manifest, index)
+    runlock.require_free(run_dir)  # no writer but the launcher that started this client
+    with runlock.member_locks(run_dir, indices):
+        cfg, local, cluster = _start_client(manifest, indices, threads)
+        split = {s: artifacts.read_split(run_dir, s, manifest) for s in artifacts.SPLITS}
+        out = []
+        with naming_unreachable_tasks(cluster):
+            for index, device in zip(indices, local):
+                start = time.perf_counter()
+                cbs = callbacks(index) if callbacks is not None else ()
+                try:
+                    with _placement_log(run_dir, index):
+                        out.append(_train_member(run_dir, manifest, cfg, split, index, device,
+                                                 cbs))
+                except BaseException as exc:
+                    stopped = isinstance(exc, interrupt.Interrupted)
+                    if stopped:
+                        exc.member = index
+                    _record_member(run_dir, index, "interrupted" if stopped else "failed")
+                    raise
+                _record_member(run_dir, index, "completed")
+                if on_member_done is not None:
+                    on_member_done(index, time.perf_counter() - start)
     return out
+
+
+def _record_member(run_dir: Path, index: int, status: str) -> None:
+    """Record a member's status in the manifest, with its files' sha256 when completed (the
+    client's own record, which the aggregator verifies); read-modify-write under the lock."""
+    from ensemble.run import member_files
+
+    hashes = ({os.path.relpath(p, run_dir): artifacts.sha256_file(p)
+               for p in member_files(run_dir, index)} if status == "completed" else None)
+
+    def change(manifest: dict) -> None:
+        entry = manifest["members"][index]
+        entry["status"] = status
+        if hashes is not None:
+            entry["sha256"] = hashes
+
+    runlock.update_manifest(run_dir, change)
 
 
 def _placement_log(run_dir: Path, index: int):
@@ -196,6 +231,9 @@ def predict_client(run_dir: Path, indices: int | Sequence[int], x_path: Path, ou
 
     indices = [indices] if isinstance(indices, int) else list(indices)
     manifest = artifacts.read_manifest(run_dir)
+    for index in indices:
+        _member_entry(manifest, index)
+    runlock.require_free(run_dir)
     _, local, cluster = _start_client(manifest, indices, threads, devices_, cluster)
     groups = {}
     for index, device in zip(indices, local):

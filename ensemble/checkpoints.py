@@ -42,10 +42,14 @@ class EpochCheckpoints:
         self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.directory), KEEP)
 
     def save(self, epoch: int, history: list[dict]) -> None:
-        """Save the state after `epoch` (0-based) and the history records so far."""
+        """Save the history records so far, then the state after `epoch` (0-based).
+
+        History first: a kill between the two leaves history rows of an epoch whose
+        checkpoint is missing, which `restore` drops, never a checkpoint without its rows.
+        """
+        artifacts.write_text(self.directory / "history.json", json.dumps(history))
         self.epoch.assign(epoch)
         self.manager.save(checkpoint_number=epoch)
-        artifacts.write_text(self.directory / "history.json", json.dumps(history))
 
     def restore(self) -> tuple[int, list[dict]]:
         """Restore the newest readable checkpoint.

@@ -106,6 +106,10 @@ class ReportProgress(Callback):
 
     def on_train_begin(self, start_epoch, epochs, n_steps):
         self.epochs, self.last = epochs, time.monotonic()
+        if start_epoch:
+            for i in self.members:
+                self._emit({"kind": "resume", "member": i, "epoch": start_epoch,
+                            "epochs": epochs})
 
     def on_call_end(self, epoch, steps_done, n_steps, mean_losses, seconds):
         now = time.monotonic()
@@ -121,6 +125,19 @@ class ReportProgress(Callback):
             self._emit({"kind": "epoch", "epochs": self.epochs, **r})
 
 
+class ResumeNotice(Callback):
+    """On a resumed run, one line saying the epoch training continues from (stderr)."""
+
+    def __init__(self, stream: TextIO | None = None, prefix: str = ""):
+        self.stream, self.prefix = stream, prefix
+
+    def on_train_begin(self, start_epoch, epochs, n_steps):
+        where = (f"from the checkpoint of epoch {start_epoch}" if start_epoch
+                 else "from the start (no checkpoint yet)")
+        print(f"{self.prefix}resuming at epoch {min(start_epoch + 1, epochs)} of {epochs} "
+              f"{where}", file=self.stream or sys.stderr, flush=True)
+
+
 def parse_report(line: str) -> dict | None:
     """The report of a `ReportProgress` line, or None for any other line."""
     if not line.startswith(PREFIX):
@@ -134,6 +151,9 @@ def parse_report(line: str) -> dict | None:
 def format_report(report: dict, verbose: bool = False) -> str | None:
     """The launcher's line for a client's report: `member I: epoch E/N - loss ...`, or None
     for reports it does not show (within-epoch ones unless `verbose`)."""
+    if report.get("kind") == "resume":
+        return (f"member {report['member']}: resuming at epoch {report['epoch'] + 1} of "
+                f"{report['epochs']} from the checkpoint of epoch {report['epoch']}")
     if report.get("kind") == "epoch":
         return (f"member {report['member']}: epoch {report['epoch'] + 1}/{report['epochs']} - "
                 f"{_member_line(report)} - {report['seconds']:.1f} s")

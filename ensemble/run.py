@@ -13,11 +13,12 @@ import shutil
 import socket
 import sys
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from ensemble import artifacts, data
+from ensemble import artifacts, data, runlock
 from ensemble.config import Config, member_hparams
 from ensemble.devices import build_info
 from ensemble.errors import UsageError
@@ -32,19 +33,74 @@ def new_run_id(cfg: Config) -> str:
 
 
 def check_run_dir(run_dir: Path, overwrite: bool) -> None:
-    """Refuse to train into a directory that already holds a run, unless `overwrite`.
+    """Refuse to train into a directory that already holds a run, unless `overwrite`; with
+    `overwrite`, remove every file of the old run (the manifest last, so that a crash midway
+    still leaves a run directory that `--overwrite` clears). Call it holding the run lock.
 
     Raises:
-        UsageError: `run_dir` holds a manifest, or is a file.
+        UsageError: `run_dir` holds a manifest (an interrupted or failed run: the message says
+        to `--resume` it first), or is a file.
     """
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"Run directory {run_dir} is a file; expected a directory.")
-    if (run_dir / artifacts.MANIFEST).exists():
-        if not overwrite:
-            raise UsageError(f"Run directory {run_dir} already holds a run; "
-                             "pass --overwrite to replace it or choose another --run-dir.")
-        for sub in ("members", "data", "checkpoints"):
-            shutil.rmtree(run_dir / sub, ignore_errors=True)
+    if not (run_dir / artifacts.MANIFEST).exists():
+        return
+    if not overwrite:
+        try:
+            status = effective_status(artifacts.read_manifest(run_dir), run_dir)
+        except UsageError:
+            status = "damaged"
+        if status in ("interrupted", "failed", "prepared"):
+            raise UsageError(f"Run directory {run_dir} holds a {status} run; continue it with "
+                             f"`ensemble train --resume --run-dir {run_dir}`, or pass "
+                             "--overwrite to replace it (its checkpoints are lost).")
+        raise UsageError(f"Run directory {run_dir} already holds a run; "
+                         "pass --overwrite to replace it or choose another --run-dir.")
+    for entry in sorted(run_dir.iterdir()):
+        if entry.name in runlock.LOCK_FILES or entry.name == artifacts.MANIFEST:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    (run_dir / artifacts.MANIFEST).unlink()
+    artifacts.fsync_dir(run_dir)
+
+
+@contextmanager
+def writing(run_dir: Path, command: str) -> Iterator[None]:
+    """Hold the run lock for a training driver (`runlock.writing`); a run directory this call
+    created is removed again when the block fails before writing a manifest.
+
+    Raises:
+        UsageError: `run_dir` is a file, or another process holds the run (named).
+    """
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"Run directory {run_dir} is a file; expected a directory.")
+    created = not run_dir.exists()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"Cannot create run directory {run_dir}: {exc.strerror}") from None
+    try:
+        with runlock.writing(run_dir, command):
+            yield
+    except BaseException:
+        if created and not (run_dir / artifacts.MANIFEST).exists():
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
+def set_status(run_dir: Path, status: str, members: dict[int, str] | None = None) -> dict:
+    """Record the run's `status` (and members' statuses `{index: status}`) by a
+    read-modify-write of the manifest under its lock; returns the manifest."""
+    def change(m: dict) -> None:
+        m["status"] = status
+        for i, st in (members or {}).items():
+            m["members"][i]["status"] = st
+
+    return runlock.update_manifest(run_dir, change)
 
 
 def versions() -> dict[str, str | None]:
@@ -101,6 +157,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
         "rows": {s: int(len(r)) for s, r in rows.items()}, "columns": list(ds.columns),
         "sha256": ds.sha256()}, cluster)
     manifest["timings"]["prepare_seconds"] = time.perf_counter() - start
+    manifest["artifacts"] = artifacts.artifact_hashes(run_dir)  # the splits, preprocessing
     artifacts.write_manifest(run_dir, manifest)
     return manifest
 
@@ -153,12 +210,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def effective_status(manifest: dict[str, Any]) -> str:
-    """The run status, with `running` turned into `interrupted` when the recorded driver
-    process (on this host) is gone."""
+def effective_status(manifest: dict[str, Any], run_dir: str | Path | None = None) -> str:
+    """The run status, with `running` turned into `interrupted` when no process holds the
+    run's lock (`run_dir` given) or the recorded driver process (on this host) is gone."""
     status = manifest.get("status", "unknown")
-    if (status == "running" and manifest.get("host") == socket.gethostname()
-            and not _alive(int(manifest.get("pid", -1)))):
+    if status != "running":
+        return status
+    if run_dir is not None and not runlock.is_held(run_dir):
+        return "interrupted"
+    if manifest.get("host") == socket.gethostname() and not _alive(int(manifest.get("pid", -1))):
         return "interrupted"
     return status
 
@@ -177,22 +237,19 @@ def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -
 
 
 def reopen(run_dir: Path, cfg: Config, mode: str) -> dict[str, Any]:
-    """Reopen an interrupted or failed run for `--resume`; marks it running again.
+    """Reopen an interrupted, failed or prepared run for `--resume`; marks it running again.
+    Call it holding the run lock: a `running` status then means its driver died.
 
     Raises:
-        UsageError: not a run, another mode, completed or still running, or a config whose
-        sha256 differs from the run's (names the changed keys).
+        UsageError: not a run, another mode, completed, or a config whose sha256 differs from
+        the run's (names the changed keys).
     """
     manifest = artifacts.read_manifest(run_dir)
     if manifest["mode"] != mode:
         raise UsageError(f"Run {run_dir} was trained with --mode {manifest['mode']}; "
                          f"resume it with that mode, not {mode}.")
-    status = effective_status(manifest)
-    if status == "completed":
+    if manifest.get("status") == "completed":
         raise UsageError(f"Run {run_dir} is already completed; nothing to resume.")
-    if status == "running":
-        raise UsageError(f"Run {run_dir} is still running (pid {manifest.get('pid')} on "
-                         f"{manifest.get('host')}); cannot resume it twice.")
     if cfg.sha256() != manifest["config_sha256"]:
         changes = config_changes(manifest["config"], cfg.to_dict())
         raise UsageError(f"Config changed since run {run_dir} started ({'; '.join(changes)}); "
@@ -211,8 +268,9 @@ def member_files(run_dir: Path, index: int) -> list[Path]:
 
 def require_completed(run_dir: Path, manifest: dict[str, Any]) -> None:
     """Raises UsageError unless the run is completed (names its status and the fix)."""
-    status = effective_status(manifest)
+    status = effective_status(manifest, run_dir)
     if status != "completed":
         hint = ("resume it with `ensemble train --resume --run-dir "
-                f"{run_dir}`" if status in ("interrupted", "failed") else "wait for it")
+                f"{run_dir}`" if status in ("interrupted", "failed", "prepared")
+                else "wait for it")
         raise UsageError(f"Run {run_dir} is {status}, not completed; {hint}.")

@@ -120,6 +120,7 @@ def train_between_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Pre
         artifacts.write_text(path / artifacts.PREPROCESSING, pre.to_json())
         manifest = manifest_for(cfg, "between-graph", pre,
                                 {k: len(v) for k, v in rows.items()}, devs)
+        manifest["artifacts"] = artifacts.artifact_hashes(path)  # clients verify the splits
         artifacts.write_manifest(path, manifest)
         launch(cfg, path, prepared=manifest, verbosity=0)
         n = cfg.members.count

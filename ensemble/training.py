@@ -7,7 +7,8 @@ per call. Both replication modes call the same per-member `train_step` inside it
 keeps their members identical; `K` changes only how often the host looks, never the numbers.
 
 Per-epoch hooks (progress, TensorBoard, a stop check) plug into `train_loop` as `Callback`
-objects.
+objects. SIGINT/SIGTERM (when `ensemble.interrupt.handling_signals` is on) stop the loop after
+the current traced call or after an epoch's checkpoint (`interrupt.Interrupted`).
 """
 
 from __future__ import annotations
@@ -180,12 +181,20 @@ def train_loop(run_steps: Callable[[np.ndarray, np.ndarray], np.ndarray],
         (restored ones included); `seconds` is the epoch's wall time, shared by the members
         trained together.
     """
+    from ensemble import interrupt
     from ensemble.checkpoints import hold_here, hold_point
 
+    with interrupt.deferred():
+        return _epochs(run_steps, predict_val, indices, run_seed, epochs, n_train, batch_size,
+                       y_val, checkpoints, callbacks, steps_per_call, checkpoint_every,
+                       hold_point(indices), hold_here, interrupt.check)
+
+
+def _epochs(run_steps, predict_val, indices, run_seed, epochs, n_train, batch_size, y_val,
+            checkpoints, callbacks, steps_per_call, checkpoint_every, hold, hold_here, check):
     start_epoch, records = checkpoints.restore() if checkpoints is not None else (0, [])
     n_steps = -(-n_train // batch_size)
     n_full = n_train // batch_size
-    hold = hold_point(indices)
     k = steps_per_call or min(FIRST_CALL_STEPS, n_steps)
     for cb in callbacks:
         cb.on_train_begin(start_epoch, epochs, n_steps)
@@ -214,6 +223,7 @@ def train_loop(run_steps: Callable[[np.ndarray, np.ndarray], np.ndarray],
             for cb in callbacks:
                 cb.on_call_end(epoch, done, n_steps, total / np.float32(rows),
                                time.perf_counter() - start)
+            check(epoch + 1, epochs)
             if hold_step is not None and done == hold_step + 1:
                 hold_here()
         losses = total.astype(np.float64) / n_train
@@ -231,6 +241,7 @@ def train_loop(run_steps: Callable[[np.ndarray, np.ndarray], np.ndarray],
             checkpoints.save(epoch, records)
         for cb in callbacks:
             cb.on_epoch_end(epoch, new)
+        check(min(epoch + 2, epochs), epochs)
         if hold is not None and hold == (epoch, None):
             hold_here()
     return records

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from ensemble import artifacts, config, fitted, posthoc, records, run, tables
+from ensemble import artifacts, config, fitted, posthoc, records, run, runlock, tables
 from ensemble.aggregate import AGGREGATORS
 from ensemble.errors import UsageError
 
@@ -54,6 +54,7 @@ def _between_graph_members(run_dir: Path, manifest: dict, min_members: int | Non
             f"the aggregator needs {need} of {len(indices)} members. Run their clients "
             "(`ensemble client --run RUN --member I`) or pass --min-members K.")
     for i in have:
+        runlock.require_free(run_dir, i)  # no client is still writing it
         for path in run.member_files(run_dir, i)[1:]:
             artifacts.verify(run_dir, manifest, path)
     return pa.concat_tables([artifacts.read_parquet(artifacts.member_predictions_path(run_dir, i))
@@ -76,16 +77,25 @@ def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
         The final manifest.
 
     Raises:
-        UsageError: not a run, a damaged file, members missing, or an in-graph run that is not
-        completed.
+        UsageError: not a run, a damaged or unhashed file, members missing, an in-graph run
+        that is not completed, or a run (or member) another process holds (`runlock`).
     """
-    start = time.perf_counter()
     run_dir = Path(run_dir)
+    artifacts.read_manifest(run_dir)  # a run directory, before its lock file is made
+    with runlock.writing(run_dir, "ensemble aggregate"):
+        return _aggregate(run_dir, aggregators, min_members)
+
+
+def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: int | None
+               ) -> dict:
+    start = time.perf_counter()
     manifest = artifacts.read_manifest(run_dir)
     cfg = config.from_dict(manifest["config"])
     settings = dataclasses.asdict(cfg.aggregation)
     if aggregators is None:
-        old = fitted.read(run_dir)
+        path = run_dir / fitted.FILENAME
+        old = fitted.read(artifacts.verify(run_dir, manifest, path).parent) \
+            if path.is_file() else None
         aggregators = old["aggregators"] if old else list(cfg.aggregation.aggregators)
     between = manifest["mode"] == "between-graph"
     if between:
@@ -105,8 +115,8 @@ def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
     posthoc.write_fit(run_dir, fit, splits, settings)
     if between:
         history = [r for i in used
-                   for r in artifacts.read_parquet(artifacts.member_history_path(run_dir, i))
-                   .to_pylist()]
+                   for r in artifacts.read_parquet(artifacts.verify(
+                       run_dir, manifest, artifacts.member_history_path(run_dir, i))).to_pylist()]
         tables.write_outputs(run_dir, preds, tables.history_table(history))
         for i in used:
             manifest["members"][i]["status"] = "completed"

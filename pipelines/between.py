@@ -19,11 +19,11 @@ from typing import Callable
 
 import numpy as np
 
-from ensemble import artifacts, devices, run
-from ensemble.between_graph import local_devices
+from ensemble import artifacts, devices, interrupt, run, runlock
 from ensemble.config import Config
 from ensemble.errors import UsageError
 from ensemble.placement import place
+from pipelines import processes
 from pipelines.processes import checked, last_error, last_report, run_process
 
 __all__ = ["aggregate_run", "checked", "client_queues", "default_jobs", "last_report",
@@ -83,25 +83,35 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
         "work_seconds": the member's own training/prediction time, "startup_seconds": the
         client's start-up (spawn to ready), "peak_rss_bytes": the client's peak}`.
 
+    Signals: while the clients run, SIGINT/SIGTERM to this process are forwarded to them
+    (each stops after its current call, keeping its checkpoint); every client is reaped
+    before this returns or raises, none is left running.
+
     Raises:
         UsageError / RuntimeError: a client failed (bad input / internal); names the failed
-        members and each client's last error line.
+            members and each client's last error line.
+        interrupt.Interrupted: this process got SIGINT/SIGTERM (`epoch`: the lowest epoch in
+            progress among the interrupted members).
     """
     from ensemble.progress import format_report, parse_report
 
     threads = max(1, devices.cpu_count() // max(1, len(queues)))
     lock = threading.Lock()
     done: dict[int, float] = {}
+    stopped: dict[int, tuple[int, int]] = {}  # member -> (epoch in progress, epochs)
 
     def launch(q: int) -> tuple[int, dict]:
         queue = queues[q]
-        env = dict(os.environ, **local_devices([devs[i] for i in queue])[0])
+        env = dict(os.environ)  # the client maps its GPUs onto this CUDA_VISIBLE_DEVICES
 
         def on_line(line: str) -> bool:
             report = parse_report(line)
             if report is None:
                 return False
-            if report.get("kind") == "member-done":
+            if report.get("kind") == "interrupted":
+                with lock:
+                    stopped[report["member"]] = (report["epoch"], report["epochs"])
+            elif report.get("kind") == "member-done":
                 with lock:
                     done[report["member"]] = report["work_seconds"]
                 if on_member is not None:
@@ -125,8 +135,17 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
                    "startup_seconds": report["ready_unix"] - res["spawned_unix"],
                    "tensorflow_build": report.get("tensorflow_build")}
 
-    with ThreadPoolExecutor(max_workers=max(1, len(queues))) as pool:
-        results = dict(pool.map(launch, range(len(queues))))
+    pool = ThreadPoolExecutor(max_workers=max(1, len(queues)))
+    try:
+        with interrupt.deferred(), interrupt.on_signal(processes.forward):
+            results = dict(pool.map(launch, range(len(queues))))
+    finally:
+        processes.kill_children()
+        pool.shutdown(wait=True)
+    if interrupt.requested() is not None:
+        epochs = [e for e in stopped.values()]
+        raise interrupt.Interrupted(interrupt.requested(), *(min(epochs) if epochs else
+                                                              (None, None)))
     failed = {q: r for q, r in results.items() if "error" in r}
     if failed:
         text = "; ".join(
@@ -173,50 +192,59 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
     if resume:
         cluster = cluster or artifacts.read_manifest(run_dir).get("cluster")
     devs = devices.resolve(cfg.placement.devices, cfg.members.count, cluster, names_only=True)
-    if resume:
-        manifest = run.reopen(run_dir, cfg, "between-graph")
-    elif prepared is not None:
-        manifest = prepared
-    else:
-        manifest = run.prepare(cfg, run_dir, "between-graph", devs, overwrite, cluster)
-    if prepare_only:
-        return manifest
+    with run.writing(run_dir, "ensemble train --mode between-graph"):
+        if resume:
+            manifest = run.reopen(run_dir, cfg, "between-graph")
+        elif prepared is not None:
+            manifest = prepared
+        else:
+            manifest = run.prepare(cfg, run_dir, "between-graph", devs, overwrite, cluster)
+        if prepare_only:  # the clients, started by hand or a scheduler, take over
+            return run.set_status(run_dir, "prepared")
+        try:
+            return _launch(run_dir, manifest, devs, jobs, verbosity)
+        except interrupt.Interrupted as exc:
+            run.set_status(run_dir, "interrupted")
+            exc.run_dir = run_dir
+            raise
+        except BaseException:
+            run.set_status(run_dir, "failed")
+            raise
+
+
+def _launch(run_dir: Path, manifest: dict, devs: list[str], jobs: int | None,
+            verbosity: int) -> dict:
+    """Run the clients of the members not completed, then the aggregator; the manifest is
+    changed by read-modify-write only (clients record their members themselves)."""
     todo = {m["index"]: m["device"] for m in manifest["members"]
             if m["status"] != "completed"
             or not all(p.is_file() for p in run.member_files(run_dir, m["index"]))}
     jobs = jobs or default_jobs(max(1, len(todo)), devs)
-    lock = threading.Lock()
 
-    def record(index: int, ok: bool) -> None:  # called as each member ends
-        with lock:
-            entry = manifest["members"][index]
-            entry["status"] = "completed" if ok else "failed"
-            if ok:
-                entry["sha256"] = {os.path.relpath(p, run_dir): artifacts.sha256_file(p)
-                                   for p in run.member_files(run_dir, index)}
-            artifacts.write_manifest(run_dir, manifest)
+    def record(index: int, ok: bool) -> None:  # a client ended without finishing `index`
+        if not ok:
+            def change(m: dict) -> None:
+                if m["members"][index]["status"] != "interrupted":
+                    m["members"][index]["status"] = "failed"
+            runlock.update_manifest(run_dir, change)
 
     start = time.perf_counter()
-    try:
-        queues = client_queues(todo, jobs)
-        clients = run_clients(run_dir, queues, lambda q: ["client", "--run", str(run_dir),
-                                                          "--member", ",".join(map(str, q))],
-                              todo, record, verbosity)
-    except BaseException:
-        manifest["status"] = "failed"
-        artifacts.write_manifest(run_dir, manifest)
-        raise
+    queues = client_queues(todo, jobs)
+    clients = run_clients(run_dir, queues, lambda q: ["client", "--run", str(run_dir),
+                                                      "--member", ",".join(map(str, q))],
+                          todo, record, verbosity)
     builds = [c.pop("tensorflow_build", None) for c in clients.values()]
-    manifest["tensorflow_build"] = manifest.get("tensorflow_build") or next(
-        (b for b in builds if b), None)  # the launcher never loads TensorFlow: the clients tell
-    manifest["timings"].update(train_seconds=time.perf_counter() - start, jobs=len(queues),
-                               clients={str(i): c for i, c in clients.items()})
-    artifacts.write_manifest(run_dir, manifest)
+
+    def timings(m: dict) -> None:  # the launcher never loads TensorFlow: the clients tell
+        m["tensorflow_build"] = m.get("tensorflow_build") or next((b for b in builds if b),
+                                                                  None)
+        m["timings"].update(train_seconds=time.perf_counter() - start, jobs=len(queues),
+                            clients={str(i): c for i, c in clients.items()})
+
+    runlock.update_manifest(run_dir, timings)
     res = checked(run_process(["aggregate", "--run", str(run_dir)]), "aggregator")
-    manifest = artifacts.read_manifest(run_dir)
-    manifest["timings"]["aggregator_peak_rss_bytes"] = last_report(res)["peak_rss_bytes"]
-    artifacts.write_manifest(run_dir, manifest)
-    return manifest
+    return runlock.update_manifest(run_dir, lambda m: m["timings"].update(
+        aggregator_peak_rss_bytes=last_report(res)["peak_rss_bytes"]))
 
 
 def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | None = None,

@@ -1,7 +1,8 @@
 """The `ensemble` command line: one small function per subcommand, `main(argv) -> int`.
 
 Exit status: 0 success, 2 bad input or usage (one line on stderr naming the bad value and what
-was expected, no traceback), 1 an internal failure. Heavy modules are imported inside the
+was expected, no traceback), 1 an internal failure, 130 / 143 interrupted by SIGINT / SIGTERM
+(training stops after its current call, keeps its newest checkpoint and says how to resume). Heavy modules are imported inside the
 subcommands so that a between-graph client starts lean.
 """
 
@@ -123,11 +124,10 @@ def cmd_train(args) -> int:
             print(f"  ensemble client --run {run_dir} --member {m['index']}")
         print(f"then: ensemble aggregate --run {run_dir}")
         return 0
-    from ensemble import artifacts
+    from ensemble import runlock
 
-    manifest = artifacts.read_manifest(run_dir)  # when this process was ready to work
-    manifest["timings"].update(process_ready_unix=ready, process_peak_rss_bytes=peak_rss_bytes())
-    artifacts.write_manifest(run_dir, manifest)
+    runlock.update_manifest(run_dir, lambda m: m["timings"].update(  # when it was ready to work
+        process_ready_unix=ready, process_peak_rss_bytes=peak_rss_bytes()))
     print(f"run directory: {run_dir}")
     if trained.config.training.tensorboard:
         print(f"tensorboard: tensorboard --logdir {run_dir / 'tensorboard'}")
@@ -274,7 +274,7 @@ def _member_list(text: str) -> list[int]:
 
 
 def cmd_client(args) -> int:
-    from ensemble import between_graph, progress
+    from ensemble import between_graph, interrupt, progress
 
     ready = time.time()  # TensorFlow is imported (main) and the arguments are parsed
     start = time.perf_counter()
@@ -305,8 +305,17 @@ def cmd_client(args) -> int:
             elif args.progress == "log":
                 print(f"member {index}: trained in {seconds:.2f} s", flush=True)
 
-        between_graph.run_client(Path(args.run), args.member, threads=args.threads,
-                                 callbacks=callbacks, on_member_done=done)
+        try:
+            between_graph.run_client(Path(args.run), args.member, threads=args.threads,
+                                     callbacks=callbacks, on_member_done=done)
+        except interrupt.Interrupted as exc:
+            if args.progress == "report" and getattr(exc, "member", None) is not None:
+                print(progress.PREFIX + json.dumps({
+                    "kind": "interrupted", "member": exc.member, "epoch": exc.epoch,
+                    "epochs": exc.epochs}), file=sys.stderr, flush=True)
+            exc.resume = (f"ensemble client --run {args.run} --member "
+                          f"{','.join(map(str, args.member))}")
+            raise
     # read by the launcher ($ENSEMBLE_REPORT): when the client was ready, its work time, memory
     from ensemble.devices import build_info
 
@@ -563,18 +572,40 @@ def _parse(argv: list[str] | None):
     return parser, args
 
 
+def _interrupted_line(exc, args) -> str:
+    """The one line printed on SIGINT/SIGTERM: where training stopped and how to continue."""
+    from pathlib import Path as _Path
+
+    at = f" at epoch {exc.epoch} of {exc.epochs}" if exc.epoch else ""
+    run_dir = getattr(exc, "run_dir", None) or getattr(args, "run_dir", None)
+    if getattr(exc, "resume", None):
+        return f"interrupted{at}; continue with: {exc.resume}"
+    if args.command == "train" and run_dir and (_Path(run_dir) / "manifest.json").is_file():
+        return f"interrupted{at}; continue with: ensemble train --resume --run-dir {run_dir}"
+    return f"interrupted ({exc})"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status instead of exiting."""
+    from ensemble import interrupt
+    from pipelines.processes import die_with_parent
+
+    die_with_parent()
+    args = None
     try:
-        parser, args = _parse(argv)
-        if args is None:  # `ensemble` alone: the commands, one line each, and examples
-            parser.print_help()
-            return 0
-        if args.command != "train":  # train: once its mode is known (on --resume, the run's)
-            _refuse_inapplicable(args)
-        if args.command in ("client", "server", "devices"):
-            _import_tensorflow_quietly()
-        return args.func(args)
+        with interrupt.handling_signals():
+            parser, args = _parse(argv)
+            if args is None:  # `ensemble` alone: the commands, one line each, and examples
+                parser.print_help()
+                return 0
+            if args.command != "train":  # train: once its mode is known (--resume: the run's)
+                _refuse_inapplicable(args)
+            if args.command in ("client", "server", "devices"):
+                _import_tensorflow_quietly()
+            return args.func(args)
+    except interrupt.Interrupted as exc:
+        print(_interrupted_line(exc, args), file=sys.stderr, flush=True)
+        return exc.exit_status
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

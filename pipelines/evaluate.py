@@ -9,12 +9,13 @@ parameters; diversity; and one sentence saying what the ensemble gained.
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
 import pyarrow as pa
 
-from ensemble import artifacts, fitted, run, tables
+from ensemble import artifacts, fitted, posthoc, run, runlock, tables
 from ensemble.errors import UsageError
 from ensemble.metrics import LOWER_IS_BETTER, METRICS
 
@@ -170,7 +171,8 @@ def evaluate(run_dir: Path | None, predictions: Path | None = None,
     """Recompute the metrics of a run's (or a predictions file's) predictions and write them.
 
     Writes `metrics.parquet` in the run (for the run's own predictions) or
-    `<predictions stem>.metrics.parquet` beside a given predictions file. The best member is
+    `<predictions stem>.metrics.parquet` beside a given predictions file; files it writes in
+    the run get their new sha256 in the manifest. Holds the run lock (`runlock`) meanwhile. The best member is
     the run's (chosen on validation, `aggregators.json`) when the run is known.
 
     Args:
@@ -180,23 +182,43 @@ def evaluate(run_dir: Path | None, predictions: Path | None = None,
         (metrics table, the printed text).
 
     Raises:
-        UsageError: no run/predictions, or a predictions file without labels.
+        UsageError: no run/predictions, a predictions file without labels, a damaged or
+            unhashed artifact, an unwritable output, or a run another process holds.
     """
-    fit = fitted.read(run_dir) if run_dir is not None else None
+    if run_dir is not None:
+        with runlock.writing(run_dir, "ensemble evaluate"):
+            return _evaluate(Path(run_dir), predictions, plots)
+    return _evaluate(None, predictions, plots)
+
+
+def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
+              ) -> tuple[pa.Table, str]:
+    manifest = artifacts.read_manifest(run_dir) if run_dir is not None else None
+    fit = None
+    if manifest is not None and (run_dir / fitted.FILENAME).is_file():
+        fit = fitted.read(artifacts.verify(run_dir, manifest, run_dir / fitted.FILENAME).parent)
     if predictions is None:
         if run_dir is None:
             raise UsageError("Expected --run PATH or --predictions FILE.parquet.")
-        manifest = artifacts.read_manifest(run_dir)
         run.require_completed(run_dir, manifest)
-        predictions = artifacts.verify(run_dir, manifest, Path(run_dir) / artifacts.PREDICTIONS)
-        out = Path(run_dir) / artifacts.METRICS
+        predictions = artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS)
+        out = run_dir / artifacts.METRICS
     else:
+        if not predictions.is_file():
+            raise UsageError(f"Expected --predictions to be a Parquet file. Received: "
+                             f"{predictions} ({'a folder' if predictions.is_dir() else 'missing'})")
         out = predictions.with_name(predictions.stem + ".metrics.parquet")
     preds = artifacts.read_parquet(predictions)
+    if "model" not in preds.column_names or "split" not in preds.column_names:
+        raise UsageError(f"{predictions} is not a predictions file (expected the columns "
+                         "model, split, y_true, p_<class> of `ensemble predict`).")
     table = tables.metrics_table(preds, (fit or {}).get("best_member"))
     if table.num_rows == 0:
         raise UsageError(f"{predictions} has no rows with a known y_true; cannot evaluate.")
+    if out.exists() and not os.access(out, os.W_OK) or not os.access(out.parent, os.W_OK):
+        raise UsageError(f"Cannot write the metrics to {out}: permission denied.")
     artifacts.write_parquet(out, table)
+    written = [out]
     text = format_table(table, fit)
     if run_dir is not None and predictions == Path(run_dir) / artifacts.PREDICTIONS:
         from pipelines.search import comparison_lines  # a search run: selection vs references
@@ -205,5 +227,13 @@ def evaluate(run_dir: Path | None, predictions: Path | None = None,
     if plots:
         from pipelines import plots as P
 
+        if manifest is not None and (run_dir / posthoc.SIZE_CURVE).is_file():
+            artifacts.verify(run_dir, manifest, run_dir / posthoc.SIZE_CURVE)
         text += "\n" + P.write_plots(out.parent, preds, table, run_dir)
+        written += [p for p in out.parent.glob("*.png")
+                    if p.name in ("reliability.png", "ensemble_size.png", "members.png")]
+    inside = [p for p in written if run_dir is not None
+              and Path(os.path.abspath(p)).is_relative_to(os.path.abspath(run_dir))]
+    if inside:  # a hashed artifact is never rewritten without its new hash
+        runlock.update_manifest(run_dir, lambda m: artifacts.record_hashes(m, run_dir, inside))
     return table, text

@@ -11,9 +11,10 @@ rows, the timing and member -> devices.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-from ensemble import artifacts, devices, run, tables
+from ensemble import artifacts, devices, run, runlock, tables
 from ensemble.errors import UsageError
 from ensemble.preprocessing import Preprocessing
 from ensemble.stream import DEFAULT_BATCH_ROWS, InputStream
@@ -33,6 +34,7 @@ def open_input(run_dir: Path, source: str, target: str | None, strict: bool = Fa
         UsageError: the run is not completed or damaged, or the source cannot be read.
     """
     manifest = artifacts.read_manifest(run_dir)
+    runlock.require_free(run_dir)
     run.require_completed(run_dir, manifest)
     pre = Preprocessing.read(artifacts.verify(run_dir, manifest,
                                               Path(run_dir) / artifacts.PREPROCESSING))
@@ -41,8 +43,26 @@ def open_input(run_dir: Path, source: str, target: str | None, strict: bool = Fa
 
 
 def check_out(out: Path) -> Path:
+    """Check the output path of a prediction before any work.
+
+    Raises:
+        UsageError: not a `.parquet` name, a folder, or a place this process cannot write
+        (names the path and the reason).
+    """
+    out = Path(out)
     if out.suffix != ".parquet":
         raise UsageError(f"Expected --out to end in .parquet. Received: {out}")
+    if out.is_dir():
+        raise UsageError(f"Expected --out to be a file. Received: {out} (a folder)")
+    if out.exists() and not os.access(out, os.W_OK):
+        raise UsageError(f"Cannot write --out {out}: permission denied")
+    parent = Path(os.path.abspath(out)).parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"Cannot write --out {out}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"Cannot write --out {out}: permission denied in {parent}")
     return out
 
 

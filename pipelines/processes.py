@@ -6,12 +6,20 @@ A measured process writes its JSON report to the file named by `$ENSEMBLE_REPORT
 workers print theirs as the last stdout line instead, see `last_report`); a client also
 writes progress reports on stderr (`ensemble.progress.PREFIX` lines), which `run_process`
 hands to a callback as they come while keeping the other stderr lines for error messages.
+
+No orphans: every process started here gets `$ENSEMBLE_PARENT_PID`, and `die_with_parent`
+(called first thing by the CLI) asks Linux to SIGKILL it when its parent dies
+(`prctl(PR_SET_PDEATHSIG)`), so a killed launcher leaves no client writing its run. The
+launcher keeps its live children in a registry: `forward` sends them a signal (Ctrl-C,
+SIGTERM), `kill_children` ends and reaps any still running.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +29,46 @@ from pathlib import Path
 from typing import Callable
 
 from ensemble.errors import UsageError
+
+PARENT_ENV = "ENSEMBLE_PARENT_PID"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_children: set[subprocess.Popen] = set()
+_children_lock = threading.Lock()
+
+
+def die_with_parent() -> None:
+    """In a process started by `run_process`: be SIGKILLed when the parent dies (Linux
+    `prctl(PR_SET_PDEATHSIG)`; elsewhere nothing), and exit now if it is already gone.
+    Removes `$ENSEMBLE_PARENT_PID` so that this process's own children do not inherit it."""
+    parent = os.environ.pop(PARENT_ENV, None)
+    if not parent or not parent.isdigit() or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != int(parent):  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def forward(signum: int) -> None:
+    """Send `signum` to every live child started by `run_process`."""
+    with _children_lock:
+        procs = list(_children)
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+
+def kill_children() -> None:
+    """SIGKILL and reap every child of `run_process` still running."""
+    with _children_lock:
+        procs = list(_children)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
 
 
 def run_process(argv: list[str], env: dict | None = None, module: str = "pipelines.cli",
@@ -37,7 +85,8 @@ def run_process(argv: list[str], env: dict | None = None, module: str = "pipelin
     """
     fd, report_path = tempfile.mkstemp(prefix="ensemble-report-", suffix=".json")
     os.close(fd)
-    env = dict(os.environ if env is None else env, ENSEMBLE_REPORT=report_path)
+    env = dict(os.environ if env is None else env, ENSEMBLE_REPORT=report_path,
+               **{PARENT_ENV: str(os.getpid())})
     try:
         res = _run(argv, env, module, on_stderr_line)
         text = Path(report_path).read_text()
@@ -51,6 +100,19 @@ def _run(argv, env, module, on_stderr_line) -> dict:
     start, spawned = time.perf_counter(), time.time()
     proc = subprocess.Popen([sys.executable, "-m", module, *argv], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=1)
+    with _children_lock:
+        _children.add(proc)
+    try:
+        return _collect(proc, start, spawned, on_stderr_line)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        with _children_lock:
+            _children.discard(proc)
+
+
+def _collect(proc, start, spawned, on_stderr_line) -> dict:
     kept: list[str] = []
 
     def read_stderr() -> None:

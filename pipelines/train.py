@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from ensemble import artifacts, devices, posthoc, progress, records, run, tables
+from ensemble import artifacts, devices, interrupt, posthoc, progress, records, run, tables
 from ensemble.cluster import naming_unreachable_tasks
 from ensemble.config import Config
 
@@ -46,23 +46,31 @@ def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
 
     Raises:
         cluster.ClusterError: a task of the cluster is unreachable, before or during the run.
+        interrupt.Interrupted: SIGINT/SIGTERM (with signal handling on): training stopped
+            after the current call, the run is marked `interrupted` (`.run_dir` set).
+        UsageError: another process holds the run (`runlock`), or bad input.
     """
     if resume:
         cluster = cluster or artifacts.read_manifest(run_dir).get("cluster")
     devs = devices.resolve(cfg.placement.devices, cfg.members.count, cluster)
     configure_tf(cfg.training.deterministic)
-    if resume:
-        manifest = run.reopen(run_dir, cfg, "in-graph")
-    else:
-        manifest = run.prepare(cfg, run_dir, "in-graph", devs, overwrite, cluster)
-    try:
-        with naming_unreachable_tasks(cluster):
-            _train_and_write(cfg, run_dir, manifest,
-                             [*progress.for_people(verbosity), *callbacks])
-    except BaseException:
-        manifest["status"] = "failed"
-        artifacts.write_manifest(run_dir, manifest)
-        raise
+    with run.writing(run_dir, "ensemble train --mode in-graph"):
+        if resume:
+            manifest = run.reopen(run_dir, cfg, "in-graph")
+            callbacks = [progress.ResumeNotice(), *callbacks]
+        else:
+            manifest = run.prepare(cfg, run_dir, "in-graph", devs, overwrite, cluster)
+        try:
+            with naming_unreachable_tasks(cluster):
+                _train_and_write(cfg, run_dir, manifest,
+                                 [*progress.for_people(verbosity), *callbacks])
+        except interrupt.Interrupted as exc:
+            run.set_status(run_dir, "interrupted")
+            exc.run_dir = run_dir
+            raise
+        except BaseException:
+            run.set_status(run_dir, "failed")
+            raise
     return manifest
 
 
@@ -73,7 +81,7 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     from ensemble.members import save_member
     from ensemble.training import SteadyState
 
-    split = {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}
+    split = {s: artifacts.read_split(run_dir, s, manifest) for s in artifacts.SPLITS}
     classes = np.asarray(manifest["dataset"]["classes"])
     (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
     placed = [m["device"] for m in manifest["members"]]
