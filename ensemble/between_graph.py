@@ -24,17 +24,26 @@ from ensemble.cluster import naming_unreachable_tasks
 from ensemble.data import encode
 from ensemble.errors import UsageError
 
-def local_devices(devices: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+def local_devices(devices: Sequence[str], visible: str | None = None
+                  ) -> tuple[dict[str, str], list[str]]:
     """Map the run's device names of a client's members to what the client process sees.
 
     A client sees only its own devices: for GPUs it sets `CUDA_VISIBLE_DEVICES` to theirs (in
     order of first use) and names them `/device:GPU:0..`; a (logical) CPU device is the
-    client's whole `/device:CPU:0`; a cluster device stays as it is.
+    client's whole `/device:CPU:0`; a cluster device stays as it is. GPU `k` of the run is the
+    `k`-th GPU this process may use: the `k`-th entry of the parent's `CUDA_VISIBLE_DEVICES`
+    (`visible`, default the environment's) when set, as under Slurm or Kubernetes
+    (`CUDA_VISIBLE_DEVICES=2,3`: run GPU 1 is physical GPU 3), else physical GPU `k`.
 
     Returns:
         (environment variables to set before TensorFlow starts, `[len(devices)]` device names
         in the client).
+
+    Raises:
+        UsageError: a run GPU beyond the parent's visible GPUs (names both).
     """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    parent = None if visible is None else [v.strip() for v in visible.split(",") if v.strip()]
     gpus: list[str] = []
     names = []
     for device in devices:
@@ -43,6 +52,12 @@ def local_devices(devices: Sequence[str]) -> tuple[dict[str, str], list[str]]:
             continue
         kind, _, index = device.rpartition("device:")[2].partition(":")
         if kind == "GPU":
+            if parent is not None:
+                if not index.isdigit() or int(index) >= len(parent):
+                    raise UsageError(f"Device {device} of the run is not visible here: "
+                                     f"CUDA_VISIBLE_DEVICES={visible!r} shows {len(parent)} "
+                                     "GPU(s).")
+                index = parent[int(index)]
             if index not in gpus:
                 gpus.append(index)
             names.append(f"/device:GPU:{gpus.index(index)}")

@@ -51,8 +51,8 @@ def check_run_dir(run_dir: Path, overwrite: bool) -> None:
         except UsageError:
             status = "damaged"
         if status in ("interrupted", "failed", "prepared"):
-            raise UsageError(f"Run directory {run_dir} holds a {status} run; continue it with "
-                             f"`ensemble train --resume --run-dir {run_dir}`, or pass "
+            raise UsageError(f"Run directory {run_dir} holds a run that is {status}; continue "
+                             f"it with `ensemble train --resume --run-dir {run_dir}`, or pass "
                              "--overwrite to replace it (its checkpoints are lost).")
         raise UsageError(f"Run directory {run_dir} already holds a run; "
                          "pass --overwrite to replace it or choose another --run-dir.")

@@ -74,7 +74,8 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
     Args:
         queues: member indices per client (`client_queues`).
         command: a queue -> the `ensemble` CLI arguments of its client (without `--threads`).
-        devs: member index -> the member's device in the run (pins the client).
+        devs: member index -> the member's device in the run (the client pins itself to
+            its members' devices, `between_graph.local_devices`).
         on_member: optional callback `on_member(index, ok)` when a member is done (ok) or its
             client ended without finishing it.
 
