@@ -2,7 +2,6 @@
 one writer per run, durable writes with umask permissions, --overwrite, strict checksums, GPU
 visibility under a scheduler."""
 
-import json
 import os
 import re
 import shutil
