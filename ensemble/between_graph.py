@@ -249,16 +249,20 @@ def predict_client(run_dir: Path, indices: int | Sequence[int], x_path: Path, ou
     for index in indices:
         _member_entry(manifest, index)
     runlock.require_free(run_dir)
+    npz = str(x_path).endswith(".npz")
+    if npz:
+        x, y = _read_npz(Path(x_path), len(manifest["dataset"]["feature_names"]))
+        if (len(indices) > 1 or not str(out).endswith(".parquet")) and Path(out).is_file():
+            raise UsageError(f"client: --out {out} is a file; expected a folder for the "
+                             f"members' files")
     _, local, cluster = _start_client(manifest, indices, threads, devices_, cluster)
     groups = {}
     for index, device in zip(indices, local):
         path = artifacts.verify(run_dir, manifest, artifacts.member_model_path(run_dir, index))
         groups[index] = MemberGroup([load_member(path, device)], [device], [index])
-    if not str(x_path).endswith(".npz"):
+    if not npz:
         return _predict_stream(run_dir, manifest, groups, str(x_path), Path(out), batch_rows,
                                target)
-    with np.load(x_path, allow_pickle=False) as z:
-        x, y = z["x"], (z["y"] if "y" in z.files else None)
     classes = np.asarray(manifest["dataset"]["classes"])
     paths = []
     for index, group in groups.items():
@@ -270,6 +274,32 @@ def predict_client(run_dir: Path, indices: int | Sequence[int], x_path: Path, ou
         artifacts.write_parquet(target_path, table)
         paths.append(target_path)
     return paths
+
+
+def _read_npz(path: Path, n_features: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """`(x [n_rows, n_features] float32, y [n_rows] class indices or None)` of a client's
+    `--predict X.npz` (no pickle).
+
+    Raises:
+        UsageError: missing, unreadable or not `.npz`, no `x`, or `x` of another shape.
+    """
+    import zipfile
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not hasattr(z, "files") or "x" not in z.files:
+                raise UsageError(f"client: --predict {path} holds no array `x`; expected an "
+                                 ".npz with x [n_rows, n_features] and optional y.")
+            x, y = z["x"], (z["y"] if "y" in z.files else None)
+    except UsageError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise UsageError(f"client: cannot read --predict {path} as .npz: "
+                         f"{getattr(exc, 'strerror', None) or exc}") from None
+    if x.ndim != 2 or x.shape[1] != n_features:
+        raise UsageError(f"client: expected --predict x of shape [n_rows, {n_features}]. "
+                         f"Received: {list(x.shape)}")
+    return x.astype(np.float32, copy=False), y
 
 
 def _predict_stream(run_dir: Path, manifest: dict, groups: dict, source: str, out: Path,

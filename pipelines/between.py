@@ -144,7 +144,7 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
         processes.kill_children()
         pool.shutdown(wait=True)
     if interrupt.requested() is not None:
-        epochs = [e for e in stopped.values()]
+        epochs = [e for e in stopped.values() if e[0] is not None]  # None: before training
         raise interrupt.Interrupted(interrupt.requested(), *(min(epochs) if epochs else
                                                               (None, None)))
     failed = {q: r for q, r in results.items() if "error" in r}

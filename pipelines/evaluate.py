@@ -209,7 +209,8 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
                              f"{predictions} ({'a folder' if predictions.is_dir() else 'missing'})")
         out = predictions.with_name(predictions.stem + ".metrics.parquet")
     preds = artifacts.read_parquet(predictions)
-    if "model" not in preds.column_names or "split" not in preds.column_names:
+    meta = preds.schema.metadata or {}
+    if not {"model", "split", "y_true"} <= set(preds.column_names) or b"classes" not in meta:
         raise UsageError(f"{predictions} is not a predictions file (expected the columns "
                          "model, split, y_true, p_<class> of `ensemble predict`).")
     table = tables.metrics_table(preds, (fit or {}).get("best_member"))

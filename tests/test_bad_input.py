@@ -145,3 +145,89 @@ def test_predict_refuses_an_unfinished_run(trained, tmp_path, capsys):
     assert run_cli("predict", "--run", run_dir, "--data", "digits", "--out",
                    tmp_path / "o.parquet") == 2
     _one_line(capsys, "is failed, not completed", "--resume")
+
+
+def test_bad_paths_and_files_at_predict(trained, tmp_path, capsys):
+    out = tmp_path / "o.parquet"
+    folder = tmp_path / "folder.parquet"
+    folder.mkdir()
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("not a folder")
+    garbage = tmp_path / "garbage.parquet"
+    garbage.write_bytes(b"\x00\x01" * 64)
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    for argv, needle in [
+        (["--data", "digits", "--out", folder], f"{folder} (a folder)"),
+        (["--data", "digits", "--out", a_file / "o.parquet"], f"{a_file} is a file"),
+        (["--data", "digits", "--out", tmp_path / "o.csv"], "end in .parquet"),
+        (["--data", garbage, "--out", out], str(garbage)),
+        (["--data", empty, "--out", out], "empty"),
+        (["--data", tmp_path / "missing.csv", "--out", out], "missing.csv"),
+        (["--data", tmp_path / "nothing-here", "--out", out], "nothing-here"),
+    ]:
+        assert run_cli("predict", "--run", trained, *argv) == 2, argv
+        _one_line(capsys, needle)
+    assert not out.exists() and not any(folder.iterdir())
+    assert run_cli("predict", "--run", trained, "--data", "digits", "--out", folder,
+                   "--mode", "between-graph") == 2
+    _one_line(capsys, "(a folder)")
+
+
+def test_bad_input_at_aggregate(trained, tmp_path, capsys):
+    run_dir = tmp_path / "copy"
+    shutil.copytree(trained, run_dir)
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    assert run_cli("aggregate", "--run", run_dir, "--aggregators", "mean,median") == 2
+    _one_line(capsys, "Expected --aggregators", "'mean,median'")
+    assert run_cli("aggregate", "--run", a_file) == 2
+    _one_line(capsys, "Not a run directory")
+    manifest = artifacts.read_manifest(run_dir)
+    del manifest["artifacts"]["predictions.parquet"]
+    artifacts.write_manifest(run_dir, manifest)
+    before = (run_dir / "metrics.parquet").read_bytes()
+    assert run_cli("aggregate", "--run", run_dir) == 2
+    _one_line(capsys, f"No sha256 recorded for {run_dir / 'predictions.parquet'}")
+    assert (run_dir / "metrics.parquet").read_bytes() == before
+
+
+def test_bad_input_at_client(trained, tmp_path, capsys):
+    out = tmp_path / "o.parquet"
+    not_npz = tmp_path / "x.npz"
+    not_npz.write_bytes(b"not a zip")
+    no_x = tmp_path / "nox.npz"
+    np.savez(no_x, y=np.zeros(3))
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, x=np.zeros((3, 5), np.float32))
+    for argv, needle in [
+        (["--member", "5"], "Expected `--member` in 0..1"),
+        (["--member", "0", "--out", out], "--out applies with --predict only"),
+        (["--member", "0", "--predict", not_npz, "--out", out], f"cannot read --predict {not_npz}"),
+        (["--member", "0", "--predict", no_x, "--out", out], "holds no array `x`"),
+        (["--member", "0", "--predict", wrong, "--out", out], "shape [n_rows, 64]"),
+        (["--member", "0", "--predict", tmp_path / "gone.npz", "--out", out], "gone.npz"),
+        (["--member", "0", "--predict", wrong], "--predict needs --out"),
+    ]:
+        assert run_cli("client", "--run", trained, *argv) == 2, argv
+        _one_line(capsys, needle)
+    assert not out.exists()
+
+
+def test_bad_input_at_evaluate(trained, tmp_path, capsys):
+    folder = tmp_path / "p.parquet"
+    folder.mkdir()
+    garbage = tmp_path / "garbage.parquet"
+    garbage.write_bytes(b"PAR1" + b"\x00" * 32)
+    metrics = tmp_path / "metrics.parquet"
+    shutil.copy(trained / "metrics.parquet", metrics)
+    for argv, needle in [
+        ([], "Expected --run PATH or --predictions"),
+        (["--predictions", folder], "(a folder)"),
+        (["--predictions", tmp_path / "gone.parquet"], "gone.parquet (missing)"),
+        (["--predictions", garbage], f"Damaged or invalid Parquet file {garbage}"),
+        (["--predictions", metrics], "is not a predictions file"),
+        (["--run", tmp_path], "Not a run directory"),
+    ]:
+        assert run_cli("evaluate", *argv) == 2, argv
+        _one_line(capsys, needle)
