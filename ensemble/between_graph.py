@@ -307,7 +307,7 @@ def _predict_stream(run_dir: Path, manifest: dict, groups: dict, source: str, ou
     import contextlib
 
     from ensemble.preprocessing import Preprocessing
-    from ensemble.stream import DEFAULT_BATCH_ROWS, InputStream, PredictionWriter
+    from ensemble.stream import DEFAULT_BATCH_ROWS, InputStream, PredictionWriter, prefetch
 
     pre = Preprocessing.read(artifacts.verify(run_dir, manifest,
                                               Path(run_dir) / artifacts.PREPROCESSING))
@@ -316,7 +316,7 @@ def _predict_stream(run_dir: Path, manifest: dict, groups: dict, source: str, ou
     paths = {i: out / f"member-{i}.parquet" for i in groups}
     with contextlib.ExitStack() as stack:
         writers = {i: stack.enter_context(PredictionWriter(p)) for i, p in paths.items()}
-        for b in stream:
+        for b in prefetch(stream):
             y = pa.array(b.y, pa.int32()) if b.y is not None else pa.nulls(len(b.x), pa.int32())
             for i, group in groups.items():
                 probs = group.predict(b.x)[0][0]

@@ -6,9 +6,9 @@ ensemble's probabilities and the original class labels back, with no Python of t
 - Signature `serving_default` (the chosen aggregator) and one signature per aggregator of the
   run, named after it (`mean`, `vote`, `weighted`, ...). Each takes `features`: `[batch,
   n_features]` float32 in the run's feature order (`assets/feature_names.txt`, one name a
-  line; also in the signatures' method docs, `feature_names` on the loaded object) and returns
+  line; also the `feature_names` variable of the loaded object) and returns
   `probabilities` `[batch, n_classes]` float32, `labels` `[batch]` (the original labels:
-  int64 or string, through a `tf.constant` lookup of `assets/classes.txt`), `class_index`
+  int64 or string, looked up in the `classes` variable; also `assets/classes.txt`), `class_index`
   `[batch]` int64, `member_probabilities` `[batch, n_members, n_classes]` float32 (batch first,
   as TF Serving's row format wants).
 - In the graph: numeric imputation (the fill values of `preprocessing.json`, when the run
@@ -77,10 +77,11 @@ def build_module(models, pre: Preprocessing, aggregators, params: dict, default:
     names = list(pre.feature_names)
     mod = tf.Module()
     mod.members = list(models)
-    mod.feature_names = tf.constant(names)
+    # variables, not constants, so that the loaded object carries them: `m.feature_names`
+    mod.feature_names = tf.Variable(names, trainable=False, name="feature_names")
     classes = pre.classes
-    mod.classes = tf.constant(classes.astype(str) if classes.dtype.kind in "OUS"
-                              else classes.astype(np.int64))
+    mod.classes = tf.Variable(classes.astype(str) if classes.dtype.kind in "OUS"
+                              else classes.astype(np.int64), trainable=False, name="classes")
     mean, scale = tf.constant(pre.mean, tf.float64), tf.constant(pre.scale, tf.float64)
     fill = tf.constant(pre.fill, tf.float64) if len(pre.fill) else None
     spec = tf.TensorSpec([None, n_features], tf.float32, name="features")
@@ -147,12 +148,12 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
     if target.exists():
         raise UsageError(f"{target} already exists; choose another --version (next free: "
                          f"{next_version(out)}).")
-    n = len(manifest["members"])
-    params = member_params(fit, list(range(n)))
-    from ensemble.members import load_member
-
     import tensorflow as tf
 
+    from ensemble.members import load_member
+
+    n = len(manifest["members"])
+    params = member_params(fit, list(range(n)))
     models = [load_member(artifacts.verify(run_dir, manifest,
                                            artifacts.member_model_path(run_dir, i)), None)
               for i in range(n)]

@@ -2,7 +2,7 @@
 batch, so resident memory stays flat however large the input is.
 
 - `InputStream` reads a `.parquet` or `.csv` file, or a folder of such files (sorted by name),
-  with `pyarrow.dataset` (readahead of one batch), re-batches to `batch_rows` rows and yields
+  with `pyarrow.dataset` (readahead of one batch; Parquet without pre-buffering), re-batches to `batch_rows` rows and yields
   each batch checked, encoded and scaled exactly as `Preprocessing.transform` does. `check()`
   validates the schema and the first batch (every problem in one message, before TensorFlow
   loads); a bad value further on stops the prediction with a `UsageError` naming its rows.
@@ -16,9 +16,10 @@ No TensorFlow here: between-graph clients and the launcher's early check use it 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -104,6 +105,9 @@ class InputStream:
                 types.update({n: pa.string() for n in pre.categories})
                 fmt = ds.CsvFileFormat(convert_options=pcsv.ConvertOptions(
                     strings_can_be_null=True, column_types=types))
+            else:  # pre-buffering reads row groups far ahead: memory would grow with the file
+                fmt = ds.ParquetFileFormat(default_fragment_scan_options=ds.
+                                           ParquetFragmentScanOptions(pre_buffer=False))
             try:
                 self._dataset = ds.dataset(files, format=fmt)
             except (pa.ArrowInvalid, OSError) as exc:
@@ -112,7 +116,9 @@ class InputStream:
     @property
     def n_rows(self) -> int | None:
         """Rows of the input when known without reading it (Parquet metadata), else None."""
-        if self._dataset is None or not isinstance(self._dataset.format, _parquet_format()):
+        import pyarrow.dataset as ds
+
+        if self._dataset is None or not isinstance(self._dataset.format, ds.ParquetFileFormat):
             return None
         return self._dataset.count_rows()
 
@@ -147,8 +153,11 @@ class InputStream:
                                                                   self.target)]
         pending, size = [], 0
         try:
+            # one thread and readahead of one batch: threaded scans run ahead of a slow
+            # consumer (the model), and memory would grow with the input
             for rb in self._dataset.to_batches(columns=cols, batch_size=self.batch_rows,
-                                               batch_readahead=1, fragment_readahead=1):
+                                               batch_readahead=1, fragment_readahead=1,
+                                               use_threads=False):
                 pending.append(rb)
                 size += rb.num_rows
                 while size >= self.batch_rows:
@@ -195,15 +204,21 @@ class InputStream:
                 f"{n} rows in {c!r}" for c, n in self.unknown.items()))
 
 
-def _parquet_format():
-    import pyarrow.dataset as ds
-
-    return ds.ParquetFileFormat
+def prefetch(batches: Iterable[Batch]) -> Iterator[Batch]:
+    """Yield from `batches` while the next one is read in a background thread (one batch
+    ahead, so memory stays bounded): reading and scaling overlap the prediction."""
+    with ThreadPoolExecutor(1, thread_name_prefix="ensemble-read") as pool:
+        it = iter(batches)
+        ahead = pool.submit(next, it, None)
+        while (batch := ahead.result()) is not None:
+            ahead = pool.submit(next, it, None)
+            yield batch
 
 
 class PredictionWriter:
     """Append prediction tables to `out` with one `ParquetWriter` (page checksums); the file
-    appears under its name only when the `with` block succeeds.
+    appears under its name only when the `with` block succeeds. Each table is written in a
+    background thread while the caller computes the next (one write in flight at most).
 
     Args:
         metadata: Parquet key-value metadata added to every table's own (str -> str).
@@ -212,12 +227,14 @@ class PredictionWriter:
     def __init__(self, out: str | Path, metadata: dict[str, str] | None = None):
         self.out, self.metadata = Path(out), dict(metadata or {})
         self.rows, self._writer, self._ctx, self._tmp = 0, None, None, None
+        self._pool, self._pending = None, None
 
     def __enter__(self) -> "PredictionWriter":
         from ensemble.artifacts import atomic_path
 
         self._ctx = atomic_path(self.out, suffix=".parquet")
         self._tmp = self._ctx.__enter__()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ensemble-write")
         return self
 
     def write(self, table: pa.Table) -> None:
@@ -228,10 +245,25 @@ class PredictionWriter:
         table = table.replace_schema_metadata(meta)
         if self._writer is None:
             self._writer = pq.ParquetWriter(self._tmp, table.schema, write_page_checksum=True)
-        self._writer.write_table(table)
+        if self._pending is not None:
+            self._pending.result()  # the previous write's error, if any, surfaces here
+        self._pending = self._pool.submit(self._writer.write_table, table)
         self.rows += table.num_rows
 
     def __exit__(self, kind, value, tb):
-        if self._writer is not None:
-            self._writer.close()
-        return self._ctx.__exit__(kind, value, tb)
+        failed = None
+        try:
+            if self._pending is not None:
+                self._pending.result()
+        except Exception as exc:  # a failed last write fails the whole file
+            failed = exc
+        finally:
+            self._pool.shutdown()
+            if self._writer is not None:
+                self._writer.close()
+        if failed is not None and kind is None:
+            kind, value, tb = type(failed), failed, failed.__traceback__
+        self._ctx.__exit__(kind, value, tb)
+        if failed is not None:
+            raise failed
+        return False

@@ -17,7 +17,7 @@ from pathlib import Path
 from ensemble import artifacts, devices, run, runlock, tables
 from ensemble.errors import UsageError
 from ensemble.preprocessing import Preprocessing
-from ensemble.stream import DEFAULT_BATCH_ROWS, InputStream
+from ensemble.stream import DEFAULT_BATCH_ROWS, InputStream, prefetch
 
 GRAPH_BATCH_ROWS = 16384  # rows per traced call: bounds the members' activations in memory
 
@@ -133,7 +133,7 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
     meta = {"prediction": json.dumps({"mode": "in-graph", "members": {str(i): g for i, g in
                                                                        placed.items()}})}
     with PredictionWriter(out, meta) as writer:
-        for b in stream:
+        for b in prefetch(stream):
             member_p, ens_p = ens.predict(b.x, min(batch_size, GRAPH_BATCH_ROWS))
             writer.write(tables.predictions_table(dict(enumerate(member_p)), "predict", b.rows,
                                                   b.y, pre.classes, aggs, ens_p, params,

@@ -45,14 +45,15 @@ def write_input(path: Path, names: list[str], rows: int, chunk: int = 131072) ->
 
 
 def _predict(run_dir: Path, source: Path, out: Path, mode: str, batch_size: int) -> dict:
+    from pipelines.compare import client_processes, concurrent_peak
     from pipelines.processes import checked, last_report, run_process
 
     res = checked(run_process(["predict", "--run", str(run_dir), "--data", str(source),
                                "--out", str(out), "--mode", mode, "--batch-size",
                                str(batch_size), "--quiet"]), f"predict {mode}")
     report = last_report(res)
-    clients = report.get("clients") or {}
-    peak = report["peak_rss_bytes"] + sum(c.get("peak_rss_bytes", 0) for c in clients.values())
+    clients = client_processes(report.get("clients") or {})  # one entry per process
+    peak = concurrent_peak(report["peak_rss_bytes"], clients, report.get("jobs") or 1)
     out.unlink(missing_ok=True)  # the outputs are large; only the figures are kept
     return {"mode": mode, "rows": report["rows"], "wall_seconds": res["seconds"],
             "predict_seconds": report["seconds"], "peak_rss_bytes": peak,

@@ -77,7 +77,8 @@ import tensorflow as tf
 assert "ensemble" not in sys.modules and "pipelines" not in sys.modules
 m = tf.saved_model.load(sys.argv[1])
 x = tf.constant(np.load(sys.argv[2]))
-out = {}
+out = {"feature_names": m.feature_names.numpy().astype(str).tolist(),
+       "classes": m.classes.numpy().astype(str).tolist()}
 for name, fn in m.signatures.items():
     r = fn(features=x)
     out[name] = {k: (v.numpy().astype(str) if v.dtype == tf.string else v.numpy()).tolist()
@@ -109,6 +110,8 @@ def test_export_serves_the_run_in_a_plain_tensorflow_process(string_run, tmp_pat
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     served = json.loads((tmp_path / "out.json").read_text())
+    assert served.pop("feature_names") == [f"px{i}" for i in range(64)]
+    assert served.pop("classes") == [f"d{k}" for k in range(10)]
     assert set(served) == {DEFAULT_SIGNATURE, *AGGREGATORS}
     for name in AGGREGATORS:
         probs, labels = expected[f"ensemble-{name}"]
@@ -273,3 +276,25 @@ def test_replicas_run_on_their_own_devices_and_change_nothing(string_run, tmp_pa
     record = json.loads((tmp_path / "pred.manifest.json").read_text())
     assert [m["devices"] for m in record["members"]] == groups
     _expect_equal(out, _test_rows(string_run)[1], len(x))
+
+
+@pytest.mark.parametrize("members, n_devices, replicas, expected", [
+    (4, 8, "auto", [[0, 4], [1, 5], [2, 6], [3, 7]]),  # devices // members: every device works
+    (3, 4, "auto", [[0], [1], [2]]),
+    (3, 4, "2", [[0, 3], [1, 0], [2, 1]]),  # a member's replicas on distinct devices
+    (2, 1, "auto", [[0], [0]]),
+])
+def test_replica_devices_table(members, n_devices, replicas, expected):
+    from ensemble.placement import replica_devices
+
+    devs = [f"/device:GPU:{i}" for i in range(n_devices)]
+    assert replica_devices(members, devs, replicas) == [[devs[i] for i in g] for g in expected]
+
+
+@pytest.mark.parametrize("replicas", [0, 5, "two", True])
+def test_replica_devices_refuses(replicas):
+    from ensemble.errors import UsageError
+    from ensemble.placement import replica_devices
+
+    with pytest.raises(UsageError, match=r"--replicas to be auto or an integer in 1\.\.4"):
+        replica_devices(2, [f"/device:GPU:{i}" for i in range(4)], replicas)
