@@ -13,12 +13,15 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from ensemble.errors import UsageError
 
 PROBE_SECONDS = 5.0
+HUNG_SECONDS = 30.0  # no gRPC handshake from a task for this long: the task is hung
+WATCH_EVERY_SECONDS = 5.0
 
 
 class ClusterError(RuntimeError):
@@ -114,13 +117,71 @@ def connect(spec: dict) -> list[str]:
     return gpus or [d.name for d in remote if d.device_type == "CPU" and d.name.endswith(":0")]
 
 
+def answers(addr: str, timeout: float) -> bool:
+    """Whether the gRPC server at `addr` completes a connection handshake (HTTP/2 settings,
+    answered by the server process itself) within `timeout` seconds. A stopped (SIGSTOP) or
+    hung process still accepts TCP connections in the kernel, but never answers this."""
+    import grpc  # gRPC's own client (TensorFlow depends on it)
+
+    channel = grpc.insecure_channel(addr)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+        return True
+    except grpc.FutureTimeoutError:
+        return False
+    finally:
+        channel.close()
+
+
+class HungTaskWatchdog:
+    """A background thread that checks every `WATCH_EVERY_SECONDS` that each task of `spec`
+    still answers a gRPC handshake within `hung_seconds` (`$ENSEMBLE_HUNG_SECONDS`, default
+    `HUNG_SECONDS`). When one does not, the call waiting on it in TensorFlow's runtime would
+    wait for ever (its gRPC calls have no deadline), so the watchdog prints one line naming
+    the task on stderr and ends the process with status 1; its newest checkpoint stays the
+    resume point. Detection takes at most `WATCH_EVERY_SECONDS + hung_seconds`.
+    """
+
+    def __init__(self, spec: dict, hung_seconds: float | None = None):
+        self.spec = spec
+        self.hung_seconds = hung_seconds or float(os.environ.get("ENSEMBLE_HUNG_SECONDS",
+                                                                 HUNG_SECONDS))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="hung-task-watchdog",
+                                        daemon=True)
+
+    def __enter__(self) -> "HungTaskWatchdog":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCH_EVERY_SECONDS):
+            for job, i, addr in tasks(self.spec):
+                if self._stop.is_set():
+                    return
+                if not answers(addr, self.hung_seconds) and not self._stop.is_set():
+                    print(f"error: cluster task {job}:{i} ({addr}) stopped answering: no "
+                          f"gRPC handshake in {self.hung_seconds:.0f} s (stopped or hung); "
+                          "the newest checkpoint is kept: restart the task, then resume",
+                          file=sys.stderr, flush=True)
+                    os._exit(1)
+
+
 @contextmanager
 def naming_unreachable_tasks(spec: dict | None):
     """Run a block on the cluster `spec` (None: locally, nothing changes). An error raised in
     it while a task is unreachable becomes a ClusterError naming those tasks; other errors
-    pass unchanged."""
+    pass unchanged. A task that stops answering meanwhile ends the process
+    (`HungTaskWatchdog`)."""
     try:
-        yield
+        if spec is None:
+            yield
+        else:
+            with HungTaskWatchdog(spec):
+                yield
     except ClusterError:
         raise
     except Exception:

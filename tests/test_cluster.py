@@ -224,3 +224,26 @@ def test_spec_validation_and_public_address_warning(tmp_path, monkeypatch):
     assert cluster.load_spec(None) == {"worker": ["10.0.0.1:5"]}
     assert cluster.public_addresses({"w": ["127.0.0.1:1", "10.1.2.3:2", "192.168.0.1:3",
                                            "8.8.8.8:4"]}) == ["8.8.8.8:4"]
+
+
+def test_a_stopped_worker_fails_the_run_naming_the_task(servers, tiny_config, tmp_path,
+                                                        monkeypatch):
+    """SIGSTOP: the task's process still accepts TCP connections but never answers; the
+    client's watchdog (gRPC handshakes) names it instead of waiting for ever."""
+    monkeypatch.setenv("ENSEMBLE_HUNG_SECONDS", "10")
+    proc, marker = _hold(["--config", tiny_config, "--cluster", servers.file, "--devices",
+                          "auto", "--run-dir", tmp_path / "r"], tmp_path)
+    try:
+        os.kill(servers.procs[1].pid, signal.SIGSTOP)
+        start = time.monotonic()
+        marker.unlink()  # release the client: its next step needs worker 1
+        code = proc.wait(timeout=90)
+        assert code == 1 and time.monotonic() - start < 60
+        err = proc.stderr.read().strip().splitlines()[-1]
+        assert f"cluster task worker:1 ({servers.spec['worker'][1]}) stopped answering" in err
+    finally:
+        os.kill(servers.procs[1].pid, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (tmp_path / "r" / "checkpoints" / "in-graph" / "ckpt-0.index").is_file()
