@@ -73,15 +73,18 @@ class Lock:
         self._old_env: str | None = None
 
     def __enter__(self) -> "Lock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         lock = FileLock(self.path)
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             lock.acquire(timeout=0)
         except Timeout:
             what = (f"Run {self.run_dir}" if self.member is None
                     else f"Member {self.member} of run {self.run_dir}")
             raise UsageError(f"{what} is in use by {_who(holder(self.run_dir, self.member))}; "
                              "wait for it to finish or stop it first.") from None
+        except OSError as exc:
+            raise UsageError(f"Cannot lock {self.path} to write run {self.run_dir}: "
+                             f"{exc.strerror or exc}") from None
         self._lock = lock
         artifacts.write_text(self.record, json.dumps(
             {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command,
