@@ -230,7 +230,7 @@ def test_a_stopped_worker_fails_the_run_naming_the_task(servers, tiny_config, tm
                                                         monkeypatch):
     """SIGSTOP: the task's process still accepts TCP connections but never answers; the
     client's watchdog (gRPC handshakes) names it instead of waiting for ever."""
-    monkeypatch.setenv("ENSEMBLE_HUNG_SECONDS", "10")
+    monkeypatch.setenv("ENSEMBLE_HUNG_SECONDS", "5")
     proc, marker = _hold(["--config", tiny_config, "--cluster", servers.file, "--devices",
                           "auto", "--run-dir", tmp_path / "r"], tmp_path)
     try:

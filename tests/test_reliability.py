@@ -112,7 +112,8 @@ def test_ctrl_c_in_graph_stops_cleanly_refuses_other_writers_and_resumes(tiny_co
 def test_sigterm_to_the_launcher_reaches_its_clients(tiny_config, tmp_path):
     run_dir = tmp_path / "run"
     proc, pid, marker = _start(["train", "--config", tiny_config, "--run-dir", run_dir,
-                                "--mode", "between-graph", "--jobs", "2"], tmp_path,
+                                "--mode", "between-graph", "--members", "2", "--jobs", "2"],
+                               tmp_path,
                                hold_at="1:2", member=0)
     try:
         clients = _client_pids(run_dir)
@@ -142,7 +143,8 @@ def test_sigterm_to_the_launcher_reaches_its_clients(tiny_config, tmp_path):
 def test_a_killed_launcher_leaves_no_client_behind(tiny_config, tmp_path):
     run_dir = tmp_path / "run"
     proc, pid, marker = _start(["train", "--config", tiny_config, "--run-dir", run_dir,
-                                "--mode", "between-graph", "--jobs", "2"], tmp_path,
+                                "--mode", "between-graph", "--members", "2", "--jobs", "2"],
+                               tmp_path,
                                hold_at="0:1", member=0)
     try:
         clients = _client_pids(run_dir)
