@@ -207,7 +207,8 @@ def cmd_predict(args) -> int:
         rec = predict.predict_in_graph(Path(args.run), args.data, Path(args.out), args.target,
                                        args.devices or "auto", args.batch_size,
                                        cluster=_cluster(args), strict_columns=args.strict_columns,
-                                       replicas=args.replicas or 1, verbosity=verbosity)
+                                       replicas=args.replicas or "auto",
+                                       verbosity=verbosity)
     else:
         from pipelines import between
 
@@ -428,7 +429,7 @@ def _parser() -> argparse.ArgumentParser:
          help="rows read, predicted and written at a time (memory stays flat)")
     _add(pr, "--replicas", metavar="auto|N",
          help="in-graph only: replicas of each member over the devices, each batch's rows "
-              "split across them; auto: devices // members (default: 1)")
+              "split across them; auto: devices // members (default: auto)")
     _add(pr, "--quiet", action="store_true", help="no progress output")
     _add(pr, "--strict-columns", action="store_true",
          help="refuse columns the run was not trained on (by default they are ignored, "

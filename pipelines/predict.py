@@ -89,7 +89,7 @@ def record(run_dir: Path, manifest: dict, source: str, out: Path, mode: str, row
 def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None = None,
                      device_spec: str = "auto", batch_size: int = DEFAULT_BATCH_ROWS,
                      cluster: dict | None = None, strict_columns: bool = False,
-                     replicas: int | str = 1, verbosity: int = 0) -> dict:
+                     replicas: int | str = "auto", verbosity: int = 0) -> dict:
     """Rebuild the in-graph inference graph on this machine's (or `cluster`'s) devices and
     predict `source` batch by batch into `out` (split `predict`).
 
