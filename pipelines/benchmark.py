@@ -110,7 +110,9 @@ def worker_naive(run_dir: Path) -> dict:
     acc = float((np.mean(probs, axis=0).argmax(1) == yt).mean())
     steady = [s for member in epoch_seconds for s in member[1:]]  # each member's first: tracing
     return {"train_seconds": seconds, "test_accuracy": acc, "peak_rss_bytes": _peak_bytes(),
-            "steady_rows": len(x) * len(steady), "steady_seconds": sum(steady)}
+            # rows per member, as in-graph's (whose members train side by side)
+            "steady_rows": len(x) * len(steady) / cfg.members.count,
+            "steady_seconds": sum(steady)}
 
 
 def worker_sklearn(run_dir: Path) -> dict:
