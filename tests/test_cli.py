@@ -216,7 +216,8 @@ def test_tabular_csv_as_people_have_it(mode, tmp_path, capsys):
 
 
 def test_ensemble_alone_and_help_list_the_commands_with_examples(capsys):
-    from pipelines.cli import _parser
+    from pipelines.cli import COMMANDS
+    from pipelines.options import build_parser
 
     assert run_cli() == 0
     alone = capsys.readouterr().out
@@ -229,7 +230,8 @@ def test_ensemble_alone_and_help_list_the_commands_with_examples(capsys):
             line = next(ln for ln in text.splitlines() if ln.strip().startswith(name))
             assert len(line.split()) > 2, line  # the command and its one line
         assert text.count("\n  ensemble ") == 2  # two examples
-    for name, sub in _parser().commands.items():  # every option has help, with its default
+    # every option has help, with its default
+    for name, sub in build_parser(COMMANDS).commands.items():
         for action in sub._actions:
             if action.option_strings and action.dest != "help":
                 shown = sub.formatter_class("x")._get_help_string(action)
@@ -257,12 +259,13 @@ def test_cli_guides_abbreviations_typos_and_inapplicable_options(argv, needle, c
 
 
 def test_cpu_devices_beyond_the_members_are_capped_with_a_notice(capsys):
-    from pipelines.cli import _load_config, _parse
+    from pipelines.cli import COMMANDS, _load_config
+    from pipelines.options import parse
 
-    _, args = _parse(["train", "--members", "3", "--devices", "cpu:100"])
+    _, args = parse(["train", "--members", "3", "--devices", "cpu:100"], COMMANDS)
     assert _load_config(args).placement.devices == "cpu:3"
     assert "more logical devices than the 3 members; using cpu:3" in capsys.readouterr().err
-    _, args = _parse(["train", "--members", "3", "--devices", "cpu:2"])
+    _, args = parse(["train", "--members", "3", "--devices", "cpu:2"], COMMANDS)
     assert _load_config(args).placement.devices == "cpu:2"
 
 

@@ -1,0 +1,269 @@
+"""The `ensemble` command line's options: the parser of every command (help with defaults,
+examples), and the refusals of options that do not apply to the chosen mode.
+
+`pipelines.cli` holds the commands themselves; `pipelines.guide` the parser's behaviour (no
+abbreviations, did-you-mean, help formatting).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+from ensemble.config import MODES
+from ensemble.errors import UsageError
+from pipelines.guide import HelpFormatter as _HelpFormatter
+from pipelines.guide import Parser as _Parser
+from pipelines.guide import add as _add
+from pipelines.guide import nonneg as _nonneg
+from pipelines.guide import positive as _positive
+from pipelines.guide import unknown_options
+
+IMPUTE = ("error", "median", "most_frequent")
+
+
+def member_list(text: str) -> list[int]:
+    parts = text.split(",")
+    if not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"expected member indices I or I,J,... (integers >= 0), received {text!r}")
+    return [int(p) for p in parts]
+
+
+DESCRIPTION = """\
+ensemble: train a deep ensemble of neural networks with in-graph or between-graph replication,
+evaluate it against its members, and measure which replication mode is faster on this machine."""
+
+EXAMPLES = """\
+examples:
+  ensemble train --data penguins.csv --target species --impute median
+  ensemble compare --data digits --members 4 --epochs 5 --repeats 3
+
+'ensemble COMMAND --help' shows a command's options."""
+
+
+def _common_run_options(parser, what: str) -> None:
+    """The options `train` and `compare` share (they override the config)."""
+    _add(parser, "--config", metavar="PATH",
+         help="TOML config; relative paths in it are read beside it "
+              "(default: the built-in digits config, equal to configs/digits.toml)")
+    _add(parser, "--data", metavar="SOURCE",
+         help="digits, breast_cancer, wine, iris, synthetic, or a .csv/.parquet file "
+              "(default: the config's [data] source, digits)")
+    _add(parser, "--target", metavar="COL",
+         help="label column of a .csv/.parquet file (default: the config's, 'target')")
+    _add(parser, "--impute", choices=IMPUTE,
+         help="missing feature values: refuse them, or fill them from the training split "
+              "(default: the config's, error)")
+    _add(parser, "--members", type=_positive, metavar="N",
+         help=f"number of members {what} (default: the config's, 4)")
+    _add(parser, "--epochs", type=_positive, metavar="N",
+         help="training epochs of every member (default: the config's, 30)")
+    _add(parser, "--devices", metavar="SPEC",
+         help="auto, cpu:N (the CPU split into N logical devices), or device names such as "
+              "/GPU:0,/GPU:1 (default: the config's, auto)")
+    _add(parser, "--cluster", metavar="FILE",
+         help="TensorFlow cluster spec FILE.json (default: TF_CONFIG, if set)")
+
+
+def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
+    """The `ensemble` parser; `commands` maps each command name to its function (`cli.cmd_*`)."""
+    p = _Parser(prog="ensemble", description=DESCRIPTION, epilog=EXAMPLES,
+                formatter_class=_HelpFormatter)
+    sub = p.add_subparsers(dest="command", title="commands", metavar="COMMAND",
+                           parser_class=_Parser)
+    p.commands = sub.choices
+
+    def command(name: str, text: str):
+        cp = sub.add_parser(name, help=text, description=f"ensemble {name}: {text}.",
+                            formatter_class=_HelpFormatter)
+        cp.set_defaults(func=commands[name])
+        return cp
+
+    t = command("train", "train an ensemble and write a run directory")
+    _common_run_options(t, "to train")
+    _add(t, "--mode", choices=MODES,
+         help="in-graph: one process, one graph holding every member; between-graph: one "
+              "client process per device (default: in-graph; on --resume: the run's)")
+    _add(t, "--seed", type=_nonneg, metavar="N", help="run seed (default: the config's, 0)")
+    _add(t, "--jobs", type=_positive, metavar="N",
+         help="between-graph only: concurrent client processes "
+              "(default: as many as members, GPUs or cores allow)")
+    _add(t, "--run-dir", metavar="PATH", help="output folder (default: artifacts/<run_id>)")
+    _add(t, "--overwrite", action="store_true", help="replace a run already in --run-dir")
+    _add(t, "--resume", action="store_true",
+         help="continue the interrupted run in --run-dir from its checkpoints")
+    _add(t, "--prepare-only", action="store_true",
+         help="between-graph only: prepare the run for separately launched clients")
+    _add(t, "--tensorboard", action="store_true",
+         help="write tf.summary scalars under RUN/tensorboard/ (default: the config's "
+              "[training] tensorboard, false)")
+    _add(t, "--log-device-placement", action="store_true",
+         help="print where every member's ops ran (TensorFlow's placement log, filtered to "
+              "the members; kept under RUN/placement/)")
+    loud = t.add_mutually_exclusive_group()
+    _add(loud, "--quiet", action="store_true", help="no progress output")
+    _add(loud, "--verbose", action="store_true",
+         help="more progress: a line per member and epoch, lines within long epochs")
+
+    pr = command("predict", "predict a data set with a trained run")
+    _add(pr, "--run", required=True, metavar="PATH", help="the run directory to predict with")
+    _add(pr, "--data", required=True, metavar="SOURCE",
+         help="built-in data set name or .csv/.parquet file; columns matched by name")
+    _add(pr, "--target", metavar="COL",
+         help="label column, used for y_true when present (default: the run's)")
+    _add(pr, "--out", required=True, metavar="FILE.parquet", help="where the predictions go")
+    _add(pr, "--mode", choices=MODES, default="in-graph",
+         help="in-graph: one process; between-graph: one client per member")
+    _add(pr, "--devices", metavar="SPEC",
+         help="in-graph only: devices to predict on (default: auto)")
+    _add(pr, "--jobs", type=_positive, metavar="N",
+         help="between-graph only: concurrent client processes (default: as many as allowed)")
+    _add(pr, "--cluster", metavar="FILE", help="cluster spec FILE.json to predict on "
+                                                "(default: none)")
+    _add(pr, "--batch-size", type=_positive, metavar="ROWS", default=65536,
+         help="rows read, predicted and written at a time (memory stays flat)")
+    _add(pr, "--replicas", metavar="auto|N",
+         help="in-graph only: replicas of each member over the devices, each batch's rows "
+              "split across them; auto: devices // members (default: auto)")
+    _add(pr, "--quiet", action="store_true", help="no progress output")
+    _add(pr, "--strict-columns", action="store_true",
+         help="refuse columns the run was not trained on (by default they are ignored, "
+              "named in a notice)")
+    _add(pr, "--json", action="store_true",
+         help="print a machine-readable report (rows, timings, peak memory) as the last line")
+
+    x = command("export", "write a run as a SavedModel for TensorFlow Serving (DIR/<version>/)")
+    _add(x, "--run", required=True, metavar="PATH", help="the run directory to export")
+    _add(x, "--out", required=True, metavar="DIR", help="model base folder of TF Serving")
+    _add(x, "--version", type=_positive, metavar="N",
+         help="version folder DIR/N (default: 1 + the largest version in DIR)")
+    _add(x, "--aggregator", metavar="NAME",
+         help="aggregator of the serving_default signature (default: the run's first); "
+              "every aggregator of the run gets its own signature too")
+
+    e = command("evaluate", "print the ensemble against its members, validation and test")
+    _add(e, "--run", metavar="PATH", help="a run directory (default: none; or --predictions)")
+    _add(e, "--predictions", metavar="FILE.parquet",
+         help="a predictions Parquet file (default: the run's)")
+    _add(e, "--plots", action="store_true",
+         help="also write PNGs beside the metrics: reliability, ensemble size, members "
+              "(needs matplotlib)")
+
+    a = command("aggregate", "recompute a run's ensemble from its stored member predictions "
+                "(no TensorFlow)")
+    _add(a, "--run", required=True, metavar="PATH", help="a run directory of either mode")
+    _add(a, "--aggregators", metavar="LIST",
+         help="comma-separated, from mean,vote,geometric,weighted,greedy,stacking,temperature; "
+              "fitted ones fit on the validation split (default: the run's)")
+    _add(a, "--min-members", type=_positive, metavar="K",
+         help="aggregate a partial ensemble of at least K members (default: all members)")
+
+    cmp = command("compare", "train and predict in both modes; measure which is faster here")
+    _common_run_options(cmp, "in each mode")
+    _add(cmp, "--run-dir", metavar="PATH", help="output folder (default: artifacts/compare)")
+    _add(cmp, "--repeats", type=_positive, metavar="N", default=3,
+         help="runs of each phase of each mode, order alternated")
+    _add(cmp, "--overwrite", action="store_true", help="replace an existing comparison folder")
+
+    se = command("search", "hyperparameter ensemble: sample candidates from the config's "
+                 "[search] space, train them as one run, keep a greedy selection")
+    _add(se, "--config", required=True, metavar="PATH",
+         help="TOML config with a [search] table (see configs/search.toml)")
+    _add(se, "--candidates", required=True, type=_positive, metavar="N",
+         help="candidate members sampled from the [search] space and trained")
+    _add(se, "--select", required=True, type=_positive, metavar="K",
+         help="greedy selection (on validation NLL, repeats allowed) of at most K candidates")
+    _add(se, "--stratify", type=_nonneg, metavar="S", default=0,
+         help="train every selected configuration again with S new seeds, then select again")
+    _add(se, "--mode", choices=MODES, default="in-graph",
+         help="in-graph: one graph holding every candidate; between-graph: client processes")
+    _add(se, "--epochs", type=_positive, metavar="N",
+         help="training epochs of every candidate (default: the config's)")
+    _add(se, "--devices", metavar="SPEC",
+         help="auto, cpu:N or device names (default: the config's)")
+    _add(se, "--jobs", type=_positive, metavar="N",
+         help="between-graph only: concurrent client processes (default: as many as allowed)")
+    _add(se, "--run-dir", metavar="PATH", help="output folder (default: artifacts/<run_id>)")
+    _add(se, "--overwrite", action="store_true", help="replace a run already in --run-dir")
+    _add(se, "--resume", action="store_true",
+         help="continue an interrupted search in --run-dir: only unfinished candidates train")
+    _add(se, "--quiet", action="store_true", help="no progress output")
+
+    c = command("client", "train (or predict) members of a prepared between-graph run")
+    _add(c, "--run", required=True, metavar="PATH", help="the prepared run directory")
+    _add(c, "--member", required=True, type=member_list, metavar="I[,J,...]",
+         help="member index, or a queue of members trained one after another")
+    _add(c, "--progress", choices=("log", "report", "none"), default="log",
+         help="log: lines on stdout; report: machine-readable lines on stderr for a launcher")
+    _add(c, "--threads", type=_positive, metavar="N",
+         help="TensorFlow intra/inter-op threads (default: TensorFlow's)")
+    _add(c, "--predict", metavar="X.npz|SOURCE",
+         help="predict this input instead of training: scaled X.npz, or a data source "
+              "streamed in batches (default: train)")
+    _add(c, "--batch-size", type=_positive, metavar="ROWS",
+         help="with --predict SOURCE: rows per batch (default: 65536)")
+    _add(c, "--target", metavar="COL", help="with --predict SOURCE: label column "
+                                            "(default: the run's)")
+    _add(c, "--out", metavar="FILE.parquet",
+         help="with --predict: the member's predictions (default: none)")
+    _add(c, "--device", metavar="NAME[,NAME...]",
+         help="with --predict: run the members here, one device per member "
+              "(default: their training devices)")
+    _add(c, "--cluster", metavar="FILE", help="with --predict: cluster spec FILE.json "
+                                               "(default: none)")
+
+    d = command("devices", "list the physical and logical devices TensorFlow sees, with "
+                           "their memory")
+    _add(d, "--config", metavar="PATH",
+         help="TOML config whose [placement] memory settings apply (default: built-in)")
+    _add(d, "--devices", metavar="SPEC",
+         help="split the CPU first with cpu:N (default: the config's, auto)")
+    _add(d, "--memory-limit-mb", type=_nonneg, metavar="MB",
+         help="cap each GPU at MB MiB (default: the config's [placement] memory_limit_mb, 0)")
+
+    s = command("server", "serve one task of a TensorFlow cluster")
+    _add(s, "--cluster", metavar="FILE", help="cluster spec FILE.json (default: TF_CONFIG)")
+    _add(s, "--task", required=True, metavar="JOB:I", help="the task to serve, e.g. worker:0")
+    return p
+
+
+def refuse_inapplicable(args) -> None:
+    """Options that do not apply to the chosen mode are refused, with the reason."""
+    mode = getattr(args, "mode", None)
+    if args.command in ("train", "predict", "search") and mode == "in-graph" and args.jobs:
+        raise UsageError("--jobs applies to --mode between-graph only: in-graph replication "
+                         "runs every member in one process")
+    if args.command == "train" and mode == "in-graph" and args.prepare_only:
+        raise UsageError("--prepare-only is for --mode between-graph: it writes the run "
+                         "directory for clients started by hand or by a scheduler")
+    if args.command == "predict" and mode == "between-graph" and args.devices:
+        raise UsageError("--devices applies to --mode in-graph only: between-graph clients "
+                         "predict on the members' own devices (or --cluster's)")
+    if args.command == "predict" and mode == "between-graph" and args.replicas:
+        raise UsageError("--replicas applies to --mode in-graph only: a between-graph client "
+                         "runs one graph per member on its own device")
+    if args.command == "predict" and args.replicas and args.replicas != "auto" and \
+            not (args.replicas.isdigit() and int(args.replicas) >= 1):
+        raise UsageError(f"Expected --replicas to be auto or a positive integer. "
+                         f"Received: {args.replicas!r}")
+    if args.command == "client" and not args.predict:
+        for flag in ("out", "device", "cluster", "batch_size", "target"):
+            if getattr(args, flag):
+                raise UsageError(f"client: --{flag.replace('_', '-')} applies with --predict "
+                                 "only")
+
+
+def parse(argv: list[str] | None, commands: dict[str, Callable]):
+    """Parse `argv`; unknown options are refused with a suggestion from the command's own.
+
+    Returns:
+        (the parser, the parsed arguments; None when no command was given).
+    """
+    parser = build_parser(commands)
+    args, extra = parser.parse_known_args(argv)
+    if args.command is None:
+        return parser, None
+    if extra:
+        raise unknown_options(args.command, extra, parser.commands[args.command])
+    return parser, args
