@@ -67,10 +67,8 @@ class LogProgress(Callback):
     def _print(self, text: str) -> None:
         print(f"{self.prefix}{text}", file=self.stream or sys.stdout, flush=True)
 
-    def on_train_begin(self, start_epoch, epochs, n_steps):
+    def on_train_begin(self, start_epoch, epochs, n_steps):  # a resume: `ResumeNotice`
         self.epochs, self.last = epochs, time.monotonic()
-        if start_epoch:
-            self._print(f"resuming after epoch {start_epoch}/{epochs}")
 
     def on_call_end(self, epoch, steps_done, n_steps, mean_losses, seconds):
         now = time.monotonic()
