@@ -103,6 +103,23 @@ def set_status(run_dir: Path, status: str, members: dict[int, str] | None = None
     return runlock.update_manifest(run_dir, change)
 
 
+@contextmanager
+def recording_outcome(run_dir: Path) -> Iterator[None]:
+    """Record how the work inside leaves the run: `interrupted` on SIGINT/SIGTERM
+    (`interrupt.Interrupted`, which then carries `run_dir` for its resume line), `failed` on
+    any other exception; the exception goes on."""
+    from ensemble import interrupt
+
+    try:
+        yield
+    except interrupt.Interrupted as exc:
+        set_status(run_dir, "interrupted")
+        exc.run_dir = run_dir
+        raise
+    except BaseException:
+        set_status(run_dir, "failed")
+        raise
+
 def versions() -> dict[str, str | None]:
     """Versions of Python and the libraries a run depends on, read from the installed
     distributions' metadata (`importlib.metadata`): nothing is imported, so a process that

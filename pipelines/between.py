@@ -202,15 +202,8 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
             manifest = run.prepare(cfg, run_dir, "between-graph", devs, overwrite, cluster)
         if prepare_only:  # the clients, started by hand or a scheduler, take over
             return run.set_status(run_dir, "prepared")
-        try:
+        with run.recording_outcome(run_dir):
             return _launch(run_dir, manifest, devs, jobs, verbosity)
-        except interrupt.Interrupted as exc:
-            run.set_status(run_dir, "interrupted")
-            exc.run_dir = run_dir
-            raise
-        except BaseException:
-            run.set_status(run_dir, "failed")
-            raise
 
 
 def _launch(run_dir: Path, manifest: dict, devs: list[str], jobs: int | None,

@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from ensemble import artifacts, devices, interrupt, posthoc, progress, records, run, tables
+from ensemble import artifacts, devices, posthoc, progress, records, run, tables
 from ensemble.cluster import naming_unreachable_tasks
 from ensemble.config import Config
 
@@ -60,17 +60,9 @@ def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
             callbacks = [progress.ResumeNotice(), *callbacks]
         else:
             manifest = run.prepare(cfg, run_dir, "in-graph", devs, overwrite, cluster)
-        try:
-            with naming_unreachable_tasks(cluster):
-                _train_and_write(cfg, run_dir, manifest,
-                                 [*progress.for_people(verbosity), *callbacks])
-        except interrupt.Interrupted as exc:
-            run.set_status(run_dir, "interrupted")
-            exc.run_dir = run_dir
-            raise
-        except BaseException:
-            run.set_status(run_dir, "failed")
-            raise
+        with run.recording_outcome(run_dir), naming_unreachable_tasks(cluster):
+            _train_and_write(cfg, run_dir, manifest,
+                             [*progress.for_people(verbosity), *callbacks])
     return manifest
 
 
