@@ -4,6 +4,7 @@ configs so every training run takes seconds."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -59,3 +60,21 @@ def set_status(run_dir, status: str) -> None:
     manifest = artifacts.read_manifest(run_dir)
     manifest["status"] = status
     artifacts.write_manifest(run_dir, manifest)
+
+
+def start_held(argv, tmp_path: Path, hold_at: str, member: int | None = None,
+               stdout=subprocess.DEVNULL):
+    """Start `ensemble ARGV` in its own process, to be held at `hold_at` ("EPOCH:STEP" or
+    "EPOCH:end", see `checkpoints.hold_point`; only in member `member`'s process when given).
+    The held process writes its pid to the returned marker file and waits while it exists.
+
+    Returns:
+        (the `subprocess.Popen`, stderr piped as text; the marker file).
+    """
+    marker = tmp_path / "hold.pid"
+    env = dict(os.environ, ENSEMBLE_HOLD_AT=hold_at, ENSEMBLE_HOLD_MARKER=str(marker))
+    if member is not None:
+        env["ENSEMBLE_HOLD_MEMBER"] = str(member)
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", *map(str, argv)], env=env,
+                            stdout=stdout, stderr=subprocess.PIPE, text=True)
+    return proc, marker

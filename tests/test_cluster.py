@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_cli
+from conftest import run_cli, start_held
 
 from ensemble import artifacts, cluster
 from ensemble.errors import UsageError
@@ -153,13 +153,7 @@ def test_a_down_worker_fails_fast_naming_the_task(servers, tiny_config, tmp_path
 
 
 def _hold(argv, tmp_path, member=None):
-    marker = tmp_path / "hold"
-    env = dict(os.environ, ENSEMBLE_HOLD_AT="0:end", ENSEMBLE_HOLD_MARKER=str(marker))
-    if member is not None:
-        env["ENSEMBLE_HOLD_MEMBER"] = str(member)
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "train", *map(str, argv)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    proc, marker = start_held(["train", *argv], tmp_path, "0:end", member)
     deadline = time.monotonic() + 120
     while not marker.exists():
         assert proc.poll() is None, proc.stderr.read()

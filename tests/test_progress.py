@@ -1,12 +1,12 @@
 """Progress reporting: `ensemble train` with stdout to a pipe shows per-epoch lines while the
 run is still going, in both modes (the run is held at the end of epoch 1 by the test hook)."""
 
-import os
 import subprocess
 import sys
 import time
 
 import pytest
+from conftest import start_held
 
 from ensemble import progress
 
@@ -15,12 +15,8 @@ def _lines_while_held(argv, tmp_path, want, member=None, timeout=180):
     """Start `ensemble train ARGV` with stdout to a pipe, held after the first epoch's
     checkpoint; read stdout until a line starts with `want`; return (the lines read while it was
     held, exit status, rest of stdout)."""
-    marker = tmp_path / "hold.pid"
-    env = dict(os.environ, ENSEMBLE_HOLD_AT="0:end", ENSEMBLE_HOLD_MARKER=str(marker))
-    if member is not None:
-        env["ENSEMBLE_HOLD_MEMBER"] = str(member)
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "train", *map(str, argv)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, marker = start_held(["train", *argv], tmp_path, "0:end", member,
+                              stdout=subprocess.PIPE)
     try:
         deadline = time.monotonic() + timeout
         while not marker.exists():

@@ -7,14 +7,12 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, start_held
 
 from ensemble import artifacts, run, runlock
 from ensemble.between_graph import local_devices
@@ -24,12 +22,7 @@ from ensemble.errors import UsageError
 def _start(argv, tmp_path, hold_at, member=None, timeout=90):
     """Start `ensemble ARGV` held at `hold_at` (see `checkpoints.hold_point`); returns (the
     process, the pid of the process that holds, the marker file that releases it)."""
-    marker = tmp_path / "hold.pid"
-    env = dict(os.environ, ENSEMBLE_HOLD_AT=hold_at, ENSEMBLE_HOLD_MARKER=str(marker))
-    if member is not None:
-        env["ENSEMBLE_HOLD_MEMBER"] = str(member)
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", *map(str, argv)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc, marker = start_held(argv, tmp_path, hold_at, member)
     deadline = time.monotonic() + timeout
     while not marker.exists():
         if proc.poll() is not None or time.monotonic() > deadline:

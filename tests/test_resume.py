@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_cli, set_status
+from conftest import run_cli, set_status, start_held
 
 from ensemble import artifacts, run
 
@@ -32,12 +32,7 @@ def clean(tmp_path_factory, tiny_config):
 def _start_and_kill(argv, tmp_path, hold_at, member=None, timeout=120):
     """Start `ensemble ARGV` in its own process, wait until the process holding at `hold_at`
     writes its pid, SIGKILL that process, and return the driver's exit status."""
-    marker = tmp_path / "hold.pid"
-    env = dict(os.environ, ENSEMBLE_HOLD_AT=hold_at, ENSEMBLE_HOLD_MARKER=str(marker))
-    if member is not None:
-        env["ENSEMBLE_HOLD_MEMBER"] = str(member)
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", *map(str, argv)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc, marker = start_held(argv, tmp_path, hold_at, member)
     try:
         deadline = time.monotonic() + timeout
         while not marker.exists():
