@@ -200,18 +200,18 @@ def _train_member(run_dir: Path, manifest: dict, cfg, split: dict, index: int, d
                   callbacks: Sequence) -> Path:
     from ensemble.group import MemberGroup
     from ensemble.members import save_member
+    from ensemble.training import Schedule
 
     classes = np.asarray(manifest["dataset"]["classes"])
     (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
-    member = MemberGroup.build(cfg, x_tr.shape[1], len(classes), [device], [index])
+    member = MemberGroup.build(cfg, x_tr.shape[1:], len(classes), [device], [index],
+                               n_train=len(x_tr))
     if cfg.training.tensorboard:
         from ensemble.tensorboard import MemberScalars
 
         callbacks = [*callbacks, MemberScalars(run_dir)]
-    history = member.fit(x_tr, y_tr, x_val, y_val, cfg.training.seed, cfg.training.epochs,
-                         cfg.training.batch_size, run_dir / "checkpoints" / f"member-{index}",
-                         callbacks, cfg.training.steps_per_execution,
-                         cfg.training.checkpoint_every)
+    history = member.fit(x_tr, y_tr, x_val, y_val, Schedule.of(cfg.training),
+                         run_dir / "checkpoints" / f"member-{index}", callbacks)
     parts = [tables.predictions_table({index: member.predict(split[s][0])[0][0]}, s,
                                       split[s][2], split[s][1], classes, ())
              for s in artifacts.EVAL_SPLITS]

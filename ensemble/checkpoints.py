@@ -1,7 +1,8 @@
 """Per-epoch checkpoints (`tf.train.CheckpointManager`, the last two kept) and resume.
 
-A checkpoint holds every trained variable of the members it covers (weights, Adam slots and
-step counters, dropout seed states) plus the epoch it closes; `history.json` beside it holds the
+A checkpoint holds every trained variable of the members it covers (weights, optimiser slots
+and step counters, dropout seed states, early stopping's best weights) plus the epoch it
+closes; `history.json` beside it holds the
 history records so far. Restoring tries the newest checkpoint, falls back to the previous one
 when it is damaged, and fails with a message naming the file when none can be read: never a
 silent restart from scratch.
@@ -27,17 +28,21 @@ class EpochCheckpoints:
     Args:
         directory: where the checkpoint files go (created on the first save).
         models: the members' Keras models.
-        optimizers: their `members.Adam` optimisers, same order.
+        optimizers: their optimisers (`ensemble.optimizer`), same order.
+        best: early stopping's copies of each member's best weights (`[n_members]` lists of
+            variables), or None.
     """
 
-    def __init__(self, directory: Path, models, optimizers):
+    def __init__(self, directory: Path, models, optimizers, best=None):
         import tensorflow as tf
 
         self.directory = Path(directory)
         self.epoch = tf.Variable(-1, dtype=tf.int64, trainable=False)
-        groups = {f"member_{k}": tf.train.Checkpoint(
-            variables=list(model.variables), m=opt.m, v=opt.v, iterations=opt.iterations)
-            for k, (model, opt) in enumerate(zip(models, optimizers))}
+        groups = {}
+        for k, (model, opt) in enumerate(zip(models, optimizers)):
+            extra = {"best": list(best[k])} if best is not None else {}
+            groups[f"member_{k}"] = tf.train.Checkpoint(
+                variables=list(model.variables), optimizer=list(opt.variables), **extra)
         self.checkpoint = tf.train.Checkpoint(epoch=self.epoch, **groups)
         self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.directory), KEEP)
 

@@ -3,8 +3,8 @@
 The defaults of the dataclasses below ARE the default run (`configs/digits.toml` spells them
 out; a test keeps the two equal), so an installed `ensemble train` needs no file.
 
-A config has five tables: `[data]`, `[members]`, `[training]`, `[placement]`, `[aggregation]`
-(plus the optional `[data.synthetic]`; a `[search]` table is `ensemble search`'s, read and
+A config has six tables: `[data]`, `[model]`, `[members]`, `[training]`, `[placement]`,
+`[aggregation]` (plus the optional `[data.synthetic]` and `[model.params]`; a `[search]` table is `ensemble search`'s, read and
 checked by `ensemble.search`, and left out of the run config here). Unknown keys and wrong
 types are rejected with a `UsageError` that names the key and the expected type.
 """
@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
+from ensemble import builders
 from ensemble.aggregate import AGGREGATORS
+from ensemble.builders import ACTIVATIONS
 from ensemble.errors import UsageError
 
 MODES = ("in-graph", "between-graph")  # the replication modes, in-graph the default
@@ -29,7 +31,8 @@ MODES = ("in-graph", "between-graph")  # the replication modes, in-graph the def
 DEFAULT_AGGREGATORS = ("mean", "vote")
 IMPUTE = ("error", "median", "most_frequent")
 CATEGORICAL = ("auto", "none")
-ACTIVATIONS = ("relu", "tanh", "gelu", "elu", "sigmoid", "swish")
+LR_SCHEDULES = ("constant", "cosine")
+MLP_KEYS = ("hidden", "activation", "dropout", "l2")  # [members] keys: the mlp builder's params
 
 
 @dataclass(frozen=True)
@@ -66,11 +69,25 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class ModelConfig:
+    """The members' network: `builder` is `"mlp"`, `"cnn"`, `"package.module:function"` or
+    `"path/to/file.py:function"` (see `ensemble.builders`); `params` are its keyword
+    arguments. For `mlp`, `[members] hidden/activation/dropout/l2` are its parameters too
+    (`params` wins)."""
+
+    builder: str = "mlp"
+    params: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class MemberOverride:
-    """One member's hyperparameters where they differ from `[members]`/`[training]`
-    (`[[members.override]]`, a hyperparameter ensemble). Unset keys are None."""
+    """One member's hyperparameters where they differ from `[model]`/`[members]`/`[training]`
+    (`[[members.override]]`, a hyperparameter ensemble): its own `builder` (mixed
+    architectures), builder `params`, the MLP keys and `learning_rate`. Unset keys are None."""
 
     index: int = -1
+    builder: str | None = None
+    params: dict | None = None
     hidden: tuple[int, ...] | None = None
     activation: str | None = None
     dropout: float | None = None
@@ -94,11 +111,22 @@ class MembersConfig:
 
 @dataclass(frozen=True)
 class TrainingConfig:
-    """Adam training of every member; `seed` is the run seed."""
+    """How every member trains; `seed` is the run seed.
+
+    `optimizer`: `adam` (the fused kernel of `ensemble.optimizer`, the fast default) or any
+    `keras.optimizers` name (`sgd`, `adamw`, `rmsprop`, ...) with `optimizer_params` (e.g.
+    `{momentum = 0.9}`). `lr_schedule`: `constant` or `cosine` (cosine decay to 0 over the
+    run's steps). `early_stopping`: patience in epochs on each member's validation loss
+    (0: off); a member that stops keeps the weights of its best epoch.
+    """
 
     epochs: int = 30
     batch_size: int = 32
     learning_rate: float = 1e-3
+    optimizer: str = "adam"
+    optimizer_params: dict = field(default_factory=dict)
+    lr_schedule: str = "constant"
+    early_stopping: int = 0
     seed: int = 0
     deterministic: bool = True
     checkpoint_every: int = 1  # epochs between checkpoints (the last epoch is always saved)
@@ -144,6 +172,7 @@ class Config:
     """The resolved configuration of a run."""
 
     data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
     members: MembersConfig = field(default_factory=MembersConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
@@ -175,6 +204,14 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
                 pass
         names = " or a ".join(_type_name(t) for t in get_args(tp) if t is not type(None))
         raise UsageError(f"Expected `{key}` to be a {names}. Received: {key}={value!r}")
+    if tp is dict:
+        if not isinstance(value, dict):
+            raise UsageError(f"Expected `{key}` to be a table. Received: {key}={value!r}")
+        try:
+            return json.loads(json.dumps(value, allow_nan=False))  # plain JSON values
+        except (TypeError, ValueError):
+            raise UsageError(f"Expected `{key}` to hold numbers, strings, booleans, lists and "
+                             f"tables (finite, no dates). Received: {key}={value!r}") from None
     if get_origin(tp) is tuple:
         item = get_args(tp)[0]
         if not isinstance(value, (list, tuple)):
@@ -248,6 +285,16 @@ def _check_ranges(cfg: Config) -> None:
         if o.activation is not None and o.activation not in ACTIVATIONS:
             raise UsageError(f"Expected `{key}.activation` to be one of "
                              f"{', '.join(ACTIVATIONS)}. Received: {o.activation!r}")
+    t = cfg.training
+    if not isinstance(t.optimizer, str) or not t.optimizer:
+        raise UsageError(f"Expected `training.optimizer` to be an optimizer name such as "
+                         f"\"adam\" or \"sgd\". Received: {t.optimizer!r}")
+    if t.lr_schedule not in LR_SCHEDULES:
+        raise UsageError(f"Expected `training.lr_schedule` to be one of "
+                         f"{', '.join(LR_SCHEDULES)}. Received: {t.lr_schedule!r}")
+    if t.early_stopping < 0:
+        raise UsageError("Expected `training.early_stopping` to be >= 0 (patience in epochs; "
+                         f"0: off). Received: {t.early_stopping}")
     if cfg.placement.strategy not in ("round-robin", "balanced"):
         raise UsageError("Expected `placement.strategy` to be \"round-robin\" or \"balanced\". "
                          f"Received: {cfg.placement.strategy!r}")
@@ -300,25 +347,55 @@ def _check_ranges(cfg: Config) -> None:
         )
 
 
-def member_config(cfg: Config, index: int) -> tuple[MembersConfig, float]:
-    """Member `index`'s resolved architecture and learning rate: `[members]` and
-    `training.learning_rate` with its `[[members.override]]` applied."""
-    over = next((o for o in cfg.members.override if o.index == index), None)
-    members, lr = cfg.members, cfg.training.learning_rate
-    if over is None:
-        return members, lr
-    changes = {k: getattr(over, k) for k in ("hidden", "activation", "dropout", "l2")
-               if getattr(over, k) is not None}
-    return (dataclasses.replace(members, **changes),
-            lr if over.learning_rate is None else over.learning_rate)
-
-
 def member_hparams(cfg: Config, index: int) -> dict[str, Any]:
-    """Member `index`'s resolved hyperparameters as JSON: hidden, activation, dropout,
-    learning_rate, l2."""
-    m, lr = member_config(cfg, index)
-    return {"hidden": list(m.hidden), "activation": m.activation, "dropout": m.dropout,
-            "learning_rate": lr, "l2": m.l2}
+    """Member `index`'s resolved hyperparameters as JSON: `{"builder", "params",
+    "learning_rate"}`.
+
+    `params` of the `mlp` builder start from `[members]` (`hidden`, `activation`, `dropout`,
+    `l2`); then `[model.params]` (when the member uses the run's builder), then the member's
+    `[[members.override]]` keys (`hidden`, ..., then its `params`) apply.
+    """
+    over = next((o for o in cfg.members.override if o.index == index), None)
+    builder = (over.builder if over is not None and over.builder else None) or cfg.model.builder
+    params: dict[str, Any] = {}
+    if builder == "mlp":
+        m = cfg.members
+        params = {"hidden": list(m.hidden), "activation": m.activation, "dropout": m.dropout,
+                  "l2": m.l2}
+    if builder == cfg.model.builder:
+        params.update(cfg.model.params)
+    lr = cfg.training.learning_rate
+    if over is not None:
+        for key in MLP_KEYS:
+            value = getattr(over, key)
+            if value is not None:
+                params[key] = list(value) if isinstance(value, tuple) else value
+        params.update(over.params or {})
+        lr = lr if over.learning_rate is None else over.learning_rate
+    return json.loads(json.dumps({"builder": builder, "params": params, "learning_rate": lr}))
+
+
+def check_builders(cfg: Config) -> None:
+    """Resolve every member's builder and check its parameters' names (and the built-in
+    MLP's values) before anything else runs; no network is built here.
+
+    Raises:
+        UsageError: an unknown builder, a module, file or function that does not exist, or a
+            parameter the builder does not take; the message names the key.
+    """
+    seen = set()
+    for i in range(cfg.members.count):
+        h = member_hparams(cfg, i)
+        key = json.dumps([h["builder"], h["params"]], sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        where = "model.params" if not any(o.index == i for o in cfg.members.override) \
+            else f"members.override[index={i}].params"
+        fn = builders.resolve(h["builder"])
+        builders.check_params(h["builder"], fn, h["params"], where)
+        if h["builder"] == "mlp":
+            builders.check_mlp_params(h["params"], where)
 
 
 def from_dict(table: dict[str, Any]) -> Config:
@@ -329,6 +406,7 @@ def from_dict(table: dict[str, Any]) -> Config:
     """
     cfg = _build(Config, table, "config")
     _check_ranges(cfg)
+    check_builders(cfg)
     return cfg
 
 
@@ -340,6 +418,18 @@ def _resolve_source(table: dict[str, Any], path: Path) -> None:
     source = Path(data["source"])
     if source.suffix in (".csv", ".parquet") and not source.is_absolute():
         data["source"] = str((path.resolve().parent / source))
+
+
+def _resolve_builders(table: dict[str, Any], base: Path | None) -> None:
+    """Relative `file.py:function` builders in a config file name files beside it (from the
+    command line: the working directory); made absolute so client processes find them."""
+    model = table.get("model")
+    if isinstance(model, dict) and isinstance(model.get("builder"), str):
+        model["builder"] = builders.absolute(model["builder"], base)
+    members = table.get("members")
+    for over in (members.get("override") if isinstance(members, dict) else None) or []:
+        if isinstance(over, dict) and isinstance(over.get("builder"), str):
+            over["builder"] = builders.absolute(over["builder"], base)
 
 
 def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
@@ -369,6 +459,9 @@ def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None
     if path is not None:
         table.pop("search", None)  # ensemble search's space (ensemble.search), not the run's
         _resolve_source(table, path)
+        _resolve_builders(table, path.resolve().parent)
+    before = (table.get("model") or {}).get("builder", "mlp") \
+        if isinstance(table.get("model"), dict) else None
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
@@ -377,4 +470,9 @@ def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
+    if (overrides or {}).get("model.builder"):  # --model: relative to the working directory
+        model = table["model"]
+        model["builder"] = builders.absolute(model["builder"], None)
+        if model["builder"] != before and "params" in model:
+            del model["params"]  # the config's params were for its own builder
     return from_dict(table)

@@ -33,19 +33,29 @@ _cache: OrderedDict[str, "TracedEnsemble"] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def _key(cfg: Config, n_features: int, n_classes: int, devices: Sequence[str]) -> str:
-    """What the traced graphs depend on: shapes, the members' hyperparameters (seeds
-    excluded: `reset` sets them) and their devices."""
-    members = cfg.to_dict()["members"]
-    return json.dumps([n_features, n_classes, list(devices), members,
-                       cfg.training.learning_rate], sort_keys=True)
+def _key(cfg: Config, input_shape, n_classes: int, devices: Sequence[str],
+         n_train: int) -> str:
+    """What the traced graphs depend on: shapes, the members' builders and hyperparameters,
+    the optimiser (seeds excluded: `reset` sets them), their devices, and for a cosine
+    schedule its length."""
+    d = cfg.to_dict()
+    training = {k: d["training"][k] for k in ("learning_rate", "optimizer", "optimizer_params",
+                                              "lr_schedule", "early_stopping", "batch_size")}
+    if cfg.training.lr_schedule == "cosine":
+        training["n_train"], training["epochs"] = n_train, cfg.training.epochs
+    return json.dumps([list(input_shape), n_classes, list(devices), d["model"], d["members"],
+                       training], sort_keys=True)
 
 
-def get(cfg: Config, n_features: int, n_classes: int, devices: Sequence[str]) -> "TracedEnsemble":
-    """The `TracedEnsemble` of this architecture, built (not yet traced) when new."""
-    key = _key(cfg, n_features, n_classes, devices)
+def get(cfg: Config, input_shape, n_classes: int, devices: Sequence[str],
+        n_train: int = 0) -> "TracedEnsemble":
+    """The `TracedEnsemble` of this architecture (`input_shape`: a row's shape), built (not
+    yet traced) when new; `n_train` sets a cosine schedule's length."""
+    input_shape = (input_shape,) if isinstance(input_shape, int) else tuple(input_shape)
+    key = _key(cfg, input_shape, n_classes, devices, n_train)
     with _cache_lock:
-        entry = _cache.pop(key, None) or TracedEnsemble(cfg, n_features, n_classes, devices)
+        entry = _cache.pop(key, None) or TracedEnsemble(cfg, input_shape, n_classes, devices,
+                                                        n_train)
         _cache[key] = entry
         while len(_cache) > MAX_ENTRIES:
             _cache.popitem(last=False)
@@ -60,27 +70,31 @@ class TracedEnsemble:
         lock: held while a fit or a predict uses the shared models.
     """
 
-    def __init__(self, cfg: Config, n_features: int, n_classes: int, devices: Sequence[str]):
+    def __init__(self, cfg: Config, input_shape: tuple, n_classes: int,
+                 devices: Sequence[str], n_train: int = 0):
         import tensorflow as tf
 
         from ensemble.group import CLIENT_DEVICE
         from ensemble.in_graph import InGraphEnsemble
         from ensemble.training import make_steps_fn
 
-        self.cfg, self.shape = cfg, (n_features, n_classes)
-        self.devices = list(devices)
-        self.group = InGraphEnsemble.build(cfg, n_features, n_classes, self.devices,
-                                           aggregators=())
+        self.cfg, self.input_shape, self.n_classes = cfg, tuple(input_shape), n_classes
+        self.devices, self.n_train = list(devices), n_train
+        self.group = InGraphEnsemble.build(cfg, self.input_shape, n_classes, self.devices,
+                                           aggregators=(), n_train=n_train or None)
         self.lock = threading.RLock()
         self.data = {}
+        task = self.group.task
         for device in dict.fromkeys(self.devices):
             with tf.device(device):
                 self.data[device] = (
-                    tf.Variable(tf.zeros([0, n_features]), shape=[None, n_features],
-                                trainable=False),
-                    tf.Variable(tf.zeros([0], tf.int32), shape=[None], trainable=False))
+                    tf.Variable(tf.zeros([0, *self.input_shape]),
+                                shape=[None, *self.input_shape], trainable=False),
+                    tf.Variable(tf.zeros([0], task.target_dtype), shape=[None],
+                                trainable=False))
         self.run_steps = make_steps_fn(self.group.models, self.group.optimizers, self.devices,
-                                       None, None, CLIENT_DEVICE, on_device=self.data)
+                                       None, None, CLIENT_DEVICE, task, on_device=self.data,
+                                       masked=cfg.training.early_stopping > 0)
         self._predictors: OrderedDict[str, object] = OrderedDict()
 
     def reset(self, seed: int) -> None:
@@ -92,26 +106,31 @@ class TracedEnsemble:
 
         cfg = dataclasses.replace(self.cfg, training=dataclasses.replace(self.cfg.training,
                                                                          seed=seed))
-        fresh = InGraphEnsemble.build(cfg, *self.shape, self.devices, aggregators=())
+        fresh = InGraphEnsemble.build(cfg, self.input_shape, self.n_classes, self.devices,
+                                      aggregators=(), n_train=self.n_train or None)
         for old, new in zip(self.group.models, fresh.models):
             for a, b in zip(old.variables, new.variables, strict=True):
                 a.assign(b)
-        for opt in self.group.optimizers:
-            for var in (opt.iterations, *opt.m, *opt.v):
-                var.assign(np.zeros(var.shape, var.dtype.as_numpy_dtype))
+        for old, new in zip(self.group.optimizers, fresh.optimizers):
+            for a, b in zip(old.variables, new.variables, strict=True):
+                a.assign(b)
 
     def feed(self, x: np.ndarray, y: np.ndarray) -> None:
-        """Training rows `x` `[n_train, n_features]` float32, `y` `[n_train]` class indices,
+        """Training rows `x` `[n_train, *input_shape]` float32, `y` `[n_train]` targets,
         copied onto every member's device."""
         for xv, yv in self.data.values():
             xv.assign(np.asarray(x, np.float32))
-            yv.assign(np.asarray(y, np.int32))
+            yv.assign(np.asarray(y, yv.dtype.as_numpy_dtype))
 
-    def steps(self, idx: np.ndarray, total: np.ndarray) -> np.ndarray:
+    def clear(self) -> None:
+        """Drop the fed rows (the cache keeps the graphs, not a copy of the rows)."""
+        self.feed(np.zeros((0, *self.input_shape), np.float32), np.zeros(0))
+
+    def steps(self, idx: np.ndarray, total: np.ndarray, active: np.ndarray) -> np.ndarray:
         """`training.make_steps_fn`'s call, numpy in and out (for `training.train_loop`)."""
         import tensorflow as tf
 
-        return self.run_steps(tf.constant(idx), tf.constant(total)).numpy()
+        return self.run_steps(tf.constant(idx), tf.constant(total), tf.constant(active)).numpy()
 
     def weights(self) -> list[list[np.ndarray]]:
         """`[n_members]` lists of the members' weights (`keras.Model.get_weights`)."""

@@ -13,10 +13,11 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from ensemble.config import Config, member_config
+from ensemble import tasks
+from ensemble.config import Config, member_hparams
 from ensemble.members import build_member, member_seed
 from ensemble.optimizer import build_optimizer
-from ensemble.training import make_steps_fn, train_loop
+from ensemble.training import EarlyStopping, Schedule, make_steps_fn, train_loop
 
 CLIENT_DEVICE = "/device:CPU:0"
 
@@ -29,39 +30,85 @@ class MemberGroup:
         devices: `[n_members]` device names, e.g. from `RoundRobinPlacement.assign`.
         indices: the members' indices in the run (default `0..n_members-1`).
         client_device: where the ops that combine the members' outputs run.
+        task: the run's `tasks` object (default: classification).
     """
 
     def __init__(self, models: Sequence, devices: Sequence[str],
-                 indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE):
+                 indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE,
+                 task=None):
         self.models, self.devices = list(models), list(devices)
         self.indices = list(indices) if indices is not None else list(range(len(models)))
         self.client_device = client_device
+        self.task = task or tasks.get()
         self.optimizers: list = []
+        self._best: list | None = None  # early stopping's copies of the best weights
         # member position -> [(model copy, device)] of its replicas (`set_replicas`)
         self.replicas: dict[int, list] = {}
-        n_features = self.models[0].input_shape[-1]
+        self.input_shape = tuple(self.models[0].input_shape[1:])
         self.predict_fn = tf.function(  # plain Python control flow: no AutoGraph conversion
             self._predict_graph, autograph=False,
-            input_signature=[tf.TensorSpec([None, n_features], tf.float32)])
+            input_signature=[tf.TensorSpec([None, *self.input_shape], tf.float32)])
 
     @classmethod
-    def build(cls, cfg: Config, n_features: int, n_classes: int, devices: Sequence[str],
-              indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE,
-              **kwargs):
-        """Build fresh members (and their Adam optimisers) on `devices`; `kwargs` go to the
-        constructor."""
+    def build(cls, cfg: Config, input_shape: int | Sequence[int], n_classes: int,
+              devices: Sequence[str], indices: Sequence[int] | None = None,
+              client_device: str = CLIENT_DEVICE, n_train: int | None = None, **kwargs):
+        """Build fresh members (builder and params of `config.member_hparams`, the task's
+        head) and their optimisers on `devices`; `kwargs` go to the constructor.
+
+        Args:
+            input_shape: a row's shape (an int: `n_features`).
+            n_train: training rows (the length of a cosine learning-rate schedule; needed
+                with `training.lr_schedule = "cosine"`).
+        """
         indices = list(indices) if indices is not None else list(range(len(devices)))
+        shape = (input_shape,) if isinstance(input_shape, int) else tuple(input_shape)
+        task = kwargs.pop("task", None) or tasks.get()
+        t = cfg.training
+        total = None if n_train is None else Schedule.of(t).steps_per_epoch(n_train) * t.epochs
         models, optimizers = [], []
         for i, device in zip(indices, devices):
-            arch, lr = member_config(cfg, i)  # [[members.override]] applied
+            h = member_hparams(cfg, i)  # [[members.override]] applied
             with tf.device(device):
-                model = build_member(arch, n_features, n_classes,
-                                     member_seed(cfg.training.seed, i), name=f"member_{i}")
-                optimizers.append(build_optimizer(model, lr))
+                model = build_member(h["builder"], h["params"], shape,
+                                     task.n_outputs(n_classes),
+                                     member_seed(t.seed, i), f"member_{i}", task)
+                optimizers.append(build_optimizer(model, h["learning_rate"], t.optimizer,
+                                                  t.optimizer_params, t.lr_schedule, total))
             models.append(model)
-        group = cls(models, devices, indices=indices, client_device=client_device, **kwargs)
+        group = cls(models, devices, indices=indices, client_device=client_device, task=task,
+                    **kwargs)
         group.optimizers = optimizers
+        if t.early_stopping:
+            group.keep_best_weights()
         return group
+
+    def keep_best_weights(self) -> None:
+        """Create, on each member's device, the copies of its weights that early stopping
+        saves and restores (checkpointed with the member)."""
+        self._best = []
+        for model, device in zip(self.models, self.devices):
+            with tf.device(device):
+                self._best.append([tf.Variable(v, trainable=False) for v in model.weights])
+
+    @property
+    def best_weights(self):
+        """`save(k)` / `restore(k)` of member position `k`'s best weights (early stopping),
+        or None when the group keeps none."""
+        if self._best is None:
+            return None
+        group = self
+
+        class _Store:
+            def save(self, k: int) -> None:
+                for b, v in zip(group._best[k], group.models[k].weights):
+                    b.assign(v)
+
+            def restore(self, k: int) -> None:
+                for b, v in zip(group._best[k], group.models[k].weights):
+                    v.assign(b)
+
+        return _Store()
 
     def set_replicas(self, replicas: dict[int, list]) -> None:
         """Data parallelism in prediction: member at position `k` runs as the replicas
@@ -93,7 +140,7 @@ class MemberGroup:
         return self._member_probs(x), {}
 
     def predict(self, x: np.ndarray, batch_size: int = 16384):
-        """Member (and, for subclasses, ensemble) probabilities of `x` `[n_rows, n_features]`,
+        """Member (and, for subclasses, ensemble) probabilities of `x` `[n_rows, *input_shape]`,
         in batches of `batch_size` rows.
 
         Returns:
@@ -110,27 +157,38 @@ class MemberGroup:
 
     def make_train_steps(self, x_train: np.ndarray, y_train: np.ndarray):
         """The traced many-steps training call of these members (`training.make_steps_fn`):
-        `run_steps(idx [steps, n_members, batch] int32, total [n_members] float32) ->
-        [n_members]` running loss sums."""
+        `run_steps(idx [steps, n_members, batch] int32, total [n_members] float32,
+        active [n_members] bool) -> [n_members]` running loss sums."""
         return make_steps_fn(self.models, self.optimizers, self.devices, x_train, y_train,
-                             self.client_device)
+                             self.client_device, self.task, masked=self._best is not None)
 
-    def fit(self, x_train, y_train, x_val, y_val, run_seed: int, epochs: int,
-            batch_size: int, checkpoint_dir=None, callbacks=(), steps_per_call: int = 0,
-            checkpoint_every: int = 1) -> list[dict]:
+    def early_stopping(self, schedule: Schedule) -> EarlyStopping | None:
+        """The `EarlyStopping` of this group under `schedule` (None when it is off)."""
+        if not schedule.patience:
+            return None
+        if self._best is None:
+            self.keep_best_weights()
+        return EarlyStopping(schedule.patience, len(self.models), self.best_weights)
+
+    def fit(self, x_train, y_train, x_val, y_val, schedule: Schedule, checkpoint_dir=None,
+            callbacks=()) -> list[dict]:
         """Train every member; returns the history records of `training.train_loop`.
 
-        With `checkpoint_dir`, resume from its newest checkpoint and save one every
-        `checkpoint_every` epochs (and after the last). `callbacks` are `training.Callback`s.
+        Args:
+            x_train: `[n_train, *input_shape]`; y_train: `[n_train]` targets; x_val, y_val:
+                the validation split (scores per epoch; early stopping's losses).
+            checkpoint_dir: resume from its newest checkpoint and save one every
+                `schedule.checkpoint_every` epochs (and after the last).
+            callbacks: `training.Callback`s.
         """
         from ensemble.checkpoints import EpochCheckpoints
 
+        stopping = self.early_stopping(schedule)
         run_steps = self.make_train_steps(x_train, y_train)
         x_val = np.asarray(x_val, np.float32)
-        ckpt = (EpochCheckpoints(checkpoint_dir, self.models, self.optimizers)
+        ckpt = (EpochCheckpoints(checkpoint_dir, self.models, self.optimizers, self._best)
                 if checkpoint_dir is not None else None)
-        return train_loop(lambda idx, total: run_steps(tf.constant(idx),
-                                                       tf.constant(total)).numpy(),
-                          lambda: self.predict(x_val)[0], self.indices, run_seed, epochs,
-                          len(x_train), batch_size, y_val, ckpt, callbacks, steps_per_call,
-                          checkpoint_every)
+        return train_loop(lambda idx, total, active: run_steps(
+                              tf.constant(idx), tf.constant(total), tf.constant(active)).numpy(),
+                          lambda: self.predict(x_val)[0], self.indices, schedule,
+                          len(x_train), y_val, self.task, ckpt, callbacks, stopping)

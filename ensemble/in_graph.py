@@ -31,19 +31,20 @@ class InGraphEnsemble(MemberGroup):
 
     def __init__(self, models: Sequence, devices: Sequence[str], aggregators: Sequence[str],
                  indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE,
-                 params: dict | None = None):
+                 params: dict | None = None, task=None):
         self.aggregators = tuple(aggregators)
         self.params = dict(params or {})
-        super().__init__(models, devices, indices, client_device)
+        super().__init__(models, devices, indices, client_device, task)
 
     @classmethod
-    def build(cls, cfg, n_features: int, n_classes: int, devices: Sequence[str],
+    def build(cls, cfg, input_shape, n_classes: int, devices: Sequence[str],
               indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE,
-              aggregators: Sequence[str] | None = None):
-        """Build fresh members on `devices`; `aggregators` defaults to the config's."""
+              aggregators: Sequence[str] | None = None, n_train: int | None = None):
+        """Build fresh members on `devices` (`MemberGroup.build`); `aggregators` defaults to
+        the config's."""
         aggs = cfg.aggregation.aggregators if aggregators is None else aggregators
-        return super().build(cfg, n_features, n_classes, devices, indices, client_device,
-                             aggregators=aggs)
+        return super().build(cfg, input_shape, n_classes, devices, indices, client_device,
+                             n_train=n_train, aggregators=aggs)
 
     def _predict_graph(self, x):
         stacked = self._member_probs(x)

@@ -1,15 +1,18 @@
-"""Ensemble members: seeds, batch order, the Keras model, and saving/loading it.
+"""Ensemble members: seeds, batch order, building a member from its builder, saving/loading.
 
 A member's initialisation and batch order depend only on `(run seed, member index)`, never on
-the mode, the member count or the device. Its optimiser is in `ensemble.optimizer`, the one
-training step and the epoch loop in `ensemble.training`.
+the mode, the member count or the device. A member is its builder's network (logits) with the
+task's head on top, built under the member's device. Its optimiser is in `ensemble.optimizer`,
+the one training step and the epoch loop in `ensemble.training`.
 """
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 import numpy as np
 
-from ensemble.config import MembersConfig
+from ensemble import builders
 from ensemble.errors import UsageError
 
 
@@ -24,30 +27,117 @@ def batch_order(run_seed: int, index: int, epoch: int, n_rows: int) -> np.ndarra
     return rng.permutation(n_rows).astype(np.int32)
 
 
-def build_member(cfg: MembersConfig, n_features: int, n_classes: int, seed: int, name: str):
-    """A Keras MLP `[n_rows, n_features] -> [n_rows, n_classes]` probabilities (softmax).
+def build_network(spec: str, params: dict[str, Any], input_shape: Sequence[int],
+                  n_outputs: int, seed: int):
+    """Call builder `spec` with `params` and check what it returns.
 
-    Call it under `tf.device(...)` so its variables live on the member's device. Every
-    initialiser and dropout layer gets its own seed derived from `seed`. With `cfg.l2 > 0`
-    every Dense kernel carries `keras.regularizers.L2(cfg.l2)` (`l2 * sum(kernel**2)`), which
-    `training.train_step` adds to the loss: the same in both replication modes.
+    Keras's global seeds (`keras.utils.set_random_seed(seed)`: Python, numpy, TensorFlow and
+    Keras's default seed generator) are set first, so a builder whose layers take no explicit
+    seed still gives the same network in every process, mode and member count.
+
+    Returns:
+        The builder's `keras.Model`, `[batch, *input_shape] -> [batch, n_outputs]` logits.
+
+    Raises:
+        UsageError: the builder raises (its message kept), returns no Keras model, returns the
+            wrong output shape or a softmax output (logits expected), or holds a `Lambda` layer.
     """
     import keras
 
-    reg = keras.regularizers.L2(cfg.l2) if cfg.l2 > 0 else None
+    fn = builders.resolve(spec)
+    keras.utils.set_random_seed(seed)
+    try:
+        net = fn(tuple(int(d) for d in input_shape), int(n_outputs), seed=int(seed), **params)
+    except UsageError:
+        raise
+    except Exception as exc:  # the user's code: keep its message, one line
+        raise UsageError(f"Builder {spec!r} raised {type(exc).__name__}: "
+                         f"{builders._first_line(exc)}") from None
+    if not isinstance(net, keras.Model):
+        raise UsageError(f"Builder {spec!r} returned {type(net).__name__}; expected a "
+                         "keras.Model mapping [batch, *input_shape] to [batch, n_outputs] logits.")
+    try:
+        out = net(keras.Input(tuple(input_shape)))
+    except Exception as exc:
+        raise UsageError(f"Builder {spec!r}: its model cannot take inputs of shape "
+                         f"[batch, {', '.join(map(str, input_shape))}]: "
+                         f"{builders._first_line(exc)}") from None
+    if isinstance(out, (list, tuple, dict)) or tuple(out.shape[1:]) != (n_outputs,):
+        got = "several outputs" if isinstance(out, (list, tuple, dict)) else \
+            f"[batch, {', '.join(str(d) for d in out.shape[1:])}]"
+        raise UsageError(f"Builder {spec!r} returned a model with output {got}; expected "
+                         f"[batch, {n_outputs}] logits.")
+    layers = _all_layers(net)
+    lam = [layer.name for layer in layers if isinstance(layer, keras.layers.Lambda)]
+    if lam:
+        raise UsageError(f"Builder {spec!r}: layer {lam[0]!r} is a Lambda layer, which saved "
+                         "members refuse to load (safe_mode); write it as a layer class "
+                         "decorated with keras.saving.register_keras_serializable().")
+    if _ends_in_softmax(net, layers):
+        raise UsageError(f"Builder {spec!r} ends in a softmax; a builder returns logits (the "
+                         "task adds the head): drop the final softmax activation.")
+    return net
 
-    layers = [keras.Input((n_features,))]
-    for i, width in enumerate(cfg.hidden):
-        layers.append(keras.layers.Dense(
-            width, activation=cfg.activation, name=f"dense_{i}", kernel_regularizer=reg,
-            kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 2 * i)))
-        if cfg.dropout > 0:
-            layers.append(keras.layers.Dropout(cfg.dropout, seed=seed + 2 * i + 1,
-                                               name=f"dropout_{i}"))
-    layers.append(keras.layers.Dense(
-        n_classes, activation="softmax", name="output", kernel_regularizer=reg,
-        kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 2 * len(cfg.hidden))))
-    return keras.Sequential(layers, name=name)
+
+def _all_layers(model) -> list:
+    out = []
+    for layer in model.layers:
+        out.append(layer)
+        if hasattr(layer, "layers"):
+            out.extend(_all_layers(layer))
+    return out
+
+
+def _ends_in_softmax(net, layers) -> bool:
+    import keras
+
+    last = layers[-1] if layers else None
+    if isinstance(last, keras.layers.Softmax):
+        return True
+    act = getattr(last, "activation", None)
+    return getattr(act, "__name__", None) == "softmax" or act is keras.activations.softmax
+
+
+def build_member(spec: str, params: dict[str, Any], input_shape: Sequence[int],
+                 n_outputs: int, seed: int, name: str, task):
+    """A member: builder `spec`'s network (`build_network`) with `task`'s head, as one Keras
+    model `[batch, *input_shape] -> ` the task's outputs (classification: `[batch,
+    n_classes]` probabilities).
+
+    Call it under `tf.device(...)` so its variables live on the member's device.
+
+    Raises:
+        UsageError: see `build_network`.
+    """
+    import keras
+
+    net = build_network(spec, params, input_shape, n_outputs, seed)
+    inputs = keras.Input(tuple(input_shape), name="features")
+    return keras.Model(inputs, task.head(net(inputs)), name=name)
+
+
+def check_serializable(model, spec: str) -> None:
+    """Save `model` and load it back with `safe_mode=True`, as every saved member will be.
+
+    Raises:
+        UsageError: a layer that cannot be saved or loaded safely (a custom layer without
+            `keras.saving.register_keras_serializable`, say); names the error.
+    """
+    import tempfile
+    from pathlib import Path
+
+    import keras
+
+    with tempfile.TemporaryDirectory(prefix="ensemble-check-") as tmp:
+        path = Path(tmp) / "member.keras"
+        try:
+            model.save(path)
+            keras.saving.load_model(path, safe_mode=True, compile=False)
+        except Exception as exc:
+            raise UsageError(f"Builder {spec!r}: its model cannot be saved and loaded safely "
+                             f"({type(exc).__name__}: {builders._first_line(exc)}); register "
+                             "custom layers with keras.saving.register_keras_serializable() "
+                             "and give them get_config().") from None
 
 
 def save_member(model, path) -> None:

@@ -61,6 +61,11 @@ class Preprocessing:
         return list(self.feature_names) + [f"{c}={v}" for c, cats in self.categories.items()
                                            for v in cats]
 
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one model input row: `(n_outputs,)`."""
+        return (len(self.output_names),)
+
     @classmethod
     def fit(cls, ds: Dataset, train_rows: np.ndarray, classes: np.ndarray,
             impute: str = "error") -> "Preprocessing":

@@ -7,6 +7,7 @@ Built from the run's own files (manifest, `predictions.parquet`, `history.parque
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,36 @@ def parameter_count(n_features: int, hidden: list[int], n_classes: int) -> int:
     return int(sum(a * b + b for a, b in zip(widths, widths[1:])))
 
 
+def _of(value, kind):
+    """`value` when it fits the column (`list` of ints, `str`, `float`), else None: other
+    builders' parameters of the same names may be anything."""
+    if kind is list:
+        ok = isinstance(value, (list, tuple)) and all(
+            isinstance(w, int) and not isinstance(w, bool) for w in value)
+        return list(value) if ok else None
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return float(value) if ok else None
+    return value if isinstance(value, kind) else None
+
+
+def _hparams(entry: dict, cfg) -> dict:
+    """A member's `{"builder", "params", "learning_rate"}`: its manifest entry's, or for
+    runs from before builders (flat MLP keys), or without any, from the config."""
+    h = entry.get("hparams") or config.member_hparams(cfg, entry["index"])
+    if "builder" not in h:
+        h = {"builder": "mlp", "learning_rate": h["learning_rate"],
+             "params": {k: v for k, v in h.items() if k != "learning_rate"}}
+    return h
+
+
 def members_table(run_dir: str | Path, manifest: dict[str, Any]) -> pa.Table:
     """The members table of a run whose predictions, history and aggregators are written.
 
-    Columns: `member`, `seed`, `hidden` (list of widths), `activation`, `dropout`,
-    `learning_rate`, `l2`, `flops_per_row` (`placement.mlp_flops`), `parameters`, `device`,
+    Columns: `member`, `seed`, `builder`, `params` (the builder's parameters as JSON),
+    `hidden` (list of widths), `activation`, `dropout`, `l2` (the MLP's; null for other
+    builders that do not take them), `learning_rate`, `flops_per_row` (`cost.member_flops`),
+    `parameters` (trainable, the MLP's by formula; null for other builders), `device`,
     `train_seconds` (sum of its epochs' wall seconds; in-graph the members of the one graph
     share them), `val_nll`, `val_accuracy` (the trained member on the validation split),
     `weight` (its weight in the `greedy` selection, 0 when not selected; null when the run
@@ -49,14 +75,19 @@ def members_table(run_dir: str | Path, manifest: dict[str, Any]) -> pa.Table:
     rows = []
     for m in manifest["members"]:
         i = m["index"]
-        h = m.get("hparams") or config.member_hparams(cfg, i)  # older runs: from the config
+        h = _hparams(m, cfg)
+        p, mlp = h["params"], h["builder"] == "mlp"
         pos = val.members.index(i) if val is not None and i in val.members else None
-        row = {"member": i, "seed": m["seed"], "hidden": h["hidden"],
-               "activation": h["activation"], "dropout": h["dropout"],
-               "learning_rate": h["learning_rate"], "l2": h.get("l2", 0.0),
+        hidden = _of(p.get("hidden", () if mlp else None), list)
+        row = {"member": i, "seed": m["seed"], "builder": h["builder"],
+               "params": json.dumps(p, sort_keys=True), "hidden": hidden,
+               "activation": _of(p.get("activation"), str),
+               "dropout": _of(p.get("dropout"), float),
+               "learning_rate": h["learning_rate"],
+               "l2": _of(p.get("l2", 0.0 if mlp else None), float),
                "flops_per_row": m.get("flops_per_row",
-                                      mlp_flops(n_features, h["hidden"], n_classes)),
-               "parameters": parameter_count(n_features, h["hidden"], n_classes),
+                                      mlp_flops(n_features, hidden, n_classes) if mlp else None),
+               "parameters": parameter_count(n_features, hidden, n_classes) if mlp else None,
                "device": m["device"],
                "train_seconds": sum(r["seconds"] for r in history if r["member"] == i),
                "val_nll": None if pos is None else metrics.nll(val.y, val.probs[pos]),
@@ -65,7 +96,8 @@ def members_table(run_dir: str | Path, manifest: dict[str, Any]) -> pa.Table:
         if source is not None:
             row["candidate"] = source[i]
         rows.append(row)
-    schema = [("member", pa.int32()), ("seed", pa.int64()), ("hidden", pa.list_(pa.int64())),
+    schema = [("member", pa.int32()), ("seed", pa.int64()), ("builder", pa.string()),
+              ("params", pa.string()), ("hidden", pa.list_(pa.int64())),
               ("activation", pa.string()), ("dropout", pa.float64()),
               ("learning_rate", pa.float64()), ("l2", pa.float64()),
               ("flops_per_row", pa.int64()), ("parameters", pa.int64()), ("device", pa.string()),

@@ -23,7 +23,7 @@ from ensemble.config import Config, member_hparams
 from ensemble.devices import build_info
 from ensemble.errors import UsageError
 from ensemble.members import member_seed
-from ensemble.placement import mlp_flops, place
+from ensemble.placement import place
 from ensemble.preprocessing import Preprocessing
 
 
@@ -182,20 +182,34 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
 def new_manifest(cfg: Config, mode: str, devices: list[str], pre: Preprocessing,
                  dataset: dict[str, Any], cluster: dict | None = None) -> dict[str, Any]:
     """The first manifest of a run (status `running`): config, `dataset` (plus the feature
-    names and classes of `pre`), members placed on `devices` by `placement.strategy` with
-    their seeds, hyperparameters and FLOPs per row, versions. Shared by `prepare` and runs
-    built from arrays (`ensemble.run_arrays`)."""
-    n_features, n_classes = len(pre.output_names), len(pre.classes)
+    names, classes and input shape of `pre`), the task, the model (builder, params and the
+    sha256 of each builder's source file, None for a built-in), members placed on `devices`
+    by `placement.strategy` with their seeds, hyperparameters and FLOPs per row (from the
+    built model: `cost.member_costs`, which also checks the builders), versions. Shared by
+    `prepare` and runs built from arrays (`ensemble.run_arrays`).
+
+    Raises:
+        UsageError: a bad builder or optimiser.
+    """
+    from ensemble import builders, cost, tasks
+    from ensemble.optimizer import check_optimizer
+
+    task = tasks.get()
     hparams = [member_hparams(cfg, i) for i in range(cfg.members.count)]
-    flops = [mlp_flops(n_features, h["hidden"], n_classes) for h in hparams]
+    check_optimizer(cfg.training.optimizer, cfg.training.optimizer_params)
+    flops = cost.member_costs(hparams, pre.input_shape, task.n_outputs(len(pre.classes)), task)
     placement = place(cfg.members.count, devices, cfg.placement.strategy, flops)
+    model = {"builder": cfg.model.builder, "params": cfg.model.params,
+             "builders": {b: builders.source_sha256(b)
+                          for b in dict.fromkeys(h["builder"] for h in hparams)}}
     return {
         "run_id": new_run_id(cfg), "mode": mode, "status": "running",
         "pid": os.getpid(), "host": socket.gethostname(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": cfg.to_dict(), "config_sha256": cfg.sha256(),
         "dataset": {**dataset, "feature_names": pre.output_names,
-                    "classes": pre.classes.tolist()},
+                    "classes": pre.classes.tolist(), "input_shape": list(pre.input_shape)},
+        "task": task.name, "model": model,
         "devices": list(devices), "cluster": cluster,
         "placement": {"strategy": cfg.placement.strategy},
         "members": [{"index": i, "seed": member_seed(cfg.training.seed, i), "device": d,

@@ -25,7 +25,7 @@ import numpy as np
 
 from ensemble import artifacts, fitted, run, tables
 from ensemble.aggregate import FITTED
-from ensemble.config import Config, from_dict, member_config
+from ensemble.config import Config, from_dict
 from ensemble.data import Dataset
 from ensemble.errors import UsageError
 from ensemble.members import member_seed
@@ -74,22 +74,23 @@ def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preproce
         content of a fitted aggregator, else None), "history" (DataFrame)}`.
     """
     from ensemble import graph_cache
-    from ensemble.training import train_loop
+    from ensemble.training import Schedule, train_loop
 
     devs = _configure(cfg)
-    entry = graph_cache.get(cfg, x.shape[1], len(pre.classes), devs)
+    entry = graph_cache.get(cfg, x.shape[1:], len(pre.classes), devs, len(x))
     group = entry.group
+    schedule = Schedule.of(cfg.training)
     with entry.lock:
         entry.reset(cfg.training.seed)
         entry.feed(x, y)
         predict_val = None if val is None else (lambda: group.predict(val[0])[0])
+        stopping = group.early_stopping(schedule) if val is not None else None
         try:
-            records = train_loop(entry.steps, predict_val, group.indices, cfg.training.seed,
-                                 cfg.training.epochs, len(x), cfg.training.batch_size,
-                                 None if val is None else val[1], None, (),
-                                 cfg.training.steps_per_execution)
-        finally:  # the cache keeps the graphs, not a copy of the rows
-            entry.feed(np.zeros((0, x.shape[1]), np.float32), np.zeros(0, np.int32))
+            records = train_loop(entry.steps, predict_val, group.indices, schedule, len(x),
+                                 None if val is None else val[1], group.task, None, (),
+                                 stopping)
+        finally:
+            entry.clear()
         weights = entry.weights()
         aggs = None
         name = cfg.aggregation.aggregators[0]
@@ -151,7 +152,7 @@ def predict(est, x: np.ndarray, members: bool = False) -> np.ndarray:
     except UsageError:  # e.g. unpickled where TensorFlow already has fewer logical CPUs
         devs = place(n, devices.resolve("auto", n))
     params = fitted.member_params(est.aggregators_, list(range(n)))
-    entry = graph_cache.get(cfg, x.shape[1], len(est.classes_), devs)
+    entry = graph_cache.get(cfg, x.shape[1:], len(est.classes_), devs)
     with entry.lock:
         entry.load(est.member_weights_)
         member_p, ens = entry.predictor(name, params).predict(x)
@@ -172,17 +173,22 @@ def manifest_for(cfg: Config, mode: str, pre: Preprocessing, rows: dict[str, int
 
 def save(est, path: Path, overwrite: bool = False) -> Path:
     """Write a fitted estimator as a completed run directory; returns `path`."""
+    from ensemble import tasks
+    from ensemble.config import member_hparams
     from ensemble.members import build_member, save_member
 
     run.check_run_dir(path, overwrite)
     path.mkdir(parents=True, exist_ok=True)
     cfg, pre = est.config_, est.preprocessing_
-    n_features, n_classes = len(pre.output_names), len(pre.classes)
+    n_classes = len(pre.classes)
     manifest = manifest_for(cfg, est.mode, pre, dict(est.n_rows_), est.devices_,
                             hasattr(est, "feature_names_in_"))
+    task = tasks.get()
     for i, weights in enumerate(est.member_weights_):
-        model = build_member(member_config(cfg, i)[0], n_features, n_classes,
-                             member_seed(cfg.training.seed, i), f"member_{i}")
+        h = member_hparams(cfg, i)
+        model = build_member(h["builder"], h["params"], pre.input_shape,
+                             task.n_outputs(n_classes), member_seed(cfg.training.seed, i),
+                             f"member_{i}", task)
         model.set_weights(weights)
         save_member(model, artifacts.member_model_path(path, i))
         manifest["members"][i]["status"] = "completed"

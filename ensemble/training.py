@@ -14,55 +14,92 @@ the current traced call or after an epoch's checkpoint (`interrupt.Interrupted`)
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-from ensemble import metrics
 from ensemble.members import batch_order
 
 CALL_SECONDS = 1.0  # automatic K aims at calls of about this long (progress every call)
 FIRST_CALL_STEPS = 8
 
 
-def train_step(model, optimizer, x, y, idx):
-    """THE training step of one member: gather the batch, forward, backward, Adam update.
+@dataclass(frozen=True)
+class Schedule:
+    """How a group of members trains, epoch by epoch (the `[training]` keys that shape the
+    loop).
+
+    Attributes:
+        run_seed: the run seed (batch order of member `i` in epoch `e`: `batch_order`).
+        epochs, batch_size: epochs to train and rows per step.
+        steps_per_call: steps per traced call (K); 0 picks K so that a call takes about
+            `CALL_SECONDS`.
+        checkpoint_every: epochs between checkpoints (the last epoch is always saved).
+        patience: early stopping: a member whose validation loss has not improved for this
+            many epochs stops and gets its best epoch's weights back (0: off).
+    """
+
+    run_seed: int
+    epochs: int
+    batch_size: int
+    steps_per_call: int = 0
+    checkpoint_every: int = 1
+    patience: int = 0
+
+    @classmethod
+    def of(cls, training) -> "Schedule":
+        """The schedule of a `config.TrainingConfig`."""
+        return cls(training.seed, training.epochs, training.batch_size,
+                   training.steps_per_execution, training.checkpoint_every,
+                   training.early_stopping)
+
+    def steps_per_epoch(self, n_train: int) -> int:
+        """Optimiser updates per epoch (the ragged last batch is one)."""
+        return -(-n_train // self.batch_size)
+
+
+def train_step(model, optimizer, x, y, idx, task):
+    """THE training step of one member: gather the batch, forward, backward, update.
 
     Args:
-        x: `[n_train, n_features]` float32 tensor on the member's device.
-        y: `[n_train]` int32 class indices on the member's device.
+        x: `[n_train, *input_shape]` float32 tensor on the member's device.
+        y: `[n_train]` targets on the member's device (class indices for classification).
         idx: `[batch]` int32 row indices of this batch.
+        task: the run's `tasks` object (its `loss`).
 
     Returns:
-        Scalar float32 mean cross-entropy (natural log) of the batch, plus the member's kernel
-        L2 penalty (`model.losses`) when it has one.
+        Scalar float32 mean task loss of the batch, plus the member's regularisation
+        penalties (`model.losses`, e.g. a kernel L2) when it has any.
     """
-    import keras
     import tensorflow as tf
 
     xb, yb = tf.gather(x, idx), tf.gather(y, idx)
     with tf.GradientTape() as tape:
-        probs = model(xb, training=True)
-        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(yb, probs))
-        if model.losses:  # the kernel L2 penalty (`members.l2`)
+        outputs = model(xb, training=True)
+        loss = task.loss(yb, outputs)
+        if model.losses:  # regularisation penalties (the mlp's `l2`, a user's regularisers)
             loss = loss + tf.add_n(model.losses)
     grads = tape.gradient(loss, model.trainable_variables)
     optimizer.apply(grads)
     return loss
 
 
-def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: str,
-                  on_device: dict | None = None):
+def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: str, task,
+                  on_device: dict | None = None, masked: bool = False):
     """The traced call that trains a group of members for several steps.
 
     The training data is copied once onto each member's device; or the caller gives those
-    copies as `on_device` `{device: (x [n_train, n_features] float32, y [n_train] int32)}`,
+    copies as `on_device` `{device: (x [n_train, *input_shape] float32, y [n_train])}`,
     e.g. variables it reassigns between fits so that the call is traced once
     (`ensemble.graph_cache`; `x_train`, `y_train` are then unused). The returned function takes
-    `idx` `[steps, n_members, batch]` int32 (member `k`'s rows of each step) and `total`
-    `[n_members]` float32 (the epoch's running loss sum so far) and returns `total` plus, step
-    after step, each member's batch-mean loss x batch rows: carrying the running sum through
-    the calls makes it independent of how the steps are split into calls.
+    `idx` `[steps, n_members, batch]` int32 (member `k`'s rows of each step), `total`
+    `[n_members]` float32 (the epoch's running loss sum so far) and `active` `[n_members]`
+    bool, and returns `total` plus, step after step, each member's batch-mean loss x batch
+    rows: carrying the running sum through the calls makes it independent of how the steps
+    are split into calls. With `masked` (early stopping), a member whose `active` is false
+    skips its steps (no update, loss 0); without it `active` is ignored, and the graph holds
+    no condition.
     Every step calls `train_step` for every member under `tf.device` of its device; the
     summing runs on `client_device`.
     """
@@ -74,12 +111,13 @@ def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: 
             continue
         with tf.device(device):
             on_device[device] = (tf.identity(tf.constant(x_train, tf.float32)),
-                                 tf.identity(tf.constant(y_train, tf.int32)))
+                                 tf.identity(tf.constant(y_train, task.target_dtype)))
     n = len(models)
 
     @tf.function(input_signature=[tf.TensorSpec([None, n, None], tf.int32),
-                                  tf.TensorSpec([n], tf.float32)], autograph=False)
-    def run_steps(idx, total):
+                                  tf.TensorSpec([n], tf.float32),
+                                  tf.TensorSpec([n], tf.bool)], autograph=False)
+    def run_steps(idx, total, active):
         rows = tf.cast(tf.shape(idx)[2], tf.float32)
 
         def body(s, total):
@@ -87,7 +125,10 @@ def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: 
             for k, (model, opt, device) in enumerate(zip(models, optimizers, devices)):
                 with tf.device(device):
                     x, y = on_device[device]
-                    losses.append(train_step(model, opt, x, y, idx[s, k]))
+                    step = (lambda m=model, o=opt, x=x, y=y, k=k:  # noqa: E731
+                            train_step(m, o, x, y, idx[s, k], task))
+                    losses.append(tf.cond(active[k], step, lambda: tf.constant(0.0))
+                                  if masked else step())
             with tf.device(client_device):
                 return s + 1, total + tf.stack(losses) * rows
 
@@ -149,99 +190,174 @@ class SteadyState(Callback):
         self._last = (steps_done, seconds) if steps_done < n_steps else (0, 0.0)
 
 
-def _plan(n_steps: int, batch_size: int, n_train: int):
-    """Row bounds `(lo, hi)` of each step; the last one ragged when `batch_size` does not
-    divide `n_train`."""
-    return [(s * batch_size, min((s + 1) * batch_size, n_train)) for s in range(n_steps)]
+class EarlyStopping:
+    """Early stopping of each member on its validation loss, restoring its best weights.
+
+    A member whose validation loss has not improved (strictly) for `patience` epochs stops:
+    its steps are masked from then on and it gets the weights of its best epoch back; members
+    still training at the last epoch get theirs back too.
+
+    Args:
+        patience: epochs without improvement before a member stops (> 0).
+        n: members in the group.
+        weights: the group's best-weights store: `save(k)` copies member `k`'s weights aside,
+            `restore(k)` puts them back (`group.MemberGroup.best_weights`).
+    """
+
+    def __init__(self, patience: int, n: int, weights):
+        self.patience, self.weights = patience, weights
+        self.best = [float("inf")] * n
+        self.best_epoch = [-1] * n
+        self.active = np.ones(n, bool)
+
+    def update(self, k: int, epoch: int, val_loss: float, live: bool = True) -> None:
+        """Record member `k`'s validation loss of `epoch`; `live`: act on the weights (False
+        when replaying restored history, whose weights the checkpoint holds)."""
+        if val_loss < self.best[k]:
+            self.best[k], self.best_epoch[k] = val_loss, epoch
+            if live:
+                self.weights.save(k)
+        elif epoch - self.best_epoch[k] >= self.patience:
+            self.active[k] = False
+            if live and self.best_epoch[k] >= 0:
+                self.weights.restore(k)
+
+    def finish(self) -> None:
+        """At the end of training: members still active get their best weights back."""
+        for k in np.flatnonzero(self.active):
+            if self.best_epoch[k] >= 0:
+                self.weights.restore(int(k))
 
 
-def train_loop(run_steps: Callable[[np.ndarray, np.ndarray], np.ndarray],
-               predict_val: Callable[[], np.ndarray], indices: Sequence[int], run_seed: int,
-               epochs: int, n_train: int, batch_size: int, y_val: np.ndarray,
+def train_loop(run_steps: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+               predict_val: Callable[[], np.ndarray] | None, indices: Sequence[int],
+               schedule: Schedule, n_train: int, y_val: np.ndarray | None, task,
                checkpoints=None, callbacks: Sequence[Callback] = (),
-               steps_per_call: int = 0, checkpoint_every: int = 1) -> list[dict]:
+               stopping: EarlyStopping | None = None) -> list[dict]:
     """Run the epochs for the members `indices` and record their history.
 
     Args:
-        run_steps: takes `[steps, len(indices), batch]` int32 batch rows and the running
-            `[len(indices)]` float32 loss sum, runs those steps for those members
-            (`make_steps_fn`), returns the new running sum (losses x rows).
-        predict_val: returns validation probabilities `[len(indices), n_val, n_classes]`;
-            None when there is no validation data (`val_loss`, `val_accuracy` are then NaN).
-        y_val: `[n_val]` validation class indices (unused without `predict_val`).
+        run_steps: takes `[steps, len(indices), batch]` int32 batch rows, the running
+            `[len(indices)]` float32 loss sum and the `[len(indices)]` bool active mask, runs
+            those steps for those members (`make_steps_fn`), returns the new running sum.
+        predict_val: returns validation outputs `[len(indices), n_val, ...]`; None when there
+            is no validation data (the validation scores are then NaN).
+        y_val: `[n_val]` validation targets (unused without `predict_val`).
+        task: the run's `tasks` object (`validation_scores`).
         checkpoints: optional `checkpoints.EpochCheckpoints`: training resumes after its
-            newest checkpoint and saves one every `checkpoint_every` epochs and after the last.
+            newest checkpoint and saves one every `schedule.checkpoint_every` epochs and after
+            the last.
         callbacks: `Callback` hooks, called in order.
-        steps_per_call: steps per traced call (K); 0 picks K so that a call takes about
-            `CALL_SECONDS`. The full-size batches and the ragged last batch go in separate
-            calls (a tensor has one batch size).
+        stopping: `EarlyStopping` (with `schedule.patience`), or None.
+
+    The full-size batches and the ragged last batch go in separate calls (a tensor has one
+    batch size).
 
     Returns:
-        History records `{member, epoch, loss, val_loss, val_accuracy, seconds}` of every epoch
-        (restored ones included); `seconds` is the epoch's wall time, shared by the members
-        trained together.
+        History records `{member, epoch, loss, val_loss, val_<score>..., seconds}` of every
+        epoch a member trained (restored ones included; none after a member stopped);
+        `seconds` is the epoch's wall time, shared by the members trained together.
     """
     from ensemble import interrupt
     from ensemble.checkpoints import hold_here, hold_point
 
     with interrupt.deferred():
-        return _epochs(run_steps, predict_val, indices, run_seed, epochs, n_train, batch_size,
-                       y_val, checkpoints, callbacks, steps_per_call, checkpoint_every,
-                       hold_point(indices), hold_here, interrupt.check)
+        return _Loop(run_steps, predict_val, list(indices), schedule, n_train, y_val, task,
+                     checkpoints, callbacks, stopping, hold_point(indices), hold_here,
+                     interrupt.check).run()
 
 
-def _epochs(run_steps, predict_val, indices, run_seed, epochs, n_train, batch_size, y_val,
-            checkpoints, callbacks, steps_per_call, checkpoint_every, hold, hold_here, check):
-    start_epoch, records = checkpoints.restore() if checkpoints is not None else (0, [])
-    n_steps = -(-n_train // batch_size)
-    n_full = n_train // batch_size
-    k = steps_per_call or min(FIRST_CALL_STEPS, n_steps)
-    for cb in callbacks:
-        cb.on_train_begin(start_epoch, epochs, n_steps)
-    for epoch in range(start_epoch, epochs):
-        start = time.perf_counter()
-        order = np.stack([batch_order(run_seed, i, epoch, n_train) for i in indices])
-        full = order[:, :n_full * batch_size].reshape(len(indices), n_full, batch_size)
+class _Loop:
+    """The epoch loop of `train_loop` (one object instead of a dozen arguments)."""
+
+    def __init__(self, run_steps, predict_val, indices, schedule, n_train, y_val, task,
+                 checkpoints, callbacks, stopping, hold, hold_here, check):
+        self.run_steps, self.predict_val, self.indices = run_steps, predict_val, indices
+        self.s, self.n_train, self.y_val, self.task = schedule, n_train, y_val, task
+        self.checkpoints, self.callbacks, self.stopping = checkpoints, callbacks, stopping
+        self.hold, self.hold_here, self.check = hold, hold_here, check
+        self.n_steps = schedule.steps_per_epoch(n_train)
+        self.k = schedule.steps_per_call or min(FIRST_CALL_STEPS, self.n_steps)
+
+    def run(self) -> list[dict]:
+        s = self.s
+        start_epoch, records = (self.checkpoints.restore() if self.checkpoints is not None
+                                else (0, []))
+        if self.stopping is not None:  # replay the restored epochs' decisions
+            for r in records:
+                self.stopping.update(self.indices.index(r["member"]), r["epoch"],
+                                     r["val_loss"], live=False)
+        for cb in self.callbacks:
+            cb.on_train_begin(start_epoch, s.epochs, self.n_steps)
+        for epoch in range(start_epoch, s.epochs):
+            active = (self.stopping.active.copy() if self.stopping is not None
+                      else np.ones(len(self.indices), bool))
+            if not active.any():
+                break
+            start = time.perf_counter()
+            total = self._epoch(epoch, active, start)
+            new = self._records(epoch, total, active, start)
+            records.extend(new)
+            if self.checkpoints is not None and ((epoch + 1) % s.checkpoint_every == 0
+                                                 or epoch + 1 == s.epochs
+                                                 or (self.stopping is not None
+                                                     and not self.stopping.active.any())):
+                self.checkpoints.save(epoch, records)
+            for cb in self.callbacks:
+                cb.on_epoch_end(epoch, new)
+            self.check(min(epoch + 2, s.epochs), s.epochs)
+            if self.hold is not None and self.hold == (epoch, None):
+                self.hold_here()
+        if self.stopping is not None:
+            self.stopping.finish()
+        return records
+
+    def _records(self, epoch, total, active, start) -> list[dict]:
+        losses = total.astype(np.float64) / self.n_train
+        val = self.predict_val() if self.predict_val is not None else None
+        seconds = time.perf_counter() - start
+        new = []
+        for j, i in enumerate(self.indices):
+            if not active[j]:
+                continue
+            scores = (self.task.validation_scores(self.y_val, val[j]) if val is not None
+                      else dict.fromkeys(self.task.score_names, float("nan")))
+            new.append({"member": i, "epoch": epoch, "loss": float(losses[j]), **scores,
+                        "seconds": seconds})
+            if self.stopping is not None:
+                self.stopping.update(j, epoch, scores["val_loss"])
+        return new
+
+    def _epoch(self, epoch: int, active: np.ndarray, start: float) -> np.ndarray:
+        s, n_steps = self.s, self.n_steps
+        n_full = self.n_train // s.batch_size
+        order = np.stack([batch_order(s.run_seed, i, epoch, self.n_train)
+                          for i in self.indices])
+        full = order[:, :n_full * s.batch_size].reshape(len(self.indices), n_full, s.batch_size)
         full = np.ascontiguousarray(full.transpose(1, 0, 2))  # [n_full, n_members, batch]
+        hold = self.hold
         hold_step = hold[1] if hold is not None and hold[0] == epoch else None
-        total, done = np.zeros(len(indices), np.float32), 0
+        total, done = np.zeros(len(self.indices), np.float32), 0
         while done < n_steps:
             if done < n_full:
-                stop = min(n_full, done + k)
+                stop = min(n_full, done + self.k)
                 if hold_step is not None and done <= hold_step < stop - 1:
                     stop = hold_step + 1  # a call boundary where the test hook holds
                 batch = full[done:stop]
             else:
-                stop, batch = n_steps, order[:, n_full * batch_size:][None]
+                stop, batch = n_steps, order[:, n_full * s.batch_size:][None]
             call_start = time.perf_counter()
-            total = np.asarray(run_steps(batch, total), np.float32)
-            if not steps_per_call and stop - done == k and stop <= n_full:
-                per_step = (time.perf_counter() - call_start) / k
-                k = int(min(max(1, CALL_SECONDS / max(per_step, 1e-6)), 4 * k, n_steps))
-            rows = n_train if stop == n_steps else stop * batch_size
+            total = np.asarray(self.run_steps(batch, total, active), np.float32)
+            if not s.steps_per_call and stop - done == self.k and stop <= n_full:
+                per_step = (time.perf_counter() - call_start) / self.k
+                self.k = int(min(max(1, CALL_SECONDS / max(per_step, 1e-6)), 4 * self.k,
+                                 n_steps))
+            rows = self.n_train if stop == n_steps else stop * s.batch_size
             done = stop
-            for cb in callbacks:
+            for cb in self.callbacks:
                 cb.on_call_end(epoch, done, n_steps, total / np.float32(rows),
                                time.perf_counter() - start)
-            check(epoch + 1, epochs)
+            self.check(epoch + 1, s.epochs)
             if hold_step is not None and done == hold_step + 1:
-                hold_here()
-        losses = total.astype(np.float64) / n_train
-        val = predict_val() if predict_val is not None else None
-        seconds = time.perf_counter() - start
-        nan = float("nan")
-        new = [{"member": i, "epoch": epoch, "loss": float(losses[j]),
-                "val_loss": nan if val is None else metrics.nll(y_val, val[j]),
-                "val_accuracy": nan if val is None else metrics.accuracy(y_val, val[j]),
-                "seconds": seconds}
-               for j, i in enumerate(indices)]
-        records.extend(new)
-        if checkpoints is not None and ((epoch + 1) % checkpoint_every == 0
-                                        or epoch + 1 == epochs):
-            checkpoints.save(epoch, records)
-        for cb in callbacks:
-            cb.on_epoch_end(epoch, new)
-        check(min(epoch + 2, epochs), epochs)
-        if hold is not None and hold == (epoch, None):
-            hold_here()
-    return records
+                self.hold_here()
+        return total

@@ -81,6 +81,8 @@ def worker_naive(run_dir: Path) -> dict:
     """Members built and trained one after another with `model.fit`, then averaged."""
     import keras
 
+    from ensemble import tasks
+    from ensemble.config import member_hparams
     from ensemble.members import build_member, member_seed
 
     cfg, manifest, split = _load(run_dir)
@@ -98,8 +100,9 @@ def worker_naive(run_dir: Path) -> dict:
     probs, seconds = [], 0.0
     for i in range(cfg.members.count):
         start = time.perf_counter()
-        model = build_member(cfg.members, x.shape[1], n_classes,
-                             member_seed(cfg.training.seed, i), f"member_{i}")
+        h = member_hparams(cfg, i)
+        model = build_member(h["builder"], h["params"], x.shape[1:], n_classes,
+                             member_seed(cfg.training.seed, i), f"member_{i}", tasks.get())
         model.compile(keras.optimizers.Adam(cfg.training.learning_rate),
                       "sparse_categorical_crossentropy")
         epoch_seconds.append([])

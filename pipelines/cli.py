@@ -62,6 +62,7 @@ def _load_config(args, base: dict | None = None):
 
     cfg = config.load(args.config, base=base, overrides={
         "data.source": args.data, "data.target": args.target, "members.count": args.members,
+        "model.builder": getattr(args, "model", None),
         "training.epochs": getattr(args, "epochs", None), "training.seed": getattr(args, "seed", None),
         "placement.devices": args.devices, "data.impute": getattr(args, "impute", None)})
     spec, n = cfg.placement.devices.strip(), cfg.members.count

@@ -55,6 +55,10 @@ def _common_run_options(parser, what: str) -> None:
     _add(parser, "--impute", choices=IMPUTE,
          help="missing feature values: refuse them, or fill them from the training split "
               "(default: the config's, error)")
+    _add(parser, "--model", metavar="BUILDER",
+         help="the members' network: mlp, cnn, package.module:function or "
+              "path/to/file.py:function returning a keras.Model of logits (default: the "
+              "config's [model] builder, mlp)")
     _add(parser, "--members", type=_positive, metavar="N",
          help=f"number of members {what} (default: the config's, 4)")
     _add(parser, "--epochs", type=_positive, metavar="N",

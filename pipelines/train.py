@@ -71,14 +71,15 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     splits and write the run's tables; updates `manifest` and finishes the run."""
     from ensemble.in_graph import InGraphEnsemble
     from ensemble.members import save_member
-    from ensemble.training import SteadyState
+    from ensemble.training import Schedule, SteadyState
 
     split = {s: artifacts.read_split(run_dir, s, manifest) for s in artifacts.SPLITS}
     classes = np.asarray(manifest["dataset"]["classes"])
     (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
     placed = [m["device"] for m in manifest["members"]]
     start = time.perf_counter()
-    ens = InGraphEnsemble.build(cfg, x_tr.shape[1], len(classes), placed, aggregators=())
+    ens = InGraphEnsemble.build(cfg, x_tr.shape[1:], len(classes), placed, aggregators=(),
+                                n_train=len(x_tr))
     if cfg.training.tensorboard:  # member scalars, and the in-graph ensemble's per epoch
         from ensemble.tensorboard import EnsembleScalars, MemberScalars
 
@@ -86,10 +87,8 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
                      EnsembleScalars(run_dir, lambda: ens.predict(x_val)[0], y_val,
                                      cfg.aggregation.aggregators)]
     steady = SteadyState(cfg.training.batch_size, len(x_tr))
-    history = ens.fit(x_tr, y_tr, x_val, y_val, cfg.training.seed, cfg.training.epochs,
-                      cfg.training.batch_size, run_dir / "checkpoints" / "in-graph",
-                      [*callbacks, steady], cfg.training.steps_per_execution,
-                      cfg.training.checkpoint_every)
+    history = ens.fit(x_tr, y_tr, x_val, y_val, Schedule.of(cfg.training),
+                      run_dir / "checkpoints" / "in-graph", [*callbacks, steady])
     train_seconds = time.perf_counter() - start
     manifest["timings"].update(steady_rows=steady.rows, steady_seconds=steady.seconds)
     for i, model in enumerate(ens.models):

@@ -47,12 +47,14 @@ def hetero(tmp_path_factory):
 
 def test_overrides_resolve_per_member(hetero):
     cfg = config.load(hetero[0])
-    assert config.member_hparams(cfg, 0) == {"hidden": [32], "activation": "relu",
-                                             "dropout": 0.1, "learning_rate": 0.001, "l2": 0.0}
-    assert config.member_hparams(cfg, 1) == {"hidden": [48, 16], "activation": "tanh",
-                                             "dropout": 0.1, "learning_rate": 0.003, "l2": 0.0}
-    assert config.member_hparams(cfg, 2)["dropout"] == 0.0
-    assert config.member_hparams(cfg, 2)["l2"] == 0.001
+    assert config.member_hparams(cfg, 0) == {
+        "builder": "mlp", "learning_rate": 0.001,
+        "params": {"hidden": [32], "activation": "relu", "dropout": 0.1, "l2": 0.0}}
+    assert config.member_hparams(cfg, 1) == {
+        "builder": "mlp", "learning_rate": 0.003,
+        "params": {"hidden": [48, 16], "activation": "tanh", "dropout": 0.1, "l2": 0.0}}
+    assert config.member_hparams(cfg, 2)["params"]["dropout"] == 0.0
+    assert config.member_hparams(cfg, 2)["params"]["l2"] == 0.001
 
 
 def test_heterogeneous_members_same_in_both_modes(hetero):
@@ -63,7 +65,7 @@ def test_heterogeneous_members_same_in_both_modes(hetero):
     assert abs(a[cols].to_numpy() - b[cols].to_numpy()).max() <= 1e-6
     manifest = artifacts.read_manifest(runs["in-graph"])
     members = manifest["members"]
-    assert [m["hparams"]["hidden"] for m in members] == [[32], [48, 16], [32]]
+    assert [m["hparams"]["params"]["hidden"] for m in members] == [[32], [48, 16], [32]]
     # FLOPs per row: 2 * (64*32 + 32*10) = 4736 and 2 * (64*48 + 48*16 + 16*10) = 8000:
     # balanced placement gives the costliest member a device of its own
     assert [m["flops_per_row"] for m in members] == [4736, 8000, 4736]
@@ -80,7 +82,8 @@ def test_heterogeneous_members_on_their_devices_in_the_traced_graph(hetero):
     cfg = config.load(hetero[0])
     devs = ["/device:CPU:1", "/device:CPU:0", "/device:CPU:1"]
     ens = InGraphEnsemble.build(cfg, 64, 10, devs)
-    assert [len(m.layers) for m in ens.models] == [3, 5, 2]  # dense+dropout per layer, output
+    # the builder's network (dense+dropout per layer, logits) under the softmax head
+    assert [len(m.layers[1].layers) for m in ens.models] == [3, 5, 2]
     found = _ops_by_member(ens.predict_fn.get_concrete_function().graph, 3)
     assert found == {0: {devs[0]}, 1: {devs[1]}, 2: {devs[2]}}
 
@@ -89,6 +92,7 @@ def test_l2_penalty_is_added_to_the_step_loss():
     import numpy as np
     import tensorflow as tf
 
+    from ensemble import tasks
     from ensemble.members import build_member
     from ensemble.optimizer import build_optimizer
     from ensemble.training import train_step
@@ -99,11 +103,12 @@ def test_l2_penalty_is_added_to_the_step_loss():
     idx = tf.range(16)
     losses = {}
     for l2 in (0.0, 0.5):
-        arch = config.MembersConfig(hidden=(4,), dropout=0.0, l2=l2)
-        model = build_member(arch, 5, 3, seed=7, name="m")
+        task = tasks.get()
+        model = build_member("mlp", {"hidden": [4], "dropout": 0.0, "l2": l2}, (5,), 3,
+                             seed=7, name="m", task=task)
         kernels = sum(float(tf.reduce_sum(tf.square(v))) for v in model.trainable_variables
                       if len(v.shape) == 2)
-        losses[l2] = (float(train_step(model, build_optimizer(model, 1e-3), x, y, idx)),
+        losses[l2] = (float(train_step(model, build_optimizer(model, 1e-3), x, y, idx, task)),
                       kernels)
     (plain, kernels), (penalised, _) = losses[0.0], losses[0.5]
     assert penalised == pytest.approx(plain + 0.5 * kernels, rel=1e-5)

@@ -79,11 +79,13 @@ def test_aggregation_ops_run_on_the_client_device():
 
 def test_member_alone_equals_member_in_ensemble(prepared):
     (x, y, _), (xv, yv, _) = prepared["train"], prepared["validation"]
-    seed, epochs, bs = CFG.training.seed, CFG.training.epochs, CFG.training.batch_size
+    from ensemble.training import Schedule
+
+    schedule = Schedule.of(CFG.training)
     full = _build(["/device:CPU:0", "/device:CPU:1", "/device:CPU:2", "/device:CPU:3"])
-    full.fit(x, y, xv, yv, seed, epochs, bs)
+    full.fit(x, y, xv, yv, schedule)
     alone = _build(["/device:CPU:3"], [2])
-    alone.fit(x, y, xv, yv, seed, epochs, bs)
+    alone.fit(x, y, xv, yv, schedule)
     for a, b in zip(alone.models[0].get_weights(), full.models[2].get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-6)
     other = full.models[1].get_weights()[0]
