@@ -242,7 +242,7 @@ def predict_client(run_dir: Path, indices: int | Sequence[int], x_path: Path, ou
         The written paths, one per member.
     """
     from ensemble.group import MemberGroup
-    from ensemble.members import load_member
+    from ensemble.members import load_run_member
 
     indices = [indices] if isinstance(indices, int) else list(indices)
     manifest = artifacts.read_manifest(run_dir)
@@ -258,8 +258,8 @@ def predict_client(run_dir: Path, indices: int | Sequence[int], x_path: Path, ou
     _, local, cluster = _start_client(manifest, indices, threads, devices_, cluster)
     groups = {}
     for index, device in zip(indices, local):
-        path = artifacts.verify(run_dir, manifest, artifacts.member_model_path(run_dir, index))
-        groups[index] = MemberGroup([load_member(path, device)], [device], [index])
+        groups[index] = MemberGroup([load_run_member(run_dir, manifest, index, device)],
+                                    [device], [index])
     if not npz:
         return _predict_stream(run_dir, manifest, groups, str(x_path), Path(out), batch_rows,
                                target)

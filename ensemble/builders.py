@@ -157,6 +157,9 @@ def resolve(spec: str) -> Callable:
             raise UsageError(f"Builder {spec} was a function of another Python process; "
                              "name it by module (`package.module:function`) or file instead.")
         return _local[spec]
+    from ensemble.tfimport import import_tensorflow_quietly
+
+    import_tensorflow_quietly()  # the user's module imports Keras: no start-up banners
     if is_file_spec(spec):
         path, _, name = spec.partition(":")
         if not name:
@@ -205,6 +208,12 @@ def spec_of(builder: str | Callable) -> str:
     name = f"{LOCAL_PREFIX}{qualname or type(builder).__name__}#{id(builder):x}"
     _local[name] = builder
     return name
+
+
+def register(spec: str, builder: Callable) -> None:
+    """Make the process-local name `spec` (from `spec_of`, perhaps in another process that
+    pickled it) resolve to `builder` here."""
+    _local[spec] = builder
 
 
 def importable(spec: str) -> bool:

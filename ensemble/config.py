@@ -445,7 +445,11 @@ def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None
     Raises:
         UsageError: missing or unparsable file, unknown key, wrong type or value.
     """
-    table: dict[str, Any] = json.loads(json.dumps(base)) if base else {}
+    try:
+        table: dict[str, Any] = json.loads(json.dumps(base)) if base else {}
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"Expected config tables of plain values (numbers, strings, lists, "
+                         f"tables). Received: {str(exc)[:200]}") from None
     try:
         if path is not None:
             path = Path(path)

@@ -150,13 +150,11 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
                          f"{next_version(out)}).")
     import tensorflow as tf
 
-    from ensemble.members import load_member
+    from ensemble.members import load_run_member
 
     n = len(manifest["members"])
     params = member_params(fit, list(range(n)))
-    models = [load_member(artifacts.verify(run_dir, manifest,
-                                           artifacts.member_model_path(run_dir, i)), None)
-              for i in range(n)]
+    models = [load_run_member(run_dir, manifest, i, None) for i in range(n)]
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=out))
     try:

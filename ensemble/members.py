@@ -148,6 +148,33 @@ def save_member(model, path) -> None:
         model.save(tmp)
 
 
+def import_builder(manifest: dict, index: int) -> None:
+    """Import member `index`'s builder module, as its saved model may need the custom layers
+    the module registers (`keras.saving.register_keras_serializable`). Best effort: a builder
+    that no longer imports leaves the load to say which layer is unknown."""
+    h = manifest["members"][index].get("hparams") or {}
+    spec = h.get("builder")
+    if spec and spec not in builders.BUILTINS and builders.importable(spec):
+        try:
+            builders.resolve(spec)
+        except UsageError:
+            pass
+
+
+def load_run_member(run_dir, manifest: dict, index: int, device: str | None):
+    """Member `index` of a run: its file verified against the manifest's sha256
+    (`artifacts.verify`), its builder imported (`import_builder`), loaded by `load_member`.
+
+    Raises:
+        UsageError: a missing, changed or unloadable file.
+    """
+    from ensemble import artifacts
+
+    path = artifacts.verify(run_dir, manifest, artifacts.member_model_path(run_dir, index))
+    import_builder(manifest, index)
+    return load_member(path, device)
+
+
 def load_member(path, device: str | None):
     """Load a saved member with `safe_mode=True` onto `device` (None: no device scope, as an
     export needs: nothing hard-wired).

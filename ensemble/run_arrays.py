@@ -203,7 +203,7 @@ def save(est, path: Path, overwrite: bool = False) -> Path:
 
 def load(cls, path: Path):
     """A fitted `cls` (the estimator class) from a completed run directory."""
-    from ensemble.members import load_member
+    from ensemble.members import load_run_member
     from ensemble.posthoc import run_aggregators
 
     manifest = artifacts.read_manifest(path)
@@ -215,8 +215,8 @@ def load(cls, path: Path):
                          f"({', '.join(pre.categories)}); an estimator takes numeric arrays: "
                          f"use ensemble.load_run({str(path)!r}).predict(DataFrame)")
     n = len(manifest["members"])
-    weights = [load_member(artifacts.verify(path, manifest, artifacts.member_model_path(path, i)),
-                           "/device:CPU:0").get_weights() for i in range(n)]
+    weights = [load_run_member(path, manifest, i, "/device:CPU:0").get_weights()
+               for i in range(n)]
     names, fit_ = run_aggregators(path, manifest)
     m, t = cfg.members, cfg.training
     est = cls(n_members=m.count, hidden=tuple(m.hidden), activation=m.activation,

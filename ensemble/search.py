@@ -12,12 +12,18 @@ the space: pure Python and numpy, no TensorFlow, so a bad space fails before Ten
     dropout = { low = 0.0, high = 0.3 }                      # uniform float range
     learning_rate = { low = 3e-4, high = 1e-2, log = true }  # log-uniform range
     l2 = [0.0, 1e-5, 1e-4]
+    [search.params]                                          # the builder's own parameters
+    width = [16, 32, 64]                                     # choices (any values)
+    blocks = { low = 1, high = 3, integer = true }           # integer range
 
 Keys: `hidden` takes choices (each a list of layer widths, or one width) or an integer range
 `{ low, high, integer = true }` (one hidden layer of that width; `log = true` allowed);
 `activation` takes choices; `dropout`, `learning_rate` and `l2` take choices or float ranges
 `{ low, high }` (`log = true`: log-uniform, both bounds positive). Keys left out keep the
-config's value. Candidate `i` is drawn from `numpy.random.default_rng([seed, i])` alone, so
+config's value. `[search.params]` samples keyword arguments of the config's builder
+(`[model] builder`): each name takes choices of any value, or a range (`{ low, high }`, with
+`integer = true` for whole numbers, `log = true` allowed); the builder checks the values when
+the members are built. Candidate `i` is drawn from `numpy.random.default_rng([seed, i])` alone, so
 the first N candidates are the same whatever N is.
 """
 
@@ -132,7 +138,7 @@ def parse_space(table: Any) -> tuple[int, dict[str, dict[str, Any]]]:
     """
     if not isinstance(table, dict):
         raise UsageError(f"Expected `search` to be a table. Received: {table!r}")
-    unknown = sorted(set(table) - {"seed", *KEYS})
+    unknown = sorted(set(table) - {"seed", "params", *KEYS})
     if unknown:
         close = difflib.get_close_matches(unknown[0], ["seed", *KEYS], n=1)
         hint = f" (did you mean `search.{close[0]}`?)" if close else ""
@@ -143,10 +149,36 @@ def parse_space(table: Any) -> tuple[int, dict[str, dict[str, Any]]]:
         raise UsageError(f"Expected `search.seed` to be an integer >= 0. Received: "
                          f"search.seed={seed!r}")
     space = {k: _check_dim(k, table[k]) for k in KEYS if k in table}
+    if "params" in table:
+        params = table["params"]
+        if not isinstance(params, dict) or not params:
+            raise UsageError("Expected `search.params` to be a table of builder parameter "
+                             f"spaces. Received: {params!r}")
+        space["params"] = {name: _check_param(name, spec) for name, spec in params.items()}
     if not space:
         raise UsageError(f"Expected `[search]` to give a space for at least one of "
-                         f"{', '.join(KEYS)}.")
+                         f"{', '.join(KEYS)}, params.")
     return seed, space
+
+
+def _check_param(name: str, spec: Any) -> dict[str, Any]:
+    """A builder parameter's space: choices of any value, or a numeric range."""
+    key = f"search.params.{name}"
+    if isinstance(spec, list):
+        if not spec:
+            raise UsageError(f"Expected `{key}` to list at least one choice. Received: []")
+        return {"choices": list(spec)}
+    if not isinstance(spec, dict) or not set(spec) <= set(RANGE_KEYS):
+        raise UsageError(f"Expected `{key}` to be a list of choices or a range table "
+                         f"{{ low, high }}. Received: {spec!r}")
+    low, high = spec.get("low"), spec.get("high")
+    log, integer = spec.get("log", False), spec.get("integer", False)
+    if not (_number(low) and _number(high)) or low > high or (log and low <= 0) \
+            or (integer and not (isinstance(low, int) and isinstance(high, int))) \
+            or not math.isfinite(low) or not math.isfinite(high):
+        raise UsageError(f"Expected `{key}` to have finite numbers low <= high (integers with "
+                         f"integer = true, positive with log = true). Received: {spec!r}")
+    return {"low": low, "high": high, "log": bool(log), "integer": bool(integer)}
 
 
 def load_space(path: str | Path) -> tuple[int, dict[str, dict[str, Any]], dict[str, Any]]:
@@ -171,7 +203,7 @@ def load_space(path: str | Path) -> tuple[int, dict[str, dict[str, Any]], dict[s
     return seed, space, table["search"]
 
 
-def _draw(rng: np.random.Generator, dim: dict[str, Any]) -> Any:
+def _draw(rng: np.random.Generator, dim: dict[str, Any], as_int: bool = False) -> Any:
     if "choices" in dim:
         return dim["choices"][int(rng.integers(len(dim["choices"])))]
     low, high = float(dim["low"]), float(dim["high"])
@@ -179,7 +211,8 @@ def _draw(rng: np.random.Generator, dim: dict[str, Any]) -> Any:
         hi = high + 1  # integers low..high, each equally likely (log: by log-width)
         u = (math.exp(rng.uniform(math.log(low), math.log(hi))) if dim["log"]
              else rng.uniform(low, hi))
-        return [int(min(max(math.floor(u), low), high))]
+        value = int(min(max(math.floor(u), low), high))
+        return value if as_int else [value]
     u = (math.exp(rng.uniform(math.log(low), math.log(high))) if dim["log"]
          else rng.uniform(low, high))
     return float(f"{min(max(u, low), high):.4g}")  # 4 significant digits: readable records
@@ -198,7 +231,8 @@ def sample(space: dict[str, dict[str, Any]], seed: int, n: int) -> list[dict[str
     out = []
     for i in range(n):
         rng = np.random.default_rng([seed, i])
-        out.append({k: _draw(rng, dim) for k, dim in space.items()})
+        out.append({k: ({n: _draw(rng, d, as_int=True) for n, d in dim.items()}
+                        if k == "params" else _draw(rng, dim)) for k, dim in space.items()})
     return out
 
 

@@ -29,8 +29,9 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ensemble import config, run_arrays
+from ensemble import builders, config, run_arrays
 from ensemble.aggregate import FITTED
+from ensemble.config import MODES
 from ensemble.errors import UsageError
 
 # estimator parameter -> config key (messages of config validation name the parameter)
@@ -38,8 +39,13 @@ PARAMS = {"n_members": "members.count", "hidden": "members.hidden",
           "activation": "members.activation", "dropout": "members.dropout",
           "epochs": "training.epochs", "batch_size": "training.batch_size",
           "learning_rate": "training.learning_rate", "random_state": "training.seed",
-          "devices": "placement.devices", "aggregator": "aggregation.aggregators"}
-MODES = ("in-graph", "between-graph")
+          "devices": "placement.devices", "aggregator": "aggregation.aggregators",
+          "model": "model.builder", "model__": "model.params."}
+ROUTED = "model__"  # `model__<name>=value`: keyword argument <name> of the builder (SciKeras)
+
+
+def _plain_dict(params: dict) -> dict:
+    return {k: _plain(v) for k, v in params.items()}
 
 
 def _plain(value):
@@ -52,11 +58,18 @@ def _plain(value):
 
 
 class DeepEnsembleClassifier(ClassifierMixin, BaseEstimator):
-    """A deep ensemble of MLP members (Lakshminarayanan et al. 2017) as a scikit-learn
+    """A deep ensemble (Lakshminarayanan et al. 2017) of any Keras model as a scikit-learn
     classifier; defaults are those of the config (`configs/digits.toml`).
 
     Args:
+        model: the members' builder (`model.builder`): `"mlp"` (default), `"cnn"`, an import
+            string (`"package.module:function"`, `"path/file.py:function"`) or the function
+            itself, `build(input_shape, n_outputs, *, seed, **params) -> keras.Model` of
+            logits. `mode="between-graph"` needs a module-level (importable) function.
+        **model__<name>: keyword argument `<name>` of the builder (routed as SciKeras does),
+            so `GridSearchCV(clf, {"model__width": [8, 16]})` searches it.
         n_members: ensemble members (`members.count`).
+        hidden, activation, dropout: the built-in MLP's parameters (used with `model="mlp"`).
         hidden: hidden layer widths of every member (`members.hidden`).
         activation: `relu`, `tanh`, `gelu`, `elu`, `sigmoid` or `swish`.
         dropout: dropout rate in [0, 1) after every hidden layer.
@@ -90,7 +103,15 @@ class DeepEnsembleClassifier(ClassifierMixin, BaseEstimator):
 
     def __init__(self, n_members=4, hidden=(256, 128), activation="relu", dropout=0.1,
                  epochs=30, batch_size=32, learning_rate=1e-3, random_state=None,
-                 mode="in-graph", devices="auto", aggregator="mean", run_dir=None):
+                 mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
+                 model="mlp", **kwargs):
+        bad = [k for k in kwargs if not k.startswith(ROUTED) or k == ROUTED]
+        if bad:
+            raise TypeError(f"DeepEnsembleClassifier got an unexpected keyword argument "
+                            f"{bad[0]!r}; builder parameters are passed as model__<name>.")
+        self.model = model
+        for key, value in kwargs.items():
+            setattr(self, key, value)
         self.n_members = n_members
         self.hidden = hidden
         self.activation = activation
@@ -104,11 +125,48 @@ class DeepEnsembleClassifier(ClassifierMixin, BaseEstimator):
         self.aggregator = aggregator
         self.run_dir = run_dir
 
+    def _routed(self) -> dict:
+        """The builder parameters `{name: value}` given as `model__<name>`."""
+        return {k[len(ROUTED):]: v for k, v in vars(self).items()
+                if k.startswith(ROUTED) and not k.endswith("_")}
+
+    def get_params(self, deep=True):
+        """The estimator's parameters, the routed `model__<name>` ones included."""
+        params = super().get_params(deep=deep)
+        params.update({ROUTED + k: v for k, v in self._routed().items()})
+        return params
+
+    def set_params(self, **params):
+        """Set parameters; any `model__<name>` is accepted (a builder parameter)."""
+        for key in [k for k in params if k.startswith(ROUTED) and k != ROUTED]:
+            setattr(self, key, params.pop(key))
+        return super().set_params(**params)
+
+    def _builder(self) -> str:
+        try:
+            spec = builders.spec_of(self.model)
+        except UsageError as exc:
+            raise ValueError(str(exc)) from None
+        if self.mode == "between-graph" and not builders.importable(spec):
+            raise ValueError(f"mode='between-graph' trains in client processes, which import "
+                             f"the builder by name; model={self.model!r} is not importable "
+                             "(define it at module level in an importable module or file, or "
+                             "pass 'package.module:function').")
+        return spec
+
+    def _attach_builder(self) -> None:
+        """A fitted (or unpickled) estimator's process-local builder, found again under the
+        name its config records (`builders.register`)."""
+        spec = self.config_.model.builder
+        if callable(self.model) and not builders.importable(spec):
+            builders.register(spec, self.model)
+
     def _config(self, seed: int) -> config.Config:
         """The run's `Config`; raises ValueError naming the estimator parameter."""
         if self.mode not in MODES:
             raise ValueError(f"Expected `mode` to be one of {', '.join(MODES)}. "
                              f"Received: mode={self.mode!r}")
+        builder = self._builder()
         if not isinstance(self.aggregator, str):
             raise ValueError(f"Expected `aggregator` to be one aggregator name. "
                              f"Received: aggregator={self.aggregator!r}")
@@ -119,7 +177,8 @@ class DeepEnsembleClassifier(ClassifierMixin, BaseEstimator):
                  "training": {"epochs": _plain(self.epochs), "batch_size": _plain(self.batch_size),
                               "learning_rate": _plain(self.learning_rate), "seed": seed},
                  "placement": {"devices": self.devices},
-                 "aggregation": {"aggregators": [self.aggregator]}}
+                 "aggregation": {"aggregators": [self.aggregator]},
+                 "model": {"builder": builder, "params": _plain_dict(self._routed())}}
         try:
             return config.from_dict(table)
         except UsageError as exc:
@@ -203,6 +262,7 @@ class DeepEnsembleClassifier(ClassifierMixin, BaseEstimator):
         X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
         x = self.preprocessing_.transform(run_arrays.dataset(X, list(
             getattr(self, "feature_names_in_", self.preprocessing_.feature_names))))
+        self._attach_builder()
         p = run_arrays.predict(self, x).astype(np.float64)
         return p / p.sum(axis=1, keepdims=True)
 
@@ -212,6 +272,7 @@ class DeepEnsembleClassifier(ClassifierMixin, BaseEstimator):
         X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
         x = self.preprocessing_.transform(run_arrays.dataset(X, list(
             getattr(self, "feature_names_in_", self.preprocessing_.feature_names))))
+        self._attach_builder()
         return run_arrays.predict(self, x, members=True)
 
     def predict(self, X) -> np.ndarray:

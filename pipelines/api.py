@@ -48,11 +48,30 @@ def as_config(config: Config | Mapping | str | Path | None = None,
     if isinstance(config, Config):
         return C.load(base=config.to_dict(), overrides=dict(overrides or {}))
     if isinstance(config, Mapping):
-        return C.load(base=dict(config), overrides=dict(overrides or {}))
+        return C.load(base=_builder_names(dict(config)), overrides=dict(overrides or {}))
     if config is None or isinstance(config, (str, Path)):
         return C.load(config, overrides=dict(overrides or {}))
     raise UsageError(f"Expected `config` to be a Config, a dict of tables or a TOML path. "
                      f"Received: config={config!r}")
+
+
+def _builder_names(tables: dict) -> dict:
+    """`{"model": fn}` or `{"model": {"builder": fn}}`: the function's name
+    (`builders.spec_of`); a Keras model instance is refused (each member needs its own)."""
+    from ensemble import builders
+
+    model = tables.get("model")
+    if callable(model) and not isinstance(model, Mapping) or isinstance(model, Mapping) \
+            and callable(model.get("builder")):
+        fn = model if not isinstance(model, Mapping) else model["builder"]
+        if type(fn).__name__ in ("Sequential", "Functional", "Model") or hasattr(fn, "layers"):
+            raise UsageError("Expected `model` to be a builder function "
+                             "build(input_shape, n_outputs, *, seed, **params) that returns a "
+                             f"new keras.Model; received a model instance ({fn.name!r}): every "
+                             "member needs its own, freshly initialised network.")
+        params = dict(model.get("params", {})) if isinstance(model, Mapping) else {}
+        tables = {**tables, "model": {"builder": builders.spec_of(fn), "params": params}}
+    return tables
 
 
 def _notice(text: str) -> None:
@@ -92,7 +111,7 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
           overwrite: bool = False, resume: bool = False, jobs: int | None = None,
           cluster: dict | None = None, prepare_only: bool = False,
           tensorboard: bool | None = None, log_device_placement: bool = False,
-          verbosity: int = 0) -> "Run":
+          verbosity: int = 0, model=None) -> "Run":
     """Train an ensemble and write its run directory; the same path as `ensemble train`.
 
     Args:
@@ -106,6 +125,10 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
             `training.tensorboard`).
         log_device_placement: print where every member's ops ran (`ensemble.placement_log`).
         verbosity: 0 quiet (the default here), 1 progress lines, 2 more.
+        model: the members' builder, overriding the config's `[model] builder`: a name
+            (`"cnn"`, `"package.module:function"`, `"path/file.py:function"`) or the function
+            itself (`build(input_shape, n_outputs, *, seed, **params) -> keras.Model` of
+            logits); between-graph needs one that imports by name (module level).
 
     Returns:
         The `Run` (completed; or only prepared with `prepare_only`).
@@ -127,6 +150,16 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
         cfg = as_config(config, overrides)
     if tensorboard is not None:
         cfg = as_config(cfg, {"training.tensorboard": bool(tensorboard)})
+    if model is not None:
+        from ensemble import builders
+
+        spec = model if isinstance(model, str) else \
+            _builder_names({"model": model})["model"]["builder"]
+        if mode == "between-graph" and not builders.importable(spec):
+            raise UsageError(f"mode between-graph trains in client processes, which import the "
+                             f"builder by name; {model!r} is not importable: define it at "
+                             "module level, or pass 'package.module:function'.")
+        cfg = as_config(cfg, {"model.builder": spec})
     for text in devices.configure_gpus(cfg.placement.memory_growth, cfg.placement.memory_limit_mb):
         _notice(text)
     from pipelines import train as T

@@ -19,38 +19,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from ensemble.devices import peak_rss_bytes  # noqa: E402
 from ensemble.errors import UsageError  # noqa: E402
+from ensemble.tfimport import import_tensorflow_quietly  # noqa: E402
 from pipelines.guide import report  # noqa: E402
 from pipelines.options import parse, refuse_inapplicable  # noqa: E402
-
-
-KERAS_EXTRAS = ("sklearn", "scipy", "pandas", "matplotlib")
-
-
-def _import_tensorflow_quietly() -> None:
-    """Import TensorFlow with stderr silenced: its C++ runtime prints start-up banners (oneDNN,
-    CUDA probing) before any log level applies. Errors still surface as Python exceptions.
-
-    Keras imports scikit-learn, SciPy, pandas and matplotlib (pyplot) when they are installed,
-    for wrappers and plots this CLI never uses: about 2 s of every process's start-up. Those
-    not loaded yet are hidden while TensorFlow loads (a `None` entry in `sys.modules` makes an
-    import fail, which Keras handles by leaving the extra off) and importable again after, so a
-    command that needs one (scikit-learn for data and metrics) still loads it, once, when used.
-    """
-    if "tensorflow" in sys.modules:
-        return
-    hidden = [name for name in KERAS_EXTRAS if name not in sys.modules]
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    try:
-        sys.modules.update(dict.fromkeys(hidden))
-        os.dup2(devnull, 2)
-        import tensorflow  # noqa: F401
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-        for name in hidden:
-            if sys.modules.get(name, 0) is None:
-                del sys.modules[name]
 
 
 def _load_config(args, base: dict | None = None):
@@ -101,7 +72,7 @@ def cmd_train(args) -> int:
 
         data.load(cfg.data)
     if args.mode == "in-graph" or args.cluster or os.environ.get("TF_CONFIG"):  # not a
-        _import_tensorflow_quietly()  # between-graph launcher: its clients load TensorFlow
+        import_tensorflow_quietly()  # between-graph launcher: its clients load TensorFlow
     from pipelines import api
 
     ready = time.time()
@@ -141,7 +112,7 @@ def cmd_search(args) -> int:
 
         data.load(plan.config.data)
     if args.mode == "in-graph":  # a between-graph launcher leaves TensorFlow to its clients
-        _import_tensorflow_quietly()
+        import_tensorflow_quietly()
     from pipelines import evaluate, train
 
     run_dir = Path(args.run_dir) if args.run_dir else train.default_run_dir(plan.config)
@@ -192,7 +163,7 @@ def cmd_predict(args) -> int:
     check_out(Path(args.out))
     _check_input_early(args)
     if args.mode == "in-graph":  # a between-graph launcher never loads TensorFlow
-        _import_tensorflow_quietly()
+        import_tensorflow_quietly()
     from pipelines import predict
 
     ready, measured = time.time(), {}
@@ -218,7 +189,7 @@ def cmd_predict(args) -> int:
 
 
 def cmd_export(args) -> int:
-    _import_tensorflow_quietly()
+    import_tensorflow_quietly()
     from ensemble.export import export_run
 
     path = export_run(Path(args.run), Path(args.out), args.version, args.aggregator)
@@ -364,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.command != "train":  # train: once its mode is known (--resume: the run's)
                 refuse_inapplicable(args)
             if args.command in ("client", "server", "devices"):
-                _import_tensorflow_quietly()
+                import_tensorflow_quietly()
             return args.func(args)
     except interrupt.Interrupted as exc:
         print(_interrupted_line(exc, args), file=sys.stderr, flush=True)

@@ -106,7 +106,7 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
         UsageError: bad run, input, output name or `replicas`; nothing is left under `out`.
     """
     from ensemble.fitted import member_params
-    from ensemble.members import load_member
+    from ensemble.members import load_run_member
     from ensemble.placement import replica_devices
     from ensemble.posthoc import run_aggregators
     from ensemble.progress import RowProgress
@@ -121,8 +121,7 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
 
     copies = []
     for i, group in enumerate(groups):
-        path = artifacts.verify(run_dir, manifest, artifacts.member_model_path(run_dir, i))
-        copies.append([(load_member(path, d), d) for d in group])
+        copies.append([(load_run_member(run_dir, manifest, i, d), d) for d in group])
     aggs, fit = run_aggregators(run_dir, manifest)
     params = member_params(fit, list(range(n)))
     ens = InGraphEnsemble([c[0][0] for c in copies], [g[0] for g in groups], aggs,

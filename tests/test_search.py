@@ -76,7 +76,7 @@ def test_bad_spaces_exit_2_with_one_line_naming_the_key_before_tensorflow(
     def no_tensorflow():
         raise AssertionError("TensorFlow loaded before the search space was checked")
 
-    monkeypatch.setattr("pipelines.cli._import_tensorflow_quietly", no_tensorflow)
+    monkeypatch.setattr("pipelines.cli.import_tensorflow_quietly", no_tensorflow)
     path = _bad_space_config(tmp_path, line)
     assert run_cli("search", "--config", path, "--candidates", 2, "--select", 1,
                    "--run-dir", tmp_path / "run") == 2

@@ -1,0 +1,39 @@
+"""Importing TensorFlow quietly: without its C++ start-up banners and without Keras's extras.
+
+Shared by the CLI and by everything that may be first to import TensorFlow in a process (a
+user's builder module imports Keras at its top).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+KERAS_EXTRAS = ("sklearn", "scipy", "pandas", "matplotlib")
+
+
+def import_tensorflow_quietly() -> None:
+    """Import TensorFlow with stderr silenced: its C++ runtime prints start-up banners (oneDNN,
+    CUDA probing) before any log level applies. Errors still surface as Python exceptions.
+
+    Keras imports scikit-learn, SciPy, pandas and matplotlib (pyplot) when they are installed,
+    for wrappers and plots this CLI never uses: about 2 s of every process's start-up. Those
+    not loaded yet are hidden while TensorFlow loads (a `None` entry in `sys.modules` makes an
+    import fail, which Keras handles by leaving the extra off) and importable again after, so a
+    command that needs one (scikit-learn for data and metrics) still loads it, once, when used.
+    """
+    if "tensorflow" in sys.modules:
+        return
+    hidden = [name for name in KERAS_EXTRAS if name not in sys.modules]
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        sys.modules.update(dict.fromkeys(hidden))
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+        for name in hidden:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]

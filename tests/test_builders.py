@@ -1,0 +1,251 @@
+"""Builders: a user's own Keras model as every member, in both modes, through predict and
+export; bad builders refused in one line; the estimator's routed builder parameters.
+
+One user file (a residual MLP with LayerNormalization) is written per session; the module
+shares one in-graph run (builder named by file path) and one between-graph run (named by
+module) of it, trained with SGD + momentum, a cosine schedule and early stopping."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import ROOT, run_cli
+
+USER_BUILDER = '''
+"""A user's residual MLP: Dense -> [LayerNorm -> Dense(relu) -> Add] x blocks -> Dense."""
+import keras
+
+
+def build(input_shape, n_outputs, *, seed, width=32, blocks=2):
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Dense(width)(inputs)
+    for _ in range(blocks):
+        h = keras.layers.LayerNormalization()(x)
+        h = keras.layers.Dense(width, activation="relu")(h)
+        x = keras.layers.Add()([x, h])
+    return keras.Model(inputs, keras.layers.Dense(n_outputs)(x))
+
+
+def softmax_out(input_shape, n_outputs, *, seed):
+    return keras.Sequential([keras.Input(input_shape),
+                             keras.layers.Dense(n_outputs, activation="softmax")])
+
+
+def wrong_shape(input_shape, n_outputs, *, seed):
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Dense(n_outputs + 1)])
+
+
+def with_lambda(input_shape, n_outputs, *, seed):
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Dense(n_outputs),
+                             keras.layers.Lambda(lambda t: t * 2.0)])
+
+
+def raises(input_shape, n_outputs, *, seed):
+    raise RuntimeError("my builder is broken on purpose")
+
+
+def not_a_model(input_shape, n_outputs, *, seed):
+    return [1, 2, 3]
+
+
+def no_seed(input_shape, n_outputs):
+    return None
+'''
+
+CONFIG = """
+[data]
+source = "digits"
+[model]
+builder = "{builder}"
+[model.params]
+width = 16
+[members]
+count = 2
+[training]
+epochs = 4
+batch_size = 64
+seed = 5
+learning_rate = 0.05
+optimizer = "sgd"
+optimizer_params = {{ momentum = 0.9 }}
+lr_schedule = "cosine"
+early_stopping = 1
+[placement]
+devices = "cpu:2"
+"""
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory):
+    """The user's folder (`userbuilders.py` and a config naming it by relative file path),
+    an in-graph run by file path and a between-graph run by module name."""
+    base = tmp_path_factory.mktemp("builders")
+    (base / "userbuilders.py").write_text(USER_BUILDER)
+    (base / "by_file.toml").write_text(CONFIG.format(builder="userbuilders.py:build"))
+    (base / "by_module.toml").write_text(CONFIG.format(builder="userbuilders:build"))
+    assert run_cli("train", "--config", base / "by_file.toml", "--run-dir", base / "ig",
+                   "--quiet") == 0
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(base), str(ROOT), *filter(None, [old])])
+    sys.path.insert(0, str(base))
+    try:
+        assert run_cli("train", "--config", base / "by_module.toml", "--mode",
+                       "between-graph", "--run-dir", base / "bg", "--quiet") == 0
+    finally:
+        sys.path.remove(str(base))
+        if old is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = old
+    return base
+
+
+def _probs(path, split="test"):
+    t = pq.read_table(path)
+    t = t.filter(pc.equal(t.column("split"), split))
+    cols = [c for c in t.column_names if c.startswith("p_")]
+    return t, np.column_stack([t.column(c).to_numpy() for c in cols])
+
+
+def test_user_builder_gives_the_same_members_in_both_modes(user):
+    a, pa_ = _probs(user / "ig" / "predictions.parquet")
+    b, pb = _probs(user / "bg" / "predictions.parquet")
+    assert a.column("model").to_pylist() == b.column("model").to_pylist()
+    assert np.abs(pa_ - pb).max() <= 1e-5
+    manifest = json.loads((user / "ig" / "manifest.json").read_text())
+    builder = manifest["model"]["builder"]
+    assert builder == str(user / "userbuilders.py") + ":build"  # made absolute for clients
+    source = (user / "userbuilders.py").read_bytes()
+    import hashlib
+
+    assert manifest["model"]["builders"][builder] == hashlib.sha256(source).hexdigest()
+    assert manifest["members"][0]["hparams"]["params"] == {"width": 16}
+    # FLOPs from the built model: 64->16, two 16->16 blocks, 16->10, 2 per multiply-add
+    assert manifest["members"][0]["flops_per_row"] == 2 * (64 * 16 + 2 * 16 * 16 + 16 * 10)
+
+
+def test_early_stopping_restores_each_members_best_epoch(user):
+    history = pq.read_table(user / "ig" / "history.parquet").to_pandas()
+    bg = pq.read_table(user / "bg" / "history.parquet").to_pandas()
+    assert history[["member", "epoch"]].values.tolist() == bg[["member", "epoch"]].values.tolist()
+    t, probs = _probs(user / "ig" / "predictions.parquet", "validation")
+    y = np.asarray(t.column("y_true").to_pylist())
+    classes = [c[2:] for c in t.column_names if c.startswith("p_")]
+    for k, rows in history.groupby("member"):
+        losses = rows.sort_values("epoch").val_loss.to_numpy()
+        best = int(np.argmin(losses))
+        # patience 1: training stops one epoch without improvement after the best epoch
+        assert len(losses) == min(best + 2, 4)
+        mask = np.asarray(t.column("model").to_pylist()) == f"member-{k}"
+        idx = np.searchsorted(np.asarray(classes, dtype=y.dtype), y[mask])
+        nll = -np.mean(np.log(np.clip(probs[mask][np.arange(mask.sum()), idx], 1e-12, 1)))
+        assert nll == pytest.approx(losses[best], rel=1e-4)  # the best epoch's weights
+
+
+def test_predict_and_export_reproduce_the_user_builder_run(user, tmp_path):
+    out = tmp_path / "p.parquet"
+    assert run_cli("predict", "--run", user / "ig", "--data", "digits", "--out", out,
+                   "--quiet") == 0
+    run, run_p = _probs(user / "ig" / "predictions.parquet")
+    pred = pq.read_table(out)
+    for model in ("member-0", "ensemble-mean"):
+        mine = run.filter(pc.equal(run.column("model"), model))
+        theirs = pred.filter(pc.equal(pred.column("model"), model))
+        rows = mine.column("source_row").to_numpy()
+        got = np.column_stack([theirs.column(c).to_numpy() for c in theirs.column_names
+                               if c.startswith("p_")])[rows]
+        want = np.column_stack([mine.column(c).to_numpy() for c in mine.column_names
+                                if c.startswith("p_")])
+        assert np.abs(got - want).max() <= 1e-5, model
+    models = tmp_path / "models"
+    assert run_cli("export", "--run", user / "ig", "--out", models) == 0
+    from sklearn.datasets import load_digits
+
+    mine = run.filter(pc.equal(run.column("model"), "ensemble-mean"))
+    x = load_digits().data[mine.column("source_row").to_numpy()].astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = ("import sys, numpy as np, tensorflow as tf\n"
+            "m = tf.saved_model.load(sys.argv[1])\n"
+            "p = m.signatures['serving_default'](features=tf.constant(np.load(sys.argv[2])))\n"
+            "np.save(sys.argv[3], p['probabilities'].numpy())\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(models / "1"), str(tmp_path / "x.npy"),
+                           str(tmp_path / "served.npy")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    want = np.column_stack([mine.column(c).to_numpy() for c in mine.column_names
+                            if c.startswith("p_")])
+    assert np.abs(np.load(tmp_path / "served.npy") - want).max() <= 1e-5
+
+
+@pytest.mark.parametrize("builder, message", [
+    ("nosuchmodule_xyz:build", "Cannot import builder 'nosuchmodule_xyz:build'"),
+    ("{base}/userbuilders.py:nothere", "has no function `nothere`"),
+    ("{base}/missing.py:build", "Builder file not found"),
+    ("{base}/userbuilders.py:raises", "raised RuntimeError: my builder is broken on purpose"),
+    ("{base}/userbuilders.py:not_a_model", "returned list; expected a keras.Model"),
+    ("{base}/userbuilders.py:wrong_shape", "output [batch, 11]; expected [batch, 10] logits"),
+    ("{base}/userbuilders.py:softmax_out", "ends in a softmax; a builder returns logits"),
+    ("{base}/userbuilders.py:with_lambda", "is a Lambda layer"),
+    ("{base}/userbuilders.py:no_seed", "must be `build(input_shape, n_outputs, *, seed"),
+])
+def test_bad_builders_exit_2_with_one_line(user, tmp_path, capsys, builder, message):
+    run_dir = tmp_path / "run"
+    assert run_cli("train", "--model", builder.format(base=user), "--members", "2",
+                   "--epochs", "1", "--run-dir", run_dir, "--quiet") == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], lines
+    assert not run_dir.exists()  # nothing half-made
+
+
+def test_bad_builder_in_a_fresh_process_is_one_line(user, tmp_path):
+    """The user's module imports Keras: TensorFlow's start-up banners stay hidden."""
+    proc = subprocess.run([sys.executable, "-m", "pipelines.cli", "train", "--model",
+                           f"{user}/userbuilders.py:softmax_out", "--run-dir",
+                           str(tmp_path / "run"), "--quiet"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"error: Builder '{user}/userbuilders.py:softmax_out' ends in a softmax; a builder "
+        "returns logits (the task adds the head): drop the final softmax activation."]
+
+
+def test_unknown_builder_param_names_it():
+    from ensemble import config
+    from ensemble.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"`members.override\[index=1\].params.depth`.*hidden"):
+        config.from_dict({"model": {"builder": "mlp"}, "members": {
+            "count": 2, "override": [{"index": 1, "params": {"depth": 3}}]}})
+
+
+def test_mixed_architectures_in_one_ensemble():
+    from ensemble import config
+
+    cfg = config.from_dict({"model": {"builder": "mlp", "params": {"hidden": [8]}},
+                            "members": {"count": 2, "override": [
+                                {"index": 1, "builder": "cnn", "params": {"filters": [4]}}]}})
+    assert config.member_hparams(cfg, 0) == {"builder": "mlp", "learning_rate": 0.001,
+                                             "params": {"hidden": [8], "activation": "relu",
+                                                        "dropout": 0.1, "l2": 0.0}}
+    assert config.member_hparams(cfg, 1) == {"builder": "cnn", "learning_rate": 0.001,
+                                             "params": {"filters": [4]}}
+
+
+def test_flops_of_the_built_mlp_equal_the_formula():
+    from ensemble import tasks
+    from ensemble.cost import count_flops
+    from ensemble.members import build_member
+    from ensemble.placement import mlp_flops
+
+    model = build_member("mlp", {"hidden": [32, 16]}, (64,), 10, 0, "m", tasks.get())
+    assert count_flops(model, (64,)) == mlp_flops(64, [32, 16], 10)
+    cnn = build_member("cnn", {"filters": [4], "dense": 8}, (8, 8, 1), 10, 0, "c", tasks.get())
+    # conv 3x3x1->4 on 8x8 (same padding), pool to 4x4, dense 64->8, 8->10
+    assert count_flops(cnn, (8, 8, 1)) == 2 * (9 * 1 * 4 * 64 + 64 * 8 + 8 * 10)
