@@ -98,11 +98,7 @@ def _start_client(manifest: dict, indices: Sequence[int], threads: int | None,
     env, local = local_devices(wanted)
     os.environ.update(env)
     devices.set_threads(threads, threads)
-    devices.configure_gpus(cfg.placement.memory_growth, cfg.placement.memory_limit_mb)
-    import tensorflow as tf
-
-    if cfg.training.deterministic:
-        tf.config.experimental.enable_op_determinism()
+    devices.configure(cfg)
     if cluster is not None:
         cluster = task_of(cluster, local[0])
         connect(cluster)

@@ -172,6 +172,29 @@ def _no_gpu_notice(memory_growth: bool, memory_limit_mb: int) -> list[str]:
     return []
 
 
+_gpus_configured = False
+
+
+def configure(cfg) -> list[str]:
+    """THE TensorFlow set-up of a training or prediction process for a run config `cfg`:
+    GPU memory settings (`configure_gpus`, once per process, before TensorFlow initialises)
+    and, with `training.deterministic`, op determinism (needed for mode parity).
+
+    Returns:
+        `configure_gpus`'s notices the first time, else [].
+    """
+    global _gpus_configured
+    notices = []
+    if not _gpus_configured:
+        notices = configure_gpus(cfg.placement.memory_growth, cfg.placement.memory_limit_mb)
+        _gpus_configured = True
+    if cfg.training.deterministic:
+        import tensorflow as tf
+
+        tf.config.experimental.enable_op_determinism()
+    return notices
+
+
 def configure_gpus(memory_growth: bool = True, memory_limit_mb: int = 0) -> list[str]:
     """Set memory growth, or a memory limit of `memory_limit_mb` MiB, on every visible GPU.
 

@@ -31,7 +31,6 @@ from ensemble.errors import UsageError
 from ensemble.members import member_seed
 from ensemble.preprocessing import Preprocessing
 
-_configured = False
 
 
 def dataset(x: np.ndarray, names: Sequence[str]) -> Dataset:
@@ -49,17 +48,10 @@ def fit_preprocessing(x: np.ndarray, y: np.ndarray, classes: np.ndarray,
 def _configure(cfg: Config) -> list[str]:
     """GPU memory settings (once, before TensorFlow initialises), op determinism, and the
     members' devices (`placement.devices`, round robin)."""
-    global _configured
     from ensemble import devices
     from ensemble.placement import place
 
-    if not _configured:
-        devices.configure_gpus(cfg.placement.memory_growth, cfg.placement.memory_limit_mb)
-        _configured = True
-    if cfg.training.deterministic:
-        import tensorflow as tf
-
-        tf.config.experimental.enable_op_determinism()
+    devices.configure(cfg)
     n = cfg.members.count
     return place(n, devices.resolve(cfg.placement.devices, n))
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ensemble import artifacts, fitted, posthoc, run, runlock, tables
+from ensemble import artifacts, fitted, posthoc, run, runlock, search_report, tables
 from ensemble.errors import UsageError
 from ensemble.metrics import LOWER_IS_BETTER, METRICS
 
@@ -222,7 +222,6 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
     written = [out]
     text = format_table(table, fit)
     if run_dir is not None and predictions == Path(run_dir) / artifacts.PREDICTIONS:
-        from pipelines.search import comparison_lines  # a search run: selection vs references
 
         text = "\n".join([text, *comparison_lines(run_dir)])
     if plots:
@@ -238,3 +237,20 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
     if inside:  # a hashed artifact is never rewritten without its new hash
         runlock.update_manifest(run_dir, lambda m: artifacts.record_hashes(m, run_dir, inside))
     return table, text
+
+
+def comparison_lines(run_dir: str | Path) -> list[str]:
+    """`comparison` as lines of the `ensemble evaluate` table ([] when not a search)."""
+    rows = search_report.comparison(run_dir)
+    if not rows:
+        return []
+    info = artifacts.read_manifest(run_dir)["search"]
+    strat = (f", stratified: {info['stratify']} seeds per selected configuration"
+             if info.get("stratify") else "")
+    out = [f"hyperparameter search: {info['candidates']} candidates, greedy selection of at "
+           f"most {info['select']} on validation NLL{strat}"]
+    for split in dict.fromkeys(r["split"] for r in rows):
+        out.append(f"{split}")
+        out += [_line("  " + r["model"], [number(r[m]) for m in METRICS])
+                for r in rows if r["split"] == split]
+    return out

@@ -19,14 +19,6 @@ def default_run_dir(cfg: Config) -> Path:
     return Path("artifacts") / run.new_run_id(cfg)
 
 
-def configure_tf(deterministic: bool) -> None:
-    """Op determinism when the config asks for it (needed for mode parity)."""
-    import tensorflow as tf
-
-    if deterministic:
-        tf.config.experimental.enable_op_determinism()
-
-
 def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
                    resume: bool = False, cluster: dict | None = None, verbosity: int = 1,
                    callbacks: Sequence = ()) -> dict:
@@ -53,7 +45,7 @@ def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
     if resume:
         cluster = cluster or artifacts.read_manifest(run_dir).get("cluster")
     devs = devices.resolve(cfg.placement.devices, cfg.members.count, cluster)
-    configure_tf(cfg.training.deterministic)
+    devices.configure(cfg)
     with run.writing(run_dir, "ensemble train --mode in-graph"):
         if resume:
             manifest = run.reopen(run_dir, cfg, "in-graph")
