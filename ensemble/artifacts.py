@@ -81,6 +81,10 @@ def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
         os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
         fsync_dir(path.parent)
+    except OSError as exc:  # pyarrow's and numpy's write errors name no file: name it
+        if exc.errno is None or exc.filename is not None:
+            raise
+        raise OSError(exc.errno, os.strerror(exc.errno), str(path)) from exc
     finally:
         tmp.unlink(missing_ok=True)
 

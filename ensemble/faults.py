@@ -64,28 +64,33 @@ def is_fault(exc: BaseException) -> bool:
 
 
 @contextmanager
-def failing_run_on_fault(run_dir: str | Path) -> Iterator[None]:
-    """For writers into an existing run (`aggregate`): on a resource fault, mark the run
-    `failed` when a file the manifest records was already replaced (its sha256 no longer
-    matches), so nothing inconsistent passes as completed; a run left intact keeps its status.
-    The fault goes on; a manifest that cannot be written either is left as it was."""
+def failing_run_on_fault(run_dir: str | Path, by: str) -> Iterator[None]:
+    """For a command `by` that rewrites files of an existing run (`aggregate`): on a resource
+    fault after it replaced a file the manifest records, mark the run `failed` (`failed_by`:
+    `by`, so that command may redo it) and record the sha256 of the files now in place (each
+    is whole: writes are atomic), so nothing inconsistent passes as completed and nothing
+    complete is lost. A run left intact keeps its status. The fault goes on; a manifest that
+    cannot be written either is left as it was."""
     try:
         yield
     except Exception as exc:
         if is_fault(exc):
-            _fail_if_changed(Path(run_dir))
+            _fail_if_changed(Path(run_dir), by)
         raise
 
 
-def _fail_if_changed(run_dir: Path) -> None:
-    from ensemble import artifacts, run
+def _fail_if_changed(run_dir: Path, by: str) -> None:
+    from ensemble import artifacts, runlock
+
+    def change(manifest: dict) -> None:
+        hashes = artifacts.recorded_hashes(manifest)
+        changed = [rel for rel, digest in hashes.items() if (run_dir / rel).is_file()
+                   and artifacts.sha256_file(run_dir / rel) != digest]
+        if changed:
+            manifest.update(status="failed", failed_by=by)
+            artifacts.record_hashes(manifest, run_dir, [run_dir / rel for rel in changed])
 
     try:
-        manifest = artifacts.read_manifest(run_dir)
-        for rel, digest in artifacts.recorded_hashes(manifest).items():
-            path = run_dir / rel
-            if not path.is_file() or artifacts.sha256_file(path) != digest:
-                run.set_status(run_dir, "failed")
-                return
+        runlock.update_manifest(run_dir, change)
     except Exception:  # noqa: BLE001 (the fault being reported matters more)
         return

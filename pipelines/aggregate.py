@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from ensemble import artifacts, config, fitted, posthoc, records, run, runlock, tables
+from ensemble import artifacts, config, faults, fitted, posthoc, records, run, runlock, tables
 from ensemble.aggregate import AGGREGATORS
 from ensemble.errors import UsageError
 
@@ -82,7 +82,8 @@ def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
     """
     run_dir = Path(run_dir)
     artifacts.read_manifest(run_dir)  # a run directory, before its lock file is made
-    with runlock.writing(run_dir, "ensemble aggregate"):
+    with runlock.writing(run_dir, "ensemble aggregate"), faults.failing_run_on_fault(
+            run_dir, "aggregate"):
         return _aggregate(run_dir, aggregators, min_members)
 
 
@@ -100,8 +101,9 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
     between = manifest["mode"] == "between-graph"
     if between:
         members = _between_graph_members(run_dir, manifest, min_members)
-    else:
+    elif manifest.get("failed_by") != "aggregate":  # a fault in aggregate: it may redo it
         run.require_completed(run_dir, manifest)
+    if not between:
         preds = artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS)
         members = posthoc.member_rows(artifacts.read_parquet(preds))
     classes = np.asarray(manifest["dataset"]["classes"])
@@ -126,5 +128,6 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
         artifacts.write_parquet(run_dir / artifacts.PREDICTIONS, preds)
         artifacts.write_parquet(run_dir / artifacts.METRICS, table)
     records.write_members(run_dir, manifest)
+    manifest.pop("failed_by", None)
     run.finish(run_dir, manifest, "completed", aggregate_seconds=time.perf_counter() - start)
     return manifest

@@ -362,8 +362,10 @@ def _fault_line(exc: Exception, args) -> str | None:
     except Exception:  # noqa: BLE001 (no manifest: nothing was kept)
         return line
     if status == "failed":
+        again = (f"ensemble aggregate --run {run_dir}" if args.command == "aggregate"
+                 else f"ensemble train --resume --run-dir {run_dir}")
         line += (f"; run {run_dir} marked failed (completed files kept): free space, then "
-                 f"continue with: ensemble train --resume --run-dir {run_dir}")
+                 f"continue with: {again}")
     return line
 
 
