@@ -112,6 +112,7 @@ class InputStream:
                 self._dataset = ds.dataset(files, format=fmt)
             except (pa.ArrowInvalid, OSError) as exc:
                 raise UsageError(f"Cannot read {self.source}: {str(exc).splitlines()[0]}") from None
+            data.check_unique_columns(self._dataset.schema.names, self.source)
 
     @property
     def n_rows(self) -> int | None:
@@ -122,11 +123,13 @@ class InputStream:
             return None
         return self._dataset.count_rows()
 
-    def _to_dataset(self, table: pa.Table, name: str, strict: bool) -> data.Dataset:
+    def _to_dataset(self, table: pa.Table, name: str, strict: bool,
+                    first_row: int = 0) -> data.Dataset:
         pre = self.pre
         return data.table_to_dataset(table, name, self.target, require_target=False,
                                      categorical=tuple(pre.categories) or "none",
-                                     impute=pre.impute, expected=pre.columns, strict=strict)
+                                     impute=pre.impute, expected=pre.columns, strict=strict,
+                                     first_row=first_row)
 
     def check(self) -> None:
         """Check the columns (missing, extra, types) and the first batch's values; prints the
@@ -185,14 +188,14 @@ class InputStream:
         first = 0
         for table in self._tables():
             name = f"{self.source} (rows {first}..{first + table.num_rows - 1})"
-            yield self._batch(self._to_dataset(table, name, False), first)
+            yield self._batch(self._to_dataset(table, name, False, first), first)
             first += table.num_rows
         if first == 0:
             raise UsageError(f"Data {self.source} has no rows; expected at least one.")
         self._notice_unknown()
 
     def _batch(self, part: data.Dataset, first: int) -> Batch:
-        x, unknown = self.pre.encode_scaled(part)
+        x, unknown = self.pre.encode_scaled(part, first)
         for col, n in unknown.items():
             self.unknown[col] = self.unknown.get(col, 0) + n
         y = None if part.y is None else data.encode(part.y, self.pre.classes)
