@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import tomllib
 import types
 from dataclasses import dataclass, field
@@ -183,9 +184,27 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             return tuple(_build(item, v, f"{key}[{i}]") for i, v in enumerate(value))
         return tuple(_coerce(f"{key}[{i}]", v, item) for i, v in enumerate(value))
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        return _in_domain(key, value, float)
     if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
         raise UsageError(f"Expected `{key}` to be a {_type_name(tp)}. Received: {key}={value!r}")
+    return _in_domain(key, value, tp)
+
+
+INT64 = 2 ** 63
+
+
+def _in_domain(key: str, value: Any, tp: Any) -> Any:
+    """Numbers a run can use: floats finite (no `nan`, `inf`; an integer given for a float must
+    fit one), integers within 64 bits. Other values pass unchanged."""
+    if tp is float:
+        try:
+            value = float(value)
+        except OverflowError:
+            value = float("inf")
+        if not math.isfinite(value):
+            raise UsageError(f"Expected `{key}` to be a finite number. Received: {key}={value!r}")
+    elif tp is int and not -INT64 <= value < INT64:
+        raise UsageError(f"Expected `{key}` to be a 64-bit integer. Received: {key}={value!r}")
     return value
 
 
@@ -298,6 +317,57 @@ def _check_ranges(cfg: Config) -> None:
             f"Expected `aggregation.aggregators` from {', '.join(AGGREGATORS)}. "
             f"Received: {list(cfg.aggregation.aggregators)}"
         )
+    _check_bounds(cfg)
+
+
+SEED_MAX = 2 ** 32 - 1  # scikit-learn's random_state, NumPy's legacy seeds
+UPPER = {  # key -> the largest value a run can use (beyond: memory, overflow, divergence)
+    "members.count": 10_000, "training.epochs": 1_000_000, "training.batch_size": 2 ** 31 - 1,
+    "training.checkpoint_every": 2 ** 31 - 1, "training.steps_per_execution": 2 ** 31 - 1,
+    "training.learning_rate": 10.0, "members.l2": 100.0, "training.seed": SEED_MAX,
+    "data.split_seed": SEED_MAX, "data.synthetic.seed": SEED_MAX,
+    "data.synthetic.rows": 100_000_000, "data.synthetic.features": 100_000,
+    "data.synthetic.classes": 10_000, "placement.memory_limit_mb": 2 ** 31 - 1,
+    "aggregation.greedy_rounds": 1_000_000, "aggregation.stacking_folds": 100,
+}
+WIDTH_MAX = 2 ** 20  # units of one hidden layer
+
+
+def _check_bounds(cfg: Config) -> None:
+    """Upper bounds of every numeric key (`UPPER`), hidden widths, per-member overrides, the
+    weights' sum and the synthetic source's own constraints.
+
+    Raises:
+        UsageError: names the key, its bound and the value received.
+    """
+    def at_most(key: str, value: float, bound: float) -> None:
+        if value > bound:
+            raise UsageError(f"Expected `{key}` <= {bound:g}. Received: {key}={value!r}")
+
+    for key, bound in UPPER.items():
+        node: Any = cfg
+        for part in key.split("."):
+            node = getattr(node, part)
+        at_most(key, node, bound)
+    for i, width in enumerate(cfg.members.hidden):
+        at_most(f"members.hidden[{i}]", width, WIDTH_MAX)
+    for k, o in enumerate(cfg.members.override):
+        for i, width in enumerate(o.hidden or ()):
+            at_most(f"members.override[{k}].hidden[{i}]", width, WIDTH_MAX)
+        if o.learning_rate is not None:
+            at_most(f"members.override[{k}].learning_rate", o.learning_rate,
+                    UPPER["training.learning_rate"])
+        if o.l2 is not None:
+            at_most(f"members.override[{k}].l2", o.l2, UPPER["members.l2"])
+    if not math.isfinite(sum(cfg.aggregation.weights)):
+        raise UsageError("Expected `aggregation.weights` to have a finite sum. Received: "
+                         f"{list(cfg.aggregation.weights)}")
+    syn = cfg.data.synthetic
+    if syn.classes < 2 or 2 * syn.classes > 2 ** max(2, syn.features // 2):
+        raise UsageError("Expected `data.synthetic.classes` >= 2 and at most "
+                         "2 ** max(2, features // 2) / 2 (two clusters per class in the "
+                         f"informative features). Received: classes={syn.classes}, "
+                         f"features={syn.features}")
 
 
 def member_config(cfg: Config, index: int) -> tuple[MembersConfig, float]:
