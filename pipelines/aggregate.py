@@ -77,11 +77,16 @@ def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
         The final manifest.
 
     Raises:
-        UsageError: not a run, a damaged or unhashed file, members missing, an in-graph run
+        UsageError: not a run, `min_members` beyond the run's members, a damaged or
+        unhashed file, members missing, an in-graph run
         that is not completed, or a run (or member) another process holds (`runlock`).
     """
     run_dir = Path(run_dir)
-    artifacts.read_manifest(run_dir)  # a run directory, before its lock file is made
+    manifest = artifacts.read_manifest(run_dir)  # a run directory, before its lock file is made
+    n = len(manifest.get("members", []))
+    if min_members is not None and not 1 <= min_members <= n:
+        raise UsageError(f"Expected --min-members in 1..{n} (run {run_dir} has {n} members). "
+                         f"Received: {min_members}")
     with runlock.writing(run_dir, "ensemble aggregate"), faults.failing_run_on_fault(
             run_dir, "aggregate"):
         return _aggregate(run_dir, aggregators, min_members)
