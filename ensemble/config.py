@@ -173,7 +173,9 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             try:
                 return _coerce(key, value, option)
             except UsageError:
-                pass
+                if option is float and isinstance(value, (int, float)) \
+                        and not isinstance(value, bool):
+                    raise  # a number, but not a finite one: say so
         names = " or a ".join(_type_name(t) for t in get_args(tp) if t is not type(None))
         raise UsageError(f"Expected `{key}` to be a {names}. Received: {key}={value!r}")
     if get_origin(tp) is tuple:

@@ -29,16 +29,16 @@ def _one_line(capsys, *needles):
 
 
 @pytest.mark.parametrize("toml, needle", [
-    ("[training]\nlearning_rate = nan\n", "`training.learning_rate` to be a finite number"),
+    ("[training]\nlearning_rate = nan\n", "training.learning_rate` to be a finite number"),
     ("[training]\nlearning_rate = 1e300\n", "`training.learning_rate` <= 10"),
-    ("[data]\ntest_size = inf\n", "`data.test_size` to be a finite number"),
-    ("[members]\ndropout = -inf\n", "`members.dropout` to be a finite number"),
+    ("[data]\ntest_size = inf\n", "data.test_size` to be a finite number"),
+    ("[members]\ndropout = -inf\n", "members.dropout` to be a finite number"),
     ("[members]\ncount = 2\n[aggregation]\nweights = [1e308, 1e308]\n", "finite sum"),
     ("[training]\nseed = 9223372036854775807\n", "`training.seed` <= 4.29497e+09"),
     ("[data]\nsource = \"synthetic\"\n[data.synthetic]\nclasses = 40\nfeatures = 4\n",
      "`data.synthetic.classes`"),
     ("[[members.override]]\nindex = 0\nlearning_rate = nan\n",
-     "`config.members.override[0].learning_rate` to be a finite number"),
+     "members.override[0].learning_rate` to be a finite number"),
 ])
 def test_config_values_outside_their_domain_make_no_run_directory(tmp_path, capsys, toml,
                                                                   needle):
@@ -114,7 +114,7 @@ def test_duplicate_and_latin1_columns_at_predict(trained, tmp_path, capsys):
     latin.write_bytes(latin.read_bytes().replace(b",x\n", b",caf\xe9\n"))
     out = tmp_path / "p.parquet"
     assert run_cli("predict", "--run", trained, "--data", dup, "--out", out) == 2
-    _one_line(capsys, "column name 'pixel_0_0' twice", "columns 1 and 65")
+    _one_line(capsys, str(dup), "multiple columns named pixel_0_0")
     assert run_cli("predict", "--run", trained, "--data", latin, "--out", out) == 0
     assert "ignoring column 'note'" in capsys.readouterr().err  # not a feature: not read
     assert out.is_file()
@@ -124,7 +124,7 @@ def test_options_checked_against_the_run(trained, capsys):
     before = artifacts.read_manifest(trained)
     for k in ("3", "100"):
         assert run_cli("aggregate", "--run", trained, "--min-members", k) == 2
-        _one_line(capsys, "Expected --min-members in 1..2", f"has 2 members. Received: {k}")
+        _one_line(capsys, "Expected --min-members in 1..2", f"has 2 members). Received: {k}")
     assert run_cli("export", "--run", trained, "--out", trained.parent / "m",
                    "--aggregator", "stacking") == 2
     _one_line(capsys, "--aggregator")
