@@ -27,6 +27,16 @@ _TF_PATH = re.compile(r"(?P<path>/[^\s;:'\"]+?)(?:\.tempstate\d+)?[;:,]?\s*(?P<c
                       + "|".join(map(re.escape, CAUSES)) + ")")
 
 
+class ResourceFault(RuntimeError):
+    """A resource fault reported by another process (a between-graph client's line)."""
+
+
+def is_fault_line(line: str) -> bool:
+    """Whether a process's error line is the one `describe` gives for a resource fault."""
+    return any(f"{verb} " in line for verb in ("cannot write", "cannot access")) \
+        and any(cause in line for cause in CAUSES)
+
+
 def _chain(exc: BaseException) -> Iterator[BaseException]:
     seen = set()
     while exc is not None and id(exc) not in seen:
@@ -44,6 +54,8 @@ def describe(exc: BaseException) -> str | None:
             them).
     """
     for e in _chain(exc):
+        if isinstance(e, ResourceFault):
+            return str(e)
         if isinstance(e, OSError) and e.errno in ERRNOS:
             path = e.filename if e.filename is not None else "a file"
             verb = "cannot access" if e.errno in (errno.EACCES, errno.EPERM) else "cannot write"

@@ -115,6 +115,15 @@ def test_duplicate_and_latin1_columns_at_predict(trained, tmp_path, capsys):
     out = tmp_path / "p.parquet"
     assert run_cli("predict", "--run", trained, "--data", dup, "--out", out) == 2
     _one_line(capsys, str(dup), "multiple columns named pixel_0_0")
+    import pyarrow.parquet as pq
+
+    table = pcsv.read_csv(data)
+    twice = tmp_path / "twice.parquet"
+    pq.write_table(pa.Table.from_arrays([*table.columns, table.column(3)],
+                                        names=[*table.column_names, "pixel_0_3"]), twice)
+    assert run_cli("predict", "--run", trained, "--data", twice, "--out", out) == 2
+    _one_line(capsys, "column name 'pixel_0_3' twice", "columns 4 and 65")
+    assert not out.exists()
     assert run_cli("predict", "--run", trained, "--data", latin, "--out", out) == 0
     assert "ignoring column 'note'" in capsys.readouterr().err  # not a feature: not read
     assert out.is_file()
