@@ -111,6 +111,15 @@ class InputStream:
             try:
                 self._dataset = ds.dataset(files, format=fmt)
             except (pa.ArrowInvalid, OSError) as exc:
+                if isinstance(fmt, ds.ParquetFileFormat):  # name a duplicate column if any
+                    import pyarrow.parquet as pq
+
+                    for f in files:
+                        try:
+                            names = pq.read_schema(f).names
+                        except (pa.ArrowInvalid, OSError):
+                            continue
+                        data.check_unique_columns(names, f)
                 raise UsageError(f"Cannot read {self.source}: {str(exc).splitlines()[0]}") from None
             data.check_unique_columns(self._dataset.schema.names, self.source)
 
