@@ -10,6 +10,7 @@ from typing import get_type_hints
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ensemble import bounds
 from ensemble import config as C
 from ensemble.errors import UsageError
 
@@ -75,8 +76,8 @@ def _check(table):
     json.dumps(d, allow_nan=False)  # every float finite
     for x in _numbers(d):
         assert -2 ** 63 <= x < 2 ** 63 and math.isfinite(x), (table, x)
-    assert 0 < cfg.training.learning_rate <= C.UPPER["training.learning_rate"]
-    assert 0 <= cfg.training.seed <= C.SEED_MAX and 0 <= cfg.data.split_seed <= C.SEED_MAX
+    assert 0 < cfg.training.learning_rate <= bounds.UPPER["training.learning_rate"]
+    assert 0 <= cfg.training.seed <= bounds.SEED_MAX and 0 <= cfg.data.split_seed <= bounds.SEED_MAX
     for i in range(cfg.members.count):  # every member resolves
         hp = C.member_hparams(cfg, i)
         assert math.isfinite(hp["learning_rate"]) and 0 <= hp["dropout"] < 1
