@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ensemble import staging
 from ensemble.errors import UsageError
 
 MANIFEST = "manifest.json"
@@ -69,20 +69,22 @@ def _fsync_tree(path: Path) -> None:
 
 @contextmanager
 def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
-    """Yield a temporary path (ending in `suffix`) beside `path`; when the block succeeds,
-    flush it (`fsync`), give it the umask's permissions, rename it onto `path` and flush the
-    folder; delete it when the block raises."""
+    """Yield a staging path (`ensemble.staging`, ending in `suffix`) beside `path`; when the
+    block succeeds, flush it (`fsync`), give it the umask's permissions, rename it onto `path`
+    and flush the folder; delete it when the block raises (a full disk included)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp)
+    tmp = staging.new_path(path, suffix)  # owned name; stale ones of dead writers swept
     try:
         yield tmp
         _fsync_tree(tmp)
         os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
         fsync_dir(path.parent)
+    except OSError as exc:  # pyarrow's and numpy's write errors name no file: name it
+        if exc.errno is None or exc.filename is not None:
+            raise
+        raise OSError(exc.errno, os.strerror(exc.errno), str(path)) from exc
     finally:
         tmp.unlink(missing_ok=True)
 

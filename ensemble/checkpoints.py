@@ -54,7 +54,25 @@ class EpochCheckpoints:
         """
         artifacts.write_text(self.directory / "history.json", json.dumps(history))
         self.epoch.assign(epoch)
-        self.manager.save(checkpoint_number=epoch)
+        self._remove_partial(epoch)
+        try:
+            self.manager.save(checkpoint_number=epoch)
+        except Exception:  # a full disk: no partial checkpoint stays behind
+            self._remove_partial(epoch)
+            raise
+
+    def _remove_partial(self, epoch: int) -> None:
+        """Remove TensorFlow's staging folders (`*_temp`) and the files of checkpoint `epoch`
+        when the checkpoint state does not list it: leftovers of a save that failed or was
+        killed (only the run's lock holder writes here, so none is another's)."""
+        import shutil
+
+        listed = {Path(p).name for p in self.manager.checkpoints}
+        for p in self.directory.glob("*_temp*"):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        if f"ckpt-{epoch}" not in listed:
+            for p in self.directory.glob(f"ckpt-{epoch}.*"):
+                p.unlink(missing_ok=True)
 
     def restore(self) -> tuple[int, list[dict]]:
         """Restore the newest readable checkpoint.

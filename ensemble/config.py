@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import tomllib
 import types
 from dataclasses import dataclass, field
@@ -201,7 +202,9 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             try:
                 return _coerce(key, value, option)
             except UsageError:
-                pass
+                if option is float and isinstance(value, (int, float)) \
+                        and not isinstance(value, bool):
+                    raise  # a number, but not a finite one: say so
         names = " or a ".join(_type_name(t) for t in get_args(tp) if t is not type(None))
         raise UsageError(f"Expected `{key}` to be a {names}. Received: {key}={value!r}")
     if tp is dict:
@@ -220,9 +223,27 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             return tuple(_build(item, v, f"{key}[{i}]") for i, v in enumerate(value))
         return tuple(_coerce(f"{key}[{i}]", v, item) for i, v in enumerate(value))
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        return _in_domain(key, value, float)
     if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
         raise UsageError(f"Expected `{key}` to be a {_type_name(tp)}. Received: {key}={value!r}")
+    return _in_domain(key, value, tp)
+
+
+INT64 = 2 ** 63
+
+
+def _in_domain(key: str, value: Any, tp: Any) -> Any:
+    """Numbers a run can use: floats finite (no `nan`, `inf`; an integer given for a float must
+    fit one), integers within 64 bits. Other values pass unchanged."""
+    if tp is float:
+        try:
+            value = float(value)
+        except OverflowError:
+            value = float("inf")
+        if not math.isfinite(value):
+            raise UsageError(f"Expected `{key}` to be a finite number. Received: {key}={value!r}")
+    elif tp is int and not -INT64 <= value < INT64:
+        raise UsageError(f"Expected `{key}` to be a 64-bit integer. Received: {key}={value!r}")
     return value
 
 
@@ -345,6 +366,10 @@ def _check_ranges(cfg: Config) -> None:
             f"Expected `aggregation.aggregators` from {', '.join(AGGREGATORS)}. "
             f"Received: {list(cfg.aggregation.aggregators)}"
         )
+    from ensemble.bounds import check_bounds  # upper bounds, non-finite sums
+
+    check_bounds(cfg)
+
 
 
 def member_hparams(cfg: Config, index: int) -> dict[str, Any]:

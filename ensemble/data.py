@@ -29,6 +29,7 @@ from ensemble.config import DataConfig
 from ensemble.errors import UsageError
 
 BUILTIN = ("digits", "breast_cancer", "wine", "iris", "synthetic")
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # the model's dtype: larger values do not fit
 
 
 def notice(message: str) -> None:
@@ -117,11 +118,36 @@ def _is_category_like(tp: pa.DataType) -> bool:
             or pa.types.is_dictionary(tp) or pa.types.is_null(tp))
 
 
+def check_unique_columns(names: Sequence[str], source: str) -> None:
+    """Raises UsageError naming the first column name that `names` holds twice (a CSV header
+    or Parquet schema with duplicates cannot be matched by name)."""
+    seen: dict[str, int] = {}
+    for i, n in enumerate(names):
+        if n in seen:
+            raise UsageError(f"Data {source} has the column name {n!r} twice (columns "
+                             f"{seen[n] + 1} and {i + 1}); expected unique column names.")
+        seen[n] = i
+
+
+def _not_utf8(name: str, col: pa.ChunkedArray, first_row: int) -> str:
+    """The problem line of a text column holding bytes that are not UTF-8 (its first row)."""
+    for r, v in enumerate(col.to_pylist()):
+        if isinstance(v, bytes):
+            try:
+                v.decode("utf-8")
+            except UnicodeDecodeError:
+                return (f"column {name!r} row {first_row + r} holds text that is not UTF-8 "
+                        f"({v[:20]!r}); expected UTF-8 (re-encode the file, e.g. "
+                        "`iconv -f latin1 -t utf-8`)")
+    return f"column {name!r} holds text that is not UTF-8; expected UTF-8"
+
+
 def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
     y = np.asarray(col.to_numpy(zero_copy_only=False))
     y = y.astype(str) if y.dtype.kind in "OUSb" else y
     if y.dtype.kind == "f":
-        if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
+        if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)) \
+                or (y.size and np.abs(y).max() >= 2.0 ** 63):
             problems.append(f"target column {target!r} must hold class labels")
             return None
         y = y.astype(np.int64)
@@ -130,7 +156,8 @@ def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
 
 def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bool,
                      categorical: str | Sequence[str] = "auto", impute: str = "error",
-                     expected: Sequence[str] | None = None, strict: bool = False) -> Dataset:
+                     expected: Sequence[str] | None = None, strict: bool = False,
+                     first_row: int = 0) -> Dataset:
     """Validate a pyarrow table and split it into numeric features, categorical features and
     labels. Rows whose label is missing are dropped (with a notice) when the target is required.
 
@@ -141,14 +168,17 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
         expected: the columns a trained run needs (predict time), or None (train time).
             Columns beyond them are ignored with one notice naming them.
         strict: with `expected`, refuse extra columns instead.
+        first_row: the source row of the table's first row (a streamed batch), for messages.
 
     Raises:
         UsageError: one message listing every problem found (no rows, missing target or
         expected columns, non-numeric non-categorical columns, missing values under
-        `impute = "error"`, inf, unreadable labels).
+        `impute = "error"`, inf, values beyond float32, text that is not UTF-8, unreadable
+        labels), or a duplicate column name (alone).
     """
     if table.num_rows == 0:
         raise UsageError(f"Data {name} has no rows; expected at least one.")
+    check_unique_columns(table.column_names, name)
     problems: list[str] = []
     y = None
     if target in table.column_names:
@@ -197,11 +227,18 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
     for f in table.schema:
         col = table.column(f.name)
         if f.name in cat_names:
-            values = pc.cast(col, pa.string()) if not pa.types.is_dictionary(f.type) else \
-                pc.cast(pc.dictionary_decode(col), pa.string())
+            try:
+                values = pc.cast(col, pa.string()) if not pa.types.is_dictionary(f.type) \
+                    else pc.cast(pc.dictionary_decode(col), pa.string())
+            except pa.ArrowInvalid:  # bytes that are not UTF-8 (a Latin-1 file)
+                problems.append(_not_utf8(f.name, col, first_row))
+                continue
             cats[f.name] = np.asarray(values.to_numpy(zero_copy_only=False), dtype=object)
             if col.null_count:
                 missing_values.append((f.name, col.null_count))
+            continue
+        if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type):
+            problems.append(_not_utf8(f.name, col, first_row))
             continue
         if not (_is_numeric(f.type) or pa.types.is_boolean(f.type)):
             problems.append(f"column {f.name!r} is {f.type}; expected numbers (or list it in "
@@ -209,8 +246,13 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
             continue
         values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
         values = np.asarray(values, np.float64)
+        too_big = np.isfinite(values) & (np.abs(values) > FLOAT32_MAX)
+        if too_big.any():
+            r = int(np.flatnonzero(too_big)[0])
+            problems.append(f"column {f.name!r} row {first_row + r} holds {values[r]:.6g}, "
+                            f"beyond float32 (the model's dtype: |x| <= {FLOAT32_MAX:.4g})")
         if np.isinf(values).any():
-            r = int(np.flatnonzero(np.isinf(values))[0])
+            r = first_row + int(np.flatnonzero(np.isinf(values))[0])
             problems.append(f"column {f.name!r} holds NaN or inf (inf at row {r}); "
                             "expected finite numbers")
         if np.isnan(values).any():

@@ -20,20 +20,20 @@ ensemble's probabilities and the original class labels back, with no Python of t
   and TensorFlow's default variable policy saves no device, so the export loads on any machine.
 
 Written with TensorFlow's own `tf.saved_model.save` of a `tf.Module`; the version folder is
-written under a temporary name beside it and renamed into place, so TF Serving (which watches
-`DIR`) never sees a half-written version.
+written under an owned staging name beside it (`ensemble.staging`) and renamed into place, so
+TF Serving (which watches `DIR`) never sees a half-written version; staging folders of killed
+exports are removed by the next export into `DIR`.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from ensemble import artifacts, run
+from ensemble import artifacts, run, staging
 from ensemble.errors import UsageError
 from ensemble.preprocessing import Preprocessing
 
@@ -156,17 +156,19 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
     params = member_params(fit, list(range(n)))
     models = [load_run_member(run_dir, manifest, i, None) for i in range(n)]
     out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=out))
+    staging.sweep(out)  # versions staged by exports that were killed
+    tmp = staging.new_path(target, folder=True)
     try:
         texts = {FEATURES_ASSET: "\n".join(pre.feature_names) + "\n",
                  CLASSES_ASSET: "\n".join(map(str, pre.classes.tolist())) + "\n"}
-        staging = tmp / "staging"
-        staging.mkdir()
+        assets = tmp / "assets"
+        assets.mkdir()
         for name, text in texts.items():
-            (staging / name).write_text(text)
+            (assets / name).write_text(text)
         mod, sigs = build_module(models, pre, names, params, aggregator)
-        mod.assets = [tf.saved_model.Asset(str(staging / name)) for name in texts]
+        mod.assets = [tf.saved_model.Asset(str(assets / name)) for name in texts]
         tf.saved_model.save(mod, str(tmp / "model"), signatures=sigs)
+        staging.hold("export")  # test hook: written, not yet renamed into place
         os.replace(tmp / "model", target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -140,18 +140,39 @@ class Preprocessing:
                 f"{n} rows in {c!r}" for c, n in unknown.items()))
         return x
 
-    def encode_scaled(self, ds: Dataset) -> tuple[np.ndarray, dict[str, int]]:
-        """`transform` without the notice, for a batch of a streamed input.
+    def encode_scaled(self, ds: Dataset, first_row: int = 0
+                      ) -> tuple[np.ndarray, dict[str, int]]:
+        """`transform` without the notice, for a batch of a streamed input (its first row is
+        row `first_row` of the source, for messages).
 
         Returns:
             (`[n_rows, n_outputs]` float32, {categorical column: rows with an unknown
             category}).
+
+        Raises:
+            UsageError: an unexpected column, or a value that scaled by the run's
+            standardisation no longer fits float32 (names the column and row).
         """
         extra = sorted(set(ds.columns) - set(self.columns))
         if extra:
             raise UsageError(f"Unexpected column {extra[0]!r} in {ds.name}; not a training feature.")
         x, unknown = self._encode(ds)
-        return ((x - self.mean) / self.scale).astype(np.float32), unknown
+        z = (x - self.mean) / self.scale
+        self._check_fits(z, x, ds.name, first_row)
+        return z.astype(np.float32), unknown
+
+    def _check_fits(self, z: np.ndarray, x: np.ndarray, name: str, first_row: int) -> None:
+        """Raises UsageError for the first scaled value `z` beyond float32 (the model's dtype):
+        it would become inf and the members' probabilities NaN."""
+        bad = ~(np.abs(z) <= data.FLOAT32_MAX)
+        if not bad.any():
+            return
+        r, j = (int(v[0]) for v in np.nonzero(bad))
+        raise UsageError(
+            f"Value {x[r, j]:.6g} of column {self.output_names[j]!r} at row {first_row + r} of "
+            f"{name} does not fit float32 (the model's dtype) once scaled by the run's "
+            f"standardisation (mean {self.mean[j]:.4g}, scale {self.scale[j]:.4g}); expected "
+            f"values within the range the run was trained on.")
 
     def read_input(self, source: str, target: str, strict: bool = False) -> Dataset:
         """Read new data for this run: columns matched by name, extra columns ignored with one

@@ -113,12 +113,22 @@ def recording_outcome(run_dir: Path) -> Iterator[None]:
     try:
         yield
     except interrupt.Interrupted as exc:
-        set_status(run_dir, "interrupted")
+        _set_status_if_possible(run_dir, "interrupted")
         exc.run_dir = run_dir
         raise
     except BaseException:
-        set_status(run_dir, "failed")
+        _set_status_if_possible(run_dir, "failed")
         raise
+
+
+def _set_status_if_possible(run_dir: Path, status: str) -> None:
+    """`set_status`, unless the manifest itself cannot be written (a full disk): then it is
+    left as it was (`running` shows as `interrupted` once the lock is gone) and the original
+    error is the one reported."""
+    try:
+        set_status(run_dir, status)
+    except (OSError, RuntimeError):
+        pass
 
 def versions() -> dict[str, str | None]:
     """Versions of Python and the libraries a run depends on, read from the installed

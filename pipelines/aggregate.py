@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from ensemble import artifacts, config, fitted, posthoc, records, run, runlock, tables
+from ensemble import artifacts, config, faults, fitted, posthoc, records, run, runlock, tables
 from ensemble.aggregate import AGGREGATORS
 from ensemble.errors import UsageError
 
@@ -77,12 +77,18 @@ def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
         The final manifest.
 
     Raises:
-        UsageError: not a run, a damaged or unhashed file, members missing, an in-graph run
+        UsageError: not a run, `min_members` beyond the run's members, a damaged or
+        unhashed file, members missing, an in-graph run
         that is not completed, or a run (or member) another process holds (`runlock`).
     """
     run_dir = Path(run_dir)
-    artifacts.read_manifest(run_dir)  # a run directory, before its lock file is made
-    with runlock.writing(run_dir, "ensemble aggregate"):
+    manifest = artifacts.read_manifest(run_dir)  # a run directory, before its lock file is made
+    n = len(manifest.get("members", []))
+    if min_members is not None and not 1 <= min_members <= n:
+        raise UsageError(f"Expected --min-members in 1..{n} (run {run_dir} has {n} members). "
+                         f"Received: {min_members}")
+    with runlock.writing(run_dir, "ensemble aggregate"), faults.failing_run_on_fault(
+            run_dir, "aggregate"):
         return _aggregate(run_dir, aggregators, min_members)
 
 
@@ -100,8 +106,9 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
     between = manifest["mode"] == "between-graph"
     if between:
         members = _between_graph_members(run_dir, manifest, min_members)
-    else:
+    elif manifest.get("failed_by") != "aggregate":  # a fault in aggregate: it may redo it
         run.require_completed(run_dir, manifest)
+    if not between:
         preds = artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS)
         members = posthoc.member_rows(artifacts.read_parquet(preds))
     classes = np.asarray(manifest["dataset"]["classes"])
@@ -126,5 +133,6 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
         artifacts.write_parquet(run_dir / artifacts.PREDICTIONS, preds)
         artifacts.write_parquet(run_dir / artifacts.METRICS, table)
     records.write_members(run_dir, manifest)
+    manifest.pop("failed_by", None)
     run.finish(run_dir, manifest, "completed", aggregate_seconds=time.perf_counter() - start)
     return manifest

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from ensemble import artifacts, devices, interrupt, run, runlock
+from ensemble import artifacts, devices, faults, interrupt, run, runlock
 from ensemble.config import Config
 from ensemble.errors import UsageError
 from ensemble.placement import place
@@ -153,6 +153,8 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
             f"client of members {[i for i in queues[q] if i not in done]} failed "
             f"(exit {r['returncode']}): {r['error']}" for q, r in sorted(failed.items()))
         usage = all(r["returncode"] == 2 for r in failed.values())
+        if not usage and all(faults.is_fault_line(r["error"]) for r in failed.values()):
+            raise faults.ResourceFault(text)  # a full disk in the clients: one line, exit 1
         raise (UsageError if usage else RuntimeError)(text)
     return {i: {"client": q, "work_seconds": done.get(i), **results[q]}
             for q, queue in enumerate(queues) for i in queue}

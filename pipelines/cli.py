@@ -319,6 +319,28 @@ def _interrupted_line(exc, args) -> str:
     return f"interrupted ({exc})"
 
 
+def _fault_line(exc: Exception, args) -> str | None:
+    """The one line for a resource fault (full disk, quota, read-only, file-size limit), with
+    the run's state when it was training; None for any other exception."""
+    from ensemble import artifacts, faults
+
+    line = faults.describe(exc)
+    run_dir = getattr(args, "run_dir", None) or getattr(args, "run", None)
+    if line is None or getattr(args, "command", None) not in ("train", "aggregate", "search") \
+            or not run_dir:
+        return line
+    try:
+        status = artifacts.read_manifest(run_dir).get("status")
+    except Exception:  # noqa: BLE001 (no manifest: nothing was kept)
+        return line
+    if status == "failed":
+        again = (f"ensemble aggregate --run {run_dir}" if args.command == "aggregate"
+                 else f"ensemble train --resume --run-dir {run_dir}")
+        line += (f"; run {run_dir} marked failed (completed files kept): free space, then "
+                 f"continue with: {again}")
+    return line
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status instead of exiting."""
     from ensemble import interrupt
@@ -349,7 +371,11 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, ClusterError):
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        raise
+        line = _fault_line(exc, args)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        return 1
 
 
 def entry() -> None:

@@ -62,6 +62,13 @@ def set_status(run_dir, status: str) -> None:
     artifacts.write_manifest(run_dir, manifest)
 
 
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment of an `ensemble` subprocess: this checkout first on `PYTHONPATH` (an
+    installed copy elsewhere must not shadow the code under test), plus `extra`."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
 def start_held(argv, tmp_path: Path, hold_at: str, member: int | None = None,
                stdout=subprocess.DEVNULL):
     """Start `ensemble ARGV` in its own process, to be held at `hold_at` ("EPOCH:STEP" or
@@ -72,7 +79,7 @@ def start_held(argv, tmp_path: Path, hold_at: str, member: int | None = None,
         (the `subprocess.Popen`, stderr piped as text; the marker file).
     """
     marker = tmp_path / "hold.pid"
-    env = dict(os.environ, ENSEMBLE_HOLD_AT=hold_at, ENSEMBLE_HOLD_MARKER=str(marker))
+    env = cli_env(ENSEMBLE_HOLD_AT=hold_at, ENSEMBLE_HOLD_MARKER=str(marker))
     if member is not None:
         env["ENSEMBLE_HOLD_MEMBER"] = str(member)
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", *map(str, argv)], env=env,

@@ -1,0 +1,143 @@
+"""Bad values, part three: configs outside their domain, numbers beyond float32, duplicate
+column names, text that is not UTF-8, options that cannot apply to the run they name. Each is
+exit status 2 with one line naming the value, and no run directory or output left behind."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pytest
+from conftest import run_cli
+
+from ensemble import artifacts
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_config):
+    run_dir = tmp_path_factory.mktemp("values") / "run"
+    assert run_cli("train", "--config", tiny_config, "--run-dir", run_dir, "--members", "2",
+                   "--epochs", "1", "--quiet") == 0
+    return run_dir
+
+
+def _one_line(capsys, *needles):
+    err = [line for line in capsys.readouterr().err.strip().splitlines()
+           if not line.startswith("notice:")]
+    assert len(err) == 1, err
+    for n in needles:
+        assert n in err[0], err[0]
+    return err[0]
+
+
+@pytest.mark.parametrize("toml, needle", [
+    ("[training]\nlearning_rate = nan\n", "training.learning_rate` to be a finite number"),
+    ("[training]\nlearning_rate = 1e300\n", "`training.learning_rate` <= 10"),
+    ("[data]\ntest_size = inf\n", "data.test_size` to be a finite number"),
+    ("[members]\ndropout = -inf\n", "members.dropout` to be a finite number"),
+    ("[members]\ncount = 2\n[aggregation]\nweights = [1e308, 1e308]\n", "finite sum"),
+    ("[training]\nseed = 9223372036854775807\n", "`training.seed` <= 4.29497e+09"),
+    ("[data]\nsource = \"synthetic\"\n[data.synthetic]\nclasses = 40\nfeatures = 4\n",
+     "`data.synthetic.classes`"),
+    ("[[members.override]]\nindex = 0\nlearning_rate = nan\n",
+     "members.override[0].learning_rate` to be a finite number"),
+])
+def test_config_values_outside_their_domain_make_no_run_directory(tmp_path, capsys, toml,
+                                                                  needle):
+    config = tmp_path / "c.toml"
+    config.write_text(toml)
+    assert run_cli("train", "--config", config, "--run-dir", tmp_path / "run") == 2
+    _one_line(capsys, needle)
+    assert not (tmp_path / "run").exists()
+
+
+def _write(path, text: str | bytes):
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+def test_data_problems_at_train_name_the_column_and_row(tmp_path, capsys):
+    rows = "".join(f"{i},{i % 3},{i % 2}\n" for i in range(40))
+    for name, text, needles in [
+        ("dup.csv", "a,a,target\n" + rows, ["column name 'a' twice", "columns 1 and 2"]),
+        ("big.csv", "f1,f2,target\n" + rows + "1e39,2,1\n", ["'f1' row 40", "1e+39",
+                                                             "beyond float32"]),
+        ("label.csv", "f1,f2,target\n" + rows + "1,2,1e300\n", ["target column 'target'"]),
+    ]:
+        path = _write(tmp_path / name, text)
+        assert run_cli("train", "--data", path, "--run-dir", tmp_path / "run") == 2, name
+        _one_line(capsys, *needles)
+        assert not (tmp_path / "run").exists()
+
+
+def test_latin1_text_in_a_categorical_column_is_named(tmp_path, capsys):
+    rows = b"".join(b"%d,%s,%d\n" % (i, [b"caf\xe9", b"th\xe9", b"ok"][i % 3], i % 2)
+                    for i in range(40))
+    data = _write(tmp_path / "latin1.csv", b"f1,drink,target\n" + rows)
+    config = _write(tmp_path / "c.toml", f'[data]\nsource = "{data}"\ncategorical = ["drink"]\n')
+    for argv in (["--config", config], ["--data", data]):  # listed, and found by "auto"
+        assert run_cli("train", *argv, "--run-dir", tmp_path / "run") == 2
+        _one_line(capsys, "column 'drink' row 0 holds text that is not UTF-8", "iconv")
+        assert not (tmp_path / "run").exists()
+
+
+def _digits_csv(path, n=100, changes=()):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = d.data[:n].astype(np.float64)
+    for row, col, value in changes:
+        x[row, col] = value
+    cols = {name: x[:, i] for i, name in enumerate(d.feature_names)}
+    pcsv.write_csv(pa.table(cols), path)
+    return path
+
+
+@pytest.mark.parametrize("value, needle", [
+    (1e39, "'pixel_0_1' row 70 holds 1e+39, beyond float32"),
+    (3.3e38, "column 'pixel_0_1' at row 70"),  # fits float32, not once scaled
+])
+def test_values_beyond_float32_mid_stream_at_predict(trained, tmp_path, capsys, value, needle):
+    data = _digits_csv(tmp_path / "in.csv", changes=[(70, 1, value)])
+    out = tmp_path / "p.parquet"
+    assert run_cli("predict", "--run", trained, "--data", data, "--out", out,
+                   "--batch-size", "32") == 2
+    _one_line(capsys, needle)
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_duplicate_and_latin1_columns_at_predict(trained, tmp_path, capsys):
+    data = _digits_csv(tmp_path / "in.csv", n=5)
+    lines = data.read_text().splitlines()
+    dup = _write(tmp_path / "dup.csv", "\n".join(
+        [lines[0] + ',"pixel_0_0"'] + [line + ",0" for line in lines[1:]]) + "\n")
+    latin = _write(tmp_path / "latin.csv", "\n".join(
+        [lines[0] + ",note"] + [line + ",x" for line in lines[1:]]).encode() + b"\n")
+    latin.write_bytes(latin.read_bytes().replace(b",x\n", b",caf\xe9\n"))
+    out = tmp_path / "p.parquet"
+    assert run_cli("predict", "--run", trained, "--data", dup, "--out", out) == 2
+    _one_line(capsys, str(dup), "multiple columns named pixel_0_0")
+    import pyarrow.parquet as pq
+
+    table = pcsv.read_csv(data)
+    twice = tmp_path / "twice.parquet"
+    pq.write_table(pa.Table.from_arrays([*table.columns, table.column(3)],
+                                        names=[*table.column_names, "pixel_0_3"]), twice)
+    assert run_cli("predict", "--run", trained, "--data", twice, "--out", out) == 2
+    _one_line(capsys, "column name 'pixel_0_3' twice", "columns 4 and 65")
+    assert not out.exists()
+    assert run_cli("predict", "--run", trained, "--data", latin, "--out", out) == 0
+    assert "ignoring column 'note'" in capsys.readouterr().err  # not a feature: not read
+    assert out.is_file()
+
+
+def test_options_checked_against_the_run(trained, capsys):
+    before = artifacts.read_manifest(trained)
+    for k in ("3", "100"):
+        assert run_cli("aggregate", "--run", trained, "--min-members", k) == 2
+        _one_line(capsys, "Expected --min-members in 1..2", f"has 2 members). Received: {k}")
+    assert run_cli("export", "--run", trained, "--out", trained.parent / "m",
+                   "--aggregator", "stacking") == 2
+    _one_line(capsys, "--aggregator")
+    assert run_cli("predict", "--run", trained, "--data", "digits", "--replicas", "9",
+                   "--devices", "cpu:2", "--out", trained.parent / "p.parquet") == 2
+    _one_line(capsys, "--replicas")
+    assert artifacts.read_manifest(trained) == before

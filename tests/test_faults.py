@@ -1,0 +1,211 @@
+"""Nothing lost, part three: resource faults on write paths (a file-size limit, RLIMIT_FSIZE,
+makes writes fail with EFBIG as a full disk would), writes killed with SIGKILL, and their
+staging leftovers. Real processes, real limits, real signals."""
+
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import cli_env, run_cli, start_held
+
+from ensemble import artifacts, faults, staging
+
+BIG = """
+[data]
+source = "digits"
+[members]
+count = 2
+hidden = [512]
+[training]
+epochs = 1
+batch_size = 64
+[placement]
+devices = "cpu:2"
+"""
+
+
+def _limited(argv, limit: int, timeout: float = 180) -> subprocess.CompletedProcess:
+    """`ensemble ARGV` in its own process whose files may not grow beyond `limit` bytes."""
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", *map(str, argv)],
+                          preexec_fn=cap, env=cli_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _fault_line(proc) -> str:
+    """The one error line of a faulted process (notices may precede it; no traceback)."""
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and proc.stderr.strip().endswith(errors[0]), proc.stderr
+    return errors[0]
+
+
+def _leftovers(folder: Path) -> list[Path]:
+    """Staging files or folders (ours, TensorFlow's checkpoint `_temp`) under `folder`."""
+    return [p for p in folder.rglob("*") if staging.MARK in p.name or p.name.endswith("_temp")
+            or ".tmp" in p.name]
+
+
+def _intact(run_dir: Path) -> None:
+    """Every file the manifest records is there with its recorded sha256."""
+    manifest = artifacts.read_manifest(run_dir)
+    for rel in artifacts.recorded_hashes(manifest):
+        artifacts.verify(run_dir, manifest, run_dir / rel)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_config):
+    run_dir = tmp_path_factory.mktemp("faults") / "run"
+    assert run_cli("train", "--config", tiny_config, "--run-dir", run_dir, "--members", "2",
+                   "--epochs", "1", "--quiet") == 0
+    return run_dir
+
+
+@pytest.mark.parametrize("mode", ["in-graph", "between-graph"])
+def test_a_full_disk_at_a_checkpoint_fails_the_run_keeps_its_files_and_resumes(tmp_path, mode):
+    config = tmp_path / "big.toml"
+    config.write_text(BIG)
+    run_dir = tmp_path / "run"
+    # the splits (~340 kB) fit, a checkpoint of a 512-unit member with Adam (~460 kB) does not
+    proc = _limited(["train", "--config", config, "--run-dir", run_dir, "--quiet", "--mode",
+                     mode], 400_000)
+    line = _fault_line(proc)
+    where = "in-graph" if mode == "in-graph" else "member-0"
+    assert f"cannot write {run_dir / 'checkpoints' / where}" in line, line
+    assert "File too large" in line
+    assert f"continue with: ensemble train --resume --run-dir {run_dir}" in line
+    assert artifacts.read_manifest(run_dir)["status"] == "failed"
+    _intact(run_dir)  # the splits and the preprocessing, as recorded
+    assert not _leftovers(run_dir)
+    if mode == "between-graph":
+        return  # resuming between-graph runs is test_resume's
+    assert run_cli("train", "--resume", "--run-dir", run_dir, "--quiet") == 0
+    assert artifacts.read_manifest(run_dir)["status"] == "completed"
+    _intact(run_dir)
+
+
+@pytest.mark.parametrize("command", ["predict", "export"])
+def test_a_full_disk_at_predict_or_export_leaves_nothing_partial(trained, tmp_path, command):
+    out = tmp_path / ("p.parquet" if command == "predict" else "models")
+    argv = ["--data", "digits", "--out", out] if command == "predict" else ["--out", out]
+    line = _fault_line(_limited([command, "--run", trained, *argv], 30_000))
+    assert "File too large" in line and str(tmp_path) in line, line
+    if command == "predict":
+        assert line == f"error: cannot write {out}: File too large"
+        assert not out.exists() and not _leftovers(tmp_path)
+    else:  # no version folder, no staging folder: TF Serving never sees half a model
+        assert not [p for p in out.iterdir()], list(out.iterdir())
+    _intact(trained)
+
+
+def test_a_full_disk_at_aggregate_marks_the_run_failed_and_aggregate_redoes_it(trained,
+                                                                              tmp_path):
+    run_dir = tmp_path / "copy"
+    shutil.copytree(trained, run_dir)
+    argv = ["aggregate", "--run", run_dir, "--aggregators", "mean,vote,greedy"]
+    line = _fault_line(_limited(argv, 30_000))
+    assert line.startswith(f"error: cannot write {run_dir / 'predictions.parquet'}: File too")
+    assert f"continue with: ensemble aggregate --run {run_dir}" in line
+    manifest = artifacts.read_manifest(run_dir)
+    assert manifest["status"] == "failed" and manifest["failed_by"] == "aggregate"
+    _intact(run_dir)  # what was rewritten is whole and recorded; the rest untouched
+    assert not _leftovers(run_dir)
+    assert run_cli(*argv) == 0
+    manifest = artifacts.read_manifest(run_dir)
+    assert manifest["status"] == "completed" and "failed_by" not in manifest
+    _intact(run_dir)
+
+
+def test_describe_names_the_path_and_cause_of_every_resource_errno():
+    import errno
+
+    import tensorflow as tf
+
+    for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG):
+        exc = OSError(code, os.strerror(code), "/data/run/x.parquet")
+        assert faults.describe(exc) == f"cannot write /data/run/x.parquet: {os.strerror(code)}"
+    assert faults.describe(PermissionError(errno.EACCES, "Permission denied", "/ro/f")) == \
+        "cannot access /ro/f: Permission denied"
+    tf_error = tf.errors.ResourceExhaustedError(
+        None, None, "{{function_node x}} /r/ckpt-0_temp/part-0.data.tempstate123; No space left "
+        "on device [Op:SaveV2]")
+    try:
+        try:
+            raise tf_error
+        except Exception:
+            raise RuntimeError("wrapped")  # found anywhere in the chain
+    except RuntimeError as exc:
+        assert faults.describe(exc) == "cannot write /r/ckpt-0_temp/part-0.data: No space left " \
+                                       "on device"
+    assert faults.describe(ValueError("x")) is None
+    assert faults.describe(OSError(errno.ENOENT, "No such file or directory", "/x")) is None
+
+
+def _held(argv, tmp_path, point: str, timeout: float = 120):
+    proc, marker = start_held(argv, tmp_path, point)
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"never reached {point}: {proc.stderr.read()}")
+        time.sleep(0.1)
+    return proc, marker
+
+
+@pytest.mark.parametrize("command", ["predict", "export"])
+def test_a_write_killed_midway_leaves_a_staging_entry_the_next_run_removes(trained, tmp_path,
+                                                                           command):
+    out = tmp_path / "out" / ("p.parquet" if command == "predict" else "models")
+    argv = [command, "--run", trained, *(["--data", "digits"] if command == "predict" else []),
+            "--out", out]
+    proc, marker = _held(argv, tmp_path, command)
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+        marker.unlink(missing_ok=True)
+    folder = out.parent if command == "predict" else out
+    left = [p for p in folder.iterdir() if staging.owner(p.name)]
+    assert len(left) == 1 and staging.owner(left[0].name)[1] == proc.pid, left
+    assert staging.is_stale(left[0].name)
+    assert not out.exists() if command == "predict" else not (out / "1").exists()
+    assert run_cli(*argv[:-2], "--out", out) == 0  # the next run into the same place
+    assert not [p for p in folder.iterdir() if staging.owner(p.name)]
+    assert out.is_file() if command == "predict" else (out / "1" / "saved_model.pb").is_file()
+
+
+def test_only_staging_entries_of_dead_writers_are_swept(tmp_path):
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead = int(done.stdout)
+    host = staging._host()
+    names = {
+        "dead": f".a.parquet.{host}-{dead}.0a1b{staging.MARK}.parquet",
+        "alive": f".a.parquet.{host}-{os.getppid()}.0a1b{staging.MARK}.parquet",
+        "other host": f".a.parquet.elsewhere-{dead}.0a1b{staging.MARK}.parquet",
+        "other file": f".b.parquet.{host}-{dead}.0a1b{staging.MARK}.parquet",
+        "not staging": ".a.parquet.123.tmp",
+    }
+    for name in names.values():
+        (tmp_path / name).write_text("partial")
+    assert staging.sweep(tmp_path, "a.parquet") == [tmp_path / names["dead"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        n for k, n in names.items() if k != "dead")
+    with artifacts.atomic_path(tmp_path / "b.parquet") as tmp:  # a write sweeps its own name
+        tmp.write_text("whole")
+    assert not (tmp_path / names["other file"]).exists()
+    assert (tmp_path / "b.parquet").read_text() == "whole"
