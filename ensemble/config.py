@@ -211,10 +211,12 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, dict):
             raise UsageError(f"Expected `{key}` to be a table. Received: {key}={value!r}")
         try:
-            return json.loads(json.dumps(value, allow_nan=False))  # plain JSON values
+            plain = json.loads(json.dumps(value, allow_nan=False))  # plain JSON values
         except (TypeError, ValueError):
             raise UsageError(f"Expected `{key}` to hold numbers, strings, booleans, lists and "
                              f"tables (finite, no dates). Received: {key}={value!r}") from None
+        _plain_numbers(key, plain)
+        return plain
     if get_origin(tp) is tuple:
         item = get_args(tp)[0]
         if not isinstance(value, (list, tuple)):
@@ -230,6 +232,19 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
 
 
 INT64 = 2 ** 63
+
+
+def _plain_numbers(key: str, value: Any) -> None:
+    """Every number inside a free-form table (builder or optimiser parameters) within 64 bits
+    (integers) or finite (floats, already checked by JSON)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _plain_numbers(f"{key}.{k}", v)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _plain_numbers(f"{key}[{i}]", v)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        _in_domain(key, value, int)
 
 
 def _in_domain(key: str, value: Any, tp: Any) -> Any:
