@@ -48,15 +48,20 @@ def require_extra() -> None:
                          f"installed): {EXTRA}") from None
 
 
+def check_replicas(replicas: str) -> None:
+    """Raises UsageError unless `replicas` is auto or a positive integer."""
+    if replicas != "auto" and not (replicas.isdigit() and int(replicas) >= 1):
+        raise UsageError(f"Expected --replicas to be auto or a positive integer. "
+                         f"Received: {replicas!r}")
+
+
 def serving_devices(spec: str | None, replicas: str) -> list[str]:
     """One device per replica. `replicas` auto: every device of `spec` (auto: every GPU,
     else the CPU split into logical devices, at most the cores); N: N replicas round robin
     over them. Call before TensorFlow runs an op (a CPU split needs that). Raises UsageError."""
     from ensemble import devices
 
-    if replicas != "auto" and not (replicas.isdigit() and int(replicas) >= 1):
-        raise UsageError(f"Expected --replicas to be auto or a positive integer. "
-                         f"Received: {replicas!r}")
+    check_replicas(replicas)
     kind, value = devices.parse(spec or "auto")
     if kind == "auto":
         import tensorflow as tf
@@ -202,6 +207,11 @@ def run(args) -> int:
     if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
         raise UsageError(f"Expected --name to be letters, digits, '.', '_' or '-'. "
                          f"Received: {name!r}")
+    check_replicas(args.replicas)
+    if args.devices:
+        from ensemble import devices
+
+        devices.parse(args.devices)
     if args.port > 65535:
         raise UsageError(f"Expected --port to be in 0..65535. Received: {args.port}")
     if not args.batch_timeout_ms >= 0:
