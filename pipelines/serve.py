@@ -81,6 +81,24 @@ def serving_devices(spec: str | None, replicas: str) -> list[str]:
     return [names[i % len(names)] for i in range(n)]
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on `host:port` (port 0: any free one). Made with protocol
+    IPPROTO_TCP, not 0 as `socket.create_server` makes it: asyncio sets TCP_NODELAY only on
+    sockets that say they are TCP, and without it every answer (headers, then body) waits
+    ~40 ms for the client's delayed ACK (Nagle's algorithm)."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                      proto=socket.IPPROTO_TCP)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def _error(status: int, message: str):
     from starlette.responses import Response
 
@@ -218,7 +236,7 @@ def run(args) -> int:
         raise UsageError(f"Expected --batch-timeout-ms to be >= 0. "
                          f"Received: {args.batch_timeout_ms:g}")
     try:
-        sock = socket.create_server((args.host, args.port))
+        sock = listen(args.host, args.port)
     except OSError as exc:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
                          ) from None
