@@ -197,6 +197,14 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from pipelines import serve
+
+    serve.require_extra()  # one line naming the pip command, before TensorFlow loads
+    import_tensorflow_quietly()
+    return serve.run(args)
+
+
 def cmd_compare(args) -> int:
     from pipelines import compare
 
@@ -296,6 +304,7 @@ COMMANDS = {  # command name -> its function (the parser is in pipelines.options
     "train": cmd_train,
     "predict": cmd_predict,
     "export": cmd_export,
+    "serve": cmd_serve,
     "evaluate": cmd_evaluate,
     "aggregate": cmd_aggregate,
     "compare": cmd_compare,

@@ -146,6 +146,28 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
          help="aggregator of the serving_default signature (default: the run's first); "
               "every aggregator of the run gets its own signature too")
 
+    sv = command("serve", "serve an export folder with TF Serving's REST API (predict, "
+                 "status, metadata, Prometheus metrics)")
+    _add(sv, "--model", required=True, metavar="DIR",
+         help="export folder DIR/<version>/ as `ensemble export` writes it; the newest "
+              "version is served and new ones are picked up while serving")
+    _add(sv, "--name", metavar="NAME", help="model name in the URLs (default: DIR's base name)")
+    _add(sv, "--host", default="127.0.0.1", metavar="ADDR",
+         help="address to listen on (0.0.0.0: every interface)")
+    _add(sv, "--port", type=_nonneg, default=8501, metavar="N",
+         help="TCP port (0: any free port, printed on stderr)")
+    _add(sv, "--replicas", default="auto", metavar="auto|N",
+         help="copies of the model, one per device; auto: every GPU, else the CPU split "
+              "into logical devices (at most the cores)")
+    _add(sv, "--devices", metavar="SPEC",
+         help="auto, cpu:N or device names such as /GPU:0,/GPU:1 (default: auto)")
+    _add(sv, "--max-batch-size", type=_positive, default=64, metavar="N",
+         help="dynamic batching: requests merged into calls of at most N rows (1: off)")
+    _add(sv, "--batch-timeout-ms", type=float, default=0.0, metavar="MS",
+         help="how long a batch waits for more requests when a replica is idle (0: only "
+              "what is queued while every replica is busy)")
+    _add(sv, "--verbose", action="store_true", help="one access-log line per request (stderr)")
+
     e = command("evaluate", "print the ensemble against its members, validation and test")
     _add(e, "--run", metavar="PATH", help="a run directory (default: none; or --predictions)")
     _add(e, "--predictions", metavar="FILE.parquet",

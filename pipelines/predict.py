@@ -17,7 +17,7 @@ from pathlib import Path
 from ensemble import artifacts, devices, run, runlock, tables
 from ensemble.errors import UsageError
 from ensemble.preprocessing import Preprocessing
-from ensemble.stream import DEFAULT_BATCH_ROWS, InputStream, prefetch
+from ensemble.stream import DEFAULT_BATCH_ROWS, InputStream, flat_heap, prefetch
 
 GRAPH_BATCH_ROWS = 16384  # rows per traced call: bounds the members' activations in memory
 
@@ -115,6 +115,7 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
     check_out(out)
     manifest, pre, stream = open_input(run_dir, source, target, strict_columns, batch_size)
     stream.check()
+    flat_heap()  # peak memory flat however many batches (see ensemble.stream.flat_heap)
     n = len(manifest["members"])
     groups = replica_devices(n, devices.resolve(device_spec, n, cluster), replicas)
     from ensemble.in_graph import InGraphEnsemble

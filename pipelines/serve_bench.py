@@ -2,6 +2,7 @@
 
     python -m pipelines.serve_bench [--run RUN] [--rows 1000000] [--big-rows 10000000]
                                     [--batch-size ROWS] [--out DIR]
+    python -m pipelines.serve_bench --http ...   # `ensemble serve` under load: http_bench
 
 Without `--run`, trains the 8-member `wide` ensemble (configs/wide.toml, in-graph) first.
 Writes `rows` (and `big-rows`) random float32 rows with the run's feature names to Parquet,
@@ -61,6 +62,11 @@ def _predict(run_dir: Path, source: Path, out: Path, mode: str, batch_size: int)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--http" in argv:  # `ensemble serve` over HTTP: pipelines.http_bench
+        from pipelines import http_bench
+
+        return http_bench.main([a for a in argv if a != "--http"])
     p = argparse.ArgumentParser(prog="python -m pipelines.serve_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", help="a trained run (default: train configs/wide.toml)")
@@ -68,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--big-rows", type=int, default=10_000_000)
     p.add_argument("--batch-size", type=int, default=65536)
     p.add_argument("--out", default="artifacts/serve_bench")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(argv)
     from ensemble import artifacts
     from pipelines.benchmark import gemm_rate
     from pipelines.processes import checked, run_process

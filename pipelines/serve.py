@@ -1,0 +1,302 @@
+"""`ensemble serve`: an export folder online with TF Serving's REST API (Starlette + uvicorn).
+
+Routes (`tensorflow_serving/g3doc/api_rest.md`; NAME is `--name`, `/versions/N` optional):
+
+    GET  /v1/models/NAME[/versions/N]            model_version_status
+    GET  /v1/models/NAME[/versions/N]/metadata   the signatures (SignatureDefMap as JSON)
+    POST /v1/models/NAME[/versions/N]:predict    {"signature_name", "instances" | "inputs"}
+    GET  /monitoring/prometheus/metrics          request counts, latency, batch sizes
+
+Errors are `{"error": "..."}`: 400 for a bad request, 404 for an unknown model, version or
+signature, 503 while no version is loaded (the status route too: readiness), 500 otherwise.
+SIGTERM and Ctrl-C stop accepting connections, let in-flight requests finish (at most
+`GRACE_SECONDS`), then the process exits 0. Starlette and uvicorn are the optional extra
+`serve`, imported only here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from ensemble.errors import UsageError
+
+EXTRA = 'pip install "ensemble-replication[serve]"'
+GRACE_SECONDS = 10
+ROUTE = re.compile(r"^(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?"
+                   r"(?:(?P<metadata>/metadata)|:(?P<verb>[a-zA-Z]+))?$")
+
+
+def log(message: str) -> None:
+    """One line on stderr."""
+    print(f"serve: {message}", file=sys.stderr, flush=True)
+
+
+def require_extra() -> None:
+    """Raises UsageError naming the pip command when Starlette or uvicorn is missing."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise UsageError(f"ensemble serve needs the optional extra 'serve' ({exc.name} is not "
+                         f"installed): {EXTRA}") from None
+
+
+def check_replicas(replicas: str) -> None:
+    """Raises UsageError unless `replicas` is auto or a positive integer."""
+    if replicas != "auto" and not (replicas.isdigit() and int(replicas) >= 1):
+        raise UsageError(f"Expected --replicas to be auto or a positive integer. "
+                         f"Received: {replicas!r}")
+
+
+def serving_devices(spec: str | None, replicas: str) -> list[str]:
+    """One device per replica. `replicas` auto: every device of `spec` (auto: every GPU,
+    else the CPU split into logical devices, at most the cores); N: N replicas round robin
+    over them. Call before TensorFlow runs an op (a CPU split needs that). Raises UsageError."""
+    from ensemble import devices
+
+    check_replicas(replicas)
+    kind, value = devices.parse(spec or "auto")
+    if kind == "auto":
+        import tensorflow as tf
+
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            names = [f"/device:GPU:{i}" for i in range(len(gpus))]
+        else:
+            n = int(replicas) if replicas != "auto" else devices.cpu_count()
+            names = devices.split_cpu(max(1, min(n, devices.cpu_count(), devices.AUTO_CPU_CAP)),
+                                      allow_fewer=True)
+    elif kind == "cpu":
+        names = devices.split_cpu(value, allow_fewer=True)
+    else:
+        names = [devices.canonical(n) for n in value]
+    n = len(names) if replicas == "auto" else int(replicas)
+    return [names[i % len(names)] for i in range(n)]
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on `host:port` (port 0: any free one). Made with protocol
+    IPPROTO_TCP, not 0 as `socket.create_server` makes it: asyncio sets TCP_NODELAY only on
+    sockets that say they are TCP, and without it every answer (headers, then body) waits
+    ~40 ms for the client's delayed ACK (Nagle's algorithm)."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                      proto=socket.IPPROTO_TCP)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _error(status: int, message: str):
+    from starlette.responses import Response
+
+    from ensemble.serving.codec import dumps
+
+    return Response(dumps({"error": message}), status, media_type="application/json")
+
+
+def build_app(manager, metrics, verbose: bool = False):
+    """The Starlette application over a started `ModelManager` and a `Metrics`."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse, Response
+    from starlette.routing import Route
+
+    from ensemble.serving import codec
+    from ensemble.serving.servables import NotFound, NotReady
+
+    def _target(request):
+        m = ROUTE.match(request.path_params["rest"])
+        if m is None or m["name"] != manager.name:
+            name = m["name"] if m else request.path_params["rest"]
+            raise NotFound(f"model {name!r} not found; this server serves {manager.name!r}")
+        return m, (int(m["version"]) if m["version"] else None)
+
+    async def get_model(request):
+        request.state.api = "GetModelStatus"
+        m, version = _target(request)
+        if m["verb"]:
+            raise NotFound(f"GET {request.url.path}: use POST for :{m['verb']}")
+        if m["metadata"]:
+            request.state.api = "GetModelMetadata"
+            servable = manager.get(version)
+            return Response(codec.dumps({
+                "model_spec": {"name": manager.name, "signature_name": "",
+                               "version": str(servable.version)},
+                "metadata": {"signature_def": {"signature_def": servable.defs}}}),
+                media_type="application/json")
+        status = manager.status(version)
+        if version is None and not any(s["state"] == "AVAILABLE" for s in status):
+            manager.get()  # NotReady: 503 until a version is loaded (readiness)
+        return Response(codec.dumps({"model_version_status": status}),
+                        media_type="application/json")
+
+    async def post_model(request):
+        request.state.api = "predict"
+        m, version = _target(request)
+        if m["verb"] != "predict":
+            raise NotFound(f"POST {request.url.path}: this server answers :predict only")
+        req = codec.parse_request(await request.body())
+        name = codec.signature_name(req)
+        sig = manager.get(version).signatures.get(name)
+        if sig is None:  # checked again, atomically, on submit
+            raise NotFound(f"signature {name!r} not found; signatures: "
+                           + ", ".join(manager.get(version).signatures))
+        inputs, row_format = codec.decode_inputs(req, sig)
+        outputs = await asyncio.wrap_future(manager.submit(version, name, inputs))
+        return Response(codec.dumps(codec.encode_outputs(outputs, row_format)),
+                        media_type="application/json")
+
+    async def prometheus(request):
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def on_error(request, exc):
+        if isinstance(exc, codec.BadRequest):
+            return _error(400, str(exc))
+        if isinstance(exc, NotFound):
+            return _error(404, str(exc))
+        if isinstance(exc, NotReady):
+            return _error(503, str(exc))
+        if isinstance(exc, tf.errors.InvalidArgumentError):
+            return _error(400, " ".join(exc.message.split())[:500])
+        log(f"internal error on {request.method} {request.url.path}: {exc!r}")
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+    routes = [Route("/v1/models/{rest:path}", get_model, methods=["GET"]),
+              Route("/v1/models/{rest:path}", post_model, methods=["POST"]),
+              Route("/monitoring/prometheus/metrics", prometheus, methods=["GET"])]
+    import tensorflow as tf
+
+    handlers = {cls: on_error for cls in (codec.BadRequest, NotFound, NotReady,
+                                          tf.errors.InvalidArgumentError, Exception)}
+    app = Starlette(routes=routes, exception_handlers=handlers)
+    return _Observed(app, manager.name, metrics, verbose)
+
+
+class _Observed:
+    """ASGI middleware: request count and latency metrics, and the access log line."""
+
+    def __init__(self, app, model: str, metrics, verbose: bool):
+        self.app, self.model, self.metrics, self.verbose = app, model, metrics, verbose
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, status = time.perf_counter(), [500]
+        scope.setdefault("state", {})
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            seconds = time.perf_counter() - start
+            api = scope["state"].get("api")
+            if api:
+                self.metrics.request(self.model, api, status[0], seconds)
+            if self.verbose:
+                client = scope.get("client") or ("-", 0)
+                print(f'{client[0]} "{scope["method"]} {scope["path"]}" {status[0]} '
+                      f'{seconds * 1e3:.1f} ms', file=sys.stderr, flush=True)
+
+
+def run(args) -> int:
+    """`ensemble serve` with parsed `args`; returns 0 after a clean stop."""
+    require_extra()
+    base = Path(args.model)
+    if not base.is_dir():
+        raise UsageError(f"Expected --model to be an export folder (DIR/<version>/ as "
+                         f"`ensemble export` writes it). Received: {args.model!r}")
+    name = args.name or base.resolve().name
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+        raise UsageError(f"Expected --name to be letters, digits, '.', '_' or '-'. "
+                         f"Received: {name!r}")
+    check_replicas(args.replicas)
+    if args.devices:
+        from ensemble import devices
+
+        devices.parse(args.devices)
+    if args.port > 65535:
+        raise UsageError(f"Expected --port to be in 0..65535. Received: {args.port}")
+    if not args.batch_timeout_ms >= 0:
+        raise UsageError(f"Expected --batch-timeout-ms to be >= 0. "
+                         f"Received: {args.batch_timeout_ms:g}")
+    try:
+        sock = listen(args.host, args.port)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
+                         ) from None
+    try:
+        return _serve(args, base, name, sock)
+    finally:
+        sock.close()
+
+
+def _serve(args, base: Path, name: str, sock: socket.socket) -> int:
+    import uvicorn
+
+    from ensemble.serving.metrics import Metrics
+    from ensemble.serving.servables import ModelManager
+
+    devices = serving_devices(args.devices, args.replicas)
+    metrics = Metrics()
+    manager = ModelManager(base, name, devices, args.max_batch_size,
+                           args.batch_timeout_ms / 1000, log=log, on_batch=metrics.batch)
+    if not any(p.name.isdigit() for p in base.iterdir()):
+        log(f"no version in {base} yet; waiting for one (status answers 503 until then)")
+    manager.start()
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(build_app(manager, metrics, args.verbose), log_config=None,
+                            log_level="warning", access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=GRACE_SECONDS)
+    server = _server_class()(config)
+    batching = (f"batching up to {args.max_batch_size} rows, {args.batch_timeout_ms:g} ms"
+                if args.max_batch_size > 1 else "no batching")
+    log(f"serving {name} from {base} at http://{host}:{port}/v1/models/{name} "
+        f"({len(devices)} replica(s) on {', '.join(sorted(set(devices)))}; {batching})")
+    try:
+        asyncio.run(server.serve(sockets=[sock]))
+    finally:
+        manager.stop()
+    log(f"stopped {name}")
+    return 0
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server with our signal handling: the first SIGTERM/SIGINT stops
+        accepting and drains, a second one forces the exit; neither is re-raised after
+        (uvicorn would re-raise it, turning a clean stop into status 143)."""
+
+        from contextlib import contextmanager
+
+        @contextmanager
+        def capture_signals(self):
+            def stop(signum, frame):
+                if self.should_exit:
+                    self.force_exit = True
+                self.should_exit = True
+
+            old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, h in old.items():
+                    signal.signal(s, h)
+
+    return Server
