@@ -200,8 +200,10 @@ def _train_member(run_dir: Path, manifest: dict, cfg, split: dict, index: int, d
 
     classes = np.asarray(manifest["dataset"]["classes"])
     (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
+    from ensemble.preprocessing import Preprocessing
+
     member = MemberGroup.build(cfg, x_tr.shape[1:], len(classes), [device], [index],
-                               n_train=len(x_tr))
+                               n_train=len(x_tr), pre=Preprocessing.of_run(run_dir, manifest))
     if cfg.training.tensorboard:
         from ensemble.tensorboard import MemberScalars
 
@@ -303,11 +305,11 @@ def _predict_stream(run_dir: Path, manifest: dict, groups: dict, source: str, ou
     import contextlib
 
     from ensemble.preprocessing import Preprocessing
-    from ensemble.stream import DEFAULT_BATCH_ROWS, InputStream, PredictionWriter, prefetch
+    from ensemble.stream import DEFAULT_BATCH_ROWS, PredictionWriter, input_stream, prefetch
 
     pre = Preprocessing.read(artifacts.verify(run_dir, manifest,
                                               Path(run_dir) / artifacts.PREPROCESSING))
-    stream = InputStream(pre, source, target or manifest["dataset"].get("target", "target"),
+    stream = input_stream(pre, source, target or manifest["dataset"].get("target", "target"),
                          batch_rows=batch_rows or DEFAULT_BATCH_ROWS, quiet=True)
     paths = {i: out / f"member-{i}.parquet" for i in groups}
     with contextlib.ExitStack() as stack:

@@ -56,7 +56,9 @@ class DataConfig:
     with the most frequent category), `"most_frequent"` fills both with the most frequent value.
     A relative file `source` in a config file is resolved against that file's folder.
     `split_seed` alone decides the train/validation/test split (never the training seed), so
-    runs with other seeds or member counts are scored on the same test rows.
+    runs with other seeds or member counts are scored on the same test rows. `drop`: columns
+    left out. `image_size` (`[h, w]`, empty: as they are) and `color_mode` (`grayscale` or
+    `rgb`): how an image folder is read (`ensemble.arrays`).
     """
 
     source: str = "digits"
@@ -66,6 +68,9 @@ class DataConfig:
     split_seed: int = 0
     categorical: str | tuple[str, ...] = "auto"
     impute: str = "error"
+    drop: tuple[str, ...] = ()
+    image_size: tuple[int, ...] = ()
+    color_mode: str = "rgb"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -369,6 +374,13 @@ def _check_ranges(cfg: Config) -> None:
             raise UsageError(f"Expected `data.{key}` in (0, 1). Received: {value}")
     if cfg.data.test_size + cfg.data.validation_size >= 0.9:
         raise UsageError("Expected `data.test_size + data.validation_size` below 0.9.")
+    if cfg.data.color_mode not in ("grayscale", "rgb"):
+        raise UsageError("Expected `data.color_mode` to be \"grayscale\" or \"rgb\". "
+                         f"Received: {cfg.data.color_mode!r}")
+    if cfg.data.image_size and (len(cfg.data.image_size) != 2
+                                or not all(0 < d <= 65536 for d in cfg.data.image_size)):
+        raise UsageError("Expected `data.image_size` to be [height, width] in pixels (or []). "
+                         f"Received: {list(cfg.data.image_size)}")
     if cfg.data.impute not in IMPUTE:
         raise UsageError(f"Expected `data.impute` to be one of {', '.join(IMPUTE)}. "
                          f"Received: {cfg.data.impute!r}")
@@ -456,7 +468,8 @@ def _resolve_source(table: dict[str, Any], path: Path) -> None:
     if not isinstance(data, dict) or not isinstance(data.get("source"), str):
         return
     source = Path(data["source"])
-    if source.suffix in (".csv", ".parquet") and not source.is_absolute():
+    if (source.suffix in (".csv", ".parquet", ".npz") or "/" in data["source"]) \
+            and not source.is_absolute():
         data["source"] = str((path.resolve().parent / source))
 
 

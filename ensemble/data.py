@@ -286,14 +286,19 @@ def load(cfg: DataConfig, require_target: bool = True, expected: Sequence[str] |
         UsageError: unknown source, unreadable file, or any `table_to_dataset` error; a
         labelled data set must have at least two classes.
     """
+    from ensemble import arrays
+
+    if arrays.is_array_source(cfg.source):
+        return arrays.load(cfg, require_target)
     if cfg.source in BUILTIN:
         ds = _builtin(cfg)
     else:
         path = Path(cfg.source)
         if path.suffix not in (".parquet", ".csv"):
             raise UsageError(
-                f"Unknown data source {cfg.source!r}; expected one of {', '.join(BUILTIN)} "
-                "or a .parquet or .csv file."
+                f"Unknown data source {cfg.source!r}; expected one of {', '.join(BUILTIN)}, "
+                "digits_images, a .parquet, .csv or .npz file, or a folder of images with one "
+                "sub-folder per class."
             )
         stat = path.stat() if path.is_file() else None
         key = (stat.st_size, stat.st_mtime_ns) if stat else None
@@ -325,7 +330,15 @@ def split(ds: Dataset, cfg: DataConfig, seed: int) -> tuple[dict[str, np.ndarray
 
     classes, counts = np.unique(ds.y, return_counts=True)
     idx = np.arange(len(ds.y))
+    fixed = getattr(ds, "test_rows", None)  # a test split the source gives (Keras's .npz)
     try:
+        if fixed is not None:
+            test, rest = fixed, np.setdiff1d(idx, fixed)
+            val_share = cfg.validation_size / (1.0 - cfg.test_size)
+            train, val = train_test_split(rest, test_size=val_share, random_state=seed,
+                                          stratify=ds.y[rest])
+            return ({"train": np.sort(train), "validation": np.sort(val),
+                     "test": np.sort(test)}, classes)
         rest, test = train_test_split(idx, test_size=cfg.test_size, random_state=seed,
                                       stratify=ds.y)
         val_share = cfg.validation_size / (1.0 - cfg.test_size)

@@ -57,6 +57,33 @@ def check_exportable(pre: Preprocessing) -> None:
             "(or one-hot encode them in the data) to export.")
 
 
+def _input_graph(pre):
+    """The signature's input and the graph from it to the members' input: `(TensorSpec,
+    function, doc)`. Table rows `[batch, n_features]` are imputed and standardised in
+    float64 as `Preprocessing.transform`; array rows `[batch, *input_shape]` (raw pixels) go to
+    the members as they are (their first layer scales them)."""
+    import tensorflow as tf
+
+    shape = list(pre.input_shape)
+    if not hasattr(pre, "scale"):  # arrays: ensemble.arrays.ArrayPreprocessing
+        doc = f"features: [batch, {', '.join(map(str, shape))}] float32, raw values (pixels)"
+        return (tf.TensorSpec([None, *shape], tf.float32, name="features"),
+                lambda f: tf.cast(f, tf.float32), doc)
+    names = list(pre.feature_names)
+    mean, scale = tf.constant(pre.mean, tf.float64), tf.constant(pre.scale, tf.float64)
+    fill = tf.constant(pre.fill, tf.float64) if len(pre.fill) else None
+
+    def to_x(features):
+        x = tf.cast(features, tf.float64)
+        if fill is not None:
+            x = tf.where(tf.math.is_nan(x), fill, x)
+        return tf.cast((x - mean) / scale, tf.float32)
+
+    doc = (f"features: [batch, {len(names)}] float32, raw (unscaled) columns in this order: "
+           + ", ".join(names))
+    return tf.TensorSpec([None, len(names)], tf.float32, name="features"), to_x, doc
+
+
 def build_module(models, pre: Preprocessing, aggregators, params: dict, default: str):
     """The `tf.Module` to save and its signatures.
 
@@ -73,7 +100,6 @@ def build_module(models, pre: Preprocessing, aggregators, params: dict, default:
 
     from ensemble.aggregate_tf import aggregate_tf
 
-    n_features = len(pre.feature_names)
     names = list(pre.feature_names)
     mod = tf.Module()
     mod.members = list(models)
@@ -82,18 +108,11 @@ def build_module(models, pre: Preprocessing, aggregators, params: dict, default:
     classes = pre.classes
     mod.classes = tf.Variable(classes.astype(str) if classes.dtype.kind in "OUS"
                               else classes.astype(np.int64), trainable=False, name="classes")
-    mean, scale = tf.constant(pre.mean, tf.float64), tf.constant(pre.scale, tf.float64)
-    fill = tf.constant(pre.fill, tf.float64) if len(pre.fill) else None
-    spec = tf.TensorSpec([None, n_features], tf.float32, name="features")
-    doc = (f"features: [batch, {n_features}] float32, raw (unscaled) columns in this order: "
-           + ", ".join(names))
+    spec, to_x, doc = _input_graph(pre)
 
     def make(aggregator: str):
         def serve(features):
-            x = tf.cast(features, tf.float64)
-            if fill is not None:
-                x = tf.where(tf.math.is_nan(x), fill, x)
-            x = tf.cast((x - mean) / scale, tf.float32)
+            x = to_x(features)
             stacked = tf.stack([m(x, training=False) for m in mod.members])
             probs = aggregate_tf(stacked, aggregator, params.get(aggregator))
             index = tf.argmax(probs, axis=1)

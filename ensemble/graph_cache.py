@@ -85,7 +85,10 @@ class TracedEnsemble:
         self.lock = threading.RLock()
         self.data = {}
         task = self.group.task
-        for device in dict.fromkeys(self.devices):
+        from ensemble.training import memory_of
+
+        first = {memory_of(d): d for d in reversed(self.devices)}  # one copy per memory
+        for device in first.values():
             with tf.device(device):
                 self.data[device] = (
                     tf.Variable(tf.zeros([0, *self.input_shape]),

@@ -60,10 +60,13 @@ class MemberGroup:
             input_shape: a row's shape (an int: `n_features`).
             n_train: training rows (the length of a cosine learning-rate schedule; needed
                 with `training.lr_schedule = "cosine"`).
+            pre: the run's preprocessing; its `scaling_layer()` (array inputs) starts every
+                member.
         """
         indices = list(indices) if indices is not None else list(range(len(devices)))
         shape = (input_shape,) if isinstance(input_shape, int) else tuple(input_shape)
         task = kwargs.pop("task", None) or tasks.get()
+        pre = kwargs.pop("pre", None)
         t = cfg.training
         total = None if n_train is None else Schedule.of(t).steps_per_epoch(n_train) * t.epochs
         models, optimizers = [], []
@@ -72,7 +75,8 @@ class MemberGroup:
             with tf.device(device):
                 model = build_member(h["builder"], h["params"], shape,
                                      task.n_outputs(n_classes),
-                                     member_seed(t.seed, i), f"member_{i}", task)
+                                     member_seed(t.seed, i), f"member_{i}", task,
+                                     pre.scaling_layer() if pre is not None else None)
                 optimizers.append(build_optimizer(model, h["learning_rate"], t.optimizer,
                                                   t.optimizer_params, t.lr_schedule, total))
             models.append(model)

@@ -39,12 +39,13 @@ class InGraphEnsemble(MemberGroup):
     @classmethod
     def build(cls, cfg, input_shape, n_classes: int, devices: Sequence[str],
               indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE,
-              aggregators: Sequence[str] | None = None, n_train: int | None = None):
+              aggregators: Sequence[str] | None = None, n_train: int | None = None,
+              pre=None):
         """Build fresh members on `devices` (`MemberGroup.build`); `aggregators` defaults to
         the config's."""
         aggs = cfg.aggregation.aggregators if aggregators is None else aggregators
         return super().build(cfg, input_shape, n_classes, devices, indices, client_device,
-                             n_train=n_train, aggregators=aggs)
+                             n_train=n_train, aggregators=aggs, pre=pre)
 
     def _predict_graph(self, x):
         stacked = self._member_probs(x)

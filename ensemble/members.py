@@ -99,10 +99,12 @@ def _ends_in_softmax(net, layers) -> bool:
 
 
 def build_member(spec: str, params: dict[str, Any], input_shape: Sequence[int],
-                 n_outputs: int, seed: int, name: str, task):
+                 n_outputs: int, seed: int, name: str, task, scaling=None):
     """A member: builder `spec`'s network (`build_network`) with `task`'s head, as one Keras
     model `[batch, *input_shape] -> ` the task's outputs (classification: `[batch,
-    n_classes]` probabilities).
+    n_classes]` probabilities). `scaling` (a Keras layer, e.g. the input's
+    `ArrayPreprocessing.scaling_layer()`) comes first when given, so the member takes raw
+    rows (image pixels).
 
     Call it under `tf.device(...)` so its variables live on the member's device.
 
@@ -113,7 +115,8 @@ def build_member(spec: str, params: dict[str, Any], input_shape: Sequence[int],
 
     net = build_network(spec, params, input_shape, n_outputs, seed)
     inputs = keras.Input(tuple(input_shape), name="features")
-    return keras.Model(inputs, task.head(net(inputs)), name=name)
+    x = scaling(inputs) if scaling is not None else inputs
+    return keras.Model(inputs, task.head(net(x)), name=name)
 
 
 def check_serializable(model, spec: str) -> None:

@@ -61,6 +61,10 @@ class Preprocessing:
         return list(self.feature_names) + [f"{c}={v}" for c, cats in self.categories.items()
                                            for v in cats]
 
+    def scaling_layer(self):
+        """None: table rows are scaled before the model (`transform`)."""
+        return None
+
     @property
     def input_shape(self) -> tuple[int, ...]:
         """The shape of one model input row: `(n_outputs,)`."""
@@ -68,8 +72,15 @@ class Preprocessing:
 
     @classmethod
     def fit(cls, ds: Dataset, train_rows: np.ndarray, classes: np.ndarray,
-            impute: str = "error") -> "Preprocessing":
-        """Fit imputer, encoder and scaler on the training rows `train_rows` of `ds` only."""
+            impute: str = "error", cfg: DataConfig | None = None) -> "Preprocessing":
+        """Fit imputer, encoder and scaler on the training rows `train_rows` of `ds` only; an
+        array input (`ensemble.arrays.ArrayData`) gets its `ArrayPreprocessing` instead."""
+        from ensemble.arrays import ArrayData, ArrayPreprocessing
+
+        if isinstance(ds, ArrayData):
+            return ArrayPreprocessing.fit(ds, train_rows, classes,
+                                          tuple(cfg.image_size) if cfg and cfg.image_size
+                                          else None, cfg.color_mode if cfg else "rgb")
         from sklearn.impute import SimpleImputer
         from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
@@ -201,6 +212,14 @@ class Preprocessing:
         }, indent=1)
 
     @classmethod
+    def of_run(cls, run_dir, manifest: dict):
+        """A run's `preprocessing.json`, verified against its manifest (`read`)."""
+        from ensemble import artifacts
+
+        return cls.read(artifacts.verify(run_dir, manifest,
+                                         Path(run_dir) / artifacts.PREPROCESSING))
+
+    @classmethod
     def read(cls, path: Path) -> "Preprocessing":
         """Read `preprocessing.json`.
 
@@ -209,6 +228,10 @@ class Preprocessing:
         """
         try:
             d = json.loads(Path(path).read_text())
+            if d.get("kind") == "arrays":
+                from ensemble.arrays import ArrayPreprocessing
+
+                return ArrayPreprocessing.from_dict(d)
             classes = np.asarray(d["classes"])
             return cls(tuple(d["feature_names"]), np.asarray(d["mean"], np.float64),
                        np.asarray(d["scale"], np.float64), classes,

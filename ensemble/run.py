@@ -173,7 +173,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     check_run_dir(run_dir, overwrite)
     ds = data.load(cfg.data)
     rows, classes = data.split(ds, cfg.data, cfg.data.split_seed)
-    pre = Preprocessing.fit(ds, rows["train"], classes, cfg.data.impute)
+    pre = Preprocessing.fit(ds, rows["train"], classes, cfg.data.impute, cfg.data)
     x, y = pre.transform(ds), data.encode(ds.y, classes)
     run_dir.mkdir(parents=True, exist_ok=True)
     artifacts.write_splits(run_dir, {s: x[r] for s, r in rows.items()},

@@ -40,7 +40,13 @@ def dataset(x: np.ndarray, names: Sequence[str]) -> Dataset:
 
 def fit_preprocessing(x: np.ndarray, y: np.ndarray, classes: np.ndarray,
                       names: Sequence[str]) -> Preprocessing:
-    """The standardisation of `ensemble train`, fitted on all rows of `x`."""
+    """The standardisation of `ensemble train`, fitted on all rows of `x` `[n_rows,
+    n_features]`; rows of more dimensions (images for a CNN) are fed as they are
+    (`ArrayPreprocessing.identity`)."""
+    if x.ndim > 2:
+        from ensemble.arrays import ArrayPreprocessing
+
+        return ArrayPreprocessing.identity(x.shape[1:], classes)
     ds = dataclasses.replace(dataset(x, names), y=y)
     return Preprocessing.fit(ds, np.arange(len(x)), classes)
 
@@ -180,7 +186,7 @@ def save(est, path: Path, overwrite: bool = False) -> Path:
         h = member_hparams(cfg, i)
         model = build_member(h["builder"], h["params"], pre.input_shape,
                              task.n_outputs(n_classes), member_seed(cfg.training.seed, i),
-                             f"member_{i}", task)
+                             f"member_{i}", task, pre.scaling_layer())
         model.set_weights(weights)
         save_member(model, artifacts.member_model_path(path, i))
         manifest["members"][i]["status"] = "completed"

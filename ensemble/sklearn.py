@@ -207,7 +207,7 @@ class DeepEnsembleClassifier(ClassifierMixin, BaseEstimator):
             ValueError: bad parameters, data or labels (fewer than 2 classes; validation
             labels unseen in `y`; a fitted aggregator without `validation_data`).
         """
-        X, y = validate_data(self, X, y, dtype=[np.float64, np.float32])
+        X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], allow_nd=True)
         check_classification_targets(y)
         classes, y_idx = np.unique(y, return_inverse=True)
         if len(classes) < 2:
@@ -244,7 +244,7 @@ class DeepEnsembleClassifier(ClassifierMixin, BaseEstimator):
         except (TypeError, ValueError):
             raise ValueError("Expected `validation_data` to be a pair (X_val, y_val). "
                              f"Received: {type(validation_data).__name__}") from None
-        x_val = validate_data(self, x_val, reset=False, dtype=[np.float64, np.float32])
+        x_val = validate_data(self, x_val, reset=False, dtype=[np.float64, np.float32], allow_nd=True)
         y_val = np.asarray(y_val)
         if y_val.ndim != 1 or len(y_val) != len(x_val):
             raise ValueError(f"Expected y_val of shape ({len(x_val)},). Received: "
@@ -259,7 +259,7 @@ class DeepEnsembleClassifier(ClassifierMixin, BaseEstimator):
         """The aggregator's class probabilities `[n_rows, n_classes]` (float64, rows sum to
         1; for `vote` the share of member votes), columns in the order of `classes_`."""
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
+        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32], allow_nd=True)
         x = self.preprocessing_.transform(run_arrays.dataset(X, list(
             getattr(self, "feature_names_in_", self.preprocessing_.feature_names))))
         self._attach_builder()
@@ -269,7 +269,7 @@ class DeepEnsembleClassifier(ClassifierMixin, BaseEstimator):
     def predict_members(self, X) -> np.ndarray:
         """Every member's probabilities `[n_members, n_rows, n_classes]` (float32)."""
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
+        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32], allow_nd=True)
         x = self.preprocessing_.transform(run_arrays.dataset(X, list(
             getattr(self, "feature_names_in_", self.preprocessing_.feature_names))))
         self._attach_builder()

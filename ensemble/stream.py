@@ -45,10 +45,22 @@ class Batch:
     first_row: int
     x: np.ndarray
     y: np.ndarray | None
+    ids: np.ndarray | None = None  # array inputs: each row's file path or array index
 
     @property
     def rows(self) -> np.ndarray:
         return np.arange(self.first_row, self.first_row + len(self.x), dtype=np.int64)
+
+
+def input_stream(pre, source: str, target: str, strict: bool = False,
+                 batch_rows: int = DEFAULT_BATCH_ROWS, quiet: bool = False):
+    """The stream of new data for a run: `InputStream` for a table run, an
+    `arrays.ArrayStream` for a run trained on arrays (images, `.npz`)."""
+    from ensemble.arrays import ArrayPreprocessing, ArrayStream
+
+    if isinstance(pre, ArrayPreprocessing):
+        return ArrayStream(pre, source, batch_rows)
+    return InputStream(pre, source, target, strict, batch_rows, quiet)
 
 
 def _files(source: str) -> tuple[list[str], str]:

@@ -25,6 +25,15 @@ CALL_SECONDS = 1.0  # automatic K aims at calls of about this long (progress eve
 FIRST_CALL_STEPS = 8
 
 
+def memory_of(device: str) -> str:
+    """The physical memory a device computes in: a GPU's own, or its host's for every
+    (logical) CPU device of one task (`/job:worker/replica:0/task:1/device:CPU:3` ->
+    `/job:worker/replica:0/task:1/CPU`)."""
+    prefix, _, kind = device.rpartition("device:")
+    kind, _, _ = kind.partition(":")
+    return device if kind.upper() != "CPU" else f"{prefix}CPU"
+
+
 @dataclass(frozen=True)
 class Schedule:
     """How a group of members trains, epoch by epoch (the `[training]` keys that shape the
@@ -63,7 +72,7 @@ def train_step(model, optimizer, x, y, idx, task):
     """THE training step of one member: gather the batch, forward, backward, update.
 
     Args:
-        x: `[n_train, *input_shape]` float32 tensor on the member's device.
+        x: `[n_train, *input_shape]` float32 (or uint8 images) tensor on the member's device.
         y: `[n_train]` targets on the member's device (class indices for classification).
         idx: `[batch]` int32 row indices of this batch.
         task: the run's `tasks` object (its `loss`).
@@ -75,6 +84,8 @@ def train_step(model, optimizer, x, y, idx, task):
     import tensorflow as tf
 
     xb, yb = tf.gather(x, idx), tf.gather(y, idx)
+    if xb.dtype != tf.float32:  # images stay uint8 up to here: 4x less memory
+        xb = tf.cast(xb, tf.float32)
     with tf.GradientTape() as tape:
         outputs = model(xb, training=True)
         loss = task.loss(yb, outputs)
@@ -89,8 +100,10 @@ def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: 
                   on_device: dict | None = None, masked: bool = False):
     """The traced call that trains a group of members for several steps.
 
-    The training data is copied once onto each member's device; or the caller gives those
-    copies as `on_device` `{device: (x [n_train, *input_shape] float32, y [n_train])}`,
+    The training data is copied once into each memory the members' devices use (`memory_of`:
+    one copy per GPU, one for all logical CPU devices of a host, which read it in place); or
+    the caller gives those copies as `on_device` `{device: (x [n_train, *input_shape]
+    float32 (uint8 images), y [n_train])}`,
     e.g. variables it reassigns between fits so that the call is traced once
     (`ensemble.graph_cache`; `x_train`, `y_train` are then unused). The returned function takes
     `idx` `[steps, n_members, batch]` int32 (member `k`'s rows of each step), `total`
@@ -105,13 +118,15 @@ def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: 
     """
     import tensorflow as tf
 
-    on_device = dict(on_device or {})
+    on_device = {memory_of(d): v for d, v in (on_device or {}).items()}
+    x_train = None if x_train is None else (
+        x_train if np.asarray(x_train).dtype == np.uint8 else np.asarray(x_train, np.float32))
     for device in dict.fromkeys(devices):
-        if device in on_device:
+        if memory_of(device) in on_device:
             continue
-        with tf.device(device):
-            on_device[device] = (tf.identity(tf.constant(x_train, tf.float32)),
-                                 tf.identity(tf.constant(y_train, task.target_dtype)))
+        with tf.device(device):  # one copy per memory, on its first member's device
+            on_device[memory_of(device)] = (tf.identity(tf.constant(x_train)),
+                                            tf.identity(tf.constant(y_train, task.target_dtype)))
     n = len(models)
 
     @tf.function(input_signature=[tf.TensorSpec([None, n, None], tf.int32),
@@ -124,7 +139,7 @@ def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: 
             losses = []
             for k, (model, opt, device) in enumerate(zip(models, optimizers, devices)):
                 with tf.device(device):
-                    x, y = on_device[device]
+                    x, y = on_device[memory_of(device)]
                     step = (lambda m=model, o=opt, x=x, y=y, k=k:  # noqa: E731
                             train_step(m, o, x, y, idx[s, k], task))
                     losses.append(tf.cond(active[k], step, lambda: tf.constant(0.0))

@@ -146,7 +146,7 @@ def _check_input_early(args) -> None:
     follows)."""
     from ensemble import artifacts
     from ensemble.preprocessing import Preprocessing
-    from ensemble.stream import InputStream
+    from ensemble.stream import input_stream
 
     try:
         manifest = artifacts.read_manifest(Path(args.run))
@@ -154,7 +154,7 @@ def _check_input_early(args) -> None:
     except (UsageError, OSError):
         return
     target = args.target or manifest.get("dataset", {}).get("target", "target")
-    InputStream(pre, args.data, target, args.strict_columns, args.batch_size).check()
+    input_stream(pre, args.data, target, args.strict_columns, args.batch_size).check()
 
 
 def cmd_predict(args) -> int:

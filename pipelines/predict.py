@@ -17,7 +17,7 @@ from pathlib import Path
 from ensemble import artifacts, devices, run, runlock, tables
 from ensemble.errors import UsageError
 from ensemble.preprocessing import Preprocessing
-from ensemble.stream import DEFAULT_BATCH_ROWS, InputStream, flat_heap, prefetch
+from ensemble.stream import DEFAULT_BATCH_ROWS, flat_heap, input_stream, prefetch
 
 GRAPH_BATCH_ROWS = 16384  # rows per traced call: bounds the members' activations in memory
 
@@ -39,7 +39,7 @@ def open_input(run_dir: Path, source: str, target: str | None, strict: bool = Fa
     pre = Preprocessing.read(artifacts.verify(run_dir, manifest,
                                               Path(run_dir) / artifacts.PREPROCESSING))
     target = target or manifest["dataset"].get("target", "target")
-    return manifest, pre, InputStream(pre, source, target, strict, batch_rows, quiet)
+    return manifest, pre, input_stream(pre, source, target, strict, batch_rows, quiet)
 
 
 def check_out(out: Path) -> Path:

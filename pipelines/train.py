@@ -70,8 +70,10 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
     placed = [m["device"] for m in manifest["members"]]
     start = time.perf_counter()
+    from ensemble.preprocessing import Preprocessing
+
     ens = InGraphEnsemble.build(cfg, x_tr.shape[1:], len(classes), placed, aggregators=(),
-                                n_train=len(x_tr))
+                                n_train=len(x_tr), pre=Preprocessing.of_run(run_dir, manifest))
     if cfg.training.tensorboard:  # member scalars, and the in-graph ensemble's per epoch
         from ensemble.tensorboard import EnsembleScalars, MemberScalars
 
