@@ -7,7 +7,8 @@ A row is an array `[*input_shape]` (an image `[height, width, channels]`), not a
 - An image folder `DIR/<class>/*.png|jpg|jpeg|bmp|gif`, laid out as
   `keras.utils.image_dataset_from_directory` reads it (classes are the sub-folder names, files
   in name order); for prediction also a folder of images without class sub-folders. `[data]
-  image_size = [h, w]` resizes (bilinear), `color_mode` is `grayscale` or `rgb`. Images are
+  image_size = [h, w]` resizes (bilinear), `color_mode` is `auto` (grey when every image is
+  grey, else RGB), `grayscale` or `rgb`. Images are
   read with Pillow, the library `keras.utils.load_img` uses, so that every file is checked
   before TensorFlow loads.
 - `digits_images`: scikit-learn's digits as `8 x 8 x 1` images (values 0..16 mapped to 0..255).
@@ -30,6 +31,7 @@ import numpy as np
 from ensemble.errors import UsageError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
+GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")  # Pillow modes read as one channel
 NPZ_KEYS = ("x", "y")
 KERAS_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -50,6 +52,7 @@ class ArrayData:
     y: np.ndarray | None
     ids: np.ndarray
     test_rows: np.ndarray | None = None
+    color_mode: str = "rgb"  # how an image folder was read (`auto` resolved)
 
     feature_names: tuple = ()
     categorical: dict | None = None
@@ -161,7 +164,7 @@ def _image_files(folder: Path) -> list[Path]:
                   and p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
 
 
-def load_image_folder(path: str, image_size=None, color_mode: str = "rgb",
+def load_image_folder(path: str, image_size=None, color_mode: str = "auto",
                       require_target: bool = True) -> ArrayData:
     """Read `DIR/<class>/*.png|...` (or, unlabelled, `DIR/*.png|...`) as uint8 images.
 
@@ -190,23 +193,25 @@ def load_image_folder(path: str, image_size=None, color_mode: str = "rgb",
                              f"{path}/<class>/*.png (one sub-folder per class).")
     if not files:
         raise UsageError(f"Image folder {path} holds no images ({', '.join(IMAGE_SUFFIXES)}).")
-    if not image_size:  # sizes must agree: name the first two files that differ
-        from PIL import Image
+    from PIL import Image
 
-        sizes = {}
-        for f in files:
-            try:
-                with Image.open(f) as im:
-                    sizes.setdefault(im.size, f)
-            except (OSError, ValueError) as exc:
-                raise UsageError(f"Cannot read image {f}: {exc}") from None
-            if len(sizes) > 1:
+    sizes, grey = {}, True  # sizes must agree (name the first two files that differ)
+    for f in files:
+        try:
+            with Image.open(f) as im:
+                sizes.setdefault(im.size, f)
+                grey = grey and im.mode in GREY_MODES
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"Cannot read image {f}: {exc}") from None
+        if not image_size and len(sizes) > 1:
                 (s0, f0), (s1, f1) = list(sizes.items())[:2]
                 raise UsageError(f"Images differ in size: {f0} is {s0[0]}x{s0[1]}, {f1} is "
                                  f"{s1[0]}x{s1[1]}; set [data] image_size = [h, w] to resize "
                                  "them.")
+    if color_mode == "auto":
+        color_mode = "grayscale" if grey else "rgb"
     part = _read_images(files, image_size, color_mode)
-    return ArrayData(str(path), part.x, y, part.ids)
+    return ArrayData(str(path), part.x, y, part.ids, color_mode=color_mode)
 
 
 def load_digits_images() -> ArrayData:
@@ -274,7 +279,7 @@ class ArrayPreprocessing:
         shape = tuple(int(d) for d in ds.x.shape[1:])
         if ds.x.dtype == np.uint8:
             return cls(shape, np.asarray(classes), "uint8", image_size=image_size,
-                       color_mode=color_mode)
+                       color_mode=getattr(ds, "color_mode", color_mode))
         x = ds.x[train_rows].astype(np.float64)
         std = x.std(axis=0)
         return cls(shape, np.asarray(classes), "float32", x.mean(axis=0).astype(np.float32),
@@ -370,6 +375,18 @@ class ArrayStream:
                     ".npz") else load_npz(self.source, require_target=False)
             return self._whole
         return _read_images(files, self.pre.image_size, self.pre.color_mode)
+
+    def passthrough_batches(self):
+        """`(None, ids)` of each batch: the rows' file paths or array indices, without
+        reading the images."""
+        n = len(self._files) if self._files is not None else len(self._load().x)
+        for lo in range(0, n, self.batch_rows):
+            ids = (np.asarray([str(f) for f in self._files[lo:lo + self.batch_rows]],
+                              dtype=object) if self._files is not None
+                   else self._load().ids[lo:lo + self.batch_rows])
+            yield None, ids
+
+    passthrough = False  # ids are always carried (`stream.Batch.ids`)
 
     def check(self) -> None:
         """Read the first batch and check its rows' shape."""

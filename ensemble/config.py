@@ -57,8 +57,8 @@ class DataConfig:
     A relative file `source` in a config file is resolved against that file's folder.
     `split_seed` alone decides the train/validation/test split (never the training seed), so
     runs with other seeds or member counts are scored on the same test rows. `drop`: columns
-    left out. `image_size` (`[h, w]`, empty: as they are) and `color_mode` (`grayscale` or
-    `rgb`): how an image folder is read (`ensemble.arrays`).
+    left out. `image_size` (`[h, w]`, empty: as they are) and `color_mode` (`auto`: grey when
+    every image is, `grayscale` or `rgb`): how an image folder is read (`ensemble.arrays`).
     """
 
     source: str = "digits"
@@ -70,7 +70,7 @@ class DataConfig:
     impute: str = "error"
     drop: tuple[str, ...] = ()
     image_size: tuple[int, ...] = ()
-    color_mode: str = "rgb"
+    color_mode: str = "auto"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -374,8 +374,8 @@ def _check_ranges(cfg: Config) -> None:
             raise UsageError(f"Expected `data.{key}` in (0, 1). Received: {value}")
     if cfg.data.test_size + cfg.data.validation_size >= 0.9:
         raise UsageError("Expected `data.test_size + data.validation_size` below 0.9.")
-    if cfg.data.color_mode not in ("grayscale", "rgb"):
-        raise UsageError("Expected `data.color_mode` to be \"grayscale\" or \"rgb\". "
+    if cfg.data.color_mode not in ("auto", "grayscale", "rgb"):
+        raise UsageError("Expected `data.color_mode` to be \"auto\", \"grayscale\" or \"rgb\". "
                          f"Received: {cfg.data.color_mode!r}")
     if cfg.data.image_size and (len(cfg.data.image_size) != 2
                                 or not all(0 < d <= 65536 for d in cfg.data.image_size)):

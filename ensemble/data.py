@@ -240,6 +240,11 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
         if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type):
             problems.append(_not_utf8(f.name, col, first_row))
             continue
+        if pa.types.is_temporal(f.type):
+            problems.append(f"column {f.name!r} holds dates or times ({f.type}); expected "
+                            f"numbers: leave it out with --drop {f.name} (or [data] drop), or "
+                            "convert it to a number (days since a date) in the data")
+            continue
         if not (_is_numeric(f.type) or pa.types.is_boolean(f.type)):
             problems.append(f"column {f.name!r} is {f.type}; expected numbers (or list it in "
                             "[data] categorical to one-hot encode it)")
@@ -313,7 +318,15 @@ def load(cfg: DataConfig, require_target: bool = True, expected: Sequence[str] |
 def _load_file(cfg: DataConfig, _stat_key, require_target: bool,
                expected: tuple[str, ...] | None, strict: bool) -> Dataset:
     path = Path(cfg.source)
-    return table_to_dataset(_read_table(path), str(path), cfg.target, require_target,
+    table = _read_table(path)
+    if cfg.drop and expected is None:  # at predict time a dropped column is an extra one
+        unknown = [c for c in cfg.drop if c not in table.column_names]
+        if unknown:
+            raise UsageError(f"Cannot drop column{'s' * (len(unknown) > 1)} "
+                             f"{', '.join(map(repr, unknown))}: not in {path} (columns: "
+                             f"{', '.join(table.column_names)})")
+        table = table.drop_columns([c for c in dict.fromkeys(cfg.drop)])
+    return table_to_dataset(table, str(path), cfg.target, require_target,
                             cfg.categorical, cfg.impute, expected, strict)
 
 

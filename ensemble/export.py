@@ -4,18 +4,21 @@ The SavedModel is self-contained: a client sends raw, unscaled feature rows and 
 ensemble's probabilities and the original class labels back, with no Python of this project.
 
 - Signature `serving_default` (the chosen aggregator) and one signature per aggregator of the
-  run, named after it (`mean`, `vote`, `weighted`, ...). Each takes `features`: `[batch,
-  n_features]` float32 in the run's feature order (`assets/feature_names.txt`, one name a
-  line; also the `feature_names` variable of the loaded object) and returns
+  run, named after it (`mean`, `vote`, `weighted`, ...). A numeric table run's signatures take
+  `features`: `[batch, n_features]` float32 in the run's feature order
+  (`assets/feature_names.txt`, one name a line; also the `feature_names` variable of the
+  loaded object); a run with categorical columns takes one input per column (TF Serving's
+  columnar `inputs`: float32 `[batch]` for numeric columns, string `[batch]` for categorical
+  ones, named by `input_names`); an array run (images) takes `features` `[batch,
+  *input_shape]` float32 raw values (pixels). Each returns
   `probabilities` `[batch, n_classes]` float32, `labels` `[batch]` (the original labels:
   int64 or string, looked up in the `classes` variable; also `assets/classes.txt`), `class_index`
   `[batch]` int64, `member_probabilities` `[batch, n_members, n_classes]` float32 (batch first,
   as TF Serving's row format wants).
-- In the graph: numeric imputation (the fill values of `preprocessing.json`, when the run
-  imputes), standardisation in float64 as `Preprocessing.transform`, every member, and the
-  aggregator's TensorFlow twin (`ensemble.aggregate_tf`) with the parameters of
-  `aggregators.json`. A run with categorical columns is refused: string columns cannot enter
-  a float32 `[batch, n_features]` signature.
+- In the graph: imputation (the fill values of `preprocessing.json`, when the run imputes),
+  one-hot encoding, standardisation in float64 as `Preprocessing.transform` (array runs: the
+  members' own first layer scales), every member, and the aggregator's TensorFlow twin
+  (`ensemble.aggregate_tf`) with the parameters of `aggregators.json`.
 - No device is hard-wired: members are loaded and the signatures traced under no `tf.device`,
   and TensorFlow's default variable policy saves no device, so the export loads on any machine.
 
@@ -48,15 +51,6 @@ def next_version(out: Path) -> int:
     return max(found, default=0) + 1
 
 
-def check_exportable(pre: Preprocessing) -> None:
-    """Raises UsageError for a run the float32 signature cannot serve (categorical columns)."""
-    if pre.categories:
-        raise UsageError(
-            f"Cannot export a run with categorical columns ({', '.join(pre.categories)}): the "
-            "SavedModel takes float32 features [batch, n_features]; retrain on numeric columns "
-            "(or one-hot encode them in the data) to export.")
-
-
 def _input_graph(pre):
     """The signature's input and the graph from it to the members' input: `(TensorSpec,
     function, doc)`. Table rows `[batch, n_features]` are imputed and standardised in
@@ -72,6 +66,8 @@ def _input_graph(pre):
     names = list(pre.feature_names)
     mean, scale = tf.constant(pre.mean, tf.float64), tf.constant(pre.scale, tf.float64)
     fill = tf.constant(pre.fill, tf.float64) if len(pre.fill) else None
+    if pre.categories:
+        return _columnar_graph(pre, mean, scale, fill)
 
     def to_x(features):
         x = tf.cast(features, tf.float64)
@@ -84,12 +80,63 @@ def _input_graph(pre):
     return tf.TensorSpec([None, len(names)], tf.float32, name="features"), to_x, doc
 
 
+def input_names(columns) -> dict[str, str]:
+    """Column -> signature input name: the column name with characters TensorFlow refuses in
+    a tensor name replaced by `_` (and `_<k>` added when two names would collide)."""
+    import re
+
+    out, used = {}, set()
+    for c in columns:
+        name = re.sub(r"[^A-Za-z0-9_.\-/]", "_", str(c))
+        if not name or not re.match(r"[A-Za-z0-9.]", name):
+            name = f"c{name}"
+        base, k = name, 1
+        while name in used:
+            name, k = f"{base}_{k}", k + 1
+        used.add(name)
+        out[c] = name
+    return out
+
+
+def _columnar_graph(pre, mean, scale, fill):
+    """One named input per original column (TF Serving's columnar `inputs`): numeric columns
+    float32 `[batch]` (NaN where missing), categorical columns string `[batch]` (`""` where
+    missing); imputation, one-hot encoding and standardisation as `Preprocessing.transform`
+    (an unknown category is an all-zero block)."""
+    import tensorflow as tf
+
+    key = input_names(pre.columns)
+    specs = {key[n]: tf.TensorSpec([None], tf.float32, name=key[n]) for n in pre.feature_names}
+    specs.update({key[c]: tf.TensorSpec([None], tf.string, name=key[c])
+                  for c in pre.categories})
+
+    def to_x(inputs):
+        first = inputs[next(iter(specs))]
+        num = [tf.cast(inputs[key[n]], tf.float64) for n in pre.feature_names]
+        x = tf.stack(num, axis=1) if num else tf.zeros([tf.shape(first)[0], 0], tf.float64)
+        if fill is not None:
+            x = tf.where(tf.math.is_nan(x), fill, x)
+        blocks = [x]
+        for c, cats in pre.categories.items():
+            col = inputs[key[c]]
+            if c in pre.category_fill:
+                col = tf.where(tf.equal(col, ""), pre.category_fill[c], col)
+            blocks.append(tf.cast(tf.equal(col[:, None], tf.constant(cats)[None, :]),
+                                  tf.float64))
+        return tf.cast((tf.concat(blocks, axis=1) - mean) / scale, tf.float32)
+
+    doc = ("one input per column: " + ", ".join(
+        f"{key[n]} float32 [batch]" for n in pre.feature_names) + ", " + ", ".join(
+        f"{key[c]} string [batch]" for c in pre.categories))
+    return specs, to_x, doc
+
+
 def build_module(models, pre: Preprocessing, aggregators, params: dict, default: str):
     """The `tf.Module` to save and its signatures.
 
     Args:
         models: the members' Keras models `[n_members]` (loaded under no device).
-        pre: the run's preprocessing (numeric only, see `check_exportable`).
+        pre: the run's preprocessing (`_input_graph` makes the signature's inputs from it).
         aggregators: the run's aggregator names; `default` among them.
         params: fitted aggregators' parameters `{name: params}` (`aggregators.json`).
 
@@ -100,11 +147,12 @@ def build_module(models, pre: Preprocessing, aggregators, params: dict, default:
 
     from ensemble.aggregate_tf import aggregate_tf
 
-    names = list(pre.feature_names)
+    names = list(pre.columns)
     mod = tf.Module()
     mod.members = list(models)
     # variables, not constants, so that the loaded object carries them: `m.feature_names`
-    mod.feature_names = tf.Variable(names, trainable=False, name="feature_names")
+    mod.feature_names = tf.Variable(tf.constant(names, tf.string), trainable=False,
+                                    name="feature_names")
     classes = pre.classes
     mod.classes = tf.Variable(classes.astype(str) if classes.dtype.kind in "OUS"
                               else classes.astype(np.int64), trainable=False, name="classes")
@@ -142,7 +190,7 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
         The version folder.
 
     Raises:
-        UsageError: the run is not completed or damaged, has categorical columns, the
+        UsageError: the run is not completed or damaged, the
             aggregator is not one of the run's, or `out/<version>` already exists.
     """
     from ensemble.fitted import member_params
@@ -153,7 +201,6 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
     run.require_completed(run_dir, manifest)
     pre = Preprocessing.read(artifacts.verify(run_dir, manifest,
                                               run_dir / artifacts.PREPROCESSING))
-    check_exportable(pre)
     names, fit = run_aggregators(run_dir, manifest)
     aggregator = aggregator or names[0]
     if aggregator not in names:
@@ -178,7 +225,7 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
     staging.sweep(out)  # versions staged by exports that were killed
     tmp = staging.new_path(target, folder=True)
     try:
-        texts = {FEATURES_ASSET: "\n".join(pre.feature_names) + "\n",
+        texts = {FEATURES_ASSET: "\n".join(pre.columns) + "\n",
                  CLASSES_ASSET: "\n".join(map(str, pre.classes.tolist())) + "\n"}
         assets = tmp / "assets"
         assets.mkdir()

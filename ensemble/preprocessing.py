@@ -26,6 +26,9 @@ from ensemble.data import Dataset
 from ensemble.errors import UsageError
 
 
+HIGH_CARDINALITY = 50  # distinct values of a categorical column that earn a notice
+
+
 @dataclass(frozen=True)
 class Preprocessing:
     """Impute, one-hot encode and standardise, with the run's feature names and classes.
@@ -100,6 +103,11 @@ class Preprocessing:
                     known.astype(str).astype(object)).statistics_[0])
             enc = OneHotEncoder(handle_unknown="ignore").fit(known.astype(str))
             categories[name] = [str(c) for c in enc.categories_[0]]
+            many = len(categories[name])
+            if many > HIGH_CARDINALITY and many > 0.5 * len(known):
+                data.notice(f"column {name!r} has {many} distinct values in {len(known)} "
+                            f"training rows (free text?): one-hot encoded into {many} "
+                            f"columns; leave it out with --drop {name}")
         pre = cls(ds.feature_names, np.zeros(0), np.zeros(0), np.asarray(classes), fill,
                   categories, category_fill, impute)
         raw, _ = pre._encode(ds, train_rows)

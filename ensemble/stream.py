@@ -46,6 +46,7 @@ class Batch:
     x: np.ndarray
     y: np.ndarray | None
     ids: np.ndarray | None = None  # array inputs: each row's file path or array index
+    extra: pa.Table | None = None  # with `passthrough`: the input's non-feature columns
 
     @property
     def rows(self) -> np.ndarray:
@@ -105,6 +106,7 @@ class InputStream:
         self.pre, self.source, self.target = pre, str(source), target
         self.strict, self.batch_rows, self.quiet = strict, int(batch_rows), quiet
         self.unknown: dict[str, int] = {}  # unknown categories seen, per column
+        self.passthrough = False  # carry the non-feature columns (an id) in `Batch.extra`
         self._dataset = None
         if self.source not in data.BUILTIN:
             import pyarrow.dataset as ds
@@ -203,17 +205,36 @@ class InputStream:
                                     whole.feature_names,
                                     {k: v[lo:lo + self.batch_rows]
                                      for k, v in whole.categorical.items()})
-                yield self._batch(part, lo)
+                yield self._batch(part, lo)  # a built-in set has no columns beyond features
             self._notice_unknown()
             return
         first = 0
-        for table in self._tables():
+        for table in self._tables(all_columns=self.passthrough):
             name = f"{self.source} (rows {first}..{first + table.num_rows - 1})"
-            yield self._batch(self._to_dataset(table, name, False, first), first)
+            extra = None
+            if self.passthrough:
+                extra = table.select([c for c in table.column_names
+                                      if c not in self.pre.columns and c != self.target])
+                table = table.select([c for c in table.column_names
+                                      if c in self.pre.columns or c == self.target])
+            batch = self._batch(self._to_dataset(table, name, False, first), first)
+            batch.extra = extra
+            yield batch
             first += table.num_rows
         if first == 0:
             raise UsageError(f"Data {self.source} has no rows; expected at least one.")
         self._notice_unknown()
+
+    def passthrough_batches(self) -> Iterator[tuple[pa.Table | None, None]]:
+        """`(the input's non-feature columns, None)` in batches of `batch_rows` rows, what a
+        between-graph aggregator carries through; `(None, None)` for a built-in set."""
+        if self._dataset is None:
+            while True:
+                yield None, None
+        keep = [c for c in self._dataset.schema.names
+                if c not in self.pre.columns and c != self.target]
+        for table in self._tables(all_columns=True):
+            yield table.select(keep), None
 
     def _batch(self, part: data.Dataset, first: int) -> Batch:
         x, unknown = self.pre.encode_scaled(part, first)
@@ -267,7 +288,8 @@ def prefetch(batches: Iterable[Batch]) -> Iterator[Batch]:
 
 
 class PredictionWriter:
-    """Append prediction tables to `out` with one `ParquetWriter` (page checksums); the file
+    """Append prediction tables to `out` with one `ParquetWriter` (page checksums), or one
+    `pyarrow.csv.CSVWriter` when `out` ends in `.csv`; the file
     appears under its name only when the `with` block succeeds. Each table is written in a
     background thread while the caller computes the next (one write in flight at most).
 
@@ -283,7 +305,7 @@ class PredictionWriter:
     def __enter__(self) -> "PredictionWriter":
         from ensemble.artifacts import atomic_path
 
-        self._ctx = atomic_path(self.out, suffix=".parquet")
+        self._ctx = atomic_path(self.out, suffix=self.out.suffix or ".parquet")
         self._tmp = self._ctx.__enter__()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ensemble-write")
         return self
@@ -294,7 +316,11 @@ class PredictionWriter:
         meta = {**(table.schema.metadata or {}),
                 **{k.encode(): v.encode() for k, v in self.metadata.items()}}
         table = table.replace_schema_metadata(meta)
-        if self._writer is None:
+        if self._writer is None and self.out.suffix == ".csv":
+            import pyarrow.csv as pcsv
+
+            self._writer = pcsv.CSVWriter(str(self._tmp), table.schema)
+        elif self._writer is None:
             self._writer = pq.ParquetWriter(self._tmp, table.schema, write_page_checksum=True)
         if self._pending is not None:
             self._pending.result()  # the previous write's error, if any, surfaces here

@@ -104,6 +104,43 @@ def predictions_table(member_probs: dict[int, np.ndarray], split: str, rows: np.
     return pa.concat_tables(parts).replace_schema_metadata(classes_metadata(classes))
 
 
+LAYOUTS = ("wide", "long")
+
+
+def wide_rows(long: pa.Table, aggregator: str, extra: pa.Table | None = None,
+              ids: np.ndarray | None = None) -> pa.Table:
+    """`ensemble predict`'s default layout: one row per input, the `aggregator`'s rows of a
+    long predictions table (`predictions_table`) without `model`, `member`, `aggregator` and
+    `split`, after the input's own non-feature columns `extra` (an id, a timestamp: carried
+    through unchanged; a name that collides with ours gets the prefix `input_`) or, for array
+    inputs, `input` (each row's file path or array index)."""
+    import pyarrow.compute as pc
+
+    t = long.filter(pc.equal(long.column("model"), f"ensemble-{aggregator}"))
+    t = t.drop_columns([c for c in ("model", "member", "aggregator", "split")
+                        if c in t.column_names])
+    front: list[tuple[str, pa.Array]] = []
+    if ids is not None:
+        front.append(("input", pa.array(np.asarray(ids, dtype=object).tolist(), pa.string())))
+    if extra is not None:
+        for name in extra.column_names:
+            front.append((f"input_{name}" if name in t.column_names else name,
+                          extra.column(name)))
+    for i, (name, col) in enumerate(front):
+        t = t.add_column(i, name, col)
+    return t.replace_schema_metadata(long.schema.metadata)
+
+
+def with_ids(long: pa.Table, ids: np.ndarray | None) -> pa.Table:
+    """A long predictions table of one batch with the column `input` (each row's file path
+    or array index; the table holds one block of rows per model) when `ids` are given."""
+    if ids is None:
+        return long
+    reps = long.num_rows // max(len(ids), 1)
+    col = pa.array(np.tile(np.asarray(ids, dtype=object), reps).tolist(), pa.string())
+    return long.add_column(0, "input", col)
+
+
 def probabilities(table: pa.Table, classes: np.ndarray) -> np.ndarray:
     """The `p_<class>` columns as `[n_rows, n_classes]` float32."""
     return np.column_stack([table.column(f"p_{c}").to_numpy() for c in np.asarray(classes).tolist()])

@@ -326,5 +326,5 @@ class Run:
         with tempfile.TemporaryDirectory(prefix="ensemble-api-") as tmp:
             src, out = Path(tmp) / "input.parquet", Path(tmp) / "predictions.parquet"
             artifacts.write_parquet(src, pa.Table.from_pandas(frame, preserve_index=False))
-            predict_in_graph(self.path, str(src), out, target, devices)
+            predict_in_graph(self.path, str(src), out, target, devices, layout="long")
             return artifacts.read_parquet(out).to_pandas()

@@ -246,7 +246,7 @@ def _launch(run_dir: Path, manifest: dict, devs: list[str], jobs: int | None,
 def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | None = None,
                           jobs: int | None = None, cluster_file: str | None = None,
                           strict_columns: bool = False, batch_size: int | None = None,
-                          verbosity: int = 0):
+                          verbosity: int = 0, layout: str = "wide"):
     """One client process per member (queue) streams `source` and writes its members'
     probabilities; then the aggregator streams those files, batch by batch, into `out`. With
     `cluster_file`, members go round robin over that cluster's devices instead of the devices
@@ -291,7 +291,7 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
         rows = aggregate_stream([paths[i] for i in sorted(member_devs)], sorted(member_devs),
                                 out, pre.classes, names,
                                 member_params(fit, sorted(member_devs)), batch_size,
-                                progress.update)
+                                progress.update, layout, stream.passthrough_batches())
         progress.end()
     for c in clients.values():
         c.pop("tensorflow_build", None)
@@ -303,10 +303,13 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
 
 
 def aggregate_stream(paths: list[Path], members: list[int], out: Path, classes, names,
-                     params: dict, batch_rows: int, on_rows=None) -> int:
+                     params: dict, batch_rows: int, on_rows=None, layout: str = "long",
+                     passthrough=None) -> int:
     """The aggregator of a streamed between-graph prediction: read the members' probability
     files (`ensemble.between_graph.predict_client`) batch by batch in lockstep and write
-    member and ensemble rows (numpy aggregators, fitted ones with `params`) to `out`.
+    member and ensemble rows (numpy aggregators, fitted ones with `params`) to `out`, in
+    `layout` (`tables.wide_rows` or the long layout); `passthrough` yields each batch's
+    `(non-feature columns, ids)` of the input (`InputStream.passthrough_batches`).
 
     Returns:
         The number of input rows.
@@ -336,8 +339,12 @@ def aggregate_stream(paths: list[Path], members: list[int], out: Path, classes, 
             y = parts[0].column("y")
             y = None if y.null_count else y.to_numpy()
             rows = np.arange(first, first + n, dtype=np.int64)
-            writer.write(tables.predictions_table(probs, "predict", rows, y, classes, names,
-                                                  params=params, first_row=first))
+            long = tables.predictions_table(probs, "predict", rows, y, classes, names,
+                                            params=params, first_row=first)
+            extra, ids = next(passthrough, (None, None)) if passthrough is not None \
+                else (None, None)
+            writer.write(tables.wide_rows(long, names[0], extra, ids) if layout == "wide"
+                         else tables.with_ids(long, ids))
             first += n
             if on_rows is not None:
                 on_rows(n)

@@ -24,6 +24,16 @@ from pipelines.guide import report  # noqa: E402
 from pipelines.options import parse, refuse_inapplicable  # noqa: E402
 
 
+def _columns(text: str | None) -> list[str] | None:
+    """`--drop a,b` / `--categorical a,b` as a list of names (None when not given)."""
+    if text is None:
+        return None
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    if not names:
+        raise UsageError(f"Expected COL[,COL...] column names. Received: {text!r}")
+    return names
+
+
 def _load_config(args, base: dict | None = None):
     """The config file (or `base`) with the command's flags applied; `cpu:N` beyond the member
     count is capped to it with a notice (the extra logical devices would stay idle)."""
@@ -35,7 +45,9 @@ def _load_config(args, base: dict | None = None):
         "data.source": args.data, "data.target": args.target, "members.count": args.members,
         "model.builder": getattr(args, "model", None),
         "training.epochs": getattr(args, "epochs", None), "training.seed": getattr(args, "seed", None),
-        "placement.devices": args.devices, "data.impute": getattr(args, "impute", None)})
+        "placement.devices": args.devices, "data.impute": getattr(args, "impute", None),
+        "data.drop": _columns(getattr(args, "drop", None)),
+        "data.categorical": _columns(getattr(args, "categorical", None))})
     spec, n = cfg.placement.devices.strip(), cfg.members.count
     if spec.startswith("cpu:") and spec[4:].isdigit() and int(spec[4:]) > n:
         from ensemble.data import notice
@@ -173,14 +185,14 @@ def cmd_predict(args) -> int:
                                        args.devices or "auto", args.batch_size,
                                        cluster=_cluster(args), strict_columns=args.strict_columns,
                                        replicas=args.replicas or "auto",
-                                       verbosity=verbosity)
+                                       verbosity=verbosity, layout=args.layout)
     else:
         from pipelines import between
 
         rec, measured = between.predict_between_graph(
             Path(args.run), args.data, Path(args.out), args.target, jobs=args.jobs,
             cluster_file=args.cluster, strict_columns=args.strict_columns,
-            batch_size=args.batch_size, verbosity=verbosity)
+            batch_size=args.batch_size, verbosity=verbosity, layout=args.layout)
     print(f"predictions: {args.out}")
     report({"out": args.out, "rows": rec["rows"], "ready_unix": ready,
             "seconds": rec["seconds"], "rows_per_second": rec["rows_per_second"],

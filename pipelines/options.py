@@ -52,6 +52,12 @@ def _common_run_options(parser, what: str) -> None:
               "(default: the config's [data] source, digits)")
     _add(parser, "--target", metavar="COL",
          help="label column of a .csv/.parquet file (default: the config's, 'target')")
+    _add(parser, "--drop", metavar="COL[,COL]",
+         help="columns of a .csv/.parquet file to leave out (an id, a date, free text; "
+              "default: the config's [data] drop, none)")
+    _add(parser, "--categorical", metavar="COL[,COL]",
+         help="columns to one-hot encode (default: the config's [data] categorical, auto: "
+              "string, boolean and dictionary columns)")
     _add(parser, "--impute", choices=IMPUTE,
          help="missing feature values: refuse them, or fill them from the training split "
               "(default: the config's, error)")
@@ -116,7 +122,12 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
          help="built-in data set name or .csv/.parquet file; columns matched by name")
     _add(pr, "--target", metavar="COL",
          help="label column, used for y_true when present (default: the run's)")
-    _add(pr, "--out", required=True, metavar="FILE.parquet", help="where the predictions go")
+    _add(pr, "--out", required=True, metavar="FILE.parquet|FILE.csv",
+         help="where the predictions go (Parquet, or CSV by the name's ending)")
+    _add(pr, "--layout", choices=("wide", "long"), default="wide",
+         help="wide: one row per input (its non-feature columns such as an id, then the "
+              "first aggregator's prediction and probabilities); long: one row per model "
+              "and input (every member and aggregator)")
     _add(pr, "--mode", choices=MODES, default="in-graph",
          help="in-graph: one process; between-graph: one client per member")
     _add(pr, "--devices", metavar="SPEC",

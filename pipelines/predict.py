@@ -50,8 +50,8 @@ def check_out(out: Path) -> Path:
         (names the path and the reason).
     """
     out = Path(out)
-    if out.suffix != ".parquet":
-        raise UsageError(f"Expected --out to end in .parquet. Received: {out}")
+    if out.suffix not in (".parquet", ".csv"):
+        raise UsageError(f"Expected --out to end in .parquet or .csv. Received: {out}")
     if out.is_dir():
         raise UsageError(f"Expected --out to be a file. Received: {out} (a folder)")
     if out.exists() and not os.access(out, os.W_OK):
@@ -89,7 +89,8 @@ def record(run_dir: Path, manifest: dict, source: str, out: Path, mode: str, row
 def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None = None,
                      device_spec: str = "auto", batch_size: int = DEFAULT_BATCH_ROWS,
                      cluster: dict | None = None, strict_columns: bool = False,
-                     replicas: int | str = "auto", verbosity: int = 0) -> dict:
+                     replicas: int | str = "auto", verbosity: int = 0,
+                     layout: str = "wide") -> dict:
     """Rebuild the in-graph inference graph on this machine's (or `cluster`'s) devices and
     predict `source` batch by batch into `out` (split `predict`).
 
@@ -98,6 +99,8 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
         replicas: replicas per member, `auto` (`devices // members`) or an integer
             (`ensemble.placement.replica_devices`); each batch's rows are split across them.
         verbosity: 0 quiet, 1 progress (`ensemble.progress.RowProgress`).
+        layout: `wide` (one row per input: its non-feature columns, the first aggregator's
+            prediction; `tables.wide_rows`) or `long` (a row per model and input).
 
     Returns:
         The prediction's manifest (also written to `<out>.manifest.json`).
@@ -115,6 +118,7 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
     check_out(out)
     manifest, pre, stream = open_input(run_dir, source, target, strict_columns, batch_size)
     stream.check()
+    stream.passthrough = layout == "wide"
     flat_heap()  # peak memory flat however many batches (see ensemble.stream.flat_heap)
     n = len(manifest["members"])
     groups = replica_devices(n, devices.resolve(device_spec, n, cluster), replicas)
@@ -135,9 +139,11 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
     with PredictionWriter(out, meta) as writer:
         for b in prefetch(stream):
             member_p, ens_p = ens.predict(b.x, min(batch_size, GRAPH_BATCH_ROWS))
-            writer.write(tables.predictions_table(dict(enumerate(member_p)), "predict", b.rows,
-                                                  b.y, pre.classes, aggs, ens_p, params,
-                                                  first_row=b.first_row))
+            long = tables.predictions_table(dict(enumerate(member_p)), "predict", b.rows,
+                                            b.y, pre.classes, aggs, ens_p, params,
+                                            first_row=b.first_row)
+            writer.write(tables.wide_rows(long, aggs[0], b.extra, b.ids) if layout == "wide"
+                         else tables.with_ids(long, b.ids))
             progress.update(len(b.x))
     seconds = progress.end()
     return write_manifest(out, record(run_dir, manifest, source, out, "in-graph",

@@ -160,17 +160,6 @@ def test_export_refuses_bad_requests(string_run, tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == ["1"]  # nothing half-written left
 
 
-def test_export_refuses_categorical_columns():
-    from ensemble.errors import UsageError
-    from ensemble.export import check_exportable
-    from ensemble.preprocessing import Preprocessing
-
-    pre = Preprocessing(("a",), np.zeros(3), np.ones(3), np.array([0, 1]),
-                        categories={"colour": ["blue", "red"]})
-    with pytest.raises(UsageError, match="categorical columns \\(colour\\)"):
-        check_exportable(pre)
-
-
 def _expect_equal(out: Path, expected: dict, n_rows: int):
     got = pq.read_table(out)
     classes = [f"d{k}" for k in range(10)]

@@ -1,0 +1,249 @@
+"""Inputs as they come: a folder of PNGs with a user's CNN (both modes, predict naming files,
+export fed raw pixels), a Keras-layout `.npz` with its own test split, the built-in CNN on
+`digits_images`, the estimator on 4-D arrays, a real table (free text, a date, missing
+values) from CLI flags alone with an id carried through and a per-column export, and bad
+array inputs refused in one line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import ROOT, run_cli
+
+USER_CNN = '''
+import keras
+
+
+def build(input_shape, n_outputs, *, seed, filters=6):
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Conv2D(filters, 3, activation="relu")(inputs)
+    x = keras.layers.MaxPooling2D(2)(x)
+    x = keras.layers.Flatten()(x)
+    return keras.Model(inputs, keras.layers.Dense(n_outputs)(x))
+'''
+
+
+def _digit_images(classes=(0, 1), size=25):
+    """Digits of `classes` as `[n, size, size]` uint8 grey images, their labels."""
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    keep = np.isin(d.target, classes)
+    imgs = [np.asarray(Image.fromarray(np.round(im * 255 / 16).astype(np.uint8), "L")
+                       .resize((size, size), Image.BILINEAR)) for im in d.images[keep]]
+    return np.stack(imgs), d.target[keep]
+
+
+@pytest.fixture(scope="module")
+def pngs(tmp_path_factory):
+    """`train/<digitK>/*.png` (two classes, 25x25 grey), `new/*.png`, a user CNN file, and
+    the runs of both modes trained on the folder."""
+    from PIL import Image
+
+    base = tmp_path_factory.mktemp("images")
+    x, y = _digit_images()
+    for i, (img, label) in enumerate(zip(x, y)):
+        folder = base / "new" if i % 6 == 0 else base / "train" / f"digit{label}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(img, "L").save(folder / f"img{i:03d}.png")
+    (base / "mycnn.py").write_text(USER_CNN)
+    common = ["--data", base / "train", "--model", f"{base}/mycnn.py:build", "--members", "2",
+              "--epochs", "2", "--devices", "cpu:2", "--quiet"]
+    assert run_cli("train", *common, "--run-dir", base / "ig") == 0
+    assert run_cli("train", *common, "--mode", "between-graph", "--run-dir", base / "bg") == 0
+    return base
+
+
+def _p(table):
+    return np.column_stack([table.column(c).to_numpy() for c in table.column_names
+                            if c.startswith("p_")])
+
+
+def test_cnn_on_a_png_folder_gives_the_same_members_in_both_modes(pngs):
+    a, b = (pq.read_table(pngs / r / "predictions.parquet") for r in ("ig", "bg"))
+    assert a.column("model").to_pylist() == b.column("model").to_pylist()
+    assert np.abs(_p(a) - _p(b)).max() <= 1e-5
+    manifest = json.loads((pngs / "ig" / "manifest.json").read_text())
+    assert manifest["dataset"]["input_shape"] == [25, 25, 1]
+    assert manifest["dataset"]["classes"] == ["digit0", "digit1"]
+    # the run stores the images as uint8, 4x less than float32
+    with np.load(pngs / "ig" / "data" / "train.npz") as z:
+        assert z["x"].dtype == np.uint8 and z["x"].shape[1:] == (25, 25, 1)
+    acc = [r for r in pq.read_table(pngs / "ig" / "metrics.parquet").to_pylist()
+           if r["model"] == "ensemble-mean" and r["split"] == "test"][0]["accuracy"]
+    assert acc > 0.9  # 0 against 1 is easy: the members learned from the pixels
+
+
+def test_predict_names_every_file_and_the_export_takes_raw_pixels(pngs, tmp_path):
+    out = tmp_path / "new.csv"
+    for mode in ("in-graph", "between-graph"):
+        assert run_cli("predict", "--run", pngs / "ig", "--data", pngs / "new", "--out", out,
+                       "--mode", mode, "--quiet") == 0
+        got = pcsv.read_csv(out)
+        files = sorted(str(p) for p in (pngs / "new").glob("*.png"))
+        assert got.column("input").to_pylist() == files  # one row per input, named
+        probs = _p(got)
+        if mode == "in-graph":
+            first = probs
+        assert np.abs(probs - first).max() <= 1e-5
+    from PIL import Image
+
+    x = np.stack([np.asarray(Image.open(f))[:, :, None] for f in files]).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert run_cli("export", "--run", pngs / "ig", "--out", tmp_path / "models") == 0
+    served = _serve(tmp_path / "models" / "1", {"features": tmp_path / "x.npy"}, tmp_path)
+    assert np.abs(served - first).max() <= 1e-4
+
+
+def _serve(version, inputs: dict, tmp_path):
+    """The default signature of a SavedModel in a plain TensorFlow process (this package not
+    imported), fed `{input name: .npy file}`; returns its probabilities."""
+    code = ("import sys, json, numpy as np, tensorflow as tf\n"
+            "assert 'ensemble' not in sys.modules\n"
+            "m = tf.saved_model.load(sys.argv[1])\n"
+            "feeds = {k: tf.constant(np.load(v, allow_pickle=False))\n"
+            "         for k, v in json.loads(sys.argv[2]).items()}\n"
+            "p = m.signatures['serving_default'](**feeds)['probabilities'].numpy()\n"
+            "np.save(sys.argv[3], p)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", code, str(version),
+                           json.dumps({k: str(v) for k, v in inputs.items()}),
+                           str(tmp_path / "served.npy")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return np.load(tmp_path / "served.npy")
+
+
+def test_keras_layout_npz_trains_with_its_own_test_split(tmp_path):
+    x, y = _digit_images(classes=(0, 1, 2), size=12)
+    path = tmp_path / "digits.npz"
+    np.savez(path, x_train=x[:400], y_train=y[:400], x_test=x[400:], y_test=y[400:])
+    assert run_cli("train", "--data", path, "--model", "cnn", "--members", "2", "--epochs",
+                   "1", "--devices", "cpu:2", "--run-dir", tmp_path / "run", "--quiet") == 0
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["dataset"]["rows"]["test"] == len(x) - 400
+    assert manifest["dataset"]["input_shape"] == [12, 12]  # [h, w]: the cnn adds a channel
+    with np.load(tmp_path / "run" / "data" / "test.npz") as z:
+        assert sorted(z["row"].tolist()) == list(range(400, len(x)))
+
+
+def test_digits_cnn_config_and_the_estimator_on_4d_arrays(tmp_path):
+    assert run_cli("train", "--config", ROOT / "configs" / "digits-cnn.toml", "--members", "2",
+                   "--epochs", "1", "--devices", "cpu:2", "--run-dir", tmp_path / "run",
+                   "--quiet") == 0
+    from sklearn.datasets import load_digits
+
+    from ensemble.builders import cnn
+    from ensemble.sklearn import DeepEnsembleClassifier
+
+    d = load_digits()
+    x = (d.images / 16.0)[..., None]  # [n, 8, 8, 1]
+    clf = DeepEnsembleClassifier(model=cnn, model__filters=[8], model__dense=32, n_members=2,
+                                 epochs=3, batch_size=64, random_state=0)
+    clf.fit(x[:1200], d.target[:1200])
+    assert clf.predict_proba(x[1200:]).shape == (len(x) - 1200, 10)
+    assert clf.score(x[1200:], d.target[1200:]) > 0.6
+
+
+@pytest.fixture(scope="module")
+def penguins(tmp_path_factory):
+    """palmerpenguins as a user has it, plus an id, a free-text name and a date column."""
+    from palmerpenguins import load_penguins
+
+    base = tmp_path_factory.mktemp("penguins")
+    df = load_penguins()
+    df.insert(0, "id", np.arange(1000, 1000 + len(df)))
+    rng = np.random.default_rng(0)
+    df["name"] = [f"penguin {w}{i}" for i, w in enumerate(rng.choice(["ann", "bo", "cy"],
+                                                                     len(df)))]
+    df["seen"] = [f"2021-{1 + i % 12:02d}-{1 + i % 28:02d}" for i in range(len(df))]
+    df.iloc[:300].to_csv(base / "train.csv", index=False)
+    df.iloc[300:].drop(columns=["species"]).to_csv(base / "new.csv", index=False)
+    return base
+
+
+def test_real_table_from_cli_flags_predict_csv_and_columnar_export(penguins, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    argv = ["train", "--data", penguins / "train.csv", "--target", "species", "--members", "2",
+            "--epochs", "3", "--devices", "cpu:2", "--run-dir", run_dir, "--quiet"]
+    assert run_cli(*argv) == 2  # the date column and the missing values, in one line
+    err = capsys.readouterr().err
+    assert "'seen' holds dates" in err and "--drop seen" in err and "impute" in err
+    assert run_cli(*argv, "--drop", "id,seen", "--impute", "median") == 0
+    assert "column 'name' has 210 distinct values in 210 training rows (free text?)" in \
+        capsys.readouterr().err  # 300 rows: 70% train
+    out = tmp_path / "new.csv"
+    assert run_cli("predict", "--run", run_dir, "--data", penguins / "new.csv", "--out", out,
+                   "--quiet") == 0
+    got = pcsv.read_csv(out)
+    new = pcsv.read_csv(penguins / "new.csv")
+    assert got.column("id").to_pylist() == new.column("id").to_pylist()  # one row per input
+    assert got.column("seen").to_pylist() == new.column("seen").to_pylist()
+    assert run_cli("export", "--run", run_dir, "--out", tmp_path / "models") == 0
+    feeds = {}
+    pre = json.loads((run_dir / "preprocessing.json").read_text())
+    from ensemble.export import input_names
+
+    key = input_names(pre["feature_names"] + list(pre["categories"]))
+    for c in pre["feature_names"]:
+        np.save(tmp_path / f"{c}.npy", new.column(c).to_numpy(zero_copy_only=False)
+                .astype(np.float32))
+        feeds[key[c]] = tmp_path / f"{c}.npy"
+    for c in pre["categories"]:
+        values = ["" if v is None else v for v in new.column(c).to_pylist()]
+        np.save(tmp_path / f"{c}.npy", np.asarray(values, dtype=str))
+        feeds[key[c]] = tmp_path / f"{c}.npy"
+    served = _serve(tmp_path / "models" / "1", feeds, tmp_path)
+    assert np.abs(served - _p(got)).max() <= 1e-4
+
+
+def _bad_folder(tmp_path, kind):
+    from PIL import Image
+
+    root = tmp_path / kind
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(np.full((5, 5), 40 * i, np.uint8), "L").save(root / c / f"{i}.png")
+    if kind == "unreadable":
+        (root / "a" / "9.png").write_bytes(b"not a png")
+    elif kind == "sizes":
+        Image.fromarray(np.zeros((6, 7), np.uint8), "L").save(root / "b" / "9.png")
+    elif kind == "empty":
+        (root / "c").mkdir()
+    return root
+
+
+def _bad_npz(tmp_path, kind):
+    path = tmp_path / f"{kind}.npz"
+    if kind == "keys":
+        np.savez(path, features=np.zeros((4, 3)), labels=np.zeros(4))
+    elif kind == "lengths":
+        np.savez(path, x=np.zeros((4, 3)), y=np.arange(3))
+    else:
+        np.savez(path, x=np.array([{"a": 1}] * 4, dtype=object), y=np.arange(4))
+    return path
+
+
+@pytest.mark.parametrize("make, kind, message", [
+    (_bad_folder, "unreadable", "Cannot read image"),
+    (_bad_folder, "sizes", "Images differ in size"),
+    (_bad_folder, "empty", "holds no images"),
+    (_bad_npz, "keys", "expected arrays x and y"),
+    (_bad_npz, "lengths", "differ in length (4 and 3)"),
+    (_bad_npz, "pickled", "pickled (object) arrays"),
+])
+def test_bad_array_inputs_exit_2_with_one_line(tmp_path, capsys, make, kind, message):
+    source = make(tmp_path, kind)
+    assert run_cli("train", "--data", source, "--run-dir", tmp_path / "run", "--quiet") == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+    assert not (tmp_path / "run").exists()
