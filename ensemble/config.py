@@ -442,9 +442,13 @@ def check_builders(cfg: Config) -> None:
         if key in seen:
             continue
         seen.add(key)
-        where = "model.params" if not any(o.index == i for o in cfg.members.override) \
-            else f"members.override[index={i}].params"
-        fn = builders.resolve(h["builder"])
+        own = any(o.index == i and (o.builder or o.params) for o in cfg.members.override)
+        where = f"members.override[index={i}].params" if own else "model.params"
+        try:
+            fn = builders.resolve(h["builder"])
+        except UsageError as exc:
+            key = where.rpartition(".")[0] + ".builder"
+            raise UsageError(f"`{key}`: {exc}") from None
         builders.check_params(h["builder"], fn, h["params"], where)
         if h["builder"] == "mlp":
             builders.check_mlp_params(h["params"], where)

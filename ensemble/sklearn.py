@@ -105,13 +105,13 @@ class DeepEnsembleClassifier(ClassifierMixin, BaseEstimator):
                  epochs=30, batch_size=32, learning_rate=1e-3, random_state=None,
                  mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
                  model="mlp", **kwargs):
-        bad = [k for k in kwargs if not k.startswith(ROUTED) or k == ROUTED]
-        if bad:
-            raise TypeError(f"DeepEnsembleClassifier got an unexpected keyword argument "
-                            f"{bad[0]!r}; builder parameters are passed as model__<name>.")
         self.model = model
+        # builder parameters `model__<name>`; anything else is refused by `fit` (scikit-learn:
+        # no validation in __init__)
+        self._unexpected = [k for k in kwargs if not k.startswith(ROUTED) or k == ROUTED]
         for key, value in kwargs.items():
-            setattr(self, key, value)
+            if key not in self._unexpected:
+                setattr(self, key, value)
         self.n_members = n_members
         self.hidden = hidden
         self.activation = activation
@@ -140,9 +140,17 @@ class DeepEnsembleClassifier(ClassifierMixin, BaseEstimator):
         """Set parameters; any `model__<name>` is accepted (a builder parameter)."""
         for key in [k for k in params if k.startswith(ROUTED) and k != ROUTED]:
             setattr(self, key, params.pop(key))
-        return super().set_params(**params)
+        known = set(super().get_params(deep=True))
+        # refused by `fit`, like an unexpected keyword of __init__ (no errors here)
+        self._unexpected = [k for k in params if k not in known and "__" not in k]
+        return super().set_params(**{k: v for k, v in params.items()
+                                     if k not in self._unexpected})
 
     def _builder(self) -> str:
+        if getattr(self, "_unexpected", None):
+            raise ValueError(f"DeepEnsembleClassifier got an unexpected keyword argument "
+                             f"{self._unexpected[0]!r}; builder parameters are passed as "
+                             "model__<name>.")
         try:
             spec = builders.spec_of(self.model)
         except UsageError as exc:
