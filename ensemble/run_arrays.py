@@ -56,7 +56,9 @@ def _configure(cfg: Config) -> list[str]:
     members' devices (`placement.devices`, round robin)."""
     from ensemble import devices
     from ensemble.placement import place
+    from ensemble.tfimport import import_tensorflow_quietly
 
+    import_tensorflow_quietly()  # notebooks: no start-up banners, no retracing warnings
     devices.configure(cfg)
     n = cfg.members.count
     return place(n, devices.resolve(cfg.placement.devices, n))

@@ -10,11 +10,13 @@ import os
 import sys
 
 KERAS_EXTRAS = ("sklearn", "scipy", "pandas", "matplotlib")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # TensorFlow's C++ info and warnings
 
 
 def import_tensorflow_quietly() -> None:
     """Import TensorFlow with stderr silenced: its C++ runtime prints start-up banners (oneDNN,
-    CUDA probing) before any log level applies. Errors still surface as Python exceptions.
+    CUDA probing) before any log level applies. Errors still surface as Python exceptions;
+    TensorFlow's Python warnings (retracing, when fits of new shapes retrace) are turned off.
 
     Keras imports scikit-learn, SciPy, pandas and matplotlib (pyplot) when they are installed,
     for wrappers and plots this CLI never uses: about 2 s of every process's start-up. Those
@@ -29,7 +31,9 @@ def import_tensorflow_quietly() -> None:
     try:
         sys.modules.update(dict.fromkeys(hidden))
         os.dup2(devnull, 2)
-        import tensorflow  # noqa: F401
+        import tensorflow as tf
+
+        tf.get_logger().setLevel("ERROR")  # retracing warnings: fits of new shapes retrace
     finally:
         os.dup2(saved, 2)
         os.close(saved)

@@ -137,6 +137,7 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
         UsageError: bad config, data, mode or run directory.
     """
     from ensemble import devices
+    from ensemble.tfimport import import_tensorflow_quietly
 
     if mode not in MODES:
         raise UsageError(f"Expected `mode` to be one of {', '.join(MODES)}. Received: "
@@ -172,6 +173,7 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
                          "every member in one process")
     with _placement_logging(run_dir, mode, log_device_placement and not prepare_only):
         if mode == "in-graph":
+            import_tensorflow_quietly()
             T.train_in_graph(cfg, run_dir, overwrite=overwrite, resume=resume, cluster=cluster,
                              verbosity=verbosity)
         else:

@@ -23,7 +23,7 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise UsageError("--plots needs matplotlib: pip install 'ensemble[bench]' "
+        raise UsageError("--plots needs matplotlib: pip install 'ensemble-replication[bench]' "
                          "(or pip install matplotlib).") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
