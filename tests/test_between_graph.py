@@ -125,7 +125,7 @@ def test_predict_between_graph_equals_in_graph(runs, tmp_path):
     for mode in ("in-graph", "between-graph"):
         outs[mode] = tmp_path / f"{mode}.parquet"
         assert run_cli("predict", "--run", runs["jobs2"], "--data", "digits",
-                       "--mode", mode, "--out", outs[mode]) == 0
+                       "--mode", mode, "--out", outs[mode], "--layout", "long") == 0
     a, b = pq.read_table(outs["in-graph"]), pq.read_table(outs["between-graph"])
     assert a.schema == b.schema and a.num_rows == b.num_rows == 1797 * 6
     assert a.column("y_pred").to_pylist() == b.column("y_pred").to_pylist()
@@ -188,7 +188,7 @@ def test_predict_applies_the_fitted_aggregators_in_both_modes(aggregated, tmp_pa
         pq.write_table(pa.table(data), src)
         out = tmp_path / f"{mode}-pred.parquet"
         assert run_cli("predict", "--run", run_dir, "--data", src, "--mode", mode,
-                       "--out", out) == 0
+                       "--out", out, "--layout", "long") == 0
         got = pq.read_table(out).to_pandas()
         for model in test.model.unique():
             e = test[test.model == model].sort_values("row").filter(like="p_").to_numpy()

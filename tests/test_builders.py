@@ -151,7 +151,7 @@ def test_early_stopping_restores_each_members_best_epoch(user):
 def test_predict_and_export_reproduce_the_user_builder_run(user, tmp_path):
     out = tmp_path / "p.parquet"
     assert run_cli("predict", "--run", user / "ig", "--data", "digits", "--out", out,
-                   "--quiet") == 0
+                   "--quiet", "--layout", "long") == 0
     run, run_p = _probs(user / "ig" / "predictions.parquet")
     pred = pq.read_table(out)
     for model in ("member-0", "ensemble-mean"):

@@ -111,7 +111,8 @@ def _test_rows_file(run_dir, tmp_path, ext):
 def test_predict_matches_run_test_predictions(in_graph_run, tmp_path, ext):
     path, expected = _test_rows_file(in_graph_run, tmp_path, ext)
     out = tmp_path / "pred.parquet"
-    assert run_cli("predict", "--run", in_graph_run, "--data", path, "--out", out) == 0
+    assert run_cli("predict", "--run", in_graph_run, "--data", path, "--out", out,
+                   "--layout", "long") == 0
     got = pq.read_table(out).to_pandas()
     assert set(got.split) == {"predict"}
     for model in expected.model.unique():
@@ -157,8 +158,8 @@ def test_predict_errors(in_graph_run, tmp_path, capsys):
                    tmp_path / "o.parquet") == 2
     assert "missing from" in capsys.readouterr().err
     assert run_cli("predict", "--run", in_graph_run, "--data", "digits", "--out",
-                   tmp_path / "o.csv") == 2
-    assert "--out to end in .parquet" in capsys.readouterr().err
+                   tmp_path / "o.txt") == 2
+    assert "--out to end in .parquet or .csv" in capsys.readouterr().err
     assert not (tmp_path / "o.parquet").exists()
 
 
@@ -207,7 +208,7 @@ def test_tabular_csv_as_people_have_it(mode, tmp_path, capsys):
     assert pre["impute"] == "median" and "island=Biscoe" in pre["output_names"]
     out = tmp_path / "p.parquet"
     assert run_cli("predict", "--run", run_dir, "--data", folder / "animals_with_id.csv",
-                   "--out", out) == 0  # in-graph: either mode's run (test_compare covers both)
+                   "--out", out, "--layout", "long") == 0  # either mode's run (see compare)
     captured = capsys.readouterr()
     assert "ignoring column 'id'" in captured.err
     table = pq.read_table(out)

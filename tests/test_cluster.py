@@ -136,7 +136,8 @@ def test_both_modes_on_the_cluster_match_the_local_run(shared_servers, local_run
     out = tmp_path / "p.parquet"  # in its own process: the test process never joins a cluster
     res = subprocess.run([sys.executable, "-m", "pipelines.cli", "predict", "--run", str(run_dir),
                           "--data", "digits", "--mode", mode, "--cluster", str(servers.file),
-                          "--out", str(out)], capture_output=True, text=True, timeout=240)
+                          "--out", str(out), "--layout", "long"], capture_output=True, text=True,
+                         timeout=240)
     assert res.returncode == 0, res.stderr
     assert pq.read_table(out).num_rows == 1797 * 6
 

@@ -196,7 +196,7 @@ def test_streamed_csv_folder_in_small_batches_equals_the_run(string_run, tmp_pat
     out = tmp_path / "pred.parquet"
     capsys.readouterr()
     assert run_cli("predict", "--run", string_run / "run", "--data", folder, "--out", out,
-                   "--batch-size", "100") == 0
+                   "--batch-size", "100", "--layout", "long") == 0
     captured = capsys.readouterr()
     assert captured.err.count("ignoring column 'id'") == 1
     assert f"predicted {raw.num_rows:,} rows" in captured.out
@@ -207,6 +207,17 @@ def test_streamed_csv_folder_in_small_batches_equals_the_run(string_run, tmp_pat
     assert record["rows"] == raw.num_rows and record["batch_size"] == 100
     assert sorted(p.name for p in tmp_path.iterdir()) == ["input", "pred.manifest.json",
                                                           "pred.parquet"]
+    # the default layout: one row per input, its id carried through, the first aggregator's
+    # probabilities, in both modes (the batches straddle the files)
+    for mode in ("in-graph", "between-graph"):
+        wide = tmp_path / f"wide-{mode}.csv"
+        assert run_cli("predict", "--run", string_run / "run", "--data", folder, "--out", wide,
+                       "--batch-size", "100", "--mode", mode, "--quiet") == 0
+        w = pcsv.read_csv(wide)
+        assert w.column("id").to_pylist() == list(range(raw.num_rows))
+        p = np.column_stack([w.column(f"p_d{k}").to_numpy() for k in range(10)])
+        assert np.abs(p - expected["ensemble-mean"][0]).max() <= 1e-5
+        assert "model" not in w.column_names
 
 
 def test_bad_value_mid_stream_leaves_nothing(string_run, tmp_path, capsys):
@@ -261,7 +272,8 @@ def test_replicas_run_on_their_own_devices_and_change_nothing(string_run, tmp_pa
     out = tmp_path / "pred.parquet"
     pq.write_table(_raw_test_table(string_run), tmp_path / "in.parquet")
     assert run_cli("predict", "--run", run_dir, "--data", tmp_path / "in.parquet", "--out",
-                   out, "--devices", "cpu:4", "--replicas", "2", "--quiet") == 0
+                   out, "--devices", "cpu:4", "--replicas", "2", "--quiet", "--layout",
+                   "long") == 0
     record = json.loads((tmp_path / "pred.manifest.json").read_text())
     assert [m["devices"] for m in record["members"]] == groups
     _expect_equal(out, _test_rows(string_run)[1], len(x))
