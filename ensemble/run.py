@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from ensemble import artifacts, data, runlock
+from ensemble import artifacts, data, runlock, staging
 from ensemble.config import Config, member_hparams
 from ensemble.devices import build_info
 from ensemble.errors import UsageError
@@ -241,16 +241,6 @@ def finish(run_dir: Path, manifest: dict[str, Any], status: str, **timings: floa
     artifacts.write_manifest(run_dir, manifest)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def effective_status(manifest: dict[str, Any], run_dir: str | Path | None = None) -> str:
     """The run status, with `running` turned into `interrupted` when no process holds the
     run's lock (`run_dir` given) or the recorded driver process (on this host) is gone."""
@@ -259,7 +249,7 @@ def effective_status(manifest: dict[str, Any], run_dir: str | Path | None = None
         return status
     if run_dir is not None and not runlock.is_held(run_dir):
         return "interrupted"
-    if manifest.get("host") == socket.gethostname() and not _alive(int(manifest.get("pid", -1))):
+    if manifest.get("host") == socket.gethostname() and not staging.is_alive(int(manifest.get("pid", -1))):
         return "interrupted"
     return status
 
