@@ -39,15 +39,18 @@ class InGraphEnsemble(MemberGroup):
     @classmethod
     def build(cls, cfg, input_shape, n_classes: int, devices: Sequence[str],
               indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE,
-              aggregators: Sequence[str] | None = None, n_train: int | None = None):
-        """Build fresh members on `devices` (`MemberGroup.build`); `aggregators` defaults to
-        the config's."""
+              aggregators: Sequence[str] | None = None, n_train: int | None = None,
+              task=None):
+        """Build fresh members on `devices` (`MemberGroup.build`, with the run's `task`);
+        `aggregators` defaults to the config's."""
         aggs = cfg.aggregation.aggregators if aggregators is None else aggregators
         return super().build(cfg, input_shape, n_classes, devices, indices, client_device,
-                             n_train=n_train, aggregators=aggs)
+                             n_train=n_train, aggregators=aggs, task=task)
 
     def _predict_graph(self, x):
         stacked = self._member_probs(x)
+        fn = aggregate_tf
+        if self.task.name == "regression":  # [n_rows, 3]: mean, aleatoric, epistemic var
+            from ensemble.regression_tf import aggregate_tf as fn
         with tf.device(self.client_device):
-            return stacked, {a: aggregate_tf(stacked, a, self.params.get(a))
-                             for a in self.aggregators}
+            return stacked, {a: fn(stacked, a, self.params.get(a)) for a in self.aggregators}

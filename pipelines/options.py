@@ -52,6 +52,10 @@ def _common_run_options(parser, what: str) -> None:
               "(default: the config's [data] source, digits)")
     _add(parser, "--target", metavar="COL",
          help="label column of a .csv/.parquet file (default: the config's, 'target')")
+    _add(parser, "--task", choices=("auto", "classification", "regression"),
+         help="what the target is: auto (text or few whole numbers: classification; "
+              "non-integer numbers: regression), classification, regression "
+              "(default: the config's, auto)")
     _add(parser, "--impute", choices=IMPUTE,
          help="missing feature values: refuse them, or fill them from the training split "
               "(default: the config's, error)")
