@@ -24,8 +24,11 @@ def cell(value: float | None) -> str:
     """`value` in at most 7 characters (4 significant digits); `n/a` for None."""
     if value is None:
         return "n/a"
-    text = f"{value:.4g}"
-    return text if len(text) < COL else f"{value:.2e}"
+    for fmt in (".4g", ".3g", ".2g"):
+        text = f"{value:{fmt}}"
+        if len(text) < COL:
+            return text
+    return f"{value:.0e}"
 
 
 def _line(name: str, cells) -> str:
@@ -69,7 +72,7 @@ def _gains(split: str, rows: list[dict]) -> list[str]:
             if ref == "best" and best is None:
                 continue
             cells = [cell(r[f"gain_vs_{ref}_{m}"]) for m in GAIN_COLUMNS]
-            out.append(_line(f"  {r['model']} vs {ref}", cells))
+            out.append(_line(f"  {r['aggregator']} vs {ref} member", cells))
     e = ens[0]
     if e.get("disagreement") is not None:
         out.append(f"diversity on {split}: std of the member means {cell(e['disagreement'])}, "
