@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ensemble import artifacts, interrupt, runlock, tables
+from ensemble import artifacts, interrupt, runlock, tables, tasks
 from ensemble.cluster import naming_unreachable_tasks
 from ensemble.data import encode
 from ensemble.errors import UsageError
@@ -203,7 +203,8 @@ def _train_member(run_dir: Path, manifest: dict, cfg, split: dict, index: int, d
     from ensemble.preprocessing import Preprocessing
 
     member = MemberGroup.build(cfg, x_tr.shape[1:], len(classes), [device], [index],
-                               n_train=len(x_tr), pre=Preprocessing.of_run(run_dir, manifest))
+                               n_train=len(x_tr), pre=Preprocessing.of_run(run_dir, manifest),
+                               task=tasks.for_run(manifest))
     if cfg.training.tensorboard:
         from ensemble.tensorboard import MemberScalars
 
@@ -315,7 +316,8 @@ def _predict_stream(run_dir: Path, manifest: dict, groups: dict, source: str, ou
     with contextlib.ExitStack() as stack:
         writers = {i: stack.enter_context(PredictionWriter(p)) for i, p in paths.items()}
         for b in prefetch(stream):
-            y = pa.array(b.y, pa.int32()) if b.y is not None else pa.nulls(len(b.x), pa.int32())
+            ytype = pa.int32() if len(pre.classes) else pa.float64()  # regression: targets
+            y = pa.array(b.y, ytype) if b.y is not None else pa.nulls(len(b.x), ytype)
             for i, group in groups.items():
                 probs = group.predict(b.x)[0][0]
                 cols = {f"c{k}": pa.array(probs[:, k]) for k in range(probs.shape[1])}

@@ -71,6 +71,7 @@ class DataConfig:
     drop: tuple[str, ...] = ()
     image_size: tuple[int, ...] = ()
     color_mode: str = "auto"
+    task: str = "auto"  # auto | classification | regression (ensemble.tasks.resolve)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -133,6 +134,7 @@ class TrainingConfig:
     optimizer_params: dict = field(default_factory=dict)
     lr_schedule: str = "constant"
     early_stopping: int = 0
+    loss: str = "auto"  # regression: gaussian_nll (auto) or mse; classification: cross_entropy
     seed: int = 0
     deterministic: bool = True
     checkpoint_every: int = 1  # epochs between checkpoints (the last epoch is always saved)
@@ -162,7 +164,9 @@ class AggregationConfig:
     """Aggregators applied to the members' predictions, and the fitted ones' settings.
 
     `aggregators`: from `mean`, `vote`, `geometric`, `weighted`, `greedy`, `stacking`,
-    `temperature` (the last four are fitted on the validation split). `weights`: fixed member
+    `temperature` (the last four are fitted on the validation split); a regression run takes
+    `mean`, `weighted`, `greedy`, `std-scaling` (`ensemble.regression`) and applies `mean`
+    alone when the list is the default. `weights`: fixed member
     weights for `weighted` (empty: fitted). `greedy_rounds`: additions of ensemble selection.
     `stacking_folds`: cross-validation folds choosing the stacker's regularisation.
     """
@@ -387,10 +391,17 @@ def _check_ranges(cfg: Config) -> None:
     if isinstance(cfg.data.categorical, str) and cfg.data.categorical not in CATEGORICAL:
         raise UsageError(f"Expected `data.categorical` to be \"auto\", \"none\" or a list of "
                          f"column names. Received: {cfg.data.categorical!r}")
-    bad = [a for a in cfg.aggregation.aggregators if a not in AGGREGATORS]
+    if cfg.data.task not in ("auto", "classification", "regression"):
+        raise UsageError("Expected `data.task` to be \"auto\", \"classification\" or "
+                         f"\"regression\". Received: {cfg.data.task!r}")
+    if cfg.training.loss not in ("auto", "cross_entropy", "gaussian_nll", "mse"):
+        raise UsageError("Expected `training.loss` to be \"auto\", \"cross_entropy\", "
+                         f"\"gaussian_nll\" or \"mse\". Received: {cfg.training.loss!r}")
+    bad = [a for a in cfg.aggregation.aggregators if a not in AGGREGATORS
+           and a != "std-scaling"]
     if bad or not cfg.aggregation.aggregators:
         raise UsageError(
-            f"Expected `aggregation.aggregators` from {', '.join(AGGREGATORS)}. "
+            f"Expected `aggregation.aggregators` from {', '.join(AGGREGATORS)}, std-scaling. "
             f"Received: {list(cfg.aggregation.aggregators)}"
         )
     from ensemble.bounds import check_bounds  # upper bounds, non-finite sums

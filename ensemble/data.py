@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from ensemble.config import DataConfig
 from ensemble.errors import UsageError
 
-BUILTIN = ("digits", "breast_cancer", "wine", "iris", "synthetic")
+BUILTIN = ("digits", "breast_cancer", "wine", "iris", "synthetic", "diabetes")
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # the model's dtype: larger values do not fit
 
 
@@ -89,7 +89,8 @@ def _builtin_cached(source: str, s) -> Dataset:
         return Dataset("synthetic", x.astype(np.float32), y.astype(np.int64), names)
     bunch = getattr(skd, f"load_{source}")()
     names = tuple(str(n) for n in bunch.feature_names)
-    return Dataset(source, bunch.data.astype(np.float32), bunch.target.astype(np.int64), names)
+    y = bunch.target.astype(np.float64 if source == "diabetes" else np.int64)  # regression
+    return Dataset(source, bunch.data.astype(np.float32), y, names)
 
 
 def _read_table(path: Path) -> pa.Table:
@@ -146,10 +147,12 @@ def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
     y = np.asarray(col.to_numpy(zero_copy_only=False))
     y = y.astype(str) if y.dtype.kind in "OUSb" else y
     if y.dtype.kind == "f":
-        if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)) \
-                or (y.size and np.abs(y).max() >= 2.0 ** 63):
-            problems.append(f"target column {target!r} must hold class labels")
+        if not np.all(np.isfinite(y)):  # regression (ensemble.tasks.resolve)
+            problems.append(f"target column {target!r} holds NaN or inf; expected class "
+                            "labels or finite numbers")
             return None
+        if not np.all(y == np.round(y)) or (y.size and np.abs(y).max() >= 2.0 ** 63):
+            return y.astype(np.float64)  # non-integer numbers: a regression target
         y = y.astype(np.int64)
     return y
 
@@ -309,6 +312,11 @@ def load(cfg: DataConfig, require_target: bool = True, expected: Sequence[str] |
         key = (stat.st_size, stat.st_mtime_ns) if stat else None
         ds = _load_file(cfg, key, require_target,
                         None if expected is None else tuple(expected), strict)
+    if require_target:  # the task: refused in one line before anything else runs
+        from ensemble.tasks import resolve
+
+        if resolve(ds.y, cfg.task, cfg.source) == "regression":
+            return ds
     if require_target and len(np.unique(ds.y)) < 2:
         raise UsageError(f"Data {ds.name} has fewer than two classes; expected at least two.")
     return ds
@@ -341,8 +349,14 @@ def split(ds: Dataset, cfg: DataConfig, seed: int) -> tuple[dict[str, np.ndarray
     """
     from sklearn.model_selection import train_test_split
 
-    classes, counts = np.unique(ds.y, return_counts=True)
     idx = np.arange(len(ds.y))
+    if cfg.task == "regression":  # resolved by the caller (ensemble.tasks.resolve)
+        rest, test = train_test_split(idx, test_size=cfg.test_size, random_state=seed)
+        train, val = train_test_split(rest, test_size=cfg.validation_size
+                                      / (1.0 - cfg.test_size), random_state=seed)
+        return ({"train": np.sort(train), "validation": np.sort(val), "test": np.sort(test)},
+                np.zeros(0, np.float64))
+    classes, counts = np.unique(ds.y, return_counts=True)
     fixed = getattr(ds, "test_rows", None)  # a test split the source gives (Keras's .npz)
     try:
         if fixed is not None:
@@ -368,10 +382,17 @@ def split(ds: Dataset, cfg: DataConfig, seed: int) -> tuple[dict[str, np.ndarray
 def encode(y: np.ndarray, classes: np.ndarray) -> np.ndarray:
     """Map labels `[n_rows]` to class indices `[n_rows]` int32 (`classes` sorted).
 
+    A regression run has no classes (`classes` empty): targets come back as float64.
+
     Raises:
         UsageError: a label that is not among `classes`.
     """
     y, classes = np.asarray(y), np.asarray(classes)
+    if classes.size == 0:  # regression
+        if y.dtype.kind not in "iuf":
+            raise UsageError(f"Targets of type {y.dtype} are not numbers; this regression "
+                             "run needs numeric targets.")
+        return y.astype(np.float64)
     if (y.dtype.kind in "USO") != (classes.dtype.kind in "USO"):
         raise UsageError(
             f"Labels of type {y.dtype} do not match the run's classes {classes.tolist()}"

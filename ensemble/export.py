@@ -162,6 +162,14 @@ def build_module(models, pre: Preprocessing, aggregators, params: dict, default:
         def serve(features):
             x = to_x(features)
             stacked = tf.stack([m(x, training=False) for m in mod.members])
+            if not len(pre.classes):  # regression: ensemble.regression_tf, target units
+                from ensemble import regression_tf as RT
+
+                mu, sd = RT.mean_std(RT.aggregate_tf(stacked, aggregator,
+                                                     params.get(aggregator)))
+                return {"mean": mu, "std": sd,
+                        "member_mean": tf.transpose(stacked[..., 0]),
+                        "member_std": tf.transpose(tf.sqrt(stacked[..., 1]))}
             probs = aggregate_tf(stacked, aggregator, params.get(aggregator))
             index = tf.argmax(probs, axis=1)
             return {"probabilities": probs, "labels": tf.gather(mod.classes, index),

@@ -62,6 +62,16 @@ def get(cfg: Config, input_shape, n_classes: int, devices: Sequence[str],
         return entry
 
 
+def _task(cfg: Config, n_classes: int):
+    """No classes: regression on a target the caller standardised (`loc` 0, `scale` 1;
+    `ensemble.sklearn_regressor`); else classification."""
+    from ensemble import tasks
+
+    if n_classes == 0:
+        return tasks.get("regression", loss=cfg.training.loss)
+    return tasks.get()
+
+
 class TracedEnsemble:
     """One architecture's in-graph members with their traced calls, reset for every fit.
 
@@ -81,7 +91,8 @@ class TracedEnsemble:
         self.cfg, self.input_shape, self.n_classes = cfg, tuple(input_shape), n_classes
         self.devices, self.n_train = list(devices), n_train
         self.group = InGraphEnsemble.build(cfg, self.input_shape, n_classes, self.devices,
-                                           aggregators=(), n_train=n_train or None)
+                                           aggregators=(), n_train=n_train or None,
+                                           task=_task(cfg, n_classes))
         self.lock = threading.RLock()
         self.data = {}
         task = self.group.task
@@ -110,7 +121,8 @@ class TracedEnsemble:
         cfg = dataclasses.replace(self.cfg, training=dataclasses.replace(self.cfg.training,
                                                                          seed=seed))
         fresh = InGraphEnsemble.build(cfg, self.input_shape, self.n_classes, self.devices,
-                                      aggregators=(), n_train=self.n_train or None)
+                                      aggregators=(), n_train=self.n_train or None,
+                                      task=self.group.task)
         for old, new in zip(self.group.models, fresh.models):
             for a, b in zip(old.variables, new.variables, strict=True):
                 a.assign(b)
@@ -153,7 +165,7 @@ class TracedEnsemble:
         graph = self._predictors.pop(key, None)
         if graph is None:
             graph = InGraphEnsemble(self.group.models, self.devices, (aggregator,),
-                                    params=params or {})
+                                    params=params or {}, task=self.group.task)
         self._predictors[key] = graph
         while len(self._predictors) > MAX_PREDICTORS:
             self._predictors.popitem(last=False)

@@ -30,7 +30,8 @@ class MemberGroup:
         devices: `[n_members]` device names, e.g. from `RoundRobinPlacement.assign`.
         indices: the members' indices in the run (default `0..n_members-1`).
         client_device: where the ops that combine the members' outputs run.
-        task: the run's `tasks` object (default: classification).
+        task: the run's `tasks` object (default: the task of the first member's head,
+            `tasks.of_model`).
     """
 
     def __init__(self, models: Sequence, devices: Sequence[str],
@@ -39,7 +40,7 @@ class MemberGroup:
         self.models, self.devices = list(models), list(devices)
         self.indices = list(indices) if indices is not None else list(range(len(models)))
         self.client_device = client_device
-        self.task = task or tasks.get()
+        self.task = task or tasks.of_model(self.models[0])
         self.optimizers: list = []
         self._best: list | None = None  # early stopping's copies of the best weights
         # member position -> [(model copy, device)] of its replicas (`set_replicas`)

@@ -40,15 +40,17 @@ class InGraphEnsemble(MemberGroup):
     def build(cls, cfg, input_shape, n_classes: int, devices: Sequence[str],
               indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE,
               aggregators: Sequence[str] | None = None, n_train: int | None = None,
-              pre=None):
-        """Build fresh members on `devices` (`MemberGroup.build`); `aggregators` defaults to
-        the config's."""
+              pre=None, task=None):
+        """Build fresh members on `devices` (`MemberGroup.build`, with the run's `task` and
+        its preprocessing `pre`); `aggregators` defaults to the config's."""
         aggs = cfg.aggregation.aggregators if aggregators is None else aggregators
         return super().build(cfg, input_shape, n_classes, devices, indices, client_device,
-                             n_train=n_train, aggregators=aggs, pre=pre)
+                             n_train=n_train, aggregators=aggs, pre=pre, task=task)
 
     def _predict_graph(self, x):
         stacked = self._member_probs(x)
+        fn = aggregate_tf
+        if self.task.name == "regression":  # [n_rows, 3]: mean, aleatoric, epistemic var
+            from ensemble.regression_tf import aggregate_tf as fn
         with tf.device(self.client_device):
-            return stacked, {a: aggregate_tf(stacked, a, self.params.get(a))
-                             for a in self.aggregators}
+            return stacked, {a: fn(stacked, a, self.params.get(a)) for a in self.aggregators}

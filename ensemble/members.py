@@ -191,6 +191,8 @@ def load_member(path, device: str | None):
     import keras
     import tensorflow as tf
 
+    import ensemble.regression_tf  # noqa: F401 (registers the regression head's layer)
+
     if not Path(path).is_file():
         raise UsageError(f"Member model not found: {path}")
     try:

@@ -82,6 +82,10 @@ def fit(splits: dict[str, SplitMembers], names: Sequence[str],
     if val is None or val.y is None:
         raise UsageError("Fitting aggregators needs the members' labelled validation "
                          "predictions; this run has none.")
+    if val.y.dtype.kind == "f":  # regression targets
+        from ensemble import regression_fit
+
+        return regression_fit.fit(val.probs, val.y, names, val.members, settings)
     return fitted.fit(val.probs, val.y, names, val.members, settings)
 
 
@@ -91,7 +95,7 @@ def rebuild(splits: dict[str, SplitMembers], classes: np.ndarray, names: Sequenc
     parts = [tables.predictions_table(dict(zip(s.members, s.probs)), split, s.rows, s.y,
                                       classes, names, params=params)
              for split, s in splits.items()]
-    return pa.concat_tables(parts).replace_schema_metadata(tables.classes_metadata(classes))
+    return pa.concat_tables(parts).replace_schema_metadata(parts[0].schema.metadata)
 
 
 def size_curve(splits: dict[str, SplitMembers], fit: dict[str, Any] | None,
@@ -102,7 +106,11 @@ def size_curve(splits: dict[str, SplitMembers], fit: dict[str, Any] | None,
     val = splits.get("validation")
     if greedy is None and val is not None and val.y is not None:
         rounds = int((settings or {}).get("greedy_rounds", 20))
-        greedy = fitted.greedy_selection(val.probs, val.y, rounds)
+        if val.y.dtype.kind == "f":  # regression
+            from ensemble.regression_fit import greedy_selection
+        else:
+            greedy_selection = fitted.greedy_selection
+        greedy = greedy_selection(val.probs, val.y, rounds)
     labelled = {k: s for k, s in splits.items() if s.y is not None}
     return tables.ensemble_size_table({k: s.probs for k, s in labelled.items()},
                                       {k: s.y for k, s in labelled.items()},
@@ -122,8 +130,11 @@ def run_aggregators(run_dir: str | Path, manifest: dict[str, Any]
         artifacts.verify(run_dir, manifest, path)
         fit_ = fitted.read(run_dir)
         return list(fit_["aggregators"]), fit_
-    names = list(manifest["config"]["aggregation"]["aggregators"])
-    if set(names) & set(FITTED):
+    from ensemble import regression
+
+    names = regression.task_aggregators(manifest["config"]["aggregation"]["aggregators"],
+                                        manifest.get("task", "classification"))
+    if set(names) & set(FITTED + regression.FITTED):
         raise UsageError(f"Run {run_dir} names fitted aggregators but has no "
                          f"{fitted.FILENAME}; run `ensemble aggregate --run {run_dir}`.")
     return names, None

@@ -26,9 +26,14 @@ PREFIX = "ensemble-progress "
 LOG_EVERY_SECONDS = 5.0
 
 
+def _score(r: dict) -> str:
+    """The record's second validation score: `val_accuracy`, or `val_rmse` (regression)."""
+    return "val_rmse" if "val_rmse" in r else "val_accuracy"
+
+
 def _member_line(r: dict) -> str:
     return (f"loss {r['loss']:.4f} - val_loss {r['val_loss']:.4f} - "
-            f"val_accuracy {r['val_accuracy']:.4f}")
+            f"{_score(r)} {r[_score(r)]:.4f}")
 
 
 class TerminalProgress(Callback):
@@ -80,7 +85,7 @@ class LogProgress(Callback):
     def on_epoch_end(self, epoch, records):
         self.last = time.monotonic()
         mean = {k: float(np.mean([r[k] for r in records]))
-                for k in ("loss", "val_loss", "val_accuracy")}
+                for k in ("loss", "val_loss", _score(records[0]))}
         many = f" (mean of {len(records)} members)" if len(records) > 1 else ""
         self._print(f"epoch {epoch + 1}/{self.epochs}: {_member_line(mean)} - "
                     f"{records[0]['seconds']:.1f} s{many}")

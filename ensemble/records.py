@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ensemble import artifacts, config, fitted, metrics, posthoc
+from ensemble import artifacts, config, fitted, metrics, posthoc, tasks
 from ensemble.placement import mlp_flops
 
 MEMBERS_TABLE = "members.parquet"
@@ -48,6 +48,16 @@ def _hparams(entry: dict, cfg) -> dict:
     return h
 
 
+def _val_nll(y, outputs, n_classes: int) -> float | None:
+    """A member's validation NLL: of the true class, or (a regression run, no classes) the
+    Gaussian NLL of its `[n_rows, 2]` mean and variance (None for a point member)."""
+    if n_classes:
+        return metrics.nll(y, outputs)
+    from ensemble import regression_metrics
+
+    return regression_metrics.nll(y, outputs[:, 0], outputs[:, 1] ** 0.5)
+
+
 def members_table(run_dir: str | Path, manifest: dict[str, Any]) -> pa.Table:
     """The members table of a run whose predictions, history and aggregators are written.
 
@@ -56,7 +66,8 @@ def members_table(run_dir: str | Path, manifest: dict[str, Any]) -> pa.Table:
     builders that do not take them), `learning_rate`, `flops_per_row` (`cost.member_flops`),
     `parameters` (trainable, the MLP's by formula; null for other builders), `device`,
     `train_seconds` (sum of its epochs' wall seconds; in-graph the members of the one graph
-    share them), `val_nll`, `val_accuracy` (the trained member on the validation split),
+    share them), `val_nll`, `val_accuracy` (the trained member on the validation split;
+    regression: Gaussian NLL, accuracy null),
     `weight` (its weight in the `greedy` selection, 0 when not selected; null when the run
     fits no `greedy`) and, in a stratified search run, `candidate` (the candidate whose
     hyperparameters it repeats with a new seed).
@@ -70,6 +81,7 @@ def members_table(run_dir: str | Path, manifest: dict[str, Any]) -> pa.Table:
     weights = dict(zip(fit.get("members", []), greedy["weights"])) if greedy else {}
     n_features = len(manifest["dataset"]["feature_names"])
     n_classes = len(manifest["dataset"]["classes"])
+    n_out = n_classes or tasks.for_run(manifest).n_outputs()  # regression: 2 (mse: 1)
     source = (manifest.get("search") or {}).get("candidate")
     cfg = config.from_dict(manifest["config"])
     rows = []
@@ -86,12 +98,13 @@ def members_table(run_dir: str | Path, manifest: dict[str, Any]) -> pa.Table:
                "learning_rate": h["learning_rate"],
                "l2": _of(p.get("l2", 0.0 if mlp else None), float),
                "flops_per_row": m.get("flops_per_row",
-                                      mlp_flops(n_features, hidden, n_classes) if mlp else None),
-               "parameters": parameter_count(n_features, hidden, n_classes) if mlp else None,
+                                      mlp_flops(n_features, hidden, n_out) if mlp else None),
+               "parameters": parameter_count(n_features, hidden, n_out) if mlp else None,
                "device": m["device"],
                "train_seconds": sum(r["seconds"] for r in history if r["member"] == i),
-               "val_nll": None if pos is None else metrics.nll(val.y, val.probs[pos]),
-               "val_accuracy": None if pos is None else metrics.accuracy(val.y, val.probs[pos]),
+               "val_nll": None if pos is None else _val_nll(val.y, val.probs[pos], n_classes),
+               "val_accuracy": None if pos is None or not n_classes
+               else metrics.accuracy(val.y, val.probs[pos]),
                "weight": weights.get(i, 0.0) if greedy else None}
         if source is not None:
             row["candidate"] = source[i]

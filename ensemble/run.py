@@ -7,6 +7,7 @@ places the members and writes the first manifest (status `running`). Builders th
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import shutil
@@ -18,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from ensemble import artifacts, data, runlock, staging
+from ensemble import artifacts, data, runlock, staging, tasks
 from ensemble.config import Config, member_hparams
 from ensemble.devices import build_info
 from ensemble.errors import UsageError
@@ -172,9 +173,16 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     start = time.perf_counter()
     check_run_dir(run_dir, overwrite)
     ds = data.load(cfg.data)
-    rows, classes = data.split(ds, cfg.data, cfg.data.split_seed)
+    task, target = resolve_task(cfg, ds.y)
+    rows, classes = data.split(ds, dataclasses.replace(cfg.data, task=task.name),
+                               cfg.data.split_seed)
     pre = Preprocessing.fit(ds, rows["train"], classes, cfg.data.impute, cfg.data)
     x, y = pre.transform(ds), data.encode(ds.y, classes)
+    if task.name == "regression":  # the target's standardisation, training split only
+        target.update(target_loc=float(y[rows["train"]].mean()),
+                      target_scale=float(y[rows["train"]].std()) or 1.0)
+        task = tasks.get("regression", loc=target["target_loc"],
+                         scale=target["target_scale"], loss=cfg.training.loss)
     run_dir.mkdir(parents=True, exist_ok=True)
     artifacts.write_splits(run_dir, {s: x[r] for s, r in rows.items()},
                            {s: y[r] for s, r in rows.items()}, rows)
@@ -182,15 +190,38 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     manifest = new_manifest(cfg, mode, devices, pre, {
         "name": ds.name, "source": cfg.data.source, "target": cfg.data.target,
         "rows": {s: int(len(r)) for s, r in rows.items()}, "columns": list(ds.columns),
-        "sha256": ds.sha256()}, cluster)
+        "sha256": ds.sha256(), **target}, cluster, task)
     manifest["timings"]["prepare_seconds"] = time.perf_counter() - start
     manifest["artifacts"] = artifacts.artifact_hashes(run_dir)  # the splits, preprocessing
     artifacts.write_manifest(run_dir, manifest)
     return manifest
 
 
+def resolve_task(cfg: Config, y) -> tuple[Any, dict[str, Any]]:
+    """The run's task object for targets `y` (`tasks.resolve` of `[data] task`) and the
+    dataset entries it adds to the manifest; checks the aggregators and `training.loss`
+    against it.
+
+    Raises:
+        UsageError: an ambiguous target, an aggregator or loss of the other task (one line).
+    """
+    from ensemble import regression
+
+    name = tasks.resolve(y, cfg.data.task, cfg.data.source)
+    regression.check_aggregators(
+        regression.task_aggregators(cfg.aggregation.aggregators, name), name)
+    loss = cfg.training.loss
+    if (name == "regression") == (loss == "cross_entropy") and loss != "auto":
+        raise UsageError(f"`training.loss = \"{loss}\"` does not fit a {name} run; expected "
+                         + ("gaussian_nll or mse." if name == "regression" else
+                            "cross_entropy (or auto)."))
+    return tasks.get(name) if name != "regression" else tasks.get(
+        name, loss=loss), {"task": name}
+
+
 def new_manifest(cfg: Config, mode: str, devices: list[str], pre: Preprocessing,
-                 dataset: dict[str, Any], cluster: dict | None = None) -> dict[str, Any]:
+                 dataset: dict[str, Any], cluster: dict | None = None,
+                 task=None) -> dict[str, Any]:
     """The first manifest of a run (status `running`): config, `dataset` (plus the feature
     names, classes and input shape of `pre`), the task, the model (builder, params and the
     sha256 of each builder's source file, None for a built-in), members placed on `devices`
@@ -201,10 +232,10 @@ def new_manifest(cfg: Config, mode: str, devices: list[str], pre: Preprocessing,
     Raises:
         UsageError: a bad builder or optimiser.
     """
-    from ensemble import builders, cost, tasks
+    from ensemble import builders, cost
     from ensemble.optimizer import check_optimizer
 
-    task = tasks.get()
+    task = task or tasks.get()
     hparams = [member_hparams(cfg, i) for i in range(cfg.members.count)]
     check_optimizer(cfg.training.optimizer, cfg.training.optimizer_params)
     flops = cost.member_costs(hparams, pre.input_shape, task.n_outputs(len(pre.classes)), task)

@@ -94,9 +94,12 @@ def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preproce
         weights = entry.weights()
         aggs = None
         name = cfg.aggregation.aggregators[0]
-        if name in FITTED:
-            aggs = fitted.fit(group.predict(val[0])[0], val[1], [name], group.indices,
-                              dataclasses.asdict(cfg.aggregation))
+        if name in FITTED or name == "std-scaling":
+            fit_fn = fitted.fit
+            if name == "std-scaling" or not len(pre.classes):  # regression
+                from ensemble.regression_fit import fit as fit_fn
+            aggs = fit_fn(group.predict(val[0])[0], val[1], [name], group.indices,
+                          dataclasses.asdict(cfg.aggregation))
     return {"devices": devs, "weights": weights, "aggregators": aggs,
             "history": tables.history_table(records).to_pandas()}
 
@@ -129,8 +132,9 @@ def train_between_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Pre
                    .get_weights() for i in range(n)]
         history = artifacts.read_parquet(path / artifacts.HISTORY).to_pandas()
         if val is None:
-            history[["val_loss", "val_accuracy"]] = np.nan  # those were training rows
-        aggs = fitted.read(path) if cfg.aggregation.aggregators[0] in FITTED else None
+            history[[c for c in history.columns if c.startswith("val_")]] = np.nan  # train rows
+        aggs = fitted.read(path) if cfg.aggregation.aggregators[0] in (
+            *FITTED, "std-scaling") else None
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -152,7 +156,7 @@ def predict(est, x: np.ndarray, members: bool = False) -> np.ndarray:
     except UsageError:  # e.g. unpickled where TensorFlow already has fewer logical CPUs
         devs = place(n, devices.resolve("auto", n))
     params = fitted.member_params(est.aggregators_, list(range(n)))
-    entry = graph_cache.get(cfg, x.shape[1:], len(est.classes_), devs)
+    entry = graph_cache.get(cfg, x.shape[1:], len(getattr(est, "classes_", ())), devs)
     with entry.lock:
         entry.load(est.member_weights_)
         member_p, ens = entry.predictor(name, params).predict(x)
@@ -168,7 +172,15 @@ def manifest_for(cfg: Config, mode: str, pre: Preprocessing, rows: dict[str, int
         "name": "arrays", "source": "arrays (DeepEnsembleClassifier.fit)", "target": "target",
         "rows": rows, "columns": list(pre.columns), "named_columns": named,
         "splits": "train: every row given to fit; validation and test: validation_data "
-                  "(the training rows without it)"})
+                  "(the training rows without it)"}, task=_task(cfg, pre))
+
+
+def _task(cfg: Config, pre: Preprocessing):
+    """A run from arrays without classes is a regression on the standardised target."""
+    from ensemble import tasks
+
+    return tasks.get("regression", loss=cfg.training.loss) if not len(pre.classes) \
+        else tasks.get()
 
 
 def save(est, path: Path, overwrite: bool = False) -> Path:
@@ -183,7 +195,11 @@ def save(est, path: Path, overwrite: bool = False) -> Path:
     n_classes = len(pre.classes)
     manifest = manifest_for(cfg, est.mode, pre, dict(est.n_rows_), est.devices_,
                             hasattr(est, "feature_names_in_"))
-    task = tasks.get()
+    task = _task(cfg, pre)
+    if task.name == "regression":  # saved members predict in the target's units
+        loc, scale = float(est.target_loc_), float(est.target_scale_)
+        manifest["dataset"].update(target_loc=loc, target_scale=scale)
+        task = tasks.get("regression", loc=loc, scale=scale, loss=cfg.training.loss)
     for i, weights in enumerate(est.member_weights_):
         h = member_hparams(cfg, i)
         model = build_member(h["builder"], h["params"], pre.input_shape,
@@ -229,7 +245,11 @@ def load(cls, path: Path):
         est.feature_names_in_ = np.asarray(pre.feature_names, dtype=object)
     est.seed_, est.devices_ = t.seed, [e["device"] for e in manifest["members"]]
     est.member_weights_, est.aggregator_ = weights, names[0]
-    est.aggregators_ = fit_ if names[0] in FITTED else None
+    if manifest.get("task") == "regression":  # members trained on the standardised target
+        est.target_loc_ = manifest["dataset"].get("target_loc", 0.0)
+        est.target_scale_ = manifest["dataset"].get("target_scale", 1.0)
+        del est.classes_
+    est.aggregators_ = fit_ if names[0] in (*FITTED, "std-scaling") else None
     est.n_rows_ = dict(manifest["dataset"]["rows"])
     hist = path / artifacts.HISTORY
     est.history_ = artifacts.read_parquet(hist).to_pandas() if hist.is_file() else None

@@ -310,4 +310,6 @@ class DeepEnsembleClassifier(ClassifierMixin, BaseEstimator):
         return run_arrays.load(cls, Path(path))
 
 
-__all__ = ["DeepEnsembleClassifier"]
+from ensemble.sklearn_regressor import DeepEnsembleRegressor  # noqa: E402 (uses the above)
+
+__all__ = ["DeepEnsembleClassifier", "DeepEnsembleRegressor"]

@@ -90,6 +90,12 @@ def predictions_table(member_probs: dict[int, np.ndarray], split: str, rows: np.
             members in index order.
         first_row: column `row` of the first row (`model_rows`).
     """
+    if len(classes) == 0:  # regression: ensemble.regression_tables
+        from ensemble import regression_tables
+
+        return regression_tables.predictions_table(member_probs, split, rows, y_true,
+                                                   aggregators, ensemble_probs, params,
+                                                   first_row)
     params = params or {}
     parts = [model_rows(f"member-{i}", i, None, split, rows, y_true, p, classes,
                         first_row=first_row) for i, p in sorted(member_probs.items())]
@@ -142,7 +148,12 @@ def with_ids(long: pa.Table, ids: np.ndarray | None) -> pa.Table:
 
 
 def probabilities(table: pa.Table, classes: np.ndarray) -> np.ndarray:
-    """The `p_<class>` columns as `[n_rows, n_classes]` float32."""
+    """The `p_<class>` columns as `[n_rows, n_classes]` float32 (regression: a member's
+    `[n_rows, 2]` mean and variance, `regression_tables.outputs`)."""
+    if len(classes) == 0:
+        from ensemble import regression_tables
+
+        return regression_tables.outputs(table)
     return np.column_stack([table.column(f"p_{c}").to_numpy() for c in np.asarray(classes).tolist()])
 
 
@@ -184,6 +195,10 @@ def metrics_table(predictions: pa.Table, best_member: int | None = None) -> pa.T
     over the best member on that split (positive = ensemble better).
     """
     classes = classes_from(predictions)
+    if len(classes) == 0:  # regression
+        from ensemble import regression_tables
+
+        return regression_tables.metrics_table(predictions, best_member)
     out = []
     labelled = predictions.filter(pc.is_valid(predictions.column("y_true")))
     has_mi = "mutual_information" in predictions.column_names
@@ -241,6 +256,10 @@ def ensemble_size_table(member_probs: dict[str, np.ndarray], y: dict[str, np.nda
         y: split -> `[n_rows]` class indices.
         greedy_order: member positions in the order greedy selection picked them.
     """
+    if any(np.asarray(v).dtype.kind == "f" for v in y.values()):  # regression targets
+        from ensemble import regression_tables
+
+        return regression_tables.ensemble_size_table(member_probs, y, greedy_order)
     out = []
     for split, probs in member_probs.items():
         probs = np.asarray(probs, np.float64)
@@ -265,9 +284,13 @@ HISTORY_SCHEMA = pa.schema([("member", pa.int32()), ("epoch", pa.int32()),
 
 
 def history_table(records: list[dict]) -> pa.Table:
-    """Training history, one row per member and epoch (sorted by member, epoch)."""
+    """Training history, one row per member and epoch (sorted by member, epoch); a regression
+    run's has `val_rmse` instead of `val_accuracy`."""
     records = sorted(records, key=lambda r: (r["member"], r["epoch"]))
-    return pa.Table.from_pylist(records, schema=HISTORY_SCHEMA)
+    schema = HISTORY_SCHEMA
+    if any("val_rmse" in r for r in records):
+        from ensemble.regression_tables import HISTORY_SCHEMA as schema
+    return pa.Table.from_pylist(records, schema=schema)
 
 
 def write_outputs(run_dir, predictions: pa.Table, history: pa.Table) -> pa.Table:

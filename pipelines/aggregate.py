@@ -18,7 +18,8 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from ensemble import artifacts, config, faults, fitted, posthoc, records, run, runlock, tables
+from ensemble import (artifacts, config, faults, fitted, posthoc, records, regression, run,
+                      runlock, tables)
 from ensemble.aggregate import AGGREGATORS
 from ensemble.errors import UsageError
 
@@ -32,9 +33,10 @@ def parse_aggregators(text: str | None) -> list[str] | None:
     if text is None:
         return None
     names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in AGGREGATORS]
+    bad = [n for n in names if n not in AGGREGATORS and n != "std-scaling"]
     if bad or not names or len(set(names)) != len(names):
-        raise UsageError(f"Expected --aggregators as distinct names from {','.join(AGGREGATORS)}. "
+        raise UsageError(f"Expected --aggregators as distinct names from {','.join(AGGREGATORS)}"
+                         ",std-scaling. "
                          f"Received: {text!r}")
     return names
 
@@ -102,7 +104,9 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
         path = run_dir / fitted.FILENAME
         old = fitted.read(artifacts.verify(run_dir, manifest, path).parent) \
             if path.is_file() else None
-        aggregators = old["aggregators"] if old else list(cfg.aggregation.aggregators)
+        aggregators = old["aggregators"] if old else regression.task_aggregators(
+            cfg.aggregation.aggregators, manifest.get("task", "classification"))
+    regression.check_aggregators(aggregators, manifest.get("task", "classification"))
     between = manifest["mode"] == "between-graph"
     if between:
         members = _between_graph_members(run_dir, manifest, min_members)

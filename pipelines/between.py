@@ -334,7 +334,7 @@ def aggregate_stream(paths: list[Path], members: list[int], out: Path, classes, 
         for parts in zip(*(f.iter_batches(batch_size=batch_rows) for f in files)):
             n = parts[0].num_rows
             probs = {m: np.column_stack([rb.column(f"c{k}").to_numpy()
-                                         for k in range(len(classes))])
+                                         for k in range(len(classes) or 2)])  # regression: 2
                      for m, rb in zip(members, parts)}
             y = parts[0].column("y")
             y = None if y.null_count else y.to_numpy()

@@ -148,6 +148,10 @@ def format_table(metrics: pa.Table, fit: dict | None = None) -> str:
     Raises:
         UsageError: the metrics hold no row.
     """
+    if "rmse" in metrics.column_names:  # a regression run
+        from pipelines import evaluate_regression
+
+        return evaluate_regression.format_table(metrics, fit)
     rows = metrics.to_pylist()
     if not rows:
         raise UsageError("No labelled rows; cannot evaluate.")

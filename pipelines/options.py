@@ -58,6 +58,10 @@ def _common_run_options(parser, what: str) -> None:
     _add(parser, "--categorical", metavar="COL[,COL]",
          help="columns to one-hot encode (default: the config's [data] categorical, auto: "
               "string, boolean and dictionary columns)")
+    _add(parser, "--task", choices=("auto", "classification", "regression"),
+         help="what the target is: auto (text or few whole numbers: classification; "
+              "non-integer numbers: regression), classification, regression "
+              "(default: the config's, auto)")
     _add(parser, "--impute", choices=IMPUTE,
          help="missing feature values: refuse them, or fill them from the training split "
               "(default: the config's, error)")

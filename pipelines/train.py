@@ -61,6 +61,7 @@ def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
 def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequence) -> None:
     """Build, train (with per-epoch checkpoints), save the members, predict the evaluation
     splits and write the run's tables; updates `manifest` and finishes the run."""
+    from ensemble import regression, tasks
     from ensemble.in_graph import InGraphEnsemble
     from ensemble.members import save_member
     from ensemble.training import Schedule, SteadyState
@@ -72,8 +73,10 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     start = time.perf_counter()
     from ensemble.preprocessing import Preprocessing
 
+    task = tasks.for_run(manifest)
     ens = InGraphEnsemble.build(cfg, x_tr.shape[1:], len(classes), placed, aggregators=(),
-                                n_train=len(x_tr), pre=Preprocessing.of_run(run_dir, manifest))
+                                n_train=len(x_tr), pre=Preprocessing.of_run(run_dir, manifest),
+                                task=task)
     if cfg.training.tensorboard:  # member scalars, and the in-graph ensemble's per epoch
         from ensemble.tensorboard import EnsembleScalars, MemberScalars
 
@@ -91,11 +94,13 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     start = time.perf_counter()
     # the fitted aggregators fit on the validation members' predictions, then the graph
     # applies them with the TensorFlow twins
-    names, settings = cfg.aggregation.aggregators, dataclasses.asdict(cfg.aggregation)
+    names = regression.task_aggregators(cfg.aggregation.aggregators, task.name)
+    settings = dataclasses.asdict(cfg.aggregation)
     members = posthoc.SplitMembers(ens.indices, ens.predict(x_val)[0], split["validation"][2],
                                    y_val)
     fit = posthoc.fit({"validation": members}, names, settings)
-    graph = InGraphEnsemble(ens.models, placed, names, ens.indices, params=fit["params"])
+    graph = InGraphEnsemble(ens.models, placed, names, ens.indices, params=fit["params"],
+                            task=task)
     parts, splits = [], {}
     for s in artifacts.EVAL_SPLITS:
         x, y, rows = split[s]

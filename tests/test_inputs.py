@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest

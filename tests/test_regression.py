@@ -1,0 +1,315 @@
+"""Regression deep ensembles (#22): Gaussian metrics against scipy / scikit-learn / hand
+computations, the mixture aggregators and their TensorFlow twins, the task resolution, and one
+tiny diabetes run per mode (shared by the module) checked for equal members and for metrics
+that an independent computation from `predictions.parquet` reproduces."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from scipy import integrate, stats
+
+from conftest import run_cli
+from ensemble import regression as R
+from ensemble import regression_fit as RF
+from ensemble import regression_metrics as RM
+from ensemble.errors import UsageError
+
+RNG = np.random.default_rng(0)
+Y = RNG.normal(3.0, 2.0, 200)
+MU = Y + RNG.normal(0.0, 1.0, 200)
+SIGMA = RNG.uniform(0.5, 2.0, 200)
+
+CONFIG = """
+[data]
+source = "diabetes"
+task = "{task}"
+[members]
+count = 3
+hidden = [16]
+[training]
+epochs = 2
+batch_size = 64
+learning_rate = 0.01
+seed = 5
+[aggregation]
+aggregators = ["mean", "weighted", "greedy", "std-scaling"]
+[placement]
+devices = "cpu:2"
+"""
+
+
+# --- metrics ------------------------------------------------------------------------------
+
+def test_nll_is_scipy_gaussian_log_density():
+    want = -np.mean(stats.norm(MU, SIGMA).logpdf(Y))
+    assert RM.nll(Y, MU, SIGMA) == pytest.approx(want, rel=1e-12)
+
+
+def test_nll_is_in_target_units():
+    """Scaling the target by c shifts the mean NLL by log c (nats per row, target units)."""
+    c = 37.0
+    assert RM.nll(c * Y, c * MU, c * SIGMA) == pytest.approx(RM.nll(Y, MU, SIGMA) + np.log(c))
+
+
+def test_point_prediction_has_no_nll_and_crps_is_the_absolute_error():
+    assert RM.nll(Y, MU, np.zeros_like(Y)) is None
+    assert RM.crps(Y, MU, np.zeros_like(Y)) == pytest.approx(np.mean(np.abs(Y - MU)))
+
+
+def test_rmse_mae_r2_match_scikit_learn():
+    from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
+
+    assert RM.rmse(Y, MU) == pytest.approx(np.sqrt(mean_squared_error(Y, MU)))
+    assert RM.mae(Y, MU) == pytest.approx(mean_absolute_error(Y, MU))
+    assert RM.r2(Y, MU) == pytest.approx(r2_score(Y, MU))
+
+
+def test_crps_matches_its_integral_definition():
+    """CRPS = integral of (F(x) - 1{x >= y})^2 dx (Gneiting and Raftery 2007, eq. 20)."""
+    vals = []
+    for y, mu, s in zip(Y[:5], MU[:5], SIGMA[:5]):
+        f = stats.norm(mu, s).cdf
+        left = integrate.quad(lambda x: f(x) ** 2, -np.inf, y)[0]
+        right = integrate.quad(lambda x: (1 - f(x)) ** 2, y, np.inf)[0]
+        vals.append(left + right)
+    assert RM.crps(Y[:5], MU[:5], SIGMA[:5]) == pytest.approx(np.mean(vals), rel=1e-6)
+
+
+def test_coverage_uses_scipy_central_interval():
+    lo, hi = stats.norm(MU, SIGMA).interval(0.9)
+    share, width = RM.coverage(Y, MU, SIGMA, 0.9)
+    assert share == pytest.approx(np.mean((Y >= lo) & (Y <= hi)))
+    assert width == pytest.approx(np.mean(hi - lo))
+
+
+def test_calibration_error_hand_case():
+    """Every y at the mean: share(y <= q_p) is 1 for p >= 0.5, 0 below; mean |p - share|
+    over 0.05..0.95 = (sum of 0.05..0.45 + sum of 0.5..0.95 complements) / 19."""
+    y = np.zeros(10)
+    got = RM.calibration_error(y, y, np.ones(10))
+    p = np.round(np.arange(0.05, 0.951, 0.05), 2)
+    assert got == pytest.approx(np.mean(np.where(p >= 0.5, 1 - p, p)))
+
+
+def test_mixture_nll_is_minus_log_of_the_mean_density():
+    mu_m = np.stack([MU, MU + 1.0, MU - 2.0])
+    var_m = np.stack([SIGMA ** 2, 2 * SIGMA ** 2, 0.5 * SIGMA ** 2])
+    dens = np.mean([stats.norm(m, np.sqrt(v)).pdf(Y) for m, v in zip(mu_m, var_m)], axis=0)
+    assert RM.mixture_nll(Y, mu_m, var_m) == pytest.approx(-np.mean(np.log(dens)))
+    w = np.array([0.5, 0.0, 0.5])
+    dens_w = 0.5 * (stats.norm(mu_m[0], np.sqrt(var_m[0])).pdf(Y)
+                    + stats.norm(mu_m[2], np.sqrt(var_m[2])).pdf(Y))
+    assert RM.mixture_nll(Y, mu_m, var_m, w) == pytest.approx(-np.mean(np.log(dens_w)))
+
+
+# --- aggregators --------------------------------------------------------------------------
+
+def test_mean_mixture_hand_case():
+    """Members N(0, 1) and N(2, 1): mu = 1, aleatoric 1, epistemic 1 (sigma^2 = 2)."""
+    out = np.array([[[0.0, 1.0]], [[2.0, 1.0]]])
+    np.testing.assert_allclose(R.aggregate(out, "mean"), [[1.0, 1.0, 1.0]])
+    e = R.aggregate(out, "weighted", {"weights": [3, 1]})  # mu 0.5, epi .75*.25+.25*2.25
+    np.testing.assert_allclose(e, [[0.5, 1.0, 0.75 * 0.25 + 0.25 * 2.25]])
+    np.testing.assert_allclose(R.aggregate(out, "std-scaling", {"scale": 2.0}),
+                               [[1.0, 4.0, 4.0]])
+
+
+def _members(n_members=3, n=150, seed=1):
+    rng = np.random.default_rng(seed)
+    y = rng.normal(0.0, 1.0, n)
+    mu = y + rng.normal(0.0, 0.8, n) + rng.normal(0.0, 0.1, (n_members, n))  # shared error
+    var = rng.uniform(0.05, 0.3, (n_members, n))  # overconfident: std-scaling widens
+    return np.stack([mu, var], axis=2), y
+
+
+def test_tf_twins_agree_with_numpy():
+    from ensemble.regression_tf import aggregate_tf
+
+    out, y = _members()
+    params = RF.fit(out, y, ["weighted", "greedy", "std-scaling"], [0, 1, 2])["params"]
+    for name in R.AGGREGATORS:
+        want = R.aggregate(out, name, params.get(name))
+        got = aggregate_tf(out.astype(np.float32), name, params.get(name)).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_std_scale_is_the_nll_minimiser():
+    from scipy.optimize import minimize_scalar
+
+    out, y = _members()
+    s = RF.fit_std_scale(out, y)["scale"]
+    e = R.mixture(out)
+    sd = np.sqrt(e[:, 1] + e[:, 2])
+    res = minimize_scalar(lambda t: RM.nll(y, e[:, 0], np.exp(t) * sd), bounds=(-5, 5),
+                          method="bounded", options={"xatol": 1e-10})
+    assert s == pytest.approx(np.exp(res.x), rel=1e-4)
+    assert s > 1.0  # the fixture's members are overconfident
+
+
+def test_weighted_and_greedy_do_not_worsen_validation_nll():
+    out, y = _members()
+    base = RF.mixture_nll_gaussian(out, y)
+    w = RF.fit_weights(out, y)["weights"]
+    assert np.isclose(sum(w), 1.0) and min(w) >= 0
+    assert RF.mixture_nll_gaussian(out, y, w) <= base + 1e-9
+    g = RF.greedy_selection(out, y, 10)
+    assert RF.mixture_nll_gaussian(out, y, g["weights"]) <= min(
+        RF.mixture_nll_gaussian(out[m:m + 1], y) for m in range(3)) + 1e-9
+
+
+def test_classification_aggregators_are_refused_for_regression():
+    with pytest.raises(UsageError, match="'vote' is for classification"):
+        R.check_aggregators(["mean", "vote"], "regression")
+    assert R.task_aggregators(["mean", "vote"], "regression") == ["mean"]  # the default
+    with pytest.raises(UsageError, match="std-scaling"):
+        R.check_aggregators(["std-scaling"], "classification")
+
+
+# --- task resolution ----------------------------------------------------------------------
+
+def test_task_resolution():
+    from ensemble.tasks import resolve
+
+    assert resolve(np.array([0.5, 1.25, 3.0]), "auto") == "regression"
+    assert resolve(np.array([0, 1, 2] * 20), "auto") == "classification"
+    assert resolve(np.array(["a", "b"]), "auto") == "classification"
+    diabetes_like = np.arange(100, dtype=np.float64)
+    with pytest.raises(UsageError, match="--task regression or --task classification"):
+        resolve(diabetes_like, "auto")
+    assert resolve(diabetes_like, "regression") == "regression"
+    with pytest.raises(UsageError, match="--task classification needs class labels"):
+        resolve(np.array([0.5, 1.5]), "classification")
+
+
+def test_diabetes_csv_as_it_comes_is_refused_in_one_line(tmp_path, capsys):
+    from sklearn.datasets import load_diabetes
+
+    d = load_diabetes(as_frame=True).frame
+    path = tmp_path / "diabetes.csv"
+    d.to_csv(path, index=False)
+    code = run_cli("train", "--data", path, "--run-dir", tmp_path / "run", "--epochs", "1")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "--task regression" in err[0] and "--task classification" in err[0]
+
+
+def test_stacking_refused_for_a_regression_run(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(CONFIG.format(task="auto").replace('"greedy", "std-scaling"', '"stacking"'))
+    code = run_cli("train", "--config", cfg, "--run-dir", tmp_path / "run")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "'stacking' is for classification" in err[0]
+
+
+# --- one tiny run per mode ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("regression")
+    cfg = root / "reg.toml"
+    cfg.write_text(CONFIG.format(task="auto"))
+    out = {}
+    for mode in ("in-graph", "between-graph"):
+        assert run_cli("train", "--config", cfg, "--mode", mode, "--run-dir", root / mode,
+                       "--quiet") == 0
+        out[mode] = root / mode
+    return out
+
+
+def _table(run, name):
+    return pq.read_table(run / name).to_pandas()
+
+
+def test_both_modes_give_equal_members_and_ensembles(runs):
+    a, b = (_table(runs[m], "predictions.parquet") for m in ("in-graph", "between-graph"))
+    key = ["model", "split", "row"]
+    a, b = a.sort_values(key).reset_index(drop=True), b.sort_values(key).reset_index(drop=True)
+    assert (a[key] == b[key]).all().all()
+    mem, ens = a["member"].notna(), a["aggregator"].notna()
+    for col in ("y_pred", "std"):  # members: equal within 1e-4 target units
+        np.testing.assert_allclose(a.loc[mem, col], b.loc[mem, col], rtol=0, atol=1e-4)
+    # ensembles: the in-graph graph computes in float32 and the fitted weights come from
+    # each mode's own (equal to float32 rounding) validation predictions
+    for col in ("y_pred", "std", "aleatoric_std", "epistemic_std"):
+        np.testing.assert_allclose(a.loc[ens, col], b.loc[ens, col], rtol=1e-5, atol=1e-4)
+
+
+def test_predictions_layout(runs):
+    p = _table(runs["in-graph"], "predictions.parquet")
+    assert {"y_true", "y_pred", "std", "aleatoric_std", "epistemic_std", "source_row",
+            "member", "aggregator"} <= set(p.columns)
+    assert not any(c.startswith("p_") for c in p.columns)
+    ens = p[p["aggregator"].notna()]
+    np.testing.assert_allclose(ens["std"] ** 2,
+                               ens["aleatoric_std"] ** 2 + ens["epistemic_std"] ** 2, rtol=1e-9)
+    assert p.loc[p["member"].notna(), "epistemic_std"].isna().all()
+    assert set(p["aggregator"].dropna()) == {"mean", "weighted", "greedy", "std-scaling"}
+    hist = _table(runs["in-graph"], "history.parquet")
+    assert {"val_loss", "val_rmse"} <= set(hist.columns) and "val_accuracy" not in hist.columns
+    manifest = json.loads((runs["in-graph"] / "manifest.json").read_text())
+    assert manifest["task"] == "regression" and manifest["dataset"]["classes"] == []
+
+
+def test_metrics_equal_an_independent_computation(runs):
+    """Recompute every metric of `metrics.parquet` from `predictions.parquet` with scipy /
+    scikit-learn, the mixture weights from `aggregators.json`."""
+    from sklearn.metrics import mean_absolute_error, r2_score
+
+    run = runs["between-graph"]
+    p, m = _table(run, "predictions.parquet"), _table(run, "metrics.parquet")
+    fit = json.loads((run / "aggregators.json").read_text())
+    assert len(m) == 2 * (3 + 4)
+    for _, r in m.iterrows():
+        t = p[(p["model"] == r["model"]) & (p["split"] == r["split"])].sort_values("row")
+        y, mu, sd = t["y_true"].to_numpy(), t["y_pred"].to_numpy(), t["std"].to_numpy()
+        assert r["rmse"] == pytest.approx(np.sqrt(np.mean((y - mu) ** 2)), rel=1e-9)
+        assert r["mae"] == pytest.approx(mean_absolute_error(y, mu), rel=1e-9)
+        assert r["r2"] == pytest.approx(r2_score(y, mu), rel=1e-9)
+        assert r["nll"] == pytest.approx(-np.mean(stats.norm(mu, sd).logpdf(y)), rel=1e-9)
+        lo, hi = stats.norm(mu, sd).interval(0.95)
+        assert r["coverage_95"] == pytest.approx(np.mean((y >= lo) & (y <= hi)))
+        assert r["width_95"] == pytest.approx(np.mean(hi - lo), rel=1e-9)
+        members = p[(p["member"].notna()) & (p["split"] == r["split"])]
+        comps = [members[members["member"] == i].sort_values("row") for i in range(3)]
+        agg = r["aggregator"]
+        if not isinstance(agg, str):  # a member row
+            assert r["mixture_nll"] == pytest.approx(r["nll"])
+            continue
+        w = np.full(3, 1 / 3) if agg in ("mean", "std-scaling") else \
+            np.asarray(fit["params"][agg]["weights"])
+        s = fit["params"]["std-scaling"]["scale"] if agg == "std-scaling" else 1.0
+        mus = np.stack([c["y_pred"].to_numpy() for c in comps])
+        sds = np.stack([c["std"].to_numpy() for c in comps])
+        center = mus.mean(axis=0)
+        if agg == "std-scaling":
+            mus, sds = center + s * (mus - center), s * sds
+        dens = sum(wi * stats.norm(mi, si).pdf(y) for wi, mi, si in zip(w, mus, sds) if wi > 0)
+        assert r["mixture_nll"] == pytest.approx(-np.mean(np.log(dens)), rel=1e-6)
+        np.testing.assert_allclose(mu, w @ mus, rtol=1e-9)
+
+
+def test_ensemble_beats_its_mean_member_on_nll(runs):
+    m = _table(runs["in-graph"], "metrics.parquet")
+    test = m[m["split"] == "test"]
+    ens = test[test["model"] == "ensemble-mean"].iloc[0]
+    assert ens["gain_vs_mean_nll"] > 0
+    assert ens["nll"] < test[test["member"].notna()]["nll"].mean()
+
+
+def test_aggregate_and_evaluate_a_regression_run(runs, capsys):
+    run = runs["in-graph"]
+    before = _table(run, "metrics.parquet")
+    assert run_cli("aggregate", "--run", run, "--aggregators", "mean,std-scaling") == 0
+    after = _table(run, "metrics.parquet")
+    same = before[before["model"].isin(["ensemble-mean", "ensemble-std-scaling"])]
+    np.testing.assert_allclose(after.set_index(["model", "split"]).loc[
+        same.set_index(["model", "split"]).index, "nll"], same["nll"], rtol=1e-6)
+    assert run_cli("aggregate", "--run", run, "--aggregators", "mean,vote") == 2
+    capsys.readouterr()
+    assert run_cli("evaluate", "--run", run) == 0
+    text = capsys.readouterr().out
+    assert "rmse" in text and "ensemble-std-scaling" in text and "std-scaling: s =" in text
