@@ -49,13 +49,13 @@ class DeepEnsembleRegressor(RegressorMixin, BaseEstimator):
                  epochs=30, batch_size=32, learning_rate=1e-3, random_state=None,
                  mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
                  model="mlp", loss="gaussian_nll", **kwargs):
-        bad = [k for k in kwargs if not k.startswith(ROUTED) or k == ROUTED]
-        if bad:
-            raise TypeError(f"DeepEnsembleRegressor got an unexpected keyword argument "
-                            f"{bad[0]!r}; builder parameters are passed as model__<name>.")
         self.model = model
+        # builder parameters `model__<name>`; anything else is refused by `fit` (scikit-learn:
+        # no validation in __init__)
+        self._unexpected = [k for k in kwargs if not k.startswith(ROUTED) or k == ROUTED]
         for key, value in kwargs.items():
-            setattr(self, key, value)
+            if key not in self._unexpected:
+                setattr(self, key, value)
         self.n_members = n_members
         self.hidden = hidden
         self.activation = activation
@@ -83,7 +83,10 @@ class DeepEnsembleRegressor(RegressorMixin, BaseEstimator):
         """Set parameters; any `model__<name>` is accepted (a builder parameter)."""
         for key in [k for k in params if k.startswith(ROUTED) and k != ROUTED]:
             setattr(self, key, params.pop(key))
-        return super().set_params(**params)
+        known = set(super().get_params(deep=True))
+        self._unexpected = [k for k in params if k not in known and "__" not in k]
+        return super().set_params(**{k: v for k, v in params.items()
+                                     if k not in self._unexpected})
     _builder = DeepEnsembleClassifier._builder
     _attach_builder = DeepEnsembleClassifier._attach_builder
     _seed = DeepEnsembleClassifier._seed

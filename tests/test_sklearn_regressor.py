@@ -13,12 +13,7 @@ from ensemble.sklearn import DeepEnsembleRegressor
 # data; tiny members so the fits take seconds (the traced graphs are reused).
 TINY = DeepEnsembleRegressor(n_members=2, hidden=(8,), dropout=0.0, epochs=5,
                              learning_rate=0.02, random_state=0)
-# The check builds the estimator with every name of its signature, `kwargs` (the `**kwargs`
-# that takes the routed `model__<name>` parameters) included; the classifier shares the
-# limitation (it fails the same check on main).
-EXPECTED_FAILED: dict[str, str] = {
-    "check_do_not_raise_errors_in_init_or_set_params":
-        "`**kwargs` takes only model__<name> builder parameters"}
+EXPECTED_FAILED: dict[str, str] = {}
 
 
 @parametrize_with_checks([TINY], expected_failed_checks=lambda est: EXPECTED_FAILED)
