@@ -160,7 +160,7 @@ def test_bad_paths_and_files_at_predict(trained, tmp_path, capsys):
     for argv, needle in [
         (["--data", "digits", "--out", folder], f"{folder} (a folder)"),
         (["--data", "digits", "--out", a_file / "o.parquet"], f"{a_file} is a file"),
-        (["--data", "digits", "--out", tmp_path / "o.csv"], "end in .parquet"),
+        (["--data", "digits", "--out", tmp_path / "o.json"], "end in .parquet or .csv"),
         (["--data", garbage, "--out", out], str(garbage)),
         (["--data", empty, "--out", out], "empty"),
         (["--data", tmp_path / "missing.csv", "--out", out], "missing.csv"),

@@ -129,7 +129,7 @@ def test_predict_applies_the_selection(searched, tmp_path):
     assert json.loads((run_dir / "aggregators.json").read_text())["aggregators"][0] == "greedy"
     out = tmp_path / "p.parquet"
     assert run_cli("predict", "--run", run_dir, "--data", "digits",
-                   "--out", out) == 0
+                   "--out", out, "--layout", "long") == 0
     t = pq.read_table(out).to_pandas()
     cols = [f"p_{c}" for c in range(10)]
     members = np.stack([t[t.model == f"member-{i}"][cols].to_numpy() for i in range(4)])
