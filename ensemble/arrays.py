@@ -29,9 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from ensemble.errors import UsageError
+from ensemble.images import IMAGE_SUFFIXES, image_files, load_image_folder, read_images
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
-GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")  # Pillow modes read as one channel
 NPZ_KEYS = ("x", "y")
 KERAS_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -157,61 +156,6 @@ def load_npz(path: str, require_target: bool = True) -> ArrayData:
         raise UsageError(f"{path} has no labels y; expected arrays x and y to train.")
     ids = np.asarray([f"{p.name}[{i}]" for i in range(len(x))], dtype=object)
     return ArrayData(str(path), x, y, ids, test)
-
-
-def _image_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file()
-                  and p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
-
-
-def load_image_folder(path: str, image_size=None, color_mode: str = "auto",
-                      require_target: bool = True) -> ArrayData:
-    """Read `DIR/<class>/*.png|...` (or, unlabelled, `DIR/*.png|...`) as uint8 images.
-
-    Raises:
-        UsageError: no images, an empty class folder, an unreadable image (named), or images
-            of different sizes without `image_size`.
-    """
-    root = Path(path)
-    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-    if classes:
-        files, labels = [], []
-        for c in classes:
-            found = _image_files(root / c)
-            if not found:
-                raise UsageError(f"Class folder {root / c} holds no images "
-                                 f"({', '.join(IMAGE_SUFFIXES)}); remove it or add images.")
-            files += found
-            labels += [c] * len(found)
-        y = np.asarray(labels)
-        if all(c.lstrip("-").isdigit() for c in classes):
-            y = y.astype(np.int64)
-    else:
-        files, y = _image_files(root), None
-        if require_target:
-            raise UsageError(f"Image folder {path} has no class sub-folders; expected "
-                             f"{path}/<class>/*.png (one sub-folder per class).")
-    if not files:
-        raise UsageError(f"Image folder {path} holds no images ({', '.join(IMAGE_SUFFIXES)}).")
-    from PIL import Image
-
-    sizes, grey = {}, True  # sizes must agree (name the first two files that differ)
-    for f in files:
-        try:
-            with Image.open(f) as im:
-                sizes.setdefault(im.size, f)
-                grey = grey and im.mode in GREY_MODES
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"Cannot read image {f}: {exc}") from None
-        if not image_size and len(sizes) > 1:
-                (s0, f0), (s1, f1) = list(sizes.items())[:2]
-                raise UsageError(f"Images differ in size: {f0} is {s0[0]}x{s0[1]}, {f1} is "
-                                 f"{s1[0]}x{s1[1]}; set [data] image_size = [h, w] to resize "
-                                 "them.")
-    if color_mode == "auto":
-        color_mode = "grayscale" if grey else "rgb"
-    part = _read_images(files, image_size, color_mode)
-    return ArrayData(str(path), part.x, y, part.ids, color_mode=color_mode)
 
 
 def load_digits_images() -> ArrayData:
@@ -350,7 +294,7 @@ class ArrayStream:
         if Path(self.source).is_dir():
             root = Path(self.source)
             subs = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-            self._files = [f for d in subs for f in _image_files(d)] + _image_files(root)
+            self._files = [f for d in subs for f in image_files(d)] + image_files(root)
             if not self._files:
                 raise UsageError(f"Image folder {source} holds no images "
                                  f"({', '.join(IMAGE_SUFFIXES)}).")
@@ -374,7 +318,7 @@ class ArrayStream:
                 self._whole = load(cfg, require_target=False) if not self.source.endswith(
                     ".npz") else load_npz(self.source, require_target=False)
             return self._whole
-        return _read_images(files, self.pre.image_size, self.pre.color_mode)
+        return read_images(files, self.pre.image_size, self.pre.color_mode)
 
     def passthrough_batches(self):
         """`(None, ids)` of each batch: the rows' file paths or array indices, without
@@ -411,31 +355,3 @@ class ArrayStream:
             known = y is not None and set(np.unique(y).tolist()) <= set(self.pre.classes.tolist())
             yield Batch(lo, self.pre.transform(ArrayData(self.source, x, None, ids)),
                         encode(y, self.pre.classes) if known else None, ids)
-
-
-def _read_images(files, image_size, color_mode) -> ArrayData:
-    """Images `files` (labels from their parent folder names when those are classes)."""
-    from PIL import Image, UnidentifiedImageError
-
-    mode = {"grayscale": "L", "rgb": "RGB"}[color_mode]
-    images = []
-    for f in files:
-        try:
-            with Image.open(f) as im:
-                im = im.convert(mode)
-                if image_size:
-                    im = im.resize((image_size[1], image_size[0]), Image.BILINEAR)
-                a = np.asarray(im, dtype=np.uint8)
-        except (UnidentifiedImageError, OSError, ValueError) as exc:
-            raise UsageError(f"Cannot read image {f}: {exc}") from None
-        images.append(a[:, :, None] if a.ndim == 2 else a)
-    shapes = {a.shape for a in images}
-    if len(shapes) > 1:
-        raise UsageError(f"Images differ in size ({sorted(shapes)[:2]}); the run reads "
-                         "them at one size (its [data] image_size).")
-    labels = [Path(f).parent.name for f in files]
-    y = np.asarray(labels)
-    if all(c.lstrip("-").isdigit() for c in labels):
-        y = y.astype(np.int64)
-    return ArrayData(str(Path(files[0]).parent), np.stack(images), y,
-                     np.asarray([str(f) for f in files], dtype=object))
