@@ -57,8 +57,8 @@ def _write(writer, scalars: dict[str, float], step: int) -> None:
 
 
 class MemberScalars(Callback):
-    """Per epoch, each member's `loss`, `val_loss` and `val_accuracy` under
-    `RUN/tensorboard/member-<i>/`."""
+    """Per epoch, each member's `loss` and validation scores (`val_loss`, and `val_accuracy`
+    or, for regression, `val_rmse`) under `RUN/tensorboard/member-<i>/`."""
 
     def __init__(self, run_dir: str | Path):
         self.root = log_dir(run_dir)
@@ -74,8 +74,8 @@ class MemberScalars(Callback):
 
     def on_epoch_end(self, epoch: int, records: list[dict]) -> None:
         for r in records:
-            _write(self.writer(r["member"]), {k: r[k] for k in ("loss", "val_loss",
-                                                                "val_accuracy")}, epoch)
+            _write(self.writer(r["member"]), {k: v for k, v in r.items()
+                                              if k not in ("member", "epoch", "seconds")}, epoch)
 
 
 def ensemble_scalars(y: np.ndarray, member_probs: np.ndarray,
@@ -113,12 +113,13 @@ class EnsembleScalars(Callback):
     """
 
     def __init__(self, run_dir: str | Path, predict_val: Callable[[], np.ndarray],
-                 y_val: np.ndarray, aggregators: Sequence[str]):
+                 y_val: np.ndarray, aggregators: Sequence[str], task: str = "classification"):
         from ensemble.aggregate import FITTED
 
         self.root, self.predict_val, self.y_val = log_dir(run_dir), predict_val, y_val
-        self.aggregators = [a for a in aggregators if a not in FITTED]
-        self.writer = None
+        self.aggregators = [a for a in aggregators if a not in FITTED
+                            and a not in ("weighted", "greedy", "std-scaling")]
+        self.task, self.writer = task, None
 
     def on_epoch_end(self, epoch: int, records: list[dict]) -> None:
         import tensorflow as tf
@@ -128,8 +129,24 @@ class EnsembleScalars(Callback):
         if self.writer is None:
             self.writer = tf.summary.create_file_writer(str(self.root / "ensemble"))
         member_p = np.asarray(self.predict_val())
+        if self.task == "regression":
+            _write(self.writer, regression_scalars(self.y_val, member_p), epoch)
+            return
         ens_p = {a: aggregate(member_p, a) for a in self.aggregators}
         _write(self.writer, ensemble_scalars(self.y_val, member_p, ens_p), epoch)
+
+
+def regression_scalars(y: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
+    """The regression ensemble's validation scalars: the `mean` mixture's RMSE and Gaussian
+    NLL (target units) and the members' spread, from `outputs` `[n_members, n_rows, 2]`
+    (mean, variance) and targets `y` `[n_rows]`."""
+    from ensemble import regression
+    from ensemble import regression_metrics as R
+
+    mix = regression.aggregate(outputs, "mean")
+    std = regression.std_of(mix)[0]
+    return {"mean/val_rmse": R.rmse(y, mix[:, 0]), "mean/val_nll": R.nll(y, mix[:, 0], std),
+            "val_disagreement": regression.disagreement(outputs)}
 
 
 def write_ensemble_metrics(run_dir: str | Path, metrics_rows: list[dict], step: int) -> None:
@@ -142,9 +159,8 @@ def write_ensemble_metrics(run_dir: str | Path, metrics_rows: list[dict], step: 
         if r["split"] != "validation" or r["aggregator"] is None:
             continue
         name = r["aggregator"]
-        scalars[f"{name}/val_accuracy"] = r["accuracy"]
-        if name != "vote":
-            for m in ("nll", "brier", "ece"):
+        for m in ("accuracy", "nll", "brier", "ece", "rmse", "mae", "crps"):
+            if r.get(m) is not None:  # vote: no NLL, Brier, ECE; regression: its own
                 scalars[f"{name}/val_{m}"] = r[m]
         if r.get("disagreement") is not None:
             scalars["val_disagreement"] = r["disagreement"]

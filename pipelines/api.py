@@ -183,12 +183,10 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
                                         prepare_only=prepare_only, resume=resume,
                                         cluster=cluster, verbosity=verbosity)
     if mode == "between-graph" and cfg.training.tensorboard and not prepare_only:
-        from ensemble import tables
         from ensemble.tensorboard import write_ensemble_metrics
 
-        preds = artifacts.read_parquet(run_dir / artifacts.PREDICTIONS)
-        write_ensemble_metrics(run_dir, tables.metrics_table(preds).to_pylist(),
-                               cfg.training.epochs - 1)
+        metrics = artifacts.read_parquet(run_dir / artifacts.METRICS)  # the aggregator's
+        write_ensemble_metrics(run_dir, metrics.to_pylist(), cfg.training.epochs - 1)
     return Run(run_dir)
 
 

@@ -62,3 +62,22 @@ def test_config_key_turns_tensorboard_on(tmp_path, tiny_config):
     got = _scalars(run_dir / "tensorboard" / "member-0")
     assert {tag for tag, _ in got} == {"loss", "val_loss", "val_accuracy"}
     assert all(np.isfinite(v) for v in got.values())
+
+
+@pytest.mark.parametrize("mode", ["in-graph", "between-graph"])
+def test_tensorboard_of_a_regression_run(mode, tmp_path):
+    import pandas as pd
+
+    run_dir = tmp_path / "run"
+    assert run_cli("train", "--data", "diabetes", "--mode", mode, "--members", 2, "--epochs", 2,
+                   "--devices", "cpu:2", "--run-dir", run_dir, "--tensorboard", "--quiet") == 0
+    history = pd.read_parquet(run_dir / "history.parquet")
+    got = _scalars(run_dir / "tensorboard" / "member-1")
+    for r in history[history.member == 1].itertuples():
+        assert got[("val_rmse", r.epoch)] == pytest.approx(r.val_rmse, rel=1e-5)
+        assert got[("val_loss", r.epoch)] == pytest.approx(r.val_loss, rel=1e-5)
+    ens = _scalars(run_dir / "tensorboard" / "ensemble")
+    metrics = pd.read_parquet(run_dir / "metrics.parquet")
+    row = metrics[(metrics.model == "ensemble-mean") & (metrics.split == "validation")].iloc[0]
+    assert ens[("mean/val_rmse", 1)] == pytest.approx(row.rmse, rel=1e-4)
+    assert ens[("mean/val_nll", 1)] == pytest.approx(row.nll, rel=1e-4)
