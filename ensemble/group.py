@@ -96,24 +96,15 @@ class MemberGroup:
             with tf.device(device):
                 self._best.append([tf.Variable(v, trainable=False) for v in model.weights])
 
-    @property
-    def best_weights(self):
-        """`save(k)` / `restore(k)` of member position `k`'s best weights (early stopping),
-        or None when the group keeps none."""
-        if self._best is None:
-            return None
-        group = self
+    def save_best(self, k: int) -> None:
+        """Copy member position `k`'s weights aside (its best epoch so far)."""
+        for b, v in zip(self._best[k], self.models[k].weights):
+            b.assign(v)
 
-        class _Store:
-            def save(self, k: int) -> None:
-                for b, v in zip(group._best[k], group.models[k].weights):
-                    b.assign(v)
-
-            def restore(self, k: int) -> None:
-                for b, v in zip(group._best[k], group.models[k].weights):
-                    v.assign(b)
-
-        return _Store()
+    def restore_best(self, k: int) -> None:
+        """Give member position `k` its best epoch's weights back."""
+        for b, v in zip(self._best[k], self.models[k].weights):
+            v.assign(b)
 
     def set_replicas(self, replicas: dict[int, list]) -> None:
         """Data parallelism in prediction: member at position `k` runs as the replicas
@@ -173,7 +164,8 @@ class MemberGroup:
             return None
         if self._best is None:
             self.keep_best_weights()
-        return EarlyStopping(schedule.patience, len(self.models), self.best_weights)
+        return EarlyStopping(schedule.patience, len(self.models), self.save_best,
+                             self.restore_best)
 
     def fit(self, x_train, y_train, x_val, y_val, schedule: Schedule, checkpoint_dir=None,
             callbacks=()) -> list[dict]:

@@ -215,12 +215,13 @@ class EarlyStopping:
     Args:
         patience: epochs without improvement before a member stops (> 0).
         n: members in the group.
-        weights: the group's best-weights store: `save(k)` copies member `k`'s weights aside,
-            `restore(k)` puts them back (`group.MemberGroup.best_weights`).
+        save, restore: `save(k)` copies member `k`'s weights aside, `restore(k)` puts them
+            back (`group.MemberGroup.save_best`, `restore_best`).
     """
 
-    def __init__(self, patience: int, n: int, weights):
-        self.patience, self.weights = patience, weights
+    def __init__(self, patience: int, n: int, save: Callable[[int], None],
+                 restore: Callable[[int], None]):
+        self.patience, self.save, self.restore = patience, save, restore
         self.best = [float("inf")] * n
         self.best_epoch = [-1] * n
         self.active = np.ones(n, bool)
@@ -231,17 +232,17 @@ class EarlyStopping:
         if val_loss < self.best[k]:
             self.best[k], self.best_epoch[k] = val_loss, epoch
             if live:
-                self.weights.save(k)
+                self.save(k)
         elif epoch - self.best_epoch[k] >= self.patience:
             self.active[k] = False
             if live and self.best_epoch[k] >= 0:
-                self.weights.restore(k)
+                self.restore(k)
 
     def finish(self) -> None:
         """At the end of training: members still active get their best weights back."""
         for k in np.flatnonzero(self.active):
             if self.best_epoch[k] >= 0:
-                self.weights.restore(int(k))
+                self.restore(int(k))
 
 
 def train_loop(run_steps: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
