@@ -49,7 +49,7 @@ def replicated_train_step(model, optimizer, data: dict, idx, task, devices: Sequ
     parts = []  # (weight n_j / n, loss_j, grads_j) of every replica
     for j, device in enumerate(devices):
         lo, hi = n * j // len(devices), n * (j + 1) // len(devices)
-        with tf.name_scope(f"replica_{j}"), tf.device(device):
+        with tf.name_scope(f"replica_{j}_{model.name}"), tf.device(device):
             x, y = data[memory_of(device)]
             xb, yb = tf.gather(x, idx[lo:hi]), tf.gather(y, idx[lo:hi])
             if xb.dtype != tf.float32:
@@ -65,7 +65,7 @@ def replicated_train_step(model, optimizer, data: dict, idx, task, devices: Sequ
             # zero data gradients: it counts with weight 0
             loss = tf.where(hi > lo, loss, 0.0)
             parts.append((weight, loss, grads))
-    with tf.name_scope("replica_mean"), tf.device(home):
+    with tf.name_scope(f"replica_mean_{model.name}"), tf.device(home):
         grads = [tf.add_n([w * tf.convert_to_tensor(g[v]) for w, _, g in parts])
                  for v in range(len(model.trainable_variables))]
         loss = tf.add_n([w * l for w, l, _ in parts])
