@@ -58,7 +58,8 @@ def _load_config(args, base: dict | None = None):
     if spec.startswith("cpu:") and spec[4:].isdigit() and int(spec[4:]) > n:
         from ensemble.data import notice
 
-        notice(f"--devices {spec} gives more logical devices than the {n} members; "
+        what = "members" if n == cfg.members.count else "members' replicas"
+        notice(f"--devices {spec} gives more logical devices than the {n} {what}; "
                f"using cpu:{n}")
         cfg = dataclasses.replace(cfg, placement=dataclasses.replace(cfg.placement,
                                                                      devices=f"cpu:{n}"))
