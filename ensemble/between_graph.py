@@ -66,6 +66,33 @@ def local_devices(devices: Sequence[str], visible: str | None = None
     return ({"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else {}), names
 
 
+def local_replica_devices(groups: Sequence[Sequence[str]], visible: str | None = None
+                          ) -> tuple[dict[str, str], list[list[str]], int]:
+    """`local_devices` for a client whose members have several replicas each (data
+    parallelism): GPUs as `local_devices` maps them; the distinct (logical) CPU devices, in
+    order of first use, become this client's `/device:CPU:0..k-1`, so the client must split
+    its CPU into `k` logical devices (`devices.split_cpu`) before TensorFlow initialises;
+    cluster devices stay as they are.
+
+    Args:
+        groups: `[n_members]` lists of the run's replica device names (replica 0 first).
+
+    Returns:
+        (environment variables, `[n_members]` lists of device names in the client, `k`: the
+        logical CPU devices the client needs, 0 for none).
+    """
+    flat = [d for g in groups for d in g]
+    env, names = local_devices(flat, visible)
+    cpus = list(dict.fromkeys(d for d, n in zip(flat, names) if n == "/device:CPU:0"))
+    names = [f"/device:CPU:{cpus.index(d)}" if n == "/device:CPU:0" else n
+             for d, n in zip(flat, names)]
+    out, at = [], 0
+    for g in groups:
+        out.append(names[at:at + len(g)])
+        at += len(g)
+    return env, out, len(cpus)
+
+
 def local_device(device: str) -> tuple[dict[str, str], str]:
     """`local_devices` of one device: (environment variables, device name in the client)."""
     env, names = local_devices([device])
@@ -95,14 +122,24 @@ def _start_client(manifest: dict, indices: Sequence[int], threads: int | None,
     cluster = cluster or manifest.get("cluster")
     wanted = list(devices_) if devices_ else [_member_entry(manifest, i)["device"]
                                                for i in indices]
-    env, local = local_devices(wanted)
+    groups = None if devices_ else [_member_entry(manifest, i).get("replicas") or [d]
+                                    for i, d in zip(indices, wanted)]
+    if groups is not None and any(len(g) > 1 for g in groups):  # data-parallel members
+        env, groups, n_cpus = local_replica_devices(groups)
+        local = [g[0] for g in groups]
+    else:
+        (env, local), groups, n_cpus = local_devices(wanted), None, 0
     os.environ.update(env)
     devices.set_threads(threads, threads)
+    if n_cpus > 1:
+        devices.split_cpu(n_cpus)
     devices.configure(cfg)
     if cluster is not None:
-        cluster = task_of(cluster, local[0])
+        spans = groups is not None and len({d.split("/device:")[0] for g in groups
+                                            for d in g}) > 1
+        cluster = cluster if spans else task_of(cluster, local[0])  # replicas on other tasks
         connect(cluster)
-    return cfg, local, cluster
+    return cfg, local, cluster, groups
 
 
 def run_client(run_dir: Path, indices: int | Sequence[int], threads: int | None = None,
@@ -140,17 +177,17 @@ def run_client(run_dir: Path, indices: int | Sequence[int], threads: int | None 
         _member_entry(manifest, index)
     runlock.require_free(run_dir)  # no writer but the launcher that started this client
     with runlock.member_locks(run_dir, indices):
-        cfg, local, cluster = _start_client(manifest, indices, threads)
+        cfg, local, cluster, groups = _start_client(manifest, indices, threads)
         split = {s: artifacts.read_split(run_dir, s, manifest) for s in artifacts.SPLITS}
         out = []
         with naming_unreachable_tasks(cluster):
-            for index, device in zip(indices, local):
+            for k, (index, device) in enumerate(zip(indices, local)):
                 start = time.perf_counter()
                 cbs = callbacks(index) if callbacks is not None else ()
                 try:
                     with _placement_log(run_dir, index):
                         out.append(_train_member(run_dir, manifest, cfg, split, index, device,
-                                                 cbs))
+                                                 cbs, groups[k] if groups else None))
                 except BaseException as exc:
                     stopped = isinstance(exc, interrupt.Interrupted)
                     if stopped:
@@ -193,7 +230,7 @@ def _placement_log(run_dir: Path, index: int):
 
 
 def _train_member(run_dir: Path, manifest: dict, cfg, split: dict, index: int, device: str,
-                  callbacks: Sequence) -> Path:
+                  callbacks: Sequence, replicas: Sequence[str] | None = None) -> Path:
     from ensemble.group import MemberGroup
     from ensemble.members import save_member
     from ensemble.training import Schedule
@@ -205,6 +242,8 @@ def _train_member(run_dir: Path, manifest: dict, cfg, split: dict, index: int, d
     member = MemberGroup.build(cfg, x_tr.shape[1:], len(classes), [device], [index],
                                n_train=len(x_tr), pre=Preprocessing.of_run(run_dir, manifest),
                                task=tasks.for_run(manifest))
+    if replicas is not None and len(replicas) > 1:  # data parallelism over the client's devices
+        member.train_replicas = [list(replicas)]
     if cfg.training.tensorboard:
         from ensemble.tensorboard import MemberScalars
 
@@ -254,7 +293,7 @@ def predict_client(run_dir: Path, indices: int | Sequence[int], x_path: Path, ou
         if (len(indices) > 1 or not str(out).endswith(".parquet")) and Path(out).is_file():
             raise UsageError(f"client: --out {out} is a file; expected a folder for the "
                              f"members' files")
-    _, local, cluster = _start_client(manifest, indices, threads, devices_, cluster)
+    _, local, cluster, _ = _start_client(manifest, indices, threads, devices_, cluster)
     groups = {}
     for index, device in zip(indices, local):
         groups[index] = MemberGroup([load_run_member(run_dir, manifest, index, device)],

@@ -151,12 +151,17 @@ class PlacementConfig:
     start-up; `memory_limit_mb` caps every GPU at this many MiB (a logical device
     configuration; 0: no cap). Both apply before TensorFlow initialises; without GPUs they
     only print a notice.
+
+    `replicas`: data parallelism in training: each member runs as this many replicas on
+    distinct devices, each batch split across them (`ensemble.replicas`); `auto`:
+    devices // members; 1: one device per member.
     """
 
     devices: str = "auto"
     strategy: str = "round-robin"
     memory_growth: bool = True
     memory_limit_mb: int = 0
+    replicas: int | str = 1
 
 
 @dataclass(frozen=True)
@@ -343,6 +348,10 @@ def _check_ranges(cfg: Config) -> None:
     if cfg.placement.strategy not in ("round-robin", "balanced"):
         raise UsageError("Expected `placement.strategy` to be \"round-robin\" or \"balanced\". "
                          f"Received: {cfg.placement.strategy!r}")
+    rep = cfg.placement.replicas  # data-parallel members (issue #24)
+    if rep != "auto" and not (isinstance(rep, int) and rep >= 1):
+        raise UsageError("Expected `placement.replicas` to be auto or a positive integer. "
+                         f"Received: {rep!r}")
     syn = cfg.data.synthetic
     for name in ("rows", "features", "classes"):
         positive(f"data.synthetic.{name}", getattr(syn, name))

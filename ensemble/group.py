@@ -45,6 +45,9 @@ class MemberGroup:
         self._best: list | None = None  # early stopping's copies of the best weights
         # member position -> [(model copy, device)] of its replicas (`set_replicas`)
         self.replicas: dict[int, list] = {}
+        # training's data parallelism: `[n_members]` lists of replica devices, replica 0
+        # `devices[k]` (`replicas.replicated_train_step`); None: one device per member
+        self.train_replicas: list[list[str]] | None = None
         self.input_shape = tuple(self.models[0].input_shape[1:])
         self.predict_fn = tf.function(  # plain Python control flow: no AutoGraph conversion
             self._predict_graph, autograph=False,
@@ -156,7 +159,8 @@ class MemberGroup:
         `run_steps(idx [steps, n_members, batch] int32, total [n_members] float32,
         active [n_members] bool) -> [n_members]` running loss sums."""
         return make_steps_fn(self.models, self.optimizers, self.devices, x_train, y_train,
-                             self.client_device, self.task, masked=self._best is not None)
+                             self.client_device, self.task, masked=self._best is not None,
+                             replicas=self.train_replicas)
 
     def early_stopping(self, schedule: Schedule) -> EarlyStopping | None:
         """The `EarlyStopping` of this group under `schedule` (None when it is off)."""

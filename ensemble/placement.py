@@ -120,13 +120,14 @@ def place(n_members: int, devices: Sequence[str], strategy: str = "round-robin",
 
 def replica_devices(n_members: int, devices: Sequence[str], replicas: int | str = "auto"
                     ) -> list[list[str]]:
-    """The devices of every member's replicas for prediction (data parallelism): replica `j`
+    """The devices of every member's replicas (data parallelism in training and prediction): replica `j`
     of member `i` on `devices[(i + j * n_members) % len(devices)]`, so replica 0 is the
     round-robin device of `place` and, with `devices // members` replicas each, every device
     works.
 
     Args:
-        replicas: `auto` (`max(1, len(devices) // n_members)`) or a positive integer, at most
+        replicas: `auto` (`max(1, len(devices) // n_members)`) or a positive integer (or its
+            digits), at most
             `len(devices)` (a member's replicas never share a device).
 
     Returns:

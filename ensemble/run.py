@@ -239,7 +239,7 @@ def new_manifest(cfg: Config, mode: str, devices: list[str], pre: Preprocessing,
     hparams = [member_hparams(cfg, i) for i in range(cfg.members.count)]
     check_optimizer(cfg.training.optimizer, cfg.training.optimizer_params)
     flops = cost.member_costs(hparams, pre.input_shape, task.n_outputs(len(pre.classes)), task)
-    placement = place(cfg.members.count, devices, cfg.placement.strategy, flops)
+    placement, replicas = _placement(cfg, devices, flops)
     model = {"builder": cfg.model.builder, "params": cfg.model.params,
              "builders": {b: builders.source_sha256(b)
                           for b in dict.fromkeys(h["builder"] for h in hparams)}}
@@ -252,8 +252,9 @@ def new_manifest(cfg: Config, mode: str, devices: list[str], pre: Preprocessing,
                     "classes": pre.classes.tolist(), "input_shape": list(pre.input_shape)},
         "task": task.name, "model": model,
         "devices": list(devices), "cluster": cluster,
-        "placement": {"strategy": cfg.placement.strategy},
+        "placement": {"strategy": cfg.placement.strategy, "replicas": len(replicas[0])},
         "members": [{"index": i, "seed": member_seed(cfg.training.seed, i), "device": d,
+                     "replicas": replicas[i],
                      "status": "pending", "hparams": hparams[i], "flops_per_row": flops[i]}
                     for i, d in enumerate(placement)],
         "versions": versions(),
@@ -262,6 +263,26 @@ def new_manifest(cfg: Config, mode: str, devices: list[str], pre: Preprocessing,
         "tensorflow_build": build_info() if "tensorflow" in sys.modules else None,
         "timings": {},
     }
+
+
+def _placement(cfg: Config, devices: list[str], flops: list) -> tuple[list[str], list[list[str]]]:
+    """(each member's device, each member's replica devices): one device per member by
+    `placement.strategy`, or with `placement.replicas` > 1 `placement.replica_devices`
+    (replica 0, the member's home device, round robin).
+
+    Raises:
+        UsageError: replicas not in 1..len(devices), or replicas with `balanced`.
+    """
+    from ensemble.placement import replica_devices
+
+    groups = replica_devices(cfg.members.count, devices, cfg.placement.replicas)
+    if len(groups[0]) == 1:
+        placement = place(cfg.members.count, devices, cfg.placement.strategy, flops)
+        return placement, [[d] for d in placement]
+    if cfg.placement.strategy != "round-robin":
+        raise UsageError(f"placement.strategy {cfg.placement.strategy!r} places one device per "
+                         "member; with --replicas > 1 use round-robin")
+    return [g[0] for g in groups], groups
 
 
 def finish(run_dir: Path, manifest: dict[str, Any], status: str, **timings: float) -> None:

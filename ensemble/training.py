@@ -97,7 +97,7 @@ def train_step(model, optimizer, x, y, idx, task):
 
 
 def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: str, task,
-                  on_device: dict | None = None, masked: bool = False):
+                  on_device: dict | None = None, masked: bool = False, replicas=None):
     """The traced call that trains a group of members for several steps.
 
     The training data is copied once into each memory the members' devices use (`memory_of`:
@@ -114,14 +114,18 @@ def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: 
     skips its steps (no update, loss 0); without it `active` is ignored, and the graph holds
     no condition.
     Every step calls `train_step` for every member under `tf.device` of its device; the
-    summing runs on `client_device`.
+    summing runs on `client_device`. `replicas` (`[n_members]` lists of device names, replica
+    0 the member's device; None: one each) makes a member of several replicas take
+    `replicas.replicated_train_step` instead, data-parallel (the same step for one replica).
     """
     import tensorflow as tf
+
+    from ensemble.replicas import memories, replicated_train_step
 
     on_device = {memory_of(d): v for d, v in (on_device or {}).items()}
     x_train = None if x_train is None else (
         x_train if np.asarray(x_train).dtype == np.uint8 else np.asarray(x_train, np.float32))
-    for device in dict.fromkeys(devices):
+    for device in memories(devices, replicas):
         if memory_of(device) in on_device:
             continue
         with tf.device(device):  # one copy per memory, on its first member's device
@@ -142,6 +146,10 @@ def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: 
                     x, y = on_device[memory_of(device)]
                     step = (lambda m=model, o=opt, x=x, y=y, k=k:  # noqa: E731
                             train_step(m, o, x, y, idx[s, k], task))
+                    if replicas is not None and len(replicas[k]) > 1:  # data parallelism
+                        step = (lambda m=model, o=opt, k=k:  # noqa: E731
+                                replicated_train_step(m, o, on_device, idx[s, k], task,
+                                                      replicas[k]))
                     losses.append(tf.cond(active[k], step, lambda: tf.constant(0.0))
                                   if masked else step())
             with tf.device(client_device):

@@ -1,6 +1,7 @@
 """Benchmark harness: the project's two modes against what users would pick instead.
 
-    python -m pipelines.benchmark [--workload digits|wide|wide-long|all] [--repeats 3]
+    python -m pipelines.benchmark [--workload digits|wide|wide-long|data-parallel|all]
+                                  [--repeats 3]
                                   [--methods in-graph,between-graph,naive,sklearn] [--out DIR]
 
 Every method runs in its own fresh process, as a user would run it, and is measured whole:
@@ -15,7 +16,9 @@ Methods: `in-graph` and `between-graph` (`ensemble train`), `naive` (members bui
 one after another with Keras `model.fit`, then averaged), `sklearn` (`VotingClassifier`
 (voting="soft") of `MLPClassifier`s with the same layers and epochs, `n_jobs=2`), and
 `predict-1m` (in-graph prediction of 1,000,000 rows by the trained ensemble, time of the
-prediction alone). Each workload runs `--repeats` times; the method order is reversed on every
+prediction alone), and `in-graph-r2` / `in-graph-r4` (in-graph with `--replicas 2` / `4`,
+each member data-parallel over that many logical CPU devices: the `data-parallel` workload,
+2 members; on one CPU no speed-up is expected, it measures the cost of splitting). Each workload runs `--repeats` times; the method order is reversed on every
 other repeat, so drift of a shared machine does not favour one method. The summary gives the
 median and [min-max] over the repeats; `x in-graph` is a method's median whole-process wall over
 in-graph's. Writes `runs.parquet` (every process), `results.parquet` and `results.md` (the
@@ -41,8 +44,12 @@ WORKLOADS = {
     "digits": (None, [], ("in-graph", "between-graph", "naive", "sklearn")),
     "wide": (WIDE, [], ("in-graph", "between-graph", "naive", "sklearn")),
     "wide-long": (WIDE, ["--epochs", "10"], ("in-graph", "between-graph", "naive")),
+    # data-parallel members (issue #24): 2 members, 1 vs 2 vs 4 replicas on logical CPUs
+    "data-parallel": (None, ["--members", "2", "--epochs", "10", "--devices", "cpu:2"],
+                      ("in-graph", "in-graph-r2", "in-graph-r4")),
 }
-METHODS = ("in-graph", "between-graph", "naive", "sklearn", "predict-1m")
+REPLICATED = {"in-graph-r2": 2, "in-graph-r4": 4}  # in-graph, --replicas N on cpu:2N
+METHODS = ("in-graph", "between-graph", "naive", "sklearn", "predict-1m", *REPLICATED)
 PREDICT_ROWS = 1_000_000
 
 
@@ -195,6 +202,10 @@ def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int) -> dict:
     from pipelines.compare import client_processes, concurrent_peak
 
     run_dir = base / f"{mode}-{repeat}"
+    if mode in REPLICATED:  # data parallelism: each member over R logical CPU devices
+        r = REPLICATED[mode]
+        cfg_args = [*cfg_args, "--replicas", str(r), "--devices", f"cpu:{2 * r}"]
+        mode = "in-graph"
     res = _measured(["train", *cfg_args, "--mode", mode, "--run-dir", str(run_dir),
                      "--overwrite", "--quiet"])
     m = artifacts.read_manifest(run_dir)
@@ -247,7 +258,7 @@ def run_workload(workload: str, out: Path, repeats: int, methods: list[str]) -> 
         if "predict-1m" in order and trained is None:  # it needs a trained in-graph run
             order = [m for m in order if m != "predict-1m"] + ["predict-1m"]
         for position, method in enumerate(order):
-            if method in ("in-graph", "between-graph"):
+            if method in ("in-graph", "between-graph", *REPLICATED):
                 row = _run_mode(method, base, cfg_args, r)
                 if method == "in-graph":
                     trained = Path(row["run_dir"])

@@ -48,12 +48,19 @@ def _load_config(args, base: dict | None = None):
         "placement.devices": args.devices, "data.impute": getattr(args, "impute", None),
         "data.drop": _columns(getattr(args, "drop", None)),
         "data.categorical": _columns(getattr(args, "categorical", None)),
-        "data.task": getattr(args, "task", None)})
+        "data.task": getattr(args, "task", None),
+        "placement.replicas": getattr(args, "replicas", None) if args.command == "train"
+        else None})
     spec, n = cfg.placement.devices.strip(), cfg.members.count
+    if isinstance(cfg.placement.replicas, int):  # replicas use more devices (issue #24)
+        n *= cfg.placement.replicas
+    elif cfg.placement.replicas == "auto":
+        n = float("inf")
     if spec.startswith("cpu:") and spec[4:].isdigit() and int(spec[4:]) > n:
         from ensemble.data import notice
 
-        notice(f"--devices {spec} gives more logical devices than the {n} members; "
+        what = "members" if n == cfg.members.count else "members' replicas"
+        notice(f"--devices {spec} gives more logical devices than the {n} {what}; "
                f"using cpu:{n}")
         cfg = dataclasses.replace(cfg, placement=dataclasses.replace(cfg.placement,
                                                                      devices=f"cpu:{n}"))

@@ -80,6 +80,11 @@ def _common_run_options(parser, what: str) -> None:
          help="TensorFlow cluster spec FILE.json (default: TF_CONFIG, if set)")
 
 
+def replicas_value(text: str) -> int | str:
+    """`--replicas` of train: `auto` or a positive integer (checked with the config)."""
+    return int(text) if text.strip().lstrip("-").isdigit() else text.strip()
+
+
 def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     """The `ensemble` parser; `commands` maps each command name to its function (`cli.cmd_*`)."""
     p = _Parser(prog="ensemble", description=DESCRIPTION, epilog=EXAMPLES,
@@ -103,6 +108,10 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     _add(t, "--jobs", type=_positive, metavar="N",
          help="between-graph only: concurrent client processes "
               "(default: as many as members, GPUs or cores allow)")
+    _add(t, "--replicas", type=replicas_value, metavar="auto|N",
+         help="data parallelism: replicas of each member on distinct devices, each batch "
+              "split across them and the gradients averaged; auto: devices // members "
+              "(default: the config's [placement] replicas, 1)")
     _add(t, "--run-dir", metavar="PATH", help="output folder (default: artifacts/<run_id>)")
     _add(t, "--overwrite", action="store_true", help="replace a run already in --run-dir")
     _add(t, "--resume", action="store_true",

@@ -77,6 +77,8 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     ens = InGraphEnsemble.build(cfg, x_tr.shape[1:], len(classes), placed, aggregators=(),
                                 n_train=len(x_tr), pre=Preprocessing.of_run(run_dir, manifest),
                                 task=task)
+    if any(len(m.get("replicas", ())) > 1 for m in manifest["members"]):  # data parallelism
+        ens.train_replicas = [m["replicas"] for m in manifest["members"]]
     if cfg.training.tensorboard:  # member scalars, and the in-graph ensemble's per epoch
         from ensemble.tensorboard import EnsembleScalars, MemberScalars
 
