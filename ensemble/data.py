@@ -151,6 +151,11 @@ def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
             problems.append(f"target column {target!r} holds NaN or inf; expected class "
                             "labels or finite numbers")
             return None
+        if y.size and np.abs(y).max() > FLOAT32_MAX:
+            problems.append(f"target column {target!r} holds {np.abs(y).max():.6g}, beyond "
+                            f"float32 (the model's dtype: |y| <= {FLOAT32_MAX:.4g}); expected "
+                            "class labels or numbers that fit")
+            return None
         if not np.all(y == np.round(y)) or (y.size and np.abs(y).max() >= 2.0 ** 63):
             return y.astype(np.float64)  # non-integer numbers: a regression target
         y = y.astype(np.int64)

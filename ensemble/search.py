@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ensemble.config import ACTIVATIONS
+from ensemble.builders import ACTIVATIONS
 from ensemble.errors import UsageError
 
 KEYS = ("hidden", "activation", "dropout", "learning_rate", "l2")

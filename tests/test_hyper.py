@@ -71,7 +71,7 @@ def test_heterogeneous_members_same_in_both_modes(hetero):
     assert [m["flops_per_row"] for m in members] == [4736, 8000, 4736]
     assert [m["device"] for m in members] == ["/device:CPU:1", "/device:CPU:0",
                                               "/device:CPU:1"]
-    assert manifest["placement"] == {"strategy": "balanced"}
+    assert manifest["placement"] == {"strategy": "balanced", "replicas": 1}
 
 
 def test_heterogeneous_members_on_their_devices_in_the_traced_graph(hetero):
