@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from ensemble import artifacts, devices, posthoc, progress, records, run, tables
+from ensemble.aggregate import FITTED, aggregate
 from ensemble.cluster import naming_unreachable_tasks
 from ensemble.config import Config
 
@@ -72,7 +73,11 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     start = time.perf_counter()
     from ensemble.preprocessing import Preprocessing
 
-    ens = InGraphEnsemble.build(cfg, x_tr.shape[1:], len(classes), placed, aggregators=(),
+    names, settings = cfg.aggregation.aggregators, dataclasses.asdict(cfg.aggregation)
+    # the graph aggregates with the aggregators that need no fitting; its prediction graph,
+    # traced once at the first validation, also predicts the evaluation splits
+    ens = InGraphEnsemble.build(cfg, x_tr.shape[1:], len(classes), placed,
+                                aggregators=[a for a in names if a not in FITTED],
                                 n_train=len(x_tr), pre=Preprocessing.of_run(run_dir, manifest))
     if cfg.training.tensorboard:  # member scalars, and the in-graph ensemble's per epoch
         from ensemble.tensorboard import EnsembleScalars, MemberScalars
@@ -89,22 +94,22 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
         save_member(model, artifacts.member_model_path(run_dir, i))
         manifest["members"][i]["status"] = "completed"
     start = time.perf_counter()
-    # the fitted aggregators fit on the validation members' predictions, then the graph
-    # applies them with the TensorFlow twins
-    names, settings = cfg.aggregation.aggregators, dataclasses.asdict(cfg.aggregation)
-    members = posthoc.SplitMembers(ens.indices, ens.predict(x_val)[0], split["validation"][2],
-                                   y_val)
-    fit = posthoc.fit({"validation": members}, names, settings)
-    graph = InGraphEnsemble(ens.models, placed, names, ens.indices, params=fit["params"])
-    parts, splits = [], {}
-    for s in artifacts.EVAL_SPLITS:
+    splits, ens_p = {}, {}
+    for s in artifacts.EVAL_SPLITS:  # one prediction per split, kept in memory
         x, y, rows = split[s]
-        member_p, ens_p = graph.predict(x)
+        member_p, ens_p[s] = ens.predict(x)
         splits[s] = posthoc.SplitMembers(ens.indices, member_p, rows, y)
-        parts.append(tables.predictions_table(dict(enumerate(member_p)), s, rows, y,
-                                              classes, names, ens_p, fit["params"]))
+    # the fitted aggregators fit on the validation members' predictions (in memory) and are
+    # applied by their numpy twins, as `ensemble aggregate` does
+    fit = posthoc.fit(splits, names, settings)
+    parts = []
+    for s, m in splits.items():
+        probs = {a: ens_p[s][a] if a in ens_p[s] else aggregate(m.probs, a, fit["params"].get(a))
+                 for a in names}
+        parts.append(tables.predictions_table(dict(enumerate(m.probs)), s, m.rows, m.y,
+                                              classes, names, probs, fit["params"]))
     posthoc.write_fit(run_dir, fit, splits, settings)
     tables.write_outputs(run_dir, pa.concat_tables(parts), tables.history_table(history))
-    records.write_members(run_dir, manifest)
+    records.write_members(run_dir, manifest, splits["validation"])
     run.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
                predict_seconds=time.perf_counter() - start)
