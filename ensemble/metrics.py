@@ -1,16 +1,15 @@
 """Classification metrics over probabilities (numpy, pure).
 
 Inputs are integer class indices `y` of shape `[n_rows]` and probabilities `p` of shape
-`[n_rows, n_classes]`. The multiclass Brier score comes from scikit-learn (imported when first
-used); accuracy is one numpy line, the same as `sklearn.metrics.accuracy_score` on 1-D labels,
-so that a between-graph client, which scores its member on the validation split every epoch,
-never loads scikit-learn. NLL and ECE follow the definitions of DESIGN.md (NLL clips at 1e-12,
+`[n_rows, n_classes]`. Every metric is numpy, so that a between-graph client, which scores its
+member on the validation split every epoch, never loads scikit-learn, and a run's tables and
+ensemble-size curve (dozens of calls) pay no per-call validation: the Brier score reproduces
+`sklearn.metrics.brier_score_loss` (a test checks it), accuracy is
+`sklearn.metrics.accuracy_score` on 1-D labels. NLL and ECE follow the definitions of DESIGN.md (NLL clips at 1e-12,
 which `sklearn.metrics.log_loss` does not; scikit-learn has no ECE).
 """
 
 from __future__ import annotations
-
-import warnings
 
 import numpy as np
 
@@ -43,14 +42,14 @@ def nll(y: np.ndarray, p: np.ndarray) -> float:
 
 
 def brier(y: np.ndarray, p: np.ndarray) -> float:
-    """Multiclass Brier score: mean over rows of `sum_c (p_c - onehot_c)^2` (Brier 1950);
-    computed by `sklearn.metrics.brier_score_loss` with every class listed."""
-    from sklearn.metrics import brier_score_loss
-
+    """Multiclass Brier score: mean over rows of `sum_c (p_c - onehot_c)^2` (Brier 1950),
+    halved for two classes (scikit-learn's `brier_score_loss(y, p, labels=...)` with its
+    default `scale_by_half="auto"`, whose value this reproduces in float64 without its
+    per-call validation; `tests/test_metrics.py` checks the two agree)."""
     y, p = _check(y, p)
-    with warnings.catch_warnings():  # float32 rows sum to 1 within 1e-6, not sklearn's 1e-8
-        warnings.filterwarnings("ignore", message="The y_prob values do not sum to one")
-        return float(brier_score_loss(y, p, labels=np.arange(p.shape[1])))
+    d = p.copy()
+    d[np.arange(len(y)), y] -= 1.0  # p - onehot(y)
+    return float(np.mean(np.einsum("ij,ij->i", d, d)) * (0.5 if p.shape[1] == 2 else 1.0))
 
 
 def ece(y: np.ndarray, p: np.ndarray, n_bins: int = ECE_BINS) -> float:

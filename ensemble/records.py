@@ -58,7 +58,8 @@ def _val_nll(y, outputs, n_classes: int) -> float | None:
     return regression_metrics.nll(y, outputs[:, 0], outputs[:, 1] ** 0.5)
 
 
-def members_table(run_dir: str | Path, manifest: dict[str, Any]) -> pa.Table:
+def members_table(run_dir: str | Path, manifest: dict[str, Any],
+                  val: "posthoc.SplitMembers | None" = None) -> pa.Table:
     """The members table of a run whose predictions, history and aggregators are written.
 
     Columns: `member`, `seed`, `builder`, `params` (the builder's parameters as JSON),
@@ -71,10 +72,14 @@ def members_table(run_dir: str | Path, manifest: dict[str, Any]) -> pa.Table:
     `weight` (its weight in the `greedy` selection, 0 when not selected; null when the run
     fits no `greedy`) and, in a stratified search run, `candidate` (the candidate whose
     hyperparameters it repeats with a new seed).
+
+    `val`: the members' validation predictions when the caller holds them (the same as the
+    member rows of `predictions.parquet`'s validation split), which saves reading them back.
     """
     run_dir = Path(run_dir)
-    preds = artifacts.read_parquet(run_dir / artifacts.PREDICTIONS)
-    val = posthoc.by_split(posthoc.member_rows(preds)).get("validation")
+    if val is None:
+        preds = artifacts.read_parquet(run_dir / artifacts.PREDICTIONS)
+        val = posthoc.by_split(posthoc.member_rows(preds)).get("validation")
     history = artifacts.read_parquet(run_dir / artifacts.HISTORY).to_pylist()
     fit = fitted.read(run_dir) or {}
     greedy = fit.get("params", {}).get("greedy")
@@ -121,8 +126,10 @@ def members_table(run_dir: str | Path, manifest: dict[str, Any]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=pa.schema(schema))
 
 
-def write_members(run_dir: str | Path, manifest: dict[str, Any]) -> Path:
-    """Write the run's `members.parquet` (atomically). Returns its path."""
+def write_members(run_dir: str | Path, manifest: dict[str, Any],
+                  val: "posthoc.SplitMembers | None" = None) -> Path:
+    """Write the run's `members.parquet` (atomically; `val` as in `members_table`). Returns
+    its path."""
     path = Path(run_dir) / MEMBERS_TABLE
-    artifacts.write_parquet(path, members_table(run_dir, manifest))
+    artifacts.write_parquet(path, members_table(run_dir, manifest, val))
     return path

@@ -9,7 +9,8 @@ Every method runs in its own fresh process, as a user would run it, and is measu
 process's own clock around its training loop); `steady` is the steady-state training rate,
 in GFLOP/s and as a fraction of the machine's float32 GEMM rate measured by numpy in the same
 run (2048x2048), over every traced call (in-graph) or epoch (naive) after the first, which
-pays for tracing. FLOPs: 3x the forward pass (forward plus twice for backward), dense layers
+pays for tracing; `first epoch s` is spawn to the end of the first epoch (its progress line:
+what a user waits before training shows, in-graph only). FLOPs: 3x the forward pass (forward plus twice for backward), dense layers
 only, `2 * sum(w_in * w_out)` per row (`placement.mlp_flops`).
 
 Methods: `in-graph` and `between-graph` (`ensemble train`), `naive` (members built and trained
@@ -21,7 +22,7 @@ each member data-parallel over that many logical CPU devices: the `data-parallel
 2 members; on one CPU no speed-up is expected, it measures the cost of splitting). Each workload runs `--repeats` times; the method order is reversed on every
 other repeat, so drift of a shared machine does not favour one method. The summary gives the
 median and [min-max] over the repeats; `x in-graph` is a method's median whole-process wall over
-in-graph's. Writes `runs.parquet` (every process), `results.parquet` and `results.md` (the
+in-graph's, `x fastest peer` over the fastest of the peers run (`naive`, `sklearn`). Writes `runs.parquet` (every process), `results.parquet` and `results.md` (the
 summary). Never run by the test suite.
 """
 
@@ -43,13 +44,14 @@ WIDE = "configs/wide.toml"
 WORKLOADS = {
     "digits": (None, [], ("in-graph", "between-graph", "naive", "sklearn")),
     "wide": (WIDE, [], ("in-graph", "between-graph", "naive", "sklearn")),
-    "wide-long": (WIDE, ["--epochs", "10"], ("in-graph", "between-graph", "naive")),
+    "wide-long": (WIDE, ["--epochs", "10"], ("in-graph", "between-graph", "naive", "sklearn")),
     # data-parallel members (issue #24): 2 members, 1 vs 2 vs 4 replicas on logical CPUs
     "data-parallel": (None, ["--members", "2", "--epochs", "10", "--devices", "cpu:2"],
                       ("in-graph", "in-graph-r2", "in-graph-r4")),
 }
 REPLICATED = {"in-graph-r2": 2, "in-graph-r4": 4}  # in-graph, --replicas N on cpu:2N
 METHODS = ("in-graph", "between-graph", "naive", "sklearn", "predict-1m", *REPLICATED)
+PEERS = ("naive", "sklearn")  # what a user would reach for instead (`x fastest peer`)
 PREDICT_ROWS = 1_000_000
 
 
@@ -214,7 +216,9 @@ def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int) -> dict:
     acc = next(r["accuracy"] for r in metrics
                if r["model"] == "ensemble-mean" and r["split"] == "test")
     clients = client_processes(t.get("clients", {}))
+    first = t.get("first_epoch_end_unix")
     return {"wall_seconds": res["seconds"], "train_seconds": t["train_seconds"],
+            "first_epoch_seconds": None if first is None else first - res["spawned_unix"],
             "steady_rows": t.get("steady_rows"), "steady_seconds": t.get("steady_seconds"),
             "flops_per_row": _train_flops_per_row(m), "test_accuracy": acc,
             "peak_rss_bytes": concurrent_peak(t["process_peak_rss_bytes"], clients,
@@ -278,10 +282,13 @@ def summarise(runs: list[dict]) -> list[dict]:
         mine = [r for r in runs if r["workload"] == w]
         ig_wall = statistics.median(r["wall_seconds"] for r in mine if r["method"] == "in-graph") \
             if any(r["method"] == "in-graph" for r in mine) else None
+        peer = min((statistics.median(r["wall_seconds"] for r in mine if r["method"] == m)
+                    for m in PEERS if any(r["method"] == m for r in mine)), default=None)
         for method in dict.fromkeys(r["method"] for r in mine):
             rs = [r for r in mine if r["method"] == method]
             row = {"workload": w, "method": method, "repeats": len(rs)}
-            for key in ("wall_seconds", "train_seconds", "peak_rss_bytes", "test_accuracy"):
+            for key in ("wall_seconds", "train_seconds", "first_epoch_seconds",
+                        "peak_rss_bytes", "test_accuracy"):
                 vals = [r[key] for r in rs if r.get(key) is not None]
                 row[key + "_median"] = statistics.median(vals) if vals else None
                 row[key + "_min"] = min(vals) if vals else None
@@ -296,6 +303,8 @@ def summarise(runs: list[dict]) -> list[dict]:
             row["steady_gemm_fraction_max"] = max(fracs) if fracs else None
             row["wall_vs_in_graph"] = (row["wall_seconds_median"] / ig_wall
                                        if ig_wall and method != "predict-1m" else None)
+            row["wall_vs_fastest_peer"] = (row["wall_seconds_median"] / peer
+                                           if peer and method != "predict-1m" else None)
             row["gemm_gflops_median"] = statistics.median(
                 r["gemm_flops_per_second"] for r in rs) / 1e9
             out.append(row)
@@ -310,16 +319,20 @@ def markdown(summary: list[dict]) -> str:
         return (f"{format(r[key + '_median'], fmt)} [{format(r[key + '_min'], fmt)}-"
                 f"{format(r[key + '_max'], fmt)}]")
 
-    head = ("| workload | method | wall s | x in-graph | train s | steady GFLOP/s | of GEMM "
-            "| peak MiB | test acc |\n|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| workload | method | wall s | x in-graph | x fastest peer | first epoch s "
+            "| train s | steady GFLOP/s | of GEMM | peak MiB | test acc |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in summary:
         ratio = "" if r["wall_vs_in_graph"] is None else f"{r['wall_vs_in_graph']:.2f}"
+        vs_peer = ("" if r.get("wall_vs_fastest_peer") is None
+                   else f"{r['wall_vs_fastest_peer']:.2f}")
         gflops = "" if r["steady_gflops_median"] is None else f"{r['steady_gflops_median']:.1f}"
         peak = ("" if r["peak_rss_bytes_median"] is None
                 else f"{r['peak_rss_bytes_median'] / 2**20:.0f}")
         lines.append(
             f"| {r['workload']} | {r['method']} | {spread(r, 'wall_seconds', '.2f')} | {ratio} "
+            f"| {vs_peer} | {spread(r, 'first_epoch_seconds', '.2f')} "
             f"| {spread(r, 'train_seconds', '.2f')} | {gflops} "
             f"| {spread(r, 'steady_gemm_fraction', '.0%')} | {peak} "
             f"| {spread(r, 'test_accuracy', '.4f')} |")

@@ -58,6 +58,24 @@ def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
     return manifest
 
 
+class _FirstEpoch:
+    """A `training.Callback` noting when the first epoch this process trained ended (its
+    progress line printed): `unix` (`time.time()`), None until then; what a user waits for
+    before seeing training work (`pipelines.benchmark`'s `first epoch s`)."""
+
+    unix: float | None = None
+
+    def on_train_begin(self, start_epoch, epochs, n_steps) -> None:
+        pass
+
+    def on_call_end(self, epoch, steps_done, n_steps, mean_losses, seconds) -> None:
+        pass
+
+    def on_epoch_end(self, epoch, records) -> None:
+        if self.unix is None:
+            self.unix = time.time()
+
+
 def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequence) -> None:
     """Build, train (with per-epoch checkpoints), save the members, predict the evaluation
     splits and write the run's tables; updates `manifest` and finishes the run."""
@@ -85,11 +103,12 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
         callbacks = [*callbacks, MemberScalars(run_dir),
                      EnsembleScalars(run_dir, lambda: ens.predict(x_val)[0], y_val,
                                      cfg.aggregation.aggregators, task.name)]
-    steady = SteadyState(cfg.training.batch_size, len(x_tr))
+    steady, first = SteadyState(cfg.training.batch_size, len(x_tr)), _FirstEpoch()
     history = ens.fit(x_tr, y_tr, x_val, y_val, Schedule.of(cfg.training),
-                      run_dir / "checkpoints" / "in-graph", [*callbacks, steady])
+                      run_dir / "checkpoints" / "in-graph", [*callbacks, steady, first])
     train_seconds = time.perf_counter() - start
-    manifest["timings"].update(steady_rows=steady.rows, steady_seconds=steady.seconds)
+    manifest["timings"].update(steady_rows=steady.rows, steady_seconds=steady.seconds,
+                               first_epoch_end_unix=first.unix)
     for i, model in enumerate(ens.models):
         save_member(model, artifacts.member_model_path(run_dir, i))
         manifest["members"][i]["status"] = "completed"
@@ -112,6 +131,6 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
                                               classes, names, ens_p, fit["params"]))
     posthoc.write_fit(run_dir, fit, splits, settings)
     tables.write_outputs(run_dir, pa.concat_tables(parts), tables.history_table(history))
-    records.write_members(run_dir, manifest)
+    records.write_members(run_dir, manifest, splits["validation"])
     run.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
                predict_seconds=time.perf_counter() - start)

@@ -50,3 +50,21 @@ def test_perfect_predictions():
 def test_shape_mismatch():
     with pytest.raises(ValueError, match="n_rows"):
         M.accuracy(Y[:2], P)
+
+
+@pytest.mark.parametrize("n_classes", [2, 3, 10])
+def test_brier_matches_scikit_learn(n_classes):
+    """The numpy Brier score is scikit-learn's `brier_score_loss` with every class listed
+    on the float64 copy of float32 rows that sum to 1 only within 1e-6, as the members'
+    outputs do (scikit-learn computes in the dtype it is given)."""
+    import warnings
+
+    from sklearn.metrics import brier_score_loss
+
+    rng = np.random.default_rng(n_classes)
+    p = rng.dirichlet(np.ones(n_classes), size=500).astype(np.float32)
+    y = rng.integers(0, n_classes, size=500)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = brier_score_loss(y, p.astype(np.float64), labels=np.arange(n_classes))
+    assert M.brier(y, p) == pytest.approx(expected, rel=1e-12, abs=1e-15)
