@@ -122,6 +122,19 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
+def _resolve_here(spec: str):
+    """`pkgutil.resolve_name(spec)`; a module in the working directory is found too (as
+    `python -c` would), which the `ensemble` command's own path leaves out."""
+    try:
+        return pkgutil.resolve_name(spec)
+    except ModuleNotFoundError:
+        here = str(Path.cwd())
+        if here in sys.path:
+            raise
+        sys.path.append(here)
+        return pkgutil.resolve_name(spec)
+
+
 def is_file_spec(spec: str) -> bool:
     """`path/to/file.py:function` (or `file.py`) rather than a module path."""
     return spec.partition(":")[0].endswith(".py")
@@ -172,7 +185,7 @@ def resolve(spec: str) -> Callable:
             raise UsageError(f"Unknown builder {spec!r}; expected \"mlp\", \"cnn\", "
                              "\"package.module:function\" or \"path/file.py:function\".")
         try:
-            fn = pkgutil.resolve_name(spec)
+            fn = _resolve_here(spec)
         except (ImportError, AttributeError, ValueError) as exc:
             raise UsageError(f"Cannot import builder {spec!r}: {type(exc).__name__}: "
                              f"{_first_line(exc)}") from None

@@ -29,6 +29,21 @@ from ensemble.errors import UsageError
 HIGH_CARDINALITY = 50  # distinct values of a categorical column that earn a notice
 
 
+def _notice_id_columns(names, x: np.ndarray) -> None:
+    """A notice for each numeric column that holds a different whole number on every training
+    row (more than `HIGH_CARDINALITY` rows): most likely an id, which a model learns as a
+    feature (and which can leak the row order)."""
+    if len(x) <= HIGH_CARDINALITY:
+        return
+    for j, name in enumerate(names):
+        col = x[:, j]
+        col = col[np.isfinite(col)]
+        if len(col) == len(x) and np.all(col == np.round(col)) and \
+                len(np.unique(col)) == len(col):
+            data.notice(f"column {name!r} holds a different whole number on every training row "
+                        f"(an id?): it is used as a feature; leave it out with --drop {name}")
+
+
 @dataclass(frozen=True)
 class Preprocessing:
     """Impute, one-hot encode and standardise, with the run's feature names and classes.
@@ -88,6 +103,7 @@ class Preprocessing:
         from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
         x = ds.x[train_rows].astype(np.float64)
+        _notice_id_columns(ds.feature_names, x)
         fill = np.zeros(0)
         if impute != "error" and x.shape[1]:
             imp = SimpleImputer(strategy=impute, keep_empty_features=True).fit(x)

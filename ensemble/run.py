@@ -28,6 +28,15 @@ from ensemble.placement import place
 from ensemble.preprocessing import Preprocessing
 
 
+def run_id_for(run_dir: Path, cfg: Config) -> str:
+    """The run id of a run written to `run_dir`: its name when that is a default run id
+    (`artifacts/<run_id>`, chosen before the data were read), else a new one."""
+    import re
+
+    name = Path(run_dir).name
+    return name if re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", name) else new_run_id(cfg)
+
+
 def new_run_id(cfg: Config) -> str:
     """`YYYYmmdd-HHMMSS-<first 6 hex of the config sha256>` (UTC)."""
     return f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{cfg.sha256()[:6]}"
@@ -191,6 +200,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
         "name": ds.name, "source": cfg.data.source, "target": cfg.data.target,
         "rows": {s: int(len(r)) for s, r in rows.items()}, "columns": list(ds.columns),
         "sha256": ds.sha256(), **target}, cluster, task)
+    manifest["run_id"] = run_id_for(run_dir, cfg)  # the folder's name for a default run dir
     manifest["timings"]["prepare_seconds"] = time.perf_counter() - start
     manifest["artifacts"] = artifacts.artifact_hashes(run_dir)  # the splits, preprocessing
     artifacts.write_manifest(run_dir, manifest)

@@ -212,11 +212,15 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
             raise UsageError(f"Expected --predictions to be a Parquet file. Received: "
                              f"{predictions} ({'a folder' if predictions.is_dir() else 'missing'})")
         out = predictions.with_name(predictions.stem + ".metrics.parquet")
+    if predictions.suffix != ".parquet":
+        raise UsageError(f"Expected --predictions to be a .parquet file of `ensemble predict "
+                         f"--layout long`. Received: {predictions}")
     preds = artifacts.read_parquet(predictions)
     meta = preds.schema.metadata or {}
     if not {"model", "split", "y_true"} <= set(preds.column_names) or b"classes" not in meta:
-        raise UsageError(f"{predictions} is not a predictions file (expected the columns "
-                         "model, split, y_true, p_<class> of `ensemble predict`).")
+        raise UsageError(f"{predictions} is not a predictions file in the long layout "
+                         "(expected the columns model, split, y_true, p_<class>: write it "
+                         "with `ensemble predict --layout long`).")
     table = tables.metrics_table(preds, (fit or {}).get("best_member"))
     if table.num_rows == 0:
         raise UsageError(f"{predictions} has no rows with a known y_true; cannot evaluate.")

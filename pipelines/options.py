@@ -48,7 +48,9 @@ def _common_run_options(parser, what: str) -> None:
          help="TOML config; relative paths in it are read beside it "
               "(default: the built-in digits config, equal to configs/digits.toml)")
     _add(parser, "--data", metavar="SOURCE",
-         help="digits, breast_cancer, wine, iris, synthetic, or a .csv/.parquet file "
+         help="digits, breast_cancer, wine, iris, diabetes (regression), digits_images, "
+              "synthetic, a .csv/.parquet/.npz file, or a folder of images (one sub-folder "
+              "per class) "
               "(default: the config's [data] source, digits)")
     _add(parser, "--target", metavar="COL",
          help="label column of a .csv/.parquet file (default: the config's, 'target')")
@@ -132,7 +134,8 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     pr = command("predict", "predict a data set with a trained run")
     _add(pr, "--run", required=True, metavar="PATH", help="the run directory to predict with")
     _add(pr, "--data", required=True, metavar="SOURCE",
-         help="built-in data set name or .csv/.parquet file; columns matched by name")
+         help="built-in data set name, a .csv/.parquet file or folder of them (columns "
+              "matched by name), a .npz file, or a folder of images")
     _add(pr, "--target", metavar="COL",
          help="label column, used for y_true when present (default: the run's)")
     _add(pr, "--out", required=True, metavar="FILE.parquet|FILE.csv",
