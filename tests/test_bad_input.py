@@ -221,12 +221,14 @@ def test_bad_input_at_evaluate(trained, tmp_path, capsys):
     garbage.write_bytes(b"PAR1" + b"\x00" * 32)
     metrics = tmp_path / "metrics.parquet"
     shutil.copy(trained / "metrics.parquet", metrics)
+    (tmp_path / "preds.csv").write_text("row,y_pred\n0,1\n")
     for argv, needle in [
         ([], "Expected --run PATH or --predictions"),
         (["--predictions", folder], "(a folder)"),
         (["--predictions", tmp_path / "gone.parquet"], "gone.parquet (missing)"),
         (["--predictions", garbage], f"Damaged or invalid Parquet file {garbage}"),
-        (["--predictions", metrics], "is not a predictions file"),
+        (["--predictions", metrics], "is not a predictions file in the long layout"),
+        (["--predictions", tmp_path / "preds.csv"], "--layout long`. Received:"),
         (["--run", tmp_path], "Not a run directory"),
     ]:
         assert run_cli("evaluate", *argv) == 2, argv
