@@ -57,7 +57,41 @@ def _plain(value):
     return value
 
 
-class DeepEnsembleClassifier(ClassifierMixin, BaseEstimator):
+class RoutedParams:
+    """Builder parameters routed as SciKeras does: `model__<name>=value` is keyword argument
+    `<name>` of the estimator's builder; shared by `DeepEnsembleClassifier` and
+    `DeepEnsembleRegressor`. Unexpected keywords are refused by `fit`, not by `__init__` or
+    `set_params` (scikit-learn: no validation there)."""
+
+    def _take_routed(self, kwargs: dict) -> None:
+        """Keep the `model__<name>` entries of `kwargs` as attributes (in `__init__`)."""
+        self._unexpected = [k for k in kwargs if not k.startswith(ROUTED) or k == ROUTED]
+        for key, value in kwargs.items():
+            if key not in self._unexpected:
+                setattr(self, key, value)
+
+    def _routed(self) -> dict:
+        """The builder parameters `{name: value}` given as `model__<name>`."""
+        return {k[len(ROUTED):]: v for k, v in vars(self).items()
+                if k.startswith(ROUTED) and not k.endswith("_")}
+
+    def get_params(self, deep=True):
+        """The estimator's parameters, the routed `model__<name>` ones included."""
+        params = super().get_params(deep=deep)
+        params.update({ROUTED + k: v for k, v in self._routed().items()})
+        return params
+
+    def set_params(self, **params):
+        """Set parameters; any `model__<name>` is accepted (a builder parameter)."""
+        for key in [k for k in params if k.startswith(ROUTED) and k != ROUTED]:
+            setattr(self, key, params.pop(key))
+        known = set(super().get_params(deep=True))
+        self._unexpected = [k for k in params if k not in known and "__" not in k]
+        return super().set_params(**{k: v for k, v in params.items()
+                                     if k not in self._unexpected})
+
+
+class DeepEnsembleClassifier(RoutedParams, ClassifierMixin, BaseEstimator):
     """A deep ensemble (Lakshminarayanan et al. 2017) of any Keras model as a scikit-learn
     classifier; defaults are those of the config (`configs/digits.toml`).
 
@@ -106,12 +140,7 @@ class DeepEnsembleClassifier(ClassifierMixin, BaseEstimator):
                  mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
                  model="mlp", **kwargs):
         self.model = model
-        # builder parameters `model__<name>`; anything else is refused by `fit` (scikit-learn:
-        # no validation in __init__)
-        self._unexpected = [k for k in kwargs if not k.startswith(ROUTED) or k == ROUTED]
-        for key, value in kwargs.items():
-            if key not in self._unexpected:
-                setattr(self, key, value)
+        self._take_routed(kwargs)
         self.n_members = n_members
         self.hidden = hidden
         self.activation = activation
@@ -124,27 +153,6 @@ class DeepEnsembleClassifier(ClassifierMixin, BaseEstimator):
         self.devices = devices
         self.aggregator = aggregator
         self.run_dir = run_dir
-
-    def _routed(self) -> dict:
-        """The builder parameters `{name: value}` given as `model__<name>`."""
-        return {k[len(ROUTED):]: v for k, v in vars(self).items()
-                if k.startswith(ROUTED) and not k.endswith("_")}
-
-    def get_params(self, deep=True):
-        """The estimator's parameters, the routed `model__<name>` ones included."""
-        params = super().get_params(deep=deep)
-        params.update({ROUTED + k: v for k, v in self._routed().items()})
-        return params
-
-    def set_params(self, **params):
-        """Set parameters; any `model__<name>` is accepted (a builder parameter)."""
-        for key in [k for k in params if k.startswith(ROUTED) and k != ROUTED]:
-            setattr(self, key, params.pop(key))
-        known = set(super().get_params(deep=True))
-        # refused by `fit`, like an unexpected keyword of __init__ (no errors here)
-        self._unexpected = [k for k in params if k not in known and "__" not in k]
-        return super().set_params(**{k: v for k, v in params.items()
-                                     if k not in self._unexpected})
 
     def _builder(self) -> str:
         if getattr(self, "_unexpected", None):

@@ -22,12 +22,12 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ensemble import regression, run_arrays
-from ensemble.sklearn import ROUTED, DeepEnsembleClassifier
+from ensemble.sklearn import DeepEnsembleClassifier, RoutedParams
 
 FITTED = ("weighted", "greedy", "std-scaling")
 
 
-class DeepEnsembleRegressor(RegressorMixin, BaseEstimator):
+class DeepEnsembleRegressor(RoutedParams, RegressorMixin, BaseEstimator):
     """A deep ensemble of Gaussian members as a scikit-learn regressor.
 
     Args:
@@ -50,12 +50,7 @@ class DeepEnsembleRegressor(RegressorMixin, BaseEstimator):
                  mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
                  model="mlp", loss="gaussian_nll", **kwargs):
         self.model = model
-        # builder parameters `model__<name>`; anything else is refused by `fit` (scikit-learn:
-        # no validation in __init__)
-        self._unexpected = [k for k in kwargs if not k.startswith(ROUTED) or k == ROUTED]
-        for key, value in kwargs.items():
-            if key not in self._unexpected:
-                setattr(self, key, value)
+        self._take_routed(kwargs)
         self.n_members = n_members
         self.hidden = hidden
         self.activation = activation
@@ -70,23 +65,7 @@ class DeepEnsembleRegressor(RegressorMixin, BaseEstimator):
         self.run_dir = run_dir
         self.loss = loss
 
-    # shared with the classifier: routed builder parameters, builder, seed
-    _routed = DeepEnsembleClassifier._routed
-
-    def get_params(self, deep=True):
-        """The estimator's parameters, the routed `model__<name>` ones included."""
-        params = super().get_params(deep=deep)
-        params.update({ROUTED + k: v for k, v in self._routed().items()})
-        return params
-
-    def set_params(self, **params):
-        """Set parameters; any `model__<name>` is accepted (a builder parameter)."""
-        for key in [k for k in params if k.startswith(ROUTED) and k != ROUTED]:
-            setattr(self, key, params.pop(key))
-        known = set(super().get_params(deep=True))
-        self._unexpected = [k for k in params if k not in known and "__" not in k]
-        return super().set_params(**{k: v for k, v in params.items()
-                                     if k not in self._unexpected})
+    # shared with the classifier: builder, seed
     _builder = DeepEnsembleClassifier._builder
     _attach_builder = DeepEnsembleClassifier._attach_builder
     _seed = DeepEnsembleClassifier._seed
