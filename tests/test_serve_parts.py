@@ -37,6 +37,10 @@ def test_codec_images_and_named_inputs_both_formats():
     assert x["city"].tolist() == ["Zürich".encode(), b"\xff"] and x["area"].dtype == F32
     x, _ = decode_inputs({"inputs": {"city": ["a"], "area": [2.0]}}, NAMED)
     assert x["city"].tolist() == [b"a"]
+    # a null float value is a missing value: NaN, which an imputing export fills
+    x, _ = decode_inputs({"instances": [{"city": "a", "area": None}, {"city": "b",
+                                                                      "area": 2}]}, NAMED)
+    assert np.isnan(x["area"][0]) and x["area"][1] == 2.0 and x["area"].dtype == F32
 
 
 @pytest.mark.parametrize("req, sig, words", [

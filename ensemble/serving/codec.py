@@ -96,6 +96,16 @@ def _strings(value):
     raise BadRequest(f"expected a string (or {{\"b64\": ...}}); received {value!r:.40}")
 
 
+def _nulls_as_nan(value) -> np.ndarray:
+    """Nested lists of numbers and nulls (`None`) as float64 with NaN for the nulls; left as
+    an object array when other values (strings) are in it, for `_array` to refuse."""
+    def walk(v):
+        return [walk(u) for u in v] if isinstance(v, list) else (float("nan") if v is None else v)
+
+    raw = np.asarray(walk(value))
+    return raw.astype(np.float64) if raw.dtype.kind in "fiu" else raw
+
+
 def _array(name: str, value, info: TensorInfo) -> np.ndarray:
     """`value` (nested lists, batch first) as an array of `info`'s dtype and shape."""
     try:
@@ -107,6 +117,9 @@ def _array(name: str, value, info: TensorInfo) -> np.ndarray:
         else:
             raw = np.asarray(value)
             kind, want = raw.dtype.kind, np.dtype(info.dtype).kind
+            if kind == "O" and want == "f":  # null: a missing value (NaN), which the export
+                raw = _nulls_as_nan(value)  # of a run trained with --impute fills
+                kind = raw.dtype.kind
             ok = {"f": "fiu", "c": "fiuc", "i": "iu", "u": "iu", "b": "b"}.get(want, "")
             if raw.size and kind not in ok:
                 got = {"U": "strings", "O": "objects or nulls", "b": "booleans",
