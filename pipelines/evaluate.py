@@ -55,15 +55,20 @@ def _references(rows: list[dict]) -> tuple[dict, dict | None, list[dict]]:
     return mean, best, members
 
 
-def _split_block(split: str, rows: list[dict]) -> list[str]:
-    mean, best, members = _references(rows)
+def _split_block(split: str, rows: list[dict], references=None, columns=METRICS, fmt=None,
+                 line=None) -> list[str]:
+    """One split's rows of the table: every member, the mean and the best member, every
+    aggregator. `references`, `columns`, `fmt` and `line` default to the classification
+    table's (`pipelines.evaluate_regression` passes its own)."""
+    fmt, line = fmt or number, line or _line
+    mean, best, members = (references or _references)(rows)
     out = [f"{split} ({rows[0]['n']} rows)"]
-    out += [_line("  " + r["model"], [number(r[m]) for m in METRICS]) for r in members]
+    out += [line("  " + r["model"], [fmt(r[m]) for m in columns]) for r in members]
     if members:
-        out.append(_line("  mean member", [number(mean[m]) for m in METRICS]))
+        out.append(line("  mean member", [fmt(mean[m]) for m in columns]))
     if best is not None:
-        out.append(_line(f"  best member ({best['model']})", [number(best[m]) for m in METRICS]))
-    out += [_line("  " + r["model"], [number(r[m]) for m in METRICS])
+        out.append(line(f"  best member ({best['model']})", [fmt(best[m]) for m in columns]))
+    out += [line("  " + r["model"], [fmt(r[m]) for m in columns])
             for r in rows if r["aggregator"] is not None]
     return out
 

@@ -48,16 +48,9 @@ def _references(rows: list[dict]):
 
 
 def _block(split: str, rows: list[dict]) -> list[str]:
-    mean, best, members = _references(rows)
-    out = [f"{split} ({rows[0]['n']} rows)"]
-    out += [_line("  " + r["model"], [cell(r[m]) for m in COLUMNS]) for r in members]
-    if members:
-        out.append(_line("  mean member", [cell(mean[m]) for m in COLUMNS]))
-    if best is not None:
-        out.append(_line(f"  best ({best['model']})", [cell(best[m]) for m in COLUMNS]))
-    out += [_line("  " + r["model"], [cell(r[m]) for m in COLUMNS])
-            for r in rows if r["aggregator"] is not None]
-    return out
+    from pipelines.evaluate import _split_block  # the classification table's block
+
+    return _split_block(split, rows, _references, COLUMNS, cell, _line)
 
 
 def _gains(split: str, rows: list[dict]) -> list[str]:
