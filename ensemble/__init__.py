@@ -4,7 +4,7 @@ Blocks only: configuration, data, device placement, members, the two builders, a
 metrics and artifacts. The pipelines and the CLI live in the `pipelines` package.
 
 The notebook API is re-exported here lazily (module `__getattr__`, PEP 562): `ensemble.train`,
-`ensemble.load_run` and `ensemble.Run` come from `pipelines.api` the first time they are used,
+`ensemble.load_run` and `ensemble.Run` come from `ensemble.runs.api` the first time they are used,
 so `import ensemble` imports neither TensorFlow nor the pipelines (clients and the aggregator
 start lean). `ensemble.DeepEnsembleClassifier`, the scikit-learn estimator, is lazy too (from
 `ensemble.sklearn`, which imports scikit-learn but not TensorFlow).
@@ -18,7 +18,7 @@ __all__ = ["__version__", *_API, "DeepEnsembleClassifier"]
 
 def __getattr__(name: str):
     if name in _API:
-        from pipelines import api
+        from ensemble.runs import api
 
         return getattr(api, name)
     if name == "DeepEnsembleClassifier":

@@ -72,14 +72,15 @@ def _timed(fn) -> float:
 def _peak_bytes(children: int = 0) -> int:
     """Own peak resident bytes plus `children` x the largest reaped child's peak (an upper
     bound for a pool of `children` workers)."""
-    from ensemble.devices import peak_rss_bytes
+    from ensemble.replication.devices import peak_rss_bytes
 
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     return peak_rss_bytes() + children * kids
 
 
 def _load(run_dir: Path):
-    from ensemble import artifacts, config
+    from ensemble.core import artifacts
+    from ensemble.config import schema as config
 
     manifest = artifacts.read_manifest(run_dir)
     split = {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}
@@ -90,9 +91,9 @@ def worker_naive(run_dir: Path) -> dict:
     """Members built and trained one after another with `model.fit`, then averaged."""
     import keras
 
-    from ensemble import tasks
-    from ensemble.config import member_hparams
-    from ensemble.members import build_member, member_seed
+    from ensemble.tasks import heads as tasks
+    from ensemble.config.schema import member_hparams
+    from ensemble.models.members import build_member, member_seed
 
     cfg, manifest, split = _load(run_dir)
     (x, y, _), (xt, yt, _) = split["train"], split["test"]
@@ -136,7 +137,7 @@ def worker_sklearn(run_dir: Path) -> dict:
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.neural_network import MLPClassifier
 
-    from ensemble.members import member_seed
+    from ensemble.models.members import member_seed
 
     cfg, _, split = _load(run_dir)
     (x, y, _), (xt, yt, _) = split["train"], split["test"]
@@ -159,10 +160,11 @@ def worker_sklearn(run_dir: Path) -> dict:
 
 def worker_predict_1m(run_dir: Path) -> dict:
     """In-graph prediction of 1,000,000 rows by the trained ensemble of `run_dir`."""
-    from ensemble import artifacts, devices
-    from ensemble.in_graph import InGraphEnsemble
-    from ensemble.members import load_member
-    from ensemble.placement import place
+    from ensemble.core import artifacts
+    from ensemble.replication import devices
+    from ensemble.replication.in_graph import InGraphEnsemble
+    from ensemble.models.members import load_member
+    from ensemble.replication.placement import place
 
     cfg, manifest, split = _load(run_dir)
     n = len(manifest["members"])
@@ -189,7 +191,7 @@ def _worker_main(argv: list[str]) -> None:
 
 
 def _measured(argv: list[str], module: str = "pipelines.cli") -> dict:
-    from pipelines.processes import checked, run_process
+    from ensemble.replication.processes import checked, run_process
 
     return checked(run_process(argv, module=module), " ".join(argv))
 
@@ -200,7 +202,7 @@ def _train_flops_per_row(manifest: dict) -> float:
 
 
 def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int) -> dict:
-    from ensemble import artifacts
+    from ensemble.core import artifacts
     from pipelines.compare import client_processes, concurrent_peak
 
     run_dir = base / f"{mode}-{repeat}"
@@ -226,9 +228,9 @@ def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int) -> dict:
 
 
 def _run_worker(name: str, prepared: Path, trained: Path | None) -> dict:
-    from pipelines.processes import last_report
+    from ensemble.replication.processes import last_report
 
-    from ensemble import artifacts
+    from ensemble.core import artifacts
 
     res = _measured([name, str(trained if name == "predict-1m" else prepared)],
                     module="pipelines.benchmark")
@@ -364,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"expected from {', '.join(METHODS)}")
     import pyarrow as pa
 
-    from ensemble import artifacts
+    from ensemble.core import artifacts
 
     out = Path(args.out)
     runs = []

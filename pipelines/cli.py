@@ -17,9 +17,9 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from ensemble.devices import peak_rss_bytes  # noqa: E402
-from ensemble.errors import UsageError  # noqa: E402
-from ensemble.tfimport import import_tensorflow_quietly  # noqa: E402
+from ensemble.replication.devices import peak_rss_bytes  # noqa: E402
+from ensemble.core.errors import UsageError  # noqa: E402
+from ensemble.core.tfimport import import_tensorflow_quietly  # noqa: E402
 from pipelines.guide import report  # noqa: E402
 from pipelines.options import parse, refuse_inapplicable  # noqa: E402
 
@@ -39,7 +39,7 @@ def _load_config(args, base: dict | None = None):
     count is capped to it with a notice (the extra logical devices would stay idle)."""
     import dataclasses
 
-    from ensemble import config
+    from ensemble.config import schema as config
 
     cfg = config.load(args.config, base=base, overrides={
         "data.source": args.data, "data.target": args.target, "members.count": args.members,
@@ -57,7 +57,7 @@ def _load_config(args, base: dict | None = None):
     elif cfg.placement.replicas == "auto":
         n = float("inf")
     if spec.startswith("cpu:") and spec[4:].isdigit() and int(spec[4:]) > n:
-        from ensemble.data import notice
+        from ensemble.data.sources import notice
 
         what = "members" if n == cfg.members.count else "members' replicas"
         notice(f"--devices {spec} gives more logical devices than the {n} {what}; "
@@ -68,7 +68,7 @@ def _load_config(args, base: dict | None = None):
 
 
 def _cluster(args):
-    from ensemble.cluster import load_spec
+    from ensemble.replication.cluster import load_spec
 
     return load_spec(getattr(args, "cluster", None))
 
@@ -76,7 +76,7 @@ def _cluster(args):
 def cmd_train(args) -> int:
 
     if args.resume:
-        from ensemble import artifacts
+        from ensemble.core import artifacts
 
         if not args.run_dir:
             raise UsageError("--resume needs --run-dir PATH of the run to continue")
@@ -88,12 +88,12 @@ def cmd_train(args) -> int:
     args.mode = args.mode or "in-graph"
     refuse_inapplicable(args)
     if not args.resume:  # every data problem, in one message, before TensorFlow loads
-        from ensemble import data
+        from ensemble.data import sources as data
 
         data.load(cfg.data)
     if args.mode == "in-graph" or args.cluster or os.environ.get("TF_CONFIG"):  # not a
         import_tensorflow_quietly()  # between-graph launcher: its clients load TensorFlow
-    from pipelines import api
+    from ensemble.runs import api
 
     ready = time.time()
     verbosity = 0 if args.quiet else 2 if args.verbose else 1
@@ -109,7 +109,7 @@ def cmd_train(args) -> int:
             print(f"  ensemble client --run {run_dir} --member {m['index']}")
         print(f"then: ensemble aggregate --run {run_dir}")
         return 0
-    from ensemble import runlock
+    from ensemble.core import runlock
 
     runlock.update_manifest(run_dir, lambda m: m["timings"].update(  # when it was ready to work
         process_ready_unix=ready, process_peak_rss_bytes=peak_rss_bytes()))
@@ -128,12 +128,13 @@ def cmd_search(args) -> int:
     plan = search.plan(args.config, args.candidates, args.select, args.stratify, overrides={
         "training.epochs": args.epochs, "placement.devices": args.devices})
     if not args.resume:  # every space and data problem before TensorFlow loads
-        from ensemble import data
+        from ensemble.data import sources as data
 
         data.load(plan.config.data)
     if args.mode == "in-graph":  # a between-graph launcher leaves TensorFlow to its clients
         import_tensorflow_quietly()
-    from pipelines import evaluate, train
+    from ensemble.runs import evaluate
+    from ensemble.runs import train
 
     run_dir = Path(args.run_dir) if args.run_dir else train.default_run_dir(plan.config)
     verbosity = 0 if args.quiet else 1
@@ -146,7 +147,8 @@ def cmd_search(args) -> int:
 
 
 def cmd_devices(args) -> int:
-    from ensemble import config, devices
+    from ensemble.config import schema as config
+    from ensemble.replication import devices
 
     cfg = config.load(args.config)
     spec = args.devices or cfg.placement.devices
@@ -164,9 +166,9 @@ def _check_input_early(args) -> None:
     """Every problem of the input's columns and first batch in one message before TensorFlow
     loads (the run's own problems, damaged or unfinished, are left to the full check that
     follows)."""
-    from ensemble import artifacts
-    from ensemble.preprocessing import Preprocessing
-    from ensemble.stream import input_stream
+    from ensemble.core import artifacts
+    from ensemble.data.preprocessing import Preprocessing
+    from ensemble.data.stream import input_stream
 
     try:
         manifest = artifacts.read_manifest(Path(args.run))
@@ -178,13 +180,13 @@ def _check_input_early(args) -> None:
 
 
 def cmd_predict(args) -> int:
-    from pipelines.predict import check_out
+    from ensemble.runs.predict import check_out
 
     check_out(Path(args.out))
     _check_input_early(args)
     if args.mode == "in-graph":  # a between-graph launcher never loads TensorFlow
         import_tensorflow_quietly()
-    from pipelines import predict
+    from ensemble.runs import predict
 
     ready, measured = time.time(), {}
     verbosity = 0 if args.quiet else 1
@@ -195,7 +197,7 @@ def cmd_predict(args) -> int:
                                        replicas=args.replicas or "auto",
                                        verbosity=verbosity, layout=args.layout)
     else:
-        from pipelines import between
+        from ensemble.runs import between
 
         rec, measured = between.predict_between_graph(
             Path(args.run), args.data, Path(args.out), args.target, jobs=args.jobs,
@@ -210,7 +212,7 @@ def cmd_predict(args) -> int:
 
 def cmd_export(args) -> int:
     import_tensorflow_quietly()
-    from ensemble.export import export_run
+    from ensemble.runs.export import export_run
 
     path = export_run(Path(args.run), Path(args.out), args.version, args.aggregator)
     print(f"SavedModel: {path} (TensorFlow Serving: --model_base_path={path.parent.resolve()})")
@@ -240,7 +242,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from pipelines import evaluate
+    from ensemble.runs import evaluate
 
     preds = Path(args.predictions) if args.predictions else None
     print(evaluate.evaluate(Path(args.run) if args.run else None, preds, args.plots)[1])
@@ -248,7 +250,8 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_aggregate(args) -> int:
-    from pipelines import aggregate, evaluate
+    from ensemble.runs import aggregate
+    from ensemble.runs import evaluate
 
     names = aggregate.parse_aggregators(args.aggregators)
     aggregate.aggregate_run(Path(args.run), names, args.min_members)
@@ -260,7 +263,9 @@ def cmd_aggregate(args) -> int:
 
 
 def cmd_client(args) -> int:
-    from ensemble import between_graph, interrupt, progress
+    from ensemble.replication import client as between_graph
+    from ensemble.core import interrupt
+    from ensemble.replication import progress
 
     ready = time.time()  # TensorFlow is imported (main) and the arguments are parsed
     start = time.perf_counter()
@@ -303,7 +308,7 @@ def cmd_client(args) -> int:
                           f"{','.join(map(str, args.member))}")
             raise
     # read by the launcher ($ENSEMBLE_REPORT): when the client was ready, its work time, memory
-    from ensemble.devices import build_info
+    from ensemble.replication.devices import build_info
 
     report({"members": args.member, "ready_unix": ready,
             "work_seconds": time.perf_counter() - start, "peak_rss_bytes": peak_rss_bytes(),
@@ -312,7 +317,7 @@ def cmd_client(args) -> int:
 
 
 def cmd_server(args) -> int:
-    from ensemble import cluster
+    from ensemble.replication import cluster
 
     spec = cluster.load_spec(args.cluster)
     if spec is None:
@@ -351,7 +356,8 @@ def _interrupted_line(exc, args) -> str:
 def _fault_line(exc: Exception, args) -> str | None:
     """The one line for a resource fault (full disk, quota, read-only, file-size limit), with
     the run's state when it was training; None for any other exception."""
-    from ensemble import artifacts, faults
+    from ensemble.core import artifacts
+    from ensemble.core import faults
 
     line = faults.describe(exc)
     run_dir = getattr(args, "run_dir", None) or getattr(args, "run", None)
@@ -372,8 +378,8 @@ def _fault_line(exc: Exception, args) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status instead of exiting."""
-    from ensemble import interrupt
-    from pipelines.processes import die_with_parent
+    from ensemble.core import interrupt
+    from ensemble.replication.processes import die_with_parent
 
     die_with_parent()
     args = None
@@ -395,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        from ensemble.cluster import ClusterError
+        from ensemble.replication.cluster import ClusterError
 
         if isinstance(exc, ClusterError):
             print(f"error: {exc}", file=sys.stderr)

@@ -31,10 +31,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ensemble import artifacts, devices, tables
-from ensemble.config import MODES, Config
-from ensemble.errors import UsageError
-from pipelines.between import checked, last_report, run_process
+from ensemble.core import artifacts
+from ensemble.replication import devices
+from ensemble.tasks import tables
+from ensemble.config.schema import MODES, Config
+from ensemble.core.errors import UsageError
+from ensemble.runs.between import checked, last_report, run_process
 
 PHASES = ("train", "predict")
 MEASURES = ("wall_seconds", "startup_seconds", "work_seconds", "member_rows_per_second",
@@ -132,7 +134,7 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
         UsageError: an existing folder without `overwrite`, bad data, or a phase that failed on
         bad input.
     """
-    from ensemble import data
+    from ensemble.data import sources as data
 
     check_folder(base, overwrite)
     data.load(cfg.data)  # every data problem now, before any process starts

@@ -13,7 +13,7 @@ import sys
 import re
 from pathlib import Path
 
-from ensemble.errors import UsageError
+from ensemble.core.errors import UsageError
 
 
 def suggest(word: str, known) -> str:
@@ -91,7 +91,7 @@ HEAVY = ("tensorflow", "keras", "sklearn", "scipy", "pandas", "matplotlib")
 
 def report(payload: dict, args=None) -> None:
     """A machine-readable report for the process that launched this one: written as JSON to the
-    file named by `$ENSEMBLE_REPORT` (set by `pipelines.between.run_process`), never to the
+    file named by `$ENSEMBLE_REPORT` (set by `ensemble.runs.between.run_process`), never to the
     user's stdout; printed as the last stdout line only when the user asks with `--json`.
     `loaded` lists which of the heavy libraries this process imported (start-up cost)."""
     payload = {**payload, "loaded": [m for m in HEAVY if m in sys.modules]}

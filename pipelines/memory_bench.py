@@ -21,15 +21,16 @@ def worker(variant: str, rows: int, members: int) -> dict:
     copy per device). Returns `{"variant", "peak_rss_bytes", "data_bytes"}`."""
     import numpy as np
 
-    from ensemble import devices
+    from ensemble.replication import devices
 
     devices.split_cpu(members)
     import tensorflow as tf
 
-    from ensemble import config, training
-    from ensemble.arrays import ArrayData, ArrayPreprocessing
-    from ensemble.in_graph import InGraphEnsemble
-    from ensemble.training import Schedule
+    from ensemble.config import schema as config
+    from ensemble.replication import training
+    from ensemble.data.arrays import ArrayData, ArrayPreprocessing
+    from ensemble.replication.in_graph import InGraphEnsemble
+    from ensemble.replication.training import Schedule
 
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (rows, 32, 32, 3), dtype=np.uint8)

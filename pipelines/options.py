@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from ensemble.config import MODES
-from ensemble.errors import UsageError
+from ensemble.config.schema import MODES
+from ensemble.core.errors import UsageError
 from pipelines.guide import HelpFormatter as _HelpFormatter
 from pipelines.guide import Parser as _Parser
 from pipelines.guide import add as _add

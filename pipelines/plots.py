@@ -14,9 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ensemble import artifacts, tables
-from ensemble.errors import UsageError
-from ensemble.metrics import ECE_BINS, LOWER_IS_BETTER, METRICS
+from ensemble.core import artifacts
+from ensemble.tasks import tables
+from ensemble.core.errors import UsageError
+from ensemble.tasks.classification.metrics import ECE_BINS, LOWER_IS_BETTER, METRICS
 
 
 def _pyplot():
@@ -35,7 +36,7 @@ def _model(preds: pa.Table, model: str, split: str):
     t = preds.filter(pc.and_(pc.equal(preds.column("model"), model),
                              pc.equal(preds.column("split"), split)))
     classes = tables.classes_from(preds)
-    from ensemble.data import encode
+    from ensemble.data.sources import encode
 
     y = encode(t.column("y_true").to_numpy(zero_copy_only=False), classes)
     return y, tables.probabilities(t, classes)

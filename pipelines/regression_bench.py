@@ -26,7 +26,7 @@ DATASETS = ("diabetes",)
 
 def protocol_config(source: str, split_seed: int, epochs: int, learning_rate: float):
     """The protocol's `Config` for one split."""
-    from ensemble import config
+    from ensemble.config import schema as config
 
     return config.from_dict({
         "data": {"source": source, "task": "regression", "test_size": 0.1,
@@ -43,7 +43,7 @@ def run_split(source: str, split_seed: int, root: Path, epochs: int, lr: float) 
     `std-scaling`."""
     import pyarrow.parquet as pq
 
-    from pipelines.train import train_in_graph
+    from ensemble.runs.train import train_in_graph
 
     cfg = protocol_config(source, split_seed, epochs, lr)
     run_dir = root / f"{source}-{split_seed}"
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     parser.add_argument("--learning-rate", type=float, default=0.01)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    from ensemble import devices
+    from ensemble.replication import devices
 
     devices.split_cpu(1)
     root = args.out or Path(tempfile.mkdtemp(prefix="regression-bench-"))

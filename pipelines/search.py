@@ -1,7 +1,7 @@
 """`ensemble search`: a hyperparameter ensemble (Wenzel et al. 2020) by random search and
 greedy ensemble selection, on the ordinary training path.
 
-1. N candidates are sampled from the config's `[search]` space (`ensemble.search`) and become
+1. N candidates are sampled from the config's `[search]` space (`ensemble.config.search`) and become
    the `[[members.override]]` of ONE run, trained by `api.train` in either replication mode
    across the devices (no second trainer: resume, faults, placement and records are the
    run's).
@@ -22,10 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ensemble import artifacts, config, records, run
-from ensemble.search_report import selected
-from ensemble import search as S
-from ensemble.errors import UsageError
+from ensemble.core import artifacts
+from ensemble.config import schema as config
+from ensemble.runs import records
+from ensemble.runs import prepare as run
+from ensemble.runs.search_report import selected
+from ensemble.config import search as S
+from ensemble.core.errors import UsageError
 
 CANDIDATES_DIR = "candidates"
 
@@ -64,7 +67,7 @@ def _train(cfg: config.Config, run_dir: Path, mode: str, resume: bool, overwrite
            jobs: int | None, verbosity: int) -> None:
     """One run on the ordinary path; with `resume`, a completed run is kept and an
     unfinished one resumes (only its unfinished members / from its checkpoint)."""
-    from pipelines import api
+    from ensemble.runs import api
 
     if resume and (run_dir / artifacts.MANIFEST).is_file():
         if run.effective_status(artifacts.read_manifest(run_dir)) == "completed":

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from ensemble.errors import UsageError
+from ensemble.core.errors import UsageError
 
 EXTRA = 'pip install "ensemble-replication[serve]"'
 GRACE_SECONDS = 10
@@ -58,7 +58,7 @@ def serving_devices(spec: str | None, replicas: str) -> list[str]:
     """One device per replica. `replicas` auto: every device of `spec` (auto: every GPU,
     else the CPU split into logical devices, at most the cores); N: N replicas round robin
     over them. Call before TensorFlow runs an op (a CPU split needs that). Raises UsageError."""
-    from ensemble import devices
+    from ensemble.replication import devices
 
     check_replicas(replicas)
     kind, value = devices.parse(spec or "auto")
@@ -226,7 +226,7 @@ def run(args) -> int:
                          f"Received: {name!r}")
     check_replicas(args.replicas)
     if args.devices:
-        from ensemble import devices
+        from ensemble.replication import devices
 
         devices.parse(args.devices)
     if args.port > 65535:

@@ -47,7 +47,7 @@ def write_input(path: Path, names: list[str], rows: int, chunk: int = 131072) ->
 
 def _predict(run_dir: Path, source: Path, out: Path, mode: str, batch_size: int) -> dict:
     from pipelines.compare import client_processes, concurrent_peak
-    from pipelines.processes import checked, last_report, run_process
+    from ensemble.replication.processes import checked, last_report, run_process
 
     res = checked(run_process(["predict", "--run", str(run_dir), "--data", str(source),
                                "--out", str(out), "--mode", mode, "--batch-size",
@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=65536)
     p.add_argument("--out", default="artifacts/serve_bench")
     args = p.parse_args(argv)
-    from ensemble import artifacts
+    from ensemble.core import artifacts
     from pipelines.benchmark import gemm_rate
-    from pipelines.processes import checked, run_process
+    from ensemble.replication.processes import checked, run_process
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ N_LOGICAL_CPUS = 4
 
 
 def pytest_configure(config):
-    from ensemble import devices
+    from ensemble.replication import devices
 
     devices.split_cpu(N_LOGICAL_CPUS)
 
@@ -55,7 +55,7 @@ def run_cli(*argv: str) -> int:
 
 def set_status(run_dir, status: str) -> None:
     """Rewrite a run's manifest status (to simulate a failed or interrupted run)."""
-    from ensemble import artifacts
+    from ensemble.core import artifacts
 
     manifest = artifacts.read_manifest(run_dir)
     manifest["status"] = status

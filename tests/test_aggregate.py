@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from ensemble.aggregate import aggregate, disagreement, hard_vote, soft_vote
-from ensemble.errors import UsageError
+from ensemble.tasks.classification.aggregators import aggregate, disagreement, hard_vote, soft_vote
+from ensemble.core.errors import UsageError
 
 # 3 members, 2 rows, 3 classes
 PROBS = np.array([
@@ -51,7 +51,7 @@ def test_disagreement_by_hand():
 
 @pytest.mark.parametrize("name", ["mean", "vote"])
 def test_tensorflow_twin_agrees_with_numpy(name):
-    from ensemble.in_graph import aggregate_tf
+    from ensemble.replication.in_graph import aggregate_tf
 
     rng = np.random.default_rng(1)
     p = rng.dirichlet(np.ones(10), size=(5, 300)).astype(np.float32)

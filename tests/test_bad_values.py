@@ -8,7 +8,7 @@ import pyarrow.csv as pcsv
 import pytest
 from conftest import run_cli
 
-from ensemble import artifacts
+from ensemble.core import artifacts
 
 
 @pytest.fixture(scope="module")

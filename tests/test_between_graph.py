@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import run_cli
 
-from ensemble import artifacts
-from ensemble.members import load_member
+from ensemble.core import artifacts
+from ensemble.models.members import load_member
 
 
 def _train(tmp, tiny_config, name, *extra):
@@ -197,7 +197,8 @@ def test_predict_applies_the_fitted_aggregators_in_both_modes(aggregated, tmp_pa
 
 
 def test_split_depends_on_split_seed_only(tiny_config, tmp_path):
-    from ensemble import config, run
+    from ensemble.config import schema as config
+    from ensemble.runs import prepare as run
 
     rows = []
     for seed in (0, 7):

@@ -217,8 +217,8 @@ def test_bad_builder_in_a_fresh_process_is_one_line(user, tmp_path):
 
 
 def test_unknown_builder_param_names_it():
-    from ensemble import config
-    from ensemble.errors import UsageError
+    from ensemble.config import schema as config
+    from ensemble.core.errors import UsageError
 
     with pytest.raises(UsageError, match=r"`members.override\[index=1\].params.depth`.*hidden"):
         config.from_dict({"model": {"builder": "mlp"}, "members": {
@@ -226,7 +226,7 @@ def test_unknown_builder_param_names_it():
 
 
 def test_mixed_architectures_in_one_ensemble():
-    from ensemble import config
+    from ensemble.config import schema as config
 
     cfg = config.from_dict({"model": {"builder": "mlp", "params": {"hidden": [8]}},
                             "members": {"count": 2, "override": [
@@ -239,10 +239,10 @@ def test_mixed_architectures_in_one_ensemble():
 
 
 def test_flops_of_the_built_mlp_equal_the_formula():
-    from ensemble import tasks
-    from ensemble.cost import count_flops
-    from ensemble.members import build_member
-    from ensemble.placement import mlp_flops
+    from ensemble.tasks import heads as tasks
+    from ensemble.models.cost import count_flops
+    from ensemble.models.members import build_member
+    from ensemble.replication.placement import mlp_flops
 
     model = build_member("mlp", {"hidden": [32, 16]}, (64,), 10, 0, "m", tasks.get())
     assert count_flops(model, (64,)) == mlp_flops(64, [32, 16], 10)

@@ -10,7 +10,7 @@ import pytest
 from conftest import run_cli
 from sklearn.datasets import load_digits
 
-from ensemble import artifacts
+from ensemble.core import artifacts
 
 PRED_COLUMNS = ["model", "member", "aggregator", "split", "row", "y_true", "y_pred"]
 METRIC_COLUMNS = ["model", "member", "aggregator", "split", "n", "accuracy", "nll", "brier", "ece"]
@@ -300,7 +300,7 @@ def test_predict_reports_input_problems_before_tensorflow(in_graph_run, tmp_path
 
 
 def test_evaluate_table_reads_well(in_graph_run, capsys):
-    from pipelines.evaluate import number
+    from ensemble.runs.evaluate import number
 
     assert number(-0.00004) == "0.0000" and number(-0.00004, signed=True) == "0.0000"
     assert number(0.01234, signed=True) == "+0.0123" and number(None) == "n/a"

@@ -17,8 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import run_cli, start_held
 
-from ensemble import artifacts, cluster
-from ensemble.errors import UsageError
+from ensemble.core import artifacts
+from ensemble.replication import cluster
+from ensemble.core.errors import UsageError
 
 WORKER = "/job:worker/replica:0/task:{}/device:CPU:0"
 

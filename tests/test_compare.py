@@ -6,7 +6,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ensemble import config, tables
+from ensemble.config import schema as config
+from ensemble.tasks import tables
 from pipelines import compare
 
 
@@ -82,7 +83,7 @@ def test_compare_end_to_end_with_repeats(tmp_path, capsys):
     runs it made and prints them; the mode order alternates; the chart is announced."""
     from conftest import run_cli
 
-    from ensemble import artifacts
+    from ensemble.core import artifacts
 
     folder = tmp_path / "cmp"
     assert run_cli("compare", "--data", "iris", "--members", "2", "--epochs", "1",

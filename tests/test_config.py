@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from ensemble import config
-from ensemble.errors import UsageError
+from ensemble.config import schema as config
+from ensemble.core.errors import UsageError
 
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"

@@ -7,10 +7,10 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from ensemble import data
-from ensemble.config import DataConfig, SyntheticConfig
-from ensemble.errors import UsageError
-from ensemble.preprocessing import Preprocessing
+from ensemble.data import sources as data
+from ensemble.config.schema import DataConfig, SyntheticConfig
+from ensemble.core.errors import UsageError
+from ensemble.data.preprocessing import Preprocessing
 
 
 @pytest.mark.parametrize("name, rows, features, classes", [
@@ -217,7 +217,7 @@ def test_input_columns_matched_by_name_extra_ignored_or_refused(tmp_path, capsys
 
 
 def test_relative_source_resolves_against_the_config_folder(tmp_path, monkeypatch):
-    from ensemble import config
+    from ensemble.config import schema as config
 
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "c.toml").write_text('[data]\nsource = "t.csv"\n')

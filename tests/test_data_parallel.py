@@ -11,7 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import run_cli
 
-from ensemble import artifacts, config, placement_log, run
+from ensemble.core import artifacts
+from ensemble.config import schema as config
+from ensemble.replication import placement_log
+from ensemble.runs import prepare as run
 
 CONFIG = """
 [data]
@@ -89,7 +92,7 @@ def test_between_graph_clients_train_replicated_members(plain, cfg_path, capsys)
 
 
 def _group(devs, replicas=None, dropout=0.0):
-    from ensemble.in_graph import InGraphEnsemble
+    from ensemble.replication.in_graph import InGraphEnsemble
 
     cfg = config.from_dict({"members": {"count": 2, "hidden": [16], "dropout": dropout},
                             "training": {"epochs": 1, "batch_size": 64, "seed": 5}})
@@ -146,9 +149,9 @@ def test_uneven_batches_are_weighted_by_rows(digits, rows, n_replicas):
     import keras
     import tensorflow as tf
 
-    from ensemble import tasks
-    from ensemble.replicas import replicated_train_step
-    from ensemble.training import memory_of, train_step
+    from ensemble.tasks import heads as tasks
+    from ensemble.replication.replicas import replicated_train_step
+    from ensemble.replication.training import memory_of, train_step
 
     x, y, _ = digits["train"]
     task = tasks.get()
@@ -173,7 +176,7 @@ def test_uneven_batches_are_weighted_by_rows(digits, rows, n_replicas):
 
 
 def test_dropout_masks_per_replica_are_deterministic(digits):
-    from ensemble.training import Schedule
+    from ensemble.replication.training import Schedule
 
     (x, y, _), (xv, yv, _) = digits["train"], digits["validation"]
     x, y, xv, yv = x[:320], y[:320], xv[:64], yv[:64]
@@ -205,7 +208,7 @@ class _StopAfter:
 
 
 def test_resume_of_a_replicated_run_is_exact(replicated, cfg_path, tmp_path):
-    from pipelines.train import train_in_graph
+    from ensemble.runs.train import train_in_graph
 
     cfg = config.load(cfg_path, overrides={"placement.devices": "cpu:4",
                                            "placement.replicas": 2})

@@ -11,8 +11,11 @@ import sys
 import pytest
 
 from conftest import ROOT, N_LOGICAL_CPUS, run_cli
-from ensemble import artifacts, config, devices, placement_log
-from ensemble.errors import UsageError
+from ensemble.core import artifacts
+from ensemble.config import schema as config
+from ensemble.replication import devices
+from ensemble.replication import placement_log
+from ensemble.core.errors import UsageError
 
 
 def _has_gpu() -> bool:
@@ -105,7 +108,7 @@ def test_log_device_placement_names_each_members_device(tmp_path, tiny_config):
 def test_placement_log_in_a_started_runtime_is_a_notice(tmp_path, capfd):
     import tensorflow as tf
 
-    from ensemble import placement_log
+    from ensemble.replication import placement_log
 
     tf.constant(1.0) + 1  # the runtime has started in this test process
     with placement_log.capture(tmp_path / "p.log"):

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import cli_env, run_cli, start_held
 
-from ensemble import artifacts, faults, staging
+from ensemble.core import artifacts
+from ensemble.core import faults
+from ensemble.core import staging
 
 BIG = """
 [data]

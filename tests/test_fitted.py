@@ -4,10 +4,12 @@ case a reader can follow, stacking against scikit-learn, TensorFlow twins, no te
 import numpy as np
 import pytest
 
-from ensemble import aggregate as A
-from ensemble import fitted, posthoc, tables
-from ensemble import metrics as M
-from ensemble.errors import UsageError
+from ensemble.tasks.classification import aggregators as A
+from ensemble.tasks.classification import fitted
+from ensemble.runs import posthoc
+from ensemble.tasks import tables
+from ensemble.tasks.classification import metrics as M
+from ensemble.core.errors import UsageError
 
 PROBS = np.array([
     [[0.7, 0.2, 0.1], [0.1, 0.5, 0.4]],
@@ -125,7 +127,7 @@ def _fit_random(n_members=4, n_rows=120, n_classes=5, seed=0):
 
 @pytest.mark.parametrize("name", A.AGGREGATORS)
 def test_tensorflow_twin_agrees_with_numpy_for_every_aggregator(name):
-    from ensemble.aggregate_tf import aggregate_tf
+    from ensemble.tasks.classification.aggregators_tf import aggregate_tf
 
     probs, _, fit = _fit_random()
     new = np.random.default_rng(9).dirichlet(np.ones(5), size=(4, 300)).astype(np.float32)

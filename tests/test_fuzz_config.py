@@ -10,9 +10,9 @@ from typing import get_type_hints
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ensemble import bounds
-from ensemble import config as C
-from ensemble.errors import UsageError
+from ensemble.config import bounds
+from ensemble.config import schema as C
+from ensemble.core.errors import UsageError
 
 
 def _keys(cls=C.Config, prefix=()):

@@ -5,8 +5,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import run_cli
 
-from ensemble import artifacts, config
-from ensemble.errors import UsageError
+from ensemble.core import artifacts
+from ensemble.config import schema as config
+from ensemble.core.errors import UsageError
 
 HETERO = """
 [data]
@@ -77,7 +78,7 @@ def test_heterogeneous_members_same_in_both_modes(hetero):
 def test_heterogeneous_members_on_their_devices_in_the_traced_graph(hetero):
     from test_in_graph import _ops_by_member
 
-    from ensemble.in_graph import InGraphEnsemble
+    from ensemble.replication.in_graph import InGraphEnsemble
 
     cfg = config.load(hetero[0])
     devs = ["/device:CPU:1", "/device:CPU:0", "/device:CPU:1"]
@@ -92,10 +93,10 @@ def test_l2_penalty_is_added_to_the_step_loss():
     import numpy as np
     import tensorflow as tf
 
-    from ensemble import tasks
-    from ensemble.members import build_member
-    from ensemble.optimizer import build_optimizer
-    from ensemble.training import train_step
+    from ensemble.tasks import heads as tasks
+    from ensemble.models.members import build_member
+    from ensemble.models.optimizer import build_optimizer
+    from ensemble.replication.training import train_step
 
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(size=(16, 5)), tf.float32)

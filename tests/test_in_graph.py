@@ -6,8 +6,11 @@ import re
 import numpy as np
 import pytest
 
-from ensemble import artifacts, config, devices, run
-from ensemble.placement import place
+from ensemble.core import artifacts
+from ensemble.config import schema as config
+from ensemble.replication import devices
+from ensemble.runs import prepare as run
+from ensemble.replication.placement import place
 
 CFG = config.from_dict({"members": {"count": 4, "hidden": [16], "dropout": 0.1},
                         "training": {"epochs": 2, "batch_size": 64, "seed": 5}})
@@ -21,7 +24,7 @@ def prepared(tmp_path_factory):
 
 
 def _build(devs, indices=None):
-    from ensemble.in_graph import InGraphEnsemble
+    from ensemble.replication.in_graph import InGraphEnsemble
 
     return InGraphEnsemble.build(CFG, 64, 10, devs, indices)
 
@@ -79,7 +82,7 @@ def test_aggregation_ops_run_on_the_client_device():
 
 def test_member_alone_equals_member_in_ensemble(prepared):
     (x, y, _), (xv, yv, _) = prepared["train"], prepared["validation"]
-    from ensemble.training import Schedule
+    from ensemble.replication.training import Schedule
 
     schedule = Schedule.of(CFG.training)
     full = _build(["/device:CPU:0", "/device:CPU:1", "/device:CPU:2", "/device:CPU:3"])

@@ -140,7 +140,7 @@ def test_digits_cnn_config_and_the_estimator_on_4d_arrays(tmp_path):
                    "--quiet") == 0
     from sklearn.datasets import load_digits
 
-    from ensemble.builders import cnn
+    from ensemble.models.builders import cnn
     from ensemble.sklearn import DeepEnsembleClassifier
 
     d = load_digits()
@@ -189,7 +189,7 @@ def test_real_table_from_cli_flags_predict_csv_and_columnar_export(penguins, tmp
     assert run_cli("export", "--run", run_dir, "--out", tmp_path / "models") == 0
     feeds = {}
     pre = json.loads((run_dir / "preprocessing.json").read_text())
-    from ensemble.export import input_names
+    from ensemble.runs.export import input_names
 
     key = input_names(pre["feature_names"] + list(pre["categories"]))
     for c in pre["feature_names"]:

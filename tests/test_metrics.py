@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from ensemble import metrics as M
+from ensemble.tasks.classification import metrics as M
 
 Y = np.array([0, 1, 2, 1])
 P = np.array([

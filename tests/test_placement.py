@@ -1,7 +1,7 @@
 import pytest
 
-from ensemble.errors import UsageError
-from ensemble.placement import RoundRobinPlacement, place
+from ensemble.core.errors import UsageError
+from ensemble.replication.placement import RoundRobinPlacement, place
 
 CASES = [
     # n_members, devices, expected
@@ -41,7 +41,7 @@ def test_placement_does_not_import_tensorflow():
     import subprocess
     import sys
 
-    code = "import sys, ensemble.placement; print('tensorflow' in sys.modules)"
+    code = "import sys, ensemble.replication.placement; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -72,7 +72,7 @@ def test_balanced_beats_round_robin_on_mixed_costs():
 
 
 def test_mlp_flops_by_hand():
-    from ensemble.placement import mlp_flops
+    from ensemble.replication.placement import mlp_flops
 
     assert mlp_flops(64, [256, 128], 10) == 2 * (64 * 256 + 256 * 128 + 128 * 10)
     assert mlp_flops(4, [], 3) == 24

@@ -8,7 +8,7 @@ import time
 import pytest
 from conftest import start_held
 
-from ensemble import progress
+from ensemble.replication import progress
 
 
 def _lines_while_held(argv, tmp_path, want, member=None, timeout=180):

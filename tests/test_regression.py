@@ -13,10 +13,10 @@ import pytest
 from scipy import integrate, stats
 
 from conftest import run_cli
-from ensemble import regression as R
-from ensemble import regression_fit as RF
-from ensemble import regression_metrics as RM
-from ensemble.errors import UsageError
+from ensemble.tasks.regression import aggregators as R
+from ensemble.tasks.regression import fitted as RF
+from ensemble.tasks.regression import metrics as RM
+from ensemble.core.errors import UsageError
 
 RNG = np.random.default_rng(0)
 Y = RNG.normal(3.0, 2.0, 200)
@@ -127,7 +127,7 @@ def _members(n_members=3, n=150, seed=1):
 
 
 def test_tf_twins_agree_with_numpy():
-    from ensemble.regression_tf import aggregate_tf
+    from ensemble.tasks.regression.tf_ops import aggregate_tf
 
     out, y = _members()
     params = RF.fit(out, y, ["weighted", "greedy", "std-scaling"], [0, 1, 2])["params"]
@@ -172,7 +172,7 @@ def test_classification_aggregators_are_refused_for_regression():
 # --- task resolution ----------------------------------------------------------------------
 
 def test_task_resolution():
-    from ensemble.tasks import resolve
+    from ensemble.tasks.heads import resolve
 
     assert resolve(np.array([0.5, 1.25, 3.0]), "auto") == "regression"
     assert resolve(np.array([0, 1, 2] * 20), "auto") == "classification"

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from conftest import run_cli, start_held
 
-from ensemble import artifacts, run, runlock
-from ensemble.between_graph import local_devices
-from ensemble.errors import UsageError
+from ensemble.core import artifacts
+from ensemble.runs import prepare as run
+from ensemble.core import runlock
+from ensemble.replication.client import local_devices
+from ensemble.core.errors import UsageError
 
 
 def _start(argv, tmp_path, hold_at, member=None, timeout=90):
@@ -202,8 +204,8 @@ def test_atomic_writes_get_the_umask_permissions_and_are_flushed(tmp_path, umask
 def test_history_is_written_before_its_checkpoint(tmp_path):
     import keras
 
-    from ensemble.checkpoints import EpochCheckpoints
-    from ensemble.optimizer import Adam
+    from ensemble.replication.checkpoints import EpochCheckpoints
+    from ensemble.models.optimizer import Adam
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     ckpt = EpochCheckpoints(tmp_path, [model], [Adam(model.trainable_variables, 0.01)])

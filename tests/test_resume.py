@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import run_cli, set_status, start_held
 
-from ensemble import artifacts, run
+from ensemble.core import artifacts
+from ensemble.runs import prepare as run
 
 
 def _probs(path):

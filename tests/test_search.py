@@ -9,8 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import run_cli, set_status
 
-from ensemble import artifacts, search
-from ensemble.errors import UsageError
+from ensemble.core import artifacts
+from ensemble.config import search
+from ensemble.core.errors import UsageError
 
 SPACE = {"seed": 3, "hidden": [[16], [24, 8]], "activation": ["relu", "tanh"],
          "dropout": {"low": 0.0, "high": 0.2},

@@ -92,7 +92,7 @@ runpy.run_module("tensorflow.python.tools.saved_model_cli", run_name="__main__")
 
 
 def test_export_serves_the_run_in_a_plain_tensorflow_process(string_run, tmp_path, capsys):
-    from ensemble.export import DEFAULT_SIGNATURE
+    from ensemble.runs.export import DEFAULT_SIGNATURE
 
     out = tmp_path / "models"
     assert run_cli("export", "--run", string_run / "run", "--out", out,
@@ -134,7 +134,7 @@ def test_export_serves_the_run_in_a_plain_tensorflow_process(string_run, tmp_pat
 def test_export_hard_wires_no_device(string_run, tmp_path):
     from tensorflow.core.protobuf import saved_model_pb2
 
-    from ensemble.export import export_run
+    from ensemble.runs.export import export_run
 
     version = export_run(string_run / "run", tmp_path, version=7, aggregator="mean")
     assert version == tmp_path / "7"
@@ -239,10 +239,10 @@ def test_replicas_run_on_their_own_devices_and_change_nothing(string_run, tmp_pa
     """3 members x 2 replicas over 4 logical CPUs: every replica's ops (read from the traced
     graph) on its own device, its weights there too, and the same probabilities as whole
     members (CLI too: the prediction's manifest records member -> devices)."""
-    from ensemble import devices
-    from ensemble.in_graph import InGraphEnsemble
-    from ensemble.members import load_member
-    from ensemble.placement import replica_devices
+    from ensemble.replication import devices
+    from ensemble.replication.in_graph import InGraphEnsemble
+    from ensemble.models.members import load_member
+    from ensemble.replication.placement import replica_devices
 
     run_dir = string_run / "run"
     devs = devices.split_cpu(4)
@@ -286,7 +286,7 @@ def test_replicas_run_on_their_own_devices_and_change_nothing(string_run, tmp_pa
     (2, 1, "auto", [[0], [0]]),
 ])
 def test_replica_devices_table(members, n_devices, replicas, expected):
-    from ensemble.placement import replica_devices
+    from ensemble.replication.placement import replica_devices
 
     devs = [f"/device:GPU:{i}" for i in range(n_devices)]
     assert replica_devices(members, devs, replicas) == [[devs[i] for i in g] for g in expected]
@@ -294,8 +294,8 @@ def test_replica_devices_table(members, n_devices, replicas, expected):
 
 @pytest.mark.parametrize("replicas", [0, 5, "two", True])
 def test_replica_devices_refuses(replicas):
-    from ensemble.errors import UsageError
-    from ensemble.placement import replica_devices
+    from ensemble.core.errors import UsageError
+    from ensemble.replication.placement import replica_devices
 
     with pytest.raises(UsageError, match=r"--replicas to be auto or an integer in 1\.\.4"):
         replica_devices(2, [f"/device:GPU:{i}" for i in range(4)], replicas)

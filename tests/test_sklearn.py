@@ -15,7 +15,8 @@ import pytest
 from sklearn.datasets import load_iris
 
 from conftest import ROOT
-from ensemble import artifacts, metrics
+from ensemble.core import artifacts
+from ensemble.tasks.classification import metrics
 from ensemble.sklearn import DeepEnsembleClassifier
 
 SMALL = dict(n_members=2, hidden=(8,), dropout=0.0, epochs=4, learning_rate=0.02,
@@ -148,7 +149,7 @@ def test_same_members_as_ensemble_train_on_the_same_rows(tmp_path):
     also after a fit with another seed on the same cached graphs (they reset to a fresh
     build)."""
     import ensemble
-    from ensemble.members import load_member
+    from ensemble.models.members import load_member
 
     run = ensemble.train({"data": {"source": "iris"},
                           "members": {"count": 2, "hidden": [8], "dropout": 0.1},

@@ -1,0 +1,7 @@
+"""Run configuration: the TOML dataclasses (`schema`), their range checks and bounds, search spaces.
+
+The public face re-exports the schema's main names: `from ensemble.config import Config, load`.
+"""
+from ensemble.config.schema import MODES, Config, from_dict, load
+
+__all__ = ["MODES", "Config", "from_dict", "load"]

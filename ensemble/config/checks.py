@@ -1,0 +1,135 @@
+"""Range checks of a run config: every value in its domain, before anything is written.
+
+`ensemble.config.schema.from_dict` calls `check_ranges` after the types are checked; the upper bounds
+of the numbers are in `ensemble.config.bounds`.
+"""
+
+from __future__ import annotations
+
+
+from ensemble.tasks.classification.aggregators import AGGREGATORS
+from ensemble.models.builders import ACTIVATIONS
+from ensemble.config.schema import CATEGORICAL, IMPUTE, LR_SCHEDULES, Config
+from ensemble.core.errors import UsageError
+
+
+def check_ranges(cfg: Config) -> None:
+    """Every key of `cfg` in its domain (positive counts, fractions in (0, 1), known names,
+    per-member overrides, the bounds of `ensemble.config.bounds`).
+
+    Raises:
+        UsageError: names the key, what was expected and the value received.
+    """
+    def positive(key: str, value: float) -> None:
+        if value <= 0:
+            raise UsageError(f"Expected `{key}` to be positive. Received: {key}={value!r}")
+
+    positive("members.count", cfg.members.count)
+    positive("training.epochs", cfg.training.epochs)
+    positive("training.batch_size", cfg.training.batch_size)
+    positive("training.learning_rate", cfg.training.learning_rate)
+    positive("training.checkpoint_every", cfg.training.checkpoint_every)
+    if cfg.training.steps_per_execution < 0:
+        raise UsageError("Expected `training.steps_per_execution` to be >= 0 (0: automatic). "
+                         f"Received: {cfg.training.steps_per_execution}")
+    for i, width in enumerate(cfg.members.hidden):
+        positive(f"members.hidden[{i}]", width)
+    seen = set()
+    for k, o in enumerate(cfg.members.override):
+        key = f"members.override[{k}]"
+        if not 0 <= o.index < cfg.members.count or o.index in seen:
+            raise UsageError(f"Expected `{key}.index` to be a distinct member index in "
+                             f"0..{cfg.members.count - 1}. Received: index={o.index}")
+        seen.add(o.index)
+        for i, width in enumerate(o.hidden or ()):
+            positive(f"{key}.hidden[{i}]", width)
+        if o.learning_rate is not None:
+            positive(f"{key}.learning_rate", o.learning_rate)
+        if o.l2 is not None and o.l2 < 0:
+            raise UsageError(f"Expected `{key}.l2` to be >= 0. Received: {o.l2}")
+        if o.dropout is not None and not 0.0 <= o.dropout < 1.0:
+            raise UsageError(f"Expected `{key}.dropout` in [0, 1). Received: {o.dropout}")
+        if o.activation is not None and o.activation not in ACTIVATIONS:
+            raise UsageError(f"Expected `{key}.activation` to be one of "
+                             f"{', '.join(ACTIVATIONS)}. Received: {o.activation!r}")
+    t = cfg.training
+    if not isinstance(t.optimizer, str) or not t.optimizer:
+        raise UsageError(f"Expected `training.optimizer` to be an optimizer name such as "
+                         f"\"adam\" or \"sgd\". Received: {t.optimizer!r}")
+    if t.lr_schedule not in LR_SCHEDULES:
+        raise UsageError(f"Expected `training.lr_schedule` to be one of "
+                         f"{', '.join(LR_SCHEDULES)}. Received: {t.lr_schedule!r}")
+    if t.early_stopping < 0:
+        raise UsageError("Expected `training.early_stopping` to be >= 0 (patience in epochs; "
+                         f"0: off). Received: {t.early_stopping}")
+    if cfg.placement.strategy not in ("round-robin", "balanced"):
+        raise UsageError("Expected `placement.strategy` to be \"round-robin\" or \"balanced\". "
+                         f"Received: {cfg.placement.strategy!r}")
+    rep = cfg.placement.replicas  # data-parallel members (issue #24)
+    if rep != "auto" and not (isinstance(rep, int) and rep >= 1):
+        raise UsageError("Expected `placement.replicas` to be auto or a positive integer. "
+                         f"Received: {rep!r}")
+    syn = cfg.data.synthetic
+    for name in ("rows", "features", "classes"):
+        positive(f"data.synthetic.{name}", getattr(syn, name))
+    if cfg.placement.memory_limit_mb < 0:
+        raise UsageError("Expected `placement.memory_limit_mb` to be >= 0 (0: no limit). "
+                         f"Received: {cfg.placement.memory_limit_mb}")
+    if cfg.training.seed < 0:
+        raise UsageError(f"Expected `training.seed` to be >= 0. Received: {cfg.training.seed}")
+    if cfg.data.split_seed < 0:
+        raise UsageError(f"Expected `data.split_seed` to be >= 0. Received: {cfg.data.split_seed}")
+    positive("aggregation.greedy_rounds", cfg.aggregation.greedy_rounds)
+    if cfg.aggregation.stacking_folds < 2:
+        raise UsageError("Expected `aggregation.stacking_folds` >= 2. "
+                         f"Received: {cfg.aggregation.stacking_folds}")
+    agg = cfg.aggregation
+    if agg.weights and (len(agg.weights) != cfg.members.count or min(agg.weights) < 0
+                        or sum(agg.weights) <= 0):
+        raise UsageError(f"Expected `aggregation.weights` to be {cfg.members.count} non-negative "
+                         f"numbers (one per member) with a positive sum, or empty (fitted). "
+                         f"Received: {list(agg.weights)}")
+    if cfg.members.l2 < 0:
+        raise UsageError(f"Expected `members.l2` to be >= 0. Received: {cfg.members.l2}")
+    if not 0.0 <= cfg.members.dropout < 1.0:
+        raise UsageError(f"Expected `members.dropout` in [0, 1). Received: {cfg.members.dropout}")
+    if cfg.members.activation not in ACTIVATIONS:
+        raise UsageError(
+            f"Expected `members.activation` to be one of {', '.join(ACTIVATIONS)}. "
+            f"Received: {cfg.members.activation!r}"
+        )
+    for key in ("test_size", "validation_size"):
+        value = getattr(cfg.data, key)
+        if not 0.0 < value < 1.0:
+            raise UsageError(f"Expected `data.{key}` in (0, 1). Received: {value}")
+    if cfg.data.test_size + cfg.data.validation_size >= 0.9:
+        raise UsageError("Expected `data.test_size + data.validation_size` below 0.9.")
+    if cfg.data.color_mode not in ("auto", "grayscale", "rgb"):
+        raise UsageError("Expected `data.color_mode` to be \"auto\", \"grayscale\" or \"rgb\". "
+                         f"Received: {cfg.data.color_mode!r}")
+    if cfg.data.image_size and (len(cfg.data.image_size) != 2
+                                or not all(0 < d <= 65536 for d in cfg.data.image_size)):
+        raise UsageError("Expected `data.image_size` to be [height, width] in pixels (or []). "
+                         f"Received: {list(cfg.data.image_size)}")
+    if cfg.data.impute not in IMPUTE:
+        raise UsageError(f"Expected `data.impute` to be one of {', '.join(IMPUTE)}. "
+                         f"Received: {cfg.data.impute!r}")
+    if isinstance(cfg.data.categorical, str) and cfg.data.categorical not in CATEGORICAL:
+        raise UsageError(f"Expected `data.categorical` to be \"auto\", \"none\" or a list of "
+                         f"column names. Received: {cfg.data.categorical!r}")
+    if cfg.data.task not in ("auto", "classification", "regression"):
+        raise UsageError("Expected `data.task` to be \"auto\", \"classification\" or "
+                         f"\"regression\". Received: {cfg.data.task!r}")
+    if cfg.training.loss not in ("auto", "cross_entropy", "gaussian_nll", "mse"):
+        raise UsageError("Expected `training.loss` to be \"auto\", \"cross_entropy\", "
+                         f"\"gaussian_nll\" or \"mse\". Received: {cfg.training.loss!r}")
+    bad = [a for a in cfg.aggregation.aggregators if a not in AGGREGATORS
+           and a != "std-scaling"]
+    if bad or not cfg.aggregation.aggregators:
+        raise UsageError(
+            f"Expected `aggregation.aggregators` from {', '.join(AGGREGATORS)}, std-scaling. "
+            f"Received: {list(cfg.aggregation.aggregators)}"
+        )
+    from ensemble.config.bounds import check_bounds  # upper bounds, non-finite sums
+
+    check_bounds(cfg)

@@ -1,0 +1,442 @@
+"""Run configuration: TOML files in `configs/`, validated up front, overridden by CLI flags.
+
+The defaults of the dataclasses below ARE the default run (`configs/digits.toml` spells them
+out; a test keeps the two equal), so an installed `ensemble train` needs no file.
+
+A config has six tables: `[data]`, `[model]`, `[members]`, `[training]`, `[placement]`,
+`[aggregation]` (plus the optional `[data.synthetic]` and `[model.params]`; a `[search]` table is `ensemble search`'s, read and
+checked by `ensemble.config.search`, and left out of the run config here). Unknown keys and wrong
+types are rejected with a `UsageError` that names the key and the expected type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import math
+import tomllib
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+from ensemble.models import builders
+from ensemble.core.errors import UsageError
+
+MODES = ("in-graph", "between-graph")  # the replication modes, in-graph the default
+
+DEFAULT_AGGREGATORS = ("mean", "vote")
+IMPUTE = ("error", "median", "most_frequent")
+CATEGORICAL = ("auto", "none")
+LR_SCHEDULES = ("constant", "cosine")
+MLP_KEYS = ("hidden", "activation", "dropout", "l2")  # [members] keys: the mlp builder's params
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """`make_classification` parameters of the built-in `synthetic` source."""
+
+    rows: int = 50_000
+    features: int = 64
+    classes: int = 10
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the data comes from, how it is split (fractions of all rows) and prepared.
+
+    `categorical`: `"auto"` one-hot encodes string, boolean and dictionary columns, `"none"`
+    encodes nothing, a list names the columns to encode. `impute`: `"error"` refuses missing
+    feature values, `"median"` fills numeric ones with the training median (categorical ones
+    with the most frequent category), `"most_frequent"` fills both with the most frequent value.
+    A relative file `source` in a config file is resolved against that file's folder.
+    `split_seed` alone decides the train/validation/test split (never the training seed), so
+    runs with other seeds or member counts are scored on the same test rows. `drop`: columns
+    left out. `image_size` (`[h, w]`, empty: as they are) and `color_mode` (`auto`: grey when
+    every image is, `grayscale` or `rgb`): how an image folder is read (`ensemble.data.arrays`).
+    """
+
+    source: str = "digits"
+    target: str = "target"
+    test_size: float = 0.2
+    validation_size: float = 0.1
+    split_seed: int = 0
+    categorical: str | tuple[str, ...] = "auto"
+    impute: str = "error"
+    drop: tuple[str, ...] = ()
+    image_size: tuple[int, ...] = ()
+    color_mode: str = "auto"
+    task: str = "auto"  # auto | classification | regression (ensemble.tasks.heads.resolve)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The members' network: `builder` is `"mlp"`, `"cnn"`, `"package.module:function"` or
+    `"path/to/file.py:function"` (see `ensemble.models.builders`); `params` are its keyword
+    arguments. For `mlp`, `[members] hidden/activation/dropout/l2` are its parameters too
+    (`params` wins)."""
+
+    builder: str = "mlp"
+    params: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MemberOverride:
+    """One member's hyperparameters where they differ from `[model]`/`[members]`/`[training]`
+    (`[[members.override]]`, a hyperparameter ensemble): its own `builder` (mixed
+    architectures), builder `params`, the MLP keys and `learning_rate`. Unset keys are None."""
+
+    index: int = -1
+    builder: str | None = None
+    params: dict | None = None
+    hidden: tuple[int, ...] | None = None
+    activation: str | None = None
+    dropout: float | None = None
+    learning_rate: float | None = None
+    l2: float | None = None
+
+
+@dataclass(frozen=True)
+class MembersConfig:
+    """The ensemble members: `count` MLPs with `hidden` layer widths; `l2` is the L2 penalty
+    `l2 * sum(kernel**2)` on every Dense kernel, added to the training loss; `override` gives
+    per-member hyperparameters (`batch_size` and `epochs` stay shared by the run)."""
+
+    count: int = 4
+    hidden: tuple[int, ...] = (256, 128)
+    activation: str = "relu"
+    dropout: float = 0.1
+    l2: float = 0.0
+    override: tuple[MemberOverride, ...] = ()
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """How every member trains; `seed` is the run seed.
+
+    `optimizer`: `adam` (the fused kernel of `ensemble.models.optimizer`, the fast default) or any
+    `keras.optimizers` name (`sgd`, `adamw`, `rmsprop`, ...) with `optimizer_params` (e.g.
+    `{momentum = 0.9}`). `lr_schedule`: `constant` or `cosine` (cosine decay to 0 over the
+    run's steps). `early_stopping`: patience in epochs on each member's validation loss
+    (0: off); a member that stops keeps the weights of its best epoch.
+    """
+
+    epochs: int = 30
+    batch_size: int = 32
+    learning_rate: float = 1e-3
+    optimizer: str = "adam"
+    optimizer_params: dict = field(default_factory=dict)
+    lr_schedule: str = "constant"
+    early_stopping: int = 0
+    loss: str = "auto"  # regression: gaussian_nll (auto) or mse; classification: cross_entropy
+    seed: int = 0
+    deterministic: bool = True
+    checkpoint_every: int = 1  # epochs between checkpoints (the last epoch is always saved)
+    steps_per_execution: int = 0  # steps per traced call; 0: automatic (calls of about 1 s)
+    tensorboard: bool = False  # tf.summary scalars under RUN/tensorboard/ (members, ensemble)
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """Device spec: `auto`, `cpu:N` or a comma-separated list of device names; `strategy`:
+    `round-robin` (by member index) or `balanced` (by each member's FLOPs per row).
+
+    GPU memory: `memory_growth` allocates GPU memory as needed instead of all of it at
+    start-up; `memory_limit_mb` caps every GPU at this many MiB (a logical device
+    configuration; 0: no cap). Both apply before TensorFlow initialises; without GPUs they
+    only print a notice.
+
+    `replicas`: data parallelism in training: each member runs as this many replicas on
+    distinct devices, each batch split across them (`ensemble.replication.replicas`); `auto`:
+    devices // members; 1: one device per member.
+    """
+
+    devices: str = "auto"
+    strategy: str = "round-robin"
+    memory_growth: bool = True
+    memory_limit_mb: int = 0
+    replicas: int | str = 1
+
+
+@dataclass(frozen=True)
+class AggregationConfig:
+    """Aggregators applied to the members' predictions, and the fitted ones' settings.
+
+    `aggregators`: from `mean`, `vote`, `geometric`, `weighted`, `greedy`, `stacking`,
+    `temperature` (the last four are fitted on the validation split); a regression run takes
+    `mean`, `weighted`, `greedy`, `std-scaling` (`ensemble.tasks.regression.aggregators`) and applies `mean`
+    alone when the list is the default. `weights`: fixed member
+    weights for `weighted` (empty: fitted). `greedy_rounds`: additions of ensemble selection.
+    `stacking_folds`: cross-validation folds choosing the stacker's regularisation.
+    """
+
+    aggregators: tuple[str, ...] = DEFAULT_AGGREGATORS
+    weights: tuple[float, ...] = ()
+    greedy_rounds: int = 20
+    stacking_folds: int = 5
+
+
+@dataclass(frozen=True)
+class Config:
+    """The resolved configuration of a run."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    members: MembersConfig = field(default_factory=MembersConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (tuples become lists)."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    def sha256(self) -> str:
+        """sha256 of the canonical JSON of `to_dict()` (sorted keys)."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is tuple:
+        return f"list of {get_args(tp)[0].__name__}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check `value` against the annotated type `tp`; return it in that type."""
+    if isinstance(tp, types.UnionType):
+        for option in get_args(tp):
+            try:
+                return _coerce(key, value, option)
+            except UsageError:
+                if option is float and isinstance(value, (int, float)) \
+                        and not isinstance(value, bool):
+                    raise  # a number, but not a finite one: say so
+        names = " or a ".join(_type_name(t) for t in get_args(tp) if t is not type(None))
+        raise UsageError(f"Expected `{key}` to be a {names}. Received: {key}={value!r}")
+    if tp is dict:
+        if not isinstance(value, dict):
+            raise UsageError(f"Expected `{key}` to be a table. Received: {key}={value!r}")
+        try:
+            plain = json.loads(json.dumps(value, allow_nan=False))  # plain JSON values
+        except (TypeError, ValueError):
+            raise UsageError(f"Expected `{key}` to hold numbers, strings, booleans, lists and "
+                             f"tables (finite, no dates). Received: {key}={value!r}") from None
+        _plain_numbers(key, plain)
+        return plain
+    if get_origin(tp) is tuple:
+        item = get_args(tp)[0]
+        if not isinstance(value, (list, tuple)):
+            raise UsageError(f"Expected `{key}` to be a {_type_name(tp)}. Received: {key}={value!r}")
+        if dataclasses.is_dataclass(item):
+            return tuple(_build(item, v, f"{key}[{i}]") for i, v in enumerate(value))
+        return tuple(_coerce(f"{key}[{i}]", v, item) for i, v in enumerate(value))
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return _in_domain(key, value, float)
+    if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
+        raise UsageError(f"Expected `{key}` to be a {_type_name(tp)}. Received: {key}={value!r}")
+    return _in_domain(key, value, tp)
+
+
+INT64 = 2 ** 63
+
+
+def _plain_numbers(key: str, value: Any) -> None:
+    """Every number inside a free-form table (builder or optimiser parameters) within 64 bits
+    (integers) or finite (floats, already checked by JSON)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _plain_numbers(f"{key}.{k}", v)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _plain_numbers(f"{key}[{i}]", v)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        _in_domain(key, value, int)
+
+
+def _in_domain(key: str, value: Any, tp: Any) -> Any:
+    """Numbers a run can use: floats finite (no `nan`, `inf`; an integer given for a float must
+    fit one), integers within 64 bits. Other values pass unchanged."""
+    if tp is float:
+        try:
+            value = float(value)
+        except OverflowError:
+            value = float("inf")
+        if not math.isfinite(value):
+            raise UsageError(f"Expected `{key}` to be a finite number. Received: {key}={value!r}")
+    elif tp is int and not -INT64 <= value < INT64:
+        raise UsageError(f"Expected `{key}` to be a 64-bit integer. Received: {key}={value!r}")
+    return value
+
+
+def _build(cls: type, table: Any, prefix: str) -> Any:
+    if not isinstance(table, dict):
+        raise UsageError(f"Expected `{prefix}` to be a table. Received: {prefix}={table!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - set(fields))
+    shared = [k for k in unknown if k in ("batch_size", "epochs")]
+    if cls is MemberOverride and shared:
+        raise UsageError(f"`{prefix}.{shared[0]}`: batch_size and epochs are shared by every "
+                         "member of a run; set them in [training], not per member.")
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(fields), n=1)
+        hint = f" (did you mean `{prefix}.{close[0]}`?)" if close else ""
+        raise UsageError(f"Unknown config key `{prefix}.{unknown[0]}`{hint}; expected one of: "
+                         f"{', '.join(fields)}")
+    kwargs = {}
+    hints = get_type_hints(cls)
+    for name, value in table.items():
+        tp = hints[name]
+        key = f"{prefix}.{name}"
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, value, key)
+        else:
+            kwargs[name] = _coerce(key, value, tp)
+    return cls(**kwargs)
+
+
+def member_hparams(cfg: Config, index: int) -> dict[str, Any]:
+    """Member `index`'s resolved hyperparameters as JSON: `{"builder", "params",
+    "learning_rate"}`.
+
+    `params` of the `mlp` builder start from `[members]` (`hidden`, `activation`, `dropout`,
+    `l2`); then `[model.params]` (when the member uses the run's builder), then the member's
+    `[[members.override]]` keys (`hidden`, ..., then its `params`) apply.
+    """
+    over = next((o for o in cfg.members.override if o.index == index), None)
+    builder = (over.builder if over is not None and over.builder else None) or cfg.model.builder
+    params: dict[str, Any] = {}
+    if builder == "mlp":
+        m = cfg.members
+        params = {"hidden": list(m.hidden), "activation": m.activation, "dropout": m.dropout,
+                  "l2": m.l2}
+    if builder == cfg.model.builder:
+        params.update(cfg.model.params)
+    lr = cfg.training.learning_rate
+    if over is not None:
+        for key in MLP_KEYS:
+            value = getattr(over, key)
+            if value is not None:
+                params[key] = list(value) if isinstance(value, tuple) else value
+        params.update(over.params or {})
+        lr = lr if over.learning_rate is None else over.learning_rate
+    return json.loads(json.dumps({"builder": builder, "params": params, "learning_rate": lr}))
+
+
+def check_builders(cfg: Config) -> None:
+    """Resolve every member's builder and check its parameters' names (and the built-in
+    MLP's values) before anything else runs; no network is built here.
+
+    Raises:
+        UsageError: an unknown builder, a module, file or function that does not exist, or a
+            parameter the builder does not take; the message names the key.
+    """
+    seen = set()
+    for i in range(cfg.members.count):
+        h = member_hparams(cfg, i)
+        key = json.dumps([h["builder"], h["params"]], sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        own = any(o.index == i and (o.builder or o.params) for o in cfg.members.override)
+        where = f"members.override[index={i}].params" if own else "model.params"
+        try:
+            fn = builders.resolve(h["builder"])
+        except UsageError as exc:
+            key = where.rpartition(".")[0] + ".builder"
+            raise UsageError(f"`{key}`: {exc}") from None
+        builders.check_params(h["builder"], fn, h["params"], where)
+        if h["builder"] == "mlp":
+            builders.check_mlp_params(h["params"], where)
+
+
+def from_dict(table: dict[str, Any]) -> Config:
+    """Build and validate a `Config` from nested dicts (the TOML tables).
+
+    Raises:
+        UsageError: unknown key, wrong type or out-of-range value; the message names the key.
+    """
+    from ensemble.config.checks import check_ranges
+
+    cfg = _build(Config, table, "config")
+    check_ranges(cfg)
+    check_builders(cfg)
+    return cfg
+
+
+def _resolve_source(table: dict[str, Any], path: Path) -> None:
+    """A relative file `data.source` in a config file names a file beside that config."""
+    data = table.get("data")
+    if not isinstance(data, dict) or not isinstance(data.get("source"), str):
+        return
+    source = Path(data["source"])
+    if (source.suffix in (".csv", ".parquet", ".npz") or "/" in data["source"]) \
+            and not source.is_absolute():
+        data["source"] = str((path.resolve().parent / source))
+
+
+def _resolve_builders(table: dict[str, Any], base: Path | None) -> None:
+    """Relative `file.py:function` builders in a config file name files beside it (from the
+    command line: the working directory); made absolute so client processes find them."""
+    model = table.get("model")
+    if isinstance(model, dict) and isinstance(model.get("builder"), str):
+        model["builder"] = builders.absolute(model["builder"], base)
+    members = table.get("members")
+    for over in (members.get("override") if isinstance(members, dict) else None) or []:
+        if isinstance(over, dict) and isinstance(over.get("builder"), str):
+            over["builder"] = builders.absolute(over["builder"], base)
+
+
+def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
+         base: dict[str, Any] | None = None) -> Config:
+    """Read a TOML config and apply dotted-key overrides.
+
+    Args:
+        path: TOML file; None for `base`, or for the built-in defaults (equal to
+            `configs/digits.toml`) when `base` is None too.
+        base: config tables to start from when `path` is None (e.g. a run's resolved config).
+        overrides: e.g. `{"members.count": 4, "training.epochs": 2}`; None values are ignored.
+
+    Raises:
+        UsageError: missing or unparsable file, unknown key, wrong type or value.
+    """
+    try:
+        table: dict[str, Any] = json.loads(json.dumps(base)) if base else {}
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"Expected config tables of plain values (numbers, strings, lists, "
+                         f"tables). Received: {str(exc)[:200]}") from None
+    try:
+        if path is not None:
+            path = Path(path)
+            table = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"Config file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"Cannot read config file {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"Config file {path} is not valid TOML: {exc}") from None
+    if path is not None:
+        table.pop("search", None)  # ensemble search's space (ensemble.config.search), not the run's
+        _resolve_source(table, path)
+        _resolve_builders(table, path.resolve().parent)
+    before = (table.get("model") or {}).get("builder", "mlp") \
+        if isinstance(table.get("model"), dict) else None
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = table
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    if (overrides or {}).get("model.builder"):  # --model: relative to the working directory
+        model = table["model"]
+        model["builder"] = builders.absolute(model["builder"], None)
+        if model["builder"] != before and "params" in model:
+            del model["params"]  # the config's params were for its own builder
+    return from_dict(table)

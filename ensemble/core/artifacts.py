@@ -1,0 +1,234 @@
+"""The run directory: atomic, durable writes, Parquet I/O with checksums, the manifest.
+
+Every artifact is written to a temporary name in its own folder, flushed to disk (`fsync`),
+given the permissions the umask allows (as `open` would; `mkstemp` alone gives 0600) and
+renamed into place (`os.replace`), and then the folder itself is flushed so that the rename
+survives a power loss: a crash never leaves a half-written or empty file under the final name.
+Every artifact read from a run is checked against the sha256 the manifest records (`verify`);
+a file with no recorded hash is an error, not a pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ensemble.core import staging
+from ensemble.core.errors import UsageError
+
+MANIFEST = "manifest.json"
+PREPROCESSING = "preprocessing.json"
+PREDICTIONS = "predictions.parquet"
+METRICS = "metrics.parquet"
+HISTORY = "history.parquet"
+SPLITS = ("train", "validation", "test")
+EVAL_SPLITS = ("validation", "test")  # the splits a run predicts and evaluates
+
+
+_UMASK: list[int] = []
+_UMASK_LOCK = threading.Lock()
+
+
+def _file_mode() -> int:
+    """`0o666` less this process's umask (read once: reading it means setting it)."""
+    with _UMASK_LOCK:
+        if not _UMASK:
+            mask = os.umask(0o022)
+            os.umask(mask)
+            _UMASK.append(mask)
+    return 0o666 & ~_UMASK[0]
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Flush a folder's entries (renames, new and removed files) to disk."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    paths = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextmanager
+def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
+    """Yield a staging path (`ensemble.core.staging`, ending in `suffix`) beside `path`; when the
+    block succeeds, flush it (`fsync`), give it the umask's permissions, rename it onto `path`
+    and flush the folder; delete it when the block raises (a full disk included)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = staging.new_path(path, suffix)  # owned name; stale ones of dead writers swept
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        os.chmod(tmp, _file_mode())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as exc:  # pyarrow's and numpy's write errors name no file: name it
+        if exc.errno is None or exc.filename is not None:
+            raise
+        raise OSError(exc.errno, os.strerror(exc.errno), str(path)) from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write `text` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_parquet(path: str | Path, table: pa.Table) -> None:
+    """Write a table atomically, with Parquet page checksums."""
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, write_page_checksum=True)
+
+
+def read_parquet(path: str | Path) -> pa.Table:
+    """Read a Parquet file, verifying page checksums.
+
+    Raises:
+        UsageError: missing file, or a file that is not valid Parquet (names the file).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"File not found: {path}")
+    try:
+        return pq.read_table(path, page_checksum_verification=True)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise UsageError(f"Damaged or invalid Parquet file {path}: {exc}") from None
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def member_model_path(run_dir: Path, index: int) -> Path:
+    return Path(run_dir) / "members" / f"member-{index}.keras"
+
+
+def member_predictions_path(run_dir: Path, index: int) -> Path:
+    return Path(run_dir) / "members" / f"member-{index}.predictions.parquet"
+
+
+def member_history_path(run_dir: Path, index: int) -> Path:
+    return Path(run_dir) / "members" / f"member-{index}.history.parquet"
+
+
+def write_splits(run_dir: Path, x: dict[str, np.ndarray], y: dict[str, np.ndarray],
+                 rows: dict[str, np.ndarray]) -> None:
+    """Store the scaled splits as `data/<split>.npz` (x float32, y int32 class index, row
+    int64 position in the source) so between-graph clients share them without re-splitting."""
+    for name in SPLITS:
+        with atomic_path(Path(run_dir) / "data" / f"{name}.npz") as tmp:
+            with open(tmp, "wb") as f:
+                np.savez(f, x=x[name], y=y[name], row=rows[name])
+
+
+def read_split(run_dir: Path, name: str, manifest: dict[str, Any] | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Read `data/<name>.npz` (no pickle): `(x [n, f] float32, y [n] int32, row [n] int64)`,
+    verified against `manifest`'s sha256 when given.
+
+    Raises:
+        UsageError: the run directory holds no prepared split `name`, or it is damaged.
+    """
+    path = Path(run_dir) / "data" / f"{name}.npz"
+    if manifest is not None and path.is_file():
+        verify(run_dir, manifest, path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return z["x"], z["y"], z["row"]
+    except FileNotFoundError:
+        raise UsageError(f"Run directory {run_dir} has no prepared {name} split ({path}).") from None
+
+
+def read_manifest(run_dir: str | Path) -> dict[str, Any]:
+    """Read `manifest.json` of a run.
+
+    Raises:
+        UsageError: not a run directory, or a manifest that is not JSON.
+    """
+    path = Path(run_dir) / MANIFEST
+    if not path.is_file():
+        raise UsageError(f"Not a run directory (no {MANIFEST}): {run_dir}")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise UsageError(f"Damaged manifest {path}: {exc}") from None
+
+
+def write_manifest(run_dir: str | Path, manifest: dict[str, Any]) -> None:
+    """Write `manifest.json` atomically."""
+    write_text(Path(run_dir) / MANIFEST, json.dumps(manifest, indent=1, default=str))
+
+
+def artifact_hashes(run_dir: str | Path) -> dict[str, str]:
+    """sha256 of every file of the run except the manifest: `{relative path: hex}`."""
+    run_dir = Path(run_dir)
+    return {
+        str(p.relative_to(run_dir)): sha256_file(p)
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
+    }
+
+
+def recorded_hashes(manifest: dict[str, Any]) -> dict[str, str]:
+    """Every sha256 the manifest records: the run's artifacts and each member's files."""
+    out = dict(manifest.get("artifacts", {}))
+    for m in manifest.get("members", []):
+        out.update(m.get("sha256", {}))
+    return out
+
+
+def verify(run_dir: str | Path, manifest: dict[str, Any], path: str | Path) -> Path:
+    """Check a run file against the sha256 the manifest records for it.
+
+    Returns:
+        The path.
+
+    Raises:
+        UsageError: no sha256 recorded for the file, the file is missing, or its sha256
+        differs (each names the file).
+    """
+    path = Path(path)
+    rel = os.path.relpath(path, run_dir)
+    expected = recorded_hashes(manifest).get(rel)
+    if not path.is_file():
+        raise UsageError(f"Artifact missing: {path}")
+    if expected is None:
+        raise UsageError(f"No sha256 recorded for {path} in {Path(run_dir) / MANIFEST}; "
+                         "the file cannot be trusted (the run is unfinished, or the file was "
+                         "added by hand).")
+    if sha256_file(path) != expected:
+        raise UsageError(f"Damaged artifact {path}: its sha256 does not match the manifest.")
+    return path
+
+
+def record_hashes(manifest: dict[str, Any], run_dir: str | Path, paths) -> None:
+    """Record the sha256 of `paths` (run files) in `manifest["artifacts"]` (in place)."""
+    hashes = manifest.setdefault("artifacts", {})
+    for p in paths:
+        hashes[os.path.relpath(p, run_dir)] = sha256_file(p)

@@ -1,0 +1,357 @@
+"""Array inputs: `.npz` files, folders of images, the built-in `digits_images`, and their scaling.
+
+A row is an array `[*input_shape]` (an image `[height, width, channels]`), not a table row.
+
+- `.npz` (read with `allow_pickle=False`): `x` `[n, ...]` and optional `y` `[n]`, or Keras's
+  layout `x_train, y_train, x_test, y_test`, whose test part becomes the run's test split.
+- An image folder `DIR/<class>/*.png|jpg|jpeg|bmp|gif`, laid out as
+  `keras.utils.image_dataset_from_directory` reads it (classes are the sub-folder names, files
+  in name order); for prediction also a folder of images without class sub-folders. `[data]
+  image_size = [h, w]` resizes (bilinear), `color_mode` is `auto` (grey when every image is
+  grey, else RGB), `grayscale` or `rgb`. Images are
+  read with Pillow, the library `keras.utils.load_img` uses, so that every file is checked
+  before TensorFlow loads.
+- `digits_images`: scikit-learn's digits as `8 x 8 x 1` images (values 0..16 mapped to 0..255).
+
+Images stay `uint8` in the run (4x less than float32) up to the training step, which casts each
+batch; the member's model starts with the scaling (`ArrayPreprocessing.scaling_layer`): `x /
+255` for `uint8` images, per-element standardisation (training mean and standard deviation)
+for float arrays. So the export takes raw pixels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ensemble.core.errors import UsageError
+from ensemble.data.images import IMAGE_SUFFIXES, image_files, load_image_folder, read_images
+
+NPZ_KEYS = ("x", "y")
+KERAS_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+@dataclass(frozen=True)
+class ArrayData:
+    """Arrays and their labels.
+
+    Attributes:
+        x: `[n, *input_shape]` uint8 (images) or float32.
+        y: `[n]` labels (int64 or str), or None.
+        ids: `[n]` str: each row's file path, or `"<file>[i]"` for an array index.
+        test_rows: row indices of a test split the source gives (Keras layout), or None.
+    """
+
+    name: str
+    x: np.ndarray
+    y: np.ndarray | None
+    ids: np.ndarray
+    test_rows: np.ndarray | None = None
+    color_mode: str = "rgb"  # how an image folder was read (`auto` resolved)
+
+    feature_names: tuple = ()
+    categorical: dict | None = None
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return ()
+
+    def sha256(self) -> str:
+        h = hashlib.sha256(np.ascontiguousarray(self.x).tobytes())
+        if self.y is not None:
+            h.update("\0".join(map(str, self.y.tolist())).encode())
+        return h.hexdigest()
+
+
+def is_array_source(source: str) -> bool:
+    """An `.npz` file, `digits_images`, or a folder (of images)."""
+    return source == "digits_images" or source.endswith(".npz") or Path(source).is_dir()
+
+
+def _labels(y: np.ndarray, name: str) -> np.ndarray:
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1:
+        raise UsageError(f"Expected labels of shape [n] in {name}. Received: {list(y.shape)}")
+    if y.dtype.kind == "f":
+        if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
+            raise UsageError(f"Labels in {name} must be class labels (ints or strings); "
+                             "received non-integer numbers")
+        y = y.astype(np.int64)
+    return y.astype(str) if y.dtype.kind in "US" else y.astype(np.int64)
+
+
+def _x(x: np.ndarray, name: str) -> np.ndarray:
+    if x.ndim < 2:
+        raise UsageError(f"Expected x of shape [n, ...] in {name}. Received: {list(x.shape)}")
+    if x.dtype == np.uint8:
+        return x
+    if x.dtype.kind not in "iuf":
+        raise UsageError(f"Expected numbers in x of {name}. Received dtype {x.dtype}")
+    x = x.astype(np.float32)
+    if not np.all(np.isfinite(x)):
+        raise UsageError(f"x of {name} holds NaN, inf or values beyond float32; expected "
+                         "finite numbers")
+    return x
+
+
+def load_npz(path: str, require_target: bool = True) -> ArrayData:
+    """Read an `.npz` in either layout (see the module docstring).
+
+    Raises:
+        UsageError: missing or unreadable file, pickled (object) arrays, missing keys, `x` and
+            `y` of different lengths, or non-numeric `x`; one line naming the file.
+    """
+    import zipfile
+
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"Data file not found: {path}")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            keys = set(z.files)
+            if set(KERAS_KEYS) <= keys:
+                parts = {k: z[k] for k in KERAS_KEYS}
+            elif "x" in keys:
+                parts = {k: z[k] for k in NPZ_KEYS if k in keys}
+            else:
+                raise UsageError(f"{path} holds {sorted(keys)}; expected arrays x and y, or "
+                                 "Keras's x_train, y_train, x_test, y_test.")
+    except UsageError:
+        raise
+    except ValueError as exc:
+        if "pickle" in str(exc).lower():
+            raise UsageError(f"{path} holds pickled (object) arrays, which are not read "
+                             "(allow_pickle=False); save numbers or strings.") from None
+        raise UsageError(f"Cannot read {path} as .npz: {exc}") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise UsageError(f"Cannot read {path} as .npz: "
+                         f"{getattr(exc, 'strerror', None) or exc}") from None
+    if "x_train" in parts:
+        xs = [_x(parts["x_train"], path), _x(parts["x_test"], path)]
+        ys = [_labels(parts["y_train"], path), _labels(parts["y_test"], path)]
+        for x, y, part in zip(xs, ys, ("train", "test")):
+            if len(x) != len(y):
+                raise UsageError(f"x_{part} and y_{part} of {path} differ in length "
+                                 f"({len(x)} and {len(y)}); expected one label per row.")
+        if xs[0].shape[1:] != xs[1].shape[1:]:
+            raise UsageError(f"x_train and x_test of {path} differ in shape: "
+                             f"{list(xs[0].shape[1:])} and {list(xs[1].shape[1:])}")
+        x = np.concatenate(xs) if xs[0].dtype == xs[1].dtype else \
+            np.concatenate([a.astype(np.float32) for a in xs])
+        y = np.concatenate(ys)
+        test = np.arange(len(xs[0]), len(x))
+    else:
+        x, y, test = _x(parts["x"], path), parts.get("y"), None
+        if y is not None:
+            y = _labels(y, path)
+            if len(y) != len(x):
+                raise UsageError(f"x and y of {path} differ in length ({len(x)} and {len(y)}); "
+                                 "expected one label per row.")
+    if require_target and y is None:
+        raise UsageError(f"{path} has no labels y; expected arrays x and y to train.")
+    ids = np.asarray([f"{p.name}[{i}]" for i in range(len(x))], dtype=object)
+    return ArrayData(str(path), x, y, ids, test)
+
+
+def load_digits_images() -> ArrayData:
+    """scikit-learn's digits as `[1797, 8, 8, 1]` uint8 images (0..16 mapped to 0..255)."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = np.round(d.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
+    ids = np.asarray([f"digits[{i}]" for i in range(len(x))], dtype=object)
+    return ArrayData("digits_images", x, d.target.astype(np.int64), ids)
+
+
+def load(cfg, require_target: bool = True) -> ArrayData:
+    """The array source named by `cfg.source` (a `config.DataConfig`).
+
+    Raises:
+        UsageError: see `load_npz` and `load_image_folder`.
+    """
+    if cfg.source == "digits_images":
+        ds = load_digits_images()
+    elif cfg.source.endswith(".npz"):
+        ds = load_npz(cfg.source, require_target)
+    else:
+        ds = load_image_folder(cfg.source, cfg.image_size or None, cfg.color_mode,
+                               require_target)
+    if require_target and len(np.unique(ds.y)) < 2:
+        raise UsageError(f"Data {ds.name} has fewer than two classes; expected at least two.")
+    return ds
+
+
+@dataclass(frozen=True)
+class ArrayPreprocessing:
+    """The scaling of array inputs, fitted on the training rows; applied inside each member.
+
+    Attributes:
+        input_shape: one row's shape.
+        classes: sorted class labels.
+        dtype: `uint8` (images: `x / 255`) or `float32` (standardised per element with
+            `mean`, `std` `[*input_shape]` of the training rows).
+    """
+
+    input_shape: tuple[int, ...]
+    classes: np.ndarray
+    dtype: str
+    mean: np.ndarray | None = None
+    std: np.ndarray | None = None
+    image_size: tuple[int, ...] | None = None
+    color_mode: str = "rgb"
+
+    feature_names: tuple = ()
+    categories: dict | None = None
+
+    @property
+    def output_names(self) -> list[str]:
+        return []
+
+    @property
+    def columns(self) -> tuple:
+        return ()
+
+    @classmethod
+    def fit(cls, ds: ArrayData, train_rows: np.ndarray, classes: np.ndarray,
+            image_size=None, color_mode: str = "rgb") -> "ArrayPreprocessing":
+        """Fit on `ds.x[train_rows]` (nothing to fit for uint8 images)."""
+        shape = tuple(int(d) for d in ds.x.shape[1:])
+        if ds.x.dtype == np.uint8:
+            return cls(shape, np.asarray(classes), "uint8", image_size=image_size,
+                       color_mode=getattr(ds, "color_mode", color_mode))
+        x = ds.x[train_rows].astype(np.float64)
+        std = x.std(axis=0)
+        return cls(shape, np.asarray(classes), "float32", x.mean(axis=0).astype(np.float32),
+                   np.where(std > 0, std, 1.0).astype(np.float32), image_size, color_mode)
+
+    def transform(self, ds) -> np.ndarray:
+        """The rows as stored and fed to the members (scaling happens in the model)."""
+        return ds.x if self.dtype == "uint8" else ds.x.astype(np.float32)
+
+    @classmethod
+    def identity(cls, input_shape, classes) -> "ArrayPreprocessing":
+        """Float arrays fed as they are (the scikit-learn estimator: scale in a Pipeline)."""
+        return cls(tuple(int(d) for d in input_shape), np.asarray(classes), "float32")
+
+    def scaling_layer(self):
+        """The Keras layer that starts every member: `Rescaling(1/255)` or
+        `Normalization(mean, variance)`; None for `identity`."""
+        import keras
+
+        if self.dtype == "float32" and self.mean is None:
+            return None
+        if self.dtype == "uint8":
+            return keras.layers.Rescaling(1.0 / 255.0, name="scaling")
+        return keras.layers.Normalization(mean=self.mean, variance=np.square(self.std),
+                                          name="scaling")
+
+    def check_input(self, ds: ArrayData) -> None:
+        """Raises UsageError when new rows have another shape than the training rows."""
+        if tuple(ds.x.shape[1:]) != self.input_shape:
+            raise UsageError(f"Input {ds.name} has rows of shape {list(ds.x.shape[1:])}; the "
+                             f"run was trained on {list(self.input_shape)}.")
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "kind": "arrays", "input_shape": list(self.input_shape),
+            "classes": self.classes.tolist(), "dtype": self.dtype,
+            "mean": None if self.mean is None else self.mean.ravel().tolist(),
+            "std": None if self.std is None else self.std.ravel().tolist(),
+            "image_size": None if self.image_size is None else list(self.image_size),
+            "color_mode": self.color_mode}, indent=1)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ArrayPreprocessing":
+        shape = tuple(d["input_shape"])
+        arr = (lambda v: None if v is None else np.asarray(v, np.float32).reshape(shape))
+        return cls(shape, np.asarray(d["classes"]), d["dtype"], arr(d.get("mean")),
+                   arr(d.get("std")), tuple(d["image_size"]) if d.get("image_size") else None,
+                   d.get("color_mode", "rgb"))
+
+
+class ArrayStream:
+    """New array rows for a trained run, in batches of at most `batch_rows`: the interface of
+    `stream.InputStream` (`check`, `n_rows`, iteration of `stream.Batch`es with `ids`, each
+    row's file path or array index). An image folder is read batch by batch; an `.npz` at
+    once (its arrays are in one file).
+
+    Raises:
+        UsageError: unreadable source, rows of another shape than the run's, labels that are
+            not classes of the run.
+    """
+
+    def __init__(self, pre: ArrayPreprocessing, source: str, batch_rows: int):
+        if batch_rows < 1:
+            raise UsageError(f"Expected --batch-size >= 1. Received: {batch_rows}")
+        self.pre, self.source, self.batch_rows = pre, str(source), int(batch_rows)
+        self._files = None
+        self._whole = None
+        if Path(self.source).is_dir():
+            root = Path(self.source)
+            subs = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+            self._files = [f for d in subs for f in image_files(d)] + image_files(root)
+            if not self._files:
+                raise UsageError(f"Image folder {source} holds no images "
+                                 f"({', '.join(IMAGE_SUFFIXES)}).")
+        elif not is_array_source(self.source):
+            raise UsageError(f"The run was trained on arrays (rows of shape "
+                             f"{list(pre.input_shape)}); expected a .npz file or an image "
+                             f"folder. Received: {source}")
+
+    @property
+    def n_rows(self) -> int | None:
+        return len(self._files) if self._files is not None else None
+
+    def _load(self, files=None) -> ArrayData:
+        if files is None:
+            if self._whole is None:
+                from ensemble.config.schema import DataConfig
+
+                cfg = DataConfig(source=self.source,
+                                 image_size=self.pre.image_size or (),
+                                 color_mode=self.pre.color_mode)
+                self._whole = load(cfg, require_target=False) if not self.source.endswith(
+                    ".npz") else load_npz(self.source, require_target=False)
+            return self._whole
+        return read_images(files, self.pre.image_size, self.pre.color_mode)
+
+    def passthrough_batches(self):
+        """`(None, ids)` of each batch: the rows' file paths or array indices, without
+        reading the images."""
+        n = len(self._files) if self._files is not None else len(self._load().x)
+        for lo in range(0, n, self.batch_rows):
+            ids = (np.asarray([str(f) for f in self._files[lo:lo + self.batch_rows]],
+                              dtype=object) if self._files is not None
+                   else self._load().ids[lo:lo + self.batch_rows])
+            yield None, ids
+
+    passthrough = False  # ids are always carried (`stream.Batch.ids`)
+
+    def check(self) -> None:
+        """Read the first batch and check its rows' shape."""
+        first = self._load(self._files[:self.batch_rows] if self._files else None)
+        self.pre.check_input(first)
+
+    def __iter__(self):
+        from ensemble.data.sources import encode
+        from ensemble.data.stream import Batch
+
+        n = len(self._files) if self._files is not None else len(self._load().x)
+        for lo in range(0, n, self.batch_rows):
+            if self._files is not None:
+                part = self._load(self._files[lo:lo + self.batch_rows])
+                x, y, ids = part.x, part.y, part.ids
+            else:
+                whole = self._load()
+                x, y, ids = (whole.x[lo:lo + self.batch_rows],
+                             None if whole.y is None else whole.y[lo:lo + self.batch_rows],
+                             whole.ids[lo:lo + self.batch_rows])
+            self.pre.check_input(ArrayData(self.source, x, None, ids))
+            known = y is not None and set(np.unique(y).tolist()) <= set(self.pre.classes.tolist())
+            yield Batch(lo, self.pre.transform(ArrayData(self.source, x, None, ids)),
+                        encode(y, self.pre.classes) if known else None, ids)

@@ -1,0 +1,116 @@
+"""Image folders: `DIR/<class>/*.png|jpg|jpeg|bmp|gif` read as `uint8` arrays with Pillow.
+
+Laid out as `keras.utils.image_dataset_from_directory` reads them (classes are the sub-folder
+names, files in name order). Pillow is the library `keras.utils.load_img` uses; reading with it
+directly checks every file before TensorFlow loads (importing Keras for `load_img` would cost
+seconds before the first check).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ensemble.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from ensemble.data.arrays import ArrayData
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
+GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")  # Pillow modes read as one channel
+
+
+def image_files(folder: Path) -> list[Path]:
+    """The image files directly in `folder`, sorted by name (hidden files left out)."""
+    return sorted(p for p in folder.iterdir() if p.is_file()
+                  and p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
+
+
+def load_image_folder(path: str, image_size=None, color_mode: str = "auto",
+                      require_target: bool = True) -> ArrayData:
+    """Read `DIR/<class>/*.png|...` (or, unlabelled, `DIR/*.png|...`) as uint8 images.
+
+    Raises:
+        UsageError: no images, an empty class folder, an unreadable image (named), or images
+            of different sizes without `image_size`.
+    """
+    root = Path(path)
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    if classes:
+        files, labels = [], []
+        for c in classes:
+            found = image_files(root / c)
+            if not found:
+                raise UsageError(f"Class folder {root / c} holds no images "
+                                 f"({', '.join(IMAGE_SUFFIXES)}); remove it or add images.")
+            files += found
+            labels += [c] * len(found)
+        y = np.asarray(labels)
+        if all(c.lstrip("-").isdigit() for c in classes):
+            y = y.astype(np.int64)
+    else:
+        files, y = image_files(root), None
+        if require_target:
+            raise UsageError(f"Image folder {path} has no class sub-folders; expected "
+                             f"{path}/<class>/*.png (one sub-folder per class).")
+    if not files:
+        raise UsageError(f"Image folder {path} holds no images ({', '.join(IMAGE_SUFFIXES)}).")
+    from PIL import Image
+
+    sizes, grey = {}, True  # sizes must agree (name the first two files that differ)
+    for f in files:
+        try:
+            with Image.open(f) as im:
+                sizes.setdefault(im.size, f)
+                grey = grey and im.mode in GREY_MODES
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"Cannot read image {f}: {exc}") from None
+        if not image_size and len(sizes) > 1:
+                (s0, f0), (s1, f1) = list(sizes.items())[:2]
+                raise UsageError(f"Images differ in size: {f0} is {s0[0]}x{s0[1]}, {f1} is "
+                                 f"{s1[0]}x{s1[1]}; set [data] image_size = [h, w] to resize "
+                                 "them.")
+    if color_mode == "auto":
+        color_mode = "grayscale" if grey else "rgb"
+    part = read_images(files, image_size, color_mode)
+    from ensemble.data.arrays import ArrayData
+
+    return ArrayData(str(path), part.x, y, part.ids, color_mode=color_mode)
+
+
+def read_images(files, image_size, color_mode) -> ArrayData:
+    """Images `files` as `ArrayData` `[n, h, w, channels]` uint8 (resized to `image_size`
+    `[h, w]` when given; `color_mode` `grayscale` or `rgb`), labels from their parent folder
+    names.
+
+    Raises:
+        UsageError: an unreadable image (named), or images of different sizes.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    mode = {"grayscale": "L", "rgb": "RGB"}[color_mode]
+    images = []
+    for f in files:
+        try:
+            with Image.open(f) as im:
+                im = im.convert(mode)
+                if image_size:
+                    im = im.resize((image_size[1], image_size[0]), Image.BILINEAR)
+                a = np.asarray(im, dtype=np.uint8)
+        except (UnidentifiedImageError, OSError, ValueError) as exc:
+            raise UsageError(f"Cannot read image {f}: {exc}") from None
+        images.append(a[:, :, None] if a.ndim == 2 else a)
+    shapes = {a.shape for a in images}
+    if len(shapes) > 1:
+        raise UsageError(f"Images differ in size ({sorted(shapes)[:2]}); the run reads "
+                         "them at one size (its [data] image_size).")
+    labels = [Path(f).parent.name for f in files]
+    y = np.asarray(labels)
+    if all(c.lstrip("-").isdigit() for c in labels):
+        y = y.astype(np.int64)
+    from ensemble.data.arrays import ArrayData
+
+    return ArrayData(str(Path(files[0]).parent), np.stack(images), y,
+                     np.asarray([str(f) for f in files], dtype=object))

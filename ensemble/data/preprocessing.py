@@ -1,0 +1,269 @@
+"""Data preparation fitted on the training split, stored as JSON (never a pickle): imputation,
+one-hot encoding of categorical columns and standardisation, plus column matching by name.
+
+The parameters are fitted with scikit-learn (`SimpleImputer`, `OneHotEncoder`,
+`StandardScaler`) on the training rows only; what they learned (fill values, categories,
+mean and scale) is stored in `preprocessing.json` and applied with numpy, which is exactly the
+estimators' `transform` for these parameters (one-hot: `handle_unknown="ignore"`, an unknown
+category is an all-zero block) and needs no pickled estimator.
+
+`Preprocessing.read_input` is the one place where new data meets a trained run: it reads a
+source, matches its columns to the training columns by name (any order), ignores extra columns
+with one notice (or refuses them with `strict`), and reports every problem in one message.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ensemble.data import sources as data
+from ensemble.config.schema import DataConfig
+from ensemble.data.sources import Dataset
+from ensemble.core.errors import UsageError
+
+
+HIGH_CARDINALITY = 50  # distinct values of a categorical column that earn a notice
+
+
+def _notice_id_columns(names, x: np.ndarray) -> None:
+    """A notice for each numeric column that holds a different whole number on every training
+    row (more than `HIGH_CARDINALITY` rows): most likely an id, which a model learns as a
+    feature (and which can leak the row order)."""
+    if len(x) <= HIGH_CARDINALITY:
+        return
+    for j, name in enumerate(names):
+        col = x[:, j]
+        col = col[np.isfinite(col)]
+        if len(col) == len(x) and np.all(col == np.round(col)) and \
+                len(np.unique(col)) == len(col):
+            data.notice(f"column {name!r} holds a different whole number on every training row "
+                        f"(an id?): it is used as a feature; leave it out with --drop {name}")
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """Impute, one-hot encode and standardise, with the run's feature names and classes.
+
+    Attributes:
+        feature_names: the numeric training column names, in training order.
+        mean, scale: `[n_outputs]` float64 standardisation of every output column (numeric
+            columns, then the one-hot columns), from `StandardScaler`.
+        classes: sorted class labels `[n_classes]` (int64 or str).
+        fill: numeric fill values `[len(feature_names)]` (empty when `impute == "error"`).
+        categories: categorical column -> its sorted training categories (one output each).
+        category_fill: categorical column -> fill category for missing values.
+        impute: the `data.impute` setting the run was trained with.
+    """
+
+    feature_names: tuple[str, ...]
+    mean: np.ndarray
+    scale: np.ndarray
+    classes: np.ndarray
+    fill: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    categories: dict[str, list[str]] = field(default_factory=dict)
+    category_fill: dict[str, str] = field(default_factory=dict)
+    impute: str = "error"
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The input columns a data set must have: numeric, then categorical."""
+        return self.feature_names + tuple(self.categories)
+
+    @property
+    def output_names(self) -> list[str]:
+        """Names of the `n_outputs` model inputs (`column=category` for one-hot columns)."""
+        return list(self.feature_names) + [f"{c}={v}" for c, cats in self.categories.items()
+                                           for v in cats]
+
+    def scaling_layer(self):
+        """None: table rows are scaled before the model (`transform`)."""
+        return None
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one model input row: `(n_outputs,)`."""
+        return (len(self.output_names),)
+
+    @classmethod
+    def fit(cls, ds: Dataset, train_rows: np.ndarray, classes: np.ndarray,
+            impute: str = "error", cfg: DataConfig | None = None) -> "Preprocessing":
+        """Fit imputer, encoder and scaler on the training rows `train_rows` of `ds` only; an
+        array input (`ensemble.data.arrays.ArrayData`) gets its `ArrayPreprocessing` instead."""
+        from ensemble.data.arrays import ArrayData, ArrayPreprocessing
+
+        if isinstance(ds, ArrayData):
+            return ArrayPreprocessing.fit(ds, train_rows, classes,
+                                          tuple(cfg.image_size) if cfg and cfg.image_size
+                                          else None, cfg.color_mode if cfg else "rgb")
+        from sklearn.impute import SimpleImputer
+        from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+        x = ds.x[train_rows].astype(np.float64)
+        _notice_id_columns(ds.feature_names, x)
+        fill = np.zeros(0)
+        if impute != "error" and x.shape[1]:
+            imp = SimpleImputer(strategy=impute, keep_empty_features=True).fit(x)
+            fill = imp.statistics_
+        categories, category_fill = {}, {}
+        for name, values in ds.categorical.items():
+            col = np.asarray(values[train_rows], dtype=object).reshape(-1, 1)
+            known = col[col[:, 0] != None]  # noqa: E711 (object array comparison)
+            if known.size == 0:
+                known = np.asarray([["missing"]], dtype=object)
+            if impute != "error":
+                category_fill[name] = str(SimpleImputer(strategy="most_frequent").fit(
+                    known.astype(str).astype(object)).statistics_[0])
+            enc = OneHotEncoder(handle_unknown="ignore").fit(known.astype(str))
+            categories[name] = [str(c) for c in enc.categories_[0]]
+            many = len(categories[name])
+            if many > HIGH_CARDINALITY and many > 0.5 * len(known):
+                data.notice(f"column {name!r} has {many} distinct values in {len(known)} "
+                            f"training rows (free text?): one-hot encoded into {many} "
+                            f"columns; leave it out with --drop {name}")
+        pre = cls(ds.feature_names, np.zeros(0), np.zeros(0), np.asarray(classes), fill,
+                  categories, category_fill, impute)
+        raw, _ = pre._encode(ds, train_rows)
+        sc = StandardScaler().fit(raw)
+        return cls(ds.feature_names, sc.mean_, sc.scale_, np.asarray(classes), fill,
+                   categories, category_fill, impute)
+
+    def _encode(self, ds: Dataset, rows: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+        """Impute and one-hot encode (before scaling); returns (`[n_rows, n_outputs]` float64,
+        {column: count of unknown categories})."""
+        pos = {name: i for i, name in enumerate(ds.feature_names)}
+        missing = [n for n in self.columns if n not in pos and n not in ds.categorical]
+        if missing:
+            raise UsageError(
+                f"Feature column {missing[0]!r} missing from {ds.name}; expected the "
+                f"{len(self.columns)} training columns ({len(missing)} missing)."
+            )
+        take = slice(None) if rows is None else rows
+        x = ds.x[take][:, [pos[n] for n in self.feature_names]].astype(np.float64)
+        if len(self.fill):
+            x = np.where(np.isnan(x), self.fill, x)
+        blocks, unknown = [x], {}
+        for name, cats in self.categories.items():
+            col = np.asarray(ds.categorical[name][take], dtype=object)
+            if name in self.category_fill:
+                col = np.where(col == None, self.category_fill[name], col)  # noqa: E711
+            col = col.astype(str)
+            onehot = (col[:, None] == np.asarray(cats)[None, :]).astype(np.float64)
+            n_unknown = int((onehot.sum(axis=1) == 0).sum())
+            if n_unknown:
+                unknown[name] = n_unknown
+            blocks.append(onehot)
+        return np.concatenate(blocks, axis=1), unknown
+
+    def transform(self, ds: Dataset) -> np.ndarray:
+        """Impute, encode and scale `ds` after matching its columns to the training columns by
+        name. Unknown categories (none at training) become all-zero blocks, with one notice
+        counting them per column.
+
+        Returns:
+            `[n_rows, n_outputs]` float32.
+
+        Raises:
+            UsageError: a training column missing from `ds`, or an unexpected extra column.
+        """
+        x, unknown = self.encode_scaled(ds)
+        if unknown:
+            data.notice("unknown categories ignored (all-zero encoding): " + ", ".join(
+                f"{n} rows in {c!r}" for c, n in unknown.items()))
+        return x
+
+    def encode_scaled(self, ds: Dataset, first_row: int = 0
+                      ) -> tuple[np.ndarray, dict[str, int]]:
+        """`transform` without the notice, for a batch of a streamed input (its first row is
+        row `first_row` of the source, for messages).
+
+        Returns:
+            (`[n_rows, n_outputs]` float32, {categorical column: rows with an unknown
+            category}).
+
+        Raises:
+            UsageError: an unexpected column, or a value that scaled by the run's
+            standardisation no longer fits float32 (names the column and row).
+        """
+        extra = sorted(set(ds.columns) - set(self.columns))
+        if extra:
+            raise UsageError(f"Unexpected column {extra[0]!r} in {ds.name}; not a training feature.")
+        x, unknown = self._encode(ds)
+        z = (x - self.mean) / self.scale
+        self._check_fits(z, x, ds.name, first_row)
+        return z.astype(np.float32), unknown
+
+    def _check_fits(self, z: np.ndarray, x: np.ndarray, name: str, first_row: int) -> None:
+        """Raises UsageError for the first scaled value `z` beyond float32 (the model's dtype):
+        it would become inf and the members' probabilities NaN."""
+        bad = ~(np.abs(z) <= data.FLOAT32_MAX)
+        if not bad.any():
+            return
+        r, j = (int(v[0]) for v in np.nonzero(bad))
+        raise UsageError(
+            f"Value {x[r, j]:.6g} of column {self.output_names[j]!r} at row {first_row + r} of "
+            f"{name} does not fit float32 (the model's dtype) once scaled by the run's "
+            f"standardisation (mean {self.mean[j]:.4g}, scale {self.scale[j]:.4g}); expected "
+            f"values within the range the run was trained on.")
+
+    def read_input(self, source: str, target: str, strict: bool = False) -> Dataset:
+        """Read new data for this run: columns matched by name, extra columns ignored with one
+        notice (refused when `strict`), missing values allowed only if the run imputes.
+
+        Raises:
+            UsageError: every problem of the input in one message (missing training columns,
+            extra columns under `strict`, unreadable values).
+        """
+        cfg = DataConfig(source=source, target=target,
+                         categorical=tuple(self.categories) or "none", impute=self.impute)
+        return data.load(cfg, require_target=False, expected=self.columns, strict=strict)
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "scaler": "standard",
+            "feature_names": list(self.feature_names),
+            "mean": self.mean.tolist(),
+            "scale": self.scale.tolist(),
+            "classes": self.classes.tolist(),
+            "impute": self.impute,
+            "fill": self.fill.tolist(),
+            "categories": self.categories,
+            "category_fill": self.category_fill,
+            "output_names": self.output_names,
+        }, indent=1)
+
+    @classmethod
+    def of_run(cls, run_dir, manifest: dict):
+        """A run's `preprocessing.json`, verified against its manifest (`read`)."""
+        from ensemble.core import artifacts
+
+        return cls.read(artifacts.verify(run_dir, manifest,
+                                         Path(run_dir) / artifacts.PREPROCESSING))
+
+    @classmethod
+    def read(cls, path: Path) -> "Preprocessing":
+        """Read `preprocessing.json`.
+
+        Raises:
+            UsageError: missing file or malformed content.
+        """
+        try:
+            d = json.loads(Path(path).read_text())
+            if d.get("kind") == "arrays":
+                from ensemble.data.arrays import ArrayPreprocessing
+
+                return ArrayPreprocessing.from_dict(d)
+            classes = np.asarray(d["classes"])
+            return cls(tuple(d["feature_names"]), np.asarray(d["mean"], np.float64),
+                       np.asarray(d["scale"], np.float64), classes,
+                       np.asarray(d.get("fill", []), np.float64),
+                       {str(k): [str(c) for c in v] for k, v in d.get("categories", {}).items()},
+                       {str(k): str(v) for k, v in d.get("category_fill", {}).items()},
+                       d.get("impute", "error"))
+        except FileNotFoundError:
+            raise UsageError(f"Preprocessing file not found: {path}") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise UsageError(f"Preprocessing file {path} is malformed: {exc}") from None

@@ -1,0 +1,412 @@
+"""Data sources, validation, the stratified split and the label encoding.
+
+Sources: the built-in data sets that ship with scikit-learn (`digits`, `breast_cancer`, `wine`,
+`iris`), the built-in `synthetic` source (`make_classification`), and `.parquet` / `.csv` files
+with a named target column (read by pyarrow). Numeric features are float32 `[n_rows, n_features]`
+(NaN where missing, filled later by the imputer when `data.impute` allows it); categorical
+features (strings, booleans, dictionary columns under `data.categorical = "auto"`) stay raw
+strings until `ensemble.data.preprocessing` one-hot encodes them. Labels keep their original values.
+
+Every problem of a file is collected and reported in ONE `UsageError` (one line), and nothing
+here imports TensorFlow or scikit-learn for a file source, so a bad CSV fails in well under a
+second, before TensorFlow loads.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ensemble.config.schema import DataConfig
+from ensemble.core.errors import UsageError
+
+BUILTIN = ("digits", "breast_cancer", "wine", "iris", "synthetic", "diabetes")
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # the model's dtype: larger values do not fit
+
+
+def notice(message: str) -> None:
+    """One informational line on stderr (never stdout: stdout belongs to the user)."""
+    print(f"notice: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A labelled (or unlabelled, `y is None`) table.
+
+    Attributes:
+        name: source name or file path.
+        x: `[n_rows, n_features]` float32 numeric features (NaN where a value is missing).
+        y: `[n_rows]` labels (int64 or str), or None when the target column is absent.
+        feature_names: the `n_features` numeric column names (columns of `x`).
+        categorical: raw categorical columns, name -> `[n_rows]` object array of str (None
+            where missing); empty for all-numeric data.
+    """
+
+    name: str
+    x: np.ndarray
+    y: np.ndarray | None
+    feature_names: tuple[str, ...]
+    categorical: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Every input column name: numeric, then categorical."""
+        return self.feature_names + tuple(self.categorical)
+
+    def sha256(self) -> str:
+        """sha256 over the feature bytes, the categorical values, the labels and the names."""
+        h = hashlib.sha256(np.ascontiguousarray(self.x).tobytes())
+        h.update("\0".join(self.columns).encode())
+        for values in self.categorical.values():
+            h.update("\0".join(map(str, values.tolist())).encode())
+        if self.y is not None:
+            h.update("\0".join(map(str, self.y.tolist())).encode())
+        return h.hexdigest()
+
+
+def _builtin(cfg: DataConfig) -> Dataset:
+    return _builtin_cached(cfg.source, cfg.synthetic if cfg.source == "synthetic" else None)
+
+
+@functools.lru_cache(maxsize=2)  # the CLI checks the data before TensorFlow loads, then uses it
+def _builtin_cached(source: str, s) -> Dataset:
+    import sklearn.datasets as skd
+
+    if source == "synthetic":
+        x, y = skd.make_classification(
+            n_samples=s.rows, n_features=s.features, n_informative=max(2, s.features // 2),
+            n_redundant=0, n_classes=s.classes, random_state=s.seed,
+        )
+        names = tuple(f"x{i}" for i in range(s.features))
+        return Dataset("synthetic", x.astype(np.float32), y.astype(np.int64), names)
+    bunch = getattr(skd, f"load_{source}")()
+    names = tuple(str(n) for n in bunch.feature_names)
+    y = bunch.target.astype(np.float64 if source == "diabetes" else np.int64)  # regression
+    return Dataset(source, bunch.data.astype(np.float32), y, names)
+
+
+def _read_table(path: Path) -> pa.Table:
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    if not path.is_file():
+        raise UsageError(f"Data file not found: {path}")
+    if path.stat().st_size == 0:
+        raise UsageError(f"Data file is empty: {path}")
+    try:
+        if path.suffix == ".parquet":
+            return pq.read_table(path)
+        return pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(strings_can_be_null=True))
+    except (pa.ArrowInvalid, OSError) as exc:
+        kind = "Parquet" if path.suffix == ".parquet" else "CSV"
+        raise UsageError(f"Cannot read {path} as {kind}: {str(exc).splitlines()[0]}") from None
+
+
+def _is_numeric(tp: pa.DataType) -> bool:
+    return pa.types.is_integer(tp) or pa.types.is_floating(tp)
+
+
+def _is_category_like(tp: pa.DataType) -> bool:
+    return (pa.types.is_string(tp) or pa.types.is_large_string(tp) or pa.types.is_boolean(tp)
+            or pa.types.is_dictionary(tp) or pa.types.is_null(tp))
+
+
+def check_unique_columns(names: Sequence[str], source: str) -> None:
+    """Raises UsageError naming the first column name that `names` holds twice (a CSV header
+    or Parquet schema with duplicates cannot be matched by name)."""
+    seen: dict[str, int] = {}
+    for i, n in enumerate(names):
+        if n in seen:
+            raise UsageError(f"Data {source} has the column name {n!r} twice (columns "
+                             f"{seen[n] + 1} and {i + 1}); expected unique column names.")
+        seen[n] = i
+
+
+def _not_utf8(name: str, col: pa.ChunkedArray, first_row: int) -> str:
+    """The problem line of a text column holding bytes that are not UTF-8 (its first row)."""
+    for r, v in enumerate(col.to_pylist()):
+        if isinstance(v, bytes):
+            try:
+                v.decode("utf-8")
+            except UnicodeDecodeError:
+                return (f"column {name!r} row {first_row + r} holds text that is not UTF-8 "
+                        f"({v[:20]!r}); expected UTF-8 (re-encode the file, e.g. "
+                        "`iconv -f latin1 -t utf-8`)")
+    return f"column {name!r} holds text that is not UTF-8; expected UTF-8"
+
+
+def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
+    y = np.asarray(col.to_numpy(zero_copy_only=False))
+    y = y.astype(str) if y.dtype.kind in "OUSb" else y
+    if y.dtype.kind == "f":
+        if not np.all(np.isfinite(y)):  # regression (ensemble.tasks.heads.resolve)
+            problems.append(f"target column {target!r} holds NaN or inf; expected class "
+                            "labels or finite numbers")
+            return None
+        if y.size and np.abs(y).max() > FLOAT32_MAX:
+            problems.append(f"target column {target!r} holds {np.abs(y).max():.6g}, beyond "
+                            f"float32 (the model's dtype: |y| <= {FLOAT32_MAX:.4g}); expected "
+                            "class labels or numbers that fit")
+            return None
+        if not np.all(y == np.round(y)) or (y.size and np.abs(y).max() >= 2.0 ** 63):
+            return y.astype(np.float64)  # non-integer numbers: a regression target
+        y = y.astype(np.int64)
+    return y
+
+
+def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bool,
+                     categorical: str | Sequence[str] = "auto", impute: str = "error",
+                     expected: Sequence[str] | None = None, strict: bool = False,
+                     first_row: int = 0) -> Dataset:
+    """Validate a pyarrow table and split it into numeric features, categorical features and
+    labels. Rows whose label is missing are dropped (with a notice) when the target is required.
+
+    Args:
+        categorical: `"auto"` (string, boolean and dictionary columns), `"none"`, or names.
+        impute: `"error"` refuses missing feature values; `"median"` / `"most_frequent"`
+            leave them for the imputer (NaN, or None in categorical columns).
+        expected: the columns a trained run needs (predict time), or None (train time).
+            Columns beyond them are ignored with one notice naming them.
+        strict: with `expected`, refuse extra columns instead.
+        first_row: the source row of the table's first row (a streamed batch), for messages.
+
+    Raises:
+        UsageError: one message listing every problem found (no rows, missing target or
+        expected columns, non-numeric non-categorical columns, missing values under
+        `impute = "error"`, inf, values beyond float32, text that is not UTF-8, unreadable
+        labels), or a duplicate column name (alone).
+    """
+    if table.num_rows == 0:
+        raise UsageError(f"Data {name} has no rows; expected at least one.")
+    check_unique_columns(table.column_names, name)
+    problems: list[str] = []
+    y = None
+    if target in table.column_names:
+        col = table.column(target)
+        if col.null_count and require_target:
+            keep = pc.is_valid(col)
+            table = table.filter(keep)
+            notice(f"dropped {col.null_count} rows of {name} whose label {target!r} is missing")
+            col = table.column(target)
+        if col.null_count:
+            notice(f"target column {target!r} of {name} has missing labels; labels not used")
+        else:
+            y = _labels(col, target, name, problems)
+        table = table.drop_columns([target])
+    elif require_target:
+        problems.append(f"Target column {target!r} not found (columns: "
+                        f"{', '.join(table.column_names)})")
+    if expected is not None:
+        missing = [c for c in expected if c not in table.column_names]
+        if missing:
+            shown = ", ".join(map(repr, missing[:8])) + (", ..." if len(missing) > 8 else "")
+            problems.append(f"{len(missing)} training column{'s' * (len(missing) > 1)} "
+                            f"{shown} missing from the input (expected {len(expected)})")
+        extra = [c for c in table.column_names if c not in expected]
+        if extra and strict:
+            problems.append(f"extra column{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))}"
+                            " (--strict-columns refuses columns the run was not trained on)")
+        elif extra:
+            notice(f"ignoring column{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))} of "
+                   f"{name}: not features of this run")
+        table = table.select([c for c in table.column_names if c in expected])
+    elif table.num_columns == 0:
+        problems.append(f"no feature columns besides {target!r}")
+    if categorical == "auto":
+        cat_names = [f.name for f in table.schema if _is_category_like(f.type)
+                     and not pa.types.is_null(f.type)]
+    elif categorical == "none":
+        cat_names = []
+    else:
+        unknown = [c for c in categorical if c not in table.column_names and expected is None]
+        if unknown:
+            problems.append(f"categorical column{'s' * (len(unknown) > 1)} "
+                            f"{', '.join(map(repr, unknown))} not found")
+        cat_names = [c for c in categorical if c in table.column_names]
+    numeric, cats, missing_values = [], {}, []
+    for f in table.schema:
+        col = table.column(f.name)
+        if f.name in cat_names:
+            try:
+                values = pc.cast(col, pa.string()) if not pa.types.is_dictionary(f.type) \
+                    else pc.cast(pc.dictionary_decode(col), pa.string())
+            except pa.ArrowInvalid:  # bytes that are not UTF-8 (a Latin-1 file)
+                problems.append(_not_utf8(f.name, col, first_row))
+                continue
+            cats[f.name] = np.asarray(values.to_numpy(zero_copy_only=False), dtype=object)
+            if col.null_count:
+                missing_values.append((f.name, col.null_count))
+            continue
+        if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type):
+            problems.append(_not_utf8(f.name, col, first_row))
+            continue
+        if pa.types.is_temporal(f.type):
+            problems.append(f"column {f.name!r} holds dates or times ({f.type}); expected "
+                            f"numbers: leave it out with --drop {f.name} (or [data] drop), or "
+                            "convert it to a number (days since a date) in the data")
+            continue
+        if not (_is_numeric(f.type) or pa.types.is_boolean(f.type)):
+            problems.append(f"column {f.name!r} is {f.type}; expected numbers (or list it in "
+                            "[data] categorical to one-hot encode it)")
+            continue
+        values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+        values = np.asarray(values, np.float64)
+        too_big = np.isfinite(values) & (np.abs(values) > FLOAT32_MAX)
+        if too_big.any():
+            r = int(np.flatnonzero(too_big)[0])
+            problems.append(f"column {f.name!r} row {first_row + r} holds {values[r]:.6g}, "
+                            f"beyond float32 (the model's dtype: |x| <= {FLOAT32_MAX:.4g})")
+        if np.isinf(values).any():
+            r = first_row + int(np.flatnonzero(np.isinf(values))[0])
+            problems.append(f"column {f.name!r} holds NaN or inf (inf at row {r}); "
+                            "expected finite numbers")
+        if np.isnan(values).any():
+            missing_values.append((f.name, int(np.isnan(values).sum())))
+        numeric.append((f.name, values))
+    if missing_values and impute == "error":
+        cols = ", ".join(f"{c!r} ({n} row{'s' * (n > 1)})" for c, n in missing_values)
+        one = len(missing_values) == 1
+        problems.append(f"column{'' if one else 's'} {cols} hold{'s' * one} NaN or inf: missing "
+                        "values (set [data] impute = \"median\" or \"most_frequent\", or "
+                        "--impute, to fill them)")
+    if problems:
+        raise UsageError(f"{len(problems)} problem{'s' * (len(problems) > 1)} in data {name}: "
+                         + "; ".join(problems) + ".")
+    x = (np.column_stack([v for _, v in numeric]) if numeric
+         else np.zeros((table.num_rows, 0))).astype(np.float32)
+    return Dataset(name, x, y, tuple(n for n, _ in numeric), cats)
+
+
+def load(cfg: DataConfig, require_target: bool = True, expected: Sequence[str] | None = None,
+         strict: bool = False) -> Dataset:
+    """Load the source named by `cfg.source` (built-in name or file path).
+
+    Files are read once per process (cached on path, size and modification time), so the
+    CLI can check the data before importing TensorFlow and the run reuses what it read.
+
+    Args:
+        expected, strict: see `table_to_dataset` (predict time).
+
+    Raises:
+        UsageError: unknown source, unreadable file, or any `table_to_dataset` error; a
+        labelled data set must have at least two classes.
+    """
+    from ensemble.data import arrays
+
+    if arrays.is_array_source(cfg.source):
+        return arrays.load(cfg, require_target)
+    if cfg.source in BUILTIN:
+        ds = _builtin(cfg)
+    else:
+        path = Path(cfg.source)
+        if path.suffix not in (".parquet", ".csv"):
+            raise UsageError(
+                f"Unknown data source {cfg.source!r}; expected one of {', '.join(BUILTIN)}, "
+                "digits_images, a .parquet, .csv or .npz file, or a folder of images with one "
+                "sub-folder per class."
+            )
+        stat = path.stat() if path.is_file() else None
+        key = (stat.st_size, stat.st_mtime_ns) if stat else None
+        ds = _load_file(cfg, key, require_target,
+                        None if expected is None else tuple(expected), strict)
+    if require_target:  # the task: refused in one line before anything else runs
+        from ensemble.tasks.heads import resolve
+
+        if resolve(ds.y, cfg.task, cfg.source) == "regression":
+            return ds
+    if require_target and len(np.unique(ds.y)) < 2:
+        raise UsageError(f"Data {ds.name} has fewer than two classes; expected at least two.")
+    return ds
+
+
+@functools.lru_cache(maxsize=2)
+def _load_file(cfg: DataConfig, _stat_key, require_target: bool,
+               expected: tuple[str, ...] | None, strict: bool) -> Dataset:
+    path = Path(cfg.source)
+    table = _read_table(path)
+    if cfg.drop and expected is None:  # at predict time a dropped column is an extra one
+        unknown = [c for c in cfg.drop if c not in table.column_names]
+        if unknown:
+            raise UsageError(f"Cannot drop column{'s' * (len(unknown) > 1)} "
+                             f"{', '.join(map(repr, unknown))}: not in {path} (columns: "
+                             f"{', '.join(table.column_names)})")
+        table = table.drop_columns([c for c in dict.fromkeys(cfg.drop)])
+    return table_to_dataset(table, str(path), cfg.target, require_target,
+                            cfg.categorical, cfg.impute, expected, strict)
+
+
+def split(ds: Dataset, cfg: DataConfig, seed: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Stratified train/validation/test row indices from `seed` (scikit-learn).
+
+    Returns:
+        (`{"train": idx, "validation": idx, "test": idx}`, the sorted class labels).
+
+    Raises:
+        UsageError: a class too small to appear in every split.
+    """
+    from sklearn.model_selection import train_test_split
+
+    idx = np.arange(len(ds.y))
+    if cfg.task == "regression":  # resolved by the caller (ensemble.tasks.heads.resolve)
+        rest, test = train_test_split(idx, test_size=cfg.test_size, random_state=seed)
+        train, val = train_test_split(rest, test_size=cfg.validation_size
+                                      / (1.0 - cfg.test_size), random_state=seed)
+        return ({"train": np.sort(train), "validation": np.sort(val), "test": np.sort(test)},
+                np.zeros(0, np.float64))
+    classes, counts = np.unique(ds.y, return_counts=True)
+    fixed = getattr(ds, "test_rows", None)  # a test split the source gives (Keras's .npz)
+    try:
+        if fixed is not None:
+            test, rest = fixed, np.setdiff1d(idx, fixed)
+            val_share = cfg.validation_size / (1.0 - cfg.test_size)
+            train, val = train_test_split(rest, test_size=val_share, random_state=seed,
+                                          stratify=ds.y[rest])
+            return ({"train": np.sort(train), "validation": np.sort(val),
+                     "test": np.sort(test)}, classes)
+        rest, test = train_test_split(idx, test_size=cfg.test_size, random_state=seed,
+                                      stratify=ds.y)
+        val_share = cfg.validation_size / (1.0 - cfg.test_size)
+        train, val = train_test_split(rest, test_size=val_share, random_state=seed,
+                                      stratify=ds.y[rest])
+    except ValueError as exc:
+        raise UsageError(
+            f"Cannot split {ds.name} into stratified train/validation/test sets "
+            f"(smallest class has {counts.min()} rows): {exc}"
+        ) from None
+    return {"train": np.sort(train), "validation": np.sort(val), "test": np.sort(test)}, classes
+
+
+def encode(y: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """Map labels `[n_rows]` to class indices `[n_rows]` int32 (`classes` sorted).
+
+    A regression run has no classes (`classes` empty): targets come back as float64.
+
+    Raises:
+        UsageError: a label that is not among `classes`.
+    """
+    y, classes = np.asarray(y), np.asarray(classes)
+    if classes.size == 0:  # regression
+        if y.dtype.kind not in "iuf":
+            raise UsageError(f"Targets of type {y.dtype} are not numbers; this regression "
+                             "run needs numeric targets.")
+        return y.astype(np.float64)
+    if (y.dtype.kind in "USO") != (classes.dtype.kind in "USO"):
+        raise UsageError(
+            f"Labels of type {y.dtype} do not match the run's classes {classes.tolist()}"
+        )
+    pos = np.clip(np.searchsorted(classes, y), 0, len(classes) - 1)
+    unknown = classes[pos] != y
+    if np.any(unknown):
+        raise UsageError(
+            f"Label {y[unknown][0].item()!r} is not a class of this run; expected one of "
+            f"{classes.tolist()}"
+        )
+    return pos.astype(np.int32)

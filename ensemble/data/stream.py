@@ -1,0 +1,353 @@
+"""Streaming prediction I/O: the input read in record batches, the predictions written batch by
+batch, so resident memory stays flat however large the input is.
+
+- `InputStream` reads a `.parquet` or `.csv` file, or a folder of such files (sorted by name),
+  with `pyarrow.dataset` (readahead of one batch; Parquet without pre-buffering), re-batches to `batch_rows` rows and yields
+  each batch checked, encoded and scaled exactly as `Preprocessing.transform` does. `check()`
+  validates the schema and the first batch (every problem in one message, before TensorFlow
+  loads); a bad value further on stops the prediction with a `UsageError` naming its rows.
+  Built-in data sets (`digits`, ...) are small and read whole, then sliced.
+- `PredictionWriter` writes tables with one `pyarrow.parquet.ParquetWriter` to a temporary name
+  beside the output and renames it into place at the end (removed on error).
+
+No TensorFlow here: between-graph clients and the launcher's early check use it too.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from ensemble.data import sources as data
+from ensemble.core.errors import UsageError
+from ensemble.data.preprocessing import Preprocessing
+
+DEFAULT_BATCH_ROWS = 65536
+FORMATS = (".parquet", ".csv")
+_CHECKED: set = set()  # inputs whose check passed in this process
+
+
+@dataclass
+class Batch:
+    """One batch of a streamed input: rows `first_row..first_row+len(x)-1` of the source.
+
+    Attributes:
+        x: `[n_rows, n_outputs]` float32, imputed, encoded and scaled.
+        y: `[n_rows]` int32 class indices, or None when the batch has no (complete) labels.
+    """
+
+    first_row: int
+    x: np.ndarray
+    y: np.ndarray | None
+    ids: np.ndarray | None = None  # array inputs: each row's file path or array index
+    extra: pa.Table | None = None  # with `passthrough`: the input's non-feature columns
+
+    @property
+    def rows(self) -> np.ndarray:
+        return np.arange(self.first_row, self.first_row + len(self.x), dtype=np.int64)
+
+
+def input_stream(pre, source: str, target: str, strict: bool = False,
+                 batch_rows: int = DEFAULT_BATCH_ROWS, quiet: bool = False):
+    """The stream of new data for a run: `InputStream` for a table run, an
+    `arrays.ArrayStream` for a run trained on arrays (images, `.npz`)."""
+    from ensemble.data.arrays import ArrayPreprocessing, ArrayStream
+
+    if isinstance(pre, ArrayPreprocessing):
+        return ArrayStream(pre, source, batch_rows)
+    return InputStream(pre, source, target, strict, batch_rows, quiet)
+
+
+def _files(source: str) -> tuple[list[str], str]:
+    """The files of a file or folder source and their format (`parquet` or `csv`)."""
+    path = Path(source)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in FORMATS and p.is_file()
+                       and not p.name.startswith((".", "_")))
+        kinds = {p.suffix for p in files}
+        if len(kinds) != 1:
+            raise UsageError(f"Expected folder {source} to hold .parquet or .csv files (one "
+                             f"kind). Received: {', '.join(sorted(kinds)) or 'none'}")
+        return [str(p) for p in files], files[0].suffix[1:]
+    if path.suffix not in FORMATS:
+        raise UsageError(f"Unknown data source {source!r}; expected one of "
+                         f"{', '.join(data.BUILTIN)}, a .parquet or .csv file, or a folder "
+                         "of them.")
+    if not path.is_file():
+        raise UsageError(f"Data file not found: {source}")
+    if path.stat().st_size == 0:
+        raise UsageError(f"Data file is empty: {source}")
+    return [str(path)], path.suffix[1:]
+
+
+class InputStream:
+    """New data for a trained run, in batches of at most `batch_rows` rows.
+
+    Args:
+        pre: the run's preprocessing (its columns are matched by name; extra columns are
+            ignored with one notice, refused with `strict`).
+        source: built-in name, `.parquet` / `.csv` file, or a folder of them.
+        target: label column (used for `y` when present).
+
+    Raises:
+        UsageError: unreadable source, or (from `check` and iteration) bad columns or values.
+    """
+
+    def __init__(self, pre: Preprocessing, source: str, target: str, strict: bool = False,
+                 batch_rows: int = DEFAULT_BATCH_ROWS, quiet: bool = False):
+        if batch_rows < 1:
+            raise UsageError(f"Expected --batch-size >= 1. Received: {batch_rows}")
+        self.pre, self.source, self.target = pre, str(source), target
+        self.strict, self.batch_rows, self.quiet = strict, int(batch_rows), quiet
+        self.unknown: dict[str, int] = {}  # unknown categories seen, per column
+        self.passthrough = False  # carry the non-feature columns (an id) in `Batch.extra`
+        self._dataset = None
+        if self.source not in data.BUILTIN:
+            import pyarrow.dataset as ds
+
+            files, fmt = _files(self.source)
+            if fmt == "csv":
+                import pyarrow.csv as pcsv
+
+                types = {n: pa.float64() for n in pre.feature_names}
+                types.update({n: pa.string() for n in pre.categories})
+                fmt = ds.CsvFileFormat(convert_options=pcsv.ConvertOptions(
+                    strings_can_be_null=True, column_types=types))
+            else:  # pre-buffering reads row groups far ahead: memory would grow with the file
+                fmt = ds.ParquetFileFormat(default_fragment_scan_options=ds.
+                                           ParquetFragmentScanOptions(pre_buffer=False))
+            try:
+                self._dataset = ds.dataset(files, format=fmt)
+            except (pa.ArrowInvalid, OSError) as exc:
+                if isinstance(fmt, ds.ParquetFileFormat):  # name a duplicate column if any
+                    import pyarrow.parquet as pq
+
+                    for f in files:
+                        try:
+                            names = pq.read_schema(f).names
+                        except (pa.ArrowInvalid, OSError):
+                            continue
+                        data.check_unique_columns(names, f)
+                raise UsageError(f"Cannot read {self.source}: {str(exc).splitlines()[0]}") from None
+            data.check_unique_columns(self._dataset.schema.names, self.source)
+
+    @property
+    def n_rows(self) -> int | None:
+        """Rows of the input when known without reading it (Parquet metadata), else None."""
+        import pyarrow.dataset as ds
+
+        if self._dataset is None or not isinstance(self._dataset.format, ds.ParquetFileFormat):
+            return None
+        return self._dataset.count_rows()
+
+    def _to_dataset(self, table: pa.Table, name: str, strict: bool,
+                    first_row: int = 0) -> data.Dataset:
+        pre = self.pre
+        return data.table_to_dataset(table, name, self.target, require_target=False,
+                                     categorical=tuple(pre.categories) or "none",
+                                     impute=pre.impute, expected=pre.columns, strict=strict,
+                                     first_row=first_row)
+
+    def check(self) -> None:
+        """Check the columns (missing, extra, types) and the first batch's values; prints the
+        extra-columns notice. A check already passed in this process (same files, unchanged)
+        is not repeated, so the notice shows once. Raises UsageError with every problem."""
+        if self._dataset is None:
+            self.pre.read_input(self.source, self.target, self.strict)  # cached: read once
+            return
+        key = (tuple((f, os.stat(f).st_size, os.stat(f).st_mtime_ns)
+                     for f in self._dataset.files), self.pre.columns, self.target, self.strict,
+               self.batch_rows)
+        if key in _CHECKED:
+            return
+        first = next(self._tables(all_columns=True), None)
+        if first is None:
+            raise UsageError(f"Data {self.source} has no rows; expected at least one.")
+        self._to_dataset(first, self.source, self.strict)
+        _CHECKED.add(key)
+
+    def _tables(self, all_columns: bool = False) -> Iterator[pa.Table]:
+        """The input as tables of exactly `batch_rows` rows (the last one shorter)."""
+        names = self._dataset.schema.names
+        cols = None if all_columns else [c for c in names if c in (*self.pre.columns,
+                                                                  self.target)]
+        pending, size = [], 0
+        try:
+            # one thread and readahead of one batch: threaded scans run ahead of a slow
+            # consumer (the model), and memory would grow with the input
+            for rb in self._dataset.to_batches(columns=cols, batch_size=self.batch_rows,
+                                               batch_readahead=1, fragment_readahead=1,
+                                               use_threads=False):
+                pending.append(rb)
+                size += rb.num_rows
+                while size >= self.batch_rows:
+                    table = pa.Table.from_batches(pending)
+                    yield table.slice(0, self.batch_rows).combine_chunks()
+                    rest = table.slice(self.batch_rows)
+                    pending, size = rest.to_batches(), rest.num_rows
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise UsageError(f"Cannot read {self.source}: {str(exc).splitlines()[0]}") from None
+        if size:
+            yield pa.Table.from_batches(pending).combine_chunks()
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self._dataset is None:
+            whole = self.pre.read_input(self.source, self.target, self.strict)
+            for lo in range(0, len(whole.x), self.batch_rows):
+                part = data.Dataset(whole.name, whole.x[lo:lo + self.batch_rows],
+                                    None if whole.y is None else whole.y[lo:lo + self.batch_rows],
+                                    whole.feature_names,
+                                    {k: v[lo:lo + self.batch_rows]
+                                     for k, v in whole.categorical.items()})
+                yield self._batch(part, lo)  # a built-in set has no columns beyond features
+            self._notice_unknown()
+            return
+        first = 0
+        for table in self._tables(all_columns=self.passthrough):
+            name = f"{self.source} (rows {first}..{first + table.num_rows - 1})"
+            extra = None
+            if self.passthrough:
+                extra = table.select([c for c in table.column_names
+                                      if c not in self.pre.columns and c != self.target])
+                table = table.select([c for c in table.column_names
+                                      if c in self.pre.columns or c == self.target])
+            batch = self._batch(self._to_dataset(table, name, False, first), first)
+            batch.extra = extra
+            yield batch
+            first += table.num_rows
+        if first == 0:
+            raise UsageError(f"Data {self.source} has no rows; expected at least one.")
+        self._notice_unknown()
+
+    def passthrough_batches(self) -> Iterator[tuple[pa.Table | None, None]]:
+        """`(the input's non-feature columns, None)` in batches of `batch_rows` rows, what a
+        between-graph aggregator carries through; `(None, None)` for a built-in set."""
+        if self._dataset is None:
+            while True:
+                yield None, None
+        keep = [c for c in self._dataset.schema.names
+                if c not in self.pre.columns and c != self.target]
+        for table in self._tables(all_columns=True):
+            yield table.select(keep), None
+
+    def _batch(self, part: data.Dataset, first: int) -> Batch:
+        x, unknown = self.pre.encode_scaled(part, first)
+        for col, n in unknown.items():
+            self.unknown[col] = self.unknown.get(col, 0) + n
+        y = None if part.y is None else data.encode(part.y, self.pre.classes)
+        return Batch(first, x, y)
+
+    def _notice_unknown(self) -> None:
+        if self.unknown and not self.quiet:
+            data.notice("unknown categories ignored (all-zero encoding): " + ", ".join(
+                f"{n} rows in {c!r}" for c, n in self.unknown.items()))
+
+
+MMAP_THRESHOLD = 1 << 20  # bytes: larger blocks are mapped, and unmapped when freed
+
+
+def flat_heap() -> bool:
+    """Keep the C heap from creeping up batch after batch (glibc only; elsewhere nothing).
+
+    glibc raises its mmap threshold each time a large mapped block is freed (up to 32 MiB),
+    after which the batches' large numpy arrays come from the heap, where the reader, model
+    and writer threads fragment it: peak memory then grew with the input (1M rows: 1.28x the
+    peak of 100k). A fixed threshold (`mallopt(M_MMAP_THRESHOLD)`, as the environment variable
+    `MALLOC_MMAP_THRESHOLD_` sets it) gives every freed batch back to the system at once.
+
+    Returns:
+        Whether the setting applied.
+    """
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        return bool(libc.mallopt(-3, MMAP_THRESHOLD))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+
+
+def prefetch(batches: Iterable[Batch]) -> Iterator[Batch]:
+    """Yield from `batches` while the next one is read in a background thread (one batch
+    ahead, so memory stays bounded): reading and scaling overlap the prediction."""
+    with ThreadPoolExecutor(1, thread_name_prefix="ensemble-read") as pool:
+        it = iter(batches)
+        ahead = pool.submit(next, it, None)
+        while (batch := ahead.result()) is not None:
+            ahead = pool.submit(next, it, None)
+            yield batch
+
+
+class PredictionWriter:
+    """Append prediction tables to `out` with one `ParquetWriter` (page checksums), or one
+    `pyarrow.csv.CSVWriter` when `out` ends in `.csv`; the file
+    appears under its name only when the `with` block succeeds. Each table is written in a
+    background thread while the caller computes the next (one write in flight at most).
+
+    Args:
+        metadata: Parquet key-value metadata added to every table's own (str -> str).
+    """
+
+    def __init__(self, out: str | Path, metadata: dict[str, str] | None = None):
+        self.out, self.metadata = Path(out), dict(metadata or {})
+        self.rows, self._writer, self._ctx, self._tmp = 0, None, None, None
+        self._pool, self._pending = None, None
+
+    def __enter__(self) -> "PredictionWriter":
+        from ensemble.core.artifacts import atomic_path
+
+        self._ctx = atomic_path(self.out, suffix=self.out.suffix or ".parquet")
+        self._tmp = self._ctx.__enter__()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ensemble-write")
+        return self
+
+    def write(self, table: pa.Table) -> None:
+        import pyarrow.parquet as pq
+
+        meta = {**(table.schema.metadata or {}),
+                **{k.encode(): v.encode() for k, v in self.metadata.items()}}
+        table = table.replace_schema_metadata(meta)
+        if self._writer is None and self.out.suffix == ".csv":
+            import pyarrow.csv as pcsv
+
+            self._writer = pcsv.CSVWriter(str(self._tmp), table.schema)
+        elif self._writer is None:
+            self._writer = pq.ParquetWriter(self._tmp, table.schema, write_page_checksum=True)
+        if self._pending is not None:
+            self._pending.result()  # the previous write's error, if any, surfaces here
+            # memory flat over any input: give the freed buffers of earlier batches back
+            # (Arrow's pool keeps them otherwise, and its peak creeps up batch by batch)
+            pa.default_memory_pool().release_unused()
+        self._pending = self._pool.submit(self._writer.write_table, table)
+        self.rows += table.num_rows
+
+    def __exit__(self, kind, value, tb):
+        failed = None
+        try:
+            if self._pending is not None:
+                self._pending.result()
+        except Exception as exc:  # a failed last write fails the whole file
+            failed = exc
+        finally:
+            self._pool.shutdown()
+            if self._writer is not None:
+                self._writer.close()
+        if failed is not None and kind is None:
+            kind, value, tb = type(failed), failed, failed.__traceback__
+        if kind is None:
+            from ensemble.core import staging
+
+            staging.hold("predict")  # test hook: complete, not yet renamed into place
+        self._ctx.__exit__(kind, value, tb)
+        if failed is not None:
+            raise failed
+        return False

@@ -1,0 +1,302 @@
+"""Builders: where a member's network comes from (`mlp`, `cnn`, or the user's function).
+
+A builder is any callable
+
+    build(input_shape, n_outputs, *, seed, **params) -> keras.Model
+
+mapping `[batch, *input_shape]` to `[batch, n_outputs]` **logits** (no softmax: the task owns
+the head, `ensemble.tasks.heads`). It is named in the config as `"mlp"` or `"cnn"` (built in, below),
+`"package.module:function"` (resolved with `pkgutil.resolve_name`) or
+`"path/to/file.py:function"` (a relative path is resolved against the config file's folder).
+Between-graph clients import it by that name, so it must be a module-level function there.
+
+This module resolves and checks builders without TensorFlow; `ensemble.models.members` builds and
+validates the networks they return.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import pkgutil
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ensemble.core.errors import UsageError
+
+ACTIVATIONS = ("relu", "tanh", "gelu", "elu", "sigmoid", "swish")
+LOCAL_PREFIX = "<local>:"  # a callable of this process that no other process can import
+
+_local: dict[str, Callable] = {}
+
+
+def mlp(input_shape: Sequence[int], n_outputs: int, *, seed: int,
+        hidden: Sequence[int] = (256, 128), activation: str = "relu", dropout: float = 0.1,
+        l2: float = 0.0):
+    """The built-in MLP: `[batch, *input_shape]` (flattened) -> Dense(`hidden[i]`,
+    `activation`) [+ Dropout(`dropout`)] ... -> Dense(`n_outputs`) logits.
+
+    Every initialiser and dropout layer has its own seed derived from `seed`; with `l2 > 0`
+    every Dense kernel carries `keras.regularizers.L2(l2)` (`l2 * sum(kernel**2)`, added to
+    the training loss by `training.train_step`).
+    """
+    import keras
+
+    reg = keras.regularizers.L2(l2) if l2 > 0 else None
+    layers = [keras.Input(tuple(input_shape))]
+    if len(input_shape) > 1:
+        layers.append(keras.layers.Flatten(name="flatten"))
+    for i, width in enumerate(hidden):
+        layers.append(keras.layers.Dense(
+            width, activation=activation, name=f"dense_{i}", kernel_regularizer=reg,
+            kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 2 * i)))
+        if dropout > 0:
+            layers.append(keras.layers.Dropout(dropout, seed=seed + 2 * i + 1,
+                                               name=f"dropout_{i}"))
+    layers.append(keras.layers.Dense(
+        n_outputs, name="logits", kernel_regularizer=reg,
+        kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 2 * len(hidden))))
+    return keras.Sequential(layers, name="mlp")
+
+
+def cnn(input_shape: Sequence[int], n_outputs: int, *, seed: int,
+        filters: Sequence[int] = (32, 64), kernel_size: int = 3, dense: int = 128,
+        dropout: float = 0.25, scale: float = 1.0):
+    """The built-in CNN for images `[batch, height, width, channels]`: per entry of
+    `filters`, Conv2D(f, `kernel_size`, same padding, ReLU) -> MaxPooling2D(2) (while the
+    image is at least 2 pixels high and wide); then Flatten -> Dropout(`dropout`) ->
+    Dense(`dense`, ReLU) -> Dense(`n_outputs`) logits. `scale` multiplies the input first
+    (inputs are standardised by the run's preprocessing, so 1.0 is the default).
+    """
+    import keras
+
+    init = lambda k: keras.initializers.GlorotUniform(seed=seed + k)  # noqa: E731
+    x = inputs = keras.Input(tuple(input_shape))
+    if len(input_shape) == 2:  # [h, w]: one channel
+        x = keras.layers.Reshape((*input_shape, 1))(x)
+    if scale != 1.0:
+        x = keras.layers.Rescaling(scale)(x)
+    h, w = input_shape[0], input_shape[1]
+    for i, f in enumerate(filters):
+        x = keras.layers.Conv2D(f, kernel_size, padding="same", activation="relu",
+                                kernel_initializer=init(i), name=f"conv_{i}")(x)
+        if h >= 2 and w >= 2:
+            x = keras.layers.MaxPooling2D(2, name=f"pool_{i}")(x)
+            h, w = h // 2, w // 2
+    x = keras.layers.Flatten()(x)
+    if dropout > 0:
+        x = keras.layers.Dropout(dropout, seed=seed + 100)(x)
+    x = keras.layers.Dense(dense, activation="relu", kernel_initializer=init(101))(x)
+    out = keras.layers.Dense(n_outputs, kernel_initializer=init(102), name="logits")(x)
+    return keras.Model(inputs, out, name="cnn")
+
+
+BUILTINS: dict[str, Callable] = {"mlp": mlp, "cnn": cnn}
+
+
+def _load_file(path: Path, name: str) -> Callable:
+    module_name = f"ensemble_builder_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise UsageError(f"Cannot import builder file {path}: not a Python file.")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[module_name]
+            raise UsageError(f"Builder file {path} failed to import: "
+                             f"{type(exc).__name__}: {_first_line(exc)}") from None
+    fn = getattr(module, name, None)
+    if fn is None:
+        raise UsageError(f"Builder file {path} has no function `{name}`.")
+    return fn
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+def _resolve_here(spec: str):
+    """`pkgutil.resolve_name(spec)`; a module in the working directory is found too (as
+    `python -c` would), which the `ensemble` command's own path leaves out."""
+    try:
+        return pkgutil.resolve_name(spec)
+    except ModuleNotFoundError:
+        here = str(Path.cwd())
+        if here in sys.path:
+            raise
+        sys.path.append(here)
+        return pkgutil.resolve_name(spec)
+
+
+def is_file_spec(spec: str) -> bool:
+    """`path/to/file.py:function` (or `file.py`) rather than a module path."""
+    return spec.partition(":")[0].endswith(".py")
+
+
+def absolute(spec: str, base: Path | None) -> str:
+    """`spec` with a relative `file.py` part made absolute against `base` (a config file's
+    folder; the working directory when None). Other specs are returned as they are."""
+    if not is_file_spec(spec):
+        return spec
+    path, _, name = spec.partition(":")
+    p = Path(path).expanduser()
+    if not p.is_absolute():
+        p = (base or Path.cwd()) / p
+    return f"{p.resolve()}:{name}" if name else str(p.resolve())
+
+
+def resolve(spec: str) -> Callable:
+    """The builder function named by `spec`.
+
+    Raises:
+        UsageError: an unknown built-in, a module, file or function that does not exist, or
+            something that is not callable; the message names `spec`.
+    """
+    if not isinstance(spec, str) or not spec:
+        raise UsageError(f"Expected `model.builder` to be \"mlp\", \"cnn\", "
+                         f"\"package.module:function\" or \"path/file.py:function\". "
+                         f"Received: {spec!r}")
+    if spec in BUILTINS:
+        return BUILTINS[spec]
+    if spec.startswith(LOCAL_PREFIX):
+        if spec not in _local:
+            raise UsageError(f"Builder {spec} was a function of another Python process; "
+                             "name it by module (`package.module:function`) or file instead.")
+        return _local[spec]
+    from ensemble.core.tfimport import import_tensorflow_quietly
+
+    import_tensorflow_quietly()  # the user's module imports Keras: no start-up banners
+    if is_file_spec(spec):
+        path, _, name = spec.partition(":")
+        if not name:
+            raise UsageError(f"Expected `{spec}` to name a function: `{path}:function`.")
+        if not Path(path).is_file():
+            raise UsageError(f"Builder file not found: {path} (from model.builder={spec!r}).")
+        fn = _load_file(Path(path), name)
+    else:
+        if ":" not in spec and "." not in spec:
+            raise UsageError(f"Unknown builder {spec!r}; expected \"mlp\", \"cnn\", "
+                             "\"package.module:function\" or \"path/file.py:function\".")
+        try:
+            fn = _resolve_here(spec)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise UsageError(f"Cannot import builder {spec!r}: {type(exc).__name__}: "
+                             f"{_first_line(exc)}") from None
+        except Exception as exc:  # the user's module raised while importing
+            raise UsageError(f"Builder module of {spec!r} failed to import: "
+                             f"{type(exc).__name__}: {_first_line(exc)}") from None
+    if not callable(fn):
+        raise UsageError(f"Builder {spec!r} is a {type(fn).__name__}, not a function.")
+    return fn
+
+
+def spec_of(builder: str | Callable) -> str:
+    """The name a config records for `builder`: a string as it is; a callable as
+    `module:qualname` when that name imports back to it, else a process-local name
+    (`<local>:qualname`) that only this process resolves (in-graph training works;
+    between-graph clients cannot import it)."""
+    if isinstance(builder, str):
+        return builder
+    if not callable(builder):
+        raise UsageError(f"Expected `model` to be a builder function or its name. "
+                         f"Received: {builder!r}")
+    for name, fn in BUILTINS.items():
+        if builder is fn:
+            return name
+    module, qualname = getattr(builder, "__module__", None), getattr(builder, "__qualname__", "")
+    if module and module != "__main__" and "<" not in qualname:
+        name = f"{module}:{qualname}"
+        try:
+            if pkgutil.resolve_name(name) is builder:
+                return name
+        except Exception:  # noqa: BLE001 - not importable by name: a local builder
+            pass
+    name = f"{LOCAL_PREFIX}{qualname or type(builder).__name__}#{id(builder):x}"
+    _local[name] = builder
+    return name
+
+
+def register(spec: str, builder: Callable) -> None:
+    """Make the process-local name `spec` (from `spec_of`, perhaps in another process that
+    pickled it) resolve to `builder` here."""
+    _local[spec] = builder
+
+
+def importable(spec: str) -> bool:
+    """Whether another process can resolve `spec` (not a `<local>` callable)."""
+    return not spec.startswith(LOCAL_PREFIX)
+
+
+def check_params(spec: str, fn: Callable, params: dict[str, Any], key: str) -> None:
+    """Check that `fn` has the builder signature and accepts every name in `params`.
+
+    Raises:
+        UsageError: a parameter the builder does not take (names it and the accepted ones),
+            or a function without the `(input_shape, n_outputs, *, seed, ...)` signature.
+    """
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    ps = sig.parameters
+    kw = any(p.kind is p.VAR_KEYWORD for p in ps.values())
+    positional = [p for p in ps.values() if p.kind in (p.POSITIONAL_ONLY,
+                                                       p.POSITIONAL_OR_KEYWORD)]
+    if (len(positional) < 2 and not any(p.kind is p.VAR_POSITIONAL for p in ps.values())) \
+            or ("seed" not in ps and not kw):
+        raise UsageError(f"Builder {spec!r} must be `build(input_shape, n_outputs, *, seed, "
+                         f"**params)`. Received: {fn.__name__}{sig}")
+    if kw:
+        return
+    known = [n for n in ps if n != "seed" and ps[n] not in positional[:2]]
+    unknown = [n for n in params if n not in known]
+    if unknown:
+        raise UsageError(f"Unknown parameter `{key}.{unknown[0]}` of builder {spec!r}; it "
+                         f"takes: {', '.join(known) or 'no parameters'}.")
+
+
+def check_mlp_params(params: dict[str, Any], key: str) -> None:
+    """Range checks of the built-in MLP's parameters (before TensorFlow loads).
+
+    Raises:
+        UsageError: a bad `hidden`, `activation`, `dropout` or `l2`; names `key`.
+    """
+    hidden = params.get("hidden", ())
+    if isinstance(hidden, int) and not isinstance(hidden, bool):
+        hidden = [hidden]
+    if not isinstance(hidden, (list, tuple)) or not all(
+            isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in hidden):
+        raise UsageError(f"Expected `{key}.hidden` to be a list of positive layer widths. "
+                         f"Received: {params.get('hidden')!r}")
+    act = params.get("activation", "relu")
+    if act not in ACTIVATIONS:
+        raise UsageError(f"Expected `{key}.activation` to be one of {', '.join(ACTIVATIONS)}. "
+                         f"Received: {act!r}")
+    dropout = params.get("dropout", 0.0)
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) \
+            or not 0.0 <= dropout < 1.0:
+        raise UsageError(f"Expected `{key}.dropout` in [0, 1). Received: {dropout!r}")
+    l2 = params.get("l2", 0.0)
+    if isinstance(l2, bool) or not isinstance(l2, (int, float)) or not l2 >= 0:
+        raise UsageError(f"Expected `{key}.l2` to be >= 0. Received: {l2!r}")
+
+
+def source_sha256(spec: str) -> str | None:
+    """sha256 of the file that defines builder `spec` (None for a built-in or when the
+    source cannot be found)."""
+    if spec in BUILTINS:
+        return None
+    try:
+        path = inspect.getsourcefile(resolve(spec))
+    except (TypeError, UsageError):
+        return None
+    if path is None or not Path(path).is_file():
+        return None
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

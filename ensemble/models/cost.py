@@ -1,0 +1,111 @@
+"""What a member costs: FLOPs per row of its forward pass, counted from the built model.
+
+Own code, not TensorFlow's profiler: the profiler also counts element-wise ops and prints its
+own report; placement and the benchmark want the multiply-adds of the matrix products and
+convolutions that dominate a member's work, `2 * (multiply-adds)` per row, read from the
+traced graph of one row so that any builder's network is counted the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ensemble.replication.placement import mlp_flops
+
+
+def _dims(tensor) -> list[int]:
+    return [int(d) if d is not None else 1 for d in tensor.shape]
+
+
+def _op_flops(op) -> int:
+    kind = op.type
+    if kind in ("MatMul", "BatchMatMulV2", "BatchMatMulV3"):
+        a = _dims(op.inputs[0])
+        transposed = op.get_attr("transpose_a") if kind == "MatMul" else op.get_attr("adj_x")
+        k = a[-2] if transposed else a[-1]
+        return 2 * k * int(np.prod(_dims(op.outputs[0])))
+    if kind in ("Conv2D", "Conv3D"):
+        kernel = _dims(op.inputs[1])  # [*spatial, c_in, c_out]
+        return 2 * int(np.prod(kernel[:-1])) * int(np.prod(_dims(op.outputs[0])))
+    if kind == "DepthwiseConv2dNative":
+        kernel = _dims(op.inputs[1])  # [h, w, c_in, multiplier]
+        return 2 * int(np.prod(kernel[:-2])) * int(np.prod(_dims(op.outputs[0])))
+    if kind == "Conv2DBackpropInput":  # transposed convolution
+        kernel = _dims(op.inputs[1])  # [h, w, c_out, c_in]
+        return 2 * int(np.prod(kernel[:-2])) * kernel[-1] * int(np.prod(_dims(op.outputs[0])))
+    return 0
+
+
+def count_flops(model, input_shape: Sequence[int]) -> int:
+    """FLOPs of one row through `model`: `2 x` the multiply-adds of its matrix products and
+    convolutions (biases, activations and normalisations left out, as in `mlp_flops`),
+    read from the graph of `model` traced on a `[1, *input_shape]` float32 input."""
+    import tensorflow as tf
+
+    fn = tf.function(lambda x: model(x, training=False), autograph=False)
+    graph = fn.get_concrete_function(tf.TensorSpec([1, *input_shape], tf.float32)).graph
+
+    def walk(g) -> int:
+        total = 0
+        for op in g.get_operations():
+            total += _op_flops(op)
+            for name in ("then_branch", "else_branch", "body", "f"):
+                try:
+                    fn_name = op.get_attr(name).name
+                except (ValueError, AttributeError):
+                    continue
+                sub = g._functions.get(fn_name) if hasattr(g, "_functions") else None
+                if sub is not None and hasattr(sub, "graph"):
+                    total += walk(sub.graph)
+        return total
+
+    return int(walk(graph))
+
+
+def member_flops(spec: str, params: dict[str, Any], input_shape: Sequence[int],
+                 n_outputs: int, task, seed: int = 0) -> int:
+    """FLOPs per row of a member of builder `spec` with `params`: `count_flops` of a fresh
+    build on the CPU, which also checks the builder (`members.build_network`) and, for a
+    user's builder, that its model saves and loads safely (`members.check_serializable`).
+    The built-in MLP on a flat input is counted by its formula (`placement.mlp_flops`, equal
+    to `count_flops` of it: a test checks), so a process that only places members need not
+    load TensorFlow.
+
+    Raises:
+        UsageError: a bad builder.
+    """
+    from ensemble.models.builders import BUILTINS
+
+    if spec == "mlp" and len(input_shape) == 1:
+        return mlp_flops(int(input_shape[0]), list(params.get("hidden", (256, 128))), n_outputs)
+    import tensorflow as tf
+
+    from ensemble.models.members import build_member, check_serializable
+
+    with tf.device("/device:CPU:0"):
+        model = build_member(spec, params, input_shape, n_outputs, seed, "check", task)
+        if spec not in BUILTINS:
+            check_serializable(model, spec)
+        return count_flops(model, input_shape)
+
+
+def member_costs(hparams: Sequence[dict[str, Any]], input_shape: Sequence[int],
+                 n_outputs: int, task) -> list[int]:
+    """FLOPs per row of every member (`member_flops`), `hparams` `[n_members]` as
+    `config.member_hparams` gives them; each distinct builder and params built once.
+
+    Raises:
+        UsageError: a bad builder.
+    """
+    import json
+
+    done: dict[str, int] = {}
+    out = []
+    for h in hparams:
+        key = json.dumps([h["builder"], h["params"]], sort_keys=True)
+        if key not in done:
+            done[key] = member_flops(h["builder"], h["params"], input_shape, n_outputs, task)
+        out.append(done[key])
+    return out

@@ -1,0 +1,203 @@
+"""Ensemble members: seeds, batch order, building a member from its builder, saving/loading.
+
+A member's initialisation and batch order depend only on `(run seed, member index)`, never on
+the mode, the member count or the device. A member is its builder's network (logits) with the
+task's head on top, built under the member's device. Its optimiser is in `ensemble.models.optimizer`,
+the one training step and the epoch loop in `ensemble.replication.training`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ensemble.models import builders
+from ensemble.core.errors import UsageError
+
+
+def member_seed(run_seed: int, index: int) -> int:
+    """The seed of member `index`: a 31-bit integer from `SeedSequence([run_seed, index])`."""
+    return int(np.random.SeedSequence([run_seed, index]).generate_state(1)[0] >> 1)
+
+
+def batch_order(run_seed: int, index: int, epoch: int, n_rows: int) -> np.ndarray:
+    """Row order of member `index` in `epoch`: a permutation of `range(n_rows)`, int32."""
+    rng = np.random.default_rng([run_seed, index, epoch])
+    return rng.permutation(n_rows).astype(np.int32)
+
+
+def build_network(spec: str, params: dict[str, Any], input_shape: Sequence[int],
+                  n_outputs: int, seed: int):
+    """Call builder `spec` with `params` and check what it returns.
+
+    Keras's global seeds (`keras.utils.set_random_seed(seed)`: Python, numpy, TensorFlow and
+    Keras's default seed generator) are set first, so a builder whose layers take no explicit
+    seed still gives the same network in every process, mode and member count.
+
+    Returns:
+        The builder's `keras.Model`, `[batch, *input_shape] -> [batch, n_outputs]` logits.
+
+    Raises:
+        UsageError: the builder raises (its message kept), returns no Keras model, returns the
+            wrong output shape or a softmax output (logits expected), or holds a `Lambda` layer.
+    """
+    import keras
+
+    fn = builders.resolve(spec)
+    keras.utils.set_random_seed(seed)
+    try:
+        net = fn(tuple(int(d) for d in input_shape), int(n_outputs), seed=int(seed), **params)
+    except UsageError:
+        raise
+    except Exception as exc:  # the user's code: keep its message, one line
+        raise UsageError(f"Builder {spec!r} raised {type(exc).__name__}: "
+                         f"{builders._first_line(exc)}") from None
+    if not isinstance(net, keras.Model):
+        raise UsageError(f"Builder {spec!r} returned {type(net).__name__}; expected a "
+                         "keras.Model mapping [batch, *input_shape] to [batch, n_outputs] logits.")
+    try:
+        out = net(keras.Input(tuple(input_shape)))
+    except Exception as exc:
+        raise UsageError(f"Builder {spec!r}: its model cannot take inputs of shape "
+                         f"[batch, {', '.join(map(str, input_shape))}]: "
+                         f"{builders._first_line(exc)}") from None
+    if isinstance(out, (list, tuple, dict)) or tuple(out.shape[1:]) != (n_outputs,):
+        got = "several outputs" if isinstance(out, (list, tuple, dict)) else \
+            f"[batch, {', '.join(str(d) for d in out.shape[1:])}]"
+        raise UsageError(f"Builder {spec!r} returned a model with output {got}; expected "
+                         f"[batch, {n_outputs}] logits.")
+    layers = _all_layers(net)
+    lam = [layer.name for layer in layers if isinstance(layer, keras.layers.Lambda)]
+    if lam:
+        raise UsageError(f"Builder {spec!r}: layer {lam[0]!r} is a Lambda layer, which saved "
+                         "members refuse to load (safe_mode); write it as a layer class "
+                         "decorated with keras.saving.register_keras_serializable().")
+    if _ends_in_softmax(net, layers):
+        raise UsageError(f"Builder {spec!r} ends in a softmax; a builder returns logits (the "
+                         "task adds the head): drop the final softmax activation.")
+    return net
+
+
+def _all_layers(model) -> list:
+    out = []
+    for layer in model.layers:
+        out.append(layer)
+        if hasattr(layer, "layers"):
+            out.extend(_all_layers(layer))
+    return out
+
+
+def _ends_in_softmax(net, layers) -> bool:
+    import keras
+
+    last = layers[-1] if layers else None
+    if isinstance(last, keras.layers.Softmax):
+        return True
+    act = getattr(last, "activation", None)
+    return getattr(act, "__name__", None) == "softmax" or act is keras.activations.softmax
+
+
+def build_member(spec: str, params: dict[str, Any], input_shape: Sequence[int],
+                 n_outputs: int, seed: int, name: str, task, scaling=None):
+    """A member: builder `spec`'s network (`build_network`) with `task`'s head, as one Keras
+    model `[batch, *input_shape] -> ` the task's outputs (classification: `[batch,
+    n_classes]` probabilities). `scaling` (a Keras layer, e.g. the input's
+    `ArrayPreprocessing.scaling_layer()`) comes first when given, so the member takes raw
+    rows (image pixels).
+
+    Call it under `tf.device(...)` so its variables live on the member's device.
+
+    Raises:
+        UsageError: see `build_network`.
+    """
+    import keras
+
+    net = build_network(spec, params, input_shape, n_outputs, seed)
+    inputs = keras.Input(tuple(input_shape), name="features")
+    x = scaling(inputs) if scaling is not None else inputs
+    return keras.Model(inputs, task.head(net(x)), name=name)
+
+
+def check_serializable(model, spec: str) -> None:
+    """Save `model` and load it back with `safe_mode=True`, as every saved member will be.
+
+    Raises:
+        UsageError: a layer that cannot be saved or loaded safely (a custom layer without
+            `keras.saving.register_keras_serializable`, say); names the error.
+    """
+    import tempfile
+    from pathlib import Path
+
+    import keras
+
+    with tempfile.TemporaryDirectory(prefix="ensemble-check-") as tmp:
+        path = Path(tmp) / "member.keras"
+        try:
+            model.save(path)
+            keras.saving.load_model(path, safe_mode=True, compile=False)
+        except Exception as exc:
+            raise UsageError(f"Builder {spec!r}: its model cannot be saved and loaded safely "
+                             f"({type(exc).__name__}: {builders._first_line(exc)}); register "
+                             "custom layers with keras.saving.register_keras_serializable() "
+                             "and give them get_config().") from None
+
+
+def save_member(model, path) -> None:
+    """Save a member atomically in the Keras 3 format (`.keras`)."""
+    from ensemble.core.artifacts import atomic_path
+
+    with atomic_path(path, suffix=".keras") as tmp:
+        model.save(tmp)
+
+
+def import_builder(manifest: dict, index: int) -> None:
+    """Import member `index`'s builder module, as its saved model may need the custom layers
+    the module registers (`keras.saving.register_keras_serializable`). Best effort: a builder
+    that no longer imports leaves the load to say which layer is unknown."""
+    h = manifest["members"][index].get("hparams") or {}
+    spec = h.get("builder")
+    if spec and spec not in builders.BUILTINS and builders.importable(spec):
+        try:
+            builders.resolve(spec)
+        except UsageError:
+            pass
+
+
+def load_run_member(run_dir, manifest: dict, index: int, device: str | None):
+    """Member `index` of a run: its file verified against the manifest's sha256
+    (`artifacts.verify`), its builder imported (`import_builder`), loaded by `load_member`.
+
+    Raises:
+        UsageError: a missing, changed or unloadable file.
+    """
+    from ensemble.core import artifacts
+
+    path = artifacts.verify(run_dir, manifest, artifacts.member_model_path(run_dir, index))
+    import_builder(manifest, index)
+    return load_member(path, device)
+
+
+def load_member(path, device: str | None):
+    """Load a saved member with `safe_mode=True` onto `device` (None: no device scope, as an
+    export needs: nothing hard-wired).
+
+    Raises:
+        UsageError: missing file, or a model that cannot be loaded safely (names the file).
+    """
+    import contextlib
+    from pathlib import Path
+
+    import keras
+    import tensorflow as tf
+
+    import ensemble.tasks.regression.tf_ops  # noqa: F401 (registers the regression head's layer)
+
+    if not Path(path).is_file():
+        raise UsageError(f"Member model not found: {path}")
+    try:
+        with tf.device(device) if device is not None else contextlib.nullcontext():
+            return keras.saving.load_model(path, safe_mode=True, compile=False)
+    except Exception as exc:  # Keras raises ValueError/TypeError/OSError for bad files
+        raise UsageError(f"Cannot load member model {path} safely: "
+                         f"{str(exc).splitlines()[0][:300]}") from None

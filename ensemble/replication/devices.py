@@ -1,0 +1,347 @@
+"""Devices: resolve `auto`, `cpu:N` or a list of device names to TensorFlow devices, set GPU
+memory growth and limits, and describe the devices and the TensorFlow build.
+
+`cpu:N` splits the CPU into N logical devices and `configure_gpus` sets memory growth or a
+memory limit (a logical device configuration, as in TensorFlow's GPU guide); TensorFlow allows
+both only before it initialises its runtime, so call them before running any TensorFlow op.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ensemble.core.errors import UsageError
+
+AUTO_CPU_CAP = 8  # logical CPU devices share the cores: more than this only adds overhead
+
+
+def parse(spec: str) -> tuple[str, int | list[str]]:
+    """Parse a device spec: `("auto", 0)`, `("cpu", N)` or `("list", [names])`.
+
+    Raises:
+        UsageError: malformed spec.
+    """
+    spec = spec.strip()
+    if spec == "auto":
+        return "auto", 0
+    if spec.startswith("cpu:"):
+        n = spec[4:]
+        if not n.isdigit() or int(n) < 1:
+            raise UsageError(f"Expected `--devices cpu:N` with N >= 1. Received: devices={spec!r}")
+        return "cpu", int(n)
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if not names or not all(s.startswith("/") for s in names):
+        raise UsageError(
+            "Expected `--devices` to be auto, cpu:N or device names such as /GPU:0,/GPU:1. "
+            f"Received: devices={spec!r}"
+        )
+    return "list", names
+
+
+def canonical(name: str) -> str:
+    """`/GPU:0` -> `/device:GPU:0`; keeps the job/replica/task of a cluster device.
+
+    Raises:
+        UsageError: not a device name.
+    """
+    import tensorflow as tf
+
+    try:
+        spec = tf.DeviceSpec.from_string(name)
+    except ValueError:
+        raise UsageError(f"Expected a device name such as /GPU:0. Received: {name!r}") from None
+    if spec.device_type is None:
+        raise UsageError(f"Expected a device name such as /GPU:0. Received: {name!r}")
+    return spec.replace(device_index=spec.device_index or 0).to_string()
+
+
+def split_cpu(n: int, allow_fewer: bool = False) -> list[str]:
+    """Split the CPU into `n` logical devices (or reuse an earlier, large enough split).
+
+    Args:
+        allow_fewer: when TensorFlow is already initialised with fewer logical CPU devices,
+            return those (members then share them round robin) instead of raising.
+
+    Raises:
+        UsageError: TensorFlow is already initialised with fewer logical CPU devices (and
+            not `allow_fewer`).
+    """
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    if len(tf.config.get_logical_device_configuration(cpu) or []) >= n:
+        return [f"/device:CPU:{i}" for i in range(n)]  # an earlier, larger split stands
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
+        )
+    except RuntimeError:  # already initialised in this process
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have < n and allow_fewer:
+            return [f"/device:CPU:{i}" for i in range(have)]
+        if have < n:
+            raise UsageError(
+                f"TensorFlow is already initialised with {have} logical CPU devices; "
+                f"cannot split into cpu:{n}"
+            ) from None
+    return [f"/device:CPU:{i}" for i in range(n)]
+
+
+def set_threads(intra_op: int | None = None, inter_op: int | None = None) -> None:
+    """Set TensorFlow's thread pools (before initialisation; ignored afterwards)."""
+    import tensorflow as tf
+
+    try:
+        if intra_op:
+            tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+        if inter_op:
+            tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    except RuntimeError:
+        pass
+
+
+GPU_DEVICE_NODES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+
+def gpu_possible() -> bool:
+    """Whether TensorFlow could find a GPU here: a CUDA (`/dev/nvidia*`), ROCm (`/dev/kfd`) or
+    WSL (`/dev/dxg`) device node exists, or the OS is not Linux (Metal plug-ins). A cheap
+    check, so that a process that only *names* devices (the between-graph launcher) can skip
+    importing TensorFlow on a machine without GPUs."""
+    import sys
+
+    return not sys.platform.startswith("linux") or any(os.path.exists(p)
+                                                        for p in GPU_DEVICE_NODES)
+
+
+def resolve(spec: str, n_members: int, cluster: dict | None = None,
+            names_only: bool = False) -> list[str]:
+    """Resolve a device spec to canonical device names, configuring logical CPUs if needed.
+
+    `auto`: every GPU if there is one, otherwise the CPU split into
+    `min(n_members, AUTO_CPU_CAP)` logical devices (or the logical CPUs that an already
+    initialised TensorFlow has, e.g. in a notebook that trained before). With a `cluster` spec, this client
+    connects to it first and `auto` means the devices of its tasks (`cluster.connect`).
+
+    `names_only`: the caller only needs the names (a between-graph launcher: each client
+    configures its own TensorFlow); then `cpu:N`, and `auto` on a machine without GPUs
+    (`gpu_possible`), are answered without importing TensorFlow or splitting the CPU.
+
+    Raises:
+        UsageError: malformed spec, or a named device this machine (or cluster) does not have.
+        cluster.ClusterError: a task of the cluster is unreachable.
+    """
+    kind, value = parse(spec)
+    if names_only and cluster is None and (kind == "cpu" or
+                                           (kind == "auto" and not gpu_possible())):
+        n = value if kind == "cpu" else max(1, min(n_members, AUTO_CPU_CAP))
+        return [f"/device:CPU:{i}" for i in range(n)]
+    import tensorflow as tf
+
+    if cluster is not None:
+        from ensemble.replication.cluster import connect
+
+        if kind == "cpu":
+            raise UsageError(f"--devices {spec} splits the local CPU; with --cluster use auto "
+                             "or device names such as /job:worker/replica:0/task:1/device:CPU:0")
+        remote = connect(cluster)
+        if kind == "auto":
+            return remote
+    if kind == "cpu":
+        return split_cpu(value)
+    if kind == "auto":
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            return [f"/device:GPU:{i}" for i in range(len(gpus))]
+        return split_cpu(max(1, min(n_members, AUTO_CPU_CAP)), allow_fewer=True)
+    names = [canonical(n) for n in value]
+    local = {canonical(d.name) for d in tf.config.list_logical_devices()}
+    for name in names:
+        if "/job:" not in name and name not in local:
+            raise UsageError(
+                f"Unknown device {name!r}; this machine has: {', '.join(sorted(local))}"
+            )
+    return names
+
+
+def _no_gpu_notice(memory_growth: bool, memory_limit_mb: int) -> list[str]:
+    if memory_limit_mb:
+        return [f"no GPU on this machine: placement.memory_limit_mb = {memory_limit_mb} "
+                f"and memory_growth = {str(memory_growth).lower()} have no effect; "
+                "training runs on the CPU"]
+    return []
+
+
+_gpus_configured = False
+
+
+def configure(cfg) -> list[str]:
+    """THE TensorFlow set-up of a training or prediction process for a run config `cfg`:
+    GPU memory settings (`configure_gpus`, once per process, before TensorFlow initialises)
+    and, with `training.deterministic`, op determinism (needed for mode parity).
+
+    Returns:
+        `configure_gpus`'s notices the first time, else [].
+    """
+    global _gpus_configured
+    notices = []
+    if not _gpus_configured:
+        notices = configure_gpus(cfg.placement.memory_growth, cfg.placement.memory_limit_mb)
+        _gpus_configured = True
+    if cfg.training.deterministic:
+        import tensorflow as tf
+
+        tf.config.experimental.enable_op_determinism()
+    return notices
+
+
+def configure_gpus(memory_growth: bool = True, memory_limit_mb: int = 0) -> list[str]:
+    """Set memory growth, or a memory limit of `memory_limit_mb` MiB, on every visible GPU.
+
+    TensorFlow refuses memory growth on a GPU with a logical device configuration, so a limit
+    wins over growth. Call before TensorFlow initialises its runtime.
+
+    Returns:
+        Notices for the user (one line each): no GPU to apply the settings to, or TensorFlow
+        already initialised (the settings then apply from the next process). Never raises for
+        these cases: a CPU-only machine runs the same config.
+    """
+    if not gpu_possible():  # answered without starting TensorFlow's GPU probing
+        return _no_gpu_notice(memory_growth, memory_limit_mb)
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return _no_gpu_notice(memory_growth, memory_limit_mb)
+    notices = []
+    for gpu in gpus:
+        try:
+            if memory_limit_mb:
+                tf.config.set_logical_device_configuration(
+                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=memory_limit_mb)])
+            elif memory_growth:
+                tf.config.experimental.set_memory_growth(gpu, True)
+        except (RuntimeError, ValueError) as exc:
+            notices.append(f"GPU memory settings not applied to {gpu.name} ({exc}); "
+                           "TensorFlow was already initialised in this process")
+            break
+    if memory_limit_mb and memory_growth:
+        notices.append(f"placement.memory_limit_mb = {memory_limit_mb} caps each GPU; "
+                       "memory_growth does not apply to a GPU with a memory limit")
+    return notices
+
+
+def build_info() -> dict:
+    """The TensorFlow build: version, CUDA and cuDNN versions when it is a CUDA build
+    (`tf.sysconfig.get_build_info()`), as JSON-able values."""
+    import tensorflow as tf
+
+    info = {"tensorflow": tf.__version__}
+    try:
+        raw = dict(tf.sysconfig.get_build_info())
+    except Exception:  # some builds have no build info module
+        raw = {}
+    for key, value in raw.items():
+        info[key] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return info
+
+
+def _host_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def describe() -> dict:
+    """The physical and logical devices TensorFlow sees, with their memory in bytes.
+
+    Returns:
+        `{"physical": [{name, type, memory_bytes, details}], "logical": [{name, type,
+        memory_limit_bytes}], "build": build_info()}`: the physical CPU's memory is the host's
+        RAM; a physical GPU's is its total memory as TensorFlow reports it
+        (`device_lib.list_local_devices`, the memory of the logical devices on it, when
+        no limit is set); a logical GPU's is TensorFlow's memory limit for it; None for the
+        logical CPUs, which share the host memory (the 256 MiB `device_lib` reports for
+        `CPU:0` is a nominal figure, not a cap).
+    """
+    import tensorflow as tf
+    from tensorflow.python.client import device_lib
+
+    local = {canonical(d.name): int(d.memory_limit) for d in device_lib.list_local_devices()}
+    physical = []
+    for dev in tf.config.list_physical_devices():
+        details = {}
+        if dev.device_type == "GPU":
+            try:
+                details = {k: (v if isinstance(v, (str, int)) else str(v))
+                           for k, v in tf.config.experimental.get_device_details(dev).items()}
+            except Exception:
+                details = {}
+        mem = (_host_memory_bytes() if dev.device_type == "CPU" else
+               sum(v for k, v in local.items() if f"{dev.device_type}:" in k) or None)
+        physical.append({"name": dev.name, "type": dev.device_type, "memory_bytes": mem,
+                         "details": details})
+    logical = [{"name": canonical(d.name), "type": d.device_type,
+                "memory_limit_bytes": (None if d.device_type == "CPU"
+                                       else local.get(canonical(d.name)))}
+               for d in tf.config.list_logical_devices()]
+    return {"physical": physical, "logical": logical, "build": build_info()}
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "memory unknown"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return ""
+
+
+def format_description(desc: dict) -> str:
+    """`describe()` as the lines `ensemble devices` prints."""
+    lines = ["physical devices:"]
+    for d in desc["physical"]:
+        extra = d["details"].get("device_name")
+        cc = d["details"].get("compute_capability")
+        what = f" ({extra}{f', compute capability {cc}' if cc else ''})" if extra else ""
+        label = "host memory" if d["type"] == "CPU" else "memory"
+        lines.append(f"  {d['name']:<28} {d['type']:<4} {label} {_size(d['memory_bytes'])}{what}")
+    if not any(d["type"] == "GPU" for d in desc["physical"]):
+        lines.append("  (no GPU visible to TensorFlow)")
+    lines.append("logical devices:")
+    for d in desc["logical"]:
+        mem = d["memory_limit_bytes"]
+        text = ("shares host memory" if d["type"] == "CPU" else f"memory limit {_size(mem)}")
+        lines.append(f"  {d['name']:<28} {d['type']:<4} {text}")
+    b = desc["build"]
+    if b.get("is_cuda_build"):
+        gpu = f"CUDA {b.get('cuda_version', '?')}, cuDNN {b.get('cudnn_version', '?')}"
+    else:
+        gpu = "no CUDA (CPU-only build)"
+    lines.append(f"tensorflow {b['tensorflow']}: {gpu}")
+    return "\n".join(lines)
+
+
+def cpu_count() -> int:
+    """Cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory in bytes (`VmHWM` of /proc/self/status, which,
+    unlike `ru_maxrss`, does not inherit the parent's memory at fork)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

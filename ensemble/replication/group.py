@@ -1,0 +1,195 @@
+"""A group of members trained and run by one client: every member of an in-graph run, or the
+member a between-graph client is working on.
+
+Member `k` lives on `devices[k]`: its layers are both *built* and *called* under `tf.device` of
+that device (building alone would place its variables, not its computation). Training runs the
+traced many-steps call of `ensemble.replication.training`; prediction one traced call per row batch.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from ensemble.tasks import heads as tasks
+from ensemble.config.schema import Config, member_hparams
+from ensemble.models.members import build_member, member_seed
+from ensemble.models.optimizer import build_optimizer
+from ensemble.replication.training import EarlyStopping, Schedule, make_steps_fn, train_loop
+
+CLIENT_DEVICE = "/device:CPU:0"
+
+
+class MemberGroup:
+    """Members in one graph, member `k` on `devices[k]`.
+
+    Args:
+        models: the members' Keras models, built (or loaded) under their device.
+        devices: `[n_members]` device names, e.g. from `RoundRobinPlacement.assign`.
+        indices: the members' indices in the run (default `0..n_members-1`).
+        client_device: where the ops that combine the members' outputs run.
+        task: the run's `tasks` object (default: the task of the first member's head,
+            `tasks.of_model`).
+    """
+
+    def __init__(self, models: Sequence, devices: Sequence[str],
+                 indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE,
+                 task=None):
+        self.models, self.devices = list(models), list(devices)
+        self.indices = list(indices) if indices is not None else list(range(len(models)))
+        self.client_device = client_device
+        self.task = task or tasks.of_model(self.models[0])
+        self.optimizers: list = []
+        self._best: list | None = None  # early stopping's copies of the best weights
+        # member position -> [(model copy, device)] of its replicas (`set_replicas`)
+        self.replicas: dict[int, list] = {}
+        # training's data parallelism: `[n_members]` lists of replica devices, replica 0
+        # `devices[k]` (`replicas.replicated_train_step`); None: one device per member
+        self.train_replicas: list[list[str]] | None = None
+        self.input_shape = tuple(self.models[0].input_shape[1:])
+        self.predict_fn = tf.function(  # plain Python control flow: no AutoGraph conversion
+            self._predict_graph, autograph=False,
+            input_signature=[tf.TensorSpec([None, *self.input_shape], tf.float32)])
+
+    @classmethod
+    def build(cls, cfg: Config, input_shape: int | Sequence[int], n_classes: int,
+              devices: Sequence[str], indices: Sequence[int] | None = None,
+              client_device: str = CLIENT_DEVICE, n_train: int | None = None, **kwargs):
+        """Build fresh members (builder and params of `config.member_hparams`, the task's
+        head) and their optimisers on `devices`; `kwargs` go to the constructor.
+
+        Args:
+            input_shape: a row's shape (an int: `n_features`).
+            n_train: training rows (the length of a cosine learning-rate schedule; needed
+                with `training.lr_schedule = "cosine"`).
+            pre: the run's preprocessing; its `scaling_layer()` (array inputs) starts every
+                member.
+        """
+        indices = list(indices) if indices is not None else list(range(len(devices)))
+        shape = (input_shape,) if isinstance(input_shape, int) else tuple(input_shape)
+        task = kwargs.pop("task", None) or tasks.get()
+        pre = kwargs.pop("pre", None)
+        t = cfg.training
+        total = None if n_train is None else Schedule.of(t).steps_per_epoch(n_train) * t.epochs
+        models, optimizers = [], []
+        for i, device in zip(indices, devices):
+            h = member_hparams(cfg, i)  # [[members.override]] applied
+            with tf.device(device):
+                model = build_member(h["builder"], h["params"], shape,
+                                     task.n_outputs(n_classes),
+                                     member_seed(t.seed, i), f"member_{i}", task,
+                                     pre.scaling_layer() if pre is not None else None)
+                optimizers.append(build_optimizer(model, h["learning_rate"], t.optimizer,
+                                                  t.optimizer_params, t.lr_schedule, total))
+            models.append(model)
+        group = cls(models, devices, indices=indices, client_device=client_device, task=task,
+                    **kwargs)
+        group.optimizers = optimizers
+        if t.early_stopping:
+            group.keep_best_weights()
+        return group
+
+    def keep_best_weights(self) -> None:
+        """Create, on each member's device, the copies of its weights that early stopping
+        saves and restores (checkpointed with the member)."""
+        self._best = []
+        for model, device in zip(self.models, self.devices):
+            with tf.device(device):
+                self._best.append([tf.Variable(v, trainable=False) for v in model.weights])
+
+    def save_best(self, k: int) -> None:
+        """Copy member position `k`'s weights aside (its best epoch so far)."""
+        for b, v in zip(self._best[k], self.models[k].weights):
+            b.assign(v)
+
+    def restore_best(self, k: int) -> None:
+        """Give member position `k` its best epoch's weights back."""
+        for b, v in zip(self._best[k], self.models[k].weights):
+            v.assign(b)
+
+    def set_replicas(self, replicas: dict[int, list]) -> None:
+        """Data parallelism in prediction: member at position `k` runs as the replicas
+        `replicas[k]` `[(model, device), ...]` (copies of its weights, one per device); each
+        batch's rows are split evenly across them and the outputs concatenated in row order
+        (`make_parallel`: split, run on each device, concatenate). Members not named run
+        whole on their device. Call before the first prediction (the graph is traced then)."""
+        self.replicas = {k: list(v) for k, v in replicas.items() if len(v) > 1}
+
+    def _member_probs(self, x):
+        probs = []
+        for k, (model, device) in enumerate(zip(self.models, self.devices)):
+            copies = self.replicas.get(k)
+            if not copies:
+                with tf.device(device):
+                    probs.append(model(x, training=False))
+                continue
+            n, parts = tf.shape(x)[0], []
+            for j, (copy, replica_device) in enumerate(copies):
+                lo, hi = n * j // len(copies), n * (j + 1) // len(copies)
+                with tf.name_scope(f"replica_{k}_{j}"), tf.device(replica_device):
+                    parts.append(copy(x[lo:hi], training=False))
+            with tf.device(self.client_device):
+                probs.append(tf.concat(parts, axis=0))
+        with tf.device(self.client_device):
+            return tf.stack(probs)
+
+    def _predict_graph(self, x):
+        return self._member_probs(x), {}
+
+    def predict(self, x: np.ndarray, batch_size: int = 16384):
+        """Member (and, for subclasses, ensemble) probabilities of `x` `[n_rows, *input_shape]`,
+        in batches of `batch_size` rows.
+
+        Returns:
+            (`[n_members, n_rows, n_classes]` float32, `{aggregator: [n_rows, n_classes]}`).
+        """
+        members, ens = [], {}
+        for lo in range(0, len(x), batch_size):
+            m, e = self.predict_fn(tf.constant(x[lo:lo + batch_size], tf.float32))
+            members.append(m.numpy())
+            for a, v in e.items():
+                ens.setdefault(a, []).append(v.numpy())
+        return (np.concatenate(members, axis=1),
+                {a: np.concatenate(v, axis=0) for a, v in ens.items()})
+
+    def make_train_steps(self, x_train: np.ndarray, y_train: np.ndarray):
+        """The traced many-steps training call of these members (`training.make_steps_fn`):
+        `run_steps(idx [steps, n_members, batch] int32, total [n_members] float32,
+        active [n_members] bool) -> [n_members]` running loss sums."""
+        return make_steps_fn(self.models, self.optimizers, self.devices, x_train, y_train,
+                             self.client_device, self.task, masked=self._best is not None,
+                             replicas=self.train_replicas)
+
+    def early_stopping(self, schedule: Schedule) -> EarlyStopping | None:
+        """The `EarlyStopping` of this group under `schedule` (None when it is off)."""
+        if not schedule.patience:
+            return None
+        if self._best is None:
+            self.keep_best_weights()
+        return EarlyStopping(schedule.patience, len(self.models), self.save_best,
+                             self.restore_best)
+
+    def fit(self, x_train, y_train, x_val, y_val, schedule: Schedule, checkpoint_dir=None,
+            callbacks=()) -> list[dict]:
+        """Train every member; returns the history records of `training.train_loop`.
+
+        Args:
+            x_train: `[n_train, *input_shape]`; y_train: `[n_train]` targets; x_val, y_val:
+                the validation split (scores per epoch; early stopping's losses).
+            checkpoint_dir: resume from its newest checkpoint and save one every
+                `schedule.checkpoint_every` epochs (and after the last).
+            callbacks: `training.Callback`s.
+        """
+        from ensemble.replication.checkpoints import EpochCheckpoints
+
+        stopping = self.early_stopping(schedule)
+        run_steps = self.make_train_steps(x_train, y_train)
+        x_val = np.asarray(x_val, np.float32)
+        ckpt = (EpochCheckpoints(checkpoint_dir, self.models, self.optimizers, self._best)
+                if checkpoint_dir is not None else None)
+        return train_loop(lambda idx, total, active: run_steps(
+                              tf.constant(idx), tf.constant(total), tf.constant(active)).numpy(),
+                          lambda: self.predict(x_val)[0], self.indices, schedule,
+                          len(x_train), y_val, self.task, ckpt, callbacks, stopping)

@@ -1,0 +1,56 @@
+"""In-graph replication: ONE graph holds every member, each pinned to its own device, plus the
+ops that aggregate the members' predictions, driven by one client.
+
+`InGraphEnsemble` is a `group.MemberGroup` of all the members whose prediction graph also
+aggregates them on the client's device. A test reads the traced graph to prove the placement.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import tensorflow as tf
+
+from ensemble.tasks.classification.aggregators_tf import aggregate_tf
+from ensemble.replication.group import CLIENT_DEVICE, MemberGroup
+
+__all__ = ["CLIENT_DEVICE", "InGraphEnsemble", "aggregate_tf"]
+
+
+class InGraphEnsemble(MemberGroup):
+    """Every member in one graph, member `k` on `devices[k]`, aggregated in the graph.
+
+    Args:
+        models: the members' Keras models, built (or loaded) under their device.
+        devices: `[n_members]` device names, e.g. from `RoundRobinPlacement.assign`.
+        aggregators: aggregator names computed in the graph (`ensemble.tasks.classification.aggregators.AGGREGATORS`).
+        params: fitted aggregators' parameters `{name: params}` (`aggregators.json`).
+        indices: the members' indices in the run (default `0..n_members-1`).
+        client_device: where the aggregation ops run.
+    """
+
+    def __init__(self, models: Sequence, devices: Sequence[str], aggregators: Sequence[str],
+                 indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE,
+                 params: dict | None = None, task=None):
+        self.aggregators = tuple(aggregators)
+        self.params = dict(params or {})
+        super().__init__(models, devices, indices, client_device, task)
+
+    @classmethod
+    def build(cls, cfg, input_shape, n_classes: int, devices: Sequence[str],
+              indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE,
+              aggregators: Sequence[str] | None = None, n_train: int | None = None,
+              pre=None, task=None):
+        """Build fresh members on `devices` (`MemberGroup.build`, with the run's `task` and
+        its preprocessing `pre`); `aggregators` defaults to the config's."""
+        aggs = cfg.aggregation.aggregators if aggregators is None else aggregators
+        return super().build(cfg, input_shape, n_classes, devices, indices, client_device,
+                             n_train=n_train, aggregators=aggs, pre=pre, task=task)
+
+    def _predict_graph(self, x):
+        stacked = self._member_probs(x)
+        fn = aggregate_tf
+        if self.task.name == "regression":  # [n_rows, 3]: mean, aleatoric, epistemic var
+            from ensemble.tasks.regression.tf_ops import aggregate_tf as fn
+        with tf.device(self.client_device):
+            return stacked, {a: fn(stacked, a, self.params.get(a)) for a in self.aggregators}

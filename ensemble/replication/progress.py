@@ -1,0 +1,227 @@
+"""Training progress for people and for launchers, as `training.Callback`s.
+
+- On a terminal (`TerminalProgress`): a Keras progress bar per epoch with the members' mean
+  loss, then one line per member with its loss, validation loss and accuracy.
+- Elsewhere (`LogProgress`: a pipe, a file, CI): one line per epoch, and one every few seconds
+  within a long epoch; every line is flushed, so `ensemble train | cat` shows them as they come.
+- Between-graph clients (`ReportProgress`): one machine-readable line per epoch (and every few
+  seconds within one) on stderr, prefixed with `PREFIX`; the launcher reads them and prints
+  `member I: ...` lines itself (`format_report`). Reports never go to the user's stdout.
+
+Verbosity: 0 quiet (nothing), 1 normal, 2 verbose (off a terminal: a line per member too).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import TextIO
+
+import numpy as np
+
+from ensemble.replication.training import Callback
+
+PREFIX = "ensemble-progress "
+LOG_EVERY_SECONDS = 5.0
+
+
+def _score(r: dict) -> str:
+    """The record's second validation score: `val_accuracy`, or `val_rmse` (regression)."""
+    return "val_rmse" if "val_rmse" in r else "val_accuracy"
+
+
+def _member_line(r: dict) -> str:
+    return (f"loss {r['loss']:.4f} - val_loss {r['val_loss']:.4f} - "
+            f"{_score(r)} {r[_score(r)]:.4f}")
+
+
+class TerminalProgress(Callback):
+    """Keras `Progbar` per epoch (members' mean loss), then a line per member."""
+
+    def __init__(self, stream: TextIO | None = None):
+        self.stream = stream or sys.stdout
+        self.bar, self.epochs = None, 0
+
+    def on_train_begin(self, start_epoch, epochs, n_steps):
+        self.epochs = epochs
+
+    def on_call_end(self, epoch, steps_done, n_steps, mean_losses, seconds):
+        import keras
+
+        if self.bar is None:
+            print(f"Epoch {epoch + 1}/{self.epochs}", file=self.stream, flush=True)
+            self.bar = keras.utils.Progbar(n_steps, stateful_metrics=["loss"])
+        self.bar.update(steps_done, [("loss", float(np.mean(mean_losses)))])
+
+    def on_epoch_end(self, epoch, records):
+        self.bar = None
+        for r in records:
+            print(f"  member {r['member']}: {_member_line(r)}", file=self.stream, flush=True)
+
+
+class LogProgress(Callback):
+    """Log lines: one per epoch (members' means), one every `every` seconds within an epoch;
+    with `verbose`, one per member and epoch too."""
+
+    def __init__(self, stream: TextIO | None = None, verbose: bool = False,
+                 every: float = LOG_EVERY_SECONDS, prefix: str = ""):
+        self.stream, self.verbose, self.every, self.prefix = stream, verbose, every, prefix
+        self.epochs, self.last = 0, 0.0
+
+    def _print(self, text: str) -> None:
+        print(f"{self.prefix}{text}", file=self.stream or sys.stdout, flush=True)
+
+    def on_train_begin(self, start_epoch, epochs, n_steps):  # a resume: `ResumeNotice`
+        self.epochs, self.last = epochs, time.monotonic()
+
+    def on_call_end(self, epoch, steps_done, n_steps, mean_losses, seconds):
+        now = time.monotonic()
+        if steps_done < n_steps and now - self.last >= self.every:
+            self.last = now
+            self._print(f"epoch {epoch + 1}/{self.epochs}: step {steps_done}/{n_steps} - "
+                        f"loss {np.mean(mean_losses):.4f} - {seconds:.1f} s")
+
+    def on_epoch_end(self, epoch, records):
+        self.last = time.monotonic()
+        mean = {k: float(np.mean([r[k] for r in records]))
+                for k in ("loss", "val_loss", _score(records[0]))}
+        many = f" (mean of {len(records)} members)" if len(records) > 1 else ""
+        self._print(f"epoch {epoch + 1}/{self.epochs}: {_member_line(mean)} - "
+                    f"{records[0]['seconds']:.1f} s{many}")
+        if self.verbose and len(records) > 1:
+            for r in records:
+                self._print(f"  member {r['member']}: {_member_line(r)}")
+
+
+class ReportProgress(Callback):
+    """Machine-readable progress of a between-graph client for its launcher: lines
+    `PREFIX{json}` on `stream` (default stderr), one per epoch (`"kind": "epoch"`, the history
+    record plus `epochs`) and one every `every` seconds within an epoch (`"kind": "steps"`)."""
+
+    def __init__(self, members, stream: TextIO | None = None,
+                 every: float = LOG_EVERY_SECONDS):
+        self.stream, self.every, self.epochs, self.last = stream, every, 0, 0.0
+        self.members = [int(i) for i in members]
+
+    def _emit(self, report: dict) -> None:
+        print(PREFIX + json.dumps(report), file=self.stream or sys.stderr, flush=True)
+
+    def on_train_begin(self, start_epoch, epochs, n_steps):
+        self.epochs, self.last = epochs, time.monotonic()
+        if start_epoch:
+            for i in self.members:
+                self._emit({"kind": "resume", "member": i, "epoch": start_epoch,
+                            "epochs": epochs})
+
+    def on_call_end(self, epoch, steps_done, n_steps, mean_losses, seconds):
+        now = time.monotonic()
+        if steps_done < n_steps and now - self.last >= self.every:
+            self.last = now
+            self._emit({"kind": "steps", "members": self.members, "epoch": epoch, "epochs": self.epochs,
+                        "steps": steps_done, "n_steps": n_steps,
+                        "loss": [float(v) for v in mean_losses], "seconds": seconds})
+
+    def on_epoch_end(self, epoch, records):
+        self.last = time.monotonic()
+        for r in records:
+            self._emit({"kind": "epoch", "epochs": self.epochs, **r})
+
+
+class ResumeNotice(Callback):
+    """On a resumed run, one line saying the epoch training continues from (stderr)."""
+
+    def __init__(self, stream: TextIO | None = None, prefix: str = ""):
+        self.stream, self.prefix = stream, prefix
+
+    def on_train_begin(self, start_epoch, epochs, n_steps):
+        where = (f"from the checkpoint of epoch {start_epoch}" if start_epoch
+                 else "from the start (no checkpoint yet)")
+        print(f"{self.prefix}resuming at epoch {min(start_epoch + 1, epochs)} of {epochs} "
+              f"{where}", file=self.stream or sys.stderr, flush=True)
+
+
+def parse_report(line: str) -> dict | None:
+    """The report of a `ReportProgress` line, or None for any other line."""
+    if not line.startswith(PREFIX):
+        return None
+    try:
+        return json.loads(line[len(PREFIX):])
+    except ValueError:
+        return None
+
+
+def format_report(report: dict, verbose: bool = False) -> str | None:
+    """The launcher's line for a client's report: `member I: epoch E/N - loss ...`, or None
+    for reports it does not show (within-epoch ones unless `verbose`)."""
+    if report.get("kind") == "resume":
+        return (f"member {report['member']}: resuming at epoch {report['epoch'] + 1} of "
+                f"{report['epochs']} from the checkpoint of epoch {report['epoch']}")
+    if report.get("kind") == "epoch":
+        return (f"member {report['member']}: epoch {report['epoch'] + 1}/{report['epochs']} - "
+                f"{_member_line(report)} - {report['seconds']:.1f} s")
+    if verbose and report.get("kind") == "steps":
+        return "\n".join(
+            f"member {i}: epoch {report['epoch'] + 1}/{report['epochs']} step "
+            f"{report['steps']}/{report['n_steps']} - loss {loss:.4f}"
+            for i, loss in zip(report["members"], report["loss"]))
+    return None
+
+
+def for_people(verbosity: int = 1, stream: TextIO | None = None) -> list[Callback]:
+    """The progress callbacks for a person watching `stream` (default stdout): none when
+    `verbosity` is 0, a progress bar on a terminal, log lines elsewhere."""
+    stream = stream or sys.stdout
+    if verbosity <= 0:
+        return []
+    if stream.isatty():
+        return [TerminalProgress(stream)]
+    return [LogProgress(stream, verbose=verbosity >= 2)]
+
+
+class RowProgress:
+    """Progress of a streamed prediction in rows, with rows per second: a Keras `Progbar` on a
+    terminal (when Keras is loaded: a between-graph launcher never loads it), elsewhere a log
+    line every `every` seconds; `end` prints the closing line.
+
+    Args:
+        total: rows of the input, or None when unknown (CSV).
+        verbosity: 0 prints nothing.
+    """
+
+    def __init__(self, total: int | None, stream: TextIO | None = None, verbosity: int = 1,
+                 every: float = LOG_EVERY_SECONDS):
+        self.total, self.stream, self.verbosity, self.every = total, stream, verbosity, every
+        self.start = self.last = time.monotonic()
+        self.rows, self.bar = 0, None
+        out = stream or sys.stdout
+        if verbosity > 0 and out.isatty() and "keras" in sys.modules:  # never load it here
+            import keras
+
+            self.bar = keras.utils.Progbar(total, stateful_metrics=["rows/s"], unit_name="row")
+
+    def _rate(self) -> float:
+        return self.rows / max(time.monotonic() - self.start, 1e-9)
+
+    def update(self, rows: int) -> None:
+        """`rows` more rows are done."""
+        self.rows += rows
+        if self.verbosity <= 0:
+            return
+        if self.bar is not None:
+            self.bar.update(self.rows, [("rows/s", self._rate())])
+            return
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            of = f"/{self.total:,}" if self.total else ""
+            print(f"predicted {self.rows:,}{of} rows - {self._rate():,.0f} rows/s",
+                  file=self.stream or sys.stdout, flush=True)
+
+    def end(self) -> float:
+        """Print the closing line; returns the seconds since the start."""
+        seconds = time.monotonic() - self.start
+        if self.verbosity > 0:
+            print(f"predicted {self.rows:,} rows in {seconds:.1f} s "
+                  f"({self._rate():,.0f} rows/s)", file=self.stream or sys.stdout, flush=True)
+        return seconds

@@ -1,0 +1,387 @@
+"""Training: THE per-member step, the traced many-steps call, and the epoch loop.
+
+One traced call runs `K` steps (up to a whole epoch) of every member of a group, like Keras's
+`steps_per_execution`: the batch rows go in once as a `[steps, n_members, batch]` int32 tensor,
+a `tf.while_loop` runs the steps, the losses are summed on the device, and the host syncs once
+per call. Both replication modes call the same per-member `train_step` inside it, which is what
+keeps their members identical; `K` changes only how often the host looks, never the numbers.
+
+Per-epoch hooks (progress, TensorBoard, a stop check) plug into `train_loop` as `Callback`
+objects. SIGINT/SIGTERM (when `ensemble.core.interrupt.handling_signals` is on) stop the loop after
+the current traced call or after an epoch's checkpoint (`interrupt.Interrupted`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ensemble.models.members import batch_order
+
+CALL_SECONDS = 1.0  # automatic K aims at calls of about this long (progress every call)
+FIRST_CALL_STEPS = 8
+
+
+def memory_of(device: str) -> str:
+    """The physical memory a device computes in: a GPU's own, or its host's for every
+    (logical) CPU device of one task (`/job:worker/replica:0/task:1/device:CPU:3` ->
+    `/job:worker/replica:0/task:1/CPU`)."""
+    prefix, _, kind = device.rpartition("device:")
+    kind, _, _ = kind.partition(":")
+    return device if kind.upper() != "CPU" else f"{prefix}CPU"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How a group of members trains, epoch by epoch (the `[training]` keys that shape the
+    loop).
+
+    Attributes:
+        run_seed: the run seed (batch order of member `i` in epoch `e`: `batch_order`).
+        epochs, batch_size: epochs to train and rows per step.
+        steps_per_call: steps per traced call (K); 0 picks K so that a call takes about
+            `CALL_SECONDS`.
+        checkpoint_every: epochs between checkpoints (the last epoch is always saved).
+        patience: early stopping: a member whose validation loss has not improved for this
+            many epochs stops and gets its best epoch's weights back (0: off).
+    """
+
+    run_seed: int
+    epochs: int
+    batch_size: int
+    steps_per_call: int = 0
+    checkpoint_every: int = 1
+    patience: int = 0
+
+    @classmethod
+    def of(cls, training) -> "Schedule":
+        """The schedule of a `config.TrainingConfig`."""
+        return cls(training.seed, training.epochs, training.batch_size,
+                   training.steps_per_execution, training.checkpoint_every,
+                   training.early_stopping)
+
+    def steps_per_epoch(self, n_train: int) -> int:
+        """Optimiser updates per epoch (the ragged last batch is one)."""
+        return -(-n_train // self.batch_size)
+
+
+def train_step(model, optimizer, x, y, idx, task):
+    """THE training step of one member: gather the batch, forward, backward, update.
+
+    Args:
+        x: `[n_train, *input_shape]` float32 (or uint8 images) tensor on the member's device.
+        y: `[n_train]` targets on the member's device (class indices for classification).
+        idx: `[batch]` int32 row indices of this batch.
+        task: the run's `tasks` object (its `loss`).
+
+    Returns:
+        Scalar float32 mean task loss of the batch, plus the member's regularisation
+        penalties (`model.losses`, e.g. a kernel L2) when it has any.
+    """
+    import tensorflow as tf
+
+    xb, yb = tf.gather(x, idx), tf.gather(y, idx)
+    if xb.dtype != tf.float32:  # images stay uint8 up to here: 4x less memory
+        xb = tf.cast(xb, tf.float32)
+    with tf.GradientTape() as tape:
+        outputs = model(xb, training=True)
+        loss = task.loss(yb, outputs)
+        if model.losses:  # regularisation penalties (the mlp's `l2`, a user's regularisers)
+            loss = loss + tf.add_n(model.losses)
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply(grads)
+    return loss
+
+
+def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: str, task,
+                  on_device: dict | None = None, masked: bool = False, replicas=None):
+    """The traced call that trains a group of members for several steps.
+
+    The training data is copied once into each memory the members' devices use (`memory_of`:
+    one copy per GPU, one for all logical CPU devices of a host, which read it in place); or
+    the caller gives those copies as `on_device` `{device: (x [n_train, *input_shape]
+    float32 (uint8 images), y [n_train])}`,
+    e.g. variables it reassigns between fits so that the call is traced once
+    (`ensemble.replication.graph_cache`; `x_train`, `y_train` are then unused). The returned function takes
+    `idx` `[steps, n_members, batch]` int32 (member `k`'s rows of each step), `total`
+    `[n_members]` float32 (the epoch's running loss sum so far) and `active` `[n_members]`
+    bool, and returns `total` plus, step after step, each member's batch-mean loss x batch
+    rows: carrying the running sum through the calls makes it independent of how the steps
+    are split into calls. With `masked` (early stopping), a member whose `active` is false
+    skips its steps (no update, loss 0); without it `active` is ignored, and the graph holds
+    no condition.
+    Every step calls `train_step` for every member under `tf.device` of its device; the
+    summing runs on `client_device`. `replicas` (`[n_members]` lists of device names, replica
+    0 the member's device; None: one each) makes a member of several replicas take
+    `replicas.replicated_train_step` instead, data-parallel (the same step for one replica).
+    """
+    import tensorflow as tf
+
+    from ensemble.replication.replicas import memories, replicated_train_step
+
+    on_device = {memory_of(d): v for d, v in (on_device or {}).items()}
+    x_train = None if x_train is None else (
+        x_train if np.asarray(x_train).dtype == np.uint8 else np.asarray(x_train, np.float32))
+    for device in memories(devices, replicas):
+        if memory_of(device) in on_device:
+            continue
+        with tf.device(device):  # one copy per memory, on its first member's device
+            on_device[memory_of(device)] = (tf.identity(tf.constant(x_train)),
+                                            tf.identity(tf.constant(y_train, task.target_dtype)))
+    n = len(models)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, n, None], tf.int32),
+                                  tf.TensorSpec([n], tf.float32),
+                                  tf.TensorSpec([n], tf.bool)], autograph=False)
+    def run_steps(idx, total, active):
+        rows = tf.cast(tf.shape(idx)[2], tf.float32)
+
+        def body(s, total):
+            losses = []
+            for k, (model, opt, device) in enumerate(zip(models, optimizers, devices)):
+                with tf.device(device):
+                    x, y = on_device[memory_of(device)]
+                    step = (lambda m=model, o=opt, x=x, y=y, k=k:  # noqa: E731
+                            train_step(m, o, x, y, idx[s, k], task))
+                    if replicas is not None and len(replicas[k]) > 1:  # data parallelism
+                        step = (lambda m=model, o=opt, k=k:  # noqa: E731
+                                replicated_train_step(m, o, on_device, idx[s, k], task,
+                                                      replicas[k]))
+                    losses.append(tf.cond(active[k], step, lambda: tf.constant(0.0))
+                                  if masked else step())
+            with tf.device(client_device):
+                return s + 1, total + tf.stack(losses) * rows
+
+        with tf.device(client_device):
+            _, total = tf.while_loop(lambda s, _: s < tf.shape(idx)[0], body,
+                                     [tf.constant(0), total],
+                                     parallel_iterations=1)
+            return total
+
+    return run_steps
+
+
+class Callback:
+    """Hooks of `train_loop`; subclass and override what you need (all default to nothing).
+
+    A hook may raise to stop training (for example on a stop request): the exception leaves
+    `train_loop` after the current call; the last saved checkpoint stays the resume point.
+    """
+
+    def on_train_begin(self, start_epoch: int, epochs: int, n_steps: int) -> None:
+        """Before the first epoch still to train (`start_epoch` > 0 after a resume)."""
+
+    def on_call_end(self, epoch: int, steps_done: int, n_steps: int,
+                    mean_losses: np.ndarray, seconds: float) -> None:
+        """After each traced call: `steps_done` of `n_steps` steps of `epoch` are done;
+        `mean_losses` `[n_members]` is each member's mean loss so far in this epoch;
+        `seconds` since the epoch began."""
+
+    def on_epoch_end(self, epoch: int, records: list[dict]) -> None:
+        """After `epoch` is validated (and checkpointed when due): `records` are this
+        epoch's history records, one per member (see `train_loop`)."""
+
+
+class SteadyState(Callback):
+    """Measures the steady-state training rate: the rows each member trained in every traced
+    call after the run's first one (which pays for tracing and warm-up), and their seconds.
+
+    Args:
+        batch_size, n_train: the run's batch size and training rows (rows of a call follow from
+            its step count; the ragged last step has `n_train % batch_size` rows).
+
+    Attributes:
+        rows: rows per member over the steady-state calls.
+        seconds: wall seconds of those calls (host time between call ends, so the host's own
+            work between calls, small, is included; validation and checkpoints are not).
+    """
+
+    def __init__(self, batch_size: int, n_train: int):
+        self.batch_size, self.n_train = batch_size, n_train
+        self.rows, self.seconds = 0, 0.0
+        self._first, self._last = True, (0, 0.0)
+
+    def on_call_end(self, epoch, steps_done, n_steps, mean_losses, seconds):
+        done = min(steps_done * self.batch_size, self.n_train)
+        if steps_done > self._last[0] and not self._first:
+            self.rows += done - min(self._last[0] * self.batch_size, self.n_train)
+            self.seconds += seconds - self._last[1]
+        self._first = False
+        self._last = (steps_done, seconds) if steps_done < n_steps else (0, 0.0)
+
+
+class EarlyStopping:
+    """Early stopping of each member on its validation loss, restoring its best weights.
+
+    A member whose validation loss has not improved (strictly) for `patience` epochs stops:
+    its steps are masked from then on and it gets the weights of its best epoch back; members
+    still training at the last epoch get theirs back too.
+
+    Args:
+        patience: epochs without improvement before a member stops (> 0).
+        n: members in the group.
+        save, restore: `save(k)` copies member `k`'s weights aside, `restore(k)` puts them
+            back (`group.MemberGroup.save_best`, `restore_best`).
+    """
+
+    def __init__(self, patience: int, n: int, save: Callable[[int], None],
+                 restore: Callable[[int], None]):
+        self.patience, self.save, self.restore = patience, save, restore
+        self.best = [float("inf")] * n
+        self.best_epoch = [-1] * n
+        self.active = np.ones(n, bool)
+
+    def update(self, k: int, epoch: int, val_loss: float, live: bool = True) -> None:
+        """Record member `k`'s validation loss of `epoch`; `live`: act on the weights (False
+        when replaying restored history, whose weights the checkpoint holds)."""
+        if val_loss < self.best[k]:
+            self.best[k], self.best_epoch[k] = val_loss, epoch
+            if live:
+                self.save(k)
+        elif epoch - self.best_epoch[k] >= self.patience:
+            self.active[k] = False
+            if live and self.best_epoch[k] >= 0:
+                self.restore(k)
+
+    def finish(self) -> None:
+        """At the end of training: members still active get their best weights back."""
+        for k in np.flatnonzero(self.active):
+            if self.best_epoch[k] >= 0:
+                self.restore(int(k))
+
+
+def train_loop(run_steps: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+               predict_val: Callable[[], np.ndarray] | None, indices: Sequence[int],
+               schedule: Schedule, n_train: int, y_val: np.ndarray | None, task,
+               checkpoints=None, callbacks: Sequence[Callback] = (),
+               stopping: EarlyStopping | None = None) -> list[dict]:
+    """Run the epochs for the members `indices` and record their history.
+
+    Args:
+        run_steps: takes `[steps, len(indices), batch]` int32 batch rows, the running
+            `[len(indices)]` float32 loss sum and the `[len(indices)]` bool active mask, runs
+            those steps for those members (`make_steps_fn`), returns the new running sum.
+        predict_val: returns validation outputs `[len(indices), n_val, ...]`; None when there
+            is no validation data (the validation scores are then NaN).
+        y_val: `[n_val]` validation targets (unused without `predict_val`).
+        task: the run's `tasks` object (`validation_scores`).
+        checkpoints: optional `checkpoints.EpochCheckpoints`: training resumes after its
+            newest checkpoint and saves one every `schedule.checkpoint_every` epochs and after
+            the last.
+        callbacks: `Callback` hooks, called in order.
+        stopping: `EarlyStopping` (with `schedule.patience`), or None.
+
+    The full-size batches and the ragged last batch go in separate calls (a tensor has one
+    batch size).
+
+    Returns:
+        History records `{member, epoch, loss, val_loss, val_<score>..., seconds}` of every
+        epoch a member trained (restored ones included; none after a member stopped);
+        `seconds` is the epoch's wall time, shared by the members trained together.
+    """
+    from ensemble.core import interrupt
+    from ensemble.replication.checkpoints import hold_here, hold_point
+
+    with interrupt.deferred():
+        return _Loop(run_steps, predict_val, list(indices), schedule, n_train, y_val, task,
+                     checkpoints, callbacks, stopping, hold_point(indices), hold_here,
+                     interrupt.check).run()
+
+
+class _Loop:
+    """The epoch loop of `train_loop` (one object instead of a dozen arguments)."""
+
+    def __init__(self, run_steps, predict_val, indices, schedule, n_train, y_val, task,
+                 checkpoints, callbacks, stopping, hold, hold_here, check):
+        self.run_steps, self.predict_val, self.indices = run_steps, predict_val, indices
+        self.s, self.n_train, self.y_val, self.task = schedule, n_train, y_val, task
+        self.checkpoints, self.callbacks, self.stopping = checkpoints, callbacks, stopping
+        self.hold, self.hold_here, self.check = hold, hold_here, check
+        self.n_steps = schedule.steps_per_epoch(n_train)
+        self.k = schedule.steps_per_call or min(FIRST_CALL_STEPS, self.n_steps)
+
+    def run(self) -> list[dict]:
+        s = self.s
+        start_epoch, records = (self.checkpoints.restore() if self.checkpoints is not None
+                                else (0, []))
+        if self.stopping is not None:  # replay the restored epochs' decisions
+            for r in records:
+                self.stopping.update(self.indices.index(r["member"]), r["epoch"],
+                                     r["val_loss"], live=False)
+        for cb in self.callbacks:
+            cb.on_train_begin(start_epoch, s.epochs, self.n_steps)
+        for epoch in range(start_epoch, s.epochs):
+            active = (self.stopping.active.copy() if self.stopping is not None
+                      else np.ones(len(self.indices), bool))
+            if not active.any():
+                break
+            start = time.perf_counter()
+            total = self._epoch(epoch, active, start)
+            new = self._records(epoch, total, active, start)
+            records.extend(new)
+            if self.checkpoints is not None and ((epoch + 1) % s.checkpoint_every == 0
+                                                 or epoch + 1 == s.epochs
+                                                 or (self.stopping is not None
+                                                     and not self.stopping.active.any())):
+                self.checkpoints.save(epoch, records)
+            for cb in self.callbacks:
+                cb.on_epoch_end(epoch, new)
+            self.check(min(epoch + 2, s.epochs), s.epochs)
+            if self.hold is not None and self.hold == (epoch, None):
+                self.hold_here()
+        if self.stopping is not None:
+            self.stopping.finish()
+        return records
+
+    def _records(self, epoch, total, active, start) -> list[dict]:
+        losses = total.astype(np.float64) / self.n_train
+        val = self.predict_val() if self.predict_val is not None else None
+        seconds = time.perf_counter() - start
+        new = []
+        for j, i in enumerate(self.indices):
+            if not active[j]:
+                continue
+            scores = (self.task.validation_scores(self.y_val, val[j]) if val is not None
+                      else dict.fromkeys(self.task.score_names, float("nan")))
+            new.append({"member": i, "epoch": epoch, "loss": float(losses[j]), **scores,
+                        "seconds": seconds})
+            if self.stopping is not None:
+                self.stopping.update(j, epoch, scores["val_loss"])
+        return new
+
+    def _epoch(self, epoch: int, active: np.ndarray, start: float) -> np.ndarray:
+        s, n_steps = self.s, self.n_steps
+        n_full = self.n_train // s.batch_size
+        order = np.stack([batch_order(s.run_seed, i, epoch, self.n_train)
+                          for i in self.indices])
+        full = order[:, :n_full * s.batch_size].reshape(len(self.indices), n_full, s.batch_size)
+        full = np.ascontiguousarray(full.transpose(1, 0, 2))  # [n_full, n_members, batch]
+        hold = self.hold
+        hold_step = hold[1] if hold is not None and hold[0] == epoch else None
+        total, done = np.zeros(len(self.indices), np.float32), 0
+        while done < n_steps:
+            if done < n_full:
+                stop = min(n_full, done + self.k)
+                if hold_step is not None and done <= hold_step < stop - 1:
+                    stop = hold_step + 1  # a call boundary where the test hook holds
+                batch = full[done:stop]
+            else:
+                stop, batch = n_steps, order[:, n_full * s.batch_size:][None]
+            call_start = time.perf_counter()
+            total = np.asarray(self.run_steps(batch, total, active), np.float32)
+            if not s.steps_per_call and stop - done == self.k and stop <= n_full:
+                per_step = (time.perf_counter() - call_start) / self.k
+                self.k = int(min(max(1, CALL_SECONDS / max(per_step, 1e-6)), 4 * self.k,
+                                 n_steps))
+            rows = self.n_train if stop == n_steps else stop * s.batch_size
+            done = stop
+            for cb in self.callbacks:
+                cb.on_call_end(epoch, done, n_steps, total / np.float32(rows),
+                               time.perf_counter() - start)
+            self.check(epoch + 1, s.epochs)
+            if hold_step is not None and done == hold_step + 1:
+                self.hold_here()
+        return total

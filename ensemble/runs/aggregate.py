@@ -1,0 +1,150 @@
+"""`ensemble aggregate`: recompute a run's ensemble rows, metrics and fitted aggregators from
+its stored member predictions, for runs of either mode, without TensorFlow or retraining.
+
+A between-graph run's member predictions are its clients' files (this is also the aggregator
+step of between-graph training, which marks the run completed); an in-graph run's are the
+member rows of its `predictions.parquet`. The fitted aggregators fit on the validation rows
+only; `aggregators.json` records them and the aggregator list that `predict` then applies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from ensemble.core import artifacts
+from ensemble.config import schema as config
+from ensemble.core import faults
+from ensemble.tasks.classification import fitted
+from ensemble.runs import posthoc
+from ensemble.runs import records
+from ensemble.tasks.regression import aggregators as regression
+from ensemble.runs import prepare as run
+from ensemble.core import runlock
+from ensemble.tasks import tables
+from ensemble.tasks.classification.aggregators import AGGREGATORS
+from ensemble.core.errors import UsageError
+
+
+def parse_aggregators(text: str | None) -> list[str] | None:
+    """`mean,greedy,...` as a list; None for None.
+
+    Raises:
+        UsageError: an unknown or repeated name (names it and the known ones).
+    """
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in AGGREGATORS and n != "std-scaling"]
+    if bad or not names or len(set(names)) != len(names):
+        raise UsageError(f"Expected --aggregators as distinct names from {','.join(AGGREGATORS)}"
+                         ",std-scaling. "
+                         f"Received: {text!r}")
+    return names
+
+
+def _between_graph_members(run_dir: Path, manifest: dict, min_members: int | None) -> pa.Table:
+    """The clients' member files of a between-graph run, checked and concatenated; also
+    records the history. Raises UsageError naming missing members."""
+    indices = [m["index"] for m in manifest["members"]]
+    have = [i for i in indices if artifacts.member_predictions_path(run_dir, i).is_file()
+            and manifest["members"][i].get("status") != "failed"]
+    missing = sorted(set(indices) - set(have))
+    if missing and (min_members is None or len(have) < min_members):
+        need = f"at least {min_members}" if min_members else "all"
+        raise UsageError(
+            f"Members {missing} have no predictions ("
+            f"{artifacts.member_predictions_path(run_dir, missing[0])} missing or failed); "
+            f"the aggregator needs {need} of {len(indices)} members. Run their clients "
+            "(`ensemble client --run RUN --member I`) or pass --min-members K.")
+    for i in have:
+        runlock.require_free(run_dir, i)  # no client is still writing it
+        for path in run.member_files(run_dir, i)[1:]:
+            artifacts.verify(run_dir, manifest, path)
+    return pa.concat_tables([artifacts.read_parquet(artifacts.member_predictions_path(run_dir, i))
+                             for i in have], promote_options="default")
+
+
+def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
+                  min_members: int | None = None) -> dict:
+    """Recompute a run's ensemble from its member predictions and write `predictions.parquet`,
+    `metrics.parquet`, `aggregators.json`, `ensemble_size.parquet` and `members.parquet`
+    (between-graph: also `history.parquet`, and the run is marked completed).
+
+    Args:
+        aggregators: names to apply (default: the run's `aggregators.json` list, else its
+            config's).
+        min_members: between-graph: aggregate a partial ensemble of at least this many members;
+            the manifest and the predictions' metadata record which were used.
+
+    Returns:
+        The final manifest.
+
+    Raises:
+        UsageError: not a run, `min_members` beyond the run's members, a damaged or
+        unhashed file, members missing, an in-graph run
+        that is not completed, or a run (or member) another process holds (`runlock`).
+    """
+    run_dir = Path(run_dir)
+    manifest = artifacts.read_manifest(run_dir)  # a run directory, before its lock file is made
+    n = len(manifest.get("members", []))
+    if min_members is not None and not 1 <= min_members <= n:
+        raise UsageError(f"Expected --min-members in 1..{n} (run {run_dir} has {n} members). "
+                         f"Received: {min_members}")
+    with runlock.writing(run_dir, "ensemble aggregate"), faults.failing_run_on_fault(
+            run_dir, "aggregate"):
+        return _aggregate(run_dir, aggregators, min_members)
+
+
+def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: int | None
+               ) -> dict:
+    start = time.perf_counter()
+    manifest = artifacts.read_manifest(run_dir)
+    cfg = config.from_dict(manifest["config"])
+    settings = dataclasses.asdict(cfg.aggregation)
+    if aggregators is None:
+        path = run_dir / fitted.FILENAME
+        old = fitted.read(artifacts.verify(run_dir, manifest, path).parent) \
+            if path.is_file() else None
+        aggregators = old["aggregators"] if old else regression.task_aggregators(
+            cfg.aggregation.aggregators, manifest.get("task", "classification"))
+    regression.check_aggregators(aggregators, manifest.get("task", "classification"))
+    between = manifest["mode"] == "between-graph"
+    if between:
+        members = _between_graph_members(run_dir, manifest, min_members)
+    elif manifest.get("failed_by") != "aggregate":  # a fault in aggregate: it may redo it
+        run.require_completed(run_dir, manifest)
+    if not between:
+        preds = artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS)
+        members = posthoc.member_rows(artifacts.read_parquet(preds))
+    classes = np.asarray(manifest["dataset"]["classes"])
+    members = members.replace_schema_metadata(tables.classes_metadata(classes))
+    splits = posthoc.by_split(members)
+    fit = posthoc.fit(splits, aggregators, settings)
+    preds = posthoc.rebuild(splits, classes, aggregators, fit["params"])
+    used = splits["validation"].members
+    preds = preds.replace_schema_metadata({**preds.schema.metadata,
+                                           b"members": json.dumps(used).encode()})
+    posthoc.write_fit(run_dir, fit, splits, settings)
+    if between:
+        history = [r for i in used
+                   for r in artifacts.read_parquet(artifacts.verify(
+                       run_dir, manifest, artifacts.member_history_path(run_dir, i))).to_pylist()]
+        tables.write_outputs(run_dir, preds, tables.history_table(history))
+        for i in used:
+            manifest["members"][i]["status"] = "completed"
+        manifest["aggregated_members"] = used
+    else:
+        table = tables.metrics_table(preds, fit["best_member"])
+        artifacts.write_parquet(run_dir / artifacts.PREDICTIONS, preds)
+        artifacts.write_parquet(run_dir / artifacts.METRICS, table)
+    records.write_members(run_dir, manifest)
+    manifest.pop("failed_by", None)
+    run.finish(run_dir, manifest, "completed", aggregate_seconds=time.perf_counter() - start)
+    return manifest

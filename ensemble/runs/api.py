@@ -1,0 +1,330 @@
+"""The Python API for notebooks and scripts: `train(config, mode=...) -> Run`, `load_run(path)`.
+
+    import ensemble
+    run = ensemble.train({"members": {"count": 4}, "training": {"epochs": 5}}, mode="in-graph")
+    run.metrics                       # pandas DataFrame: one row per model and split
+    run.predict(df)                   # pandas DataFrame: the predictions, one row per model, row
+    ensemble.load_run(run.path).evaluate()
+
+`ensemble train` is a thin shell over `train` (it parses flags, checks the data before TensorFlow
+loads and prints), so the notebook and the command line run the same code.
+
+Why here and not in `ensemble/`: training composes the blocks (data, placement, builders,
+client processes, aggregator, evaluation), and composition lives in `pipelines/`;
+`ensemble/` never imports `pipelines/` at import time. `ensemble.train`, `ensemble.load_run`
+and `ensemble.Run` are lazy re-exports (module `__getattr__` in `ensemble/__init__.py`): the
+only place the block package names this module, and only when a user asks for these names, so
+`import ensemble` stays light (no TensorFlow) for clients and the aggregator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from ensemble.core import artifacts
+from ensemble.config.schema import MODES, Config
+from ensemble.core.errors import UsageError
+
+
+
+def as_config(config: Config | Mapping | str | Path | None = None,
+              overrides: Mapping[str, Any] | None = None) -> Config:
+    """A `Config` from a `Config`, nested tables (`{"members": {"count": 4}}`, the TOML
+    layout), a TOML path, or None (the defaults), with dotted-key `overrides` applied
+    (`{"training.epochs": 2}`).
+
+    Raises:
+        UsageError: unknown key, wrong type or value (names the key).
+    """
+    from ensemble.config import schema as C
+
+    if isinstance(config, Config):
+        return C.load(base=config.to_dict(), overrides=dict(overrides or {}))
+    if isinstance(config, Mapping):
+        return C.load(base=_builder_names(dict(config)), overrides=dict(overrides or {}))
+    if config is None or isinstance(config, (str, Path)):
+        return C.load(config, overrides=dict(overrides or {}))
+    raise UsageError(f"Expected `config` to be a Config, a dict of tables or a TOML path. "
+                     f"Received: config={config!r}")
+
+
+def _builder_names(tables: dict) -> dict:
+    """`{"model": fn}` or `{"model": {"builder": fn}}`: the function's name
+    (`builders.spec_of`); a Keras model instance is refused (each member needs its own)."""
+    from ensemble.models import builders
+
+    model = tables.get("model")
+    if callable(model) and not isinstance(model, Mapping) or isinstance(model, Mapping) \
+            and callable(model.get("builder")):
+        fn = model if not isinstance(model, Mapping) else model["builder"]
+        if type(fn).__name__ in ("Sequential", "Functional", "Model") or hasattr(fn, "layers"):
+            raise UsageError("Expected `model` to be a builder function "
+                             "build(input_shape, n_outputs, *, seed, **params) that returns a "
+                             f"new keras.Model; received a model instance ({fn.name!r}): every "
+                             "member needs its own, freshly initialised network.")
+        params = dict(model.get("params", {})) if isinstance(model, Mapping) else {}
+        tables = {**tables, "model": {"builder": builders.spec_of(fn), "params": params}}
+    return tables
+
+
+def _notice(text: str) -> None:
+    print(f"notice: {text}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _placement_logging(run_dir: Path, mode: str, enabled: bool):
+    """`--log-device-placement`: in-graph, capture this process's log; between-graph, ask
+    the clients (environment) to write theirs; then print the per-member summary."""
+    if not enabled:
+        yield
+        return
+    from ensemble.replication import placement_log
+
+    path = run_dir / "placement" / "in-graph.log"
+    if mode == "in-graph":
+        with placement_log.capture(path):
+            yield
+    else:
+        old = os.environ.get(placement_log.ENV)
+        os.environ[placement_log.ENV] = "1"
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(placement_log.ENV, None)
+            else:
+                os.environ[placement_log.ENV] = old
+    logs = sorted((run_dir / "placement").glob("*.log"))
+    print(f"device placement (TensorFlow's log of the members' ops: {run_dir / 'placement'}):")
+    print(placement_log.format_summary(logs), flush=True)
+
+
+def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-graph",
+          run_dir: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None,
+          overwrite: bool = False, resume: bool = False, jobs: int | None = None,
+          cluster: dict | None = None, prepare_only: bool = False,
+          tensorboard: bool | None = None, log_device_placement: bool = False,
+          verbosity: int = 0, model=None) -> "Run":
+    """Train an ensemble and write its run directory; the same path as `ensemble train`.
+
+    Args:
+        config: see `as_config`; `overrides` are dotted keys applied on top.
+        mode: `in-graph` (one process, one graph) or `between-graph` (one client process per
+            device, then the aggregator process).
+        run_dir: output folder (default `artifacts/<run_id>`).
+        resume: continue the interrupted run in `run_dir` (its config is the base).
+        jobs, prepare_only: between-graph only (see `ensemble train --help`).
+        tensorboard: write `RUN/tensorboard/` scalars (None: the config's
+            `training.tensorboard`).
+        log_device_placement: print where every member's ops ran (`ensemble.replication.placement_log`).
+        verbosity: 0 quiet (the default here), 1 progress lines, 2 more.
+        model: the members' builder, overriding the config's `[model] builder`: a name
+            (`"cnn"`, `"package.module:function"`, `"path/file.py:function"`) or the function
+            itself (`build(input_shape, n_outputs, *, seed, **params) -> keras.Model` of
+            logits); between-graph needs one that imports by name (module level).
+
+    Returns:
+        The `Run` (completed; or only prepared with `prepare_only`).
+
+    Raises:
+        UsageError: bad config, data, mode or run directory.
+    """
+    from ensemble.replication import devices
+    from ensemble.core.tfimport import import_tensorflow_quietly
+
+    if mode not in MODES:
+        raise UsageError(f"Expected `mode` to be one of {', '.join(MODES)}. Received: "
+                         f"mode={mode!r}")
+    if resume:
+        if run_dir is None:
+            raise UsageError("resume needs the run_dir of the run to continue")
+        base = artifacts.read_manifest(run_dir)["config"]
+        cfg = as_config(config if config is not None else base, overrides)
+    else:
+        cfg = as_config(config, overrides)
+    if tensorboard is not None:
+        cfg = as_config(cfg, {"training.tensorboard": bool(tensorboard)})
+    if model is not None:
+        from ensemble.models import builders
+
+        spec = model if isinstance(model, str) else \
+            _builder_names({"model": model})["model"]["builder"]
+        if mode == "between-graph" and not builders.importable(spec):
+            raise UsageError(f"mode between-graph trains in client processes, which import the "
+                             f"builder by name; {model!r} is not importable: define it at "
+                             "module level, or pass 'package.module:function'.")
+        cfg = as_config(cfg, {"model.builder": spec})
+    for text in devices.configure_gpus(cfg.placement.memory_growth, cfg.placement.memory_limit_mb):
+        _notice(text)
+    from ensemble.runs import train as T
+
+    run_dir = Path(run_dir) if run_dir is not None else T.default_run_dir(cfg)
+    if prepare_only and mode != "between-graph":
+        raise UsageError("prepare_only is for mode between-graph")
+    if mode == "in-graph" and jobs:
+        raise UsageError("jobs applies to mode between-graph only: in-graph replication runs "
+                         "every member in one process")
+    with _placement_logging(run_dir, mode, log_device_placement and not prepare_only):
+        if mode == "in-graph":
+            import_tensorflow_quietly()
+            T.train_in_graph(cfg, run_dir, overwrite=overwrite, resume=resume, cluster=cluster,
+                             verbosity=verbosity)
+        else:
+            from ensemble.runs import between
+
+            between.train_between_graph(cfg, run_dir, jobs=jobs, overwrite=overwrite,
+                                        prepare_only=prepare_only, resume=resume,
+                                        cluster=cluster, verbosity=verbosity)
+    if mode == "between-graph" and cfg.training.tensorboard and not prepare_only:
+        from ensemble.replication.tensorboard import write_ensemble_metrics
+
+        metrics = artifacts.read_parquet(run_dir / artifacts.METRICS)  # the aggregator's
+        write_ensemble_metrics(run_dir, metrics.to_pylist(), cfg.training.epochs - 1)
+    return Run(run_dir)
+
+
+def load_run(path: str | Path) -> "Run":
+    """Open a run directory written by `train`, `ensemble train` or
+    `DeepEnsembleClassifier.save`.
+
+    Raises:
+        UsageError: no manifest there.
+    """
+    return Run(path)
+
+
+class Run:
+    """A run directory: its manifest, tables, and prediction with its members.
+
+    Attributes:
+        path: the run directory.
+        manifest: `manifest.json` as a dict (re-read by `refresh`).
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.manifest = artifacts.read_manifest(self.path)
+
+    def __repr__(self) -> str:
+        return (f"Run({str(self.path)!r}, mode={self.mode!r}, status={self.status!r}, "
+                f"members={len(self.manifest['members'])})")
+
+    def refresh(self) -> "Run":
+        """Re-read the manifest (after another process changed the run)."""
+        self.manifest = artifacts.read_manifest(self.path)
+        return self
+
+    @property
+    def mode(self) -> str:
+        return self.manifest["mode"]
+
+    @property
+    def status(self) -> str:
+        """`completed`, `running`, `interrupted`, `failed`, ... (`run.effective_status`)."""
+        from ensemble.runs.prepare import effective_status
+
+        return effective_status(self.manifest)
+
+    @property
+    def config(self) -> Config:
+        """The run's resolved `Config`."""
+        return as_config(self.manifest["config"])
+
+    @property
+    def classes(self) -> list:
+        return list(self.manifest["dataset"]["classes"])
+
+    @property
+    def feature_names(self) -> list[str]:
+        """The input columns a data set must have (before one-hot encoding)."""
+        return list(self.manifest["dataset"].get("columns")
+                    or self.manifest["dataset"]["feature_names"])
+
+    def _table(self, name: str):
+        return artifacts.read_parquet(self.path / name).to_pandas()
+
+    @property
+    def metrics(self):
+        """`metrics.parquet` as a pandas DataFrame (computed by `evaluate` when missing)."""
+        if not (self.path / artifacts.METRICS).is_file():
+            return self.evaluate()
+        return self._table(artifacts.METRICS)
+
+    @property
+    def history(self):
+        """`history.parquet` as a pandas DataFrame: member, epoch, loss, val_loss, ..."""
+        return self._table(artifacts.HISTORY)
+
+    @property
+    def predictions(self):
+        """`predictions.parquet` (validation and test splits) as a pandas DataFrame."""
+        return self._table(artifacts.PREDICTIONS)
+
+    def evaluate(self):
+        """Recompute the metrics from the run's predictions (and rewrite `metrics.parquet`).
+
+        Returns:
+            pandas DataFrame, one row per model and split (accuracy, nll, brier, ece, ...).
+        """
+        from ensemble.runs.evaluate import evaluate
+
+        return evaluate(self.path)[0].to_pandas()
+
+    def summary(self) -> str:
+        """The table `ensemble evaluate` prints (ensemble against its members, per split),
+        from the run's stored `metrics.parquet` (checked against its recorded hash)."""
+        from ensemble.tasks.classification import fitted
+        from ensemble.runs.evaluate import format_table
+
+        path = self.path / artifacts.METRICS
+        if not path.is_file():
+            from ensemble.runs.evaluate import evaluate
+
+            return evaluate(self.path)[1]
+        artifacts.verify(self.path, self.manifest, path)
+        return format_table(artifacts.read_parquet(path), fitted.read(self.path))
+
+    def predict(self, data, target: str | None = None, devices: str = "auto"):
+        """Predict rows with the run's members (in-graph, on this machine's `devices`).
+
+        Args:
+            data: a pandas DataFrame with the training columns (matched by name; extra
+                columns ignored with a notice), or an ndarray `[n_rows, n_columns]` in the
+                order of `feature_names`.
+            target: label column of `data`, used for `y_true` when present (default: the
+                run's target).
+
+        Returns:
+            pandas DataFrame in the predictions layout (`model`, `member`, `aggregator`,
+            `row`, `y_pred`, `p_<class>`, ..., split `predict`).
+
+        Raises:
+            UsageError: missing columns, wrong column count, or a run that is not completed.
+        """
+        import pandas as pd
+        import pyarrow as pa
+
+        from ensemble.runs.predict import predict_in_graph
+
+        if isinstance(data, pd.DataFrame):
+            frame = data
+        else:
+            x = np.asarray(data)
+            names = self.feature_names
+            if x.ndim != 2 or x.shape[1] != len(names):
+                raise UsageError(f"Expected an array [n_rows, {len(names)}] (columns "
+                                 f"{', '.join(names[:5])}{', ...' if len(names) > 5 else ''}). "
+                                 f"Received: shape {x.shape}")
+            frame = pd.DataFrame(x, columns=names)
+        with tempfile.TemporaryDirectory(prefix="ensemble-api-") as tmp:
+            src, out = Path(tmp) / "input.parquet", Path(tmp) / "predictions.parquet"
+            artifacts.write_parquet(src, pa.Table.from_pandas(frame, preserve_index=False))
+            predict_in_graph(self.path, str(src), out, target, devices, layout="long")
+            return artifacts.read_parquet(out).to_pandas()

@@ -1,0 +1,259 @@
+"""Ensembles from in-memory arrays: what `ensemble.sklearn.DeepEnsembleClassifier` composes.
+
+Preprocessing, training in either replication mode, prediction, and saving/loading as a run
+directory (the layout of DESIGN.md, so `ensemble.load_run` and `ensemble predict --run` read
+it). Unlike `ensemble train`, every row given is a training row: no split is made (scikit-learn
+does its own), and validation rows come only from `validation_data`.
+
+In-graph training runs `training.train_loop` over the cached traced call of
+`ensemble.replication.graph_cache` (the per-member step and seeds of every other path). Between-graph
+training writes a prepared run directory (`data/` splits: train = the rows given,
+validation = test = `validation_data`, or the training rows without it) and hands it to
+`ensemble.runs.between.train_between_graph`, imported there only: launching client processes is
+composition and lives in `pipelines/`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ensemble.core import artifacts
+from ensemble.tasks.classification import fitted
+from ensemble.runs import prepare as run
+from ensemble.tasks import tables
+from ensemble.tasks.classification.aggregators import FITTED
+from ensemble.config.schema import Config, from_dict
+from ensemble.data.sources import Dataset
+from ensemble.core.errors import UsageError
+from ensemble.models.members import member_seed
+from ensemble.data.preprocessing import Preprocessing
+
+
+
+def dataset(x: np.ndarray, names: Sequence[str]) -> Dataset:
+    """`x` `[n_rows, n_features]` as an unlabelled `Dataset` with column names `names`."""
+    return Dataset("arrays", np.asarray(x, np.float32), None, tuple(str(n) for n in names))
+
+
+def fit_preprocessing(x: np.ndarray, y: np.ndarray, classes: np.ndarray,
+                      names: Sequence[str]) -> Preprocessing:
+    """The standardisation of `ensemble train`, fitted on all rows of `x` `[n_rows,
+    n_features]`; rows of more dimensions (images for a CNN) are fed as they are
+    (`ArrayPreprocessing.identity`)."""
+    if x.ndim > 2:
+        from ensemble.data.arrays import ArrayPreprocessing
+
+        return ArrayPreprocessing.identity(x.shape[1:], classes)
+    ds = dataclasses.replace(dataset(x, names), y=y)
+    return Preprocessing.fit(ds, np.arange(len(x)), classes)
+
+
+def _configure(cfg: Config) -> list[str]:
+    """GPU memory settings (once, before TensorFlow initialises), op determinism, and the
+    members' devices (`placement.devices`, round robin)."""
+    from ensemble.replication import devices
+    from ensemble.replication.placement import place
+    from ensemble.core.tfimport import import_tensorflow_quietly
+
+    import_tensorflow_quietly()  # notebooks: no start-up banners, no retracing warnings
+    devices.configure(cfg)
+    n = cfg.members.count
+    return place(n, devices.resolve(cfg.placement.devices, n))
+
+
+def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preprocessing,
+                   run_dir=None) -> dict[str, Any]:
+    """Train every member in one graph on `x` `[n_rows, n_features]` (scaled), `y` class
+    indices; `val` is `(x_val, y_val)` or None.
+
+    Returns:
+        `{"devices", "weights" ([n_members] lists of arrays), "aggregators" (aggregators.json
+        content of a fitted aggregator, else None), "history" (DataFrame)}`.
+    """
+    from ensemble.replication import graph_cache
+    from ensemble.replication.training import Schedule, train_loop
+
+    devs = _configure(cfg)
+    entry = graph_cache.get(cfg, x.shape[1:], len(pre.classes), devs, len(x))
+    group = entry.group
+    schedule = Schedule.of(cfg.training)
+    with entry.lock:
+        entry.reset(cfg.training.seed)
+        entry.feed(x, y)
+        predict_val = None if val is None else (lambda: group.predict(val[0])[0])
+        stopping = group.early_stopping(schedule) if val is not None else None
+        try:
+            records = train_loop(entry.steps, predict_val, group.indices, schedule, len(x),
+                                 None if val is None else val[1], group.task, None, (),
+                                 stopping)
+        finally:
+            entry.clear()
+        weights = entry.weights()
+        aggs = None
+        name = cfg.aggregation.aggregators[0]
+        if name in FITTED or name == "std-scaling":
+            fit_fn = fitted.fit
+            if name == "std-scaling" or not len(pre.classes):  # regression
+                from ensemble.tasks.regression.fitted import fit as fit_fn
+            aggs = fit_fn(group.predict(val[0])[0], val[1], [name], group.indices,
+                          dataclasses.asdict(cfg.aggregation))
+    return {"devices": devs, "weights": weights, "aggregators": aggs,
+            "history": tables.history_table(records).to_pandas()}
+
+
+def train_between_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preprocessing,
+                        run_dir=None) -> dict[str, Any]:
+    """Train every member in its own client process through a run directory (`run_dir`, or
+    a temporary one removed afterwards); same arguments and result as `train_in_graph`."""
+    from ensemble.models.members import load_member
+    from ensemble.runs.between import train_between_graph as launch  # client processes
+
+    tmp = Path(tempfile.mkdtemp(prefix="ensemble-sklearn-")) if run_dir is None else None
+    path = tmp or Path(run_dir)
+    try:
+        run.check_run_dir(path, overwrite=True)
+        devs = _configure(cfg)
+        xv, yv = val if val is not None else (x, y)
+        rows = {"train": np.arange(len(x)), "validation": np.arange(len(xv)),
+                "test": np.arange(len(xv))}
+        artifacts.write_splits(path, {"train": x, "validation": xv, "test": xv},
+                               {"train": y, "validation": yv, "test": yv}, rows)
+        artifacts.write_text(path / artifacts.PREPROCESSING, pre.to_json())
+        manifest = manifest_for(cfg, "between-graph", pre,
+                                {k: len(v) for k, v in rows.items()}, devs)
+        manifest["artifacts"] = artifacts.artifact_hashes(path)  # clients verify the splits
+        artifacts.write_manifest(path, manifest)
+        launch(cfg, path, prepared=manifest, verbosity=0)
+        n = cfg.members.count
+        weights = [load_member(artifacts.member_model_path(path, i), "/device:CPU:0")
+                   .get_weights() for i in range(n)]
+        history = artifacts.read_parquet(path / artifacts.HISTORY).to_pandas()
+        if val is None:
+            history[[c for c in history.columns if c.startswith("val_")]] = np.nan  # train rows
+        aggs = fitted.read(path) if cfg.aggregation.aggregators[0] in (
+            *FITTED, "std-scaling") else None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return {"devices": devs, "weights": weights, "aggregators": aggs, "history": history}
+
+
+def predict(est, x: np.ndarray, members: bool = False) -> np.ndarray:
+    """Probabilities of scaled rows `x` with a fitted estimator's weights: the aggregator's
+    `[n_rows, n_classes]`, or every member's `[n_members, n_rows, n_classes]` (float32)."""
+    from ensemble.replication import graph_cache
+
+    from ensemble.replication import devices
+    from ensemble.replication.placement import place
+
+    cfg, name = est.config_, est.aggregator_
+    n = len(est.member_weights_)
+    try:
+        devs = _configure(cfg)
+    except UsageError:  # e.g. unpickled where TensorFlow already has fewer logical CPUs
+        devs = place(n, devices.resolve("auto", n))
+    params = fitted.member_params(est.aggregators_, list(range(n)))
+    entry = graph_cache.get(cfg, x.shape[1:], len(getattr(est, "classes_", ())), devs)
+    with entry.lock:
+        entry.load(est.member_weights_)
+        member_p, ens = entry.predictor(name, params).predict(x)
+    return member_p if members else ens[name]
+
+
+def manifest_for(cfg: Config, mode: str, pre: Preprocessing, rows: dict[str, int],
+                 devs: Sequence[str], named: bool = False) -> dict[str, Any]:
+    """The first manifest (`run.new_manifest`, status `running`) of a run from arrays, its
+    members placed as `devs` `[n_members]`; `named`: the columns came with names (a
+    DataFrame), else they are `x0..`."""
+    return run.new_manifest(cfg, mode, list(dict.fromkeys(devs)), pre, {
+        "name": "arrays", "source": "arrays (DeepEnsembleClassifier.fit)", "target": "target",
+        "rows": rows, "columns": list(pre.columns), "named_columns": named,
+        "splits": "train: every row given to fit; validation and test: validation_data "
+                  "(the training rows without it)"}, task=_task(cfg, pre))
+
+
+def _task(cfg: Config, pre: Preprocessing):
+    """A run from arrays without classes is a regression on the standardised target."""
+    from ensemble.tasks import heads as tasks
+
+    return tasks.get("regression", loss=cfg.training.loss) if not len(pre.classes) \
+        else tasks.get()
+
+
+def save(est, path: Path, overwrite: bool = False) -> Path:
+    """Write a fitted estimator as a completed run directory; returns `path`."""
+    from ensemble.tasks import heads as tasks
+    from ensemble.config.schema import member_hparams
+    from ensemble.models.members import build_member, save_member
+
+    run.check_run_dir(path, overwrite)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg, pre = est.config_, est.preprocessing_
+    n_classes = len(pre.classes)
+    manifest = manifest_for(cfg, est.mode, pre, dict(est.n_rows_), est.devices_,
+                            hasattr(est, "feature_names_in_"))
+    task = _task(cfg, pre)
+    if task.name == "regression":  # saved members predict in the target's units
+        loc, scale = float(est.target_loc_), float(est.target_scale_)
+        manifest["dataset"].update(target_loc=loc, target_scale=scale)
+        task = tasks.get("regression", loc=loc, scale=scale, loss=cfg.training.loss)
+    for i, weights in enumerate(est.member_weights_):
+        h = member_hparams(cfg, i)
+        model = build_member(h["builder"], h["params"], pre.input_shape,
+                             task.n_outputs(n_classes), member_seed(cfg.training.seed, i),
+                             f"member_{i}", task, pre.scaling_layer())
+        model.set_weights(weights)
+        save_member(model, artifacts.member_model_path(path, i))
+        manifest["members"][i]["status"] = "completed"
+    artifacts.write_text(path / artifacts.PREPROCESSING, pre.to_json())
+    if est.aggregators_:
+        fitted.write(path, est.aggregators_)
+    artifacts.write_parquet(path / artifacts.HISTORY, tables.history_table(
+        est.history_.to_dict("records")))
+    run.finish(path, manifest, "completed")
+    return path
+
+
+def load(cls, path: Path):
+    """A fitted `cls` (the estimator class) from a completed run directory."""
+    from ensemble.models.members import load_run_member
+    from ensemble.runs.posthoc import run_aggregators
+
+    manifest = artifacts.read_manifest(path)
+    run.require_completed(path, manifest)
+    cfg = from_dict(manifest["config"])
+    pre = Preprocessing.read(artifacts.verify(path, manifest, path / artifacts.PREPROCESSING))
+    if pre.categories:
+        raise UsageError(f"Run {path} one-hot encodes categorical columns "
+                         f"({', '.join(pre.categories)}); an estimator takes numeric arrays: "
+                         f"use ensemble.load_run({str(path)!r}).predict(DataFrame)")
+    n = len(manifest["members"])
+    weights = [load_run_member(path, manifest, i, "/device:CPU:0").get_weights()
+               for i in range(n)]
+    names, fit_ = run_aggregators(path, manifest)
+    m, t = cfg.members, cfg.training
+    est = cls(n_members=m.count, hidden=tuple(m.hidden), activation=m.activation,
+              dropout=m.dropout, epochs=t.epochs, batch_size=t.batch_size,
+              learning_rate=t.learning_rate, random_state=t.seed, mode=manifest["mode"],
+              devices=cfg.placement.devices, aggregator=names[0])
+    est.classes_, est.preprocessing_, est.config_ = pre.classes, pre, cfg
+    est.n_features_in_ = len(pre.feature_names)
+    if manifest["dataset"].get("named_columns", manifest["dataset"]["name"] != "arrays"):
+        est.feature_names_in_ = np.asarray(pre.feature_names, dtype=object)
+    est.seed_, est.devices_ = t.seed, [e["device"] for e in manifest["members"]]
+    est.member_weights_, est.aggregator_ = weights, names[0]
+    if manifest.get("task") == "regression":  # members trained on the standardised target
+        est.target_loc_ = manifest["dataset"].get("target_loc", 0.0)
+        est.target_scale_ = manifest["dataset"].get("target_scale", 1.0)
+        del est.classes_
+    est.aggregators_ = fit_ if names[0] in (*FITTED, "std-scaling") else None
+    est.n_rows_ = dict(manifest["dataset"]["rows"])
+    hist = path / artifacts.HISTORY
+    est.history_ = artifacts.read_parquet(hist).to_pandas() if hist.is_file() else None
+    return est

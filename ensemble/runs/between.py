@@ -1,0 +1,356 @@
+"""Between-graph pipelines: the launcher, the aggregator run and between-graph prediction.
+
+The launcher prepares the run directory once (data split, preprocessing, placement), then starts
+at most `--jobs` long-lived `ensemble client` processes, each pinned to its device(s) with its
+share of the cores and its queue of members (each member in its own graph), and finally the
+aggregator. Process launching and measuring lives in `ensemble.replication.processes`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ensemble.core import artifacts
+from ensemble.replication import devices
+from ensemble.core import faults
+from ensemble.core import interrupt
+from ensemble.runs import prepare as run
+from ensemble.core import runlock
+from ensemble.config.schema import Config
+from ensemble.core.errors import UsageError
+from ensemble.replication.placement import place
+from ensemble.replication import processes
+from ensemble.replication.processes import checked, last_error, last_report, run_process
+
+__all__ = ["aggregate_run", "checked", "client_queues", "default_jobs", "last_report",
+           "predict_between_graph", "run_clients", "run_process", "train_between_graph"]
+
+
+def default_jobs(n_members: int, devs: list[str]) -> int:
+    """As many concurrent clients as members, devices (GPUs) or cores allow."""
+    n_gpus = sum("GPU" in d for d in set(devs))
+    return max(1, min(n_members, n_gpus or devices.cpu_count()))
+
+
+def client_queues(devs: dict[int, str], jobs: int) -> list[list[int]]:
+    """Split the members into at most `jobs` client queues, members of one device together.
+
+    Device groups (members in index order) go round robin over the queues; when there are
+    fewer devices than `jobs` and they are local, the members themselves go round robin, so
+    that `jobs` clients share the devices. A member's results never depend on its queue.
+
+    Args:
+        devs: member index -> the member's device in the run.
+
+    Returns:
+        `[n_queues]` lists of member indices, each non-empty.
+    """
+    groups: dict[str, list[int]] = {}
+    for i in sorted(devs):
+        groups.setdefault(devs[i], []).append(i)
+    n = max(1, min(jobs, len(devs)))
+    remote = any("/job:" in d and "/job:localhost" not in d for d in groups)
+    if len(groups) >= n or remote:
+        queues: list[list[int]] = [[] for _ in range(min(n, len(groups)) if not remote
+                                                     else len(groups))]
+        for g, members in enumerate(groups.values()):
+            queues[g % len(queues)].extend(members)
+        return queues
+    ordered = [i for members in groups.values() for i in members]
+    return [ordered[q::n] for q in range(n)]
+
+
+def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[int]], list[str]],
+                devs: dict[int, str], on_member=None, verbosity: int = 1) -> dict[int, dict]:
+    """Run one long-lived client process per queue, all at once; each trains (or predicts)
+    its members one after another. A failed client does not stop the others: every client
+    runs, then failures are raised. Clients' progress reports are printed as
+    `member I: epoch E/N - ...` lines on stdout (none when `verbosity` is 0).
+
+    Args:
+        queues: member indices per client (`client_queues`).
+        command: a queue -> the `ensemble` CLI arguments of its client (without `--threads`).
+        devs: member index -> the member's device in the run (the client pins itself to
+            its members' devices, `between_graph.local_devices`).
+        on_member: optional callback `on_member(index, ok)` when a member is done (ok) or its
+            client ended without finishing it.
+
+    Returns:
+        member index -> `{"client": queue number, "seconds": the client's process wall time,
+        "work_seconds": the member's own training/prediction time, "startup_seconds": the
+        client's start-up (spawn to ready), "peak_rss_bytes": the client's peak}`.
+
+    Signals: while the clients run, SIGINT/SIGTERM to this process are forwarded to them
+    (each stops after its current call, keeping its checkpoint); every client is reaped
+    before this returns or raises, none is left running.
+
+    Raises:
+        UsageError / RuntimeError: a client failed (bad input / internal); names the failed
+            members and each client's last error line.
+        interrupt.Interrupted: this process got SIGINT/SIGTERM (`epoch`: the lowest epoch in
+            progress among the interrupted members).
+    """
+    from ensemble.replication.progress import format_report, parse_report
+
+    threads = max(1, devices.cpu_count() // max(1, len(queues)))
+    lock = threading.Lock()
+    done: dict[int, float] = {}
+    stopped: dict[int, tuple[int, int]] = {}  # member -> (epoch in progress, epochs)
+
+    def launch(q: int) -> tuple[int, dict]:
+        queue = queues[q]
+        env = dict(os.environ)  # the client maps its GPUs onto this CUDA_VISIBLE_DEVICES
+
+        def on_line(line: str) -> bool:
+            report = parse_report(line)
+            if report is None:
+                return False
+            if report.get("kind") == "interrupted":
+                with lock:
+                    stopped[report["member"]] = (report["epoch"], report["epochs"])
+            elif report.get("kind") == "member-done":
+                with lock:
+                    done[report["member"]] = report["work_seconds"]
+                if on_member is not None:
+                    on_member(report["member"], True)
+            elif verbosity > 0:
+                text = format_report(report, verbose=verbosity >= 2)
+                if text:
+                    with lock:
+                        print(text, flush=True)
+            return True
+
+        res = run_process([*command(queue), "--threads", str(threads), "--progress", "report"],
+                          env, on_stderr_line=on_line)
+        if res["returncode"] != 0:
+            for i in queue:
+                if i not in done and on_member is not None:
+                    on_member(i, False)
+            return q, {"returncode": res["returncode"], "error": last_error(res)}
+        report = last_report(res)
+        return q, {"seconds": res["seconds"], "peak_rss_bytes": report["peak_rss_bytes"],
+                   "startup_seconds": report["ready_unix"] - res["spawned_unix"],
+                   "tensorflow_build": report.get("tensorflow_build")}
+
+    pool = ThreadPoolExecutor(max_workers=max(1, len(queues)))
+    try:
+        with interrupt.deferred(), interrupt.on_signal(processes.forward):
+            results = dict(pool.map(launch, range(len(queues))))
+    finally:
+        processes.kill_children()
+        pool.shutdown(wait=True)
+    if interrupt.requested() is not None:
+        epochs = [e for e in stopped.values() if e[0] is not None]  # None: before training
+        raise interrupt.Interrupted(interrupt.requested(), *(min(epochs) if epochs else
+                                                              (None, None)))
+    failed = {q: r for q, r in results.items() if "error" in r}
+    if failed:
+        text = "; ".join(
+            f"client of members {[i for i in queues[q] if i not in done]} failed "
+            f"(exit {r['returncode']}): {r['error']}" for q, r in sorted(failed.items()))
+        usage = all(r["returncode"] == 2 for r in failed.values())
+        if not usage and all(faults.is_fault_line(r["error"]) for r in failed.values()):
+            raise faults.ResourceFault(text)  # a full disk in the clients: one line, exit 1
+        raise (UsageError if usage else RuntimeError)(text)
+    return {i: {"client": q, "work_seconds": done.get(i), **results[q]}
+            for q, queue in enumerate(queues) for i in queue}
+
+
+def aggregate_run(run_dir: Path, min_members: int | None = None) -> dict:
+    """The aggregator step of a between-graph run: `ensemble.runs.aggregate.aggregate_run`."""
+    from ensemble.runs.aggregate import aggregate_run as run_aggregator
+
+    return run_aggregator(run_dir, min_members=min_members)
+
+
+def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
+                        overwrite: bool = False, prepare_only: bool = False,
+                        resume: bool = False, cluster: dict | None = None,
+                        verbosity: int = 1, prepared: dict | None = None) -> dict:
+    """Prepare the run, train every member in its own client process, then aggregate.
+
+    Args:
+        prepare_only: stop after preparing the run directory, so that a scheduler can launch
+            `ensemble client --run RUN --member I` for each member and then `ensemble aggregate`.
+        resume: continue an interrupted or failed run: only members not completed run, each
+            from its own newest checkpoint.
+        cluster: a cluster spec: members go round robin over its tasks' devices; each client
+            connects to the cluster and runs its members on its task.
+        verbosity: 0 quiet, 1 a line per member and epoch, 2 also within epochs.
+        prepared: the manifest of a run directory the caller prepared itself (its `data/`
+            splits, `preprocessing.json` and placement written, as `DeepEnsembleClassifier`
+            does from arrays); training starts from it instead of `run.prepare`.
+
+    Returns:
+        The final manifest.
+
+    Raises:
+        RuntimeError / UsageError: a client failed; the members that finished are kept and
+        recorded as completed, the failed ones as failed.
+    """
+    if resume:
+        cluster = cluster or artifacts.read_manifest(run_dir).get("cluster")
+    devs = devices.resolve(cfg.placement.devices, cfg.members.count, cluster, names_only=True)
+    with run.writing(run_dir, "ensemble train --mode between-graph"):
+        if resume:
+            manifest = run.reopen(run_dir, cfg, "between-graph")
+        elif prepared is not None:
+            manifest = prepared
+        else:
+            manifest = run.prepare(cfg, run_dir, "between-graph", devs, overwrite, cluster)
+        if prepare_only:  # the clients, started by hand or a scheduler, take over
+            return run.set_status(run_dir, "prepared")
+        with run.recording_outcome(run_dir):
+            return _launch(run_dir, manifest, devs, jobs, verbosity)
+
+
+def _launch(run_dir: Path, manifest: dict, devs: list[str], jobs: int | None,
+            verbosity: int) -> dict:
+    """Run the clients of the members not completed, then the aggregator; the manifest is
+    changed by read-modify-write only (clients record their members themselves)."""
+    todo = {m["index"]: m["device"] for m in manifest["members"]
+            if m["status"] != "completed"
+            or not all(p.is_file() for p in run.member_files(run_dir, m["index"]))}
+    jobs = jobs or default_jobs(max(1, len(todo)), devs)
+
+    def record(index: int, ok: bool) -> None:  # a client ended without finishing `index`
+        if not ok:
+            def change(m: dict) -> None:
+                if m["members"][index]["status"] != "interrupted":
+                    m["members"][index]["status"] = "failed"
+            runlock.update_manifest(run_dir, change)
+
+    start = time.perf_counter()
+    queues = client_queues(todo, jobs)
+    clients = run_clients(run_dir, queues, lambda q: ["client", "--run", str(run_dir),
+                                                      "--member", ",".join(map(str, q))],
+                          todo, record, verbosity)
+    builds = [c.pop("tensorflow_build", None) for c in clients.values()]
+
+    def timings(m: dict) -> None:  # the launcher never loads TensorFlow: the clients tell
+        m["tensorflow_build"] = m.get("tensorflow_build") or next((b for b in builds if b),
+                                                                  None)
+        m["timings"].update(train_seconds=time.perf_counter() - start, jobs=len(queues),
+                            clients={str(i): c for i, c in clients.items()})
+
+    runlock.update_manifest(run_dir, timings)
+    res = checked(run_process(["aggregate", "--run", str(run_dir)]), "aggregator")
+    return runlock.update_manifest(run_dir, lambda m: m["timings"].update(
+        aggregator_peak_rss_bytes=last_report(res)["peak_rss_bytes"]))
+
+
+def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | None = None,
+                          jobs: int | None = None, cluster_file: str | None = None,
+                          strict_columns: bool = False, batch_size: int | None = None,
+                          verbosity: int = 0, layout: str = "wide"):
+    """One client process per member (queue) streams `source` and writes its members'
+    probabilities; then the aggregator streams those files, batch by batch, into `out`. With
+    `cluster_file`, members go round robin over that cluster's devices instead of the devices
+    they were trained on.
+
+    Returns:
+        (the prediction's manifest, also written to `<out>.manifest.json`;
+        `{"jobs": N, "clients": run_clients' measurements}`).
+    """
+    from ensemble.runs.predict import check_out, open_input, record, write_manifest
+
+    from ensemble.tasks.classification.fitted import member_params
+    from ensemble.runs.posthoc import run_aggregators
+    from ensemble.replication.progress import RowProgress
+    from ensemble.data.stream import DEFAULT_BATCH_ROWS
+
+    check_out(out)
+    batch_size = batch_size or DEFAULT_BATCH_ROWS
+    manifest, pre, stream = open_input(run_dir, source, target, strict_columns, batch_size)
+    stream.check()
+    names, fit = run_aggregators(run_dir, manifest)
+    member_devs = {m["index"]: m["device"] for m in manifest["members"]}
+    extra = ["--batch-size", str(batch_size)] + (["--target", target] if target else [])
+    if cluster_file is not None:
+        from ensemble.replication.cluster import load_spec
+
+        devs = devices.resolve("auto", len(member_devs), load_spec(cluster_file))
+        member_devs = dict(enumerate(place(len(member_devs), devs)))
+        extra += ["--cluster", str(cluster_file)]
+    start = time.perf_counter()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".ensemble-predict-", dir=Path(out).parent) as tmp:
+        paths = {i: Path(tmp) / f"member-{i}.parquet" for i in member_devs}
+        jobs = jobs or default_jobs(len(member_devs), list(member_devs.values()))
+        queues = client_queues(member_devs, jobs)
+        clients = run_clients(run_dir, queues, lambda q: [
+            "client", "--run", str(run_dir), "--member", ",".join(map(str, q)), "--predict",
+            str(Path(source).resolve()) if Path(source).exists() else source, "--out", tmp,
+            "--device", ",".join(member_devs[i] for i in q), *extra],
+            member_devs, verbosity=0)
+        progress = RowProgress(None, verbosity=verbosity)
+        rows = aggregate_stream([paths[i] for i in sorted(member_devs)], sorted(member_devs),
+                                out, pre.classes, names,
+                                member_params(fit, sorted(member_devs)), batch_size,
+                                progress.update, layout, stream.passthrough_batches())
+        progress.end()
+    for c in clients.values():
+        c.pop("tensorflow_build", None)
+    placed = {i: [d] for i, d in member_devs.items()}
+    rec = record(run_dir, manifest, source, out, "between-graph", rows,
+                 time.perf_counter() - start, batch_size, placed)
+    return write_manifest(out, rec), {"jobs": len(queues),
+                                      "clients": {str(i): c for i, c in clients.items()}}
+
+
+def aggregate_stream(paths: list[Path], members: list[int], out: Path, classes, names,
+                     params: dict, batch_rows: int, on_rows=None, layout: str = "long",
+                     passthrough=None) -> int:
+    """The aggregator of a streamed between-graph prediction: read the members' probability
+    files (`ensemble.replication.client.predict_client`) batch by batch in lockstep and write
+    member and ensemble rows (numpy aggregators, fitted ones with `params`) to `out`, in
+    `layout` (`tables.wide_rows` or the long layout); `passthrough` yields each batch's
+    `(non-feature columns, ids)` of the input (`InputStream.passthrough_batches`).
+
+    Returns:
+        The number of input rows.
+
+    Raises:
+        UsageError: a member file is missing or its row count differs from the others'.
+    """
+    import pyarrow.parquet as pq
+
+    from ensemble.tasks import tables
+    from ensemble.data.stream import PredictionWriter
+
+    for path in paths:
+        if not Path(path).is_file():
+            raise UsageError(f"Member predictions missing: {path}")
+    files = [pq.ParquetFile(p) for p in paths]
+    if len({f.metadata.num_rows for f in files}) != 1:
+        raise UsageError(f"Member predictions of {', '.join(map(str, paths))} differ in rows.")
+    first = 0
+    meta = {"prediction": json.dumps({"mode": "between-graph"})}
+    with PredictionWriter(out, meta) as writer:
+        for parts in zip(*(f.iter_batches(batch_size=batch_rows) for f in files)):
+            n = parts[0].num_rows
+            probs = {m: np.column_stack([rb.column(f"c{k}").to_numpy()
+                                         for k in range(len(classes) or 2)])  # regression: 2
+                     for m, rb in zip(members, parts)}
+            y = parts[0].column("y")
+            y = None if y.null_count else y.to_numpy()
+            rows = np.arange(first, first + n, dtype=np.int64)
+            long = tables.predictions_table(probs, "predict", rows, y, classes, names,
+                                            params=params, first_row=first)
+            extra, ids = next(passthrough, (None, None)) if passthrough is not None \
+                else (None, None)
+            writer.write(tables.wide_rows(long, names[0], extra, ids) if layout == "wide"
+                         else tables.with_ids(long, ids))
+            first += n
+            if on_rows is not None:
+                on_rows(n)
+    return first

@@ -1,0 +1,251 @@
+"""Export a trained run as a SavedModel in TensorFlow Serving's layout (`DIR/<version>/`).
+
+The SavedModel is self-contained: a client sends raw, unscaled feature rows and gets the
+ensemble's probabilities and the original class labels back, with no Python of this project.
+
+- Signature `serving_default` (the chosen aggregator) and one signature per aggregator of the
+  run, named after it (`mean`, `vote`, `weighted`, ...). A numeric table run's signatures take
+  `features`: `[batch, n_features]` float32 in the run's feature order
+  (`assets/feature_names.txt`, one name a line; also the `feature_names` variable of the
+  loaded object); a run with categorical columns takes one input per column (TF Serving's
+  columnar `inputs`: float32 `[batch]` for numeric columns, string `[batch]` for categorical
+  ones, named by `input_names`); an array run (images) takes `features` `[batch,
+  *input_shape]` float32 raw values (pixels). Each returns
+  `probabilities` `[batch, n_classes]` float32, `labels` `[batch]` (the original labels:
+  int64 or string, looked up in the `classes` variable; also `assets/classes.txt`), `class_index`
+  `[batch]` int64, `member_probabilities` `[batch, n_members, n_classes]` float32 (batch first,
+  as TF Serving's row format wants).
+- In the graph: imputation (the fill values of `preprocessing.json`, when the run imputes),
+  one-hot encoding, standardisation in float64 as `Preprocessing.transform` (array runs: the
+  members' own first layer scales), every member, and the aggregator's TensorFlow twin
+  (`ensemble.tasks.classification.aggregators_tf`) with the parameters of `aggregators.json`.
+- No device is hard-wired: members are loaded and the signatures traced under no `tf.device`,
+  and TensorFlow's default variable policy saves no device, so the export loads on any machine.
+
+Written with TensorFlow's own `tf.saved_model.save` of a `tf.Module`; the version folder is
+written under an owned staging name beside it (`ensemble.core.staging`) and renamed into place, so
+TF Serving (which watches `DIR`) never sees a half-written version; staging folders of killed
+exports are removed by the next export into `DIR`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from ensemble.core import artifacts
+from ensemble.runs import prepare as run
+from ensemble.core import staging
+from ensemble.core.errors import UsageError
+from ensemble.data.preprocessing import Preprocessing
+
+DEFAULT_SIGNATURE = "serving_default"
+FEATURES_ASSET = "feature_names.txt"
+CLASSES_ASSET = "classes.txt"
+
+
+def next_version(out: Path) -> int:
+    """1 + the largest integer version folder in `out` (1 when there is none)."""
+    found = [int(p.name) for p in Path(out).glob("*") if p.is_dir() and p.name.isdigit()]
+    return max(found, default=0) + 1
+
+
+def _input_graph(pre):
+    """The signature's input and the graph from it to the members' input: `(TensorSpec,
+    function, doc)`. Table rows `[batch, n_features]` are imputed and standardised in
+    float64 as `Preprocessing.transform`; array rows `[batch, *input_shape]` (raw pixels) go to
+    the members as they are (their first layer scales them)."""
+    import tensorflow as tf
+
+    shape = list(pre.input_shape)
+    if not hasattr(pre, "scale"):  # arrays: ensemble.data.arrays.ArrayPreprocessing
+        doc = f"features: [batch, {', '.join(map(str, shape))}] float32, raw values (pixels)"
+        return (tf.TensorSpec([None, *shape], tf.float32, name="features"),
+                lambda f: tf.cast(f, tf.float32), doc)
+    names = list(pre.feature_names)
+    mean, scale = tf.constant(pre.mean, tf.float64), tf.constant(pre.scale, tf.float64)
+    fill = tf.constant(pre.fill, tf.float64) if len(pre.fill) else None
+    if pre.categories:
+        return _columnar_graph(pre, mean, scale, fill)
+
+    def to_x(features):
+        x = tf.cast(features, tf.float64)
+        if fill is not None:
+            x = tf.where(tf.math.is_nan(x), fill, x)
+        return tf.cast((x - mean) / scale, tf.float32)
+
+    doc = (f"features: [batch, {len(names)}] float32, raw (unscaled) columns in this order: "
+           + ", ".join(names))
+    return tf.TensorSpec([None, len(names)], tf.float32, name="features"), to_x, doc
+
+
+def input_names(columns) -> dict[str, str]:
+    """Column -> signature input name: the column name with characters TensorFlow refuses in
+    a tensor name replaced by `_` (and `_<k>` added when two names would collide)."""
+    import re
+
+    out, used = {}, set()
+    for c in columns:
+        name = re.sub(r"[^A-Za-z0-9_.\-/]", "_", str(c))
+        if not name or not re.match(r"[A-Za-z0-9.]", name):
+            name = f"c{name}"
+        base, k = name, 1
+        while name in used:
+            name, k = f"{base}_{k}", k + 1
+        used.add(name)
+        out[c] = name
+    return out
+
+
+def _columnar_graph(pre, mean, scale, fill):
+    """One named input per original column (TF Serving's columnar `inputs`): numeric columns
+    float32 `[batch]` (NaN where missing), categorical columns string `[batch]` (`""` where
+    missing); imputation, one-hot encoding and standardisation as `Preprocessing.transform`
+    (an unknown category is an all-zero block)."""
+    import tensorflow as tf
+
+    key = input_names(pre.columns)
+    specs = {key[n]: tf.TensorSpec([None], tf.float32, name=key[n]) for n in pre.feature_names}
+    specs.update({key[c]: tf.TensorSpec([None], tf.string, name=key[c])
+                  for c in pre.categories})
+
+    def to_x(inputs):
+        first = inputs[next(iter(specs))]
+        num = [tf.cast(inputs[key[n]], tf.float64) for n in pre.feature_names]
+        x = tf.stack(num, axis=1) if num else tf.zeros([tf.shape(first)[0], 0], tf.float64)
+        if fill is not None:
+            x = tf.where(tf.math.is_nan(x), fill, x)
+        blocks = [x]
+        for c, cats in pre.categories.items():
+            col = inputs[key[c]]
+            if c in pre.category_fill:
+                col = tf.where(tf.equal(col, ""), pre.category_fill[c], col)
+            blocks.append(tf.cast(tf.equal(col[:, None], tf.constant(cats)[None, :]),
+                                  tf.float64))
+        return tf.cast((tf.concat(blocks, axis=1) - mean) / scale, tf.float32)
+
+    doc = ("one input per column: " + ", ".join(
+        f"{key[n]} float32 [batch]" for n in pre.feature_names) + ", " + ", ".join(
+        f"{key[c]} string [batch]" for c in pre.categories))
+    return specs, to_x, doc
+
+
+def build_module(models, pre: Preprocessing, aggregators, params: dict, default: str):
+    """The `tf.Module` to save and its signatures.
+
+    Args:
+        models: the members' Keras models `[n_members]` (loaded under no device).
+        pre: the run's preprocessing (`_input_graph` makes the signature's inputs from it).
+        aggregators: the run's aggregator names; `default` among them.
+        params: fitted aggregators' parameters `{name: params}` (`aggregators.json`).
+
+    Returns:
+        (module, `{signature name: concrete function}`).
+    """
+    import tensorflow as tf
+
+    from ensemble.tasks.classification.aggregators_tf import aggregate_tf
+
+    names = list(pre.columns)
+    mod = tf.Module()
+    mod.members = list(models)
+    # variables, not constants, so that the loaded object carries them: `m.feature_names`
+    mod.feature_names = tf.Variable(tf.constant(names, tf.string), trainable=False,
+                                    name="feature_names")
+    classes = pre.classes
+    mod.classes = tf.Variable(classes.astype(str) if classes.dtype.kind in "OUS"
+                              else classes.astype(np.int64), trainable=False, name="classes")
+    spec, to_x, doc = _input_graph(pre)
+
+    def make(aggregator: str):
+        def serve(features):
+            x = to_x(features)
+            stacked = tf.stack([m(x, training=False) for m in mod.members])
+            if not len(pre.classes):  # regression: ensemble.tasks.regression.tf_ops, target units
+                from ensemble.tasks.regression import tf_ops as RT
+
+                mu, sd = RT.mean_std(RT.aggregate_tf(stacked, aggregator,
+                                                     params.get(aggregator)))
+                return {"mean": mu, "std": sd,
+                        "member_mean": tf.transpose(stacked[..., 0]),
+                        "member_std": tf.transpose(tf.sqrt(stacked[..., 1]))}
+            probs = aggregate_tf(stacked, aggregator, params.get(aggregator))
+            index = tf.argmax(probs, axis=1)
+            return {"probabilities": probs, "labels": tf.gather(mod.classes, index),
+                    "class_index": index,
+                    "member_probabilities": tf.transpose(stacked, [1, 0, 2])}
+
+        serve.__doc__ = f"Ensemble ({aggregator}) prediction. {doc}"
+        return tf.function(serve, input_signature=[spec]).get_concrete_function()
+
+    sigs = {a: make(a) for a in aggregators}
+    sigs[DEFAULT_SIGNATURE] = sigs[default]
+    for a, fn in sigs.items():  # keep them reachable on the loaded object too
+        setattr(mod, "predict" if a == DEFAULT_SIGNATURE else f"predict_{a}", fn)
+    return mod, sigs
+
+
+def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
+               aggregator: str | None = None) -> Path:
+    """Write run `run_dir` as a SavedModel `out/<version>/` for TensorFlow Serving.
+
+    Args:
+        version: the version folder (an integer >= 1); default: 1 + the largest in `out`.
+        aggregator: the aggregator of `serving_default` (default: the run's first).
+
+    Returns:
+        The version folder.
+
+    Raises:
+        UsageError: the run is not completed or damaged, the
+            aggregator is not one of the run's, or `out/<version>` already exists.
+    """
+    from ensemble.tasks.classification.fitted import member_params
+    from ensemble.runs.posthoc import run_aggregators
+
+    run_dir, out = Path(run_dir), Path(out)
+    manifest = artifacts.read_manifest(run_dir)
+    run.require_completed(run_dir, manifest)
+    pre = Preprocessing.read(artifacts.verify(run_dir, manifest,
+                                              run_dir / artifacts.PREPROCESSING))
+    names, fit = run_aggregators(run_dir, manifest)
+    aggregator = aggregator or names[0]
+    if aggregator not in names:
+        raise UsageError(f"Expected --aggregator to be one of the run's aggregators "
+                         f"({', '.join(names)}). Received: {aggregator!r}")
+    if version is None:
+        version = next_version(out)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise UsageError(f"Expected `version` to be an integer >= 1. Received: {version!r}")
+    target = out / str(version)
+    if target.exists():
+        raise UsageError(f"{target} already exists; choose another --version (next free: "
+                         f"{next_version(out)}).")
+    import tensorflow as tf
+
+    from ensemble.models.members import load_run_member
+
+    n = len(manifest["members"])
+    params = member_params(fit, list(range(n)))
+    models = [load_run_member(run_dir, manifest, i, None) for i in range(n)]
+    out.mkdir(parents=True, exist_ok=True)
+    staging.sweep(out)  # versions staged by exports that were killed
+    tmp = staging.new_path(target, folder=True)
+    try:
+        texts = {FEATURES_ASSET: "\n".join(pre.columns) + "\n",
+                 CLASSES_ASSET: "\n".join(map(str, pre.classes.tolist())) + "\n"}
+        assets = tmp / "assets"
+        assets.mkdir()
+        for name, text in texts.items():
+            (assets / name).write_text(text)
+        mod, sigs = build_module(models, pre, names, params, aggregator)
+        mod.assets = [tf.saved_model.Asset(str(assets / name)) for name in texts]
+        tf.saved_model.save(mod, str(tmp / "model"), signatures=sigs)
+        staging.hold("export")  # test hook: written, not yet renamed into place
+        os.replace(tmp / "model", target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,149 @@
+"""Post hoc aggregation: ensemble rows, fitted parameters and the size curve from stored member
+predictions, for runs of either replication mode. Numpy, SciPy and scikit-learn only: this
+module never imports TensorFlow (`ensemble aggregate` runs without it).
+
+A *member table* is a predictions table's member rows (from `predictions.parquet` or the
+between-graph clients' `members/member-<i>.predictions.parquet` files, concatenated). The
+fitted aggregators see only its `validation` rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ensemble.core import artifacts
+from ensemble.tasks.classification import fitted
+from ensemble.tasks import tables
+from ensemble.tasks.classification.aggregators import FITTED
+from ensemble.data.sources import encode
+from ensemble.core.errors import UsageError
+
+SIZE_CURVE = "ensemble_size.parquet"
+
+
+@dataclass
+class SplitMembers:
+    """The member predictions of one split: `members` `[n_members]` indices (sorted),
+    `probs` `[n_members, n_rows, n_classes]`, `rows` `[n_rows]` source rows, `y` `[n_rows]`
+    class indices or None."""
+
+    members: list[int]
+    probs: np.ndarray
+    rows: np.ndarray
+    y: np.ndarray | None
+
+
+def member_rows(predictions: pa.Table) -> pa.Table:
+    """The member rows of a predictions table (ensemble rows dropped)."""
+    return predictions.filter(pc.is_valid(predictions.column("member")))
+
+
+def by_split(members_table: pa.Table) -> dict[str, SplitMembers]:
+    """Split a member table into `{split: SplitMembers}` (splits in table order).
+
+    Raises:
+        UsageError: members whose rows of a split do not line up (`source_row`).
+    """
+    classes = tables.classes_from(members_table)
+    out = {}
+    for split in dict.fromkeys(members_table.column("split").to_pylist()):
+        part = members_table.filter(pc.equal(members_table.column("split"), split))
+        members = sorted(set(part.column("member").to_pylist()))
+        probs, first = [], None
+        for m in members:
+            t = part.filter(pc.equal(part.column("member"), m))
+            t = t.take(pc.sort_indices(t.column("row")))
+            if first is None:
+                first = t
+            elif t.column("source_row") != first.column("source_row"):
+                raise UsageError(f"Rows of member {m} on split {split!r} do not match the other "
+                                 "members' rows.")
+            probs.append(tables.probabilities(t, classes))
+        y = first.column("y_true")
+        y = None if y.null_count else encode(y.to_numpy(zero_copy_only=False), classes)
+        out[split] = SplitMembers(members, np.stack(probs),
+                                  first.column("source_row").to_numpy(), y)
+    return out
+
+
+def fit(splits: dict[str, SplitMembers], names: Sequence[str],
+        settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Fit the fitted aggregators of `names` on the `validation` split only (see
+    `ensemble.tasks.classification.fitted.fit`); returns the content of `aggregators.json`.
+
+    Raises:
+        UsageError: no labelled validation split.
+    """
+    val = splits.get("validation")
+    if val is None or val.y is None:
+        raise UsageError("Fitting aggregators needs the members' labelled validation "
+                         "predictions; this run has none.")
+    if val.y.dtype.kind == "f":  # regression targets
+        from ensemble.tasks.regression import fitted as regression_fit
+
+        return regression_fit.fit(val.probs, val.y, names, val.members, settings)
+    return fitted.fit(val.probs, val.y, names, val.members, settings)
+
+
+def rebuild(splits: dict[str, SplitMembers], classes: np.ndarray, names: Sequence[str],
+            params: dict[str, Any] | None) -> pa.Table:
+    """Member rows and the numpy aggregators' ensemble rows of every split."""
+    parts = [tables.predictions_table(dict(zip(s.members, s.probs)), split, s.rows, s.y,
+                                      classes, names, params=params)
+             for split, s in splits.items()]
+    return pa.concat_tables(parts).replace_schema_metadata(parts[0].schema.metadata)
+
+
+def size_curve(splits: dict[str, SplitMembers], fit: dict[str, Any] | None,
+               settings: dict[str, Any] | None = None) -> pa.Table:
+    """`ensemble_size.parquet`: the curve of `tables.ensemble_size_table` on every labelled
+    split, the greedy order from `fit` (or greedy selection run on validation for it)."""
+    greedy = (fit or {}).get("params", {}).get("greedy")
+    val = splits.get("validation")
+    if greedy is None and val is not None and val.y is not None:
+        rounds = int((settings or {}).get("greedy_rounds", 20))
+        if val.y.dtype.kind == "f":  # regression
+            from ensemble.tasks.regression.fitted import greedy_selection
+        else:
+            greedy_selection = fitted.greedy_selection
+        greedy = greedy_selection(val.probs, val.y, rounds)
+    labelled = {k: s for k, s in splits.items() if s.y is not None}
+    return tables.ensemble_size_table({k: s.probs for k, s in labelled.items()},
+                                      {k: s.y for k, s in labelled.items()},
+                                      greedy["order"] if greedy else None)
+
+
+def run_aggregators(run_dir: str | Path, manifest: dict[str, Any]
+                    ) -> tuple[list[str], dict[str, Any] | None]:
+    """The aggregators a run applies and its fitted parameters: `aggregators.json` (checked
+    against the manifest's sha256) when the run has one, else the config's list.
+
+    Returns:
+        (aggregator names, the `aggregators.json` content or None).
+    """
+    path = Path(run_dir) / fitted.FILENAME
+    if path.is_file():
+        artifacts.verify(run_dir, manifest, path)
+        fit_ = fitted.read(run_dir)
+        return list(fit_["aggregators"]), fit_
+    from ensemble.tasks.regression import aggregators as regression
+
+    names = regression.task_aggregators(manifest["config"]["aggregation"]["aggregators"],
+                                        manifest.get("task", "classification"))
+    if set(names) & set(FITTED + regression.FITTED):
+        raise UsageError(f"Run {run_dir} names fitted aggregators but has no "
+                         f"{fitted.FILENAME}; run `ensemble aggregate --run {run_dir}`.")
+    return names, None
+
+
+def write_fit(run_dir: str | Path, fit_: dict[str, Any], splits: dict[str, SplitMembers],
+              settings: dict[str, Any] | None = None) -> None:
+    """Write `aggregators.json` and `ensemble_size.parquet` of a run (atomically)."""
+    fitted.write(run_dir, fit_)
+    artifacts.write_parquet(Path(run_dir) / SIZE_CURVE, size_curve(splits, fit_, settings))

@@ -1,0 +1,374 @@
+"""Preparing a run directory and keeping its manifest (shared by both replication modes).
+
+`prepare` loads and splits the data, fits the scaler, stores the scaled splits under `data/`,
+places the members and writes the first manifest (status `running`). Builders then train, and
+`finish` records the artifacts' sha256 and the final status.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import shutil
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from ensemble.core import artifacts
+from ensemble.data import sources as data
+from ensemble.core import runlock
+from ensemble.core import staging
+from ensemble.tasks import heads as tasks
+from ensemble.config.schema import Config, member_hparams
+from ensemble.replication.devices import build_info
+from ensemble.core.errors import UsageError
+from ensemble.models.members import member_seed
+from ensemble.replication.placement import place
+from ensemble.data.preprocessing import Preprocessing
+
+
+def run_id_for(run_dir: Path, cfg: Config) -> str:
+    """The run id of a run written to `run_dir`: its name when that is a default run id
+    (`artifacts/<run_id>`, chosen before the data were read), else a new one."""
+    import re
+
+    name = Path(run_dir).name
+    return name if re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", name) else new_run_id(cfg)
+
+
+def new_run_id(cfg: Config) -> str:
+    """`YYYYmmdd-HHMMSS-<first 6 hex of the config sha256>` (UTC)."""
+    return f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{cfg.sha256()[:6]}"
+
+
+def check_run_dir(run_dir: Path, overwrite: bool) -> None:
+    """Refuse to train into a directory that already holds a run, unless `overwrite`; with
+    `overwrite`, remove every file of the old run (the manifest last, so that a crash midway
+    still leaves a run directory that `--overwrite` clears). Call it holding the run lock.
+
+    Raises:
+        UsageError: `run_dir` holds a manifest (an interrupted or failed run: the message says
+        to `--resume` it first), or is a file.
+    """
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"Run directory {run_dir} is a file; expected a directory.")
+    if not (run_dir / artifacts.MANIFEST).exists():
+        return
+    if not overwrite:
+        try:
+            status = effective_status(artifacts.read_manifest(run_dir), run_dir)
+        except UsageError:
+            status = "damaged"
+        if status in ("interrupted", "failed", "prepared"):
+            raise UsageError(f"Run directory {run_dir} holds a run that is {status}; continue "
+                             f"it with `ensemble train --resume --run-dir {run_dir}`, or pass "
+                             "--overwrite to replace it (its checkpoints are lost).")
+        raise UsageError(f"Run directory {run_dir} already holds a run; "
+                         "pass --overwrite to replace it or choose another --run-dir.")
+    for entry in sorted(run_dir.iterdir()):
+        if entry.name in runlock.LOCK_FILES or entry.name == artifacts.MANIFEST:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    (run_dir / artifacts.MANIFEST).unlink()
+    artifacts.fsync_dir(run_dir)
+
+
+@contextmanager
+def writing(run_dir: Path, command: str) -> Iterator[None]:
+    """Hold the run lock for a training driver (`runlock.writing`); a run directory this call
+    created is removed again when the block fails before writing a manifest.
+
+    Raises:
+        UsageError: `run_dir` is a file, or another process holds the run (named).
+    """
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"Run directory {run_dir} is a file; expected a directory.")
+    created = not run_dir.exists()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"Cannot create run directory {run_dir}: {exc.strerror}") from None
+    try:
+        with runlock.writing(run_dir, command):
+            yield
+    except BaseException:
+        if created and not (run_dir / artifacts.MANIFEST).exists():
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
+def set_status(run_dir: Path, status: str, members: dict[int, str] | None = None) -> dict:
+    """Record the run's `status` (and members' statuses `{index: status}`) by a
+    read-modify-write of the manifest under its lock; returns the manifest."""
+    def change(m: dict) -> None:
+        m["status"] = status
+        for i, st in (members or {}).items():
+            m["members"][i]["status"] = st
+
+    return runlock.update_manifest(run_dir, change)
+
+
+@contextmanager
+def recording_outcome(run_dir: Path) -> Iterator[None]:
+    """Record how the work inside leaves the run: `interrupted` on SIGINT/SIGTERM
+    (`interrupt.Interrupted`, which then carries `run_dir` for its resume line), `failed` on
+    any other exception; the exception goes on."""
+    from ensemble.core import interrupt
+
+    try:
+        yield
+    except interrupt.Interrupted as exc:
+        _set_status_if_possible(run_dir, "interrupted")
+        exc.run_dir = run_dir
+        raise
+    except BaseException:
+        _set_status_if_possible(run_dir, "failed")
+        raise
+
+
+def _set_status_if_possible(run_dir: Path, status: str) -> None:
+    """`set_status`, unless the manifest itself cannot be written (a full disk): then it is
+    left as it was (`running` shows as `interrupted` once the lock is gone) and the original
+    error is the one reported."""
+    try:
+        set_status(run_dir, status)
+    except (OSError, RuntimeError):
+        pass
+
+def versions() -> dict[str, str | None]:
+    """Versions of Python and the libraries a run depends on, read from the installed
+    distributions' metadata (`importlib.metadata`): nothing is imported, so a process that
+    does not need TensorFlow or scikit-learn never loads them to record a version.
+    A library that is not installed (or installed under another distribution name) is None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import ensemble
+
+    def first(*names: str) -> str | None:
+        for name in names:
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                continue
+        return None
+
+    return {"python": platform.python_version(),
+            "tensorflow": first("tensorflow", "tensorflow-cpu", "tensorflow-macos",
+                                "tensorflow-intel", "tf-nightly"),
+            "keras": first("keras", "keras-nightly"), "numpy": first("numpy"),
+            "scikit-learn": first("scikit-learn"), "pyarrow": first("pyarrow"),
+            "joblib": first("joblib"), "ensemble": ensemble.__version__}
+
+
+def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
+            overwrite: bool = False, cluster: dict | None = None) -> dict[str, Any]:
+    """Create the run directory up to training: data splits, preprocessing, placement.
+
+    Args:
+        devices: canonical device names; members are placed on them round robin.
+        cluster: the cluster spec the devices belong to (recorded), or None.
+
+    Returns:
+        The manifest (also written to `run_dir/manifest.json`).
+
+    Raises:
+        UsageError: bad data or an existing run (see `check_run_dir`).
+    """
+    start = time.perf_counter()
+    check_run_dir(run_dir, overwrite)
+    ds = data.load(cfg.data)
+    task, target = resolve_task(cfg, ds.y)
+    rows, classes = data.split(ds, dataclasses.replace(cfg.data, task=task.name),
+                               cfg.data.split_seed)
+    pre = Preprocessing.fit(ds, rows["train"], classes, cfg.data.impute, cfg.data)
+    x, y = pre.transform(ds), data.encode(ds.y, classes)
+    if task.name == "regression":  # the target's standardisation, training split only
+        target.update(target_loc=float(y[rows["train"]].mean()),
+                      target_scale=float(y[rows["train"]].std()) or 1.0)
+        task = tasks.get("regression", loc=target["target_loc"],
+                         scale=target["target_scale"], loss=cfg.training.loss)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    artifacts.write_splits(run_dir, {s: x[r] for s, r in rows.items()},
+                           {s: y[r] for s, r in rows.items()}, rows)
+    artifacts.write_text(run_dir / artifacts.PREPROCESSING, pre.to_json())
+    manifest = new_manifest(cfg, mode, devices, pre, {
+        "name": ds.name, "source": cfg.data.source, "target": cfg.data.target,
+        "rows": {s: int(len(r)) for s, r in rows.items()}, "columns": list(ds.columns),
+        "sha256": ds.sha256(), **target}, cluster, task)
+    manifest["run_id"] = run_id_for(run_dir, cfg)  # the folder's name for a default run dir
+    manifest["timings"]["prepare_seconds"] = time.perf_counter() - start
+    manifest["artifacts"] = artifacts.artifact_hashes(run_dir)  # the splits, preprocessing
+    artifacts.write_manifest(run_dir, manifest)
+    return manifest
+
+
+def resolve_task(cfg: Config, y) -> tuple[Any, dict[str, Any]]:
+    """The run's task object for targets `y` (`tasks.resolve` of `[data] task`) and the
+    dataset entries it adds to the manifest; checks the aggregators and `training.loss`
+    against it.
+
+    Raises:
+        UsageError: an ambiguous target, an aggregator or loss of the other task (one line).
+    """
+    from ensemble.tasks.regression import aggregators as regression
+
+    name = tasks.resolve(y, cfg.data.task, cfg.data.source)
+    regression.check_aggregators(
+        regression.task_aggregators(cfg.aggregation.aggregators, name), name)
+    loss = cfg.training.loss
+    if (name == "regression") == (loss == "cross_entropy") and loss != "auto":
+        raise UsageError(f"`training.loss = \"{loss}\"` does not fit a {name} run; expected "
+                         + ("gaussian_nll or mse." if name == "regression" else
+                            "cross_entropy (or auto)."))
+    return tasks.get(name) if name != "regression" else tasks.get(
+        name, loss=loss), {"task": name}
+
+
+def new_manifest(cfg: Config, mode: str, devices: list[str], pre: Preprocessing,
+                 dataset: dict[str, Any], cluster: dict | None = None,
+                 task=None) -> dict[str, Any]:
+    """The first manifest of a run (status `running`): config, `dataset` (plus the feature
+    names, classes and input shape of `pre`), the task, the model (builder, params and the
+    sha256 of each builder's source file, None for a built-in), members placed on `devices`
+    by `placement.strategy` with their seeds, hyperparameters and FLOPs per row (from the
+    built model: `cost.member_costs`, which also checks the builders), versions. Shared by
+    `prepare` and runs built from arrays (`ensemble.runs.arrays`).
+
+    Raises:
+        UsageError: a bad builder or optimiser.
+    """
+    from ensemble.models import builders
+    from ensemble.models import cost
+    from ensemble.models.optimizer import check_optimizer
+
+    task = task or tasks.get()
+    hparams = [member_hparams(cfg, i) for i in range(cfg.members.count)]
+    check_optimizer(cfg.training.optimizer, cfg.training.optimizer_params)
+    flops = cost.member_costs(hparams, pre.input_shape, task.n_outputs(len(pre.classes)), task)
+    placement, replicas = _placement(cfg, devices, flops)
+    model = {"builder": cfg.model.builder, "params": cfg.model.params,
+             "builders": {b: builders.source_sha256(b)
+                          for b in dict.fromkeys(h["builder"] for h in hparams)}}
+    return {
+        "run_id": new_run_id(cfg), "mode": mode, "status": "running",
+        "pid": os.getpid(), "host": socket.gethostname(),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": cfg.to_dict(), "config_sha256": cfg.sha256(),
+        "dataset": {**dataset, "feature_names": pre.output_names,
+                    "classes": pre.classes.tolist(), "input_shape": list(pre.input_shape)},
+        "task": task.name, "model": model,
+        "devices": list(devices), "cluster": cluster,
+        "placement": {"strategy": cfg.placement.strategy, "replicas": len(replicas[0])},
+        "members": [{"index": i, "seed": member_seed(cfg.training.seed, i), "device": d,
+                     "replicas": replicas[i],
+                     "status": "pending", "hparams": hparams[i], "flops_per_row": flops[i]}
+                    for i, d in enumerate(placement)],
+        "versions": versions(),
+        # the build is TensorFlow's to tell: recorded here when this process has loaded it
+        # (in-graph), else from the first between-graph client's report
+        "tensorflow_build": build_info() if "tensorflow" in sys.modules else None,
+        "timings": {},
+    }
+
+
+def _placement(cfg: Config, devices: list[str], flops: list) -> tuple[list[str], list[list[str]]]:
+    """(each member's device, each member's replica devices): one device per member by
+    `placement.strategy`, or with `placement.replicas` > 1 `placement.replica_devices`
+    (replica 0, the member's home device, round robin).
+
+    Raises:
+        UsageError: replicas not in 1..len(devices), or replicas with `balanced`.
+    """
+    from ensemble.replication.placement import replica_devices
+
+    groups = replica_devices(cfg.members.count, devices, cfg.placement.replicas)
+    if len(groups[0]) == 1:
+        placement = place(cfg.members.count, devices, cfg.placement.strategy, flops)
+        return placement, [[d] for d in placement]
+    if cfg.placement.strategy != "round-robin":
+        raise UsageError(f"placement.strategy {cfg.placement.strategy!r} places one device per "
+                         "member; with --replicas > 1 use round-robin")
+    return [g[0] for g in groups], groups
+
+
+def finish(run_dir: Path, manifest: dict[str, Any], status: str, **timings: float) -> None:
+    """Record the final status, timings (seconds) and every artifact's sha256."""
+    manifest["status"] = status
+    manifest["timings"].update(timings)
+    manifest["artifacts"] = artifacts.artifact_hashes(run_dir)
+    artifacts.write_manifest(run_dir, manifest)
+
+
+def effective_status(manifest: dict[str, Any], run_dir: str | Path | None = None) -> str:
+    """The run status, with `running` turned into `interrupted` when no process holds the
+    run's lock (`run_dir` given) or the recorded driver process (on this host) is gone."""
+    status = manifest.get("status", "unknown")
+    if status != "running":
+        return status
+    if run_dir is not None and not runlock.is_held(run_dir):
+        return "interrupted"
+    if manifest.get("host") == socket.gethostname() and not staging.is_alive(int(manifest.get("pid", -1))):
+        return "interrupted"
+    return status
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two config dicts."""
+    keys = sorted(set(old) | set(new))
+    out = []
+    for k in keys:
+        a, b, name = old.get(k), new.get(k), f"{prefix}{k}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_changes(a, b, name + ".")
+        elif a != b:
+            out.append(f"{name}: {a!r} -> {b!r}")
+    return out
+
+
+def reopen(run_dir: Path, cfg: Config, mode: str) -> dict[str, Any]:
+    """Reopen an interrupted, failed or prepared run for `--resume`; marks it running again.
+    Call it holding the run lock: a `running` status then means its driver died.
+
+    Raises:
+        UsageError: not a run, another mode, completed, or a config whose sha256 differs from
+        the run's (names the changed keys).
+    """
+    manifest = artifacts.read_manifest(run_dir)
+    if manifest["mode"] != mode:
+        raise UsageError(f"Run {run_dir} was trained with --mode {manifest['mode']}; "
+                         f"resume it with that mode, not {mode}.")
+    if manifest.get("status") == "completed":
+        raise UsageError(f"Run {run_dir} is already completed; nothing to resume.")
+    if cfg.sha256() != manifest["config_sha256"]:
+        changes = config_changes(manifest["config"], cfg.to_dict())
+        raise UsageError(f"Config changed since run {run_dir} started ({'; '.join(changes)}); "
+                         "resume needs the same config.")
+    manifest.update(status="running", pid=os.getpid(), host=socket.gethostname())
+    artifacts.write_manifest(run_dir, manifest)
+    return manifest
+
+
+def member_files(run_dir: Path, index: int) -> list[Path]:
+    """The files a completed member leaves in `members/`."""
+    return [artifacts.member_model_path(run_dir, index),
+            artifacts.member_history_path(run_dir, index),
+            artifacts.member_predictions_path(run_dir, index)]
+
+
+def require_completed(run_dir: Path, manifest: dict[str, Any]) -> None:
+    """Raises UsageError unless the run is completed (names its status and the fix)."""
+    status = effective_status(manifest, run_dir)
+    if status != "completed":
+        hint = ("resume it with `ensemble train --resume --run-dir "
+                f"{run_dir}`" if status in ("interrupted", "failed", "prepared")
+                else "wait for it")
+        raise UsageError(f"Run {run_dir} is {status}, not completed; {hint}.")

@@ -1,0 +1,140 @@
+"""`members.parquet`: one row per member of a run, its hyperparameters next to its cost and
+its validation scores, and its weight in the greedy selection.
+
+Built from the run's own files (manifest, `predictions.parquet`, `history.parquet`,
+`aggregators.json`), so both replication modes and `ensemble aggregate` write the same table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ensemble.core import artifacts
+from ensemble.config import schema as config
+from ensemble.tasks.classification import fitted
+from ensemble.tasks.classification import metrics
+from ensemble.runs import posthoc
+from ensemble.tasks import heads as tasks
+from ensemble.replication.placement import mlp_flops
+
+MEMBERS_TABLE = "members.parquet"
+
+
+def parameter_count(n_features: int, hidden: list[int], n_classes: int) -> int:
+    """Trainable parameters of an MLP: `sum(w_in * w_out + w_out)` over its Dense layers."""
+    widths = [n_features, *hidden, n_classes]
+    return int(sum(a * b + b for a, b in zip(widths, widths[1:])))
+
+
+def _of(value, kind):
+    """`value` when it fits the column (`list` of ints, `str`, `float`), else None: other
+    builders' parameters of the same names may be anything."""
+    if kind is list:
+        ok = isinstance(value, (list, tuple)) and all(
+            isinstance(w, int) and not isinstance(w, bool) for w in value)
+        return list(value) if ok else None
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return float(value) if ok else None
+    return value if isinstance(value, kind) else None
+
+
+def _hparams(entry: dict, cfg) -> dict:
+    """A member's `{"builder", "params", "learning_rate"}`: its manifest entry's, or for
+    runs from before builders (flat MLP keys), or without any, from the config."""
+    h = entry.get("hparams") or config.member_hparams(cfg, entry["index"])
+    if "builder" not in h:
+        h = {"builder": "mlp", "learning_rate": h["learning_rate"],
+             "params": {k: v for k, v in h.items() if k != "learning_rate"}}
+    return h
+
+
+def _val_nll(y, outputs, n_classes: int) -> float | None:
+    """A member's validation NLL: of the true class, or (a regression run, no classes) the
+    Gaussian NLL of its `[n_rows, 2]` mean and variance (None for a point member)."""
+    if n_classes:
+        return metrics.nll(y, outputs)
+    from ensemble.tasks.regression import metrics as regression_metrics
+
+    return regression_metrics.nll(y, outputs[:, 0], outputs[:, 1] ** 0.5)
+
+
+def members_table(run_dir: str | Path, manifest: dict[str, Any],
+                  val: "posthoc.SplitMembers | None" = None) -> pa.Table:
+    """The members table of a run whose predictions, history and aggregators are written.
+
+    Columns: `member`, `seed`, `builder`, `params` (the builder's parameters as JSON),
+    `hidden` (list of widths), `activation`, `dropout`, `l2` (the MLP's; null for other
+    builders that do not take them), `learning_rate`, `flops_per_row` (`cost.member_flops`),
+    `parameters` (trainable, the MLP's by formula; null for other builders), `device`,
+    `train_seconds` (sum of its epochs' wall seconds; in-graph the members of the one graph
+    share them), `val_nll`, `val_accuracy` (the trained member on the validation split;
+    regression: Gaussian NLL, accuracy null),
+    `weight` (its weight in the `greedy` selection, 0 when not selected; null when the run
+    fits no `greedy`) and, in a stratified search run, `candidate` (the candidate whose
+    hyperparameters it repeats with a new seed).
+
+    `val`: the members' validation predictions when the caller holds them (the same as the
+    member rows of `predictions.parquet`'s validation split), which saves reading them back.
+    """
+    run_dir = Path(run_dir)
+    if val is None:
+        preds = artifacts.read_parquet(run_dir / artifacts.PREDICTIONS)
+        val = posthoc.by_split(posthoc.member_rows(preds)).get("validation")
+    history = artifacts.read_parquet(run_dir / artifacts.HISTORY).to_pylist()
+    fit = fitted.read(run_dir) or {}
+    greedy = fit.get("params", {}).get("greedy")
+    weights = dict(zip(fit.get("members", []), greedy["weights"])) if greedy else {}
+    n_features = len(manifest["dataset"]["feature_names"])
+    n_classes = len(manifest["dataset"]["classes"])
+    n_out = n_classes or tasks.for_run(manifest).n_outputs()  # regression: 2 (mse: 1)
+    source = (manifest.get("search") or {}).get("candidate")
+    cfg = config.from_dict(manifest["config"])
+    rows = []
+    for m in manifest["members"]:
+        i = m["index"]
+        h = _hparams(m, cfg)
+        p, mlp = h["params"], h["builder"] == "mlp"
+        pos = val.members.index(i) if val is not None and i in val.members else None
+        hidden = _of(p.get("hidden", () if mlp else None), list)
+        row = {"member": i, "seed": m["seed"], "builder": h["builder"],
+               "params": json.dumps(p, sort_keys=True), "hidden": hidden,
+               "activation": _of(p.get("activation"), str),
+               "dropout": _of(p.get("dropout"), float),
+               "learning_rate": h["learning_rate"],
+               "l2": _of(p.get("l2", 0.0 if mlp else None), float),
+               "flops_per_row": m.get("flops_per_row",
+                                      mlp_flops(n_features, hidden, n_out) if mlp else None),
+               "parameters": parameter_count(n_features, hidden, n_out) if mlp else None,
+               "device": m["device"],
+               "train_seconds": sum(r["seconds"] for r in history if r["member"] == i),
+               "val_nll": None if pos is None else _val_nll(val.y, val.probs[pos], n_classes),
+               "val_accuracy": None if pos is None or not n_classes
+               else metrics.accuracy(val.y, val.probs[pos]),
+               "weight": weights.get(i, 0.0) if greedy else None}
+        if source is not None:
+            row["candidate"] = source[i]
+        rows.append(row)
+    schema = [("member", pa.int32()), ("seed", pa.int64()), ("builder", pa.string()),
+              ("params", pa.string()), ("hidden", pa.list_(pa.int64())),
+              ("activation", pa.string()), ("dropout", pa.float64()),
+              ("learning_rate", pa.float64()), ("l2", pa.float64()),
+              ("flops_per_row", pa.int64()), ("parameters", pa.int64()), ("device", pa.string()),
+              ("train_seconds", pa.float64()), ("val_nll", pa.float64()),
+              ("val_accuracy", pa.float64()), ("weight", pa.float64())]
+    if source is not None:
+        schema.append(("candidate", pa.int32()))
+    return pa.Table.from_pylist(rows, schema=pa.schema(schema))
+
+
+def write_members(run_dir: str | Path, manifest: dict[str, Any],
+                  val: "posthoc.SplitMembers | None" = None) -> Path:
+    """Write the run's `members.parquet` (atomically; `val` as in `members_table`). Returns
+    its path."""
+    path = Path(run_dir) / MEMBERS_TABLE
+    artifacts.write_parquet(path, members_table(run_dir, manifest, val))
+    return path

@@ -1,0 +1,72 @@
+"""A search run's selection against its references (`ensemble evaluate` of an `ensemble search`
+run): pure analysis of the stored member predictions, no training.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ensemble.tasks.classification import aggregators as aggregate
+from ensemble.core import artifacts
+from ensemble.tasks.classification import metrics
+from ensemble.runs import posthoc
+from ensemble.core.errors import UsageError
+
+
+def selected(run_dir: Path) -> dict[int, float]:
+    """`{member index: greedy weight}` of the members a run's greedy selection kept."""
+    from ensemble.tasks.classification import fitted
+
+    fit = fitted.read(run_dir) or {}
+    greedy = fit.get("params", {}).get("greedy")
+    if greedy is None:
+        raise UsageError(f"Run {run_dir} has no greedy selection in {fitted.FILENAME}.")
+    return {i: w for i, w in zip(fit["members"], greedy["weights"]) if w > 0}
+
+
+def _split_probs(run_dir: Path) -> dict[str, posthoc.SplitMembers]:
+    manifest = artifacts.read_manifest(run_dir)
+    preds = artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS)
+    return posthoc.by_split(posthoc.member_rows(artifacts.read_parquet(preds)))
+
+
+def comparison(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The search's selection against its references on every labelled split: the plain
+    ensemble of the same size budget (the mean of the first K candidates, K = `--select`:
+    random hyperparameters, no selection) and the best single candidate (lowest validation
+    NLL).
+
+    Returns:
+        Rows `{split, model, n_members, accuracy, nll, brier, ece}`; [] for a run that is
+        not a search.
+    """
+    run_dir = Path(run_dir)
+    info = artifacts.read_manifest(run_dir).get("search")
+    if not info:
+        return []
+    weights = selected(run_dir)
+    own = _split_probs(run_dir)
+    cands = _split_probs(run_dir / info["candidates_run"]) if info.get("candidates_run") else own
+    n, k = len(weights), min(int(info["select"]), len(cands["validation"].members))
+    val = cands["validation"]
+    best = val.members[int(np.argmin([metrics.nll(val.y, p) for p in val.probs]))]
+    out = []
+    for split in ("validation", "test"):
+        if split not in own or own[split].y is None:
+            continue
+        s, c = own[split], cands[split]
+        if not np.array_equal(s.rows, c.rows):
+            raise UsageError(f"The candidates' {split} rows differ from the run's.")
+        w = [weights.get(i, 0.0) for i in s.members]
+        firsts = [j for j, i in enumerate(c.members) if i < k]
+        models = [(f"selected (greedy, {n} of {len(s.members)})", n,
+                   aggregate.weighted(s.probs, w)),
+                  (f"mean of first {k} candidates", k,
+                   aggregate.soft_vote(c.probs[firsts])),
+                  (f"best candidate (member-{best})", 1, c.probs[c.members.index(best)])]
+        out += [{"split": split, "model": name, "n_members": k, **metrics.all_metrics(s.y, p)}
+                for name, k, p in models]
+    return out

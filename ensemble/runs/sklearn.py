@@ -1,0 +1,323 @@
+"""`DeepEnsembleClassifier`: a deep ensemble as a scikit-learn classifier.
+
+    from ensemble.sklearn import DeepEnsembleClassifier
+    clf = DeepEnsembleClassifier(n_members=4, epochs=20, random_state=0).fit(X, y)
+    clf.predict_proba(X_new)            # [n_rows, n_classes]: the aggregator's probabilities
+    clf.save("runs/clf"); DeepEnsembleClassifier.load("runs/clf")   # a run directory
+
+Its parameters mirror the config (`n_members` is `members.count`, `random_state` is
+`training.seed`, ...) and it trains through the CLI's blocks: the same standardisation
+(`preprocessing.Preprocessing`), seeds, placement, per-member step and aggregators (the
+TensorFlow twins in the prediction graph, fitted ones fitted on `validation_data` only).
+`mode="in-graph"` (default) trains in this process, re-using the traced graphs of earlier fits
+of the same architecture (`ensemble.replication.graph_cache`); `mode="between-graph"` writes a run directory
+and trains every member in a client process (`ensemble.runs.between`, imported only then: process
+launching is composition, which lives in `pipelines/`; this module is otherwise a block).
+
+Fitted state is plain numpy (weights, scaler, classes, aggregator parameters), so pickling works
+and stores exactly that; `save(path)` writes a run directory that `load`, `ensemble.load_run`
+and `ensemble predict --run` read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils import check_random_state
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from ensemble.models import builders
+from ensemble.config import schema as config
+from ensemble.runs import arrays as run_arrays
+from ensemble.tasks.classification.aggregators import FITTED
+from ensemble.config.schema import MODES
+from ensemble.core.errors import UsageError
+
+# estimator parameter -> config key (messages of config validation name the parameter)
+PARAMS = {"n_members": "members.count", "hidden": "members.hidden",
+          "activation": "members.activation", "dropout": "members.dropout",
+          "epochs": "training.epochs", "batch_size": "training.batch_size",
+          "learning_rate": "training.learning_rate", "random_state": "training.seed",
+          "devices": "placement.devices", "aggregator": "aggregation.aggregators",
+          "model": "model.builder", "model__": "model.params."}
+ROUTED = "model__"  # `model__<name>=value`: keyword argument <name> of the builder (SciKeras)
+
+
+def _plain_dict(params: dict) -> dict:
+    return {k: _plain(v) for k, v in params.items()}
+
+
+def _plain(value):
+    """numpy scalars (from parameter grids) as Python values, tuples as lists."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (tuple, list, np.ndarray)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class RoutedParams:
+    """Builder parameters routed as SciKeras does: `model__<name>=value` is keyword argument
+    `<name>` of the estimator's builder; shared by `DeepEnsembleClassifier` and
+    `DeepEnsembleRegressor`. Unexpected keywords are refused by `fit`, not by `__init__` or
+    `set_params` (scikit-learn: no validation there)."""
+
+    def _take_routed(self, kwargs: dict) -> None:
+        """Keep the `model__<name>` entries of `kwargs` as attributes (in `__init__`)."""
+        self._unexpected = [k for k in kwargs if not k.startswith(ROUTED) or k == ROUTED]
+        for key, value in kwargs.items():
+            if key not in self._unexpected:
+                setattr(self, key, value)
+
+    def _routed(self) -> dict:
+        """The builder parameters `{name: value}` given as `model__<name>`."""
+        return {k[len(ROUTED):]: v for k, v in vars(self).items()
+                if k.startswith(ROUTED) and not k.endswith("_")}
+
+    def get_params(self, deep=True):
+        """The estimator's parameters, the routed `model__<name>` ones included."""
+        params = super().get_params(deep=deep)
+        params.update({ROUTED + k: v for k, v in self._routed().items()})
+        return params
+
+    def set_params(self, **params):
+        """Set parameters; any `model__<name>` is accepted (a builder parameter)."""
+        for key in [k for k in params if k.startswith(ROUTED) and k != ROUTED]:
+            setattr(self, key, params.pop(key))
+        known = set(super().get_params(deep=True))
+        self._unexpected = [k for k in params if k not in known and "__" not in k]
+        return super().set_params(**{k: v for k, v in params.items()
+                                     if k not in self._unexpected})
+
+
+class DeepEnsembleClassifier(RoutedParams, ClassifierMixin, BaseEstimator):
+    """A deep ensemble (Lakshminarayanan et al. 2017) of any Keras model as a scikit-learn
+    classifier; defaults are those of the config (`configs/digits.toml`).
+
+    Args:
+        model: the members' builder (`model.builder`): `"mlp"` (default), `"cnn"`, an import
+            string (`"package.module:function"`, `"path/file.py:function"`) or the function
+            itself, `build(input_shape, n_outputs, *, seed, **params) -> keras.Model` of
+            logits. `mode="between-graph"` needs a module-level (importable) function.
+        **model__<name>: keyword argument `<name>` of the builder (routed as SciKeras does),
+            so `GridSearchCV(clf, {"model__width": [8, 16]})` searches it.
+        n_members: ensemble members (`members.count`).
+        hidden, activation, dropout: the built-in MLP's parameters (used with `model="mlp"`).
+        hidden: hidden layer widths of every member (`members.hidden`).
+        activation: `relu`, `tanh`, `gelu`, `elu`, `sigmoid` or `swish`.
+        dropout: dropout rate in [0, 1) after every hidden layer.
+        epochs, batch_size, learning_rate: Adam training of every member.
+        random_state: run seed: an int >= 0 (`--seed`), a `RandomState` or None (a fresh seed
+            drawn per fit). Member `k`'s initialisation and batch order depend only on
+            (seed, k).
+        mode: `in-graph` (one graph, this process) or `between-graph` (a client process per
+            device, through a run directory).
+        devices: `auto`, `cpu:N` or device names such as `/GPU:0,/GPU:1` (`--devices`).
+        aggregator: how `predict_proba` combines the members: `mean` (soft voting), `vote`,
+            `geometric`, or a fitted one (`weighted`, `greedy`, `stacking`, `temperature`),
+            which needs `fit(..., validation_data=...)`.
+        run_dir: keep the run directory of each fit here (replaced by the next fit); None:
+            in-graph fits write none, between-graph fits use a temporary one.
+
+    Attributes:
+        classes_: `[n_classes]` labels. n_features_in_, feature_names_in_: the input columns.
+        member_weights_: `[n_members]` lists of each member's weight arrays.
+        preprocessing_: the fitted `Preprocessing` (mean and scale of every column).
+        aggregators_: `aggregators.json` content of a fitted aggregator, else None.
+        history_: pandas DataFrame, one row per member and epoch (loss, val_loss, ...; val_*
+            NaN without `validation_data`).
+        config_: the resolved `Config`. seed_: the run seed used. devices_: member devices.
+        aggregator_: the aggregator `predict_proba` applies. n_rows_: rows per split
+            (`train`, and `validation` with `validation_data`).
+
+    Like `ensemble train` (`training.deterministic`), fitting turns on TensorFlow's op
+    determinism for the whole process, so equal seeds give equal members.
+    """
+
+    def __init__(self, n_members=4, hidden=(256, 128), activation="relu", dropout=0.1,
+                 epochs=30, batch_size=32, learning_rate=1e-3, random_state=None,
+                 mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
+                 model="mlp", **kwargs):
+        self.model = model
+        self._take_routed(kwargs)
+        self.n_members = n_members
+        self.hidden = hidden
+        self.activation = activation
+        self.dropout = dropout
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.random_state = random_state
+        self.mode = mode
+        self.devices = devices
+        self.aggregator = aggregator
+        self.run_dir = run_dir
+
+    def _builder(self) -> str:
+        if getattr(self, "_unexpected", None):
+            raise ValueError(f"DeepEnsembleClassifier got an unexpected keyword argument "
+                             f"{self._unexpected[0]!r}; builder parameters are passed as "
+                             "model__<name>.")
+        try:
+            spec = builders.spec_of(self.model)
+        except UsageError as exc:
+            raise ValueError(str(exc)) from None
+        if self.mode == "between-graph" and not builders.importable(spec):
+            raise ValueError(f"mode='between-graph' trains in client processes, which import "
+                             f"the builder by name; model={self.model!r} is not importable "
+                             "(define it at module level in an importable module or file, or "
+                             "pass 'package.module:function').")
+        return spec
+
+    def _attach_builder(self) -> None:
+        """A fitted (or unpickled) estimator's process-local builder, found again under the
+        name its config records (`builders.register`)."""
+        spec = self.config_.model.builder
+        if callable(self.model) and not builders.importable(spec):
+            builders.register(spec, self.model)
+
+    def _config(self, seed: int) -> config.Config:
+        """The run's `Config`; raises ValueError naming the estimator parameter."""
+        if self.mode not in MODES:
+            raise ValueError(f"Expected `mode` to be one of {', '.join(MODES)}. "
+                             f"Received: mode={self.mode!r}")
+        builder = self._builder()
+        if not isinstance(self.aggregator, str):
+            raise ValueError(f"Expected `aggregator` to be one aggregator name. "
+                             f"Received: aggregator={self.aggregator!r}")
+        hidden = self.hidden if isinstance(self.hidden, (tuple, list, np.ndarray)) \
+            else [self.hidden]
+        table = {"members": {"count": _plain(self.n_members), "hidden": _plain(hidden),
+                             "activation": self.activation, "dropout": _plain(self.dropout)},
+                 "training": {"epochs": _plain(self.epochs), "batch_size": _plain(self.batch_size),
+                              "learning_rate": _plain(self.learning_rate), "seed": seed},
+                 "placement": {"devices": self.devices},
+                 "aggregation": {"aggregators": [self.aggregator]},
+                 "model": {"builder": builder, "params": _plain_dict(self._routed())}}
+        try:
+            return config.from_dict(table)
+        except UsageError as exc:
+            text = str(exc)
+            for param, key in PARAMS.items():
+                text = text.replace(f"`{key}", f"`{param}").replace(f"{key}=", f"{param}=")
+            raise ValueError(text) from None
+
+    def _seed(self) -> int:
+        rs = self.random_state
+        if isinstance(rs, (int, np.integer)) and not isinstance(rs, bool):
+            return int(rs)  # negative: refused by the config check, naming random_state
+        return int(check_random_state(rs).randint(np.iinfo(np.int32).max))
+
+    def fit(self, X, y, validation_data=None):
+        """Train the members on every row of `X` `[n_rows, n_features]`, labels `y`.
+
+        Args:
+            validation_data: optional `(X_val, y_val)`: per-epoch `val_loss` and
+                `val_accuracy` in `history_`, and the rows a fitted aggregator is fitted on.
+
+        Returns:
+            self.
+
+        Raises:
+            ValueError: bad parameters, data or labels (fewer than 2 classes; validation
+            labels unseen in `y`; a fitted aggregator without `validation_data`).
+        """
+        X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], allow_nd=True)
+        check_classification_targets(y)
+        classes, y_idx = np.unique(y, return_inverse=True)
+        if len(classes) < 2:
+            raise ValueError(f"DeepEnsembleClassifier needs at least 2 classes in y; "
+                             f"received 1 class: {classes[0]!r}")
+        cfg = self._config(self._seed())
+        val = None
+        if validation_data is not None:
+            val = self._validation(validation_data, classes)
+        elif self.aggregator in FITTED:
+            raise ValueError(f"aggregator={self.aggregator!r} is fitted on validation data: "
+                             "pass fit(X, y, validation_data=(X_val, y_val))")
+        names = list(getattr(self, "feature_names_in_", [f"x{i}" for i in range(X.shape[1])]))
+        pre = run_arrays.fit_preprocessing(X, y_idx, classes, names)
+        x = pre.transform(run_arrays.dataset(X, names))
+        if val is not None:
+            val = (pre.transform(run_arrays.dataset(val[0], names)), val[1])
+        fitted = (run_arrays.train_between_graph if self.mode == "between-graph"
+                  else run_arrays.train_in_graph)(cfg, x, y_idx, val, pre, self.run_dir)
+        self.classes_, self.preprocessing_, self.config_ = classes, pre, cfg
+        self.seed_, self.aggregator_ = cfg.training.seed, self.aggregator
+        self.n_rows_ = {"train": len(x), **({"validation": len(val[0])} if val else {})}
+        self.devices_ = fitted["devices"]
+        self.member_weights_ = fitted["weights"]
+        self.aggregators_ = fitted["aggregators"]
+        self.history_ = fitted["history"]
+        if self.run_dir is not None and self.mode == "in-graph":
+            self.save(self.run_dir, overwrite=True)
+        return self
+
+    def _validation(self, validation_data, classes):
+        try:
+            x_val, y_val = validation_data
+        except (TypeError, ValueError):
+            raise ValueError("Expected `validation_data` to be a pair (X_val, y_val). "
+                             f"Received: {type(validation_data).__name__}") from None
+        x_val = validate_data(self, x_val, reset=False, dtype=[np.float64, np.float32], allow_nd=True)
+        y_val = np.asarray(y_val)
+        if y_val.ndim != 1 or len(y_val) != len(x_val):
+            raise ValueError(f"Expected y_val of shape ({len(x_val)},). Received: "
+                             f"shape {y_val.shape}")
+        unknown = sorted(set(y_val.tolist()) - set(classes.tolist()), key=str)
+        if unknown:
+            raise ValueError(f"validation_data labels {unknown[:5]} are not in y's classes "
+                             f"{classes.tolist()[:10]}")
+        return x_val, np.searchsorted(classes, y_val).astype(np.int32)
+
+    def predict_proba(self, X) -> np.ndarray:
+        """The aggregator's class probabilities `[n_rows, n_classes]` (float64, rows sum to
+        1; for `vote` the share of member votes), columns in the order of `classes_`."""
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32], allow_nd=True)
+        x = self.preprocessing_.transform(run_arrays.dataset(X, list(
+            getattr(self, "feature_names_in_", self.preprocessing_.feature_names))))
+        self._attach_builder()
+        p = run_arrays.predict(self, x).astype(np.float64)
+        return p / p.sum(axis=1, keepdims=True)
+
+    def predict_members(self, X) -> np.ndarray:
+        """Every member's probabilities `[n_members, n_rows, n_classes]` (float32)."""
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32], allow_nd=True)
+        x = self.preprocessing_.transform(run_arrays.dataset(X, list(
+            getattr(self, "feature_names_in_", self.preprocessing_.feature_names))))
+        self._attach_builder()
+        return run_arrays.predict(self, x, members=True)
+
+    def predict(self, X) -> np.ndarray:
+        """Labels `[n_rows]` from `classes_`: the most probable class (ties to the first)."""
+        proba = self.predict_proba(X)  # first: it checks that the estimator is fitted
+        return self.classes_[np.argmax(proba, axis=1)]
+
+    def save(self, path, overwrite: bool = False) -> Path:
+        """Write the fitted ensemble as a run directory (manifest, `members/member-<i>.keras`,
+        `preprocessing.json`, `aggregators.json` when fitted, `history.parquet`).
+
+        Raises:
+            ValueError (UsageError): `path` holds a run and not `overwrite`, or is a file.
+        """
+        check_is_fitted(self)
+        return run_arrays.save(self, Path(path), overwrite)
+
+    @classmethod
+    def load(cls, path) -> "DeepEnsembleClassifier":
+        """A fitted estimator from a run directory written by `save` or by `ensemble train`
+        (all-numeric input columns; its parameters are the run's config).
+
+        Raises:
+            ValueError (UsageError): not a completed run, a damaged artifact, or a run with
+            categorical columns (use `ensemble.load_run(path).predict(DataFrame)`).
+        """
+        return run_arrays.load(cls, Path(path))
+
+
+__all__ = ["DeepEnsembleClassifier", "RoutedParams"]

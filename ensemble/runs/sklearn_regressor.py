@@ -1,0 +1,186 @@
+"""`DeepEnsembleRegressor`: a regression deep ensemble as a scikit-learn regressor.
+
+    from ensemble.sklearn import DeepEnsembleRegressor
+    reg = DeepEnsembleRegressor(n_members=5, epochs=40, random_state=0).fit(X, y)
+    mean, std = reg.predict(X_new, return_std=True)   # as GaussianProcessRegressor
+    reg.save("runs/reg"); DeepEnsembleRegressor.load("runs/reg")
+
+Gaussian members (Lakshminarayanan et al. 2017): each predicts a mean and a variance and
+trains on the Gaussian NLL of the target standardised on the training rows (`loss="mse"`:
+point members); `predict` returns the mixture's mean, `return_std` its standard deviation,
+both in the target's units. The parameters, modes, builders (`model=`, `model__<name>`) and
+the persistence are those of `DeepEnsembleClassifier`, whose helpers this class shares; the
+training itself runs through the same blocks (`ensemble.runs.arrays`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from ensemble.tasks.regression import aggregators as regression
+from ensemble.runs import arrays as run_arrays
+from ensemble.runs.sklearn import DeepEnsembleClassifier, RoutedParams
+
+FITTED = ("weighted", "greedy", "std-scaling")
+
+
+class DeepEnsembleRegressor(RoutedParams, RegressorMixin, BaseEstimator):
+    """A deep ensemble of Gaussian members as a scikit-learn regressor.
+
+    Args:
+        model, model__<name>, n_members, hidden, activation, dropout, epochs, batch_size,
+            learning_rate, random_state, mode, devices, run_dir: as `DeepEnsembleClassifier`.
+        aggregator: `mean` (the moment-matched mixture), or fitted on `validation_data`:
+            `weighted`, `greedy`, `std-scaling`.
+        loss: `gaussian_nll` (members predict a variance) or `mse` (point members: the
+            ensemble's std is then the members' spread alone).
+
+    Attributes:
+        target_loc_, target_scale_: the training target's mean and std (members train on the
+            standardised target; predictions are in the target's units).
+        n_features_in_, member_weights_, preprocessing_, aggregators_, history_ (`val_loss`,
+        `val_rmse`), config_, seed_, devices_, aggregator_, n_rows_: as the classifier's.
+    """
+
+    def __init__(self, n_members=4, hidden=(256, 128), activation="relu", dropout=0.1,
+                 epochs=30, batch_size=32, learning_rate=1e-3, random_state=None,
+                 mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
+                 model="mlp", loss="gaussian_nll", **kwargs):
+        self.model = model
+        self._take_routed(kwargs)
+        self.n_members = n_members
+        self.hidden = hidden
+        self.activation = activation
+        self.dropout = dropout
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.random_state = random_state
+        self.mode = mode
+        self.devices = devices
+        self.aggregator = aggregator
+        self.run_dir = run_dir
+        self.loss = loss
+
+    # shared with the classifier: builder, seed
+    _builder = DeepEnsembleClassifier._builder
+    _attach_builder = DeepEnsembleClassifier._attach_builder
+    _seed = DeepEnsembleClassifier._seed
+
+    def _config(self, seed: int):
+        import dataclasses
+
+        if self.loss not in ("gaussian_nll", "mse"):
+            raise ValueError("Expected `loss` to be 'gaussian_nll' or 'mse'. "
+                             f"Received: loss={self.loss!r}")
+        if isinstance(self.aggregator, str) and self.aggregator not in regression.AGGREGATORS:
+            raise ValueError(f"Expected `aggregator` from {', '.join(regression.AGGREGATORS)}. "
+                             f"Received: aggregator={self.aggregator!r}")
+        cfg = DeepEnsembleClassifier._config(self, seed)
+        return dataclasses.replace(cfg, training=dataclasses.replace(cfg.training,
+                                                                     loss=self.loss))
+
+    def fit(self, X, y, validation_data=None):
+        """Train the members on every row of `X` `[n_rows, n_features]`, targets `y`
+        `[n_rows]` (numbers).
+
+        Args:
+            validation_data: optional `(X_val, y_val)`: per-epoch `val_loss` / `val_rmse`
+                in `history_`, and the rows a fitted aggregator is fitted on.
+
+        Returns:
+            self.
+
+        Raises:
+            ValueError: bad parameters or data, or a fitted aggregator without
+            `validation_data`.
+        """
+        X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], y_numeric=True)
+        y = np.asarray(y, np.float64)
+        cfg = self._config(self._seed())
+        loc, scale = float(y.mean()), float(y.std()) or 1.0
+        val = None
+        if validation_data is not None:
+            try:
+                x_val, y_val = validation_data
+            except (TypeError, ValueError):
+                raise ValueError("Expected `validation_data` to be a pair (X_val, y_val).") \
+                    from None
+            x_val = validate_data(self, x_val, reset=False, dtype=[np.float64, np.float32])
+            y_val = np.asarray(y_val, np.float64)
+            if y_val.shape != (len(x_val),):
+                raise ValueError(f"Expected y_val of shape ({len(x_val)},). Received: "
+                                 f"shape {y_val.shape}")
+            val = (x_val, (y_val - loc) / scale)
+        elif self.aggregator in FITTED:
+            raise ValueError(f"aggregator={self.aggregator!r} is fitted on validation data: "
+                             "pass fit(X, y, validation_data=(X_val, y_val))")
+        names = list(getattr(self, "feature_names_in_", [f"x{i}" for i in range(X.shape[1])]))
+        pre = run_arrays.fit_preprocessing(X, None, np.zeros(0), names)
+        x = pre.transform(run_arrays.dataset(X, names))
+        if val is not None:
+            val = (pre.transform(run_arrays.dataset(val[0], names)), val[1])
+        fitted = (run_arrays.train_between_graph if self.mode == "between-graph"
+                  else run_arrays.train_in_graph)(cfg, x, (y - loc) / scale, val, pre,
+                                                  self.run_dir)
+        self.preprocessing_, self.config_ = pre, cfg
+        self.target_loc_, self.target_scale_ = loc, scale
+        self.seed_, self.aggregator_ = cfg.training.seed, self.aggregator
+        self.n_rows_ = {"train": len(x), **({"validation": len(val[0])} if val else {})}
+        self.devices_ = fitted["devices"]
+        self.member_weights_ = fitted["weights"]
+        self.aggregators_ = fitted["aggregators"]
+        self.history_ = fitted["history"]
+        for col in ("val_loss", "val_rmse"):  # back to the target's units
+            if col in self.history_:
+                self.history_[col] = self.history_[col] * (scale if col == "val_rmse" else 1.0) \
+                    + (np.log(scale) if col == "val_loss" and self.loss != "mse" else 0.0)
+        if self.run_dir is not None and self.mode == "in-graph":
+            self.save(self.run_dir, overwrite=True)
+        return self
+
+    def _scaled(self, X) -> np.ndarray:
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
+        return self.preprocessing_.transform(run_arrays.dataset(X, list(
+            getattr(self, "feature_names_in_", self.preprocessing_.feature_names))))
+
+    def predict(self, X, return_std: bool = False):
+        """The mixture's mean `[n_rows]` (float64, target units); with `return_std`, also its
+        standard deviation `[n_rows]` (`GaussianProcessRegressor.predict`'s convention)."""
+        x = self._scaled(X)
+        self._attach_builder()
+        e = np.asarray(run_arrays.predict(self, x), np.float64)
+        mean = self.target_loc_ + self.target_scale_ * e[:, 0]
+        if not return_std:
+            return mean
+        return mean, self.target_scale_ * np.sqrt(e[:, 1] + e[:, 2])
+
+    def predict_members(self, X) -> np.ndarray:
+        """Every member's `[n_members, n_rows, 2]` (mean, variance), target units."""
+        x = self._scaled(X)
+        self._attach_builder()
+        out = np.asarray(run_arrays.predict(self, x, members=True), np.float64)
+        s = self.target_scale_
+        return np.stack([self.target_loc_ + s * out[..., 0], s * s * out[..., 1]], axis=2)
+
+    def save(self, path, overwrite: bool = False) -> Path:
+        """Write the fitted ensemble as a run directory (see `DeepEnsembleClassifier.save`);
+        its members predict in the target's units."""
+        check_is_fitted(self)
+        return run_arrays.save(self, Path(path), overwrite)
+
+    @classmethod
+    def load(cls, path) -> "DeepEnsembleRegressor":
+        """A fitted regressor from a regression run directory (`save` or `ensemble train`)."""
+        est = run_arrays.load(cls, Path(path))
+        est.loss = est.config_.training.loss if est.config_.training.loss != "auto" \
+            else "gaussian_nll"
+        return est
+
+
+__all__ = ["DeepEnsembleRegressor"]

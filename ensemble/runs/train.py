@@ -1,0 +1,143 @@
+"""`ensemble train`: prepare the run directory, train the members, write the artifacts."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from ensemble.core import artifacts
+from ensemble.replication import devices
+from ensemble.runs import posthoc
+from ensemble.replication import progress
+from ensemble.runs import records
+from ensemble.runs import prepare as run
+from ensemble.tasks import tables
+from ensemble.replication.cluster import naming_unreachable_tasks
+from ensemble.config.schema import Config
+
+
+def default_run_dir(cfg: Config) -> Path:
+    return Path("artifacts") / run.new_run_id(cfg)
+
+
+def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
+                   resume: bool = False, cluster: dict | None = None, verbosity: int = 1,
+                   callbacks: Sequence = ()) -> dict:
+    """Train every member in one graph (in-graph replication) and write the run directory.
+
+    A checkpoint of the whole graph (all members at the same epoch) is saved after every
+    epoch; `resume` continues an interrupted run from the newest one.
+
+    With a `cluster` spec, members are placed on the devices of its tasks and the
+    aggregation stays on this client.
+
+    Progress goes to stdout (`progress.for_people(verbosity)`); `callbacks` are further
+    `training.Callback`s (per call and per epoch).
+
+    Returns:
+        The final manifest.
+
+    Raises:
+        cluster.ClusterError: a task of the cluster is unreachable, before or during the run.
+        interrupt.Interrupted: SIGINT/SIGTERM (with signal handling on): training stopped
+            after the current call, the run is marked `interrupted` (`.run_dir` set).
+        UsageError: another process holds the run (`runlock`), or bad input.
+    """
+    if resume:
+        cluster = cluster or artifacts.read_manifest(run_dir).get("cluster")
+    devs = devices.resolve(cfg.placement.devices, cfg.members.count, cluster)
+    devices.configure(cfg)
+    with run.writing(run_dir, "ensemble train --mode in-graph"):
+        if resume:
+            manifest = run.reopen(run_dir, cfg, "in-graph")
+            callbacks = [progress.ResumeNotice(), *callbacks]
+        else:
+            manifest = run.prepare(cfg, run_dir, "in-graph", devs, overwrite, cluster)
+        with run.recording_outcome(run_dir), naming_unreachable_tasks(cluster):
+            _train_and_write(cfg, run_dir, manifest,
+                             [*progress.for_people(verbosity), *callbacks])
+    return manifest
+
+
+class _FirstEpoch:
+    """A `training.Callback` noting when the first epoch this process trained ended (its
+    progress line printed): `unix` (`time.time()`), None until then; what a user waits for
+    before seeing training work (`pipelines.benchmark`'s `first epoch s`)."""
+
+    unix: float | None = None
+
+    def on_train_begin(self, start_epoch, epochs, n_steps) -> None:
+        pass
+
+    def on_call_end(self, epoch, steps_done, n_steps, mean_losses, seconds) -> None:
+        pass
+
+    def on_epoch_end(self, epoch, records) -> None:
+        if self.unix is None:
+            self.unix = time.time()
+
+
+def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequence) -> None:
+    """Build, train (with per-epoch checkpoints), save the members, predict the evaluation
+    splits and write the run's tables; updates `manifest` and finishes the run."""
+    from ensemble.tasks.regression import aggregators as regression
+    from ensemble.tasks import heads as tasks
+    from ensemble.replication.in_graph import InGraphEnsemble
+    from ensemble.models.members import save_member
+    from ensemble.replication.training import Schedule, SteadyState
+
+    split = {s: artifacts.read_split(run_dir, s, manifest) for s in artifacts.SPLITS}
+    classes = np.asarray(manifest["dataset"]["classes"])
+    (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
+    placed = [m["device"] for m in manifest["members"]]
+    start = time.perf_counter()
+    from ensemble.data.preprocessing import Preprocessing
+
+    task = tasks.for_run(manifest)
+    ens = InGraphEnsemble.build(cfg, x_tr.shape[1:], len(classes), placed, aggregators=(),
+                                n_train=len(x_tr), pre=Preprocessing.of_run(run_dir, manifest),
+                                task=task)
+    if any(len(m.get("replicas", ())) > 1 for m in manifest["members"]):  # data parallelism
+        ens.train_replicas = [m["replicas"] for m in manifest["members"]]
+    if cfg.training.tensorboard:  # member scalars, and the in-graph ensemble's per epoch
+        from ensemble.replication.tensorboard import EnsembleScalars, MemberScalars
+
+        callbacks = [*callbacks, MemberScalars(run_dir),
+                     EnsembleScalars(run_dir, lambda: ens.predict(x_val)[0], y_val,
+                                     cfg.aggregation.aggregators, task.name)]
+    steady, first = SteadyState(cfg.training.batch_size, len(x_tr)), _FirstEpoch()
+    history = ens.fit(x_tr, y_tr, x_val, y_val, Schedule.of(cfg.training),
+                      run_dir / "checkpoints" / "in-graph", [*callbacks, steady, first])
+    train_seconds = time.perf_counter() - start
+    manifest["timings"].update(steady_rows=steady.rows, steady_seconds=steady.seconds,
+                               first_epoch_end_unix=first.unix)
+    for i, model in enumerate(ens.models):
+        save_member(model, artifacts.member_model_path(run_dir, i))
+        manifest["members"][i]["status"] = "completed"
+    start = time.perf_counter()
+    # the fitted aggregators fit on the validation members' predictions, then the graph
+    # applies them with the TensorFlow twins
+    names = regression.task_aggregators(cfg.aggregation.aggregators, task.name)
+    settings = dataclasses.asdict(cfg.aggregation)
+    members = posthoc.SplitMembers(ens.indices, ens.predict(x_val)[0], split["validation"][2],
+                                   y_val)
+    fit = posthoc.fit({"validation": members}, names, settings)
+    graph = InGraphEnsemble(ens.models, placed, names, ens.indices, params=fit["params"],
+                            task=task)
+    parts, splits = [], {}
+    for s in artifacts.EVAL_SPLITS:
+        x, y, rows = split[s]
+        member_p, ens_p = graph.predict(x)
+        splits[s] = posthoc.SplitMembers(ens.indices, member_p, rows, y)
+        parts.append(tables.predictions_table(dict(enumerate(member_p)), s, rows, y,
+                                              classes, names, ens_p, fit["params"]))
+    posthoc.write_fit(run_dir, fit, splits, settings)
+    tables.write_outputs(run_dir, pa.concat_tables(parts), tables.history_table(history))
+    records.write_members(run_dir, manifest, splits["validation"])
+    run.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
+               predict_seconds=time.perf_counter() - start)

@@ -1,0 +1,1 @@
+"""Tasks: what a member's outputs mean and everything that follows from it (head, loss, scores, metrics, aggregators, tables, evaluation); `classification` and `regression` implement the `Task` protocol."""

@@ -1,0 +1,205 @@
+"""Tasks: what a member's logits mean (the head), the training loss and the validation scores.
+
+A builder returns logits `[batch, n_outputs]`; the task says how many outputs a data set
+needs, puts its head on them (the member's saved model ends with it), gives the per-batch
+training loss and scores a member on the validation split each epoch. Replication, placement,
+checkpoints and the CLI never look inside: they call these methods.
+
+Classification: `n_classes` logits, a softmax head (members output probabilities), mean
+sparse categorical cross-entropy (natural log) as the loss, NLL and accuracy on validation.
+Regression: 2 outputs (mean, raw variance; 1 for point members trained with `mse`), the
+Gaussian head of `ensemble.tasks.regression.tf_ops` (members output (mean, variance) in the target's
+units), Gaussian NLL as the loss on the standardised target, NLL and RMSE on validation.
+
+`resolve` picks the task of a data set's target under `[data] task = "auto"`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ensemble.tasks.classification import metrics
+
+TASKS = ("classification", "regression")
+LOSSES = ("auto", "cross_entropy", "gaussian_nll", "mse")
+BUILTIN_TASKS = {"diabetes": "regression"}  # built-in sources whose task `auto` knows
+MANY_VALUES = 10  # `auto`: integer targets with more distinct values may be refused
+
+
+class Classification:
+    """Probabilities over `n_classes` classes from the builder's logits."""
+
+    name = "classification"
+    target_dtype = np.int32  # class indices
+
+    def n_outputs(self, n_classes: int) -> int:
+        """Logits the builder must return: one per class."""
+        return n_classes
+
+    def head(self, logits, name: str = "probabilities"):
+        """Softmax over the last axis: `[batch, n_classes]` logits -> probabilities."""
+        import keras
+
+        return keras.layers.Softmax(name=name)(logits)
+
+    def loss(self, y, outputs):
+        """Mean sparse categorical cross-entropy (natural log) of `outputs` `[batch,
+        n_classes]` probabilities against `y` `[batch]` int32 class indices (a scalar
+        float32 tensor)."""
+        import keras
+        import tensorflow as tf
+
+        return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, outputs))
+
+    def validation_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
+        """`{"val_loss": NLL, "val_accuracy": accuracy}` of one member's `[n_rows, n_classes]`
+        probabilities against `y` `[n_rows]` class indices."""
+        return {"val_loss": metrics.nll(y, outputs), "val_accuracy": metrics.accuracy(y, outputs)}
+
+    @property
+    def score_names(self) -> tuple[str, ...]:
+        """The keys of `validation_scores`, in order."""
+        return ("val_loss", "val_accuracy")
+
+
+class Regression:
+    """A Gaussian per row (mean, variance; target units) from the builder's outputs.
+
+    Args:
+        loc, scale: the training target's mean and standard deviation (the standardisation
+            the losses apply and the head undoes).
+        loss: `"gaussian_nll"` (default) or `"mse"` (point members: variance 0).
+    """
+
+    name = "regression"
+    target_dtype = np.float32
+
+    def __init__(self, loc: float = 0.0, scale: float = 1.0, loss: str = "gaussian_nll"):
+        self.loc, self.scale = float(loc), float(scale) if scale > 0 else 1.0
+        self.loss_name = "gaussian_nll" if loss in ("auto", None) else loss
+        if self.loss_name not in ("gaussian_nll", "mse"):
+            raise ValueError(f"Expected a regression loss, gaussian_nll or mse. "
+                             f"Received: {loss!r}")
+
+    @property
+    def point(self) -> bool:
+        return self.loss_name == "mse"
+
+    def n_outputs(self, n_classes: int = 0) -> int:
+        """Outputs the builder must return: mean and raw variance (1 for point members)."""
+        return 1 if self.point else 2
+
+    def head(self, logits, name: str = "gaussian"):
+        """`ensemble.tasks.regression.tf_ops.GaussianHead`: `[batch, n_outputs]` -> `[batch, 2]` (mean,
+        variance), target units."""
+        from ensemble.tasks.regression.tf_ops import GaussianHead
+
+        return GaussianHead(self.loc, self.scale, self.point, name=name)(logits)
+
+    def loss(self, y, outputs):
+        """Mean Gaussian NLL (or MSE) of `y` `[batch]` float32 targets under `outputs`
+        `[batch, 2]`, on the standardised target (`ensemble.tasks.regression.tf_ops`)."""
+        from ensemble.tasks.regression import tf_ops as RT
+
+        fn = RT.mse if self.point else RT.gaussian_nll
+        return fn(y, outputs, self.loc, self.scale)
+
+    def validation_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
+        """`{"val_loss": Gaussian NLL (target units; MSE for point members), "val_rmse"}` of
+        one member's `[n_rows, 2]` outputs against `y` `[n_rows]`."""
+        from ensemble.tasks.regression import metrics as RM
+
+        y, out = np.asarray(y, np.float64), np.asarray(outputs, np.float64)
+        rmse = RM.rmse(y, out[:, 0])
+        loss = rmse ** 2 if self.point else RM.nll(y, out[:, 0], np.sqrt(out[:, 1]))
+        return {"val_loss": float("inf") if loss is None else loss, "val_rmse": rmse}
+
+    @property
+    def score_names(self) -> tuple[str, ...]:
+        return ("val_loss", "val_rmse")
+
+
+def resolve(y: np.ndarray | None, requested: str = "auto", source: str = "") -> str:
+    """The task of a target `y` `[n_rows]` under `[data] task = requested`.
+
+    `auto`: text labels and integer labels with few distinct values are classification;
+    non-integer numbers are regression; integer-valued targets with more than `MANY_VALUES`
+    distinct values most of which occur at most twice are refused (they may be either).
+    Built-in sources of `BUILTIN_TASKS` have their known task.
+
+    Raises:
+        UsageError: one line naming `--task regression` and `--task classification`, or a
+            text target asked to be regression, or a non-integer one asked to be
+            classification.
+    """
+    from ensemble.core.errors import UsageError
+
+    if requested not in ("auto", *TASKS):
+        raise UsageError(f"Expected `data.task` to be auto, classification or regression. "
+                         f"Received: {requested!r}")
+    if y is None:
+        return "classification" if requested == "auto" else requested
+    y = np.asarray(y)
+    text = y.dtype.kind in "USOb"
+    whole = not text and bool(np.all(np.isfinite(y)) and np.all(y == np.round(y)))
+    if requested == "regression":
+        if text:
+            raise UsageError(f"Target of {source or 'the data'} holds text labels; "
+                             "--task regression needs numbers.")
+        return requested
+    if requested == "classification":
+        if not text and not whole:
+            raise UsageError(f"Target of {source or 'the data'} holds non-integer numbers; "
+                             "--task classification needs class labels (or use --task "
+                             "regression).")
+        return requested
+    if source in BUILTIN_TASKS:
+        return BUILTIN_TASKS[source]
+    if text:
+        return "classification"
+    if not whole:
+        return "regression"
+    _, counts = np.unique(y, return_counts=True)
+    if len(counts) > MANY_VALUES and np.mean(counts <= 2) > 0.5:
+        raise UsageError(f"Target of {source or 'the data'} holds {len(counts)} distinct "
+                         "whole numbers, most seen once or twice: regression or "
+                         "classification? Pass --task regression or --task classification.")
+    return "classification"
+
+
+def get(name: str = "classification", **options) -> Classification | Regression:
+    """The task object of `name`; `options` go to `Regression` (`loc`, `scale`, `loss`).
+
+    Raises:
+        ValueError: an unknown task name.
+    """
+    if name == "regression":
+        return Regression(**options)
+    if name != "classification":
+        raise ValueError(f"Expected a task in {', '.join(TASKS)}. Received: {name!r}")
+    return Classification()
+
+
+def for_run(manifest: dict) -> Classification | Regression:
+    """The task of a run from its manifest (`task`, the target's standardisation in
+    `dataset.target_loc` / `target_scale`, `config.training.loss`)."""
+    name = manifest.get("task", "classification")
+    if name != "regression":
+        return Classification()
+    d = manifest["dataset"]
+    loss = manifest.get("config", {}).get("training", {}).get("loss", "auto")
+    return Regression(d.get("target_loc", 0.0), d.get("target_scale", 1.0), loss)
+
+
+def of_model(model) -> Classification | Regression:
+    """The task of a built or loaded member: regression when its last layer is the Gaussian
+    head (`ensemble.tasks.regression.tf_ops.GaussianHead`), else classification."""
+    last = model.layers[-1] if getattr(model, "layers", None) else None
+    if type(last).__name__ == "GaussianHead":
+        return Regression(last.loc, last.scale, "mse" if last.point else "gaussian_nll")
+    return Classification()
+
+
+def is_regression(classes) -> bool:
+    """A run's class list is empty exactly when its task is regression."""
+    return classes is not None and len(classes) == 0

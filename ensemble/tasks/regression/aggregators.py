@@ -1,0 +1,170 @@
+"""Regression deep ensembles (numpy, pure): Gaussian metrics and the mixture aggregators.
+
+A regression member predicts a Gaussian per row: its outputs are `[n_rows, 2]` = (mean,
+variance) in the target's own units (the member's head, `ensemble.tasks.regression.tf_ops.GaussianHead`,
+undoes the target's standardisation). Stacked members are `[n_members, n_rows, 2]`.
+
+An aggregator maps members to the ensemble's *moment-matched mixture* (Lakshminarayanan,
+Pritzel and Blundell 2017, "Simple and Scalable Predictive Uncertainty Estimation using Deep
+Ensembles", section 2.4): `[n_rows, 3]` = (mean, aleatoric variance, epistemic variance),
+predictive variance = aleatoric + epistemic. With member weights `w` (uniform for `mean`):
+
+    mu        = sum_m w_m mu_m
+    aleatoric = sum_m w_m sigma_m^2                  (expected member variance)
+    epistemic = sum_m w_m (mu_m - mu)^2              (spread of the member means)
+    sigma^2   = aleatoric + epistemic = sum_m w_m (sigma_m^2 + mu_m^2) - mu^2
+
+`std-scaling` multiplies the mean mixture's standard deviation by a factor `s` fitted on the
+validation split (both parts of the variance by `s^2`; Kuleshov et al. 2018, Laves et al.
+2020). Metrics are in `ensemble.tasks.regression.metrics`, fitting in `ensemble.tasks.regression.fitted`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ensemble.core.errors import UsageError
+
+AGGREGATORS = ("mean", "weighted", "greedy", "std-scaling")
+FITTED = ("weighted", "greedy", "std-scaling")
+CLASSIFICATION_ONLY = ("vote", "geometric", "stacking", "temperature")
+VARIANCE_FLOOR = 1e-6  # added to softplus(raw) in the head: sigma^2 = softplus(raw) + 1e-6
+
+
+def check_members(outputs: np.ndarray) -> np.ndarray:
+    """`outputs` as float64 `[n_members, n_rows, 2]` (mean, variance).
+
+    Raises:
+        UsageError: another shape, or a negative variance.
+    """
+    out = np.asarray(outputs, np.float64)
+    if out.ndim != 3 or out.shape[2] != 2 or 0 in out.shape:
+        raise UsageError("Expected member outputs of shape [n_members, n_rows, 2] (mean, "
+                         f"variance). Received shape: {np.shape(outputs)}")
+    if np.any(out[..., 1] < 0):
+        raise UsageError("Expected non-negative member variances.")
+    return out
+
+
+def check_aggregators(names, task: str) -> None:
+    """Refuse aggregators that do not apply to `task`.
+
+    Raises:
+        UsageError: one line naming the aggregator and the ones the task offers.
+    """
+    if task != "regression":
+        bad = [a for a in names if a == "std-scaling"]
+        if bad:
+            raise UsageError("Aggregator 'std-scaling' is for regression runs; classification "
+                             "has 'temperature'.")
+        return
+    bad = [a for a in names if a not in AGGREGATORS]
+    if bad:
+        raise UsageError(f"Aggregator {bad[0]!r} is for classification; a regression run "
+                         f"takes {', '.join(AGGREGATORS)}. Received: {list(names)}")
+
+
+def task_aggregators(names, task: str) -> list[str]:
+    """The aggregators a run of `task` applies: the config's `names`, except that a regression
+    run whose config keeps the classification default (`mean`, `vote`) applies `mean` only."""
+    from ensemble.config.schema import DEFAULT_AGGREGATORS
+
+    if task == "regression" and tuple(names) == tuple(DEFAULT_AGGREGATORS):
+        return ["mean"]
+    return list(names)
+
+
+def check_weights(weights: Any, n_members: int) -> np.ndarray:
+    """Member weights as float64 `[n_members]` summing to 1 (see
+    `ensemble.tasks.classification.aggregators.check_weights`)."""
+    from ensemble.tasks.classification.aggregators import check_weights as check
+
+    return check(weights, n_members)
+
+
+def mixture(outputs: np.ndarray, weights: Any = None, scale: float = 1.0) -> np.ndarray:
+    """The moment-matched mixture of the members.
+
+    Args:
+        outputs: `[n_members, n_rows, 2]` member (mean, variance), target units.
+        weights: `[n_members]` member weights (normalised to sum 1), uniform when None.
+        scale: factor on the predictive standard deviation (`std-scaling`), > 0.
+
+    Returns:
+        `[n_rows, 3]` float64: mean, aleatoric variance, epistemic variance (both times
+        `scale^2`).
+    """
+    out = check_members(outputs)
+    n = out.shape[0]
+    w = np.full(n, 1.0 / n) if weights is None else check_weights(weights, n)
+    mu = np.tensordot(w, out[..., 0], axes=1)
+    aleatoric = np.tensordot(w, out[..., 1], axes=1)
+    epistemic = np.tensordot(w, (out[..., 0] - mu) ** 2, axes=1)
+    s2 = float(scale) ** 2
+    return np.stack([mu, aleatoric * s2, epistemic * s2], axis=1)
+
+
+def member_weights(name: str, n_members: int, params: dict | None) -> np.ndarray:
+    """`[n_members]` float64 weights of aggregator `name`: the fitted ones of `weighted` and
+    `greedy`, uniform otherwise."""
+    if name in ("weighted", "greedy") and params:
+        return check_weights(params["weights"], n_members)
+    return np.full(n_members, 1.0 / n_members)
+
+
+def aggregate(outputs: np.ndarray, name: str, params: dict | None = None) -> np.ndarray:
+    """Apply the regression aggregator `name` to `[n_members, n_rows, 2]` member outputs.
+
+    Args:
+        params: a fitted aggregator's parameters (`aggregators.json`): `weights` for
+            `weighted` / `greedy`, `scale` for `std-scaling`.
+
+    Returns:
+        `[n_rows, 3]` float64 (mean, aleatoric variance, epistemic variance), see `mixture`.
+
+    Raises:
+        UsageError: an aggregator that is not for regression, or a fitted one without its
+            parameters.
+    """
+    check_aggregators([name], "regression")
+    if name == "mean":
+        return mixture(outputs)
+    if not params:
+        raise UsageError(f"Aggregator {name!r} is fitted on the validation split; "
+                         "its parameters are missing (run `ensemble aggregate`).")
+    if name == "std-scaling":
+        s = float(params["scale"])
+        if not s > 0:
+            raise UsageError(f"Expected a positive std scale. Received: scale={s}")
+        return mixture(outputs, scale=s)
+    return mixture(outputs, weights=params["weights"])
+
+
+def components(outputs: np.ndarray, name: str, params: dict | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The exact mixture behind aggregator `name`: component means and variances
+    `[n_members, n_rows]` and weights `[n_members]`. Under `std-scaling` every component's
+    distance to the mixture mean and its std are scaled by `s`, so the mixture's moments are
+    those of `aggregate`."""
+    out = check_members(outputs)
+    w = member_weights(name, out.shape[0], params)
+    mu_m, var_m = out[..., 0], out[..., 1]
+    if name == "std-scaling" and params:
+        s = float(params["scale"])
+        mu = mu_m.mean(axis=0)
+        mu_m, var_m = mu + s * (mu_m - mu), var_m * s * s
+    return mu_m, var_m, w
+
+
+def std_of(ensemble: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(std, aleatoric std, epistemic std) `[n_rows]` of an aggregator's `[n_rows, 3]`."""
+    e = np.asarray(ensemble, np.float64)
+    return np.sqrt(e[:, 1] + e[:, 2]), np.sqrt(e[:, 1]), np.sqrt(e[:, 2])
+
+
+def disagreement(outputs: np.ndarray) -> float:
+    """Mean over rows of the members' spread: the population std of the member means,
+    target units (0 for one member). Input `[n_members, n_rows, 2]`."""
+    return float(np.mean(np.std(check_members(outputs)[..., 0], axis=0)))

@@ -1,0 +1,127 @@
+"""The `ensemble evaluate` table of a regression run: members, the mean and best member, each
+ensemble aggregator, per split; then the ensemble's gains on test, the fitted aggregators'
+parameters and one sentence on what the ensemble gained (`ensemble.runs.evaluate` dispatches
+here when the metrics hold `rmse`)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pyarrow as pa
+
+from ensemble.core.errors import UsageError
+from ensemble.tasks.regression.metrics import LOWER_IS_BETTER
+
+SPLIT_ORDER = ("validation", "test", "predict", "train")
+COLUMNS = ("rmse", "mae", "nll", "mixture_nll", "crps", "coverage_90", "coverage_95",
+           "calibration_error", "r2")
+HEADERS = ("rmse", "mae", "nll", "mix_nll", "crps", "cov_90", "cov_95", "cal_err", "r2")
+NAME_WIDTH, COL = 27, 8  # 27 + 9 * 8 = 99 columns
+GAIN_COLUMNS = ("rmse", "nll", "crps")
+
+
+def cell(value: float | None) -> str:
+    """`value` in at most 7 characters (4 significant digits); `n/a` for None."""
+    if value is None:
+        return "n/a"
+    for fmt in (".4g", ".3g", ".2g"):
+        text = f"{value:{fmt}}"
+        if len(text) < COL:
+            return text
+    return f"{value:.0e}"
+
+
+def _line(name: str, cells) -> str:
+    return f"{name:<{NAME_WIDTH}}" + "".join(f"{c:>{COL}}" for c in cells)
+
+
+def _mean(members: list[dict], m: str) -> float | None:
+    values = [r[m] for r in members]
+    return None if not values or any(v is None for v in values) else sum(values) / len(values)
+
+
+def _references(rows: list[dict]):
+    members = [r for r in rows if r["member"] is not None]
+    best_idx = next((r["best_member"] for r in rows if r.get("best_member") is not None), None)
+    best = next((r for r in members if r["member"] == best_idx), None)
+    return {m: _mean(members, m) for m in COLUMNS}, best, members
+
+
+def _block(split: str, rows: list[dict]) -> list[str]:
+    from ensemble.runs.evaluate import _split_block  # the classification table's block
+
+    return _split_block(split, rows, _references, COLUMNS, cell, _line)
+
+
+def _gains(split: str, rows: list[dict]) -> list[str]:
+    _, best, members = _references(rows)
+    ens = [r for r in rows if r["aggregator"] is not None]
+    if not members or not ens:
+        return []
+    out = [f"ensemble gain on {split} (positive = ensemble better): "
+           + ", ".join(GAIN_COLUMNS)]
+    for r in ens:
+        for ref in ("mean", "best"):
+            if ref == "best" and best is None:
+                continue
+            cells = [cell(r[f"gain_vs_{ref}_{m}"]) for m in GAIN_COLUMNS]
+            out.append(_line(f"  {r['aggregator']} vs {ref} member", cells))
+    e = ens[0]
+    if e.get("disagreement") is not None:
+        out.append(f"diversity on {split}: std of the member means {cell(e['disagreement'])}, "
+                   f"mean epistemic std {cell(e['mean_epistemic_std'])} (target units)")
+    return out
+
+
+def _fitted(fit: dict | None) -> list[str]:
+    if not fit or not fit.get("params"):
+        return []
+    names = [f"member-{i}" for i in fit["members"]]
+    out = [f"fitted on the validation split ({fit['n_rows']} rows):"]
+    for name, p in fit["params"].items():
+        if name in ("weighted", "greedy"):
+            ws = ", ".join(f"{n} {w:.2f}" for n, w in zip(names, p["weights"]) if w > 0)
+            out.append(f"  {name}: weights {ws}")
+        elif name == "std-scaling":
+            out.append(f"  std-scaling: s = {p['scale']:.3f} (predictive std x s)")
+    return out
+
+
+def verdict(rows: list[dict], split: str) -> str:
+    """One sentence: the first ensemble's NLL and RMSE against the mean member on `split`."""
+    mean, _, members = _references(rows)
+    ens = [r for r in rows if r["aggregator"] is not None]
+    if not ens or not members:
+        return ""
+    e = ens[0]
+    text = f"The {len(members)}-member ensemble ({e['model']}) has {split} RMSE {cell(e['rmse'])}"
+    if mean["rmse"]:
+        text += f" against {cell(mean['rmse'])} for the mean member"
+    if e["nll"] is not None and mean["nll"] is not None:
+        text += f", and NLL {cell(e['nll'])} against {cell(mean['nll'])}"
+    return text + " (NLL in nats per row, target units)."
+
+
+def format_table(metrics: pa.Table, fit: dict | None = None) -> str:
+    """Render the regression evaluation table (splits: validation, test, others).
+
+    Raises:
+        UsageError: the metrics hold no row.
+    """
+    rows = metrics.to_pylist()
+    if not rows:
+        raise UsageError("No labelled rows; cannot evaluate.")
+    splits = sorted({r["split"] for r in rows}, key=SPLIT_ORDER.index)
+    better = ["lower" if m in LOWER_IS_BETTER else "higher" if m == "r2" else "~nom"
+              for m in COLUMNS]
+    lines = [_line("model", HEADERS), _line("(better)", better)]
+    for s in splits:
+        lines += _block(s, [r for r in rows if r["split"] == s])
+    last = "test" if "test" in splits else splits[-1]
+    lines += _gains(last, [r for r in rows if r["split"] == last])
+    lines += _fitted(fit)
+    lines += ["cov_90/cov_95: share of rows inside the central 90%/95% interval (nominal "
+              "0.90/0.95);", "cal_err: mean |p - observed| over quantile levels 0.05..0.95"]
+    sentence = textwrap.fill(verdict([r for r in rows if r["split"] == last], last),
+                             NAME_WIDTH + len(COLUMNS) * COL)
+    return "\n".join(lines + ([sentence] if sentence else []))

@@ -1,0 +1,153 @@
+"""Fitting the regression aggregators on the validation split only (numpy, SciPy).
+
+Every function takes the members' *validation* outputs `[n_members, n_rows, 2]` (mean,
+variance; target units) and targets `[n_rows]`, and nothing else. The criterion is the
+validation Gaussian NLL of the ensemble's moment-matched mixture (`ensemble.tasks.regression.aggregators`),
+the `nll` of `metrics.parquet`. Parameters are plain JSON in the run's `aggregators.json`.
+
+- `weighted`: simplex weights (softmax of free logits, L-BFGS from uniform weights).
+- `greedy`: Caruana et al. 2004 ensemble selection with replacement, as for classification
+  (`ensemble.tasks.classification.fitted.greedy_selection`) but on the mixture's Gaussian NLL.
+- `std-scaling`: one factor `s` on the predictive std. The NLL of `N(mu, s^2 sigma^2)` is
+  `log s + (1 / s^2) mean(r^2 / (2 sigma^2)) + const` with `r = y - mu`, minimised in closed
+  form by `s^2 = mean(r^2 / sigma^2)` (Laves et al. 2020, "Well-calibrated regression
+  uncertainty in medical imaging with deep learning", eq. 5; Kuleshov et al. 2018).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ensemble.tasks.regression import aggregators as R
+from ensemble.tasks.regression import metrics as RM
+from ensemble.core.errors import UsageError
+
+
+def _check(outputs, y) -> tuple[np.ndarray, np.ndarray]:
+    out = R.check_members(outputs)
+    y = np.asarray(y, np.float64)
+    if y.shape != (out.shape[1],):
+        raise UsageError(f"Expected {out.shape[1]} validation targets. Received: {y.shape}")
+    return out, y
+
+
+def mixture_nll_gaussian(outputs: np.ndarray, y: np.ndarray, weights=None,
+                         scale: float = 1.0) -> float:
+    """Validation criterion: Gaussian NLL of the moment-matched mixture (inf when its variance
+    is 0 somewhere)."""
+    e = R.mixture(outputs, weights, scale)
+    value = RM.nll(y, e[:, 0], np.sqrt(e[:, 1] + e[:, 2]))
+    return np.inf if value is None else value
+
+
+def fit_weights(outputs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    """Member weights on the simplex minimising the mixture's validation Gaussian NLL.
+
+    Returns:
+        `{"weights": [n_members]}` (weights below 1e-6 set to 0, renormalised).
+    """
+    from scipy.optimize import minimize
+
+    out, y = _check(outputs, y)
+    n = out.shape[0]
+
+    def loss(z):
+        w = np.exp(z - z.max())
+        value = mixture_nll_gaussian(out, y, w / w.sum())
+        return value if np.isfinite(value) else 1e300
+
+    res = minimize(loss, np.zeros(n), method="L-BFGS-B", options={"maxiter": 500})
+    z = res.x if loss(res.x) <= loss(np.zeros(n)) else np.zeros(n)
+    w = np.exp(z - z.max())
+    w /= w.sum()
+    w = np.where(w < 1e-6, 0.0, w)
+    return {"weights": (w / w.sum()).tolist()}
+
+
+def greedy_selection(outputs: np.ndarray, y: np.ndarray, rounds: int) -> dict[str, Any]:
+    """Caruana's forward selection with replacement on the mixture's validation NLL.
+
+    Returns:
+        `{"order": [rounds] member positions, "size": length of the kept (best) prefix,
+        "weights": [n_members] times chosen in the prefix / size}`; ties to the smallest
+        position, a later prefix kept only if strictly better.
+    """
+    out, y = _check(outputs, y)
+    if rounds < 1:
+        raise UsageError(f"Expected `aggregation.greedy_rounds` >= 1. Received: {rounds}")
+    n = out.shape[0]
+    counts = np.zeros(n)
+    order, best, size = [], np.inf, 0
+    for r in range(1, rounds + 1):
+        scores = []
+        for m in range(n):
+            c = counts.copy()
+            c[m] += 1
+            scores.append(mixture_nll_gaussian(out, y, c / c.sum()))
+        pick = int(np.argmin(scores))
+        order.append(pick)
+        counts[pick] += 1
+        if scores[pick] < best - 1e-12:
+            best, size = scores[pick], r
+    if size == 0:  # every prefix has zero variance somewhere: keep the first pick
+        size = 1
+    kept = np.bincount(order[:size], minlength=n)
+    return {"order": order, "size": size, "weights": (kept / size).tolist()}
+
+
+def fit_std_scale(outputs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    """The factor `s` on the mean mixture's predictive std minimising validation NLL, in
+    closed form `s = sqrt(mean((y - mu)^2 / sigma^2))` (rows with sigma 0 left out).
+
+    Returns:
+        `{"scale": s}` (1.0 when no row has a positive sigma).
+    """
+    out, y = _check(outputs, y)
+    e = R.mixture(out)
+    var = e[:, 1] + e[:, 2]
+    ok = var > 0
+    if not ok.any():
+        return {"scale": 1.0}
+    s = float(np.sqrt(np.mean((y[ok] - e[ok, 0]) ** 2 / var[ok])))
+    return {"scale": s if s > 0 else 1.0}
+
+
+def fit(outputs: np.ndarray, y: np.ndarray, names: Sequence[str], members: Sequence[int],
+        settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Fit every regression aggregator of `names` on validation outputs; the content of
+    `aggregators.json` (same keys as `ensemble.tasks.classification.fitted.fit`: `fitted_on`, `n_rows`, `members`,
+    `aggregators`, `best_member` (lowest validation Gaussian NLL, else RMSE), `params`,
+    `validation_nll`), plus `"task": "regression"`.
+
+    Raises:
+        UsageError: a classification-only aggregator among `names`.
+    """
+    from ensemble.config.schema import AggregationConfig
+
+    R.check_aggregators(names, "regression")
+    out, y = _check(outputs, y)
+    cfg = dict(AggregationConfig().__dict__, **(settings or {}))
+    params: dict[str, Any] = {}
+    for name in names:
+        if name == "weighted" and cfg["weights"]:
+            params[name] = {"weights": R.check_weights(cfg["weights"], len(out)).tolist(),
+                            "source": "config"}
+        elif name == "weighted":
+            params[name] = {**fit_weights(out, y), "source": "fitted"}
+        elif name == "greedy":
+            params[name] = greedy_selection(out, y, int(cfg["greedy_rounds"]))
+        elif name == "std-scaling":
+            params[name] = fit_std_scale(out, y)
+    member_nll = [RM.nll(y, o[:, 0], np.sqrt(o[:, 1])) for o in out]
+    key = ([v if v is not None else np.inf for v in member_nll] if any(
+        v is not None for v in member_nll) else [RM.rmse(y, o[:, 0]) for o in out])
+    val = {}
+    for a in names:
+        e = R.aggregate(out, a, params.get(a))
+        val[a] = RM.nll(y, e[:, 0], np.sqrt(e[:, 1] + e[:, 2]))
+    return {"fitted_on": "validation", "task": "regression", "n_rows": int(len(y)),
+            "members": list(members), "aggregators": list(names),
+            "best_member": int(list(members)[int(np.argmin(key))]), "params": params,
+            "validation_nll": val}

@@ -1,0 +1,308 @@
+"""The Parquet tables of DESIGN.md: predictions, metrics and history.
+
+Both replication modes and the aggregator build their tables here, so the schema is the same
+whichever mode wrote them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ensemble.tasks.classification import metrics as M
+from ensemble.tasks.classification.aggregators import aggregate, disagreement, member_weights
+from ensemble.data.sources import encode
+
+UNCERTAINTY = ("entropy", "expected_entropy", "mutual_information")
+NOT_PROBABILITIES = {"vote"}  # vote shares: accuracy and disagreement only
+
+
+def _label_type(classes: np.ndarray) -> pa.DataType:
+    return pa.string() if np.asarray(classes).dtype.kind in "USO" else pa.int64()
+
+
+def classes_metadata(classes: np.ndarray) -> dict[bytes, bytes]:
+    """Parquet key-value metadata holding the class list."""
+    return {b"classes": json.dumps(np.asarray(classes).tolist()).encode()}
+
+
+def classes_from(table: pa.Table) -> np.ndarray:
+    """The class list stored in a predictions table's metadata."""
+    return np.asarray(json.loads(table.schema.metadata[b"classes"]))
+
+
+def model_rows(model: str, member: int | None, aggregator: str | None, split: str,
+               rows: np.ndarray, y_true: np.ndarray | None, probs: np.ndarray,
+               classes: np.ndarray, uncertainty: dict | None = None,
+               first_row: int = 0) -> pa.Table:
+    """Prediction rows of one model on one split, every column built by Arrow from numpy
+    (no Python object per row).
+
+    Args:
+        rows: `[n_rows]` int64 row positions in the source data set (column `source_row`);
+            column `row` is the position in the split, `first_row..first_row+n_rows-1` (a
+            batch of a streamed prediction starts at its offset).
+        y_true: `[n_rows]` int class indices, or None when the labels are unknown.
+        probs: `[n_rows, n_classes]` probabilities.
+        classes: `[n_classes]` sorted class labels (int or str).
+        uncertainty: ensemble rows: `{"entropy", "expected_entropy", "mutual_information"}`
+            arrays `[n_rows]` (`ensemble.tasks.classification.metrics.uncertainty`); null when None.
+    """
+    n = len(rows)
+    classes = np.asarray(classes)
+    label = _label_type(classes)
+    labels = pa.array(classes, label)
+    cols = {
+        "model": pa.repeat(pa.scalar(model, pa.string()), n),
+        "member": pa.repeat(pa.scalar(member, pa.int32()), n),
+        "aggregator": pa.repeat(pa.scalar(aggregator, pa.string()), n),
+        "split": pa.repeat(pa.scalar(split, pa.string()), n),
+        "row": pa.array(np.arange(first_row, first_row + n, dtype=np.int64)),
+        "y_true": pa.nulls(n, label) if y_true is None
+        else labels.take(pa.array(np.asarray(y_true, np.int64))),
+        "y_pred": labels.take(pa.array(np.argmax(probs, axis=1).astype(np.int64))),
+        "source_row": pa.array(np.asarray(rows, np.int64)),
+    }
+    for c, name in enumerate(classes.tolist()):
+        cols[f"p_{name}"] = pa.array(np.asarray(probs[:, c], np.float32))
+    for name in UNCERTAINTY:
+        cols[name] = (pa.nulls(n, pa.float64()) if uncertainty is None
+                      else pa.array(np.asarray(uncertainty[name], np.float64)))
+    return pa.table(cols)
+
+
+def predictions_table(member_probs: dict[int, np.ndarray], split: str, rows: np.ndarray,
+                      y_true: np.ndarray | None, classes: np.ndarray,
+                      aggregators: Sequence[str],
+                      ensemble_probs: dict[str, np.ndarray] | None = None,
+                      params: dict | None = None, first_row: int = 0) -> pa.Table:
+    """Member rows and ensemble rows of one split.
+
+    Args:
+        member_probs: member index -> `[n_rows, n_classes]` probabilities.
+        ensemble_probs: aggregator -> `[n_rows, n_classes]`; computed with the numpy
+            aggregators from `member_probs` when None.
+        params: fitted aggregators' parameters `{name: params}` (`aggregators.json`), for the
+            members in index order.
+        first_row: column `row` of the first row (`model_rows`).
+    """
+    if len(classes) == 0:  # regression: ensemble.tasks.regression.tables
+        from ensemble.tasks.regression import tables as regression_tables
+
+        return regression_tables.predictions_table(member_probs, split, rows, y_true,
+                                                   aggregators, ensemble_probs, params,
+                                                   first_row)
+    params = params or {}
+    parts = [model_rows(f"member-{i}", i, None, split, rows, y_true, p, classes,
+                        first_row=first_row) for i, p in sorted(member_probs.items())]
+    stacked = np.stack([p for _, p in sorted(member_probs.items())]) if member_probs else None
+    if ensemble_probs is None:
+        ensemble_probs = {a: aggregate(stacked, a, params.get(a)) for a in aggregators}
+    for a in aggregators:
+        unc = None if a in NOT_PROBABILITIES else M.uncertainty(
+            stacked, ensemble_probs[a], member_weights(a, len(stacked), params.get(a)))
+        parts.append(model_rows(f"ensemble-{a}", None, a, split, rows, y_true,
+                                ensemble_probs[a], classes, unc, first_row))
+    return pa.concat_tables(parts).replace_schema_metadata(classes_metadata(classes))
+
+
+LAYOUTS = ("wide", "long")
+
+
+def wide_rows(long: pa.Table, aggregator: str, extra: pa.Table | None = None,
+              ids: np.ndarray | None = None) -> pa.Table:
+    """`ensemble predict`'s default layout: one row per input, the `aggregator`'s rows of a
+    long predictions table (`predictions_table`) without `model`, `member`, `aggregator` and
+    `split`, after the input's own non-feature columns `extra` (an id, a timestamp: carried
+    through unchanged; a name that collides with ours gets the prefix `input_`) or, for array
+    inputs, `input` (each row's file path or array index)."""
+    import pyarrow.compute as pc
+
+    t = long.filter(pc.equal(long.column("model"), f"ensemble-{aggregator}"))
+    t = t.drop_columns([c for c in ("model", "member", "aggregator", "split")
+                        if c in t.column_names])
+    front: list[tuple[str, pa.Array]] = []
+    if ids is not None:
+        front.append(("input", pa.array(np.asarray(ids, dtype=object).tolist(), pa.string())))
+    if extra is not None:
+        for name in extra.column_names:
+            front.append((f"input_{name}" if name in t.column_names else name,
+                          extra.column(name)))
+    for i, (name, col) in enumerate(front):
+        t = t.add_column(i, name, col)
+    return t.replace_schema_metadata(long.schema.metadata)
+
+
+def with_ids(long: pa.Table, ids: np.ndarray | None) -> pa.Table:
+    """A long predictions table of one batch with the column `input` (each row's file path
+    or array index; the table holds one block of rows per model) when `ids` are given."""
+    if ids is None:
+        return long
+    reps = long.num_rows // max(len(ids), 1)
+    col = pa.array(np.tile(np.asarray(ids, dtype=object), reps).tolist(), pa.string())
+    return long.add_column(0, "input", col)
+
+
+def probabilities(table: pa.Table, classes: np.ndarray) -> np.ndarray:
+    """The `p_<class>` columns as `[n_rows, n_classes]` float32 (regression: a member's
+    `[n_rows, 2]` mean and variance, `regression_tables.outputs`)."""
+    if len(classes) == 0:
+        from ensemble.tasks.regression import tables as regression_tables
+
+        return regression_tables.outputs(table)
+    return np.column_stack([table.column(f"p_{c}").to_numpy() for c in np.asarray(classes).tolist()])
+
+
+GAINS = tuple(f"gain_vs_{ref}_{m}" for ref in ("mean", "best") for m in M.METRICS)
+METRICS_SCHEMA = pa.schema(
+    [("model", pa.string()), ("member", pa.int32()), ("aggregator", pa.string()),
+     ("split", pa.string()), ("n", pa.int64())]
+    + [(m, pa.float64()) for m in M.METRICS]
+    + [("disagreement", pa.float64()), ("mean_pairwise_kl", pa.float64()),
+       ("mean_mutual_information", pa.float64()), ("best_member", pa.int32())]
+    + [(g, pa.float64()) for g in GAINS])
+
+
+def gain(ensemble: float | None, reference: float | None, metric: str) -> float | None:
+    """Ensemble gain on `metric`: positive = ensemble better (lower NLL/Brier/ECE, higher
+    accuracy); None when either value is None."""
+    if ensemble is None or reference is None:
+        return None
+    return reference - ensemble if metric in M.LOWER_IS_BETTER else ensemble - reference
+
+
+def _best_member(rows: list[dict]) -> int | None:
+    """The member with the lowest validation NLL (ties: higher accuracy, smaller index)."""
+    val = [r for r in rows if r["member"] is not None and r["split"] == "validation"]
+    if not val:
+        return None
+    return min(val, key=lambda r: (r["nll"], -r["accuracy"], r["member"]))["member"]
+
+
+def metrics_table(predictions: pa.Table, best_member: int | None = None) -> pa.Table:
+    """One row per model and split with `n`, accuracy, NLL, Brier and ECE; rows with unknown
+    `y_true` are left out. Vote rows have null NLL/Brier/ECE (vote shares are not
+    probabilities).
+
+    Ensemble rows also carry, per split: the members' `disagreement`, `mean_pairwise_kl`, the
+    ensemble's `mean_mutual_information`, `best_member` (chosen on the validation split, or
+    given by `best_member`, e.g. from the run's `aggregators.json`), and the ensemble gain
+    `gain_vs_{mean,best}_<metric>` over the mean member (mean of the members' metrics) and
+    over the best member on that split (positive = ensemble better).
+    """
+    classes = classes_from(predictions)
+    if len(classes) == 0:  # regression
+        from ensemble.tasks.regression import tables as regression_tables
+
+        return regression_tables.metrics_table(predictions, best_member)
+    out = []
+    labelled = predictions.filter(pc.is_valid(predictions.column("y_true")))
+    has_mi = "mutual_information" in predictions.column_names
+    for split in sorted(set(labelled.column("split").to_pylist())):
+        part = labelled.filter(pc.equal(labelled.column("split"), split))
+        models = list(dict.fromkeys(part.column("model").to_pylist()))
+        member_p, first = {}, len(out)
+        for model in models:
+            t = part.filter(pc.equal(part.column("model"), model))
+            p = probabilities(t, classes)
+            y = encode(t.column("y_true").to_numpy(zero_copy_only=False), classes)
+            member, agg = t.column("member")[0].as_py(), t.column("aggregator")[0].as_py()
+            if member is not None:
+                member_p[member] = p
+            row = {"model": model, "member": member, "aggregator": agg, "split": split,
+                   "n": len(y), **M.all_metrics(y, p)}
+            if agg in NOT_PROBABILITIES:
+                row.update(nll=None, brier=None, ece=None)
+            mi = t.column("mutual_information") if has_mi and agg is not None else None
+            row["mean_mutual_information"] = (None if mi is None or mi.null_count
+                                              else float(np.mean(mi.to_numpy())))
+            out.append(row)
+        stacked = np.stack([p for _, p in sorted(member_p.items())]) if member_p else None
+        for row in out[first:]:
+            is_ens = row["aggregator"] is not None and stacked is not None
+            row["disagreement"] = disagreement(stacked) if is_ens else None
+            row["mean_pairwise_kl"] = M.mean_pairwise_kl(stacked) if is_ens else None
+    for split in {r["split"] for r in out}:
+        rows = [r for r in out if r["split"] == split]
+        members = {r["member"]: r for r in rows if r["member"] is not None}
+        best = best_member if best_member in members else _best_member(out)
+        best = best if best in members else (
+            min(members.values(), key=lambda r: (r["nll"], r["member"]))["member"]
+            if members else None)
+        for r in rows:
+            if r["aggregator"] is None or not members:
+                continue
+            r["best_member"] = best
+            for m in M.METRICS:
+                mean = float(np.mean([x[m] for x in members.values()]))
+                r[f"gain_vs_mean_{m}"] = gain(r[m], mean, m)
+                r[f"gain_vs_best_{m}"] = gain(r[m], members[best][m], m)
+    return pa.Table.from_pylist(out, schema=METRICS_SCHEMA)
+
+
+def ensemble_size_table(member_probs: dict[str, np.ndarray], y: dict[str, np.ndarray],
+                        greedy_order: list[int] | None = None) -> pa.Table:
+    """The ensemble-size curve: metrics of the mean of the first k members, k = 1..n_members
+    (`order` = "first": members in index order; k = 1 is member 0 and k = n_members the
+    mean ensemble), and of the first k picks of greedy selection (`order` = "greedy", picks
+    with replacement, k = 1..len(greedy_order)).
+
+    Args:
+        member_probs: split -> `[n_members, n_rows, n_classes]` (members in index order).
+        y: split -> `[n_rows]` class indices.
+        greedy_order: member positions in the order greedy selection picked them.
+    """
+    if any(np.asarray(v).dtype.kind == "f" for v in y.values()):  # regression targets
+        from ensemble.tasks.regression import tables as regression_tables
+
+        return regression_tables.ensemble_size_table(member_probs, y, greedy_order)
+    out = []
+    for split, probs in member_probs.items():
+        probs = np.asarray(probs, np.float64)
+        orders = {"first": list(range(len(probs)))}
+        if greedy_order:
+            orders["greedy"] = list(greedy_order)
+        for name, order in orders.items():
+            total = np.zeros(probs.shape[1:])
+            for k, m in enumerate(order, start=1):
+                total += probs[m]
+                out.append({"order": name, "k": k, "split": split, "member_added": int(m),
+                            **M.all_metrics(y[split], (total / k).astype(np.float32))})
+    schema = pa.schema([("order", pa.string()), ("k", pa.int32()), ("split", pa.string()),
+                        ("member_added", pa.int32())]
+                       + [(m, pa.float64()) for m in M.METRICS])
+    return pa.Table.from_pylist(out, schema=schema)
+
+
+HISTORY_SCHEMA = pa.schema([("member", pa.int32()), ("epoch", pa.int32()),
+                            ("loss", pa.float64()), ("val_loss", pa.float64()),
+                            ("val_accuracy", pa.float64()), ("seconds", pa.float64())])
+
+
+def history_table(records: list[dict]) -> pa.Table:
+    """Training history, one row per member and epoch (sorted by member, epoch); a regression
+    run's has `val_rmse` instead of `val_accuracy`."""
+    records = sorted(records, key=lambda r: (r["member"], r["epoch"]))
+    schema = HISTORY_SCHEMA
+    if any("val_rmse" in r for r in records):
+        from ensemble.tasks.regression.tables import HISTORY_SCHEMA as schema
+    return pa.Table.from_pylist(records, schema=schema)
+
+
+def write_outputs(run_dir, predictions: pa.Table, history: pa.Table) -> pa.Table:
+    """Write `predictions.parquet`, `metrics.parquet` and `history.parquet` of a run
+    (atomically); returns the metrics table."""
+    from pathlib import Path
+
+    from ensemble.core import artifacts
+
+    run_dir = Path(run_dir)
+    table = metrics_table(predictions)
+    artifacts.write_parquet(run_dir / artifacts.PREDICTIONS, predictions)
+    artifacts.write_parquet(run_dir / artifacts.METRICS, table)
+    artifacts.write_parquet(run_dir / artifacts.HISTORY, history)
+    return table
