@@ -10,7 +10,7 @@ start lean). `ensemble.DeepEnsembleClassifier`, the scikit-learn estimator, is l
 `ensemble.sklearn`, which imports scikit-learn but not TensorFlow).
 """
 
-__version__ = "0.1.0"
+from ensemble.core import VERSION as __version__
 
 _API = ("train", "load_run", "Run")
 __all__ = ["__version__", *_API, "DeepEnsembleClassifier"]

@@ -11,7 +11,7 @@ in GFLOP/s and as a fraction of the machine's float32 GEMM rate measured by nump
 run (2048x2048), over every traced call (in-graph) or epoch (naive) after the first, which
 pays for tracing; `first epoch s` is spawn to the end of the first epoch (its progress line:
 what a user waits before training shows, in-graph only). FLOPs: 3x the forward pass (forward plus twice for backward), dense layers
-only, `2 * sum(w_in * w_out)` per row (`placement.mlp_flops`).
+only, `2 * sum(w_in * w_out)` per row (`ensemble.models.cost.mlp_flops`).
 
 Methods: `in-graph` and `between-graph` (`ensemble train`), `naive` (members built and trained
 one after another with Keras `model.fit`, then averaged), `sklearn` (`VotingClassifier`

@@ -88,9 +88,9 @@ def cmd_train(args) -> int:
     args.mode = args.mode or "in-graph"
     refuse_inapplicable(args)
     if not args.resume:  # every data problem, in one message, before TensorFlow loads
-        from ensemble.data import sources as data
+        from ensemble.runs.prepare import check_data
 
-        data.load(cfg.data)
+        check_data(cfg)
     if args.mode == "in-graph" or args.cluster or os.environ.get("TF_CONFIG"):  # not a
         import_tensorflow_quietly()  # between-graph launcher: its clients load TensorFlow
     from ensemble.runs import api
@@ -128,9 +128,9 @@ def cmd_search(args) -> int:
     plan = search.plan(args.config, args.candidates, args.select, args.stratify, overrides={
         "training.epochs": args.epochs, "placement.devices": args.devices})
     if not args.resume:  # every space and data problem before TensorFlow loads
-        from ensemble.data import sources as data
+        from ensemble.runs.prepare import check_data
 
-        data.load(plan.config.data)
+        check_data(plan.config)
     if args.mode == "in-graph":  # a between-graph launcher leaves TensorFlow to its clients
         import_tensorflow_quietly()
     from ensemble.runs import evaluate

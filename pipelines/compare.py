@@ -37,6 +37,7 @@ from ensemble.tasks import tables
 from ensemble.config.schema import MODES, Config
 from ensemble.core.errors import UsageError
 from ensemble.runs.between import checked, last_report, run_process
+from ensemble.runs.prepare import check_data
 
 PHASES = ("train", "predict")
 MEASURES = ("wall_seconds", "startup_seconds", "work_seconds", "member_rows_per_second",
@@ -134,10 +135,8 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
         UsageError: an existing folder without `overwrite`, bad data, or a phase that failed on
         bad input.
     """
-    from ensemble.data import sources as data
-
     check_folder(base, overwrite)
-    data.load(cfg.data)  # every data problem now, before any process starts
+    check_data(cfg)  # every data problem now, before any process starts
     table = cfg.to_dict()
     source = Path(cfg.data.source)
     if source.suffix in (".csv", ".parquet"):  # the config is written elsewhere: absolute path

@@ -72,16 +72,17 @@ def cli_env(**extra: str) -> dict[str, str]:
 def start_held(argv, tmp_path: Path, hold_at: str, member: int | None = None,
                stdout=subprocess.DEVNULL):
     """Start `ensemble ARGV` in its own process, to be held at `hold_at` ("EPOCH:STEP" or
-    "EPOCH:end", see `checkpoints.hold_point`; only in member `member`'s process when given).
+    "EPOCH:end" or a write kind, see `tests/hold_site/sitecustomize.py`; only in member `member`'s process when given).
     The held process writes its pid to the returned marker file and waits while it exists.
 
     Returns:
         (the `subprocess.Popen`, stderr piped as text; the marker file).
     """
     marker = tmp_path / "hold.pid"
-    env = cli_env(ENSEMBLE_HOLD_AT=hold_at, ENSEMBLE_HOLD_MARKER=str(marker))
+    env = cli_env(ENSEMBLE_TEST_HOLD_AT=hold_at, ENSEMBLE_TEST_HOLD_MARKER=str(marker))
+    env["PYTHONPATH"] = os.pathsep.join((str(ROOT / "tests" / "hold_site"), env["PYTHONPATH"]))
     if member is not None:
-        env["ENSEMBLE_HOLD_MEMBER"] = str(member)
+        env["ENSEMBLE_TEST_HOLD_MEMBER"] = str(member)
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", *map(str, argv)], env=env,
                             stdout=stdout, stderr=subprocess.PIPE, text=True)
     return proc, marker

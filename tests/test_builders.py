@@ -242,7 +242,7 @@ def test_flops_of_the_built_mlp_equal_the_formula():
     from ensemble.tasks import heads as tasks
     from ensemble.models.cost import count_flops
     from ensemble.models.members import build_member
-    from ensemble.replication.placement import mlp_flops
+    from ensemble.models.cost import mlp_flops
 
     model = build_member("mlp", {"hidden": [32, 16]}, (64,), 10, 0, "m", tasks.get())
     assert count_flops(model, (64,)) == mlp_flops(64, [32, 16], 10)

@@ -300,7 +300,7 @@ def test_predict_reports_input_problems_before_tensorflow(in_graph_run, tmp_path
 
 
 def test_evaluate_table_reads_well(in_graph_run, capsys):
-    from ensemble.runs.evaluate import number
+    from ensemble.tasks.report import number
 
     assert number(-0.00004) == "0.0000" and number(-0.00004, signed=True) == "0.0000"
     assert number(0.01234, signed=True) == "+0.0123" and number(None) == "n/a"

@@ -72,7 +72,7 @@ def test_balanced_beats_round_robin_on_mixed_costs():
 
 
 def test_mlp_flops_by_hand():
-    from ensemble.replication.placement import mlp_flops
+    from ensemble.models.cost import mlp_flops
 
     assert mlp_flops(64, [256, 128], 10) == 2 * (64 * 256 + 256 * 128 + 128 * 10)
     assert mlp_flops(4, [], 3) == 24

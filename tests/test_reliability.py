@@ -22,7 +22,7 @@ from ensemble.core.errors import UsageError
 
 
 def _start(argv, tmp_path, hold_at, member=None, timeout=90):
-    """Start `ensemble ARGV` held at `hold_at` (see `checkpoints.hold_point`); returns (the
+    """Start `ensemble ARGV` held at `hold_at` (see `tests/hold_site/sitecustomize.py`); returns (the
     process, the pid of the process that holds, the marker file that releases it)."""
     proc, marker = start_held(argv, tmp_path, hold_at, member)
     deadline = time.monotonic() + timeout

@@ -6,11 +6,18 @@ of the numbers are in `ensemble.config.bounds`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
 from ensemble.tasks.classification.aggregators import AGGREGATORS
 from ensemble.models.builders import ACTIVATIONS
-from ensemble.config.schema import CATEGORICAL, IMPUTE, LR_SCHEDULES, Config
 from ensemble.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from ensemble.config.schema import Config
+
+IMPUTE = ("error", "median", "most_frequent")
+CATEGORICAL = ("auto", "none")
+LR_SCHEDULES = ("constant", "cosine")
 
 
 def check_ranges(cfg: Config) -> None:

@@ -22,55 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
-from ensemble.models import builders
+from ensemble.config.checks import CATEGORICAL, IMPUTE, LR_SCHEDULES, check_ranges
 from ensemble.core.errors import UsageError
+from ensemble.data.settings import DataConfig, SyntheticConfig
+from ensemble.models import builders
+from ensemble.tasks.settings import DEFAULT_AGGREGATORS, AggregationConfig
 
 MODES = ("in-graph", "between-graph")  # the replication modes, in-graph the default
 
-DEFAULT_AGGREGATORS = ("mean", "vote")
-IMPUTE = ("error", "median", "most_frequent")
-CATEGORICAL = ("auto", "none")
-LR_SCHEDULES = ("constant", "cosine")
 MLP_KEYS = ("hidden", "activation", "dropout", "l2")  # [members] keys: the mlp builder's params
-
-
-@dataclass(frozen=True)
-class SyntheticConfig:
-    """`make_classification` parameters of the built-in `synthetic` source."""
-
-    rows: int = 50_000
-    features: int = 64
-    classes: int = 10
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Where the data comes from, how it is split (fractions of all rows) and prepared.
-
-    `categorical`: `"auto"` one-hot encodes string, boolean and dictionary columns, `"none"`
-    encodes nothing, a list names the columns to encode. `impute`: `"error"` refuses missing
-    feature values, `"median"` fills numeric ones with the training median (categorical ones
-    with the most frequent category), `"most_frequent"` fills both with the most frequent value.
-    A relative file `source` in a config file is resolved against that file's folder.
-    `split_seed` alone decides the train/validation/test split (never the training seed), so
-    runs with other seeds or member counts are scored on the same test rows. `drop`: columns
-    left out. `image_size` (`[h, w]`, empty: as they are) and `color_mode` (`auto`: grey when
-    every image is, `grayscale` or `rgb`): how an image folder is read (`ensemble.data.arrays`).
-    """
-
-    source: str = "digits"
-    target: str = "target"
-    test_size: float = 0.2
-    validation_size: float = 0.1
-    split_seed: int = 0
-    categorical: str | tuple[str, ...] = "auto"
-    impute: str = "error"
-    drop: tuple[str, ...] = ()
-    image_size: tuple[int, ...] = ()
-    color_mode: str = "auto"
-    task: str = "auto"  # auto | classification | regression (ensemble.tasks.heads.resolve)
-    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
 @dataclass(frozen=True)
@@ -151,7 +111,7 @@ class PlacementConfig:
     only print a notice.
 
     `replicas`: data parallelism in training: each member runs as this many replicas on
-    distinct devices, each batch split across them (`ensemble.replication.replicas`); `auto`:
+    distinct devices, each batch split across them (`ensemble.replication.steps`); `auto`:
     devices // members; 1: one device per member.
     """
 
@@ -160,24 +120,6 @@ class PlacementConfig:
     memory_growth: bool = True
     memory_limit_mb: int = 0
     replicas: int | str = 1
-
-
-@dataclass(frozen=True)
-class AggregationConfig:
-    """Aggregators applied to the members' predictions, and the fitted ones' settings.
-
-    `aggregators`: from `mean`, `vote`, `geometric`, `weighted`, `greedy`, `stacking`,
-    `temperature` (the last four are fitted on the validation split); a regression run takes
-    `mean`, `weighted`, `greedy`, `std-scaling` (`ensemble.tasks.regression.aggregators`) and applies `mean`
-    alone when the list is the default. `weights`: fixed member
-    weights for `weighted` (empty: fitted). `greedy_rounds`: additions of ensemble selection.
-    `stacking_folds`: cross-validation folds choosing the stacker's regularisation.
-    """
-
-    aggregators: tuple[str, ...] = DEFAULT_AGGREGATORS
-    weights: tuple[float, ...] = ()
-    greedy_rounds: int = 20
-    stacking_folds: int = 5
 
 
 @dataclass(frozen=True)
@@ -361,7 +303,6 @@ def from_dict(table: dict[str, Any]) -> Config:
     Raises:
         UsageError: unknown key, wrong type or out-of-range value; the message names the key.
     """
-    from ensemble.config.checks import check_ranges
 
     cfg = _build(Config, table, "config")
     check_ranges(cfg)

@@ -232,3 +232,10 @@ def record_hashes(manifest: dict[str, Any], run_dir: str | Path, paths) -> None:
     hashes = manifest.setdefault("artifacts", {})
     for p in paths:
         hashes[os.path.relpath(p, run_dir)] = sha256_file(p)
+
+
+def member_files(run_dir: Path, index: int) -> list[Path]:
+    """The files a completed member leaves in `members/`."""
+    return [artifacts.member_model_path(run_dir, index),
+            artifacts.member_history_path(run_dir, index),
+            artifacts.member_predictions_path(run_dir, index)]

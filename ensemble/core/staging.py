@@ -7,8 +7,8 @@ it behind; the next write into the same folder removes every staging entry whose
 provably dead: recorded on this host and its pid no longer running. An entry of another host,
 or of a pid that runs (perhaps reused), is left alone: nothing is removed on a guess.
 
-`hold` is a test hook: `ENSEMBLE_HOLD_AT=<point>` stops the process at a named point of a write
-(`predict`, `export`) so a test can kill it there (see `checkpoints.hold_here`).
+Writers fire `ensemble.core.hooks`' `"write"` point when a write is complete under its staging
+name, so a test can kill the process there.
 """
 
 from __future__ import annotations
@@ -105,11 +105,3 @@ def new_path(destination: str | Path, suffix: str = "", folder: bool = False) ->
     else:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     return path
-
-
-def hold(point: str) -> None:
-    """Test hook: wait at `point` when `ENSEMBLE_HOLD_AT` names it (see `checkpoints.hold_here`)."""
-    if os.environ.get("ENSEMBLE_HOLD_AT") == point:
-        from ensemble.replication.checkpoints import hold_here
-
-        hold_here()

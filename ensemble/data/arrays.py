@@ -29,42 +29,11 @@ from pathlib import Path
 import numpy as np
 
 from ensemble.core.errors import UsageError
+from ensemble.data.containers import ArrayData, Batch
 from ensemble.data.images import IMAGE_SUFFIXES, image_files, load_image_folder, read_images
 
 NPZ_KEYS = ("x", "y")
 KERAS_KEYS = ("x_train", "y_train", "x_test", "y_test")
-
-
-@dataclass(frozen=True)
-class ArrayData:
-    """Arrays and their labels.
-
-    Attributes:
-        x: `[n, *input_shape]` uint8 (images) or float32.
-        y: `[n]` labels (int64 or str), or None.
-        ids: `[n]` str: each row's file path, or `"<file>[i]"` for an array index.
-        test_rows: row indices of a test split the source gives (Keras layout), or None.
-    """
-
-    name: str
-    x: np.ndarray
-    y: np.ndarray | None
-    ids: np.ndarray
-    test_rows: np.ndarray | None = None
-    color_mode: str = "rgb"  # how an image folder was read (`auto` resolved)
-
-    feature_names: tuple = ()
-    categorical: dict | None = None
-
-    @property
-    def columns(self) -> tuple[str, ...]:
-        return ()
-
-    def sha256(self) -> str:
-        h = hashlib.sha256(np.ascontiguousarray(self.x).tobytes())
-        if self.y is not None:
-            h.update("\0".join(map(str, self.y.tolist())).encode())
-        return h.hexdigest()
 
 
 def is_array_source(source: str) -> bool:
@@ -310,7 +279,7 @@ class ArrayStream:
     def _load(self, files=None) -> ArrayData:
         if files is None:
             if self._whole is None:
-                from ensemble.config.schema import DataConfig
+                from ensemble.data.settings import DataConfig
 
                 cfg = DataConfig(source=self.source,
                                  image_size=self.pre.image_size or (),
@@ -338,8 +307,7 @@ class ArrayStream:
         self.pre.check_input(first)
 
     def __iter__(self):
-        from ensemble.data.sources import encode
-        from ensemble.data.stream import Batch
+        from ensemble.core.labels import encode
 
         n = len(self._files) if self._files is not None else len(self._load().x)
         for lo in range(0, n, self.batch_rows):

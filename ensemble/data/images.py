@@ -9,14 +9,11 @@ seconds before the first check).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ensemble.core.errors import UsageError
-
-if TYPE_CHECKING:
-    from ensemble.data.arrays import ArrayData
+from ensemble.data.containers import ArrayData
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")  # Pillow modes read as one channel
@@ -75,8 +72,6 @@ def load_image_folder(path: str, image_size=None, color_mode: str = "auto",
     if color_mode == "auto":
         color_mode = "grayscale" if grey else "rgb"
     part = read_images(files, image_size, color_mode)
-    from ensemble.data.arrays import ArrayData
-
     return ArrayData(str(path), part.x, y, part.ids, color_mode=color_mode)
 
 
@@ -110,7 +105,5 @@ def read_images(files, image_size, color_mode) -> ArrayData:
     y = np.asarray(labels)
     if all(c.lstrip("-").isdigit() for c in labels):
         y = y.astype(np.int64)
-    from ensemble.data.arrays import ArrayData
-
     return ArrayData(str(Path(files[0]).parent), np.stack(images), y,
                      np.asarray([str(f) for f in files], dtype=object))

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ensemble.data import sources as data
-from ensemble.config.schema import DataConfig
+from ensemble.data.settings import DataConfig
 from ensemble.data.sources import Dataset
 from ensemble.core.errors import UsageError
 

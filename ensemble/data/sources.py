@@ -25,8 +25,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ensemble.config.schema import DataConfig
+from ensemble.data.settings import DataConfig
 from ensemble.core.errors import UsageError
+from ensemble.core.labels import encode  # noqa: F401 (re-exported: `sources.encode`)
 
 BUILTIN = ("digits", "breast_cancer", "wine", "iris", "synthetic", "diabetes")
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # the model's dtype: larger values do not fit
@@ -147,7 +148,7 @@ def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
     y = np.asarray(col.to_numpy(zero_copy_only=False))
     y = y.astype(str) if y.dtype.kind in "OUSb" else y
     if y.dtype.kind == "f":
-        if not np.all(np.isfinite(y)):  # regression (ensemble.tasks.heads.resolve)
+        if not np.all(np.isfinite(y)):  # regression (`ensemble.runs.prepare.resolve_task`)
             problems.append(f"target column {target!r} holds NaN or inf; expected class "
                             "labels or finite numbers")
             return None
@@ -317,13 +318,6 @@ def load(cfg: DataConfig, require_target: bool = True, expected: Sequence[str] |
         key = (stat.st_size, stat.st_mtime_ns) if stat else None
         ds = _load_file(cfg, key, require_target,
                         None if expected is None else tuple(expected), strict)
-    if require_target:  # the task: refused in one line before anything else runs
-        from ensemble.tasks.heads import resolve
-
-        if resolve(ds.y, cfg.task, cfg.source) == "regression":
-            return ds
-    if require_target and len(np.unique(ds.y)) < 2:
-        raise UsageError(f"Data {ds.name} has fewer than two classes; expected at least two.")
     return ds
 
 
@@ -355,7 +349,7 @@ def split(ds: Dataset, cfg: DataConfig, seed: int) -> tuple[dict[str, np.ndarray
     from sklearn.model_selection import train_test_split
 
     idx = np.arange(len(ds.y))
-    if cfg.task == "regression":  # resolved by the caller (ensemble.tasks.heads.resolve)
+    if cfg.task == "regression":  # resolved by the caller (`ensemble.runs.prepare.resolve_task`)
         rest, test = train_test_split(idx, test_size=cfg.test_size, random_state=seed)
         train, val = train_test_split(rest, test_size=cfg.validation_size
                                       / (1.0 - cfg.test_size), random_state=seed)
@@ -382,31 +376,3 @@ def split(ds: Dataset, cfg: DataConfig, seed: int) -> tuple[dict[str, np.ndarray
             f"(smallest class has {counts.min()} rows): {exc}"
         ) from None
     return {"train": np.sort(train), "validation": np.sort(val), "test": np.sort(test)}, classes
-
-
-def encode(y: np.ndarray, classes: np.ndarray) -> np.ndarray:
-    """Map labels `[n_rows]` to class indices `[n_rows]` int32 (`classes` sorted).
-
-    A regression run has no classes (`classes` empty): targets come back as float64.
-
-    Raises:
-        UsageError: a label that is not among `classes`.
-    """
-    y, classes = np.asarray(y), np.asarray(classes)
-    if classes.size == 0:  # regression
-        if y.dtype.kind not in "iuf":
-            raise UsageError(f"Targets of type {y.dtype} are not numbers; this regression "
-                             "run needs numeric targets.")
-        return y.astype(np.float64)
-    if (y.dtype.kind in "USO") != (classes.dtype.kind in "USO"):
-        raise UsageError(
-            f"Labels of type {y.dtype} do not match the run's classes {classes.tolist()}"
-        )
-    pos = np.clip(np.searchsorted(classes, y), 0, len(classes) - 1)
-    unknown = classes[pos] != y
-    if np.any(unknown):
-        raise UsageError(
-            f"Label {y[unknown][0].item()!r} is not a class of this run; expected one of "
-            f"{classes.tolist()}"
-        )
-    return pos.astype(np.int32)

@@ -17,40 +17,21 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 
+from ensemble.core import hooks
 from ensemble.data import sources as data
+from ensemble.data.containers import Batch
 from ensemble.core.errors import UsageError
 from ensemble.data.preprocessing import Preprocessing
 
 DEFAULT_BATCH_ROWS = 65536
 FORMATS = (".parquet", ".csv")
 _CHECKED: set = set()  # inputs whose check passed in this process
-
-
-@dataclass
-class Batch:
-    """One batch of a streamed input: rows `first_row..first_row+len(x)-1` of the source.
-
-    Attributes:
-        x: `[n_rows, n_outputs]` float32, imputed, encoded and scaled.
-        y: `[n_rows]` int32 class indices, or None when the batch has no (complete) labels.
-    """
-
-    first_row: int
-    x: np.ndarray
-    y: np.ndarray | None
-    ids: np.ndarray | None = None  # array inputs: each row's file path or array index
-    extra: pa.Table | None = None  # with `passthrough`: the input's non-feature columns
-
-    @property
-    def rows(self) -> np.ndarray:
-        return np.arange(self.first_row, self.first_row + len(self.x), dtype=np.int64)
 
 
 def input_stream(pre, source: str, target: str, strict: bool = False,
@@ -344,9 +325,7 @@ class PredictionWriter:
         if failed is not None and kind is None:
             kind, value, tb = type(failed), failed, failed.__traceback__
         if kind is None:
-            from ensemble.core import staging
-
-            staging.hold("predict")  # test hook: complete, not yet renamed into place
+            hooks.fire("write", kind="predict", path=self.out)  # complete, not yet in place
         self._ctx.__exit__(kind, value, tb)
         if failed is not None:
             raise failed

@@ -12,7 +12,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ensemble.replication.placement import mlp_flops
+
+
+def mlp_flops(n_features: int, hidden: Sequence[int], n_classes: int) -> int:
+    """FLOPs of one row through an MLP's dense layers: `2 * sum(w_in * w_out)`
+    (a multiply and an add per weight; biases and activations left out)."""
+    widths = [n_features, *hidden, n_classes]
+    return int(sum(2 * a * b for a, b in zip(widths, widths[1:])))
 
 
 def _dims(tensor) -> list[int]:
@@ -69,7 +75,7 @@ def member_flops(spec: str, params: dict[str, Any], input_shape: Sequence[int],
     """FLOPs per row of a member of builder `spec` with `params`: `count_flops` of a fresh
     build on the CPU, which also checks the builder (`members.build_network`) and, for a
     user's builder, that its model saves and loads safely (`members.check_serializable`).
-    The built-in MLP on a flat input is counted by its formula (`placement.mlp_flops`, equal
+    The built-in MLP on a flat input is counted by its formula (`mlp_flops`, equal
     to `count_flops` of it: a test checks), so a process that only places members need not
     load TensorFlow.
 

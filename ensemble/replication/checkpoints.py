@@ -101,27 +101,3 @@ class EpochCheckpoints:
             raise UsageError(f"Every checkpoint in {self.directory} is damaged (newest: "
                              f"{paths[0]}); cannot resume. Start over with --overwrite.")
         return 0, []
-
-
-def hold_point(indices) -> tuple[int, int | None] | None:
-    """Test hook, read once per training run: `(epoch, step)` from `ENSEMBLE_HOLD_AT="EPOCH:STEP"`
-    (STEP `end`, given as None, for after the epoch's checkpoint), or None when unset or when
-    `ENSEMBLE_HOLD_MEMBER=I` names a member not in `indices`. The epoch loop puts a call
-    boundary after that step and calls `hold_here` there: the hook never enters a traced call."""
-    spec = os.environ.get("ENSEMBLE_HOLD_AT")
-    if not spec:
-        return None
-    member = os.environ.get("ENSEMBLE_HOLD_MEMBER")
-    if member is not None and int(member) not in indices:
-        return None
-    epoch, step = spec.split(":")
-    return int(epoch), (None if step == "end" else int(step))
-
-
-def hold_here() -> None:
-    """Write this process's id to `ENSEMBLE_HOLD_MARKER` and wait while that file exists, so a
-    test can kill the process (or something it depends on) at a known point, then release it."""
-    marker = Path(os.environ["ENSEMBLE_HOLD_MARKER"])
-    artifacts.write_text(marker, str(os.getpid()))
-    while marker.exists():
-        time.sleep(0.1)

@@ -25,7 +25,7 @@ from ensemble.core import runlock
 from ensemble.tasks import tables
 from ensemble.tasks import heads as tasks
 from ensemble.replication.cluster import naming_unreachable_tasks
-from ensemble.data.sources import encode
+from ensemble.core.labels import encode
 from ensemble.core.errors import UsageError
 
 def local_devices(devices: Sequence[str], visible: str | None = None
@@ -208,7 +208,7 @@ def run_client(run_dir: Path, indices: int | Sequence[int], threads: int | None 
 def _record_member(run_dir: Path, index: int, status: str) -> None:
     """Record a member's status in the manifest, with its files' sha256 when completed (the
     client's own record, which the aggregator verifies); read-modify-write under the lock."""
-    from ensemble.runs.prepare import member_files
+    from ensemble.core.artifacts import member_files
 
     hashes = ({os.path.relpath(p, run_dir): artifacts.sha256_file(p)
                for p in member_files(run_dir, index)} if status == "completed" else None)

@@ -1,7 +1,7 @@
 """Traced training and prediction graphs reused across fits of the same architecture, for
 `ensemble.sklearn.DeepEnsembleClassifier`.
 
-Tracing the many-steps training call (`training.make_steps_fn`) of a few tiny members costs
+Tracing the many-steps training call (`steps.make_steps_fn`) of a few tiny members costs
 0.3-1 s on 2 cores, far more than training them on a few hundred rows, and scikit-learn fits
 many times (cross-validation, grid search, its estimator checks). A `TracedEnsemble` keeps one
 architecture's members, optimisers, traced training call and prediction graphs. Each fit
@@ -86,7 +86,7 @@ class TracedEnsemble:
 
         from ensemble.replication.group import CLIENT_DEVICE
         from ensemble.replication.in_graph import InGraphEnsemble
-        from ensemble.replication.training import make_steps_fn
+        from ensemble.replication.steps import make_steps_fn
 
         self.cfg, self.input_shape, self.n_classes = cfg, tuple(input_shape), n_classes
         self.devices, self.n_train = list(devices), n_train
@@ -142,7 +142,7 @@ class TracedEnsemble:
         self.feed(np.zeros((0, *self.input_shape), np.float32), np.zeros(0))
 
     def steps(self, idx: np.ndarray, total: np.ndarray, active: np.ndarray) -> np.ndarray:
-        """`training.make_steps_fn`'s call, numpy in and out (for `training.train_loop`)."""
+        """`steps.make_steps_fn`'s call, numpy in and out (for `training.train_loop`)."""
         import tensorflow as tf
 
         return self.run_steps(tf.constant(idx), tf.constant(total), tf.constant(active)).numpy()

@@ -17,7 +17,8 @@ from ensemble.tasks import heads as tasks
 from ensemble.config.schema import Config, member_hparams
 from ensemble.models.members import build_member, member_seed
 from ensemble.models.optimizer import build_optimizer
-from ensemble.replication.training import EarlyStopping, Schedule, make_steps_fn, train_loop
+from ensemble.replication.steps import make_steps_fn
+from ensemble.replication.training import EarlyStopping, Schedule, train_loop
 
 CLIENT_DEVICE = "/device:CPU:0"
 
@@ -46,7 +47,7 @@ class MemberGroup:
         # member position -> [(model copy, device)] of its replicas (`set_replicas`)
         self.replicas: dict[int, list] = {}
         # training's data parallelism: `[n_members]` lists of replica devices, replica 0
-        # `devices[k]` (`replicas.replicated_train_step`); None: one device per member
+        # `devices[k]` (`steps.replicated_train_step`); None: one device per member
         self.train_replicas: list[list[str]] | None = None
         self.input_shape = tuple(self.models[0].input_shape[1:])
         self.predict_fn = tf.function(  # plain Python control flow: no AutoGraph conversion
@@ -155,7 +156,7 @@ class MemberGroup:
                 {a: np.concatenate(v, axis=0) for a, v in ens.items()})
 
     def make_train_steps(self, x_train: np.ndarray, y_train: np.ndarray):
-        """The traced many-steps training call of these members (`training.make_steps_fn`):
+        """The traced many-steps training call of these members (`steps.make_steps_fn`):
         `run_steps(idx [steps, n_members, batch] int32, total [n_members] float32,
         active [n_members] bool) -> [n_members]` running loss sums."""
         return make_steps_fn(self.models, self.optimizers, self.devices, x_train, y_train,

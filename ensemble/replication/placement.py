@@ -93,13 +93,6 @@ class BalancedPlacement:
         return out
 
 
-def mlp_flops(n_features: int, hidden: Sequence[int], n_classes: int) -> int:
-    """FLOPs of one row through an MLP's dense layers: `2 * sum(w_in * w_out)`
-    (a multiply and an add per weight; biases and activations left out)."""
-    widths = [n_features, *hidden, n_classes]
-    return int(sum(2 * a * b for a, b in zip(widths, widths[1:])))
-
-
 def place(n_members: int, devices: Sequence[str], strategy: str = "round-robin",
           costs: Sequence[float] | None = None) -> list[str]:
     """The device of every member by `strategy` (`round-robin`, or `balanced` by `costs`).

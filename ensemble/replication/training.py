@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ensemble.core import hooks, interrupt
 from ensemble.models.members import batch_order
 
 CALL_SECONDS = 1.0  # automatic K aims at calls of about this long (progress every call)
@@ -94,74 +95,6 @@ def train_step(model, optimizer, x, y, idx, task):
     grads = tape.gradient(loss, model.trainable_variables)
     optimizer.apply(grads)
     return loss
-
-
-def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: str, task,
-                  on_device: dict | None = None, masked: bool = False, replicas=None):
-    """The traced call that trains a group of members for several steps.
-
-    The training data is copied once into each memory the members' devices use (`memory_of`:
-    one copy per GPU, one for all logical CPU devices of a host, which read it in place); or
-    the caller gives those copies as `on_device` `{device: (x [n_train, *input_shape]
-    float32 (uint8 images), y [n_train])}`,
-    e.g. variables it reassigns between fits so that the call is traced once
-    (`ensemble.replication.graph_cache`; `x_train`, `y_train` are then unused). The returned function takes
-    `idx` `[steps, n_members, batch]` int32 (member `k`'s rows of each step), `total`
-    `[n_members]` float32 (the epoch's running loss sum so far) and `active` `[n_members]`
-    bool, and returns `total` plus, step after step, each member's batch-mean loss x batch
-    rows: carrying the running sum through the calls makes it independent of how the steps
-    are split into calls. With `masked` (early stopping), a member whose `active` is false
-    skips its steps (no update, loss 0); without it `active` is ignored, and the graph holds
-    no condition.
-    Every step calls `train_step` for every member under `tf.device` of its device; the
-    summing runs on `client_device`. `replicas` (`[n_members]` lists of device names, replica
-    0 the member's device; None: one each) makes a member of several replicas take
-    `replicas.replicated_train_step` instead, data-parallel (the same step for one replica).
-    """
-    import tensorflow as tf
-
-    from ensemble.replication.replicas import memories, replicated_train_step
-
-    on_device = {memory_of(d): v for d, v in (on_device or {}).items()}
-    x_train = None if x_train is None else (
-        x_train if np.asarray(x_train).dtype == np.uint8 else np.asarray(x_train, np.float32))
-    for device in memories(devices, replicas):
-        if memory_of(device) in on_device:
-            continue
-        with tf.device(device):  # one copy per memory, on its first member's device
-            on_device[memory_of(device)] = (tf.identity(tf.constant(x_train)),
-                                            tf.identity(tf.constant(y_train, task.target_dtype)))
-    n = len(models)
-
-    @tf.function(input_signature=[tf.TensorSpec([None, n, None], tf.int32),
-                                  tf.TensorSpec([n], tf.float32),
-                                  tf.TensorSpec([n], tf.bool)], autograph=False)
-    def run_steps(idx, total, active):
-        rows = tf.cast(tf.shape(idx)[2], tf.float32)
-
-        def body(s, total):
-            losses = []
-            for k, (model, opt, device) in enumerate(zip(models, optimizers, devices)):
-                with tf.device(device):
-                    x, y = on_device[memory_of(device)]
-                    step = (lambda m=model, o=opt, x=x, y=y, k=k:  # noqa: E731
-                            train_step(m, o, x, y, idx[s, k], task))
-                    if replicas is not None and len(replicas[k]) > 1:  # data parallelism
-                        step = (lambda m=model, o=opt, k=k:  # noqa: E731
-                                replicated_train_step(m, o, on_device, idx[s, k], task,
-                                                      replicas[k]))
-                    losses.append(tf.cond(active[k], step, lambda: tf.constant(0.0))
-                                  if masked else step())
-            with tf.device(client_device):
-                return s + 1, total + tf.stack(losses) * rows
-
-        with tf.device(client_device):
-            _, total = tf.while_loop(lambda s, _: s < tf.shape(idx)[0], body,
-                                     [tf.constant(0), total],
-                                     parallel_iterations=1)
-            return total
-
-    return run_steps
 
 
 class Callback:
@@ -282,24 +215,20 @@ def train_loop(run_steps: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndar
         epoch a member trained (restored ones included; none after a member stopped);
         `seconds` is the epoch's wall time, shared by the members trained together.
     """
-    from ensemble.core import interrupt
-    from ensemble.replication.checkpoints import hold_here, hold_point
-
     with interrupt.deferred():
         return _Loop(run_steps, predict_val, list(indices), schedule, n_train, y_val, task,
-                     checkpoints, callbacks, stopping, hold_point(indices), hold_here,
-                     interrupt.check).run()
+                     checkpoints, callbacks, stopping, interrupt.check).run()
 
 
 class _Loop:
     """The epoch loop of `train_loop` (one object instead of a dozen arguments)."""
 
     def __init__(self, run_steps, predict_val, indices, schedule, n_train, y_val, task,
-                 checkpoints, callbacks, stopping, hold, hold_here, check):
+                 checkpoints, callbacks, stopping, check):
         self.run_steps, self.predict_val, self.indices = run_steps, predict_val, indices
         self.s, self.n_train, self.y_val, self.task = schedule, n_train, y_val, task
         self.checkpoints, self.callbacks, self.stopping = checkpoints, callbacks, stopping
-        self.hold, self.hold_here, self.check = hold, hold_here, check
+        self.check = check
         self.n_steps = schedule.steps_per_epoch(n_train)
         self.k = schedule.steps_per_call or min(FIRST_CALL_STEPS, self.n_steps)
 
@@ -330,8 +259,7 @@ class _Loop:
             for cb in self.callbacks:
                 cb.on_epoch_end(epoch, new)
             self.check(min(epoch + 2, s.epochs), s.epochs)
-            if self.hold is not None and self.hold == (epoch, None):
-                self.hold_here()
+            hooks.fire("epoch_end", epoch=epoch, members=self.indices)
         if self.stopping is not None:
             self.stopping.finish()
         return records
@@ -359,14 +287,10 @@ class _Loop:
                           for i in self.indices])
         full = order[:, :n_full * s.batch_size].reshape(len(self.indices), n_full, s.batch_size)
         full = np.ascontiguousarray(full.transpose(1, 0, 2))  # [n_full, n_members, batch]
-        hold = self.hold
-        hold_step = hold[1] if hold is not None and hold[0] == epoch else None
         total, done = np.zeros(len(self.indices), np.float32), 0
         while done < n_steps:
             if done < n_full:
                 stop = min(n_full, done + self.k)
-                if hold_step is not None and done <= hold_step < stop - 1:
-                    stop = hold_step + 1  # a call boundary where the test hook holds
                 batch = full[done:stop]
             else:
                 stop, batch = n_steps, order[:, n_full * s.batch_size:][None]
@@ -382,6 +306,5 @@ class _Loop:
                 cb.on_call_end(epoch, done, n_steps, total / np.float32(rows),
                                time.perf_counter() - start)
             self.check(epoch + 1, s.epochs)
-            if hold_step is not None and done == hold_step + 1:
-                self.hold_here()
+            hooks.fire("call_end", epoch=epoch, steps_done=done, members=self.indices)
         return total

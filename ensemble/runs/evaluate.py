@@ -1,16 +1,14 @@
 """`ensemble evaluate`: the table of the ensemble against its members, validation then test.
 
 Metrics are recomputed from the predictions file (never trusted from elsewhere), written to
-the metrics Parquet, and printed in a 100-column table: every member, the mean member, the best
-member (chosen on the validation split), each ensemble aggregator; then each ensemble's gain
-over the mean and the best member on test, absolute and relative; the fitted aggregators'
-parameters; diversity; and one sentence saying what the ensemble gained.
+the metrics Parquet, and rendered by the run's task (`ensemble.tasks.report.format_table`: every
+member, the mean and best member, each aggregator, the gains, the fitted parameters, a verdict);
+`--plots` draws the task's plots (`Task.write_plots`).
 """
 
 from __future__ import annotations
 
 import os
-import textwrap
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,163 +21,10 @@ from ensemble.core import runlock
 from ensemble.runs import search_report
 from ensemble.tasks import tables
 from ensemble.core.errors import UsageError
-from ensemble.tasks.classification.metrics import LOWER_IS_BETTER, METRICS
-
-SPLIT_ORDER = ("validation", "test", "predict", "train")
-NAME_WIDTH, COL = 35, 16  # 35 + 4 * 16 = 99 columns; a cell holds at most 15 characters
-
-
-def number(value: float | None, digits: int = 4, signed: bool = False) -> str:
-    """`value` rounded to `digits`, never `-0.0000` (a value that rounds to zero prints
-    unsigned); `n/a` for None."""
-    if value is None:
-        return "n/a"
-    text = f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
-    return text.lstrip("+-") if float(text) == 0 else text
-
-
-def _gain_cell(gain: float | None, reference: float | None, metric: str) -> str:
-    """`+0.0123 (+5.1%)`: absolute gain and gain relative to the reference (positive =
-    ensemble better); relative gains of 10% or more without decimals."""
-    if gain is None or reference is None:
-        return "n/a"
-    if reference == 0:
-        return number(gain, 4, True)
-    rel = 100 * gain / abs(reference)
-    return f"{number(gain, 4, True)} ({number(rel, 0 if abs(rel) >= 9.95 else 1, True)}%)"
-
-
-def _line(name: str, cells: list[str]) -> str:
-    return f"{name:<{NAME_WIDTH}}" + "".join(f"{c:>{COL}}" for c in cells)
-
-
-def _references(rows: list[dict]) -> tuple[dict, dict | None, list[dict]]:
-    members = [r for r in rows if r["member"] is not None]
-    mean = {m: sum(r[m] for r in members) / len(members) for m in METRICS} if members else {}
-    best_idx = next((r["best_member"] for r in rows if r.get("best_member") is not None), None)
-    best = next((r for r in members if r["member"] == best_idx), None)
-    return mean, best, members
-
-
-def _split_block(split: str, rows: list[dict], references=None, columns=METRICS, fmt=None,
-                 line=None) -> list[str]:
-    """One split's rows of the table: every member, the mean and the best member, every
-    aggregator. `references`, `columns`, `fmt` and `line` default to the classification
-    table's (`ensemble.tasks.regression.evaluation` passes its own)."""
-    fmt, line = fmt or number, line or _line
-    mean, best, members = (references or _references)(rows)
-    out = [f"{split} ({rows[0]['n']} rows)"]
-    out += [line("  " + r["model"], [fmt(r[m]) for m in columns]) for r in members]
-    if members:
-        out.append(line("  mean member", [fmt(mean[m]) for m in columns]))
-    if best is not None:
-        out.append(line(f"  best member ({best['model']})", [fmt(best[m]) for m in columns]))
-    out += [line("  " + r["model"], [fmt(r[m]) for m in columns])
-            for r in rows if r["aggregator"] is not None]
-    return out
-
-
-def _gain_block(split: str, rows: list[dict]) -> list[str]:
-    mean, best, members = _references(rows)
-    ensembles = [r for r in rows if r["aggregator"] is not None]
-    if not members or not ensembles:
-        return []
-    out = [f"ensemble gain on {split} (positive = ensemble better; relative to the reference)"]
-    for r in ensembles:
-        out.append(_line(f"{r['model']} vs mean member",
-                         [_gain_cell(r[f"gain_vs_mean_{m}"], mean[m], m) for m in METRICS]))
-        if best is not None:
-            out.append(_line(f"{r['model']} vs best member",
-                             [_gain_cell(r[f"gain_vs_best_{m}"], best[m], m) for m in METRICS]))
-    e = ensembles[0]
-    if e.get("disagreement") is not None:
-        mi = [f"{r['model']} {number(r['mean_mutual_information'])}" for r in ensembles
-              if r.get("mean_mutual_information") is not None][:1]
-        out.append(f"diversity on {split}: disagreement {number(e['disagreement'])}, mean "
-                   f"pairwise KL {number(e['mean_pairwise_kl'])} nats"
-                   + (f",\n  mean mutual information ({mi[0]} nats)" if mi else ""))
-    return out
-
-
-def verdict(metrics: pa.Table, split: str = "test") -> str:
-    """One sentence on what the ensemble gained on `split`: the ensemble with the lowest
-    validation NLL (the mean when there is no validation split), its NLL change against the
-    mean member and the best member (chosen on validation), and its accuracy change."""
-    rows = [r for r in metrics.to_pylist() if r["split"] == split]
-    mean, best, members = _references(rows)
-    cands = [r for r in rows if r["aggregator"] is not None and r["nll"] is not None]
-    if not cands or not members:
-        return ""
-    val = {r["model"]: r["nll"] for r in metrics.to_pylist()
-           if r["split"] == "validation" and r["aggregator"] is not None and r["nll"] is not None}
-    ens = min(cands, key=lambda r: val.get(r["model"], 0.0 if r["aggregator"] == "mean" else 1.0))
-
-    def change(ref: float) -> str:
-        rel = (ref - ens["nll"]) / ref if ref else 0.0
-        word = "lowers" if rel >= 0 else "raises"
-        return word, f"{abs(100 * rel):.0f}%"
-
-    w1, c1 = change(mean["nll"])
-    text = (f"The {len(members)}-member ensemble ({ens['model']}"
-            + (", chosen on validation" if val else "") + f") {w1} {split} NLL by {c1} "
-            "against the mean member")
-    ref = best or mean
-    if best is not None:
-        w2, c2 = change(best["nll"])
-        text += (f" and {'' if w2 == w1 else w2 + ' it '}by {c2} against the best member "
-                 f"({best['model']}, chosen on validation)")
-    points = 100 * (ens["accuracy"] - ref["accuracy"])
-    return text + f"; accuracy {number(points, 1, True)} points against the " \
-        f"{'best' if best is not None else 'mean'} member."
-
-
-def _fitted_lines(fit: dict | None) -> list[str]:
-    """The fitted aggregators' parameters, one line each."""
-    if not fit or not fit.get("params"):
-        return []
-    names = [f"member-{i}" for i in fit["members"]]
-    out = [f"fitted on the validation split ({fit['n_rows']} rows):"]
-    for name, p in fit["params"].items():
-        if name in ("weighted", "greedy"):
-            ws = ", ".join(f"{n} {w:.2f}" for n, w in zip(names, p["weights"]) if w > 0)
-            extra = (f" ({p['size']} of {len(p['order'])} rounds kept)" if name == "greedy"
-                     else f" ({p.get('source', 'fitted')})")
-            out.append(f"  {name}: weights {ws}{extra}")
-        elif name == "stacking":
-            out.append(f"  stacking: logistic regression, C = {p['C']:.3g} "
-                       f"({p['folds']}-fold cross-validation)")
-        elif name == "temperature":
-            out.append(f"  temperature: T = {p['temperature']:.3f}")
-    return out
-
-
-def format_table(metrics: pa.Table, fit: dict | None = None) -> str:
-    """Render the evaluation table: splits in the order validation, test, others.
-
-    Raises:
-        UsageError: the metrics hold no row.
-    """
-    if "rmse" in metrics.column_names:  # a regression run
-        from ensemble.tasks.regression import evaluation as evaluate_regression
-
-        return evaluate_regression.format_table(metrics, fit)
-    rows = metrics.to_pylist()
-    if not rows:
-        raise UsageError("No labelled rows; cannot evaluate.")
-    splits = sorted({r["split"] for r in rows}, key=SPLIT_ORDER.index)
-    better = ["higher" if m not in LOWER_IS_BETTER else "lower" for m in METRICS]
-    lines = [_line("model", list(METRICS)), _line("(better)", better)]
-    for s in splits:
-        lines += _split_block(s, [r for r in rows if r["split"] == s])
-    last = "test" if "test" in splits else splits[-1]
-    lines += _gain_block(last, [r for r in rows if r["split"] == last])
-    lines += _fitted_lines(fit)
-    if any(r["aggregator"] == "vote" for r in rows):
-        lines.append("ensemble-vote: vote shares are not probabilities, so NLL, Brier and ECE "
-                     "are n/a")
-    sentence = textwrap.fill(verdict(metrics, last), NAME_WIDTH + 4 * COL)
-    return "\n".join(lines + ([sentence] if sentence else []))
-
+from ensemble.tasks.classification.evaluation import _line
+from ensemble.tasks.classification.metrics import METRICS
+from ensemble.tasks.heads import format_table, of_metrics
+from ensemble.tasks.report import number
 
 def evaluate(run_dir: Path | None, predictions: Path | None = None,
              plots: bool = False) -> tuple[pa.Table, str]:
@@ -244,13 +89,11 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
 
         text = "\n".join([text, *comparison_lines(run_dir)])
     if plots:
-        from pipelines import plots as P
-
         if manifest is not None and (run_dir / posthoc.SIZE_CURVE).is_file():
             artifacts.verify(run_dir, manifest, run_dir / posthoc.SIZE_CURVE)
-        text += "\n" + P.write_plots(out.parent, preds, table, run_dir)
-        written += [p for p in out.parent.glob("*.png")
-                    if p.name in ("reliability.png", "ensemble_size.png", "members.png")]
+        pictures = of_metrics(table).write_plots(out.parent, preds, table, run_dir)
+        text += "\n" + "\n".join(f"plot: {p}" for p in pictures)
+        written += pictures
     inside = [p for p in written if run_dir is not None
               and Path(os.path.abspath(p)).is_relative_to(os.path.abspath(run_dir))]
     if inside:  # a hashed artifact is never rewritten without its new hash

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ensemble.core import artifacts
+from ensemble.core import artifacts, hooks
 from ensemble.runs import prepare as run
 from ensemble.core import staging
 from ensemble.core.errors import UsageError
@@ -244,7 +244,7 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
         mod, sigs = build_module(models, pre, names, params, aggregator)
         mod.assets = [tf.saved_model.Asset(str(assets / name)) for name in texts]
         tf.saved_model.save(mod, str(tmp / "model"), signatures=sigs)
-        staging.hold("export")  # test hook: written, not yet renamed into place
+        hooks.fire("write", kind="export", path=target)  # written, not yet renamed into place
         os.replace(tmp / "model", target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -21,7 +21,7 @@ from ensemble.core import artifacts
 from ensemble.tasks.classification import fitted
 from ensemble.tasks import tables
 from ensemble.tasks.classification.aggregators import FITTED
-from ensemble.data.sources import encode
+from ensemble.core.labels import encode
 from ensemble.core.errors import UsageError
 
 SIZE_CURVE = "ensemble_size.parquet"

@@ -19,7 +19,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
+
 from ensemble.core import artifacts
+from ensemble.core.artifacts import member_files  # noqa: F401 (`run.member_files`)
 from ensemble.data import sources as data
 from ensemble.core import runlock
 from ensemble.core import staging
@@ -151,7 +154,7 @@ def versions() -> dict[str, str | None]:
     A library that is not installed (or installed under another distribution name) is None."""
     from importlib.metadata import PackageNotFoundError, version
 
-    import ensemble
+    from ensemble.core import VERSION
 
     def first(*names: str) -> str | None:
         for name in names:
@@ -166,7 +169,7 @@ def versions() -> dict[str, str | None]:
                                 "tensorflow-intel", "tf-nightly"),
             "keras": first("keras", "keras-nightly"), "numpy": first("numpy"),
             "scikit-learn": first("scikit-learn"), "pyarrow": first("pyarrow"),
-            "joblib": first("joblib"), "ensemble": ensemble.__version__}
+            "joblib": first("joblib"), "ensemble": VERSION}
 
 
 def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
@@ -211,6 +214,16 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     return manifest
 
 
+def check_data(cfg: Config) -> None:
+    """Every problem of the run's data and its task, in one message, before TensorFlow loads
+    and before anything is written (`data.load` then `resolve_task`).
+
+    Raises:
+        UsageError: as `ensemble.data.sources.load` and `resolve_task`.
+    """
+    resolve_task(cfg, data.load(cfg.data).y)
+
+
 def resolve_task(cfg: Config, y) -> tuple[Any, dict[str, Any]]:
     """The run's task object for targets `y` (`tasks.resolve` of `[data] task`) and the
     dataset entries it adds to the manifest; checks the aggregators and `training.loss`
@@ -222,6 +235,9 @@ def resolve_task(cfg: Config, y) -> tuple[Any, dict[str, Any]]:
     from ensemble.tasks.regression import aggregators as regression
 
     name = tasks.resolve(y, cfg.data.task, cfg.data.source)
+    if name != "regression" and len(np.unique(y)) < 2:
+        raise UsageError(f"Data {cfg.data.source} has fewer than two classes; expected at "
+                         "least two.")
     regression.check_aggregators(
         regression.task_aggregators(cfg.aggregation.aggregators, name), name)
     loss = cfg.training.loss
@@ -355,13 +371,6 @@ def reopen(run_dir: Path, cfg: Config, mode: str) -> dict[str, Any]:
     manifest.update(status="running", pid=os.getpid(), host=socket.gethostname())
     artifacts.write_manifest(run_dir, manifest)
     return manifest
-
-
-def member_files(run_dir: Path, index: int) -> list[Path]:
-    """The files a completed member leaves in `members/`."""
-    return [artifacts.member_model_path(run_dir, index),
-            artifacts.member_history_path(run_dir, index),
-            artifacts.member_predictions_path(run_dir, index)]
 
 
 def require_completed(run_dir: Path, manifest: dict[str, Any]) -> None:

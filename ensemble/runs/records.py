@@ -19,7 +19,7 @@ from ensemble.tasks.classification import fitted
 from ensemble.tasks.classification import metrics
 from ensemble.runs import posthoc
 from ensemble.tasks import heads as tasks
-from ensemble.replication.placement import mlp_flops
+from ensemble.models.cost import mlp_flops
 
 MEMBERS_TABLE = "members.parquet"
 

@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ensemble.tasks.classification import evaluation as classification_evaluation
 from ensemble.tasks.classification import metrics
+from ensemble.tasks.classification import plots as classification_plots
+from ensemble.tasks.regression import evaluation as regression_evaluation
+from ensemble.tasks.regression import plots as regression_plots
 
 TASKS = ("classification", "regression")
 LOSSES = ("auto", "cross_entropy", "gaussian_nll", "mse")
@@ -55,6 +59,14 @@ class Classification:
         """`{"val_loss": NLL, "val_accuracy": accuracy}` of one member's `[n_rows, n_classes]`
         probabilities against `y` `[n_rows]` class indices."""
         return {"val_loss": metrics.nll(y, outputs), "val_accuracy": metrics.accuracy(y, outputs)}
+
+    def format_table(self, metrics_table, fit: dict | None = None) -> str:
+        """The `ensemble evaluate` table of a classification run's `metrics.parquet` table."""
+        return classification_evaluation.format_table(metrics_table, fit)
+
+    def write_plots(self, folder, preds, metrics_table, run_dir) -> list:
+        """`evaluate --plots`: reliability diagram, ensemble-size curve, members (PNG paths)."""
+        return classification_plots.write_plots(folder, preds, metrics_table, run_dir)
 
     @property
     def score_names(self) -> tuple[str, ...]:
@@ -117,6 +129,15 @@ class Regression:
     @property
     def score_names(self) -> tuple[str, ...]:
         return ("val_loss", "val_rmse")
+
+    def format_table(self, metrics_table, fit: dict | None = None) -> str:
+        """The `ensemble evaluate` table of a regression run's `metrics.parquet` table."""
+        return regression_evaluation.format_table(metrics_table, fit)
+
+    def write_plots(self, folder, preds, metrics_table, run_dir) -> list:
+        """`evaluate --plots`: PIT histogram, interval coverage, error against predicted std
+        (PNG paths)."""
+        return regression_plots.write_plots(folder, preds, metrics_table, run_dir)
 
 
 def resolve(y: np.ndarray | None, requested: str = "auto", source: str = "") -> str:
@@ -198,6 +219,22 @@ def of_model(model) -> Classification | Regression:
     if type(last).__name__ == "GaussianHead":
         return Regression(last.loc, last.scale, "mse" if last.point else "gaussian_nll")
     return Classification()
+
+
+def of_metrics(metrics_table) -> Classification | Regression:
+    """The task whose metrics `metrics_table` (a `metrics.parquet` table) holds: regression
+    when it has an `rmse` column."""
+    return Regression() if "rmse" in metrics_table.column_names else Classification()
+
+
+def format_table(metrics_table, fit: dict | None = None) -> str:
+    """The `ensemble evaluate` table of `metrics_table` by its task; `fit` is the run's
+    `aggregators.json` content (or None).
+
+    Raises:
+        UsageError: the metrics hold no row.
+    """
+    return of_metrics(metrics_table).format_table(metrics_table, fit)
 
 
 def is_regression(classes) -> bool:

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from ensemble.tasks.classification import metrics as M
 from ensemble.tasks.classification.aggregators import aggregate, disagreement, member_weights
-from ensemble.data.sources import encode
+from ensemble.core.labels import encode
 
 UNCERTAINTY = ("entropy", "expected_entropy", "mutual_information")
 NOT_PROBABILITIES = {"vote"}  # vote shares: accuracy and disagreement only

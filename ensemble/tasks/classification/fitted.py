@@ -163,7 +163,7 @@ def fit(probs: np.ndarray, y: np.ndarray, names: Sequence[str], members: Sequenc
         "aggregators": [...], "best_member": index of the member with the lowest validation
         NLL, "params": {name: params}, "validation_nll": {name: NLL}}`.
     """
-    from ensemble.config.schema import AggregationConfig
+    from ensemble.tasks.settings import AggregationConfig
 
     probs, y = _check(probs, y)
     cfg = dict(AggregationConfig().__dict__, **(settings or {}))

@@ -69,7 +69,7 @@ def check_aggregators(names, task: str) -> None:
 def task_aggregators(names, task: str) -> list[str]:
     """The aggregators a run of `task` applies: the config's `names`, except that a regression
     run whose config keeps the classification default (`mean`, `vote`) applies `mean` only."""
-    from ensemble.config.schema import DEFAULT_AGGREGATORS
+    from ensemble.tasks.settings import DEFAULT_AGGREGATORS
 
     if task == "regression" and tuple(names) == tuple(DEFAULT_AGGREGATORS):
         return ["mean"]

@@ -1,7 +1,6 @@
 """The `ensemble evaluate` table of a regression run: members, the mean and best member, each
 ensemble aggregator, per split; then the ensemble's gains on test, the fitted aggregators'
-parameters and one sentence on what the ensemble gained (`ensemble.runs.evaluate` dispatches
-here when the metrics hold `rmse`)."""
+parameters and one sentence on what the ensemble gained (`Regression.format_table`)."""
 
 from __future__ import annotations
 
@@ -11,8 +10,8 @@ import pyarrow as pa
 
 from ensemble.core.errors import UsageError
 from ensemble.tasks.regression.metrics import LOWER_IS_BETTER
+from ensemble.tasks.report import SPLIT_ORDER, split_block
 
-SPLIT_ORDER = ("validation", "test", "predict", "train")
 COLUMNS = ("rmse", "mae", "nll", "mixture_nll", "crps", "coverage_90", "coverage_95",
            "calibration_error", "r2")
 HEADERS = ("rmse", "mae", "nll", "mix_nll", "crps", "cov_90", "cov_95", "cal_err", "r2")
@@ -48,9 +47,7 @@ def _references(rows: list[dict]):
 
 
 def _block(split: str, rows: list[dict]) -> list[str]:
-    from ensemble.runs.evaluate import _split_block  # the classification table's block
-
-    return _split_block(split, rows, _references, COLUMNS, cell, _line)
+    return split_block(split, rows, _references, COLUMNS, cell, _line)
 
 
 def _gains(split: str, rows: list[dict]) -> list[str]:

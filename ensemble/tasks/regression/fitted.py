@@ -124,7 +124,7 @@ def fit(outputs: np.ndarray, y: np.ndarray, names: Sequence[str], members: Seque
     Raises:
         UsageError: a classification-only aggregator among `names`.
     """
-    from ensemble.config.schema import AggregationConfig
+    from ensemble.tasks.settings import AggregationConfig
 
     R.check_aggregators(names, "regression")
     out, y = _check(outputs, y)

@@ -1,4 +1,4 @@
-"""`ensemble evaluate --plots`: PNG pictures of an evaluation (matplotlib, the `bench` extra).
+"""`ensemble evaluate --plots` of a classification run: PNG pictures (matplotlib, the `bench` extra).
 
 Three figures beside the metrics: `reliability.png` (reliability diagram of the ensemble
 against the best member on test, 15 equal-width confidence bins as the ECE), `ensemble_size.png`
@@ -16,27 +16,15 @@ import pyarrow.compute as pc
 
 from ensemble.core import artifacts
 from ensemble.tasks import tables
-from ensemble.core.errors import UsageError
+from ensemble.tasks.report import pyplot
 from ensemble.tasks.classification.metrics import ECE_BINS, LOWER_IS_BETTER, METRICS
-
-
-def _pyplot():
-    try:
-        import matplotlib
-    except ImportError:
-        raise UsageError("--plots needs matplotlib: pip install 'ensemble-replication[bench]' "
-                         "(or pip install matplotlib).") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _model(preds: pa.Table, model: str, split: str):
     t = preds.filter(pc.and_(pc.equal(preds.column("model"), model),
                              pc.equal(preds.column("split"), split)))
     classes = tables.classes_from(preds)
-    from ensemble.data.sources import encode
+    from ensemble.core.labels import encode
 
     y = encode(t.column("y_true").to_numpy(zero_copy_only=False), classes)
     return y, tables.probabilities(t, classes)
@@ -53,13 +41,14 @@ def _reliability(ax, y, p, label):
     ax.plot(xs, accs, marker="o", label=label)
 
 
-def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path | None) -> str:
-    """Write the PNGs into `folder`; returns the lines announcing their paths.
+def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path | None
+                ) -> list[Path]:
+    """Write the PNGs into `folder`; returns their paths.
 
     Raises:
         UsageError: matplotlib is not installed (names the extra to install).
     """
-    plt = _pyplot()
+    plt = pyplot()
     rows = metrics.to_pylist()
     split = "test" if any(r["split"] == "test" for r in rows) else rows[0]["split"]
     rows = [r for r in rows if r["split"] == split]
@@ -107,4 +96,4 @@ def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path 
     written.append(folder / "members.png")
     fig.savefig(written[-1], dpi=100, bbox_inches="tight")
     plt.close(fig)
-    return "\n".join(f"plot: {p}" for p in written)
+    return written

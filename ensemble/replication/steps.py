@@ -1,0 +1,153 @@
+"""The traced many-steps call: K steps of every member of a group, each data-parallel over its replicas.
+
+`make_steps_fn` is the call both replication modes run (in-graph for all members, a client for
+its one): THE per-member step (`training.train_step`) for every member, or its data-parallel
+form below for a member of several replicas.
+
+Data-parallel members in training: one member's step split over its replicas' devices.
+
+`make_parallel`, for training: each batch's rows are split as evenly as possible across the
+member's `R` replicas (replica `j` takes rows `[n*j//R, n*(j+1)//R)`), each replica runs the
+member's forward pass and its part's loss and gradients on its own device (one
+`GradientTape` per replica, `tape.gradient` under that replica's `tf.device`), and the
+gradients are averaged on the member's home device (replica 0's device, where its variables
+live), each part weighted by its rows `n_j / n`, then applied once by the member's optimiser.
+
+`replicated_train_step` generalises `training.train_step`: with one replica it IS that step
+(same graph, same numbers). With `R` replicas and no dropout it is the same update up to float
+summation order. Dropout draws a mask per replica call (the member's seed generator advances
+once per call, in a fixed order), so a replicated member is deterministic but draws other
+masks than the unreplicated one. Batch statistics (batch normalisation) are per replica.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ensemble.replication.training import memory_of, train_step
+
+
+def replicated_train_step(model, optimizer, data: dict, idx, task, devices: Sequence[str]):
+    """THE training step of one member over its replicas (`training.train_step` when
+    `len(devices) == 1`).
+
+    Args:
+        model, optimizer: the member's Keras model (variables on `devices[0]`) and optimiser.
+        data: `{memory_of(device): (x [n_train, *input_shape], y [n_train])}`: the training
+            data in every memory the replicas use (`training.memory_of`).
+        idx: `[batch]` int32 row indices of this batch.
+        task: the run's `tasks` object (its `loss`).
+        devices: `[R]` distinct device names of the member's replicas; replica 0's is the
+            member's home device (variables, the average and the update).
+
+    Returns:
+        Scalar float32 batch loss: the row-weighted mean of the replicas' losses, i.e. the
+        batch-mean task loss plus the member's regularisation penalties.
+    """
+    import tensorflow as tf
+
+    home = devices[0]
+    if len(devices) == 1:
+        x, y = data[memory_of(home)]
+        return train_step(model, optimizer, x, y, idx, task)
+    n = tf.shape(idx)[0]
+    rows = tf.cast(n, tf.float32)
+    parts = []  # (weight n_j / n, loss_j, grads_j) of every replica
+    for j, device in enumerate(devices):
+        lo, hi = n * j // len(devices), n * (j + 1) // len(devices)
+        with tf.name_scope(f"replica_{j}_{model.name}"), tf.device(device):
+            x, y = data[memory_of(device)]
+            xb, yb = tf.gather(x, idx[lo:hi]), tf.gather(y, idx[lo:hi])
+            if xb.dtype != tf.float32:
+                xb = tf.cast(xb, tf.float32)
+            with tf.GradientTape() as tape:
+                outputs = model(xb, training=True)
+                loss = task.loss(yb, outputs)
+                if model.losses:
+                    loss = loss + tf.add_n(model.losses)
+            grads = tape.gradient(loss, model.trainable_variables)
+            weight = tf.cast(hi - lo, tf.float32) / rows
+            # an empty part (a batch of fewer rows than replicas) has a NaN mean loss and
+            # zero data gradients: it counts with weight 0
+            loss = tf.where(hi > lo, loss, 0.0)
+            parts.append((weight, loss, grads))
+    with tf.name_scope(f"replica_mean_{model.name}"), tf.device(home):
+        grads = [tf.add_n([w * tf.convert_to_tensor(g[v]) for w, _, g in parts])
+                 for v in range(len(model.trainable_variables))]
+        loss = tf.add_n([w * l for w, l, _ in parts])
+        optimizer.apply(grads)
+    return loss
+
+
+def memories(devices: Sequence[str], replicas: Sequence[Sequence[str]] | None) -> list[str]:
+    """Every device whose memory needs the training data: the members' `devices` and their
+    replicas' (`[n_members]` lists, or None), in order of first use, without repeats."""
+    return list(dict.fromkeys([*devices, *(d for r in (replicas or ()) for d in r)]))
+
+
+def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: str, task,
+                  on_device: dict | None = None, masked: bool = False, replicas=None):
+    """The traced call that trains a group of members for several steps.
+
+    The training data is copied once into each memory the members' devices use (`memory_of`:
+    one copy per GPU, one for all logical CPU devices of a host, which read it in place); or
+    the caller gives those copies as `on_device` `{device: (x [n_train, *input_shape]
+    float32 (uint8 images), y [n_train])}`,
+    e.g. variables it reassigns between fits so that the call is traced once
+    (`ensemble.replication.graph_cache`; `x_train`, `y_train` are then unused). The returned function takes
+    `idx` `[steps, n_members, batch]` int32 (member `k`'s rows of each step), `total`
+    `[n_members]` float32 (the epoch's running loss sum so far) and `active` `[n_members]`
+    bool, and returns `total` plus, step after step, each member's batch-mean loss x batch
+    rows: carrying the running sum through the calls makes it independent of how the steps
+    are split into calls. With `masked` (early stopping), a member whose `active` is false
+    skips its steps (no update, loss 0); without it `active` is ignored, and the graph holds
+    no condition.
+    Every step calls `train_step` for every member under `tf.device` of its device; the
+    summing runs on `client_device`. `replicas` (`[n_members]` lists of device names, replica
+    0 the member's device; None: one each) makes a member of several replicas take
+    `steps.replicated_train_step` instead, data-parallel (the same step for one replica).
+    """
+    import tensorflow as tf
+
+    on_device = {memory_of(d): v for d, v in (on_device or {}).items()}
+    x_train = None if x_train is None else (
+        x_train if np.asarray(x_train).dtype == np.uint8 else np.asarray(x_train, np.float32))
+    for device in memories(devices, replicas):
+        if memory_of(device) in on_device:
+            continue
+        with tf.device(device):  # one copy per memory, on its first member's device
+            on_device[memory_of(device)] = (tf.identity(tf.constant(x_train)),
+                                            tf.identity(tf.constant(y_train, task.target_dtype)))
+    n = len(models)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, n, None], tf.int32),
+                                  tf.TensorSpec([n], tf.float32),
+                                  tf.TensorSpec([n], tf.bool)], autograph=False)
+    def run_steps(idx, total, active):
+        rows = tf.cast(tf.shape(idx)[2], tf.float32)
+
+        def body(s, total):
+            losses = []
+            for k, (model, opt, device) in enumerate(zip(models, optimizers, devices)):
+                with tf.device(device):
+                    x, y = on_device[memory_of(device)]
+                    step = (lambda m=model, o=opt, x=x, y=y, k=k:  # noqa: E731
+                            train_step(m, o, x, y, idx[s, k], task))
+                    if replicas is not None and len(replicas[k]) > 1:  # data parallelism
+                        step = (lambda m=model, o=opt, k=k:  # noqa: E731
+                                replicated_train_step(m, o, on_device, idx[s, k], task,
+                                                      replicas[k]))
+                    losses.append(tf.cond(active[k], step, lambda: tf.constant(0.0))
+                                  if masked else step())
+            with tf.device(client_device):
+                return s + 1, total + tf.stack(losses) * rows
+
+        with tf.device(client_device):
+            _, total = tf.while_loop(lambda s, _: s < tf.shape(idx)[0], body,
+                                     [tf.constant(0), total],
+                                     parallel_iterations=1)
+            return total
+
+    return run_steps

@@ -1,0 +1,110 @@
+"""`ensemble evaluate --plots` of a regression run: PNG pictures (matplotlib, the `bench` extra).
+
+Three figures of the test split (else the first split with targets), each for the best member
+(chosen on validation) and the ensemble with the lowest validation NLL:
+
+- `pit.png`: the PIT histogram, `Phi((y - mu) / std)` of every row under its predictive
+  Gaussian (moment-matched for ensembles); flat when the predictive distribution is calibrated
+  (Gneiting, Balabdaoui and Raftery 2007), U-shaped when it is too narrow, humped when too wide;
+- `coverage.png`: interval coverage against the nominal level of central intervals
+  `mu +- z_{(1+level)/2} std`, levels 0.05 to 0.95; calibrated on the diagonal;
+- `error_vs_std.png`: absolute error `|y - mu|` against the predicted std, with the line
+  `|error| = std * sqrt(2/pi)` (the mean absolute error of a calibrated Gaussian).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from scipy.stats import norm
+
+from ensemble.tasks.report import pyplot
+
+LEVELS = np.linspace(0.05, 0.95, 19)
+
+
+def _rows(preds: pa.Table, model: str, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(y `[n]`, mu `[n]`, std `[n]`) of `model` on `split`, rows with a known target."""
+    t = preds.filter(pc.and_(pc.equal(preds.column("model"), model),
+                             pc.equal(preds.column("split"), split)))
+    t = t.filter(pc.is_valid(t.column("y_true")))
+    col = (lambda c: t.column(c).to_numpy(zero_copy_only=False).astype(np.float64))
+    return col("y_true"), col("y_pred"), col("std")
+
+
+def _shown(rows: list[dict]) -> list[dict]:
+    """The best member (chosen on validation) and the first ensemble row, when present."""
+    members = [r for r in rows if r["member"] is not None]
+    best_idx = next((r["best_member"] for r in rows if r.get("best_member") is not None), None)
+    best = next((r for r in members if r["member"] == best_idx), None)
+    ensembles = [r for r in rows if r["aggregator"] is not None]
+    return [r for r in (best, ensembles[0] if ensembles else None) if r is not None]
+
+
+def coverage_curve(y: np.ndarray, mu: np.ndarray, std: np.ndarray,
+                   levels: np.ndarray = LEVELS) -> np.ndarray:
+    """Share of rows inside the central interval `mu +- z std` of each nominal level.
+
+    Args:
+        y, mu, std: `[n_rows]` targets, predictive means and standard deviations (target units).
+        levels: `[n_levels]` nominal levels in (0, 1).
+
+    Returns:
+        `[n_levels]` observed coverage.
+    """
+    z = norm.ppf((1 + np.asarray(levels)) / 2)
+    return (np.abs(y - mu)[None, :] <= z[:, None] * std[None, :]).mean(axis=1)
+
+
+def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path | None
+                ) -> list[Path]:
+    """Write `pit.png`, `coverage.png` and `error_vs_std.png` into `folder`; returns their paths.
+
+    Raises:
+        UsageError: matplotlib is not installed (names the extra to install).
+    """
+    plt = pyplot()
+    rows = metrics.to_pylist()
+    split = "test" if any(r["split"] == "test" for r in rows) else rows[0]["split"]
+    shown = [(r["model"] + (" (best member)" if r["member"] is not None else ""),
+              _rows(preds, r["model"], split)) for r in _shown([r for r in rows
+                                                                if r["split"] == split])]
+    written = []
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, (y, mu, std) in shown:
+        ax.hist(norm.cdf((y - mu) / std), bins=10, range=(0, 1), density=True, histtype="step",
+                linewidth=2, label=label)
+    ax.axhline(1.0, color="k", linestyle=":", label="calibrated")
+    ax.set(xlabel="PIT = Phi((y - mean) / std)", ylabel="density", title=f"PIT histogram on {split}")
+    ax.legend()
+    written.append(folder / "pit.png")
+    fig.savefig(written[-1], dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.plot([0, 1], [0, 1], "k:", label="calibrated")
+    for label, (y, mu, std) in shown:
+        ax.plot(LEVELS, coverage_curve(y, mu, std), marker="o", label=label)
+    ax.set(xlabel="nominal level of the central interval", ylabel="observed coverage",
+           title=f"Interval coverage on {split}")
+    ax.legend()
+    written.append(folder / "coverage.png")
+    fig.savefig(written[-1], dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    top = 0.0
+    for label, (y, mu, std) in shown:
+        ax.scatter(std, np.abs(y - mu), s=8, alpha=0.6, label=label)
+        top = max(top, float(std.max(initial=0.0)))
+    ax.plot([0, top], [0, top * np.sqrt(2 / np.pi)], "k:", label="calibrated mean |error|")
+    ax.set(xlabel="predicted std (target units)", ylabel="|error| (target units)",
+           title=f"Error against predicted std on {split}")
+    ax.legend()
+    written.append(folder / "error_vs_std.png")
+    fig.savefig(written[-1], dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return written

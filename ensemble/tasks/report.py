@@ -1,0 +1,59 @@
+"""Shared pieces of the tasks' evaluation tables: number formatting and one split's block of rows.
+
+Each task renders its own table (`classification.evaluation`, `regression.evaluation`); both
+list a split as every member, the mean member, the best member (chosen on validation) and every
+ensemble aggregator, which `split_block` draws with the task's columns and cell format.
+"""
+from __future__ import annotations
+
+from ensemble.core.errors import UsageError
+
+SPLIT_ORDER = ("validation", "test", "predict", "train")
+
+
+def number(value: float | None, digits: int = 4, signed: bool = False) -> str:
+    """`value` rounded to `digits`, never `-0.0000` (a value that rounds to zero prints
+    unsigned); `n/a` for None."""
+    if value is None:
+        return "n/a"
+    text = f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+    return text.lstrip("+-") if float(text) == 0 else text
+
+
+def split_block(split: str, rows: list[dict], references, columns, fmt, line) -> list[str]:
+    """One split's rows of an evaluation table: every member, the mean and the best member,
+    every aggregator.
+
+    Args:
+        rows: the metrics rows of `split` (dicts of `metrics.parquet` columns).
+        references: `rows -> (mean member {metric: value}, best member row or None, member rows)`.
+        columns: the metric columns shown; fmt: value -> cell text; line: (name, cells) -> text.
+    """
+    mean, best, members = references(rows)
+    out = [f"{split} ({rows[0]['n']} rows)"]
+    out += [line("  " + r["model"], [fmt(r[m]) for m in columns]) for r in members]
+    if members:
+        out.append(line("  mean member", [fmt(mean[m]) for m in columns]))
+    if best is not None:
+        out.append(line(f"  best member ({best['model']})", [fmt(best[m]) for m in columns]))
+    out += [line("  " + r["model"], [fmt(r[m]) for m in columns])
+            for r in rows if r["aggregator"] is not None]
+    return out
+
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only).
+
+    Raises:
+        UsageError: matplotlib is not installed (names the extra to install).
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("--plots needs matplotlib: pip install 'ensemble-replication[bench]' "
+                         "(or pip install matplotlib).") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
