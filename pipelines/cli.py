@@ -9,7 +9,6 @@ The options of every command are in `pipelines.options`.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -265,7 +264,7 @@ def cmd_aggregate(args) -> int:
 def cmd_client(args) -> int:
     from ensemble.replication import client as between_graph
     from ensemble.core import interrupt
-    from ensemble.replication import progress
+    from ensemble.replication import progress, protocol
 
     ready = time.time()  # TensorFlow is imported (main) and the arguments are parsed
     start = time.perf_counter()
@@ -290,9 +289,7 @@ def cmd_client(args) -> int:
 
         def done(index: int, seconds: float) -> None:
             if args.progress == "report":  # the launcher records the member as completed
-                print(progress.PREFIX + json.dumps({"kind": "member-done", "member": index,
-                                                    "work_seconds": seconds}),
-                      file=sys.stderr, flush=True)
+                protocol.send(protocol.MemberDone(index, seconds))
             elif args.progress == "log":
                 print(f"member {index}: trained in {seconds:.2f} s", flush=True)
 
@@ -301,9 +298,7 @@ def cmd_client(args) -> int:
                                      callbacks=callbacks, on_member_done=done)
         except interrupt.Interrupted as exc:
             if args.progress == "report" and getattr(exc, "member", None) is not None:
-                print(progress.PREFIX + json.dumps({
-                    "kind": "interrupted", "member": exc.member, "epoch": exc.epoch,
-                    "epochs": exc.epochs}), file=sys.stderr, flush=True)
+                protocol.send(protocol.Interrupted(exc.member, exc.epoch, exc.epochs))
             exc.resume = (f"ensemble client --run {args.run} --member "
                           f"{','.join(map(str, args.member))}")
             raise

@@ -8,12 +8,11 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-import os
 import sys
 import re
-from pathlib import Path
 
 from ensemble.core.errors import UsageError
+from ensemble.replication import protocol
 
 
 def suggest(word: str, known) -> str:
@@ -94,10 +93,7 @@ def report(payload: dict, args=None) -> None:
     file named by `$ENSEMBLE_REPORT` (set by `ensemble.runs.between.run_process`), never to the
     user's stdout; printed as the last stdout line only when the user asks with `--json`.
     `loaded` lists which of the heavy libraries this process imported (start-up cost)."""
-    payload = {**payload, "loaded": [m for m in HEAVY if m in sys.modules]}
-    path = os.environ.get("ENSEMBLE_REPORT")
-    if path:
-        Path(path).write_text(json.dumps(payload))
+    payload = protocol.Report(payload).write([m for m in HEAVY if m in sys.modules])
     if getattr(args, "json", False):
         print(json.dumps(payload))
 

@@ -8,7 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from ensemble.data import sources as data
-from ensemble.config.schema import DataConfig, SyntheticConfig
+from ensemble.core.labels import encode
+from ensemble.data.settings import DataConfig, SyntheticConfig
 from ensemble.core.errors import UsageError
 from ensemble.data.preprocessing import Preprocessing
 
@@ -77,7 +78,7 @@ def test_file_source_with_string_labels(tmp_path, ext):
                               target="label"))
     assert ds.feature_names == ("a", "b")
     assert ds.y.tolist() == ["x", "y", "x", "y"]
-    np.testing.assert_array_equal(data.encode(ds.y, np.array(["x", "y"])), [0, 1, 0, 1])
+    np.testing.assert_array_equal(encode(ds.y, np.array(["x", "y"])), [0, 1, 0, 1])
 
 
 @pytest.mark.parametrize("columns, target, match", [
@@ -119,9 +120,9 @@ def test_missing_feature_at_predict_time():
 
 def test_unknown_label():
     with pytest.raises(UsageError, match="'z' is not a class"):
-        data.encode(np.array(["x", "z"]), np.array(["x", "y"]))
+        encode(np.array(["x", "z"]), np.array(["x", "y"]))
     with pytest.raises(UsageError, match="do not match"):
-        data.encode(np.array([0, 1]), np.array(["x", "y"]))
+        encode(np.array([0, 1]), np.array(["x", "y"]))
 
 
 # A small table with the traits of the Palmer penguins CSV: string and boolean features,

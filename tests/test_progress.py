@@ -8,7 +8,7 @@ import time
 import pytest
 from conftest import start_held
 
-from ensemble.replication import progress
+from ensemble.replication import progress, protocol
 
 
 def _lines_while_held(argv, tmp_path, want, member=None, timeout=180):
@@ -45,7 +45,7 @@ def test_in_graph_progress_reaches_a_pipe_before_the_run_ends(tiny_config, tmp_p
     line = next(x for x in seen if x.startswith("epoch 1/2"))
     assert "loss" in line and "val_loss" in line and "val_accuracy" in line
     assert "epoch 2/2" in rest and "run directory" in rest
-    assert progress.PREFIX not in "".join(seen) + rest  # no machine reports on stdout
+    assert protocol.PREFIX not in "".join(seen) + rest  # no machine reports on stdout
 
 
 def test_between_graph_progress_is_one_line_per_member_and_epoch(tiny_config, tmp_path):
@@ -58,7 +58,7 @@ def test_between_graph_progress_is_one_line_per_member_and_epoch(tiny_config, tm
     for i in range(4):
         for e in (1, 2):
             assert sum(x.startswith(f"member {i}: epoch {e}/2 -") for x in out.splitlines()) == 1
-    assert progress.PREFIX not in out
+    assert protocol.PREFIX not in out
 
 
 def test_quiet_prints_no_progress(tiny_config, tmp_path):

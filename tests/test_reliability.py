@@ -131,7 +131,7 @@ def test_sigterm_to_the_launcher_reaches_its_clients(tiny_config, tmp_path):
     for m in manifest["members"]:  # a completed member carries its client's own hashes
         if m["status"] == "completed":
             assert m["sha256"] == {os.path.relpath(p, run_dir): artifacts.sha256_file(p)
-                                   for p in run.member_files(run_dir, m["index"])}
+                                   for p in artifacts.member_files(run_dir, m["index"])}
     assert (run_dir / "checkpoints" / "member-0" / "ckpt-0.index").is_file()
 
 

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
-from ensemble.config.checks import CATEGORICAL, IMPUTE, LR_SCHEDULES, check_ranges
+from ensemble.config.checks import check_ranges
 from ensemble.core.errors import UsageError
-from ensemble.data.settings import DataConfig, SyntheticConfig
+from ensemble.data.settings import DataConfig
 from ensemble.models import builders
-from ensemble.tasks.settings import DEFAULT_AGGREGATORS, AggregationConfig
+from ensemble.tasks.settings import AggregationConfig
 
 MODES = ("in-graph", "between-graph")  # the replication modes, in-graph the default
 

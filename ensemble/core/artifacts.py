@@ -236,6 +236,5 @@ def record_hashes(manifest: dict[str, Any], run_dir: str | Path, paths) -> None:
 
 def member_files(run_dir: Path, index: int) -> list[Path]:
     """The files a completed member leaves in `members/`."""
-    return [artifacts.member_model_path(run_dir, index),
-            artifacts.member_history_path(run_dir, index),
-            artifacts.member_predictions_path(run_dir, index)]
+    return [member_model_path(run_dir, index), member_history_path(run_dir, index),
+            member_predictions_path(run_dir, index)]

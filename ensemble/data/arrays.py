@@ -21,7 +21,6 @@ for float arrays. So the export takes raw pixels.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path

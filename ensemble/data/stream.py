@@ -20,11 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Iterator
 
-import numpy as np
 import pyarrow as pa
 
 from ensemble.core import hooks
 from ensemble.data import sources as data
+from ensemble.core.labels import encode
 from ensemble.data.containers import Batch
 from ensemble.core.errors import UsageError
 from ensemble.data.preprocessing import Preprocessing
@@ -221,7 +221,7 @@ class InputStream:
         x, unknown = self.pre.encode_scaled(part, first)
         for col, n in unknown.items():
             self.unknown[col] = self.unknown.get(col, 0) + n
-        y = None if part.y is None else data.encode(part.y, self.pre.classes)
+        y = None if part.y is None else encode(part.y, self.pre.classes)
         return Batch(first, x, y)
 
     def _notice_unknown(self) -> None:

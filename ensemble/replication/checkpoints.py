@@ -11,9 +11,7 @@ silent restart from scratch.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import time
 from pathlib import Path
 
 from ensemble.core import artifacts

@@ -4,7 +4,7 @@ the benchmark's workers).
 A measured process writes its JSON report to the file named by `$ENSEMBLE_REPORT`, which
 `run_process` sets to a fresh temporary file (so the user's stdout never carries it; benchmark
 workers print theirs as the last stdout line instead, see `last_report`); a client also
-writes progress reports on stderr (`ensemble.replication.progress.PREFIX` lines), which `run_process`
+writes progress reports on stderr (`ensemble.replication.protocol` messages), which `run_process`
 hands to a callback as they come while keeping the other stderr lines for error messages.
 
 No orphans: every process started here gets `$ENSEMBLE_PARENT_PID`, and `die_with_parent`
@@ -25,10 +25,10 @@ import sys
 import threading
 import tempfile
 import time
-from pathlib import Path
 from typing import Callable
 
 from ensemble.core.errors import UsageError
+from ensemble.replication import protocol
 
 PARENT_ENV = "ENSEMBLE_PARENT_PID"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -90,14 +90,13 @@ def run_process(argv: list[str], env: dict | None = None, module: str = "pipelin
     """
     fd, report_path = tempfile.mkstemp(prefix="ensemble-report-", suffix=".json")
     os.close(fd)
-    env = dict(os.environ if env is None else env, ENSEMBLE_REPORT=report_path,
-               **{PARENT_ENV: str(os.getpid())})
+    env = dict(os.environ if env is None else env, **{protocol.REPORT_ENV: report_path,
+                                                          PARENT_ENV: str(os.getpid())})
     try:
         res = _run(argv, env, module, on_stderr_line)
-        text = Path(report_path).read_text()
+        res["report"] = protocol.read_report(report_path)
     finally:
         os.unlink(report_path)
-    res["report"] = json.loads(text) if text.strip() else None
     return res
 
 

@@ -5,7 +5,7 @@
 - Elsewhere (`LogProgress`: a pipe, a file, CI): one line per epoch, and one every few seconds
   within a long epoch; every line is flushed, so `ensemble train | cat` shows them as they come.
 - Between-graph clients (`ReportProgress`): one machine-readable line per epoch (and every few
-  seconds within one) on stderr, prefixed with `PREFIX`; the launcher reads them and prints
+  seconds within one) on stderr, `ensemble.replication.protocol` messages; the launcher reads them and prints
   `member I: ...` lines itself (`format_report`). Reports never go to the user's stdout.
 
 Verbosity: 0 quiet (nothing), 1 normal, 2 verbose (off a terminal: a line per member too).
@@ -13,16 +13,15 @@ Verbosity: 0 quiet (nothing), 1 normal, 2 verbose (off a terminal: a line per me
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import TextIO
 
 import numpy as np
 
+from ensemble.replication import protocol
 from ensemble.replication.training import Callback
 
-PREFIX = "ensemble-progress "
 LOG_EVERY_SECONDS = 5.0
 
 
@@ -96,36 +95,31 @@ class LogProgress(Callback):
 
 class ReportProgress(Callback):
     """Machine-readable progress of a between-graph client for its launcher: lines
-    `PREFIX{json}` on `stream` (default stderr), one per epoch (`"kind": "epoch"`, the history
-    record plus `epochs`) and one every `every` seconds within an epoch (`"kind": "steps"`)."""
+    `protocol` messages on `stream` (default stderr): `Epoch` per member and epoch (its history
+    record), `Steps` every `every` seconds within an epoch, `Resume` on a resumed run."""
 
     def __init__(self, members, stream: TextIO | None = None,
                  every: float = LOG_EVERY_SECONDS):
         self.stream, self.every, self.epochs, self.last = stream, every, 0, 0.0
         self.members = [int(i) for i in members]
 
-    def _emit(self, report: dict) -> None:
-        print(PREFIX + json.dumps(report), file=self.stream or sys.stderr, flush=True)
-
     def on_train_begin(self, start_epoch, epochs, n_steps):
         self.epochs, self.last = epochs, time.monotonic()
         if start_epoch:
             for i in self.members:
-                self._emit({"kind": "resume", "member": i, "epoch": start_epoch,
-                            "epochs": epochs})
+                protocol.send(protocol.Resume(i, start_epoch, epochs), self.stream)
 
     def on_call_end(self, epoch, steps_done, n_steps, mean_losses, seconds):
         now = time.monotonic()
         if steps_done < n_steps and now - self.last >= self.every:
             self.last = now
-            self._emit({"kind": "steps", "members": self.members, "epoch": epoch, "epochs": self.epochs,
-                        "steps": steps_done, "n_steps": n_steps,
-                        "loss": [float(v) for v in mean_losses], "seconds": seconds})
+            protocol.send(protocol.Steps(self.members, epoch, self.epochs, steps_done, n_steps,
+                                         [float(v) for v in mean_losses], seconds), self.stream)
 
     def on_epoch_end(self, epoch, records):
         self.last = time.monotonic()
         for r in records:
-            self._emit({"kind": "epoch", "epochs": self.epochs, **r})
+            protocol.send(protocol.Epoch(self.epochs, dict(r)), self.stream)
 
 
 class ResumeNotice(Callback):
@@ -141,30 +135,21 @@ class ResumeNotice(Callback):
               f"{where}", file=self.stream or sys.stderr, flush=True)
 
 
-def parse_report(line: str) -> dict | None:
-    """The report of a `ReportProgress` line, or None for any other line."""
-    if not line.startswith(PREFIX):
-        return None
-    try:
-        return json.loads(line[len(PREFIX):])
-    except ValueError:
-        return None
-
-
-def format_report(report: dict, verbose: bool = False) -> str | None:
-    """The launcher's line for a client's report: `member I: epoch E/N - loss ...`, or None
-    for reports it does not show (within-epoch ones unless `verbose`)."""
-    if report.get("kind") == "resume":
-        return (f"member {report['member']}: resuming at epoch {report['epoch'] + 1} of "
-                f"{report['epochs']} from the checkpoint of epoch {report['epoch']}")
-    if report.get("kind") == "epoch":
-        return (f"member {report['member']}: epoch {report['epoch'] + 1}/{report['epochs']} - "
-                f"{_member_line(report)} - {report['seconds']:.1f} s")
-    if verbose and report.get("kind") == "steps":
+def format_report(message: protocol.Message, verbose: bool = False) -> str | None:
+    """The launcher's line for a client's progress message: `member I: epoch E/N - loss ...`,
+    or None for messages it does not show (within-epoch ones unless `verbose`)."""
+    if isinstance(message, protocol.Resume):
+        return (f"member {message.member}: resuming at epoch {message.epoch + 1} of "
+                f"{message.epochs} from the checkpoint of epoch {message.epoch}")
+    if isinstance(message, protocol.Epoch):
+        r = message.record
+        return (f"member {r['member']}: epoch {r['epoch'] + 1}/{message.epochs} - "
+                f"{_member_line(r)} - {r['seconds']:.1f} s")
+    if verbose and isinstance(message, protocol.Steps):
         return "\n".join(
-            f"member {i}: epoch {report['epoch'] + 1}/{report['epochs']} step "
-            f"{report['steps']}/{report['n_steps']} - loss {loss:.4f}"
-            for i, loss in zip(report["members"], report["loss"]))
+            f"member {i}: epoch {message.epoch + 1}/{message.epochs} step "
+            f"{message.steps}/{message.n_steps} - loss {loss:.4f}"
+            for i, loss in zip(message.members, message.loss))
     return None
 
 

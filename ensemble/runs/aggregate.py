@@ -65,7 +65,7 @@ def _between_graph_members(run_dir: Path, manifest: dict, min_members: int | Non
             "(`ensemble client --run RUN --member I`) or pass --min-members K.")
     for i in have:
         runlock.require_free(run_dir, i)  # no client is still writing it
-        for path in run.member_files(run_dir, i)[1:]:
+        for path in artifacts.member_files(run_dir, i)[1:]:
             artifacts.verify(run_dir, manifest, path)
     return pa.concat_tables([artifacts.read_parquet(artifacts.member_predictions_path(run_dir, i))
                              for i in have], promote_options="default")

@@ -29,6 +29,7 @@ from ensemble.config.schema import Config
 from ensemble.core.errors import UsageError
 from ensemble.replication.placement import place
 from ensemble.replication import processes
+from ensemble.replication import protocol
 from ensemble.replication.processes import checked, last_error, last_report, run_process
 
 __all__ = ["aggregate_run", "checked", "client_queues", "default_jobs", "last_report",
@@ -99,7 +100,7 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
         interrupt.Interrupted: this process got SIGINT/SIGTERM (`epoch`: the lowest epoch in
             progress among the interrupted members).
     """
-    from ensemble.replication.progress import format_report, parse_report
+    from ensemble.replication.progress import format_report
 
     threads = max(1, devices.cpu_count() // max(1, len(queues)))
     lock = threading.Lock()
@@ -111,19 +112,19 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
         env = dict(os.environ)  # the client maps its GPUs onto this CUDA_VISIBLE_DEVICES
 
         def on_line(line: str) -> bool:
-            report = parse_report(line)
-            if report is None:
+            message = protocol.decode(line)
+            if message is None:
                 return False
-            if report.get("kind") == "interrupted":
+            if isinstance(message, protocol.Interrupted):
                 with lock:
-                    stopped[report["member"]] = (report["epoch"], report["epochs"])
-            elif report.get("kind") == "member-done":
+                    stopped[message.member] = (message.epoch, message.epochs)
+            elif isinstance(message, protocol.MemberDone):
                 with lock:
-                    done[report["member"]] = report["work_seconds"]
+                    done[message.member] = message.work_seconds
                 if on_member is not None:
-                    on_member(report["member"], True)
+                    on_member(message.member, True)
             elif verbosity > 0:
-                text = format_report(report, verbose=verbosity >= 2)
+                text = format_report(message, verbose=verbosity >= 2)
                 if text:
                     with lock:
                         print(text, flush=True)
@@ -219,7 +220,7 @@ def _launch(run_dir: Path, manifest: dict, devs: list[str], jobs: int | None,
     changed by read-modify-write only (clients record their members themselves)."""
     todo = {m["index"]: m["device"] for m in manifest["members"]
             if m["status"] != "completed"
-            or not all(p.is_file() for p in run.member_files(run_dir, m["index"]))}
+            or not all(p.is_file() for p in artifacts.member_files(run_dir, m["index"]))}
     jobs = jobs or default_jobs(max(1, len(todo)), devs)
 
     def record(index: int, ok: bool) -> None:  # a client ended without finishing `index`

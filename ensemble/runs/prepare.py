@@ -22,7 +22,6 @@ from typing import Any, Iterator
 import numpy as np
 
 from ensemble.core import artifacts
-from ensemble.core.artifacts import member_files  # noqa: F401 (`run.member_files`)
 from ensemble.data import sources as data
 from ensemble.core import runlock
 from ensemble.core import staging
@@ -30,6 +29,7 @@ from ensemble.tasks import heads as tasks
 from ensemble.config.schema import Config, member_hparams
 from ensemble.replication.devices import build_info
 from ensemble.core.errors import UsageError
+from ensemble.core.labels import encode
 from ensemble.models.members import member_seed
 from ensemble.replication.placement import place
 from ensemble.data.preprocessing import Preprocessing
@@ -193,7 +193,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     rows, classes = data.split(ds, dataclasses.replace(cfg.data, task=task.name),
                                cfg.data.split_seed)
     pre = Preprocessing.fit(ds, rows["train"], classes, cfg.data.impute, cfg.data)
-    x, y = pre.transform(ds), data.encode(ds.y, classes)
+    x, y = pre.transform(ds), encode(ds.y, classes)
     if task.name == "regression":  # the target's standardisation, training split only
         target.update(target_loc=float(y[rows["train"]].mean()),
                       target_scale=float(y[rows["train"]].std()) or 1.0)

@@ -1,0 +1,45 @@
+"""The between-graph protocol: every message survives its stderr line, other lines are not
+messages, and the report file round-trips."""
+import json
+
+import pytest
+
+from ensemble.replication import protocol as P
+
+MESSAGES = [
+    P.Resume(3, 2, 10),
+    P.Steps([0, 4], 1, 10, 7, 20, [0.5, 0.25], 1.5),
+    P.Epoch(10, {"member": 2, "epoch": 0, "loss": 0.7, "val_loss": 0.9, "val_accuracy": 0.8,
+                 "seconds": 0.3}),
+    P.MemberDone(5, 12.25),
+    P.Interrupted(1, 4, 10),
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: m.kind)
+def test_every_message_round_trips_through_its_line(message):
+    line = P.encode(message)
+    assert line.startswith(P.PREFIX) and "\n" not in line
+    assert P.decode(line) == message
+
+
+def test_an_epoch_line_is_the_history_record_with_its_kind_and_epochs():
+    body = json.loads(P.encode(MESSAGES[2])[len(P.PREFIX):])
+    assert body == {"kind": "epoch", "epochs": 10, **MESSAGES[2].record}
+
+
+@pytest.mark.parametrize("line", ["member 1: epoch 1/2", P.PREFIX + "{not json",
+                                  P.PREFIX + '{"kind": "unknown"}',
+                                  P.PREFIX + '{"kind": "resume", "member": 1}',
+                                  P.PREFIX + '["kind"]', ""])
+def test_other_lines_are_not_messages(line):
+    assert P.decode(line) is None
+
+
+def test_the_report_file_round_trips(tmp_path, monkeypatch):
+    path = tmp_path / "report.json"
+    assert P.read_report(path) is None
+    monkeypatch.setenv(P.REPORT_ENV, str(path))
+    out = P.Report({"members": [1], "work_seconds": 2.5}).write(["tensorflow"])
+    assert P.read_report(path) == out == {"members": [1], "work_seconds": 2.5,
+                                          "loaded": ["tensorflow"]}
