@@ -16,7 +16,6 @@ import pyarrow as pa
 from ensemble.core import artifacts
 from ensemble.config import schema as config
 from ensemble.tasks.classification import fitted
-from ensemble.tasks.classification import metrics
 from ensemble.runs import posthoc
 from ensemble.tasks import heads as tasks
 from ensemble.models.cost import mlp_flops
@@ -53,16 +52,6 @@ def _hparams(entry: dict, cfg) -> dict:
     return h
 
 
-def _val_nll(y, outputs, n_classes: int) -> float | None:
-    """A member's validation NLL: of the true class, or (a regression run, no classes) the
-    Gaussian NLL of its `[n_rows, 2]` mean and variance (None for a point member)."""
-    if n_classes:
-        return metrics.nll(y, outputs)
-    from ensemble.tasks.regression import metrics as regression_metrics
-
-    return regression_metrics.nll(y, outputs[:, 0], outputs[:, 1] ** 0.5)
-
-
 def members_table(run_dir: str | Path, manifest: dict[str, Any],
                   val: "posthoc.SplitMembers | None" = None) -> pa.Table:
     """The members table of a run whose predictions, history and aggregators are written.
@@ -72,8 +61,9 @@ def members_table(run_dir: str | Path, manifest: dict[str, Any],
     builders that do not take them), `learning_rate`, `flops_per_row` (`cost.member_flops`),
     `parameters` (trainable, the MLP's by formula; null for other builders), `device`,
     `train_seconds` (sum of its epochs' wall seconds; in-graph the members of the one graph
-    share them), `val_nll`, `val_accuracy` (the trained member on the validation split;
-    regression: Gaussian NLL, accuracy null),
+    share them), the task's member scores on the validation split (`Task.member_scores`:
+    `val_nll`, `val_accuracy` for classification; `val_nll` (Gaussian), `val_rmse` for
+    regression),
     `weight` (its weight in the `greedy` selection, 0 when not selected; null when the run
     fits no `greedy`) and, in a stratified search run, `candidate` (the candidate whose
     hyperparameters it repeats with a new seed).
@@ -91,7 +81,8 @@ def members_table(run_dir: str | Path, manifest: dict[str, Any],
     weights = dict(zip(fit.get("members", []), greedy["weights"])) if greedy else {}
     n_features = len(manifest["dataset"]["feature_names"])
     n_classes = len(manifest["dataset"]["classes"])
-    n_out = n_classes or tasks.for_run(manifest).n_outputs()  # regression: 2 (mse: 1)
+    task = tasks.for_run(manifest)
+    n_out = task.n_outputs(n_classes)
     source = (manifest.get("search") or {}).get("candidate")
     cfg = config.from_dict(manifest["config"])
     rows = []
@@ -112,9 +103,8 @@ def members_table(run_dir: str | Path, manifest: dict[str, Any],
                "parameters": parameter_count(n_features, hidden, n_out) if mlp else None,
                "device": m["device"],
                "train_seconds": sum(r["seconds"] for r in history if r["member"] == i),
-               "val_nll": None if pos is None else _val_nll(val.y, val.probs[pos], n_classes),
-               "val_accuracy": None if pos is None or not n_classes
-               else metrics.accuracy(val.y, val.probs[pos]),
+               **(dict.fromkeys(task.member_score_names) if pos is None
+                  else task.member_scores(val.y, val.probs[pos])),
                "weight": weights.get(i, 0.0) if greedy else None}
         if source is not None:
             row["candidate"] = source[i]
@@ -124,8 +114,9 @@ def members_table(run_dir: str | Path, manifest: dict[str, Any],
               ("activation", pa.string()), ("dropout", pa.float64()),
               ("learning_rate", pa.float64()), ("l2", pa.float64()),
               ("flops_per_row", pa.int64()), ("parameters", pa.int64()), ("device", pa.string()),
-              ("train_seconds", pa.float64()), ("val_nll", pa.float64()),
-              ("val_accuracy", pa.float64()), ("weight", pa.float64())]
+              ("train_seconds", pa.float64()),
+              *((name, pa.float64()) for name in task.member_score_names),
+              ("weight", pa.float64())]
     if source is not None:
         schema.append(("candidate", pa.int32()))
     return pa.Table.from_pylist(rows, schema=pa.schema(schema))

@@ -60,6 +60,13 @@ class Classification:
         probabilities against `y` `[n_rows]` class indices."""
         return {"val_loss": metrics.nll(y, outputs), "val_accuracy": metrics.accuracy(y, outputs)}
 
+    member_score_names = ("val_nll", "val_accuracy")
+
+    def member_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float | None]:
+        """`members.parquet`'s scores of a trained member on validation: NLL and accuracy of
+        its `[n_rows, n_classes]` probabilities against `y` `[n_rows]` class indices."""
+        return {"val_nll": metrics.nll(y, outputs), "val_accuracy": metrics.accuracy(y, outputs)}
+
     def format_table(self, metrics_table, fit: dict | None = None) -> str:
         """The `ensemble evaluate` table of a classification run's `metrics.parquet` table."""
         return classification_evaluation.format_table(metrics_table, fit)
@@ -129,6 +136,17 @@ class Regression:
     @property
     def score_names(self) -> tuple[str, ...]:
         return ("val_loss", "val_rmse")
+
+    member_score_names = ("val_nll", "val_rmse")
+
+    def member_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float | None]:
+        """`members.parquet`'s scores of a trained member on validation: Gaussian NLL (target
+        units; None for a point member) and RMSE of its `[n_rows, 2]` (mean, variance)."""
+        from ensemble.tasks.regression import metrics as RM
+
+        y, out = np.asarray(y, np.float64), np.asarray(outputs, np.float64)
+        return {"val_nll": None if self.point else RM.nll(y, out[:, 0], np.sqrt(out[:, 1])),
+                "val_rmse": RM.rmse(y, out[:, 0])}
 
     def format_table(self, metrics_table, fit: dict | None = None) -> str:
         """The `ensemble evaluate` table of a regression run's `metrics.parquet` table."""
