@@ -86,13 +86,22 @@ def test_file_source_with_string_labels(tmp_path, ext):
     ({**GOOD, "a": [1.0, float("inf"), 3.0, 4.0]}, "label", "NaN or inf"),
     ({**GOOD, "a": ["p", "q", "r", "s"]}, "label", "'a'.*expected numbers"),
     (GOOD, "missing", "Target column 'missing' not found"),
-    ({**GOOD, "label": ["x"] * 4}, "label", "fewer than two classes"),
     ({"label": ["x", "y"]}, "label", "no feature columns"),
 ])
 def test_bad_data(tmp_path, columns, target, match):
     path = _write(tmp_path, pa.table(columns), "d.parquet")
     with pytest.raises(UsageError, match=match):  # strings are numbers' problem without encoding
         data.load(DataConfig(source=path, target=target, categorical="none"))
+
+
+def test_one_class_is_refused_with_the_task(tmp_path):
+    from ensemble.config import from_dict
+    from ensemble.runs.prepare import check_data
+
+    path = _write(tmp_path, pa.table({**GOOD, "label": ["x"] * 4}), "d.parquet")
+    data.load(DataConfig(source=path, target="label"))  # a readable table...
+    with pytest.raises(UsageError, match="fewer than two classes"):  # ...but no task
+        check_data(from_dict({"data": {"source": path, "target": "label"}}))
 
 
 def test_bad_files(tmp_path):
