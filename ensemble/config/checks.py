@@ -124,9 +124,10 @@ def check_ranges(cfg: Config) -> None:
     if isinstance(cfg.data.categorical, str) and cfg.data.categorical not in CATEGORICAL:
         raise UsageError(f"Expected `data.categorical` to be \"auto\", \"none\" or a list of "
                          f"column names. Received: {cfg.data.categorical!r}")
-    if cfg.data.task not in ("auto", "classification", "regression"):
-        raise UsageError("Expected `data.task` to be \"auto\", \"classification\" or "
-                         f"\"regression\". Received: {cfg.data.task!r}")
+    if cfg.data.task not in ("auto", "classification", "regression") and ":" not in cfg.data.task:
+        raise UsageError("Expected `data.task` to be \"auto\", \"classification\", "
+                         "\"regression\" or a task spec (\"module:Class\", "
+                         f"\"file.py:Class\"). Received: {cfg.data.task!r}")
     if cfg.training.loss not in ("auto", "cross_entropy", "gaussian_nll", "mse"):
         raise UsageError("Expected `training.loss` to be \"auto\", \"cross_entropy\", "
                          f"\"gaussian_nll\" or \"mse\". Received: {cfg.training.loss!r}")

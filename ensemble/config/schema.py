@@ -322,8 +322,12 @@ def _resolve_source(table: dict[str, Any], path: Path) -> None:
 
 
 def _resolve_builders(table: dict[str, Any], base: Path | None) -> None:
-    """Relative `file.py:function` builders in a config file name files beside it (from the
-    command line: the working directory); made absolute so client processes find them."""
+    """Relative `file.py:function` builders (and a `file.py:Class` task) in a config file name
+    files beside it (from the command line: the working directory); made absolute so client
+    processes find them."""
+    data = table.get("data")
+    if isinstance(data, dict) and isinstance(data.get("task"), str):
+        data["task"] = builders.absolute(data["task"], base)
     model = table.get("model")
     if isinstance(model, dict) and isinstance(model.get("builder"), str):
         model["builder"] = builders.absolute(model["builder"], base)

@@ -12,11 +12,20 @@ Gaussian head of `ensemble.tasks.regression.tf_ops` (members output (mean, varia
 units), Gaussian NLL as the loss on the standardised target, NLL and RMSE on validation.
 
 `resolve` picks the task of a data set's target under `[data] task = "auto"`.
+
+`Task` is the protocol every task implements. A task of the user's is named by a spec
+(`[data] task = "package.module:Class"` or `"path/to/file.py:Class"`, as builders are): `get`
+imports it in every process of the run (a between-graph client too), and the manifest records
+the spec. Such a task inherits what it does not change from `Classification` or `Regression`.
 """
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import numpy as np
+
+from ensemble.core import specs
 
 from ensemble.tasks.classification import evaluation as classification_evaluation
 from ensemble.tasks.classification import metrics
@@ -30,10 +39,42 @@ BUILTIN_TASKS = {"diabetes": "regression"}  # built-in sources whose task `auto`
 MANY_VALUES = 10  # `auto`: integer targets with more distinct values may be refused
 
 
+class Task(Protocol):
+    """What a run's task decides (implemented by `Classification`, `Regression`, or a class of
+    the user's named by a spec)."""
+
+    name: str
+    spec: str  # how the manifest and `get` name it: a built-in name or `module:Class`
+    target_dtype: Any  # numpy dtype of the encoded targets
+    score_names: tuple[str, ...]  # history columns of `validation_scores`
+    member_score_names: tuple[str, ...]  # members.parquet columns of `member_scores`
+
+    def n_outputs(self, n_classes: int) -> int:
+        """Outputs the builder returns (`[batch, n_outputs]` logits)."""
+
+    def head(self, logits, name: str = ...):
+        """The Keras layers on the builder's logits: the member's outputs."""
+
+    def loss(self, y, outputs):
+        """The scalar float32 training loss of a batch (TensorFlow)."""
+
+    def validation_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
+        """`val_loss` and the task's other scores of one member, each epoch."""
+
+    def member_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float | None]:
+        """`members.parquet`'s scores of a trained member on validation."""
+
+    def format_table(self, metrics_table, fit: dict | None = None) -> str:
+        """The `ensemble evaluate` table."""
+
+    def write_plots(self, folder, preds, metrics_table, run_dir) -> list:
+        """`ensemble evaluate --plots`: writes PNGs, returns their paths."""
+
+
 class Classification:
     """Probabilities over `n_classes` classes from the builder's logits."""
 
-    name = "classification"
+    name = spec = "classification"  # `spec`: how the manifest names the task
     target_dtype = np.int32  # class indices
 
     def n_outputs(self, n_classes: int) -> int:
@@ -90,7 +131,7 @@ class Regression:
         loss: `"gaussian_nll"` (default) or `"mse"` (point members: variance 0).
     """
 
-    name = "regression"
+    name = spec = "regression"
     target_dtype = np.float32
 
     def __init__(self, loc: float = 0.0, scale: float = 1.0, loss: str = "gaussian_nll"):
@@ -173,9 +214,12 @@ def resolve(y: np.ndarray | None, requested: str = "auto", source: str = "") -> 
     """
     from ensemble.core.errors import UsageError
 
+    if specs.is_spec(requested):
+        get(requested)  # importable, and a task
+        return requested
     if requested not in ("auto", *TASKS):
-        raise UsageError(f"Expected `data.task` to be auto, classification or regression. "
-                         f"Received: {requested!r}")
+        raise UsageError(f"Expected `data.task` to be auto, classification, regression or a "
+                         f"task spec (module:Class). Received: {requested!r}")
     if y is None:
         return "classification" if requested == "auto" else requested
     y = np.asarray(y)
@@ -214,6 +258,18 @@ def get(name: str = "classification", **options) -> Classification | Regression:
     """
     if name == "regression":
         return Regression(**options)
+    if specs.is_spec(name):
+        task = specs.load(name, "task")
+        task = task() if isinstance(task, type) else task
+        missing = [m for m in ("n_outputs", "head", "loss", "validation_scores", "member_scores",
+                               "format_table", "write_plots") if not callable(getattr(task, m, None))]
+        if missing:
+            from ensemble.core.errors import UsageError
+
+            raise UsageError(f"Task {name!r} lacks {', '.join(missing)}; subclass "
+                             "ensemble.tasks.heads.Classification or Regression.")
+        task.spec = name
+        return task
     if name != "classification":
         raise ValueError(f"Expected a task in {', '.join(TASKS)}. Received: {name!r}")
     return Classification()
@@ -224,7 +280,7 @@ def for_run(manifest: dict) -> Classification | Regression:
     `dataset.target_loc` / `target_scale`, `config.training.loss`)."""
     name = manifest.get("task", "classification")
     if name != "regression":
-        return Classification()
+        return get(name)
     d = manifest["dataset"]
     loss = manifest.get("config", {}).get("training", {}).get("loss", "auto")
     return Regression(d.get("target_loc", 0.0), d.get("target_scale", 1.0), loss)
