@@ -410,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
+    from pipelines.pipe import guard_std_streams
+
+    guard_std_streams()  # `ensemble train | head -3` completes the run (pipelines.pipe)
     sys.exit(main())
 
 
