@@ -143,6 +143,12 @@ def _not_utf8(name: str, col: pa.ChunkedArray, first_row: int) -> str:
     return f"column {name!r} holds text that is not UTF-8; expected UTF-8"
 
 
+def drop_hint(name: str, expected) -> str:
+    """` with --drop NAME (or [data] drop)` when training (`expected` None); at predict, where
+    the run's columns decide, ` in the data` (predict has no --drop)."""
+    return f" with --drop {name} (or [data] drop)" if expected is None else " of the data"
+
+
 def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
     y = np.asarray(col.to_numpy(zero_copy_only=False))
     y = y.astype(str) if y.dtype.kind in "OUSb" else y
@@ -250,7 +256,7 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
             continue
         if pa.types.is_temporal(f.type):
             problems.append(f"column {f.name!r} holds dates or times ({f.type}); expected "
-                            f"numbers: leave it out with --drop {f.name} (or [data] drop), or "
+                            f"numbers: leave it out{drop_hint(f.name, expected)}, or "
                             "convert it to a number (days since a date) in the data")
             continue
         if not (_is_numeric(f.type) or pa.types.is_boolean(f.type)):
@@ -274,9 +280,12 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
     if missing_values and impute == "error":
         cols = ", ".join(f"{c!r} ({n} row{'s' * (n > 1)})" for c, n in missing_values)
         one = len(missing_values) == 1
+        fix = ("set [data] impute = \"median\" or \"most_frequent\", or --impute, to fill them"
+               if expected is None else  # predict: the run's setting decides (no --impute)
+               "this run was trained with impute = \"error\": fill them in the data, or train "
+               "the run again with --impute median to fill them")
         problems.append(f"column{'' if one else 's'} {cols} hold{'s' * one} NaN or inf: missing "
-                        "values (set [data] impute = \"median\" or \"most_frequent\", or "
-                        "--impute, to fill them)")
+                        f"values ({fix})")
     if problems:
         raise UsageError(f"{len(problems)} problem{'s' * (len(problems) > 1)} in data {name}: "
                          + "; ".join(problems) + ".")
