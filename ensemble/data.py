@@ -55,6 +55,7 @@ class Dataset:
     y: np.ndarray | None
     feature_names: tuple[str, ...]
     categorical: dict[str, np.ndarray] = field(default_factory=dict)
+    identifiers: tuple[str, ...] = ()  # text columns left out as ids (ensemble.identifiers)
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -171,7 +172,7 @@ def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
 def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bool,
                      categorical: str | Sequence[str] = "auto", impute: str = "error",
                      expected: Sequence[str] | None = None, strict: bool = False,
-                     first_row: int = 0) -> Dataset:
+                     first_row: int = 0, identifiers: Sequence[str] = ()) -> Dataset:
     """Validate a pyarrow table and split it into numeric features, categorical features and
     labels. Rows whose label is missing are dropped (with a notice) when the target is required.
 
@@ -182,6 +183,9 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
         expected: the columns a trained run needs (predict time), or None (train time).
             Columns beyond them are ignored with one notice naming them.
         strict: with `expected`, refuse extra columns instead.
+        identifiers: with `expected`, the run's identifier columns (neither refused nor named
+            as ignored). At train time identifier-like text columns are found and left out
+            (`ensemble.identifiers`), listed in the returned `Dataset.identifiers`.
         first_row: the source row of the table's first row (a streamed batch), for messages.
 
     Raises:
@@ -216,7 +220,7 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
             shown = ", ".join(map(repr, missing[:8])) + (", ..." if len(missing) > 8 else "")
             problems.append(f"{len(missing)} training column{'s' * (len(missing) > 1)} "
                             f"{shown} missing from the input (expected {len(expected)})")
-        extra = [c for c in table.column_names if c not in expected]
+        extra = [c for c in table.column_names if c not in expected and c not in identifiers]
         if extra and strict:
             problems.append(f"extra column{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))}"
                             " (--strict-columns refuses columns the run was not trained on)")
@@ -224,8 +228,12 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
             notice(f"ignoring column{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))} of "
                    f"{name}: not features of this run")
         table = table.select([c for c in table.column_names if c in expected])
-    elif table.num_columns == 0:
-        problems.append(f"no feature columns besides {target!r}")
+    else:  # training: identifier-like text columns are not features (ensemble.identifiers)
+        from ensemble.identifiers import split_identifiers
+
+        table, identifiers = split_identifiers(table, name, categorical, notice)
+        if table.num_columns == 0:
+            problems.append(f"no feature columns besides {target!r}")
     if categorical == "auto":
         cat_names = [f.name for f in table.schema if _is_category_like(f.type)
                      and not pa.types.is_null(f.type)]
@@ -291,18 +299,19 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
                          + "; ".join(problems) + ".")
     x = (np.column_stack([v for _, v in numeric]) if numeric
          else np.zeros((table.num_rows, 0))).astype(np.float32)
-    return Dataset(name, x, y, tuple(n for n, _ in numeric), cats)
+    return Dataset(name, x, y, tuple(n for n, _ in numeric), cats,
+                   tuple(identifiers) if expected is None else ())
 
 
 def load(cfg: DataConfig, require_target: bool = True, expected: Sequence[str] | None = None,
-         strict: bool = False) -> Dataset:
+         strict: bool = False, identifiers: Sequence[str] = ()) -> Dataset:
     """Load the source named by `cfg.source` (built-in name or file path).
 
     Files are read once per process (cached on path, size and modification time), so the
     CLI can check the data before importing TensorFlow and the run reuses what it read.
 
     Args:
-        expected, strict: see `table_to_dataset` (predict time).
+        expected, strict, identifiers: see `table_to_dataset` (predict time).
 
     Raises:
         UsageError: unknown source, unreadable file, or any `table_to_dataset` error; a
@@ -325,7 +334,8 @@ def load(cfg: DataConfig, require_target: bool = True, expected: Sequence[str] |
         stat = path.stat() if path.is_file() else None
         key = (stat.st_size, stat.st_mtime_ns) if stat else None
         ds = _load_file(cfg, key, require_target,
-                        None if expected is None else tuple(expected), strict)
+                        None if expected is None else tuple(expected), strict,
+                        tuple(identifiers))
     if require_target:  # the task: refused in one line before anything else runs
         from ensemble.tasks import resolve
 
@@ -338,7 +348,8 @@ def load(cfg: DataConfig, require_target: bool = True, expected: Sequence[str] |
 
 @functools.lru_cache(maxsize=2)
 def _load_file(cfg: DataConfig, _stat_key, require_target: bool,
-               expected: tuple[str, ...] | None, strict: bool) -> Dataset:
+               expected: tuple[str, ...] | None, strict: bool,
+               identifiers: tuple[str, ...] = ()) -> Dataset:
     path = Path(cfg.source)
     table = _read_table(path)
     if cfg.drop and expected is None:  # at predict time a dropped column is an extra one
@@ -349,7 +360,8 @@ def _load_file(cfg: DataConfig, _stat_key, require_target: bool,
                              f"{', '.join(table.column_names)})")
         table = table.drop_columns([c for c in dict.fromkeys(cfg.drop)])
     return table_to_dataset(table, str(path), cfg.target, require_target,
-                            cfg.categorical, cfg.impute, expected, strict)
+                            cfg.categorical, cfg.impute, expected, strict,
+                            identifiers=identifiers)
 
 
 def split(ds: Dataset, cfg: DataConfig, seed: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
