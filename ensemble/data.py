@@ -14,6 +14,7 @@ second, before TensorFlow loads.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import sys
@@ -32,9 +33,34 @@ BUILTIN = ("digits", "breast_cancer", "wine", "iris", "synthetic", "diabetes")
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # the model's dtype: larger values do not fit
 
 
+_NAMES: dict[str, str] = {}  # internal file path -> what messages call it (`named`)
+
+
 def notice(message: str) -> None:
     """One informational line on stderr (never stdout: stdout belongs to the user)."""
-    print(f"notice: {message}", file=sys.stderr, flush=True)
+    print(f"notice: {_renamed(message)}", file=sys.stderr, flush=True)
+
+
+def _renamed(text: str) -> str:
+    for path in sorted(_NAMES, key=len, reverse=True):  # a file before its folder
+        text = text.replace(path, _NAMES[path])
+    return text
+
+
+@contextlib.contextmanager
+def named(path, label: str):
+    """Within the block, notices and `UsageError`s name `label` (`the DataFrame`) instead
+    of `path`, an internal temporary file the user never saw (the Python API's input)."""
+    keys = [str(path), str(Path(path).resolve())]
+    for key in keys:
+        _NAMES[key] = label
+    try:
+        yield
+    except UsageError as exc:
+        raise UsageError(_renamed(str(exc))) from None
+    finally:
+        for key in keys:
+            _NAMES.pop(key, None)
 
 
 @dataclass(frozen=True)
