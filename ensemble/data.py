@@ -33,34 +33,45 @@ BUILTIN = ("digits", "breast_cancer", "wine", "iris", "synthetic", "diabetes")
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # the model's dtype: larger values do not fit
 
 
-_NAMES: dict[str, str] = {}  # internal file path -> what messages call it (`named`)
+_REWORDING: list[tuple[str, str]] = []  # (regex, replacement) applied to messages (`reworded`)
 
 
 def notice(message: str) -> None:
     """One informational line on stderr (never stdout: stdout belongs to the user)."""
-    print(f"notice: {_renamed(message)}", file=sys.stderr, flush=True)
+    print(f"notice: {_reword(message)}", file=sys.stderr, flush=True)
 
 
-def _renamed(text: str) -> str:
-    for path in sorted(_NAMES, key=len, reverse=True):  # a file before its folder
-        text = text.replace(path, _NAMES[path])
+def _reword(text: str) -> str:
+    import re
+
+    for pattern, replacement in _REWORDING:
+        text = re.sub(pattern, replacement, text)
     return text
 
 
 @contextlib.contextmanager
-def named(path, label: str):
-    """Within the block, notices and `UsageError`s name `label` (`the DataFrame`) instead
-    of `path`, an internal temporary file the user never saw (the Python API's input)."""
-    keys = [str(path), str(Path(path).resolve())]
-    for key in keys:
-        _NAMES[key] = label
+def reworded(rules: Sequence[tuple[str, str]]):
+    """Within the block, notices and `UsageError`s have every regex of `rules` replaced
+    (`re.sub`): the Python API names its own options and inputs, not the CLI's flags or an
+    internal temporary file."""
+    rules = list(rules)
+    _REWORDING[:0] = rules
     try:
         yield
     except UsageError as exc:
-        raise UsageError(_renamed(str(exc))) from None
+        raise UsageError(_reword(str(exc))) from None
     finally:
-        for key in keys:
-            _NAMES.pop(key, None)
+        for rule in rules:
+            _REWORDING.remove(rule)
+
+
+def named(path, label: str):
+    """`reworded`: messages name `label` (`the DataFrame`) instead of `path` (a temporary
+    file or folder; the longer one first when nested)."""
+    import re
+
+    keys = sorted({str(path), str(Path(path).resolve())}, key=len, reverse=True)
+    return reworded([(re.escape(k), label.replace("\\", r"\\")) for k in keys])
 
 
 @dataclass(frozen=True)
