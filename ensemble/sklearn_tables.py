@@ -12,6 +12,7 @@ features it gives `ensemble train`.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ WORDING = [
     (r'leave it out with --drop \S+', "leave it out of X"),
     (r'\[data\] categorical', "categorical="),
     (r'carried through to predictions like an id', "left out of the features"),
+    (re.escape(f" besides {NO_TARGET!r}"), " (every column was left out)"),
 ]
 
 
@@ -53,6 +55,18 @@ def _has_missing(X) -> bool:
         return False
 
 
+def _texts(values) -> bool:
+    """Whether object `values` hold text among numbers and missing values only (anything
+    else, e.g. a dict, is left to scikit-learn's own refusal)."""
+    seen = False
+    for v in values:
+        if isinstance(v, str):
+            seen = True
+        elif not (v is None or isinstance(v, (int, float, np.number, bool))):
+            return False
+    return seen
+
+
 def wants_table(est, X) -> bool:
     """Whether `X` takes the table path: a DataFrame with a non-numeric column, an object
     array, a `categorical` list, or missing values under `impute` != `"error"`."""
@@ -63,7 +77,8 @@ def wants_table(est, X) -> bool:
                for t in X.dtypes):
             return True
     elif isinstance(X, np.ndarray) and X.dtype == object and X.ndim == 2:
-        return True
+        if _texts(X.ravel()):  # numbers held as objects stay on the array path
+            return True
     if not isinstance(getattr(est, "categorical", "auto"), str):
         return True
     return getattr(est, "impute", "error") != "error" and _has_missing(X)
@@ -85,9 +100,12 @@ def _dataset(est, X, pre: Preprocessing | None) -> data.Dataset:
     import pandas as pd
 
     frame = _frame(est, X)
-    for name in frame.columns:  # mixed object columns (numbers and text): text
+    for name in frame.columns:  # object columns: numbers when they all are, else text
         if frame[name].dtype == object:
             values = frame[name]
+            if not _texts(values.to_numpy()):
+                frame[name] = pd.to_numeric(values)
+                continue
             frame[name] = values.where(values.isna(), values.astype(str))
             frame[name] = frame[name].astype(pd.StringDtype())
     table = pa.Table.from_pandas(frame, preserve_index=False)
