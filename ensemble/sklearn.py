@@ -326,11 +326,11 @@ class DeepEnsembleClassifier(RoutedParams, ClassifierMixin, BaseEstimator):
     @classmethod
     def load(cls, path) -> "DeepEnsembleClassifier":
         """A fitted estimator from a run directory written by `save` or by `ensemble train`
-        (all-numeric input columns; its parameters are the run's config).
+        (its parameters are the run's config; a run with categorical, identifier or imputed
+        columns predicts DataFrames with those columns, prepared as the run's table).
 
         Raises:
-            ValueError (UsageError): not a completed run, a damaged artifact, or a run with
-            categorical columns (use `ensemble.load_run(path).predict(DataFrame)`).
+            ValueError (UsageError): not a completed run, or a damaged artifact.
         """
         return run_arrays.load(cls, Path(path))
 

@@ -171,7 +171,8 @@ def scaled(est, X) -> np.ndarray:
 
     check_is_fitted(est)
     if getattr(est, "table_input_", False):
-        check_input(est, X, reset=False)
+        if est.table_input_ != "by-name":  # a loaded CLI run matches columns by name only
+            check_input(est, X, reset=False)
         return transform(est, X)
     X = validate_data(est, X, reset=False, dtype=[np.float64, np.float32], allow_nd=True)
     return est.preprocessing_.transform(run_arrays.dataset(X, list(
