@@ -327,8 +327,8 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
         one = len(missing_values) == 1
         fix = ("set [data] impute = \"median\" or \"most_frequent\", or --impute, to fill them"
                if expected is None else  # predict: the run's setting decides (no --impute)
-               "this run was trained with impute = \"error\": fill them in the data, or train "
-               "the run again with --impute median to fill them")
+               "the run was trained with [data] impute = \"error\", which refuses them: fill "
+               "them in the data; a run trained with impute = \"median\" fills them")
         problems.append(f"column{'' if one else 's'} {cols} hold{'s' * one} NaN or inf: missing "
                         f"values ({fix})")
     if problems:

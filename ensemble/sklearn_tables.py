@@ -28,8 +28,8 @@ NO_TARGET = "\0target"  # a column name no table has: the estimators take y sepa
 WORDING = [
     (r'set \[data\] impute = "median" or "most_frequent", or --impute, to fill them',
      'pass impute="median" or "most_frequent" to fill them'),
-    (r'this run was trained with impute = "error": fill them in the data, or train the run '
-     r'again with --impute median to fill them',
+    (r'the run was trained with \[data\] impute = "error", which refuses them: fill them in '
+     r'the data; a run trained with impute = "median" fills them',
      'the estimator was fitted with impute="error": fill them, or fit it with '
      'impute="median"'),
     (r'--categorical (\S+) \(or \[data\] categorical\)',
