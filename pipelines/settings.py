@@ -17,8 +17,8 @@ from pipelines.guide import add as _add
 from pipelines.guide import positive as _positive
 
 SET_HELP = ("any config key, VALUE read as TOML: --set training.learning_rate=0.01 "
-            "--set model.params.hidden=[64,32] --set data.image_size=[64,64] (repeatable; "
-            "applied after the config file and the other options)")
+            "--set model.params.hidden=[64,32] --set data.image_size=[64,64] (repeatable; default: "
+            "none; applied after the config file and the other options)")
 
 
 def positive_float(text: str) -> float:
