@@ -39,6 +39,7 @@ def _load_config(args, base: dict | None = None):
     import dataclasses
 
     from ensemble.config import schema as config
+    from pipelines import settings
 
     cfg = config.load(args.config, base=base, overrides={
         "data.source": args.data, "data.target": args.target, "members.count": args.members,
@@ -49,7 +50,7 @@ def _load_config(args, base: dict | None = None):
         "data.categorical": _columns(getattr(args, "categorical", None)),
         "data.task": getattr(args, "task", None),
         "placement.replicas": getattr(args, "replicas", None) if args.command == "train"
-        else None})
+        else None, **settings.overrides(args)})
     spec, n = cfg.placement.devices.strip(), cfg.members.count
     if isinstance(cfg.placement.replicas, int):  # replicas use more devices (issue #24)
         n *= cfg.placement.replicas
@@ -120,12 +121,13 @@ def cmd_train(args) -> int:
 
 
 def cmd_search(args) -> int:
-    from pipelines import search
+    from pipelines import search, settings
 
     if args.resume and not args.run_dir:
         raise UsageError("--resume needs --run-dir PATH of the search to continue")
     plan = search.plan(args.config, args.candidates, args.select, args.stratify, overrides={
-        "training.epochs": args.epochs, "placement.devices": args.devices})
+        "training.epochs": args.epochs, "placement.devices": args.devices,
+        **settings.overrides(args)})
     if not args.resume:  # every space and data problem before TensorFlow loads
         from ensemble.runs.prepare import check_data
 
@@ -409,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
+    from pipelines.pipe import guard_std_streams
+
+    guard_std_streams()  # `ensemble train | head -3` completes the run (pipelines.pipe)
     sys.exit(main())
 
 

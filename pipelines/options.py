@@ -18,6 +18,7 @@ from pipelines.guide import add as _add
 from pipelines.guide import nonneg as _nonneg
 from pipelines.guide import positive as _positive
 from pipelines.guide import unknown_options
+from pipelines.settings import add_options as add_settings
 
 IMPUTE = ("error", "median", "most_frequent")
 
@@ -37,6 +38,7 @@ evaluate it against its members, and measure which replication mode is faster on
 EXAMPLES = """\
 examples:
   ensemble train --data penguins.csv --target species --impute median
+  ensemble train --learning-rate 0.01 --set model.params.hidden=[64,32] --set members.count=2
   ensemble compare --data digits --members 4 --epochs 5 --repeats 3
 
 'ensemble COMMAND --help' shows a command's options."""
@@ -80,6 +82,7 @@ def _common_run_options(parser, what: str) -> None:
               "/GPU:0,/GPU:1 (default: the config's, auto)")
     _add(parser, "--cluster", metavar="FILE",
          help="TensorFlow cluster spec FILE.json (default: TF_CONFIG, if set)")
+    add_settings(parser)
 
 
 def replicas_value(text: str) -> int | str:
@@ -242,6 +245,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     _add(se, "--resume", action="store_true",
          help="continue an interrupted search in --run-dir: only unfinished candidates train")
     _add(se, "--quiet", action="store_true", help="no progress output")
+    add_settings(se)
 
     c = command("client", "train (or predict) members of a prepared between-graph run")
     _add(c, "--run", required=True, metavar="PATH", help="the prepared run directory")

@@ -230,7 +230,7 @@ def test_ensemble_alone_and_help_list_the_commands_with_examples(capsys):
         for name in ("train", "predict", "evaluate", "aggregate", "compare", "client", "server"):
             line = next(ln for ln in text.splitlines() if ln.strip().startswith(name))
             assert len(line.split()) > 2, line  # the command and its one line
-        assert text.count("\n  ensemble ") == 2  # two examples
+        assert text.count("\n  ensemble ") == 3  # three examples
     # every option has help, with its default
     for name, sub in build_parser(COMMANDS).commands.items():
         for action in sub._actions:

@@ -95,7 +95,7 @@ def test_bad_data(tmp_path, columns, target, match):
 
 
 def test_one_class_is_refused_with_the_task(tmp_path):
-    from ensemble.config import from_dict
+    from ensemble.config.schema import from_dict
     from ensemble.runs.prepare import check_data
 
     path = _write(tmp_path, pa.table({**GOOD, "label": ["x"] * 4}), "d.parquet")

@@ -177,8 +177,9 @@ def test_real_table_from_cli_flags_predict_csv_and_columnar_export(penguins, tmp
     err = capsys.readouterr().err
     assert "'seen' holds dates" in err and "--drop seen" in err and "impute" in err
     assert run_cli(*argv, "--drop", "id,seen", "--impute", "median") == 0
-    assert "column 'name' has 210 distinct values in 210 training rows (free text?)" in \
-        capsys.readouterr().err  # 300 rows: 70% train
+    err = capsys.readouterr().err  # a distinct name on every row: an identifier, carried
+    assert "has 300 distinct values in 300 rows (an identifier" in err and \
+        "--categorical island,sex,name" in err
     out = tmp_path / "new.csv"
     assert run_cli("predict", "--run", run_dir, "--data", penguins / "new.csv", "--out", out,
                    "--quiet") == 0
@@ -186,6 +187,7 @@ def test_real_table_from_cli_flags_predict_csv_and_columnar_export(penguins, tmp
     new = pcsv.read_csv(penguins / "new.csv")
     assert got.column("id").to_pylist() == new.column("id").to_pylist()  # one row per input
     assert got.column("seen").to_pylist() == new.column("seen").to_pylist()
+    assert got.column("name").to_pylist() == new.column("name").to_pylist()
     assert run_cli("export", "--run", run_dir, "--out", tmp_path / "models") == 0
     feeds = {}
     pre = json.loads((run_dir / "preprocessing.json").read_text())

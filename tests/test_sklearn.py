@@ -114,7 +114,7 @@ def test_save_load_pickle_and_run_api(iris, fitted, tmp_path):
     clone = pickle.loads(pickle.dumps(fitted))
     np.testing.assert_array_equal(clone.predict_proba(xv), expected)
     run = ensemble.load_run(path)
-    table = run.predict(xv)
+    table = run.predict(xv, layout="long")
     ens = table[table["model"] == "ensemble-mean"].sort_values("row")
     assert list(ens["y_pred"]) == list(fitted.predict(xv))
     # named columns come back as feature_names_in_
@@ -174,7 +174,7 @@ def test_same_members_as_ensemble_train_on_the_same_rows(tmp_path):
     np.testing.assert_allclose(run.evaluate()["nll"], stored["nll"], equal_nan=True)
     frame = load_iris(as_frame=True).frame
     test_rows = artifacts.read_split(run.path, "test")[2]
-    got = run.predict(frame.iloc[test_rows])
+    got = run.predict(frame.iloc[test_rows], layout="long")
     want = run.predictions.query("split == 'test'")
     cols = [c for c in want.columns if c.startswith("p_")]
     for model in ("member-0", "ensemble-mean"):

@@ -371,17 +371,24 @@ def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None
         _resolve_builders(table, path.resolve().parent)
     before = (table.get("model") or {}).get("builder", "mlp") \
         if isinstance(table.get("model"), dict) else None
+    builder = (overrides or {}).get("model.builder")
+    if isinstance(builder, str) and builder and isinstance(table.get("model"), dict) and \
+            builders.absolute(builder, None) != before:
+        table["model"].pop("params", None)  # the config's params were for its own builder
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
         node = table
         *parents, leaf = dotted.split(".")
-        for part in parents:
+        for i, part in enumerate(parents):
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):  # `--set training.epochs.x=1`
+                where = ".".join(parents[:i + 1])
+                raise UsageError(f"Expected `{where}` to be a table to set `{dotted}` in. "
+                                 f"Received: {where}={node!r}")
         node[leaf] = value
-    if (overrides or {}).get("model.builder"):  # --model: relative to the working directory
+    if isinstance((overrides or {}).get("model.builder"), str) and overrides["model.builder"]:
+        # --model: relative to the working directory
         model = table["model"]
         model["builder"] = builders.absolute(model["builder"], None)
-        if model["builder"] != before and "params" in model:
-            del model["params"]  # the config's params were for its own builder
     return from_dict(table)

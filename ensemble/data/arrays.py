@@ -259,6 +259,7 @@ class ArrayStream:
         self.pre, self.source, self.batch_rows = pre, str(source), int(batch_rows)
         self._files = None
         self._whole = None
+        self._resize_noted = False
         if Path(self.source).is_dir():
             root = Path(self.source)
             subs = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
@@ -286,7 +287,19 @@ class ArrayStream:
                 self._whole = load(cfg, require_target=False) if not self.source.endswith(
                     ".npz") else load_npz(self.source, require_target=False)
             return self._whole
-        return read_images(files, self.pre.image_size, self.pre.color_mode)
+        shape = self.pre.input_shape  # an image run: every image at the run's size
+        size = self.pre.image_size or (tuple(shape[:2]) if len(shape) == 3 else None)
+        resized: list = []
+        part = read_images(files, size, self.pre.color_mode, resized)
+        if resized and not self._resize_noted:
+            from ensemble.core.notices import notice
+
+            self._resize_noted = True
+            (f, (w, h)) = resized[0]
+            notice(f"images of {self.source} whose size is not the run's {size[0]}x{size[1]} "
+                   f"(height x width; first: {f}, {h}x{w}) are resized to it, bilinear as "
+                   f"keras.utils.image_dataset_from_directory and load_img resize")
+        return part
 
     def passthrough_batches(self):
         """`(None, ids)` of each batch: the rows' file paths or array indices, without

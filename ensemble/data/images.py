@@ -67,18 +67,25 @@ def load_image_folder(path: str, image_size=None, color_mode: str = "auto",
         if not image_size and len(sizes) > 1:
                 (s0, f0), (s1, f1) = list(sizes.items())[:2]
                 raise UsageError(f"Images differ in size: {f0} is {s0[0]}x{s0[1]}, {f1} is "
-                                 f"{s1[0]}x{s1[1]}; set [data] image_size = [h, w] to resize "
-                                 "them.")
+                                 f"{s1[0]}x{s1[1]} (width x height); to resize them all "
+                                 f"(bilinear), set image_size = [height, width] in the "
+                                 f"config's [data] table, or pass --set data.image_size="
+                                 f"[{s0[1]},{s0[0]}]")
     if color_mode == "auto":
         color_mode = "grayscale" if grey else "rgb"
     part = read_images(files, image_size, color_mode)
     return ArrayData(str(path), part.x, y, part.ids, color_mode=color_mode)
 
 
-def read_images(files, image_size, color_mode) -> ArrayData:
+def read_images(files, image_size, color_mode, resized: list | None = None) -> ArrayData:
     """Images `files` as `ArrayData` `[n, h, w, channels]` uint8 (resized to `image_size`
     `[h, w]` when given; `color_mode` `grayscale` or `rgb`), labels from their parent folder
-    names.
+    names. Resizing is `keras.utils.load_img(target_size=..., interpolation="bilinear")`'s:
+    Pillow's `resize(BILINEAR)` after the colour conversion.
+
+    Args:
+        resized: when given, `(file, (width, height))` of every image whose size was changed
+            is appended to it (for the caller's notice).
 
     Raises:
         UsageError: an unreadable image (named), or images of different sizes.
@@ -92,6 +99,8 @@ def read_images(files, image_size, color_mode) -> ArrayData:
             with Image.open(f) as im:
                 im = im.convert(mode)
                 if image_size:
+                    if resized is not None and im.size != (image_size[1], image_size[0]):
+                        resized.append((f, im.size))
                     im = im.resize((image_size[1], image_size[0]), Image.BILINEAR)
                 a = np.asarray(im, dtype=np.uint8)
         except (UnidentifiedImageError, OSError, ValueError) as exc:

@@ -57,6 +57,8 @@ class Preprocessing:
         categories: categorical column -> its sorted training categories (one output each).
         category_fill: categorical column -> fill category for missing values.
         impute: the `data.impute` setting the run was trained with.
+        identifiers: identifier-like text columns left out of the features at training
+            (`ensemble.data.identifiers`); predict carries them through without a notice.
     """
 
     feature_names: tuple[str, ...]
@@ -67,6 +69,7 @@ class Preprocessing:
     categories: dict[str, list[str]] = field(default_factory=dict)
     category_fill: dict[str, str] = field(default_factory=dict)
     impute: str = "error"
+    identifiers: tuple[str, ...] = ()  # text columns carried as ids (ensemble.data.identifiers)
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -129,7 +132,7 @@ class Preprocessing:
         raw, _ = pre._encode(ds, train_rows)
         sc = StandardScaler().fit(raw)
         return cls(ds.feature_names, sc.mean_, sc.scale_, np.asarray(classes), fill,
-                   categories, category_fill, impute)
+                   categories, category_fill, impute, tuple(ds.identifiers))
 
     def _encode(self, ds: Dataset, rows: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
         """Impute and one-hot encode (before scaling); returns (`[n_rows, n_outputs]` float64,
@@ -219,7 +222,8 @@ class Preprocessing:
         """
         cfg = DataConfig(source=source, target=target,
                          categorical=tuple(self.categories) or "none", impute=self.impute)
-        return data.load(cfg, require_target=False, expected=self.columns, strict=strict)
+        return data.load(cfg, require_target=False, expected=self.columns, strict=strict,
+                         identifiers=self.identifiers)
 
     def to_json(self) -> str:
         return json.dumps({
@@ -233,6 +237,7 @@ class Preprocessing:
             "categories": self.categories,
             "category_fill": self.category_fill,
             "output_names": self.output_names,
+            "identifiers": list(self.identifiers),
         }, indent=1)
 
     @classmethod
@@ -262,7 +267,8 @@ class Preprocessing:
                        np.asarray(d.get("fill", []), np.float64),
                        {str(k): [str(c) for c in v] for k, v in d.get("categories", {}).items()},
                        {str(k): str(v) for k, v in d.get("category_fill", {}).items()},
-                       d.get("impute", "error"))
+                       d.get("impute", "error"),
+                       tuple(str(c) for c in d.get("identifiers", [])))
         except FileNotFoundError:
             raise UsageError(f"Preprocessing file not found: {path}") from None
         except (ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -27,14 +26,10 @@ import pyarrow.compute as pc
 
 from ensemble.data.settings import DataConfig
 from ensemble.core.errors import UsageError
+from ensemble.core.notices import notice  # noqa: F401 (`data.notice`)
 
 BUILTIN = ("digits", "breast_cancer", "wine", "iris", "synthetic", "diabetes")
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # the model's dtype: larger values do not fit
-
-
-def notice(message: str) -> None:
-    """One informational line on stderr (never stdout: stdout belongs to the user)."""
-    print(f"notice: {message}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -55,6 +50,7 @@ class Dataset:
     y: np.ndarray | None
     feature_names: tuple[str, ...]
     categorical: dict[str, np.ndarray] = field(default_factory=dict)
+    identifiers: tuple[str, ...] = ()  # text columns left out as ids (ensemble.data.identifiers)
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -143,6 +139,12 @@ def _not_utf8(name: str, col: pa.ChunkedArray, first_row: int) -> str:
     return f"column {name!r} holds text that is not UTF-8; expected UTF-8"
 
 
+def drop_hint(name: str, expected) -> str:
+    """` with --drop NAME (or [data] drop)` when training (`expected` None); at predict, where
+    the run's columns decide, ` in the data` (predict has no --drop)."""
+    return f" with --drop {name} (or [data] drop)" if expected is None else " of the data"
+
+
 def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
     y = np.asarray(col.to_numpy(zero_copy_only=False))
     y = y.astype(str) if y.dtype.kind in "OUSb" else y
@@ -165,7 +167,7 @@ def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
 def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bool,
                      categorical: str | Sequence[str] = "auto", impute: str = "error",
                      expected: Sequence[str] | None = None, strict: bool = False,
-                     first_row: int = 0) -> Dataset:
+                     first_row: int = 0, identifiers: Sequence[str] = ()) -> Dataset:
     """Validate a pyarrow table and split it into numeric features, categorical features and
     labels. Rows whose label is missing are dropped (with a notice) when the target is required.
 
@@ -176,6 +178,9 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
         expected: the columns a trained run needs (predict time), or None (train time).
             Columns beyond them are ignored with one notice naming them.
         strict: with `expected`, refuse extra columns instead.
+        identifiers: with `expected`, the run's identifier columns (neither refused nor named
+            as ignored). At train time identifier-like text columns are found and left out
+            (`ensemble.data.identifiers`), listed in the returned `Dataset.identifiers`.
         first_row: the source row of the table's first row (a streamed batch), for messages.
 
     Raises:
@@ -210,7 +215,7 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
             shown = ", ".join(map(repr, missing[:8])) + (", ..." if len(missing) > 8 else "")
             problems.append(f"{len(missing)} training column{'s' * (len(missing) > 1)} "
                             f"{shown} missing from the input (expected {len(expected)})")
-        extra = [c for c in table.column_names if c not in expected]
+        extra = [c for c in table.column_names if c not in expected and c not in identifiers]
         if extra and strict:
             problems.append(f"extra column{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))}"
                             " (--strict-columns refuses columns the run was not trained on)")
@@ -218,8 +223,12 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
             notice(f"ignoring column{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))} of "
                    f"{name}: not features of this run")
         table = table.select([c for c in table.column_names if c in expected])
-    elif table.num_columns == 0:
-        problems.append(f"no feature columns besides {target!r}")
+    else:  # training: identifier-like text columns are not features (ensemble.data.identifiers)
+        from ensemble.data.identifiers import split_identifiers
+
+        table, identifiers = split_identifiers(table, name, categorical, notice)
+        if table.num_columns == 0:
+            problems.append(f"no feature columns besides {target!r}")
     if categorical == "auto":
         cat_names = [f.name for f in table.schema if _is_category_like(f.type)
                      and not pa.types.is_null(f.type)]
@@ -250,7 +259,7 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
             continue
         if pa.types.is_temporal(f.type):
             problems.append(f"column {f.name!r} holds dates or times ({f.type}); expected "
-                            f"numbers: leave it out with --drop {f.name} (or [data] drop), or "
+                            f"numbers: leave it out{drop_hint(f.name, expected)}, or "
                             "convert it to a number (days since a date) in the data")
             continue
         if not (_is_numeric(f.type) or pa.types.is_boolean(f.type)):
@@ -274,26 +283,30 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
     if missing_values and impute == "error":
         cols = ", ".join(f"{c!r} ({n} row{'s' * (n > 1)})" for c, n in missing_values)
         one = len(missing_values) == 1
+        fix = ("set [data] impute = \"median\" or \"most_frequent\", or --impute, to fill them"
+               if expected is None else  # predict: the run's setting decides (no --impute)
+               "the run was trained with [data] impute = \"error\", which refuses them: fill "
+               "them in the data; a run trained with impute = \"median\" fills them")
         problems.append(f"column{'' if one else 's'} {cols} hold{'s' * one} NaN or inf: missing "
-                        "values (set [data] impute = \"median\" or \"most_frequent\", or "
-                        "--impute, to fill them)")
+                        f"values ({fix})")
     if problems:
         raise UsageError(f"{len(problems)} problem{'s' * (len(problems) > 1)} in data {name}: "
                          + "; ".join(problems) + ".")
     x = (np.column_stack([v for _, v in numeric]) if numeric
          else np.zeros((table.num_rows, 0))).astype(np.float32)
-    return Dataset(name, x, y, tuple(n for n, _ in numeric), cats)
+    return Dataset(name, x, y, tuple(n for n, _ in numeric), cats,
+                   tuple(identifiers) if expected is None else ())
 
 
 def load(cfg: DataConfig, require_target: bool = True, expected: Sequence[str] | None = None,
-         strict: bool = False) -> Dataset:
+         strict: bool = False, identifiers: Sequence[str] = ()) -> Dataset:
     """Load the source named by `cfg.source` (built-in name or file path).
 
     Files are read once per process (cached on path, size and modification time), so the
     CLI can check the data before importing TensorFlow and the run reuses what it read.
 
     Args:
-        expected, strict: see `table_to_dataset` (predict time).
+        expected, strict, identifiers: see `table_to_dataset` (predict time).
 
     Raises:
         UsageError: unknown source, unreadable file, or any `table_to_dataset` error; a
@@ -316,13 +329,15 @@ def load(cfg: DataConfig, require_target: bool = True, expected: Sequence[str] |
         stat = path.stat() if path.is_file() else None
         key = (stat.st_size, stat.st_mtime_ns) if stat else None
         ds = _load_file(cfg, key, require_target,
-                        None if expected is None else tuple(expected), strict)
+                        None if expected is None else tuple(expected), strict,
+                        tuple(identifiers))
     return ds
 
 
 @functools.lru_cache(maxsize=2)
 def _load_file(cfg: DataConfig, _stat_key, require_target: bool,
-               expected: tuple[str, ...] | None, strict: bool) -> Dataset:
+               expected: tuple[str, ...] | None, strict: bool,
+               identifiers: tuple[str, ...] = ()) -> Dataset:
     path = Path(cfg.source)
     table = _read_table(path)
     if cfg.drop and expected is None:  # at predict time a dropped column is an extra one
@@ -333,7 +348,8 @@ def _load_file(cfg: DataConfig, _stat_key, require_target: bool,
                              f"{', '.join(table.column_names)})")
         table = table.drop_columns([c for c in dict.fromkeys(cfg.drop)])
     return table_to_dataset(table, str(path), cfg.target, require_target,
-                            cfg.categorical, cfg.impute, expected, strict)
+                            cfg.categorical, cfg.impute, expected, strict,
+                            identifiers=identifiers)
 
 
 def split(ds: Dataset, cfg: DataConfig, seed: int) -> tuple[dict[str, np.ndarray], np.ndarray]:

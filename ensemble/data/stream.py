@@ -133,7 +133,7 @@ class InputStream:
         return data.table_to_dataset(table, name, self.target, require_target=False,
                                      categorical=tuple(pre.categories) or "none",
                                      impute=pre.impute, expected=pre.columns, strict=strict,
-                                     first_row=first_row)
+                                     first_row=first_row, identifiers=pre.identifiers)
 
     def check(self) -> None:
         """Check the columns (missing, extra, types) and the first batch's values; prints the

@@ -3,7 +3,7 @@
     import ensemble
     run = ensemble.train({"members": {"count": 4}, "training": {"epochs": 5}}, mode="in-graph")
     run.metrics                       # pandas DataFrame: one row per model and split
-    run.predict(df)                   # pandas DataFrame: the predictions, one row per model, row
+    run.predict(df)                   # pandas DataFrame: one row per input, as `ensemble predict`
     ensemble.load_run(run.path).evaluate()
 
 `ensemble train` is a thin shell over `train` (it parses flags, checks the data before TensorFlow
@@ -72,6 +72,24 @@ def _builder_names(tables: dict) -> dict:
         params = dict(model.get("params", {})) if isinstance(model, Mapping) else {}
         tables = {**tables, "model": {"builder": builders.spec_of(fn), "params": params}}
     return tables
+
+
+def to_pandas(table):
+    """A pyarrow table as pandas with its Parquet dtypes: integer columns stay integers
+    (nullable `Int32`/`Int64` when they hold nulls, e.g. `member` of ensemble rows), not
+    float64 as `Table.to_pandas` makes them."""
+    import pandas as pd
+    import pyarrow as pa
+
+    mapping = {pa.int8(): pd.Int8Dtype(), pa.int16(): pd.Int16Dtype(),
+               pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype()}
+    nullable = {f.name for f in table.schema if f.type in mapping
+                and table.column(f.name).null_count}
+    frame = table.to_pandas(types_mapper=mapping.get)
+    for name in frame.columns:  # integer columns without nulls: plain numpy integers
+        if name not in nullable and isinstance(frame[name].dtype, pd.core.arrays.integer.IntegerDtype):
+            frame[name] = frame[name].astype(frame[name].dtype.numpy_dtype)
+    return frame
 
 
 def _notice(text: str) -> None:
@@ -248,7 +266,7 @@ class Run:
                     or self.manifest["dataset"]["feature_names"])
 
     def _table(self, name: str):
-        return artifacts.read_parquet(self.path / name).to_pandas()
+        return to_pandas(artifacts.read_parquet(self.path / name))
 
     @property
     def metrics(self):
@@ -275,7 +293,7 @@ class Run:
         """
         from ensemble.runs.evaluate import evaluate
 
-        return evaluate(self.path)[0].to_pandas()
+        return to_pandas(evaluate(self.path)[0])
 
     def summary(self) -> str:
         """The table `ensemble evaluate` prints (ensemble against its members, per split),
@@ -291,7 +309,8 @@ class Run:
         artifacts.verify(self.path, self.manifest, path)
         return format_table(artifacts.read_parquet(path), fitted.read(self.path))
 
-    def predict(self, data, target: str | None = None, devices: str = "auto"):
+    def predict(self, data, target: str | None = None, devices: str = "auto",
+                layout: str = "wide"):
         """Predict rows with the run's members (in-graph, on this machine's `devices`).
 
         Args:
@@ -300,10 +319,14 @@ class Run:
                 order of `feature_names`.
             target: label column of `data`, used for `y_true` when present (default: the
                 run's target).
+            layout: `wide` (`ensemble predict`'s default: one row per input, the input's
+                non-feature columns such as an id first, then the first aggregator's
+                prediction and probabilities or mean/std) or `long` (one row per model and
+                input: `model`, `member`, `aggregator`, `row`, `y_pred`, `p_<class>`, ...).
 
         Returns:
-            pandas DataFrame in the predictions layout (`model`, `member`, `aggregator`,
-            `row`, `y_pred`, `p_<class>`, ..., split `predict`).
+            pandas DataFrame in that layout, integer columns with their Parquet dtypes
+            (pandas' nullable `Int32`/`Int64` where a column has nulls).
 
         Raises:
             UsageError: missing columns, wrong column count, or a run that is not completed.
@@ -323,8 +346,17 @@ class Run:
                                  f"{', '.join(names[:5])}{', ...' if len(names) > 5 else ''}). "
                                  f"Received: shape {x.shape}")
             frame = pd.DataFrame(x, columns=names)
+        if layout not in ("wide", "long"):
+            raise UsageError(f"Expected `layout` to be 'wide' or 'long'. Received: "
+                             f"layout={layout!r}")
+        from ensemble.core.notices import named
+        from ensemble.core.tfimport import import_tensorflow_quietly
+
+        import_tensorflow_quietly()
+
         with tempfile.TemporaryDirectory(prefix="ensemble-api-") as tmp:
             src, out = Path(tmp) / "input.parquet", Path(tmp) / "predictions.parquet"
             artifacts.write_parquet(src, pa.Table.from_pandas(frame, preserve_index=False))
-            predict_in_graph(self.path, str(src), out, target, devices, layout="long")
-            return artifacts.read_parquet(out).to_pandas()
+            with named(tmp, "the DataFrame"), named(src, "the DataFrame"):
+                predict_in_graph(self.path, str(src), out, target, devices, layout=layout)
+            return to_pandas(artifacts.read_parquet(out))

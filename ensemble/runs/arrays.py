@@ -229,10 +229,8 @@ def load(cls, path: Path):
     run.require_completed(path, manifest)
     cfg = from_dict(manifest["config"])
     pre = Preprocessing.read(artifacts.verify(path, manifest, path / artifacts.PREPROCESSING))
-    if pre.categories:
-        raise UsageError(f"Run {path} one-hot encodes categorical columns "
-                         f"({', '.join(pre.categories)}); an estimator takes numeric arrays: "
-                         f"use ensemble.load_run({str(path)!r}).predict(DataFrame)")
+    table = bool(getattr(pre, "categories", None) or getattr(pre, "identifiers", ())
+                 or getattr(pre, "impute", "error") != "error")
     n = len(manifest["members"])
     weights = [load_run_member(path, manifest, i, "/device:CPU:0").get_weights()
                for i in range(n)]
@@ -246,6 +244,12 @@ def load(cls, path: Path):
     est.n_features_in_ = len(pre.feature_names)
     if manifest["dataset"].get("named_columns", manifest["dataset"]["name"] != "arrays"):
         est.feature_names_in_ = np.asarray(pre.feature_names, dtype=object)
+    # a DataFrame, prepared as the run's table, columns matched by name (sklearn_tables)
+    est.table_input_ = "by-name" if table else False
+    if table:  # its input columns: numeric, then categorical (a file's order is not kept)
+        est.feature_names_in_ = np.asarray(pre.columns, dtype=object)
+        est.n_features_in_ = len(est.feature_names_in_)
+        est.categorical, est.impute = tuple(pre.categories) or "none", pre.impute
     est.seed_, est.devices_ = t.seed, [e["device"] for e in manifest["members"]]
     est.member_weights_, est.aggregator_ = weights, names[0]
     if manifest.get("task") == "regression":  # members trained on the standardised target

@@ -32,6 +32,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ensemble.models import builders
 from ensemble.config import schema as config
 from ensemble.runs import arrays as run_arrays
+from ensemble.runs import sklearn_tables
 from ensemble.tasks.classification.aggregators import FITTED
 from ensemble.config.schema import MODES
 from ensemble.core.errors import UsageError
@@ -121,6 +122,11 @@ class DeepEnsembleClassifier(RoutedParams, ClassifierMixin, BaseEstimator):
             which needs `fit(..., validation_data=...)`.
         run_dir: keep the run directory of each fit here (replaced by the next fit); None:
             in-graph fits write none, between-graph fits use a temporary one.
+        categorical, impute: a pandas DataFrame `X` is prepared as `ensemble train` prepares
+            a table (`ensemble.runs.sklearn_tables`): `categorical` is `[data] categorical`
+            (`"auto"`: text, boolean and category columns one-hot encoded; identifier-like
+            text columns left out), `impute` is `[data] impute` (`"error"` refuses missing
+            values; `"median"`, `"most_frequent"` fill them from the training rows).
 
     Attributes:
         classes_: `[n_classes]` labels. n_features_in_, feature_names_in_: the input columns.
@@ -140,8 +146,10 @@ class DeepEnsembleClassifier(RoutedParams, ClassifierMixin, BaseEstimator):
     def __init__(self, n_members=4, hidden=(256, 128), activation="relu", dropout=0.1,
                  epochs=30, batch_size=32, learning_rate=1e-3, random_state=None,
                  mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
-                 model="mlp", **kwargs):
+                 model="mlp", categorical="auto", impute="error", **kwargs):
         self.model = model
+        self.categorical = categorical
+        self.impute = impute
         self._take_routed(kwargs)
         self.n_members = n_members
         self.hidden = hidden
@@ -225,7 +233,11 @@ class DeepEnsembleClassifier(RoutedParams, ClassifierMixin, BaseEstimator):
             ValueError: bad parameters, data or labels (fewer than 2 classes; validation
             labels unseen in `y`; a fitted aggregator without `validation_data`).
         """
-        X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], allow_nd=True)
+        table = sklearn_tables.wants_table(self, X)
+        if table:
+            X, y = sklearn_tables.check_input(self, X, y)
+        else:
+            X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], allow_nd=True)
         check_classification_targets(y)
         classes, y_idx = np.unique(y, return_inverse=True)
         if len(classes) < 2:
@@ -234,17 +246,25 @@ class DeepEnsembleClassifier(RoutedParams, ClassifierMixin, BaseEstimator):
         cfg = self._config(self._seed())
         val = None
         if validation_data is not None:
-            val = self._validation(validation_data, classes)
+            val = self._validation(validation_data, classes, table)
         elif self.aggregator in FITTED:
             raise ValueError(f"aggregator={self.aggregator!r} is fitted on validation data: "
                              "pass fit(X, y, validation_data=(X_val, y_val))")
-        names = list(getattr(self, "feature_names_in_", [f"x{i}" for i in range(X.shape[1])]))
-        pre = run_arrays.fit_preprocessing(X, y_idx, classes, names)
-        x = pre.transform(run_arrays.dataset(X, names))
-        if val is not None:
-            val = (pre.transform(run_arrays.dataset(val[0], names)), val[1])
+        if table:
+            pre, x = sklearn_tables.fit(self, X, y_idx, classes)
+            if val is not None:
+                self.preprocessing_ = pre
+                val = (sklearn_tables.transform(self, val[0]), val[1])
+        else:
+            names = list(getattr(self, "feature_names_in_",
+                                 [f"x{i}" for i in range(X.shape[1])]))
+            pre = run_arrays.fit_preprocessing(X, y_idx, classes, names)
+            x = pre.transform(run_arrays.dataset(X, names))
+            if val is not None:
+                val = (pre.transform(run_arrays.dataset(val[0], names)), val[1])
         fitted = (run_arrays.train_between_graph if self.mode == "between-graph"
                   else run_arrays.train_in_graph)(cfg, x, y_idx, val, pre, self.run_dir)
+        self.table_input_ = table
         self.classes_, self.preprocessing_, self.config_ = classes, pre, cfg
         self.seed_, self.aggregator_ = cfg.training.seed, self.aggregator
         self.n_rows_ = {"train": len(x), **({"validation": len(val[0])} if val else {})}
@@ -256,13 +276,17 @@ class DeepEnsembleClassifier(RoutedParams, ClassifierMixin, BaseEstimator):
             self.save(self.run_dir, overwrite=True)
         return self
 
-    def _validation(self, validation_data, classes):
+    def _validation(self, validation_data, classes, table: bool = False):
         try:
             x_val, y_val = validation_data
         except (TypeError, ValueError):
             raise ValueError("Expected `validation_data` to be a pair (X_val, y_val). "
                              f"Received: {type(validation_data).__name__}") from None
-        x_val = validate_data(self, x_val, reset=False, dtype=[np.float64, np.float32], allow_nd=True)
+        if table:  # prepared as the training table (`ensemble.runs.sklearn_tables`)
+            x_val, _ = sklearn_tables.check_input(self, x_val, reset=False)
+        else:
+            x_val = validate_data(self, x_val, reset=False, dtype=[np.float64, np.float32],
+                                  allow_nd=True)
         y_val = np.asarray(y_val)
         if y_val.ndim != 1 or len(y_val) != len(x_val):
             raise ValueError(f"Expected y_val of shape ({len(x_val)},). Received: "
@@ -276,20 +300,14 @@ class DeepEnsembleClassifier(RoutedParams, ClassifierMixin, BaseEstimator):
     def predict_proba(self, X) -> np.ndarray:
         """The aggregator's class probabilities `[n_rows, n_classes]` (float64, rows sum to
         1; for `vote` the share of member votes), columns in the order of `classes_`."""
-        check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32], allow_nd=True)
-        x = self.preprocessing_.transform(run_arrays.dataset(X, list(
-            getattr(self, "feature_names_in_", self.preprocessing_.feature_names))))
+        x = sklearn_tables.scaled(self, X)
         self._attach_builder()
         p = run_arrays.predict(self, x).astype(np.float64)
         return p / p.sum(axis=1, keepdims=True)
 
     def predict_members(self, X) -> np.ndarray:
         """Every member's probabilities `[n_members, n_rows, n_classes]` (float32)."""
-        check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32], allow_nd=True)
-        x = self.preprocessing_.transform(run_arrays.dataset(X, list(
-            getattr(self, "feature_names_in_", self.preprocessing_.feature_names))))
+        x = sklearn_tables.scaled(self, X)
         self._attach_builder()
         return run_arrays.predict(self, x, members=True)
 
@@ -311,11 +329,11 @@ class DeepEnsembleClassifier(RoutedParams, ClassifierMixin, BaseEstimator):
     @classmethod
     def load(cls, path) -> "DeepEnsembleClassifier":
         """A fitted estimator from a run directory written by `save` or by `ensemble train`
-        (all-numeric input columns; its parameters are the run's config).
+        (its parameters are the run's config; a run with categorical, identifier or imputed
+        columns predicts DataFrames with those columns, prepared as the run's table).
 
         Raises:
-            ValueError (UsageError): not a completed run, a damaged artifact, or a run with
-            categorical columns (use `ensemble.load_run(path).predict(DataFrame)`).
+            ValueError (UsageError): not a completed run, or a damaged artifact.
         """
         return run_arrays.load(cls, Path(path))
 

@@ -23,6 +23,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ensemble.tasks.regression import aggregators as regression
 from ensemble.runs import arrays as run_arrays
+from ensemble.runs import sklearn_tables
 from ensemble.runs.sklearn import DeepEnsembleClassifier, RoutedParams
 
 FITTED = ("weighted", "greedy", "std-scaling")
@@ -38,6 +39,8 @@ class DeepEnsembleRegressor(RoutedParams, RegressorMixin, BaseEstimator):
             `weighted`, `greedy`, `std-scaling`.
         loss: `gaussian_nll` (members predict a variance) or `mse` (point members: the
             ensemble's std is then the members' spread alone).
+        categorical, impute: how a DataFrame with text or missing values is prepared, as
+            `DeepEnsembleClassifier`'s (`ensemble.runs.sklearn_tables`).
 
     Attributes:
         target_loc_, target_scale_: the training target's mean and std (members train on the
@@ -49,8 +52,11 @@ class DeepEnsembleRegressor(RoutedParams, RegressorMixin, BaseEstimator):
     def __init__(self, n_members=4, hidden=(256, 128), activation="relu", dropout=0.1,
                  epochs=30, batch_size=32, learning_rate=1e-3, random_state=None,
                  mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
-                 model="mlp", loss="gaussian_nll", **kwargs):
+                 model="mlp", loss="gaussian_nll", categorical="auto", impute="error",
+                 **kwargs):
         self.model = model
+        self.categorical = categorical
+        self.impute = impute
         self._take_routed(kwargs)
         self.n_members = n_members
         self.hidden = hidden
@@ -99,8 +105,15 @@ class DeepEnsembleRegressor(RoutedParams, RegressorMixin, BaseEstimator):
             ValueError: bad parameters or data, or a fitted aggregator without
             `validation_data`.
         """
-        X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], y_numeric=True)
-        y = np.asarray(y, np.float64)
+        table = sklearn_tables.wants_table(self, X)
+        if table:
+            X, y = sklearn_tables.check_input(self, X, y)
+        else:
+            X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], y_numeric=True)
+        try:
+            y = np.asarray(y, np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"Expected y to hold numbers. Received: {y[:3]!r} ...") from None
         cfg = self._config(self._seed())
         loc, scale = float(y.mean()), float(y.std()) or 1.0
         val = None
@@ -110,7 +123,10 @@ class DeepEnsembleRegressor(RoutedParams, RegressorMixin, BaseEstimator):
             except (TypeError, ValueError):
                 raise ValueError("Expected `validation_data` to be a pair (X_val, y_val).") \
                     from None
-            x_val = validate_data(self, x_val, reset=False, dtype=[np.float64, np.float32])
+            if table:
+                x_val, _ = sklearn_tables.check_input(self, x_val, reset=False)
+            else:
+                x_val = validate_data(self, x_val, reset=False, dtype=[np.float64, np.float32])
             y_val = np.asarray(y_val, np.float64)
             if y_val.shape != (len(x_val),):
                 raise ValueError(f"Expected y_val of shape ({len(x_val)},). Received: "
@@ -119,11 +135,19 @@ class DeepEnsembleRegressor(RoutedParams, RegressorMixin, BaseEstimator):
         elif self.aggregator in FITTED:
             raise ValueError(f"aggregator={self.aggregator!r} is fitted on validation data: "
                              "pass fit(X, y, validation_data=(X_val, y_val))")
-        names = list(getattr(self, "feature_names_in_", [f"x{i}" for i in range(X.shape[1])]))
-        pre = run_arrays.fit_preprocessing(X, None, np.zeros(0), names)
-        x = pre.transform(run_arrays.dataset(X, names))
-        if val is not None:
-            val = (pre.transform(run_arrays.dataset(val[0], names)), val[1])
+        if table:
+            pre, x = sklearn_tables.fit(self, X, None, np.zeros(0))
+            if val is not None:
+                self.preprocessing_ = pre
+                val = (sklearn_tables.transform(self, val[0]), val[1])
+        else:
+            names = list(getattr(self, "feature_names_in_",
+                                 [f"x{i}" for i in range(X.shape[1])]))
+            pre = run_arrays.fit_preprocessing(X, None, np.zeros(0), names)
+            x = pre.transform(run_arrays.dataset(X, names))
+            if val is not None:
+                val = (pre.transform(run_arrays.dataset(val[0], names)), val[1])
+        self.table_input_ = table
         fitted = (run_arrays.train_between_graph if self.mode == "between-graph"
                   else run_arrays.train_in_graph)(cfg, x, (y - loc) / scale, val, pre,
                                                   self.run_dir)
@@ -144,6 +168,8 @@ class DeepEnsembleRegressor(RoutedParams, RegressorMixin, BaseEstimator):
         return self
 
     def _scaled(self, X) -> np.ndarray:
+        if getattr(self, "table_input_", False):
+            return sklearn_tables.scaled(self, X)
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
         return self.preprocessing_.transform(run_arrays.dataset(X, list(

@@ -1,0 +1,54 @@
+"""Notices for people: one informational line on stderr, and the rewording of messages.
+
+Below the inputs and the runs, which both print notices; the Python API rewords them (and
+`UsageError`s) to name its own options and inputs instead of the CLI's flags or a temporary
+file (`reworded`, `named`).
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from ensemble.core.errors import UsageError
+
+_REWORDING: list[tuple[str, str]] = []  # (regex, replacement) applied to messages (`reworded`)
+
+
+def notice(message: str) -> None:
+    """One informational line on stderr (never stdout: stdout belongs to the user)."""
+    print(f"notice: {_reword(message)}", file=sys.stderr, flush=True)
+
+
+def _reword(text: str) -> str:
+    import re
+
+    for pattern, replacement in _REWORDING:
+        text = re.sub(pattern, replacement, text)
+    return text
+
+
+@contextlib.contextmanager
+def reworded(rules: Sequence[tuple[str, str]]):
+    """Within the block, notices and `UsageError`s have every regex of `rules` replaced
+    (`re.sub`): the Python API names its own options and inputs, not the CLI's flags or an
+    internal temporary file."""
+    rules = list(rules)
+    _REWORDING[:0] = rules
+    try:
+        yield
+    except UsageError as exc:
+        raise UsageError(_reword(str(exc))) from None
+    finally:
+        for rule in rules:
+            _REWORDING.remove(rule)
+
+
+def named(path, label: str):
+    """`reworded`: messages name `label` (`the DataFrame`) instead of `path` (a temporary
+    file or folder; the longer one first when nested)."""
+    import re
+
+    keys = sorted({str(path), str(Path(path).resolve())}, key=len, reverse=True)
+    return reworded([(re.escape(k), label.replace("\\", r"\\")) for k in keys])

@@ -1,0 +1,82 @@
+"""Identifier-like text columns (names, row labels): carried through like an id, not features.
+
+A text column with a distinct value on nearly every row would become one one-hot feature per
+row (a model memorises them; nothing carries over to new rows). Tools such as AutoGluon treat
+such a column as an identifier; so does a run here, by this rule, at training time:
+
+    a string (or dictionary) column that the config does not list in `[data] categorical`,
+    whose distinct non-missing values number more than `MIN_DISTINCT` (50) and at least
+    `SHARE` (0.9) of its non-missing rows.
+
+The column is left out of the features with a notice naming `--categorical` to use it anyway;
+the run records it (`preprocessing.json` `identifiers`, the manifest's dataset), so `predict`
+carries it through to its wide layout like any non-feature column, without the "ignoring"
+notice.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+MIN_DISTINCT = 50
+SHARE = 0.9
+
+
+def _is_text(tp: pa.DataType) -> bool:
+    return (pa.types.is_string(tp) or pa.types.is_large_string(tp)
+            or pa.types.is_dictionary(tp))
+
+
+def is_identifier(col: pa.ChunkedArray) -> tuple[bool, int, int]:
+    """Whether the text column `col` is identifier-like (the module's rule).
+
+    Returns:
+        (identifier?, distinct non-missing values, non-missing rows).
+    """
+    known = len(col) - col.null_count
+    if pa.types.is_dictionary(col.type):
+        col = pc.dictionary_decode(col)
+    distinct = int(pc.count_distinct(col, mode="only_valid").as_py()) if known else 0
+    return distinct > MIN_DISTINCT and distinct >= SHARE * known, distinct, known
+
+
+def split_identifiers(table: pa.Table, name: str, categorical: str | Sequence[str],
+                      notice) -> tuple[pa.Table, tuple[str, ...]]:
+    """Leave identifier-like text columns of a training table out of its features.
+
+    Args:
+        table: the training table without its target column.
+        name: the data's name, for the notice.
+        categorical: `[data] categorical` (`"auto"`, `"none"` or the listed columns: a listed
+            column stays a feature whatever its values).
+        notice: `ensemble.data.notice`, called once per identifier column.
+
+    Returns:
+        (the table without them, their names in table order).
+    """
+    listed = set() if isinstance(categorical, str) else set(categorical)
+    found = []
+    for f in table.schema:
+        if f.name in listed or not _is_text(f.type):
+            continue
+        ident, distinct, known = is_identifier(table.column(f.name))
+        if ident:
+            found.append((f.name, distinct, known))
+    if not found:
+        return table, ()
+    ids = [n for n, _, _ in found]
+    if categorical == "auto":
+        others = [f.name for f in table.schema if f.name not in ids and (
+            _is_text(f.type) or pa.types.is_boolean(f.type))]
+    else:
+        others = [] if categorical == "none" else list(categorical)
+    for col, distinct, known in found:
+        use = ",".join([*others, col])
+        notice(f"column {col!r} of {name} has {distinct} distinct values in {known} rows (an "
+               f"identifier, like a name or a row label): not a feature, carried through to "
+               f"predictions like an id; to use it as a feature anyway: --categorical {use} "
+               f"(or [data] categorical)")
+    return table.drop_columns(ids), tuple(ids)

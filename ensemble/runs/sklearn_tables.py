@@ -1,0 +1,180 @@
+"""The estimators' table input: pandas DataFrames with text and missing values, prepared as
+`ensemble train` prepares a table.
+
+`DeepEnsembleClassifier` / `DeepEnsembleRegressor` take numeric arrays through scikit-learn's
+`validate_data`. A DataFrame with text (string, categorical, boolean) columns, or an input
+with missing values when the estimator's `impute` is not `"error"`, goes through the CLI's own
+path instead: `ensemble.data.table_to_dataset` (the same column checks, `categorical` rule and
+identifier columns, named `X` in messages) and `Preprocessing.fit` (imputation, one-hot
+encoding and standardisation fitted on the training rows), so a table gives the estimator the
+features it gives `ensemble train`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ensemble.core import notices
+from ensemble.data import sources as data
+from ensemble.data.preprocessing import Preprocessing
+
+NO_TARGET = "\0target"  # a column name no table has: the estimators take y separately
+
+# the CLI's hints, in the estimators' terms (`notices.reworded`): every hint names a parameter
+# the estimator takes
+WORDING = [
+    (r'set \[data\] impute = "median" or "most_frequent", or --impute, to fill them',
+     'pass impute="median" or "most_frequent" to fill them'),
+    (r'the run was trained with \[data\] impute = "error", which refuses them: fill them in '
+     r'the data; a run trained with impute = "median" fills them',
+     'the estimator was fitted with impute="error": fill them, or fit it with '
+     'impute="median"'),
+    (r'--categorical (\S+) \(or \[data\] categorical\)',
+     lambda m: f"categorical={m.group(1).split(',')!r}"),
+    (r' with --drop \S+ \(or \[data\] drop\)', " of X"),
+    (r'leave it out with --drop \S+', "leave it out of X"),
+    (r'\[data\] categorical', "categorical="),
+    (r'carried through to predictions like an id', "left out of the features"),
+    (re.escape(f" besides {NO_TARGET!r}"), " (every column was left out)"),
+]
+
+
+def _has_missing(X) -> bool:
+    try:
+        import pandas as pd
+
+        if isinstance(X, pd.DataFrame):
+            return bool(X.isna().to_numpy().any())
+        x = np.asarray(X)
+        return x.dtype.kind == "f" and bool(np.isnan(x).any()) or x.dtype == object and \
+            bool(pd.isna(x).any())
+    except (TypeError, ValueError):
+        return False
+
+
+def _texts(values) -> bool:
+    """Whether object `values` hold text among numbers and missing values only (anything
+    else, e.g. a dict, is left to scikit-learn's own refusal)."""
+    seen = False
+    for v in values:
+        if isinstance(v, str):
+            seen = True
+        elif not (v is None or isinstance(v, (int, float, np.number, bool))):
+            return False
+    return seen
+
+
+def wants_table(est, X) -> bool:
+    """Whether `X` takes the table path: a DataFrame with a non-numeric column, an object
+    array, a `categorical` list, or missing values under `impute` != `"error"`."""
+    import pandas as pd
+
+    if isinstance(X, pd.DataFrame):
+        if any(not (pd.api.types.is_numeric_dtype(t) and not pd.api.types.is_bool_dtype(t))
+               for t in X.dtypes):
+            return True
+    elif isinstance(X, np.ndarray) and X.dtype == object and X.ndim == 2:
+        if _texts(X.ravel()):  # numbers held as objects stay on the array path
+            return True
+    if not isinstance(getattr(est, "categorical", "auto"), str):
+        return True
+    return getattr(est, "impute", "error") != "error" and _has_missing(X)
+
+
+def _frame(est, X):
+    """`X` as a pandas DataFrame with string column names (`x0`, ... for arrays)."""
+    import pandas as pd
+
+    if isinstance(X, pd.DataFrame):
+        return X.rename(columns=str)
+    x = np.asarray(X, dtype=object)
+    if x.ndim != 2:
+        raise ValueError(f"Expected a 2D table [n_rows, n_columns]. Received: shape {x.shape}")
+    return pd.DataFrame(x, columns=[f"x{i}" for i in range(x.shape[1])])
+
+
+def _dataset(est, X, pre: Preprocessing | None) -> data.Dataset:
+    import pandas as pd
+
+    frame = _frame(est, X)
+    for name in frame.columns:  # object columns: numbers when they all are, else text
+        if frame[name].dtype == object:
+            values = frame[name]
+            if not _texts(values.to_numpy()):
+                frame[name] = pd.to_numeric(values)
+                continue
+            frame[name] = values.where(values.isna(), values.astype(str))
+            frame[name] = frame[name].astype(pd.StringDtype())
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    if pre is None:
+        categorical = est.categorical
+        if not isinstance(categorical, str):
+            categorical = tuple(str(c) for c in categorical)
+        return data.table_to_dataset(table, "X", NO_TARGET, False, categorical, est.impute)
+    return data.table_to_dataset(table, "X", NO_TARGET, False,
+                                 tuple(pre.categories) or "none", pre.impute,
+                                 expected=pre.columns, identifiers=pre.identifiers)
+
+
+def check_input(est, X, y=None, reset: bool = True) -> tuple[Any, Any]:
+    """scikit-learn's checks of a table input (row count, `n_features_in_`,
+    `feature_names_in_`) without converting it to numbers; returns `(X, y)` with `y` as a
+    1-D array."""
+    from sklearn.utils.validation import column_or_1d, validate_data
+
+    validate_data(est, X, reset=reset, skip_check_array=True)
+    if y is None:
+        return X, None
+    y = column_or_1d(y, warn=True)
+    if len(y) != len(X):
+        raise ValueError(f"Found input variables with inconsistent numbers of samples: "
+                         f"[{len(X)}, {len(y)}]")
+    return X, y
+
+
+def fit(est, X, y, classes) -> tuple[Preprocessing, np.ndarray]:
+    """Fit the CLI's preprocessing on every row of table `X`.
+
+    Args:
+        y: `[n_rows]` class indices (a classifier) or None (a regressor).
+        classes: `[n_classes]` labels (empty for a regressor).
+
+    Returns:
+        (the fitted `Preprocessing`, `[n_rows, n_outputs]` float32 scaled features).
+
+    Raises:
+        ValueError (UsageError): the CLI's data problems, naming `X`'s columns.
+    """
+    import dataclasses
+
+    with notices.reworded(WORDING):
+        ds = dataclasses.replace(_dataset(est, X, None), y=y)
+        pre = Preprocessing.fit(ds, np.arange(len(ds.x)), np.asarray(classes), est.impute)
+        return pre, pre.transform(ds)
+
+
+def transform(est, X) -> np.ndarray:
+    """Table `X` prepared with the fitted `est.preprocessing_`: `[n_rows, n_outputs]`
+    float32."""
+    with notices.reworded(WORDING):
+        return est.preprocessing_.transform(_dataset(est, X, est.preprocessing_))
+
+
+def scaled(est, X) -> np.ndarray:
+    """New rows for a fitted estimator, by the path it was fitted on (table or array)."""
+    from sklearn.utils.validation import check_is_fitted, validate_data
+
+    from ensemble.runs import arrays as run_arrays
+
+    check_is_fitted(est)
+    if getattr(est, "table_input_", False):
+        if est.table_input_ != "by-name":  # a loaded CLI run matches columns by name only
+            check_input(est, X, reset=False)
+        return transform(est, X)
+    X = validate_data(est, X, reset=False, dtype=[np.float64, np.float32], allow_nd=True)
+    return est.preprocessing_.transform(run_arrays.dataset(X, list(
+        getattr(est, "feature_names_in_", est.preprocessing_.feature_names))))

@@ -1,0 +1,85 @@
+"""Any config key from the command line: `--set section.key=VALUE` (VALUE read as TOML), and the
+flags that map onto config keys (`--learning-rate`, `--batch-size`).
+
+The pairs become dotted-key overrides of `ensemble.config.load`, so they go through the same
+validation and "did you mean" as a config file: `--set training.learnig_rate=0.1` is refused
+naming `training.learning_rate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+from typing import Any
+
+from ensemble.core.errors import UsageError
+from pipelines.guide import add as _add
+from pipelines.guide import positive as _positive
+
+SET_HELP = ("any config key, VALUE read as TOML: --set training.learning_rate=0.01 "
+            "--set model.params.hidden=[64,32] --set data.image_size=[64,64] (repeatable; default: "
+            "none; applied after the config file and the other options)")
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (`--learning-rate`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, received {text!r}")
+    return value
+
+
+def add_options(parser, batch_size: bool = True) -> None:
+    """`--set`, `--learning-rate` and (unless the command has its own) `--batch-size`."""
+    _add(parser, "--set", action="append", metavar="SECTION.KEY=VALUE", dest="set",
+         help=SET_HELP)
+    _add(parser, "--learning-rate", type=positive_float, metavar="LR",
+         help="every member's learning rate (default: the config's [training] "
+              "learning_rate, 0.001)")
+    if batch_size:
+        _add(parser, "--batch-size", type=_positive, metavar="ROWS",
+             help="rows per training step of each member (default: the config's [training] "
+                  "batch_size, 32)")
+
+
+def parse_value(text: str) -> Any:
+    """VALUE of `--set`: a TOML value (`0.01`, `[64, 32]`, `true`, `"relu"`, `{momentum=0.9}`);
+    text that is not TOML is taken as a string (`--set data.source=my.csv`)."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_set(items: list[str] | None) -> dict[str, Any]:
+    """`--set` items as `{dotted key: value}`, in order (a later one wins).
+
+    Raises:
+        UsageError: an item without `=` or with an empty or malformed key; names the item.
+    """
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, eq, text = item.partition("=")
+        key = key.strip()
+        parts = key.split(".")
+        if not eq or len(parts) < 2 or not all(p.strip() for p in parts):
+            raise UsageError(f"Expected --set SECTION.KEY=VALUE (e.g. --set "
+                             f"training.learning_rate=0.01). Received: --set {item!r}")
+        out[".".join(p.strip() for p in parts)] = parse_value(text.strip())
+    return out
+
+
+def overrides(args) -> dict[str, Any]:
+    """The config overrides of `--learning-rate`, `--batch-size` (train, compare, search)
+    and then `--set` (which wins)."""
+    out: dict[str, Any] = {}
+    if getattr(args, "learning_rate", None) is not None:
+        out["training.learning_rate"] = args.learning_rate
+    if getattr(args, "command", None) != "predict" and \
+            getattr(args, "batch_size", None) is not None:
+        out["training.batch_size"] = args.batch_size
+    out.update(parse_set(getattr(args, "set", None)))
+    return out
