@@ -19,7 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from ensemble.replication.devices import peak_rss_bytes  # noqa: E402
 from ensemble.core.errors import UsageError  # noqa: E402
 from ensemble.core.tfimport import import_tensorflow_quietly  # noqa: E402
-from pipelines.guide import report  # noqa: E402
+from pipelines.guide import fault_line, interrupted_line, report  # noqa: E402
 from pipelines.options import parse, refuse_inapplicable  # noqa: E402
 
 
@@ -337,42 +337,6 @@ COMMANDS = {  # command name -> its function (the parser is in pipelines.options
 }
 
 
-def _interrupted_line(exc, args) -> str:
-    """The one line printed on SIGINT/SIGTERM: where training stopped and how to continue."""
-    from pathlib import Path as _Path
-
-    at = f" at epoch {exc.epoch} of {exc.epochs}" if exc.epoch else ""
-    run_dir = getattr(exc, "run_dir", None) or getattr(args, "run_dir", None)
-    if getattr(exc, "resume", None):
-        return f"interrupted{at}; continue with: {exc.resume}"
-    if args.command == "train" and run_dir and (_Path(run_dir) / "manifest.json").is_file():
-        return f"interrupted{at}; continue with: ensemble train --resume --run-dir {run_dir}"
-    return f"interrupted ({exc})"
-
-
-def _fault_line(exc: Exception, args) -> str | None:
-    """The one line for a resource fault (full disk, quota, read-only, file-size limit), with
-    the run's state when it was training; None for any other exception."""
-    from ensemble.core import artifacts
-    from ensemble.core import faults
-
-    line = faults.describe(exc)
-    run_dir = getattr(args, "run_dir", None) or getattr(args, "run", None)
-    if line is None or getattr(args, "command", None) not in ("train", "aggregate", "search") \
-            or not run_dir:
-        return line
-    try:
-        status = artifacts.read_manifest(run_dir).get("status")
-    except Exception:  # noqa: BLE001 (no manifest: nothing was kept)
-        return line
-    if status == "failed":
-        again = (f"ensemble aggregate --run {run_dir}" if args.command == "aggregate"
-                 else f"ensemble train --resume --run-dir {run_dir}")
-        line += (f"; run {run_dir} marked failed (completed files kept): free space, then "
-                 f"continue with: {again}")
-    return line
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status instead of exiting."""
     from ensemble.core import interrupt
@@ -392,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                 import_tensorflow_quietly()
             return args.func(args)
     except interrupt.Interrupted as exc:
-        print(_interrupted_line(exc, args), file=sys.stderr, flush=True)
+        print(interrupted_line(exc, args), file=sys.stderr, flush=True)
         return exc.exit_status
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -403,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, ClusterError):
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        line = _fault_line(exc, args)
+        line = fault_line(exc, args)
         if line is None:
             raise
         print(f"error: {line}", file=sys.stderr, flush=True)

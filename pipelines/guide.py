@@ -1,4 +1,4 @@
-"""Argument parsing that guides: no abbreviations, one-line errors with a "did you mean" from
+"""Argument parsing that guides, and the lines for people when a command fails: no abbreviations, one-line errors with a "did you mean" from
 the known options and choices (difflib), help that states every default, and the
 machine-readable report channel between processes (never the user's stdout).
 """
@@ -98,3 +98,37 @@ def report(payload: dict, args=None) -> None:
         print(json.dumps(payload))
 
 
+def interrupted_line(exc, args) -> str:
+    """The one line printed on SIGINT/SIGTERM: where training stopped and how to continue."""
+    from pathlib import Path as _Path
+
+    at = f" at epoch {exc.epoch} of {exc.epochs}" if exc.epoch else ""
+    run_dir = getattr(exc, "run_dir", None) or getattr(args, "run_dir", None)
+    if getattr(exc, "resume", None):
+        return f"interrupted{at}; continue with: {exc.resume}"
+    if args.command == "train" and run_dir and (_Path(run_dir) / "manifest.json").is_file():
+        return f"interrupted{at}; continue with: ensemble train --resume --run-dir {run_dir}"
+    return f"interrupted ({exc})"
+
+
+def fault_line(exc: Exception, args) -> str | None:
+    """The one line for a resource fault (full disk, quota, read-only, file-size limit), with
+    the run's state when it was training; None for any other exception."""
+    from ensemble.core import artifacts
+    from ensemble.core import faults
+
+    line = faults.describe(exc)
+    run_dir = getattr(args, "run_dir", None) or getattr(args, "run", None)
+    if line is None or getattr(args, "command", None) not in ("train", "aggregate", "search") \
+            or not run_dir:
+        return line
+    try:
+        status = artifacts.read_manifest(run_dir).get("status")
+    except Exception:  # noqa: BLE001 (no manifest: nothing was kept)
+        return line
+    if status == "failed":
+        again = (f"ensemble aggregate --run {run_dir}" if args.command == "aggregate"
+                 else f"ensemble train --resume --run-dir {run_dir}")
+        line += (f"; run {run_dir} marked failed (completed files kept): free space, then "
+                 f"continue with: {again}")
+    return line
