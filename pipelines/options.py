@@ -322,5 +322,12 @@ def parse(argv: list[str] | None, commands: dict[str, Callable]):
     if args.command is None:
         return parser, None
     if extra:
-        raise unknown_options(args.command, extra, parser.commands[args.command])
+        error = unknown_options(args.command, extra, parser.commands[args.command])
+        first = next((x for x in extra if x.startswith("--")), None)
+        if first and "--set" in parser.commands[args.command]._option_string_actions \
+                and "did you mean" not in str(error):
+            from pipelines.settings import key_hint
+
+            error = UsageError(f"{error}{key_hint(first)}")
+        raise error
     return parser, args

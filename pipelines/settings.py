@@ -83,3 +83,19 @@ def overrides(args) -> dict[str, Any]:
         out["training.batch_size"] = args.batch_size
     out.update(parse_set(getattr(args, "set", None)))
     return out
+
+
+def key_hint(option: str) -> str:
+    """For an unknown option such as `--hidden` or `--early-stopping`, the config key of that
+    name as a `--set` hint (` (a config key: --set members.hidden=VALUE)`), or ``."""
+    import dataclasses
+
+    from ensemble.config import Config
+
+    name = option.lstrip("-").split("=")[0].replace("-", "_")
+    keys = [f"{section.name}.{f.name}" for section in dataclasses.fields(Config)
+            for f in dataclasses.fields(section.default_factory())
+            if f.name == name]
+    if not keys:
+        return ""
+    return f" (a config key: --set {keys[0]}=VALUE)"

@@ -125,6 +125,9 @@ def test_set_and_training_flags_reach_the_run_config(trained):
     (["--set", "model.params.hiden=[3]"], "Unknown parameter `model.params.hiden`"),
     (["--learning-rate", "0"], "expected a positive number"),
     (["--batch-size", "-3"], "expected a positive integer"),
+    (["--hidden", "64"], "unrecognized arguments: --hidden 64 (a config key: --set "
+                         "members.hidden=VALUE)"),
+    (["--early-stopping", "5"], "--set training.early_stopping=VALUE"),
 ])
 def test_bad_set_exits_2_with_one_line(tmp_path, capsys, argv, expected):
     assert run_cli("train", *argv, "--run-dir", tmp_path / "run") == 2

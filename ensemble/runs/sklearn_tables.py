@@ -38,7 +38,7 @@ WORDING = [
     (r' with --drop \S+ \(or \[data\] drop\)', " of X"),
     (r'leave it out with --drop \S+', "leave it out of X"),
     (r'\[data\] categorical', "categorical="),
-    (r'carried through to predictions like an id', "left out of the features"),
+    (r', carried through to predictions like an id', ""),
     (re.escape(f" besides {NO_TARGET!r}"), " (every column was left out)"),
 ]
 
