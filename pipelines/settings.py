@@ -90,7 +90,7 @@ def key_hint(option: str) -> str:
     name as a `--set` hint (` (a config key: --set members.hidden=VALUE)`), or ``."""
     import dataclasses
 
-    from ensemble.config import Config
+    from ensemble.config.schema import Config
 
     name = option.lstrip("-").split("=")[0].replace("-", "_")
     keys = [f"{section.name}.{f.name}" for section in dataclasses.fields(Config)
