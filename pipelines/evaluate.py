@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ensemble import artifacts, fitted, posthoc, run, runlock, search_report, tables
 from ensemble.errors import UsageError
@@ -234,6 +235,9 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
     artifacts.write_parquet(out, table)
     written = [out]
     text = format_table(table, fit)
+    from pipelines import confidence
+
+    text = "\n".join([text, *confidence.block(preds)])
     if run_dir is not None and predictions == Path(run_dir) / artifacts.PREDICTIONS:
 
         text = "\n".join([text, *comparison_lines(run_dir)])
@@ -243,8 +247,13 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
         if manifest is not None and (run_dir / posthoc.SIZE_CURVE).is_file():
             artifacts.verify(run_dir, manifest, run_dir / posthoc.SIZE_CURVE)
         text += "\n" + P.write_plots(out.parent, preds, table, run_dir)
+        from pipelines import plots_ood
+
+        labelled = preds.filter(pc.is_valid(preds.column("y_true")))
+        text += f"\nplot: {plots_ood.confidence_plot(out.parent, *confidence.curves(labelled))}"
         written += [p for p in out.parent.glob("*.png")
-                    if p.name in ("reliability.png", "ensemble_size.png", "members.png")]
+                    if p.name in ("reliability.png", "ensemble_size.png", "members.png",
+                                  "confidence.png")]
     inside = [p for p in written if run_dir is not None
               and Path(os.path.abspath(p)).is_relative_to(os.path.abspath(run_dir))]
     if inside:  # a hashed artifact is never rewritten without its new hash

@@ -165,10 +165,10 @@ def format_ood(table: pa.Table) -> str:
     r0 = rows[0]
     head = (f"out-of-distribution detection: {r0['n_in']} {r0['in_split']} rows against "
             f"{r0['n_out']} rows of {r0['ood_source']}\n(OOD = positive; "
-            + ("std = predictive std, epi_std = its epistemic part)" if "std" in scores else
+            + ("std = predictive std, epi = its epistemic part)" if "std" in scores else
                "maxp = 1 - max probability, ent = entropy, MI = mutual information)"))
     short = {"max_probability": "maxp", "entropy": "ent", "mutual_information": "MI",
-             "std": "std", "epistemic_std": "epi_std"}
+             "std": "std", "epistemic_std": "epi"}
     cells = [f"{short.get(s, s[:7])} {k}" for s in scores for k in ("AUROC", "AUPR")]
     lines = [head, f"{'model':<22}" + "".join(f"{c:>{W}}" for c in cells)]
     by_model: dict[str, dict] = {}
@@ -283,5 +283,5 @@ def format_shift(table: pa.Table, split: str = "test") -> str:
                 mem = np.mean([r[k] for r in part if r["member"] is not None])
                 e = next(r[k] for r in part if r["model"] == ens)
                 cells.append(f"{mem:.3f}/{e:.3f}")
-            lines.append(f"  {name:<16}{k:<9}" + "".join(f"{c:>15}" for c in cells))
+            lines.append(f"  {name:<16}{k:<9}" + "".join(f"{c:>14}" for c in cells))
     return "\n".join(lines)
