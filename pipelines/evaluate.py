@@ -148,8 +148,9 @@ def _fitted_lines(fit: dict | None) -> list[str]:
     return out
 
 
-def format_table(metrics: pa.Table, fit: dict | None = None) -> str:
-    """Render the evaluation table: splits in the order validation, test, others.
+def format_table(metrics: pa.Table, fit: dict | None = None, extra=()) -> str:
+    """Render the evaluation table: splits in the order validation, test, others; `extra`
+    lines (accuracy against confidence) go before the closing sentence.
 
     Raises:
         UsageError: the metrics hold no row.
@@ -157,7 +158,7 @@ def format_table(metrics: pa.Table, fit: dict | None = None) -> str:
     if "rmse" in metrics.column_names:  # a regression run
         from pipelines import evaluate_regression
 
-        return evaluate_regression.format_table(metrics, fit)
+        return evaluate_regression.format_table(metrics, fit, extra)
     rows = metrics.to_pylist()
     if not rows:
         raise UsageError("No labelled rows; cannot evaluate.")
@@ -172,6 +173,7 @@ def format_table(metrics: pa.Table, fit: dict | None = None) -> str:
     if any(r["aggregator"] == "vote" for r in rows):
         lines.append("ensemble-vote: vote shares are not probabilities, so NLL, Brier and ECE "
                      "are n/a")
+    lines += list(extra)
     sentence = textwrap.fill(verdict(metrics, last), NAME_WIDTH + 4 * COL)
     return "\n".join(lines + ([sentence] if sentence else []))
 
@@ -234,10 +236,9 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
         raise UsageError(f"Cannot write the metrics to {out}: permission denied.")
     artifacts.write_parquet(out, table)
     written = [out]
-    text = format_table(table, fit)
     from pipelines import confidence
 
-    text = "\n".join([text, *confidence.block(preds)])
+    text = format_table(table, fit, confidence.block(preds))
     if run_dir is not None and predictions == Path(run_dir) / artifacts.PREDICTIONS:
 
         text = "\n".join([text, *comparison_lines(run_dir)])
