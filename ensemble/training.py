@@ -68,7 +68,7 @@ class Schedule:
         return -(-n_train // self.batch_size)
 
 
-def train_step(model, optimizer, x, y, idx, task):
+def train_step(model, optimizer, x, y, idx, task, adversarial=None):
     """THE training step of one member: gather the batch, forward, backward, update.
 
     Args:
@@ -76,6 +76,9 @@ def train_step(model, optimizer, x, y, idx, task):
         y: `[n_train]` targets on the member's device (class indices for classification).
         idx: `[batch]` int32 row indices of this batch.
         task: the run's `tasks` object (its `loss`).
+        adversarial: None (the default: no adversarial op in the graph), or the
+            `[*input_shape]` sign step of `adversarial.input_step`: the loss is then that
+            of the clean plus the fast-gradient-sign batch (`adversarial.loss`).
 
     Returns:
         Scalar float32 mean task loss of the batch, plus the member's regularisation
@@ -87,8 +90,12 @@ def train_step(model, optimizer, x, y, idx, task):
     if xb.dtype != tf.float32:  # images stay uint8 up to here: 4x less memory
         xb = tf.cast(xb, tf.float32)
     with tf.GradientTape() as tape:
-        outputs = model(xb, training=True)
-        loss = task.loss(yb, outputs)
+        if adversarial is None:
+            loss = task.loss(yb, model(xb, training=True))
+        else:  # Lakshminarayanan et al. 2017: clean + adversarial examples
+            from ensemble.adversarial import loss as adversarial_loss
+
+            loss = adversarial_loss(model, xb, yb, task, adversarial)
         if model.losses:  # regularisation penalties (the mlp's `l2`, a user's regularisers)
             loss = loss + tf.add_n(model.losses)
     grads = tape.gradient(loss, model.trainable_variables)
@@ -97,7 +104,8 @@ def train_step(model, optimizer, x, y, idx, task):
 
 
 def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: str, task,
-                  on_device: dict | None = None, masked: bool = False, replicas=None):
+                  on_device: dict | None = None, masked: bool = False, replicas=None,
+                  adversarial=None):
     """The traced call that trains a group of members for several steps.
 
     The training data is copied once into each memory the members' devices use (`memory_of`:
@@ -117,6 +125,8 @@ def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: 
     summing runs on `client_device`. `replicas` (`[n_members]` lists of device names, replica
     0 the member's device; None: one each) makes a member of several replicas take
     `replicas.replicated_train_step` instead, data-parallel (the same step for one replica).
+    `adversarial`: None, or `[n_members]` sign steps `[*input_shape]` of
+    `adversarial.input_step` (adversarial training; not with several replicas).
     """
     import tensorflow as tf
 
@@ -132,6 +142,15 @@ def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: 
             on_device[memory_of(device)] = (tf.identity(tf.constant(x_train)),
                                             tf.identity(tf.constant(y_train, task.target_dtype)))
     n = len(models)
+    if adversarial is not None and replicas is not None and any(len(r) > 1 for r in replicas):
+        from ensemble.errors import UsageError
+
+        raise UsageError("Expected `training.adversarial_epsilon = 0` with data-parallel "
+                         "members (placement.replicas > 1). Received both.")
+    steps = [None] * n
+    for k, device in enumerate(devices if adversarial is not None else ()):
+        with tf.device(device):
+            steps[k] = tf.constant(adversarial[k], tf.float32)
 
     @tf.function(input_signature=[tf.TensorSpec([None, n, None], tf.int32),
                                   tf.TensorSpec([n], tf.float32),
@@ -145,7 +164,7 @@ def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: 
                 with tf.device(device):
                     x, y = on_device[memory_of(device)]
                     step = (lambda m=model, o=opt, x=x, y=y, k=k:  # noqa: E731
-                            train_step(m, o, x, y, idx[s, k], task))
+                            train_step(m, o, x, y, idx[s, k], task, steps[k]))
                     if replicas is not None and len(replicas[k]) > 1:  # data parallelism
                         step = (lambda m=model, o=opt, k=k:  # noqa: E731
                                 replicated_train_step(m, o, on_device, idx[s, k], task,

@@ -1,0 +1,66 @@
+"""Adversarial training (`training.adversarial_epsilon`): identical members in both replication
+modes, a step in units of the scaled input's range, a changed result, and the bounds."""
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import TINY, run_cli
+
+from ensemble.errors import UsageError
+
+ADV = TINY.replace("seed = 3\n", "seed = 3\nadversarial_epsilon = 0.05\n").replace(
+    "count = 4", "count = 2")
+
+
+def _probs(run_dir):
+    t = pq.read_table(run_dir / "predictions.parquet")
+    return np.column_stack([t.column(f"p_{c}").to_numpy() for c in range(10)])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("adv")
+    (tmp / "adv.toml").write_text(ADV)
+    (tmp / "clean.toml").write_text(ADV.replace("adversarial_epsilon = 0.05\n", ""))
+    out = {}
+    for name, cfg, mode in (("in-graph", "adv", "in-graph"),
+                            ("between-graph", "adv", "between-graph"),
+                            ("clean", "clean", "in-graph")):
+        out[name] = tmp / name
+        assert run_cli("train", "--config", tmp / f"{cfg}.toml", "--mode", mode, "--run-dir",
+                       out[name], "--quiet") == 0
+    return out
+
+
+def test_adversarial_members_are_identical_in_both_modes(runs):
+    assert np.abs(_probs(runs["in-graph"]) - _probs(runs["between-graph"])).max() <= 1e-5
+    assert np.abs(_probs(runs["in-graph"]) - _probs(runs["clean"])).max() > 1e-3
+
+
+def test_step_is_in_units_of_the_scaled_range():
+    import keras
+
+    from ensemble.adversarial import input_step
+
+    x = np.array([[0.0, 10.0], [255.0, 20.0]], np.float32)
+    plain = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    np.testing.assert_allclose(input_step(plain, x, 0.01), [2.55, 2.55])  # range 0..255
+    scaled = keras.Sequential([keras.Input((2,)),
+                               keras.layers.Rescaling(1 / 255.0, name="scaling"),
+                               keras.layers.Dense(1)])
+    # scaled range [0, 1]: a step of 0.01 there is 2.55 raw units (slope 1/255)
+    np.testing.assert_allclose(input_step(scaled, x, 0.01), [2.55, 2.55], rtol=1e-5)
+    norm = keras.Sequential([keras.Input((2,)),
+                             keras.layers.Normalization(mean=[0.0, 0.0], variance=[1.0, 4.0],
+                                                        name="scaling"),
+                             keras.layers.Dense(1)])
+    # scaled values: feature 0 in [0, 255], feature 1 in [5, 10]: range 255; slopes 1, 1/2
+    np.testing.assert_allclose(input_step(norm, x, 0.01), [2.55, 5.1], rtol=1e-5)
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5])
+def test_epsilon_out_of_range_is_refused(value):
+    from ensemble import config
+
+    with pytest.raises(UsageError, match="adversarial_epsilon"):
+        config.load(overrides={"training.adversarial_epsilon": value})
