@@ -119,11 +119,11 @@ def _predict_source(ctx: Context, source: str) -> np.ndarray:
     return np.concatenate(parts, axis=1)
 
 
-def evaluate_ood(run_dir: str | Path, source: str, plots: bool = False
-                 ) -> tuple[pa.Table, str]:
+def evaluate_ood(run_dir: str | Path, source: str, plots: bool = False,
+                 label: str | None = None) -> tuple[pa.Table, str]:
     """AUROC/AUPR of telling the run's test split from the OOD inputs `source`, for every
     member, aggregator and score; writes `ood.parquet` in the run (and with `plots`
-    `ood_entropy.png`).
+    `ood_entropy.png`). `label` names the source in the table (default: `source`).
 
     Returns:
         (the `ood.parquet` table, the printed text).
@@ -137,7 +137,8 @@ def evaluate_ood(run_dir: str | Path, source: str, plots: bool = False
     if outputs is None:
         outputs = _predict_source(ctx, source)
     s_in, s_out = ctx.scores(ctx.stored.probs), ctx.scores(outputs)
-    table = ood.ood_table(s_in, s_out, str(source), source_sha256(str(source)), ctx.split)
+    table = ood.ood_table(s_in, s_out, label or str(source), source_sha256(str(source)),
+                          ctx.split)
     written = [ctx.run_dir / OOD_FILE]
     text = format_ood(table)
     if plots:
