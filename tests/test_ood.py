@@ -75,6 +75,25 @@ def test_detection_scores_are_oriented_and_match_sklearn():
     assert member["mutual_information"]["auroc"] is None
 
 
+def test_regression_scores_by_hand():
+    members = np.array([[[0.0, 1.0]], [[2.0, 1.0]]])  # two members, one row: (mean, variance)
+    rows = ood.uncertainty_scores(members, ["mean"], regression=True)
+    ens = rows[-1]["scores"]  # mixture: aleatoric var 1, epistemic var ((0-1)^2+(2-1)^2)/2 = 1
+    assert ens["std"][0] == pytest.approx(np.sqrt(2.0))
+    assert ens["epistemic_std"][0] == pytest.approx(1.0)
+    assert rows[0]["scores"]["std"][0] == pytest.approx(1.0)
+    assert rows[0]["scores"]["epistemic_std"] is None
+
+
+def test_blur_sigma_scales_with_the_image_size():
+    from scipy.ndimage import gaussian_filter
+
+    x = np.random.default_rng(0).random((2, 64, 64))
+    out = corruptions.corrupt_images(x, "gaussian_blur", 5, np.random.default_rng(0))
+    # severity 5: sigma 1.0 pixel at 32x32, so 2.0 at 64x64
+    np.testing.assert_allclose(out[1], gaussian_filter(x[1], 2.0, mode="nearest"), atol=1e-6)
+
+
 @pytest.fixture(scope="module")
 def ood_run(tmp_path_factory):
     """A 2-member, 2-epoch run on digits 0-4, and the digits 5-9 as a CSV without labels."""
