@@ -145,3 +145,14 @@ def ood_table(scores_in: list[dict], scores_out: list[dict], source: str,
                          "n_out": len(next(v for v in b["scores"].values() if v is not None)),
                          "in_split": in_split, "ood_source": str(source), "ood_sha256": sha256})
     return pa.Table.from_pylist(recs, schema=SCHEMA)
+
+
+def estimator_table(estimator, x_in, x_out, regression: bool = False) -> pa.Table:
+    """`ood_table` of a fitted scikit-learn estimator (`ensemble.sklearn`): its members and its
+    aggregator on in-distribution rows `x_in` against OOD rows `x_out` (`[n, n_features]`),
+    with its fitted aggregator parameters; `in_split` is `X_in`, `ood_source` `X_out`."""
+    m_in, m_out = estimator.predict_members(x_in), estimator.predict_members(x_out)
+    params = (getattr(estimator, "aggregators_", None) or {}).get("params", {})
+    aggs = [estimator.aggregator_]
+    return ood_table(uncertainty_scores(m_in, aggs, params, regression),
+                     uncertainty_scores(m_out, aggs, params, regression), "X_out", None, "X_in")
