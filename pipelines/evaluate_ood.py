@@ -139,24 +139,27 @@ def evaluate_ood(run_dir: str | Path, source: str, plots: bool = False,
     s_in, s_out = ctx.scores(ctx.stored.probs), ctx.scores(outputs)
     table = ood.ood_table(s_in, s_out, label or str(source), source_sha256(str(source)),
                           ctx.split)
-    written = [ctx.run_dir / OOD_FILE]
     text = format_ood(table)
+    plot = None
     if plots:
         from pipelines import plots_ood
 
-        written.append(plots_ood.entropy_histograms(ctx.run_dir, s_in, s_out, ctx.fit,
-                                                    ctx.regression))
-        text += f"\nplot: {written[-1]}"
-    _write(ctx.run_dir, {written[0]: table}, written, "ensemble evaluate --ood")
-    return table, text
+        plots_ood._pyplot()  # refuse before writing anything when matplotlib is missing
+        plot = lambda: plots_ood.entropy_histograms(  # noqa: E731
+            ctx.run_dir, s_in, s_out, ctx.fit, ctx.regression)
+    written = _write(ctx.run_dir, ctx.run_dir / OOD_FILE, table, plot, "ensemble evaluate --ood")
+    return table, text + "".join(f"\nplot: {p}" for p in written[1:])
 
 
-def _write(run_dir: Path, tables: dict, written: list[Path], command: str) -> None:
+def _write(run_dir: Path, path: Path, table: pa.Table, plot, command: str) -> list[Path]:
+    """Write `table` to `path` and call `plot() -> Path` under the run lock, then record
+    their sha256 in the manifest; returns the paths written."""
     with runlock.writing(run_dir, command):
-        for path, table in tables.items():
-            artifacts.write_parquet(path, table)
+        artifacts.write_parquet(path, table)
+        written = [path] + ([plot()] if plot is not None else [])
         runlock.update_manifest(run_dir,
                                 lambda m: artifacts.record_hashes(m, run_dir, written))
+    return written
 
 
 def format_ood(table: pa.Table) -> str:
@@ -256,15 +259,16 @@ def evaluate_shift(run_dir: str | Path, plots: bool = False, seed: int = 0
     ctx = Context(Path(run_dir))
     x, y, _ = artifacts.read_split(ctx.run_dir, ctx.split, ctx.manifest)
     table = shift_table(ctx, x, y, seed)
-    written = [ctx.run_dir / SHIFT_FILE]
     text = format_shift(table, ctx.split)
+    plot = None
     if plots:
         from pipelines import plots_ood
 
-        written.append(plots_ood.shift_plot(ctx.run_dir, table, ctx.regression))
-        text += f"\nplot: {written[-1]}"
-    _write(ctx.run_dir, {written[0]: table}, written, "ensemble evaluate --shift")
-    return table, text
+        plots_ood._pyplot()
+        plot = lambda: plots_ood.shift_plot(ctx.run_dir, table, ctx.regression)  # noqa: E731
+    written = _write(ctx.run_dir, ctx.run_dir / SHIFT_FILE, table, plot,
+                     "ensemble evaluate --shift")
+    return table, text + "".join(f"\nplot: {p}" for p in written[1:])
 
 
 def format_shift(table: pa.Table, split: str = "test") -> str:
