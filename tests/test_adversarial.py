@@ -64,3 +64,41 @@ def test_epsilon_out_of_range_is_refused(value):
 
     with pytest.raises(UsageError, match="adversarial_epsilon"):
         config.load(overrides={"training.adversarial_epsilon": value})
+
+
+def test_evaluate_ood_gives_the_same_table_for_both_modes(runs):
+    import ensemble
+
+    rng = np.random.default_rng(0)
+    noise = rng.uniform(0, 16, size=(50, 64))  # digits' pixel range, no digit in it
+    tables = [ensemble.load_run(runs[m]).evaluate_ood(noise) for m in ("in-graph",
+                                                                         "between-graph")]
+    assert tables[0].ood_source.iloc[0] == "DataFrame (50 rows)"
+    np.testing.assert_allclose(tables[0].auroc.to_numpy(float), tables[1].auroc.to_numpy(float),
+                               atol=1e-6, equal_nan=True)
+    assert (tables[0].n_out == 50).all()
+
+
+def test_default_graph_has_no_adversarial_op():
+    import keras
+    import tensorflow as tf
+
+    from ensemble import tasks
+    from ensemble.training import make_steps_fn
+
+    x = np.random.default_rng(0).random((32, 4)).astype(np.float32)
+    y = np.arange(32, dtype=np.int32) % 3
+
+    def sign_ops(adversarial):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+        opt = keras.optimizers.SGD(0.1)
+        opt.build(model.trainable_variables)
+        fn = make_steps_fn([model], [opt], ["/device:CPU:0"], x, y, "/device:CPU:0",
+                           tasks.get(), adversarial=adversarial)
+        graph = fn.get_concrete_function().graph
+        ops = [op for f in [graph, *[g.graph for g in graph._functions.values()
+                                     if hasattr(g, "graph")]] for op in f.get_operations()]
+        return sum(op.type == "Sign" for op in ops)
+
+    assert sign_ops(None) == 0
+    assert sign_ops([np.full(4, 0.1, np.float32)]) > 0
