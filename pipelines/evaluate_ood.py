@@ -277,7 +277,8 @@ def format_shift(table: pa.Table, split: str = "test") -> str:
     rows = table.to_pylist()
     regression = rows[0]["accuracy"] is None
     keys = ("rmse", "nll") if regression else ("accuracy", "nll", "ece")
-    ens = next(r["model"] for r in rows if r["aggregator"] is not None)
+    aggs = [r["model"] for r in rows if r["aggregator"] is not None]
+    ens = next((m for m in aggs if m != "ensemble-vote"), aggs[0] if aggs else rows[0]["model"])
     lines = [f"dataset shift on {split} ({rows[0]['n']} rows): mean member / {ens}, severity "
              "1-5"]
     for name in dict.fromkeys(r["corruption"] for r in rows):
@@ -285,8 +286,9 @@ def format_shift(table: pa.Table, split: str = "test") -> str:
             cells = []
             for sev in corruptions.SEVERITIES:
                 part = [r for r in rows if r["corruption"] == name and r["severity"] == sev]
-                mem = np.mean([r[k] for r in part if r["member"] is not None])
+                mem = [r[k] for r in part if r["member"] is not None]
+                mem = None if not mem or None in mem else float(np.mean(mem))
                 e = next(r[k] for r in part if r["model"] == ens)
-                cells.append(f"{mem:.3f}/{e:.3f}")
+                cells.append("/".join("n/a" if v is None else f"{v:.3f}" for v in (mem, e)))
             lines.append(f"  {name:<16}{k:<9}" + "".join(f"{c:>14}" for c in cells))
     return "\n".join(lines)

@@ -35,7 +35,8 @@ def entropy_histograms(folder: Path, scores_in: list[dict], scores_out: list[dic
     key = "std" if regression else "entropy"
     best = (fit or {}).get("best_member")
     member = next((k for k, r in enumerate(scores_in) if r["member"] == best), 0)
-    ens = next((k for k, r in enumerate(scores_in) if r["aggregator"] is not None), None)
+    ens = next((k for k, r in enumerate(scores_in) if r["aggregator"] not in (None, "vote")),
+               None)
     shown = [member] + ([ens] if ens is not None else [])
     fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 4), sharex=True)
     for ax, k in zip(np.atleast_1d(axes), shown):
