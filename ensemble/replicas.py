@@ -21,7 +21,8 @@ from typing import Sequence
 from ensemble.training import memory_of, train_step
 
 
-def replicated_train_step(model, optimizer, data: dict, idx, task, devices: Sequence[str]):
+def replicated_train_step(model, optimizer, data: dict, idx, task, devices: Sequence[str],
+                          adversarial=None):
     """THE training step of one member over its replicas (`training.train_step` when
     `len(devices) == 1`).
 
@@ -33,6 +34,9 @@ def replicated_train_step(model, optimizer, data: dict, idx, task, devices: Sequ
         task: the run's `tasks` object (its `loss`).
         devices: `[R]` distinct device names of the member's replicas; replica 0's is the
             member's home device (variables, the average and the update).
+        adversarial: None, or the sign step of adversarial training (`training.train_step`);
+            each replica perturbs its rows (the sign of a row's input gradient does not
+            depend on how the batch is split).
 
     Returns:
         Scalar float32 batch loss: the row-weighted mean of the replicas' losses, i.e. the
@@ -43,7 +47,7 @@ def replicated_train_step(model, optimizer, data: dict, idx, task, devices: Sequ
     home = devices[0]
     if len(devices) == 1:
         x, y = data[memory_of(home)]
-        return train_step(model, optimizer, x, y, idx, task)
+        return train_step(model, optimizer, x, y, idx, task, adversarial)
     n = tf.shape(idx)[0]
     rows = tf.cast(n, tf.float32)
     parts = []  # (weight n_j / n, loss_j, grads_j) of every replica
@@ -55,8 +59,12 @@ def replicated_train_step(model, optimizer, data: dict, idx, task, devices: Sequ
             if xb.dtype != tf.float32:
                 xb = tf.cast(xb, tf.float32)
             with tf.GradientTape() as tape:
-                outputs = model(xb, training=True)
-                loss = task.loss(yb, outputs)
+                if adversarial is None:
+                    loss = task.loss(yb, model(xb, training=True))
+                else:
+                    from ensemble.adversarial import loss as adversarial_loss
+
+                    loss = adversarial_loss(model, xb, yb, task, adversarial)
                 if model.losses:
                     loss = loss + tf.add_n(model.losses)
             grads = tape.gradient(loss, model.trainable_variables)

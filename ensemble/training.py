@@ -126,7 +126,7 @@ def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: 
     0 the member's device; None: one each) makes a member of several replicas take
     `replicas.replicated_train_step` instead, data-parallel (the same step for one replica).
     `adversarial`: None, or `[n_members]` sign steps `[*input_shape]` of
-    `adversarial.input_step` (adversarial training; not with several replicas).
+    `adversarial.input_step` (adversarial training).
     """
     import tensorflow as tf
 
@@ -142,11 +142,6 @@ def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: 
             on_device[memory_of(device)] = (tf.identity(tf.constant(x_train)),
                                             tf.identity(tf.constant(y_train, task.target_dtype)))
     n = len(models)
-    if adversarial is not None and replicas is not None and any(len(r) > 1 for r in replicas):
-        from ensemble.errors import UsageError
-
-        raise UsageError("Expected `training.adversarial_epsilon = 0` with data-parallel "
-                         "members (placement.replicas > 1). Received both.")
     steps = [None] * n
     for k, device in enumerate(devices if adversarial is not None else ()):
         with tf.device(device):
@@ -168,7 +163,7 @@ def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: 
                     if replicas is not None and len(replicas[k]) > 1:  # data parallelism
                         step = (lambda m=model, o=opt, k=k:  # noqa: E731
                                 replicated_train_step(m, o, on_device, idx[s, k], task,
-                                                      replicas[k]))
+                                                      replicas[k], steps[k]))
                     losses.append(tf.cond(active[k], step, lambda: tf.constant(0.0))
                                   if masked else step())
             with tf.device(client_device):

@@ -102,3 +102,35 @@ def test_default_graph_has_no_adversarial_op():
 
     assert sign_ops(None) == 0
     assert sign_ops([np.full(4, 0.1, np.float32)]) > 0
+
+
+def test_replicas_take_the_same_adversarial_step():
+    import keras
+    import tensorflow as tf
+
+    from ensemble import tasks
+    from ensemble.replicas import replicated_train_step
+    from ensemble.training import memory_of, train_step
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((64, 8)).astype(np.float32), (np.arange(64) % 3).astype(np.int32)
+    task, idx = tasks.get(), tf.constant(np.arange(0, 64, 2, dtype=np.int32))
+    cpu = "/device:CPU:{}"
+    out = []
+    for devs in ([cpu.format(0)], [cpu.format(0), cpu.format(1)]):
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, "relu"),
+                                  keras.layers.Dense(3)])
+        opt = keras.optimizers.SGD(0.5)
+        opt.build(model.trainable_variables)
+        data = {memory_of(cpu.format(0)): (tf.constant(x), tf.constant(y))}
+        adv = tf.constant(np.full(8, 0.05, np.float32))
+        step = (tf.function(lambda i: train_step(model, opt, *data[memory_of(devs[0])], i,
+                                                 task, adv))
+                if len(devs) == 1 else
+                tf.function(lambda i: replicated_train_step(model, opt, data, i, task, devs,
+                                                            adv)))
+        out.append((step(idx).numpy(), [w.numpy() for w in model.weights]))
+    assert abs(out[0][0] - out[1][0]) <= 1e-5
+    for a, b in zip(out[0][1], out[1][1]):
+        np.testing.assert_allclose(a, b, atol=1e-5)
