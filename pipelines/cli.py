@@ -246,6 +246,18 @@ def cmd_evaluate(args) -> int:
     from ensemble.runs import evaluate
 
     preds = Path(args.predictions) if args.predictions else None
+    if args.ood or args.shift:
+        if not args.run or preds is not None:
+            raise UsageError("Expected --ood/--shift with --run PATH (and no --predictions). "
+                             f"Received: --run {args.run}, --predictions {args.predictions}")
+        import_tensorflow_quietly()
+        from ensemble.runs import evaluate_ood
+
+        if args.ood:
+            print(evaluate_ood.evaluate_ood(Path(args.run), args.ood, args.plots)[1])
+        if args.shift:
+            print(evaluate_ood.evaluate_shift(Path(args.run), args.plots)[1])
+        return 0
     print(evaluate.evaluate(Path(args.run) if args.run else None, preds, args.plots)[1])
     return 0
 

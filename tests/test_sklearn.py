@@ -182,3 +182,18 @@ def test_same_members_as_ensemble_train_on_the_same_rows(tmp_path):
         b = want[want["model"] == model].sort_values("row")
         np.testing.assert_allclose(a[cols].to_numpy(), b[cols].to_numpy(), atol=1e-6)
         assert list(a["y_true"]) == list(b["y_true"])  # the target column is read too
+
+
+def test_ood_detection_matches_scikit_learn(fitted, iris):
+    from scipy.stats import entropy
+    from sklearn.metrics import roc_auc_score
+
+    _, _, xv, _ = iris
+    far = xv * 4.0 + 10.0  # far outside the training range
+    table = fitted.ood_detection(xv, far)
+    row = table[(table.model == "ensemble-mean") & (table.score == "entropy")].iloc[0]
+    h_in = entropy(fitted.predict_members(xv).mean(axis=0), axis=1)
+    h_out = entropy(fitted.predict_members(far).mean(axis=0), axis=1)
+    expected = roc_auc_score(np.r_[np.zeros(len(xv)), np.ones(len(far))], np.r_[h_in, h_out])
+    assert row.auroc == pytest.approx(expected, abs=1e-6)
+    assert table.score.nunique() == 3 and row.n_in == len(xv) == row.n_out

@@ -69,6 +69,10 @@ def check_ranges(cfg: Config) -> None:
     if t.early_stopping < 0:
         raise UsageError("Expected `training.early_stopping` to be >= 0 (patience in epochs; "
                          f"0: off). Received: {t.early_stopping}")
+    if not 0.0 <= t.adversarial_epsilon <= 1.0:
+        raise UsageError("Expected `training.adversarial_epsilon` in [0, 1] (the sign step in "
+                         "units of the scaled input's range; 0: off, the paper's 0.01). "
+                         f"Received: {t.adversarial_epsilon!r}")
     if cfg.placement.strategy not in ("round-robin", "balanced"):
         raise UsageError("Expected `placement.strategy` to be \"round-robin\" or \"balanced\". "
                          f"Received: {cfg.placement.strategy!r}")

@@ -98,6 +98,8 @@ class TrainingConfig:
     checkpoint_every: int = 1  # epochs between checkpoints (the last epoch is always saved)
     steps_per_execution: int = 0  # steps per traced call; 0: automatic (calls of about 1 s)
     tensorboard: bool = False  # tf.summary scalars under RUN/tensorboard/ (members, ensemble)
+    # fast gradient sign step in units of the scaled input's range (0: off; paper: 0.01)
+    adversarial_epsilon: float = 0.0
 
 
 @dataclass(frozen=True)

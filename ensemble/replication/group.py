@@ -49,6 +49,7 @@ class MemberGroup:
         # training's data parallelism: `[n_members]` lists of replica devices, replica 0
         # `devices[k]` (`steps.replicated_train_step`); None: one device per member
         self.train_replicas: list[list[str]] | None = None
+        self.adversarial_epsilon = 0.0  # `training.adversarial_epsilon` (`build` sets it)
         self.input_shape = tuple(self.models[0].input_shape[1:])
         self.predict_fn = tf.function(  # plain Python control flow: no AutoGraph conversion
             self._predict_graph, autograph=False,
@@ -88,6 +89,7 @@ class MemberGroup:
         group = cls(models, devices, indices=indices, client_device=client_device, task=task,
                     **kwargs)
         group.optimizers = optimizers
+        group.adversarial_epsilon = float(getattr(t, "adversarial_epsilon", 0.0))
         if t.early_stopping:
             group.keep_best_weights()
         return group
@@ -159,9 +161,15 @@ class MemberGroup:
         """The traced many-steps training call of these members (`steps.make_steps_fn`):
         `run_steps(idx [steps, n_members, batch] int32, total [n_members] float32,
         active [n_members] bool) -> [n_members]` running loss sums."""
+        adversarial = None
+        if self.adversarial_epsilon > 0:
+            from ensemble.replication.adversarial import input_step
+
+            adversarial = [input_step(m, x_train, self.adversarial_epsilon)
+                           for m in self.models]
         return make_steps_fn(self.models, self.optimizers, self.devices, x_train, y_train,
                              self.client_device, self.task, masked=self._best is not None,
-                             replicas=self.train_replicas)
+                             replicas=self.train_replicas, adversarial=adversarial)
 
     def early_stopping(self, schedule: Schedule) -> EarlyStopping | None:
         """The `EarlyStopping` of this group under `schedule` (None when it is off)."""

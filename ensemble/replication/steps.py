@@ -29,7 +29,8 @@ import numpy as np
 from ensemble.replication.training import memory_of, train_step
 
 
-def replicated_train_step(model, optimizer, data: dict, idx, task, devices: Sequence[str]):
+def replicated_train_step(model, optimizer, data: dict, idx, task, devices: Sequence[str],
+                          adversarial=None):
     """THE training step of one member over its replicas (`training.train_step` when
     `len(devices) == 1`).
 
@@ -41,6 +42,9 @@ def replicated_train_step(model, optimizer, data: dict, idx, task, devices: Sequ
         task: the run's `tasks` object (its `loss`).
         devices: `[R]` distinct device names of the member's replicas; replica 0's is the
             member's home device (variables, the average and the update).
+        adversarial: None, or the sign step of adversarial training (`training.train_step`);
+            each replica perturbs its rows (the sign of a row's input gradient does not
+            depend on how the batch is split).
 
     Returns:
         Scalar float32 batch loss: the row-weighted mean of the replicas' losses, i.e. the
@@ -51,7 +55,7 @@ def replicated_train_step(model, optimizer, data: dict, idx, task, devices: Sequ
     home = devices[0]
     if len(devices) == 1:
         x, y = data[memory_of(home)]
-        return train_step(model, optimizer, x, y, idx, task)
+        return train_step(model, optimizer, x, y, idx, task, adversarial)
     n = tf.shape(idx)[0]
     rows = tf.cast(n, tf.float32)
     parts = []  # (weight n_j / n, loss_j, grads_j) of every replica
@@ -63,8 +67,12 @@ def replicated_train_step(model, optimizer, data: dict, idx, task, devices: Sequ
             if xb.dtype != tf.float32:
                 xb = tf.cast(xb, tf.float32)
             with tf.GradientTape() as tape:
-                outputs = model(xb, training=True)
-                loss = task.loss(yb, outputs)
+                if adversarial is None:
+                    loss = task.loss(yb, model(xb, training=True))
+                else:
+                    from ensemble.replication.adversarial import loss as adversarial_loss
+
+                    loss = adversarial_loss(model, xb, yb, task, adversarial)
                 if model.losses:
                     loss = loss + tf.add_n(model.losses)
             grads = tape.gradient(loss, model.trainable_variables)
@@ -88,7 +96,8 @@ def memories(devices: Sequence[str], replicas: Sequence[Sequence[str]] | None) -
 
 
 def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: str, task,
-                  on_device: dict | None = None, masked: bool = False, replicas=None):
+                  on_device: dict | None = None, masked: bool = False, replicas=None,
+                  adversarial=None):
     """The traced call that trains a group of members for several steps.
 
     The training data is copied once into each memory the members' devices use (`memory_of`:
@@ -108,6 +117,8 @@ def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: 
     summing runs on `client_device`. `replicas` (`[n_members]` lists of device names, replica
     0 the member's device; None: one each) makes a member of several replicas take
     `steps.replicated_train_step` instead, data-parallel (the same step for one replica).
+    `adversarial`: None, or `[n_members]` sign steps `[*input_shape]` of
+    `adversarial.input_step` (adversarial training).
     """
     import tensorflow as tf
 
@@ -121,6 +132,10 @@ def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: 
             on_device[memory_of(device)] = (tf.identity(tf.constant(x_train)),
                                             tf.identity(tf.constant(y_train, task.target_dtype)))
     n = len(models)
+    steps = [None] * n
+    for k, device in enumerate(devices if adversarial is not None else ()):
+        with tf.device(device):
+            steps[k] = tf.constant(adversarial[k], tf.float32)
 
     @tf.function(input_signature=[tf.TensorSpec([None, n, None], tf.int32),
                                   tf.TensorSpec([n], tf.float32),
@@ -134,11 +149,11 @@ def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: 
                 with tf.device(device):
                     x, y = on_device[memory_of(device)]
                     step = (lambda m=model, o=opt, x=x, y=y, k=k:  # noqa: E731
-                            train_step(m, o, x, y, idx[s, k], task))
+                            train_step(m, o, x, y, idx[s, k], task, steps[k]))
                     if replicas is not None and len(replicas[k]) > 1:  # data parallelism
                         step = (lambda m=model, o=opt, k=k:  # noqa: E731
                                 replicated_train_step(m, o, on_device, idx[s, k], task,
-                                                      replicas[k]))
+                                                      replicas[k], steps[k]))
                     losses.append(tf.cond(active[k], step, lambda: tf.constant(0.0))
                                   if masked else step())
             with tf.device(client_device):

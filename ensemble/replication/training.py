@@ -69,7 +69,7 @@ class Schedule:
         return -(-n_train // self.batch_size)
 
 
-def train_step(model, optimizer, x, y, idx, task):
+def train_step(model, optimizer, x, y, idx, task, adversarial=None):
     """THE training step of one member: gather the batch, forward, backward, update.
 
     Args:
@@ -77,6 +77,9 @@ def train_step(model, optimizer, x, y, idx, task):
         y: `[n_train]` targets on the member's device (class indices for classification).
         idx: `[batch]` int32 row indices of this batch.
         task: the run's `tasks` object (its `loss`).
+        adversarial: None (the default: no adversarial op in the graph), or the
+            `[*input_shape]` sign step of `adversarial.input_step`: the loss is then that
+            of the clean plus the fast-gradient-sign batch (`adversarial.loss`).
 
     Returns:
         Scalar float32 mean task loss of the batch, plus the member's regularisation
@@ -88,8 +91,12 @@ def train_step(model, optimizer, x, y, idx, task):
     if xb.dtype != tf.float32:  # images stay uint8 up to here: 4x less memory
         xb = tf.cast(xb, tf.float32)
     with tf.GradientTape() as tape:
-        outputs = model(xb, training=True)
-        loss = task.loss(yb, outputs)
+        if adversarial is None:
+            loss = task.loss(yb, model(xb, training=True))
+        else:  # Lakshminarayanan et al. 2017: clean + adversarial examples
+            from ensemble.replication.adversarial import loss as adversarial_loss
+
+            loss = adversarial_loss(model, xb, yb, task, adversarial)
         if model.losses:  # regularisation penalties (the mlp's `l2`, a user's regularisers)
             loss = loss + tf.add_n(model.losses)
     grads = tape.gradient(loss, model.trainable_variables)

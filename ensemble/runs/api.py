@@ -360,3 +360,47 @@ class Run:
             with named(tmp, "the DataFrame"), named(src, "the DataFrame"):
                 predict_in_graph(self.path, str(src), out, target, devices, layout=layout)
             return to_pandas(artifacts.read_parquet(out))
+
+    def evaluate_ood(self, data, plots: bool = False):
+        """Out-of-distribution detection (`ensemble evaluate --ood`): AUROC and AUPR of
+        telling the run's test split from `data` per member, aggregator and score; writes
+        `ood.parquet` in the run (and `ood_entropy.png` with `plots`).
+
+        Args:
+            data: a source the run takes (a path to a table, `.npz`, image folder, a built-in
+                name, or a long-layout predictions `.parquet`), or a pandas DataFrame / an
+                ndarray `[n_rows, n_columns]` as `predict` takes. Labels are not needed.
+
+        Returns:
+            pandas DataFrame: `ood.parquet` (model, member, aggregator, score, auroc, aupr,
+            n_in, n_out, in_split, ood_source, ood_sha256).
+
+        Raises:
+            UsageError: a run that is not completed, or data it cannot read.
+        """
+        from ensemble.runs.evaluate_ood import evaluate_ood
+
+        if isinstance(data, (str, Path)):
+            return evaluate_ood(self.path, str(data), plots)[0].to_pandas()
+        import pandas as pd
+        import pyarrow as pa
+
+        frame = data if isinstance(data, pd.DataFrame) else pd.DataFrame(
+            np.asarray(data), columns=self.feature_names)
+        with tempfile.TemporaryDirectory(prefix="ensemble-api-") as tmp:
+            src = Path(tmp) / "ood.parquet"
+            artifacts.write_parquet(src, pa.Table.from_pandas(frame, preserve_index=False))
+            return evaluate_ood(self.path, str(src), plots,
+                                label=f"DataFrame ({len(frame)} rows)")[0].to_pandas()
+
+    def evaluate_shift(self, plots: bool = False):
+        """Dataset shift (`ensemble evaluate --shift`): the test split under every corruption
+        at severities 1-5; writes `shift.parquet` in the run (and `shift.png` with `plots`).
+
+        Returns:
+            pandas DataFrame: `shift.parquet` (model, member, aggregator, corruption,
+            severity, n, accuracy, nll, brier, ece, rmse, coverage_90).
+        """
+        from ensemble.runs.evaluate_ood import evaluate_shift
+
+        return evaluate_shift(self.path, plots)[0].to_pandas()

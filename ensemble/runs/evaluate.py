@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ensemble.core import artifacts
 from ensemble.tasks.classification import fitted
@@ -23,6 +24,7 @@ from ensemble.tasks import tables
 from ensemble.core.errors import UsageError
 from ensemble.tasks.classification.evaluation import _line
 from ensemble.tasks.classification.metrics import METRICS
+from ensemble.tasks import confidence, plots_ood
 from ensemble.tasks.heads import format_table, of_metrics
 from ensemble.tasks.report import number
 
@@ -84,7 +86,7 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
         raise UsageError(f"Cannot write the metrics to {out}: permission denied.")
     artifacts.write_parquet(out, table)
     written = [out]
-    text = format_table(table, fit)
+    text = format_table(table, fit, confidence.block(preds))
     if run_dir is not None and predictions == Path(run_dir) / artifacts.PREDICTIONS:
 
         text = "\n".join([text, *comparison_lines(run_dir)])
@@ -92,6 +94,8 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
         if manifest is not None and (run_dir / posthoc.SIZE_CURVE).is_file():
             artifacts.verify(run_dir, manifest, run_dir / posthoc.SIZE_CURVE)
         pictures = of_metrics(table).write_plots(out.parent, preds, table, run_dir)
+        labelled = preds.filter(pc.is_valid(preds.column("y_true")))
+        pictures.append(plots_ood.confidence_plot(out.parent, *confidence.curves(labelled)))
         text += "\n" + "\n".join(f"plot: {p}" for p in pictures)
         written += pictures
     inside = [p for p in written if run_dir is not None

@@ -316,6 +316,15 @@ class DeepEnsembleClassifier(RoutedParams, ClassifierMixin, BaseEstimator):
         proba = self.predict_proba(X)  # first: it checks that the estimator is fitted
         return self.classes_[np.argmax(proba, axis=1)]
 
+    def ood_detection(self, X_in, X_out):
+        """AUROC and AUPR of telling `X_in` (in distribution) from `X_out` (OOD, the positive
+        class) for every member and the aggregator, by each uncertainty score of
+        `ensemble.tasks.ood` (max probability, entropy, mutual information): `run.evaluate_ood`'s
+        table as a pandas DataFrame."""
+        from ensemble.tasks.ood import estimator_table
+
+        return estimator_table(self, X_in, X_out, regression=False).to_pandas()
+
     def save(self, path, overwrite: bool = False) -> Path:
         """Write the fitted ensemble as a run directory (manifest, `members/member-<i>.keras`,
         `preprocessing.json`, `aggregators.json` when fitted, `history.parquet`).

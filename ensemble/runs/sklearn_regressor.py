@@ -194,6 +194,15 @@ class DeepEnsembleRegressor(RoutedParams, RegressorMixin, BaseEstimator):
         s = self.target_scale_
         return np.stack([self.target_loc_ + s * out[..., 0], s * s * out[..., 1]], axis=2)
 
+    def ood_detection(self, X_in, X_out):
+        """AUROC and AUPR of telling `X_in` (in distribution) from `X_out` (OOD, the positive
+        class) for every member and the aggregator, by each uncertainty score of
+        `ensemble.tasks.ood` (predictive std, epistemic std): `run.evaluate_ood`'s table as a
+        pandas DataFrame."""
+        from ensemble.tasks.ood import estimator_table
+
+        return estimator_table(self, X_in, X_out, regression=True).to_pandas()
+
     def save(self, path, overwrite: bool = False) -> Path:
         """Write the fitted ensemble as a run directory (see `DeepEnsembleClassifier.save`);
         its members predict in the target's units."""

@@ -64,8 +64,8 @@ class Task(Protocol):
     def member_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float | None]:
         """`members.parquet`'s scores of a trained member on validation."""
 
-    def format_table(self, metrics_table, fit: dict | None = None) -> str:
-        """The `ensemble evaluate` table."""
+    def format_table(self, metrics_table, fit: dict | None = None, extra=()) -> str:
+        """The `ensemble evaluate` table (`extra` lines before its closing sentence)."""
 
     def write_plots(self, folder, preds, metrics_table, run_dir) -> list:
         """`ensemble evaluate --plots`: writes PNGs, returns their paths."""
@@ -108,9 +108,10 @@ class Classification:
         its `[n_rows, n_classes]` probabilities against `y` `[n_rows]` class indices."""
         return {"val_nll": metrics.nll(y, outputs), "val_accuracy": metrics.accuracy(y, outputs)}
 
-    def format_table(self, metrics_table, fit: dict | None = None) -> str:
-        """The `ensemble evaluate` table of a classification run's `metrics.parquet` table."""
-        return classification_evaluation.format_table(metrics_table, fit)
+    def format_table(self, metrics_table, fit: dict | None = None, extra=()) -> str:
+        """The `ensemble evaluate` table of a classification run's `metrics.parquet` table;
+        `extra` lines go before its closing sentence."""
+        return classification_evaluation.format_table(metrics_table, fit, extra)
 
     def write_plots(self, folder, preds, metrics_table, run_dir) -> list:
         """`evaluate --plots`: reliability diagram, ensemble-size curve, members (PNG paths)."""
@@ -189,9 +190,10 @@ class Regression:
         return {"val_nll": None if self.point else RM.nll(y, out[:, 0], np.sqrt(out[:, 1])),
                 "val_rmse": RM.rmse(y, out[:, 0])}
 
-    def format_table(self, metrics_table, fit: dict | None = None) -> str:
-        """The `ensemble evaluate` table of a regression run's `metrics.parquet` table."""
-        return regression_evaluation.format_table(metrics_table, fit)
+    def format_table(self, metrics_table, fit: dict | None = None, extra=()) -> str:
+        """The `ensemble evaluate` table of a regression run's `metrics.parquet` table;
+        `extra` lines go before its closing sentence."""
+        return regression_evaluation.format_table(metrics_table, fit, extra)
 
     def write_plots(self, folder, preds, metrics_table, run_dir) -> list:
         """`evaluate --plots`: PIT histogram, interval coverage, error against predicted std
@@ -301,14 +303,14 @@ def of_metrics(metrics_table) -> Classification | Regression:
     return Regression() if "rmse" in metrics_table.column_names else Classification()
 
 
-def format_table(metrics_table, fit: dict | None = None) -> str:
+def format_table(metrics_table, fit: dict | None = None, extra=()) -> str:
     """The `ensemble evaluate` table of `metrics_table` by its task; `fit` is the run's
-    `aggregators.json` content (or None).
+    `aggregators.json` content (or None); `extra` lines go before the closing sentence.
 
     Raises:
         UsageError: the metrics hold no row.
     """
-    return of_metrics(metrics_table).format_table(metrics_table, fit)
+    return of_metrics(metrics_table).format_table(metrics_table, fit, extra)
 
 
 def is_regression(classes) -> bool:

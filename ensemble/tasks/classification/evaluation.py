@@ -117,8 +117,9 @@ def _fitted_lines(fit: dict | None) -> list[str]:
     return out
 
 
-def format_table(metrics: pa.Table, fit: dict | None = None) -> str:
-    """Render the evaluation table: splits in the order validation, test, others.
+def format_table(metrics: pa.Table, fit: dict | None = None, extra=()) -> str:
+    """Render the evaluation table: splits in the order validation, test, others; `extra`
+    lines (accuracy against confidence) go before the closing sentence.
 
     Raises:
         UsageError: the metrics hold no row.
@@ -137,5 +138,6 @@ def format_table(metrics: pa.Table, fit: dict | None = None) -> str:
     if any(r["aggregator"] == "vote" for r in rows):
         lines.append("ensemble-vote: vote shares are not probabilities, so NLL, Brier and ECE "
                      "are n/a")
+    lines += list(extra)
     sentence = textwrap.fill(verdict(metrics, last), NAME_WIDTH + 4 * COL)
     return "\n".join(lines + ([sentence] if sentence else []))

@@ -99,8 +99,9 @@ def verdict(rows: list[dict], split: str) -> str:
     return text + " (NLL in nats per row, target units)."
 
 
-def format_table(metrics: pa.Table, fit: dict | None = None) -> str:
-    """Render the regression evaluation table (splits: validation, test, others).
+def format_table(metrics: pa.Table, fit: dict | None = None, extra=()) -> str:
+    """Render the regression evaluation table (splits: validation, test, others); `extra`
+    lines go before the closing sentence.
 
     Raises:
         UsageError: the metrics hold no row.
@@ -119,6 +120,7 @@ def format_table(metrics: pa.Table, fit: dict | None = None) -> str:
     lines += _fitted(fit)
     lines += ["cov_90/cov_95: share of rows inside the central 90%/95% interval (nominal "
               "0.90/0.95);", "cal_err: mean |p - observed| over quantile levels 0.05..0.95"]
+    lines += list(extra)
     sentence = textwrap.fill(verdict([r for r in rows if r["split"] == last], last),
                              NAME_WIDTH + len(COLUMNS) * COL)
     return "\n".join(lines + ([sentence] if sentence else []))

@@ -1,0 +1,299 @@
+"""`ensemble evaluate --ood SOURCE` and `ensemble evaluate --shift`: what the ensemble is for,
+judged beyond test accuracy (Lakshminarayanan et al. 2017; Ovadia et al. 2019).
+
+- `--ood`: the run's stored test predictions against the OOD inputs (a table, `.npz` or image
+  folder the run takes, predicted here with the run's members; or a long-layout predictions
+  Parquet of `ensemble predict` where they were already predicted): AUROC and AUPR per member,
+  aggregator and score (`ensemble.tasks.ood`) -> `ood.parquet`.
+- `--shift`: the stored test split under every corruption of `ensemble.data.corruptions` at
+  severities 1-5, predicted with the run's members -> `shift.parquet` (accuracy, NLL, Brier,
+  ECE; RMSE, NLL, 90% coverage for regression).
+
+Prediction loads the members into one `MemberGroup` on this machine's devices, whichever mode
+trained the run (a member is the same Keras file in both); the ensemble rows come from the
+numpy aggregators with the run's fitted parameters, as `ensemble aggregate` computes them.
+Files are written atomically under the run lock and their sha256 recorded in the manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from ensemble.core import artifacts
+from ensemble.data import corruptions
+from ensemble.tasks import ood
+from ensemble.runs import posthoc
+from ensemble.core import runlock
+from ensemble.core.errors import UsageError
+from ensemble.tasks.classification.fitted import member_params
+
+OOD_FILE, SHIFT_FILE = "ood.parquet", "shift.parquet"
+W = 12  # a cell of the printed OOD table: 22 + 6 * 12 = 94 columns
+SHIFT_SCHEMA = pa.schema([
+    ("model", pa.string()), ("member", pa.int32()), ("aggregator", pa.string()),
+    ("corruption", pa.string()), ("severity", pa.int32()), ("n", pa.int64()),
+    ("accuracy", pa.float64()), ("nll", pa.float64()), ("brier", pa.float64()),
+    ("ece", pa.float64()), ("rmse", pa.float64()), ("coverage_90", pa.float64())])
+
+
+class Context:
+    """A completed run's manifest, stored test-split member outputs, aggregators and fitted
+    parameters; `predict(x)` gives the members' outputs on new scaled rows."""
+
+    def __init__(self, run_dir: Path):
+        from ensemble.runs import prepare as run
+
+        self.run_dir = Path(run_dir)
+        self.manifest = artifacts.read_manifest(self.run_dir)
+        runlock.require_free(self.run_dir)
+        run.require_completed(self.run_dir, self.manifest)
+        self.regression = self.manifest.get("task", "classification") == "regression"
+        preds = artifacts.read_parquet(artifacts.verify(
+            self.run_dir, self.manifest, self.run_dir / artifacts.PREDICTIONS))
+        splits = posthoc.by_split(posthoc.member_rows(preds))
+        self.split = "test" if "test" in splits else next(iter(splits))
+        self.stored = splits[self.split]
+        self.members = self.stored.members
+        self.aggregators, self.fit = posthoc.run_aggregators(self.run_dir, self.manifest)
+        self.params = member_params(self.fit, self.members)
+        self._group = None
+
+    def scores(self, outputs: np.ndarray) -> list[dict]:
+        return ood.uncertainty_scores(outputs, self.aggregators, self.params, self.regression,
+                                      self.members)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Member outputs `[n_members, n_rows, n_classes | 2]` float64 of scaled rows `x`."""
+        if self._group is None:
+            from ensemble.replication import devices
+            from ensemble.tasks import heads as tasks
+            from ensemble.replication.group import MemberGroup
+            from ensemble.models.members import load_run_member
+
+            devs = devices.resolve("auto", len(self.members))
+            placed = [devs[k % len(devs)] for k in range(len(self.members))]
+            models = [load_run_member(self.run_dir, self.manifest, i, d)
+                      for i, d in zip(self.members, placed)]
+            self._group = MemberGroup(models, placed, self.members,
+                                      task=tasks.for_run(self.manifest))
+        return np.asarray(self._group.predict(np.asarray(x, np.float32))[0], np.float64)
+
+
+def source_sha256(source: str) -> str | None:
+    """sha256 of a file's bytes; of a folder, of its files' relative paths and sha256s in
+    sorted order; None for a built-in data set name."""
+    path = Path(source)
+    if path.is_file():
+        return artifacts.sha256_file(path)
+    if path.is_dir():
+        h = hashlib.sha256()
+        for p in sorted(q for q in path.rglob("*") if q.is_file()):
+            h.update(f"{p.relative_to(path).as_posix()}\0{artifacts.sha256_file(p)}\n".encode())
+        return h.hexdigest()
+    return None
+
+
+def _stored_ood(ctx: Context, source: Path) -> np.ndarray | None:
+    """The member outputs of a long-layout predictions Parquet, or None when `source` is
+    not one (then it is data to predict)."""
+    if source.suffix != ".parquet" or not source.is_file():
+        return None
+    table = artifacts.read_parquet(source)
+    if not {"model", "member", "split"} <= set(table.column_names):
+        return None
+    splits = posthoc.by_split(posthoc.member_rows(table))
+    part = splits.get("predict") or next(iter(splits.values()))
+    if part.members != ctx.members:
+        raise UsageError(f"Expected --ood predictions of members {ctx.members}. Received "
+                         f"members {part.members} in {source}")
+    return part.probs
+
+
+def _predict_source(ctx: Context, source: str) -> np.ndarray:
+    from ensemble.runs.predict import open_input
+
+    _, _, stream = open_input(ctx.run_dir, source, None, quiet=True)
+    stream.check()
+    parts = [ctx.predict(b.x) for b in stream]
+    if not parts or sum(p.shape[1] for p in parts) == 0:
+        raise UsageError(f"Expected --ood {source} to hold rows. Received: none")
+    return np.concatenate(parts, axis=1)
+
+
+def evaluate_ood(run_dir: str | Path, source: str, plots: bool = False,
+                 label: str | None = None) -> tuple[pa.Table, str]:
+    """AUROC/AUPR of telling the run's test split from the OOD inputs `source`, for every
+    member, aggregator and score; writes `ood.parquet` in the run (and with `plots`
+    `ood_entropy.png`). `label` names the source in the table (default: `source`).
+
+    Returns:
+        (the `ood.parquet` table, the printed text).
+
+    Raises:
+        UsageError: the run is not completed or damaged, the source cannot be read or holds
+            no row, or another process holds the run.
+    """
+    ctx = Context(Path(run_dir))
+    outputs = _stored_ood(ctx, Path(source))
+    if outputs is None:
+        outputs = _predict_source(ctx, source)
+    s_in, s_out = ctx.scores(ctx.stored.probs), ctx.scores(outputs)
+    table = ood.ood_table(s_in, s_out, label or str(source), source_sha256(str(source)),
+                          ctx.split)
+    text = format_ood(table)
+    plot = None
+    if plots:
+        from ensemble.tasks import plots_ood
+
+        plots_ood._pyplot()  # refuse before writing anything when matplotlib is missing
+        plot = lambda: plots_ood.entropy_histograms(  # noqa: E731
+            ctx.run_dir, s_in, s_out, ctx.fit, ctx.regression)
+    written = _write(ctx.run_dir, ctx.run_dir / OOD_FILE, table, plot, "ensemble evaluate --ood")
+    return table, text + "".join(f"\nplot: {p}" for p in written[1:])
+
+
+def _write(run_dir: Path, path: Path, table: pa.Table, plot, command: str) -> list[Path]:
+    """Write `table` to `path` and call `plot() -> Path` under the run lock, then record
+    their sha256 in the manifest; returns the paths written."""
+    with runlock.writing(run_dir, command):
+        artifacts.write_parquet(path, table)
+        written = [path] + ([plot()] if plot is not None else [])
+        runlock.update_manifest(run_dir,
+                                lambda m: artifacts.record_hashes(m, run_dir, written))
+    return written
+
+
+def format_ood(table: pa.Table) -> str:
+    """The printed OOD table: one line per model, AUROC and AUPR per score."""
+    rows = table.to_pylist()
+    scores = list(dict.fromkeys(r["score"] for r in rows))
+    r0 = rows[0]
+    head = (f"out-of-distribution detection: {r0['n_in']} {r0['in_split']} rows against "
+            f"{r0['n_out']} rows of {r0['ood_source']}\n(OOD = positive; "
+            + ("std = predictive std, epi = its epistemic part)" if "std" in scores else
+               "maxp = 1 - max probability, ent = entropy, MI = mutual information)"))
+    short = {"max_probability": "maxp", "entropy": "ent", "mutual_information": "MI",
+             "std": "std", "epistemic_std": "epi"}
+    cells = [f"{short.get(s, s[:7])} {k}" for s in scores for k in ("AUROC", "AUPR")]
+    lines = [head, f"{'model':<22}" + "".join(f"{c:>{W}}" for c in cells)]
+    by_model: dict[str, dict] = {}
+    for r in rows:
+        by_model.setdefault(r["model"], {})[r["score"]] = r
+
+    def f(v):
+        return "n/a" if v is None else f"{v:.4f}"
+
+    members = [m for m, d in by_model.items() if next(iter(d.values()))["member"] is not None]
+    for model, d in by_model.items():
+        lines.append(f"{model:<22}" + "".join(f"{f(d[s][k]):>{W}}" for s in scores
+                                              for k in ("auroc", "aupr")))
+        if members and model == members[-1]:
+            mean = [np.mean([by_model[m][s][k] for m in members])
+                    if by_model[members[0]][s][k] is not None else None
+                    for s in scores for k in ("auroc", "aupr")]
+            lines.append(f"{'mean member':<22}" + "".join(f"{f(v):>{W}}" for v in mean))
+    return "\n".join(lines)
+
+
+def _metrics(y, out, regression: bool) -> dict:
+    from ensemble.tasks.classification import metrics as M
+    from ensemble.tasks.regression import metrics as RM
+
+    if regression:
+        mu, sigma = out[:, 0], np.sqrt(out[:, 1] + (out[:, 2] if out.shape[1] == 3 else 0))
+        return {"rmse": RM.rmse(y, mu), "nll": RM.nll(y, mu, sigma),
+                "coverage_90": RM.coverage(y, mu, sigma, 0.9)[0]}
+    return M.all_metrics(y, out)
+
+
+def shift_table(ctx: Context, x: np.ndarray, y: np.ndarray, seed: int = 0) -> pa.Table:
+    """The rows of `shift.parquet` for the split `(x, y)` (the model's inputs) of `ctx`."""
+    image = x.ndim >= 3
+    train_x = artifacts.read_split(ctx.run_dir, "train", ctx.manifest)[0].astype(np.float64)
+    if image:
+        pre_dtype = _array_dtype(ctx)
+        lo, hi = (0.0, 255.0) if pre_dtype == "uint8" else (train_x.min(), train_x.max())
+        span = max(hi - lo, 1e-12)
+    else:
+        flat = train_x.reshape(len(train_x), -1)
+        std, median = flat.std(axis=0), np.median(flat, axis=0)
+    recs = []
+    for name in corruptions.names(image):
+        for sev in corruptions.SEVERITIES:
+            rng = corruptions.rng_for(seed, name, sev)
+            if image:
+                xc = corruptions.corrupt_images((x - lo) / span, name, sev, rng) * span + lo
+            else:
+                xc = corruptions.corrupt_table(x, name, sev, rng, std, median)
+            out = ctx.predict(xc)
+            ens = ood.ensemble_outputs(out, ctx.aggregators, ctx.params, ctx.regression)
+            models = [(f"member-{i}", i, None, o) for i, o in zip(ctx.members, out)]
+            models += [(f"ensemble-{a}", None, a, e) for a, e in ens.items()]
+            for model, member, agg, o in models:
+                m = _metrics(y, o, ctx.regression)
+                if agg == "vote":
+                    m.update(nll=None, brier=None, ece=None)
+                recs.append({"model": model, "member": member, "aggregator": agg,
+                             "corruption": name, "severity": sev, "n": len(y), **m})
+    return pa.Table.from_pylist(recs, schema=SHIFT_SCHEMA)
+
+
+def _array_dtype(ctx: Context) -> str | None:
+    from ensemble.data.preprocessing import Preprocessing
+
+    pre = Preprocessing.read(artifacts.verify(ctx.run_dir, ctx.manifest,
+                                              ctx.run_dir / artifacts.PREPROCESSING))
+    return getattr(pre, "dtype", None)
+
+
+def evaluate_shift(run_dir: str | Path, plots: bool = False, seed: int = 0
+                   ) -> tuple[pa.Table, str]:
+    """The run's test split under every corruption at severities 1-5; writes `shift.parquet`
+    in the run (and with `plots` `shift.png`).
+
+    Returns:
+        (the `shift.parquet` table, the printed text).
+
+    Raises:
+        UsageError: the run is not completed or damaged, or another process holds it.
+    """
+    ctx = Context(Path(run_dir))
+    x, y, _ = artifacts.read_split(ctx.run_dir, ctx.split, ctx.manifest)
+    table = shift_table(ctx, x, y, seed)
+    text = format_shift(table, ctx.split)
+    plot = None
+    if plots:
+        from ensemble.tasks import plots_ood
+
+        plots_ood._pyplot()
+        plot = lambda: plots_ood.shift_plot(ctx.run_dir, table, ctx.regression)  # noqa: E731
+    written = _write(ctx.run_dir, ctx.run_dir / SHIFT_FILE, table, plot,
+                     "ensemble evaluate --shift")
+    return table, text + "".join(f"\nplot: {p}" for p in written[1:])
+
+
+def format_shift(table: pa.Table, split: str = "test") -> str:
+    """The printed shift table: per corruption, the mean member and the first aggregator per
+    severity (NLL and accuracy; RMSE and NLL for regression)."""
+    rows = table.to_pylist()
+    regression = rows[0]["accuracy"] is None
+    keys = ("rmse", "nll") if regression else ("accuracy", "nll", "ece")
+    aggs = [r["model"] for r in rows if r["aggregator"] is not None]
+    ens = next((m for m in aggs if m != "ensemble-vote"), aggs[0] if aggs else rows[0]["model"])
+    lines = [f"dataset shift on {split} ({rows[0]['n']} rows): mean member / {ens}, severity "
+             "1-5"]
+    for name in dict.fromkeys(r["corruption"] for r in rows):
+        for k in keys:
+            cells = []
+            for sev in corruptions.SEVERITIES:
+                part = [r for r in rows if r["corruption"] == name and r["severity"] == sev]
+                mem = [r[k] for r in part if r["member"] is not None]
+                mem = None if not mem or None in mem else float(np.mean(mem))
+                e = next(r[k] for r in part if r["model"] == ens)
+                cells.append("/".join("n/a" if v is None else f"{v:.3f}" for v in (mem, e)))
+            lines.append(f"  {name:<16}{k:<9}" + "".join(f"{c:>14}" for c in cells))
+    return "\n".join(lines)

@@ -1,0 +1,86 @@
+"""Accuracy against confidence in `ensemble evaluate`: the block of the evaluation table (AURC and
+accuracy with the share of rows kept at a few thresholds, per member and aggregator) and the
+curves of `confidence.png` (`ensemble.tasks.risk_coverage`; regression: RMSE of the rows kept by
+predictive std)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ensemble.tasks import risk_coverage as RC
+from ensemble.tasks import tables
+
+NAME_WIDTH, COL = 35, 16
+REGRESSION_SHARES = (0.5, 0.8, 0.9)
+
+
+def _models(preds: pa.Table, split: str):
+    """`(model, y, p)` per model of `split` (regression: `p` = `[n_rows, 2]` mean and std;
+    hard voting skipped: vote shares are not confidences)."""
+    part = preds.filter(pc.equal(preds.column("split"), split))
+    classes = tables.classes_from(preds)
+    regression = len(classes) == 0
+    for model in dict.fromkeys(part.column("model").to_pylist()):
+        t = part.filter(pc.equal(part.column("model"), model))
+        if t.column("y_true").null_count or model == "ensemble-vote":
+            continue
+        t = t.take(pc.sort_indices(t.column("row")))
+        if regression:
+            yield model, t.column("y_true").to_numpy(), np.column_stack(
+                [t.column("y_pred").to_numpy(), t.column("std").to_numpy()])
+        else:
+            from ensemble.core.labels import encode
+
+            yield (model, encode(t.column("y_true").to_numpy(zero_copy_only=False), classes),
+                   tables.probabilities(t, classes))
+
+
+def curves(preds: pa.Table, split: str = "test") -> tuple[dict[str, tuple], bool]:
+    """model -> (tau `[k]`, accuracy `[k]`, share kept `[k]`), or for regression (share
+    `[k]`, RMSE of the rows kept `[k]`, share `[k]`); and whether the run is a regression."""
+    regression = len(tables.classes_from(preds)) == 0
+    out = {}
+    for model, y, p in _models(preds, split):
+        if regression:
+            out[model] = (RC.SHARES, RC.rmse_vs_kept(y, p[:, 0], p[:, 1]), RC.SHARES)
+        else:
+            acc, kept = RC.accuracy_vs_confidence(y, p)
+            out[model] = (RC.THRESHOLDS, acc, kept)
+    return out, regression
+
+
+def block(preds: pa.Table) -> list[str]:
+    """The evaluation table's lines on accuracy against confidence, on test (else the last
+    labelled split); [] when no split is labelled."""
+    splits = [s for s in ("test", "validation") if s in set(preds.column("split").to_pylist())]
+    if not splits:
+        return []
+    split = splits[0]
+    regression = len(tables.classes_from(preds)) == 0
+    rows = list(_models(preds, split))
+    if not rows:
+        return []
+    if regression:
+        head = ["area rmse-cov"] + [f"rmse {int(100 * q)}% kept" for q in REGRESSION_SHARES]
+        out = [f"RMSE of the rows kept by lowest predictive std on {split} (lower is better)",
+               _line("model", head)]
+        for model, y, p in rows:
+            r = RC.rmse_vs_kept(y, p[:, 0], p[:, 1], REGRESSION_SHARES)
+            out.append(_line("  " + model, [f"{RC.area_rmse_coverage(y, p[:, 0], p[:, 1]):.4g}"]
+                             + [f"{v:.4g}" for v in r]))
+        return out
+    head = ["AURC"] + [f"acc@{t} (kept)" for t in RC.TABLE_THRESHOLDS]
+    out = [f"accuracy against confidence on {split}: rows with top probability >= tau kept "
+           "(AURC lower is better)", _line("model", head)]
+    for model, y, p in rows:
+        acc, kept = RC.accuracy_vs_confidence(y, p, RC.TABLE_THRESHOLDS)
+        cells = [f"{RC.aurc(y, p):.4f}"] + [
+            ("n/a" if np.isnan(a) else f"{a:.3f}") + f" ({k:.2f})" for a, k in zip(acc, kept)]
+        out.append(_line("  " + model, cells))
+    return out
+
+
+def _line(name: str, cells) -> str:
+    return f"{name:<{NAME_WIDTH}}" + "".join(f"{c:>{COL}}" for c in cells)
