@@ -59,3 +59,70 @@ def check_bounds(cfg) -> None:
                          "2 ** max(2, features // 2) / 2 (two clusters per class in the "
                          f"informative features). Received: classes={syn.classes}, "
                          f"features={syn.features}")
+
+
+# Upper bounds of the command-line options that size work or memory, the same in every
+# command (`pipelines.options` checks them while parsing, before anything loads or is written).
+INT64_MAX = 2 ** 63 - 1
+VERSION_MAX = INT64_MAX  # TF Serving reads a model version folder as int64
+LOGICAL_CPU_MAX = 256  # `--devices cpu:N`: each logical device has its own thread pools
+REPLICAS_MAX = 256  # copies of a model (serve) or of each member (train, predict)
+BATCH_ROWS_MAX = 2 ** 24  # `--batch-size` rows read and predicted at a time (predict, client)
+SERVE_BATCH_MAX = 65_536  # `serve --max-batch-size`: rows merged into one call
+BATCH_TIMEOUT_MS_MAX = 60_000.0  # `serve --batch-timeout-ms`
+JOBS_MAX = 1024  # concurrent client processes, TensorFlow threads
+PORT_MAX = 65_535
+REQUEST_BYTES_DEFAULT = 64 * 2 ** 20  # serve --max-request-bytes (TF Serving's gRPC: 4 MiB)
+REQUEST_BYTES_MAX = 2 ** 31 - 1
+REQUEST_ROWS_DEFAULT = 65_536  # serve --max-request-rows
+REQUEST_ROWS_MAX = 2 ** 24
+JSON_DEPTH_MAX = 32  # nesting of a request body (TF Serving's inputs are at most a few deep)
+
+
+def check_devices(spec: str, flag: str = "--devices") -> str:
+    """A device spec as every command takes it: `auto`, `cpu:N` with 1 <= N <=
+    `LOGICAL_CPU_MAX`, or device names; the empty string is refused, never taken as `auto`.
+
+    Raises:
+        UsageError: names the value and what was expected.
+    """
+    text = spec.strip() if isinstance(spec, str) else spec
+    if not isinstance(text, str) or not text:
+        raise UsageError(f"Expected `{flag}` to be auto, cpu:N or device names such as "
+                         f"/GPU:0,/GPU:1. Received: {flag}={spec!r}")
+    if text.startswith("cpu:"):
+        n = text[4:]
+        if not n.isdigit() or not 1 <= int(n) <= LOGICAL_CPU_MAX:
+            raise UsageError(f"Expected `{flag} cpu:N` with N in 1..{LOGICAL_CPU_MAX} "
+                             f"(logical CPU devices). Received: {flag}={spec!r}")
+    return text
+
+
+def check_int(value, flag: str, low: int, high: int) -> int:
+    """`value` (an int or its text) as an integer in `low..high`.
+
+    Raises:
+        UsageError: not an integer or out of range (names `flag`, the range and the value).
+    """
+    text = str(value).strip()
+    ok = text.lstrip("-").isdigit() and not isinstance(value, bool)
+    if not ok or not low <= int(text) <= high:
+        raise UsageError(f"Expected `{flag}` to be an integer in {low}..{high}. "
+                         f"Received: {value!r}")
+    return int(text)
+
+
+def check_float(value, flag: str, low: float, high: float) -> float:
+    """`value` (a number or its text) as a finite float in `[low, high]`.
+
+    Raises:
+        UsageError: not a number, not finite or out of range.
+    """
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or not low <= number <= high:
+        raise UsageError(f"Expected `{flag}` to be a finite number in [{low:g}, {high:g}]. "
+                         f"Received: {value!r}")
+    return number

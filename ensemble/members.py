@@ -160,9 +160,18 @@ def save_member(model, path) -> None:
 def import_builder(manifest: dict, index: int) -> None:
     """Import member `index`'s builder module, as its saved model may need the custom layers
     the module registers (`keras.saving.register_keras_serializable`). Best effort: a builder
-    that no longer imports leaves the load to say which layer is unknown."""
+    that no longer imports leaves the load to say which layer is unknown.
+
+    Raises:
+        UsageError: its source file's sha256 differs from the manifest's
+            (`run_checks.check_builder`): it is not imported.
+    """
+    from ensemble.run_checks import check_builder
+
     h = manifest["members"][index].get("hparams") or {}
     spec = h.get("builder")
+    if spec and spec not in builders.BUILTINS:  # never import a changed file (run_checks)
+        check_builder(spec, ((manifest.get("model") or {}).get("builders") or {}).get(spec))
     if spec and spec not in builders.BUILTINS and builders.importable(spec):
         try:
             builders.resolve(spec)

@@ -18,8 +18,8 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from ensemble import (artifacts, config, faults, fitted, posthoc, records, regression, run,
-                      runlock, tables)
+from ensemble import (artifacts, config, divergence, faults, fitted, posthoc, records,
+                      regression, run, runlock, tables)
 from ensemble.aggregate import AGGREGATORS
 from ensemble.errors import UsageError
 
@@ -44,7 +44,11 @@ def parse_aggregators(text: str | None) -> list[str] | None:
 def _between_graph_members(run_dir: Path, manifest: dict, min_members: int | None) -> pa.Table:
     """The clients' member files of a between-graph run, checked and concatenated; also
     records the history. Raises UsageError naming missing members."""
-    indices = [m["index"] for m in manifest["members"]]
+    indices = [m["index"] for m in manifest["members"]
+               if m.get("status") != divergence.STATUS]  # left out of every aggregate
+    if not indices:
+        raise divergence.all_diverged({m["index"]: m.get("diverged_epoch", 0)
+                                       for m in manifest["members"]})
     have = [i for i in indices if artifacts.member_predictions_path(run_dir, i).is_file()
             and manifest["members"][i].get("status") != "failed"]
     missing = sorted(set(indices) - set(have))
