@@ -50,6 +50,10 @@ def check_bounds(cfg) -> None:
                     UPPER["training.learning_rate"])
         if o.l2 is not None:
             at_most(f"members.override[{k}].l2", o.l2, UPPER["members.l2"])
+    if isinstance(cfg.placement.devices, str):  # the same bound as every command's --devices
+        check_devices(cfg.placement.devices, "placement.devices")
+    if isinstance(cfg.placement.replicas, int):
+        at_most("placement.replicas", cfg.placement.replicas, REPLICAS_MAX)
     if not math.isfinite(sum(cfg.aggregation.weights)):
         raise UsageError("Expected `aggregation.weights` to have a finite sum. Received: "
                          f"{list(cfg.aggregation.weights)}")
