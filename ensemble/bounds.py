@@ -80,7 +80,7 @@ REQUEST_BYTES_DEFAULT = 64 * 2 ** 20  # serve --max-request-bytes (TF Serving's 
 REQUEST_BYTES_MAX = 2 ** 31 - 1
 REQUEST_ROWS_DEFAULT = 65_536  # serve --max-request-rows
 REQUEST_ROWS_MAX = 2 ** 24
-JSON_DEPTH_MAX = 32  # nesting of a request body (TF Serving's inputs are at most a few deep)
+# (a request body's JSON nesting: ensemble.serving.limits.JSON_DEPTH_MAX)
 
 
 def check_devices(spec: str, flag: str = "--devices") -> str:

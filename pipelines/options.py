@@ -233,6 +233,14 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
          default=0.0, metavar="MS",
          help="how long a batch waits for more requests when a replica is idle (0: only "
               "what is queued while every replica is busy)")
+    _add(sv, "--max-request-bytes", type=_bounded(B.check_int, "--max-request-bytes", 1,
+                                                  B.REQUEST_BYTES_MAX),
+         default=B.REQUEST_BYTES_DEFAULT, metavar="BYTES",
+         help="larger request bodies are answered 413 before they are read")
+    _add(sv, "--max-request-rows", type=_bounded(B.check_int, "--max-request-rows", 1,
+                                                 B.REQUEST_ROWS_MAX),
+         default=B.REQUEST_ROWS_DEFAULT, metavar="N",
+         help="requests of more rows are answered 400 before their arrays are built")
     _add(sv, "--verbose", action="store_true", help="one access-log line per request (stderr)")
 
     e = command("evaluate", "print the ensemble against its members, validation and test")
