@@ -130,3 +130,20 @@ def check_float(value, flag: str, low: float, high: float) -> float:
         raise UsageError(f"Expected `{flag}` to be a finite number in [{low:g}, {high:g}]. "
                          f"Received: {value!r}")
     return number
+
+
+TARGET_SCALE_MAX = 1e15  # a regression target's std: the head's variance is scale^2 in float32
+
+
+def check_target_scale(loc: float, scale: float, name: str) -> None:
+    """Refuse a regression target whose training-split spread the float32 head cannot carry:
+    the predictive variance is `scale^2 * v`, which overflows float32 (3.4e38) for a std
+    beyond about 1.8e19 and loses the member to divergence well before (`TARGET_SCALE_MAX`).
+
+    Raises:
+        UsageError: names the target, its mean and std, and the fix (rescale it).
+    """
+    if not (math.isfinite(loc) and math.isfinite(scale)) or scale > TARGET_SCALE_MAX:
+        raise UsageError(f"Target {name!r} spreads too widely for float32 training (mean "
+                         f"{loc:.3g}, std {scale:.3g}; expected std <= {TARGET_SCALE_MAX:g}); "
+                         "rescale it, e.g. divide it by a power of ten.")

@@ -51,6 +51,13 @@ JOBS = _bounded(B.check_int, "--jobs", 1, B.JOBS_MAX)
 BATCH_ROWS = _bounded(B.check_int, "--batch-size", 1, B.BATCH_ROWS_MAX)
 
 
+def _trust_builder(parser) -> None:
+    _add(parser, "--trust-builder", action="store_true",
+         help="accept a builder file whose sha256 changed since training and record the new "
+              "one in the manifest (by default such a run is refused and the file not "
+              "imported)")
+
+
 def member_list(text: str) -> list[int]:
     parts = text.split(",")
     if not all(p.strip().isdigit() for p in parts):
@@ -196,6 +203,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     _add(pr, "--strict-columns", action="store_true",
          help="refuse columns the run was not trained on (by default they are ignored, "
               "named in a notice)")
+    _trust_builder(pr)
     _add(pr, "--json", action="store_true",
          help="print a machine-readable report (rows, timings, peak memory) as the last line")
 
@@ -208,6 +216,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     _add(x, "--aggregator", metavar="NAME",
          help="aggregator of the serving_default signature (default: the run's first); "
               "every aggregator of the run gets its own signature too")
+    _trust_builder(x)
 
     sv = command("serve", "serve an export folder with TF Serving's REST API (predict, "
                  "status, metadata, Prometheus metrics)")
@@ -259,6 +268,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
               "fitted ones fit on the validation split (default: the run's)")
     _add(a, "--min-members", type=_positive, metavar="K",
          help="aggregate a partial ensemble of at least K members (default: all members)")
+    _trust_builder(a)
 
     cmp = command("compare", "train and predict in both modes; measure which is faster here")
     _common_run_options(cmp, "in each mode")
