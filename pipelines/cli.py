@@ -196,14 +196,16 @@ def cmd_predict(args) -> int:
                                        args.devices or "auto", args.batch_size,
                                        cluster=_cluster(args), strict_columns=args.strict_columns,
                                        replicas=args.replicas or "auto",
-                                       verbosity=verbosity, layout=args.layout)
+                                       verbosity=verbosity, layout=args.layout,
+                                       trust_builder=args.trust_builder)
     else:
         from ensemble.runs import between
 
         rec, measured = between.predict_between_graph(
             Path(args.run), args.data, Path(args.out), args.target, jobs=args.jobs,
             cluster_file=args.cluster, strict_columns=args.strict_columns,
-            batch_size=args.batch_size, verbosity=verbosity, layout=args.layout)
+            batch_size=args.batch_size, verbosity=verbosity, layout=args.layout,
+            trust_builder=args.trust_builder)
     print(f"predictions: {args.out}")
     report({"out": args.out, "rows": rec["rows"], "ready_unix": ready,
             "seconds": rec["seconds"], "rows_per_second": rec["rows_per_second"],
@@ -215,7 +217,8 @@ def cmd_export(args) -> int:
     import_tensorflow_quietly()
     from ensemble.runs.export import export_run
 
-    path = export_run(Path(args.run), Path(args.out), args.version, args.aggregator)
+    path = export_run(Path(args.run), Path(args.out), args.version, args.aggregator,
+                      trust_builder=args.trust_builder)
     print(f"SavedModel: {path} (TensorFlow Serving: --model_base_path={path.parent.resolve()})")
     return 0
 
@@ -267,7 +270,8 @@ def cmd_aggregate(args) -> int:
     from ensemble.runs import evaluate
 
     names = aggregate.parse_aggregators(args.aggregators)
-    aggregate.aggregate_run(Path(args.run), names, args.min_members)
+    aggregate.aggregate_run(Path(args.run), names, args.min_members,
+                            trust_builder=args.trust_builder)
     print(f"aggregated: {args.run}")
     if args.aggregators:
         print(evaluate.evaluate(Path(args.run))[1])

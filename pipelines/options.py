@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
+from ensemble.config import bounds as B
 from ensemble.config.schema import MODES
 from ensemble.core.errors import UsageError
 from pipelines.guide import HelpFormatter as _HelpFormatter
@@ -21,6 +22,41 @@ from pipelines.guide import unknown_options
 from pipelines.settings import add_options as add_settings
 
 IMPUTE = ("error", "median", "most_frequent")
+
+
+def _bounded(check: Callable, *args) -> Callable:
+    """An argparse `type` from a `bounds` check (its UsageError becomes argparse's error:
+    one line, exit 2, the same in every command)."""
+    def parse(text: str):
+        try:
+            return check(text, *args)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = getattr(check, "__name__", "value")
+    return parse
+
+
+def _replicas(flag: str) -> Callable:
+    """`auto` or an integer in 1..`REPLICAS_MAX` (kept as text, as predict and serve take
+    it)."""
+    def check(text: str) -> str:
+        text = text.strip()
+        return text if text == "auto" else str(B.check_int(text, flag, 1, B.REPLICAS_MAX))
+
+    return _bounded(check)
+
+
+DEVICES = _bounded(B.check_devices, "--devices")
+JOBS = _bounded(B.check_int, "--jobs", 1, B.JOBS_MAX)
+BATCH_ROWS = _bounded(B.check_int, "--batch-size", 1, B.BATCH_ROWS_MAX)
+
+
+def _trust_builder(parser) -> None:
+    _add(parser, "--trust-builder", action="store_true",
+         help="accept a builder file whose sha256 changed since training and record the new "
+              "one in the manifest (by default such a run is refused and the file not "
+              "imported)")
 
 
 def member_list(text: str) -> list[int]:
@@ -77,17 +113,23 @@ def _common_run_options(parser, what: str) -> None:
          help=f"number of members {what} (default: the config's, 4)")
     _add(parser, "--epochs", type=_positive, metavar="N",
          help="training epochs of every member (default: the config's, 30)")
-    _add(parser, "--devices", metavar="SPEC",
-         help="auto, cpu:N (the CPU split into N logical devices), or device names such as "
-              "/GPU:0,/GPU:1 (default: the config's, auto)")
+    _add(parser, "--devices", metavar="SPEC", type=DEVICES,
+         help="auto, cpu:N (the CPU split into N logical devices, N <= "
+              f"{B.LOGICAL_CPU_MAX}), or device names such as /GPU:0,/GPU:1 (default: the "
+              "config's, auto)")
     _add(parser, "--cluster", metavar="FILE",
          help="TensorFlow cluster spec FILE.json (default: TF_CONFIG, if set)")
     add_settings(parser)
 
 
 def replicas_value(text: str) -> int | str:
-    """`--replicas` of train: `auto` or a positive integer (checked with the config)."""
-    return int(text) if text.strip().lstrip("-").isdigit() else text.strip()
+    """`--replicas` of train: `auto` or a positive integer (checked with the config; at most
+    `bounds.REPLICAS_MAX`, as in every command)."""
+    value = int(text) if text.strip().lstrip("-").isdigit() else text.strip()
+    if isinstance(value, int) and value > B.REPLICAS_MAX:
+        raise argparse.ArgumentTypeError(f"Expected `--replicas` to be auto or an integer in "
+                                          f"1..{B.REPLICAS_MAX}. Received: {text!r}")
+    return value
 
 
 def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
@@ -110,7 +152,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
          help="in-graph: one process, one graph holding every member; between-graph: one "
               "client process per device (default: in-graph; on --resume: the run's)")
     _add(t, "--seed", type=_nonneg, metavar="N", help="run seed (default: the config's, 0)")
-    _add(t, "--jobs", type=_positive, metavar="N",
+    _add(t, "--jobs", type=JOBS, metavar="N",
          help="between-graph only: concurrent client processes "
               "(default: as many as members, GPUs or cores allow)")
     _add(t, "--replicas", type=replicas_value, metavar="auto|N",
@@ -149,32 +191,35 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
               "and input (every member and aggregator)")
     _add(pr, "--mode", choices=MODES, default="in-graph",
          help="in-graph: one process; between-graph: one client per member")
-    _add(pr, "--devices", metavar="SPEC",
+    _add(pr, "--devices", metavar="SPEC", type=DEVICES,
          help="in-graph only: devices to predict on (default: auto)")
-    _add(pr, "--jobs", type=_positive, metavar="N",
+    _add(pr, "--jobs", type=JOBS, metavar="N",
          help="between-graph only: concurrent client processes (default: as many as allowed)")
     _add(pr, "--cluster", metavar="FILE", help="cluster spec FILE.json to predict on "
                                                 "(default: none)")
-    _add(pr, "--batch-size", type=_positive, metavar="ROWS", default=65536,
+    _add(pr, "--batch-size", type=BATCH_ROWS, metavar="ROWS", default=65536,
          help="rows read, predicted and written at a time (memory stays flat)")
-    _add(pr, "--replicas", metavar="auto|N",
+    _add(pr, "--replicas", metavar="auto|N", type=_replicas("--replicas"),
          help="in-graph only: replicas of each member over the devices, each batch's rows "
               "split across them; auto: devices // members (default: auto)")
     _add(pr, "--quiet", action="store_true", help="no progress output")
     _add(pr, "--strict-columns", action="store_true",
          help="refuse columns the run was not trained on (by default they are ignored, "
               "named in a notice)")
+    _trust_builder(pr)
     _add(pr, "--json", action="store_true",
          help="print a machine-readable report (rows, timings, peak memory) as the last line")
 
     x = command("export", "write a run as a SavedModel for TensorFlow Serving (DIR/<version>/)")
     _add(x, "--run", required=True, metavar="PATH", help="the run directory to export")
     _add(x, "--out", required=True, metavar="DIR", help="model base folder of TF Serving")
-    _add(x, "--version", type=_positive, metavar="N",
+    _add(x, "--version", type=_bounded(B.check_int, "--version", 1, B.VERSION_MAX),
+         metavar="N",
          help="version folder DIR/N (default: 1 + the largest version in DIR)")
     _add(x, "--aggregator", metavar="NAME",
          help="aggregator of the serving_default signature (default: the run's first); "
               "every aggregator of the run gets its own signature too")
+    _trust_builder(x)
 
     sv = command("serve", "serve an export folder with TF Serving's REST API (predict, "
                  "status, metadata, Prometheus metrics)")
@@ -184,18 +229,30 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     _add(sv, "--name", metavar="NAME", help="model name in the URLs (default: DIR's base name)")
     _add(sv, "--host", default="127.0.0.1", metavar="ADDR",
          help="address to listen on (0.0.0.0: every interface)")
-    _add(sv, "--port", type=_nonneg, default=8501, metavar="N",
+    _add(sv, "--port", type=_bounded(B.check_int, "--port", 0, B.PORT_MAX), default=8501,
+         metavar="N",
          help="TCP port (0: any free port, printed on stderr)")
-    _add(sv, "--replicas", default="auto", metavar="auto|N",
+    _add(sv, "--replicas", default="auto", metavar="auto|N", type=_replicas("--replicas"),
          help="copies of the model, one per device; auto: every GPU, else the CPU split "
               "into logical devices (at most the cores)")
-    _add(sv, "--devices", metavar="SPEC",
+    _add(sv, "--devices", metavar="SPEC", type=DEVICES,
          help="auto, cpu:N or device names such as /GPU:0,/GPU:1 (default: auto)")
-    _add(sv, "--max-batch-size", type=_positive, default=64, metavar="N",
+    _add(sv, "--max-batch-size", type=_bounded(B.check_int, "--max-batch-size", 1,
+                                               B.SERVE_BATCH_MAX), default=64, metavar="N",
          help="dynamic batching: requests merged into calls of at most N rows (1: off)")
-    _add(sv, "--batch-timeout-ms", type=float, default=0.0, metavar="MS",
+    _add(sv, "--batch-timeout-ms", type=_bounded(B.check_float, "--batch-timeout-ms", 0.0,
+                                                 B.BATCH_TIMEOUT_MS_MAX),
+         default=0.0, metavar="MS",
          help="how long a batch waits for more requests when a replica is idle (0: only "
               "what is queued while every replica is busy)")
+    _add(sv, "--max-request-bytes", type=_bounded(B.check_int, "--max-request-bytes", 1,
+                                                  B.REQUEST_BYTES_MAX),
+         default=B.REQUEST_BYTES_DEFAULT, metavar="BYTES",
+         help="larger request bodies are answered 413 before they are read")
+    _add(sv, "--max-request-rows", type=_bounded(B.check_int, "--max-request-rows", 1,
+                                                 B.REQUEST_ROWS_MAX),
+         default=B.REQUEST_ROWS_DEFAULT, metavar="N",
+         help="requests of more rows are answered 400 before their arrays are built")
     _add(sv, "--verbose", action="store_true", help="one access-log line per request (stderr)")
 
     e = command("evaluate", "print the ensemble against its members, validation and test")
@@ -221,11 +278,13 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
               "fitted ones fit on the validation split (default: the run's)")
     _add(a, "--min-members", type=_positive, metavar="K",
          help="aggregate a partial ensemble of at least K members (default: all members)")
+    _trust_builder(a)
 
     cmp = command("compare", "train and predict in both modes; measure which is faster here")
     _common_run_options(cmp, "in each mode")
     _add(cmp, "--run-dir", metavar="PATH", help="output folder (default: artifacts/compare)")
-    _add(cmp, "--repeats", type=_positive, metavar="N", default=3,
+    _add(cmp, "--repeats", type=_bounded(B.check_int, "--repeats", 1, 1000), metavar="N",
+         default=3,
          help="runs of each phase of each mode, order alternated")
     _add(cmp, "--overwrite", action="store_true", help="replace an existing comparison folder")
 
@@ -243,9 +302,9 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
          help="in-graph: one graph holding every candidate; between-graph: client processes")
     _add(se, "--epochs", type=_positive, metavar="N",
          help="training epochs of every candidate (default: the config's)")
-    _add(se, "--devices", metavar="SPEC",
+    _add(se, "--devices", metavar="SPEC", type=DEVICES,
          help="auto, cpu:N or device names (default: the config's)")
-    _add(se, "--jobs", type=_positive, metavar="N",
+    _add(se, "--jobs", type=JOBS, metavar="N",
          help="between-graph only: concurrent client processes (default: as many as allowed)")
     _add(se, "--run-dir", metavar="PATH", help="output folder (default: artifacts/<run_id>)")
     _add(se, "--overwrite", action="store_true", help="replace a run already in --run-dir")
@@ -260,12 +319,12 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
          help="member index, or a queue of members trained one after another")
     _add(c, "--progress", choices=("log", "report", "none"), default="log",
          help="log: lines on stdout; report: machine-readable lines on stderr for a launcher")
-    _add(c, "--threads", type=_positive, metavar="N",
+    _add(c, "--threads", type=_bounded(B.check_int, "--threads", 1, B.JOBS_MAX), metavar="N",
          help="TensorFlow intra/inter-op threads (default: TensorFlow's)")
     _add(c, "--predict", metavar="X.npz|SOURCE",
          help="predict this input instead of training: scaled X.npz, or a data source "
               "streamed in batches (default: train)")
-    _add(c, "--batch-size", type=_positive, metavar="ROWS",
+    _add(c, "--batch-size", type=BATCH_ROWS, metavar="ROWS",
          help="with --predict SOURCE: rows per batch (default: 65536)")
     _add(c, "--target", metavar="COL", help="with --predict SOURCE: label column "
                                             "(default: the run's)")
@@ -281,7 +340,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
                            "their memory")
     _add(d, "--config", metavar="PATH",
          help="TOML config whose [placement] memory settings apply (default: built-in)")
-    _add(d, "--devices", metavar="SPEC",
+    _add(d, "--devices", metavar="SPEC", type=DEVICES,
          help="split the CPU first with cpu:N (default: the config's, auto)")
     _add(d, "--memory-limit-mb", type=_nonneg, metavar="MB",
          help="cap each GPU at MB MiB (default: the config's [placement] memory_limit_mb, 0)")

@@ -7,10 +7,16 @@ Routes (`tensorflow_serving/g3doc/api_rest.md`; NAME is `--name`, `/versions/N` 
     POST /v1/models/NAME[/versions/N]:predict    {"signature_name", "instances" | "inputs"}
     GET  /monitoring/prometheus/metrics          request counts, latency, batch sizes
 
-Errors are `{"error": "..."}`: 400 for a bad request, 404 for an unknown model, version or
+Errors are `{"error": "..."}`: 400 for a bad request (non-finite numbers, JSON nested too
+deep, more rows than `--max-request-rows`), 413 for a body beyond `--max-request-bytes`
+(refused from its `Content-Length`, before reading), 404 for an unknown model, version or
 signature, 503 while no version is loaded (the status route too: readiness), 500 otherwise.
-SIGTERM and Ctrl-C stop accepting connections, let in-flight requests finish (at most
-`GRACE_SECONDS`), then the process exits 0. Starlette and uvicorn are the optional extra
+Large requests are parsed off the event loop and run in parts of the batch size
+(`ensemble.serving.limits`). SIGTERM and Ctrl-C first drain: for at least `DRAIN_SECONDS`,
+and on Linux until the listen backlog is empty and no open connection has unread bytes
+(`TCP_INFO`, `FIONREAD`), the server keeps accepting and reading, so the requests already
+sent are taken in; then it stops accepting connections, lets in-flight requests finish (at
+most `GRACE_SECONDS` in all), and the process exits 0. Starlette and uvicorn are the optional extra
 `serve`, imported only here.
 """
 
@@ -28,6 +34,7 @@ from ensemble.core.errors import UsageError
 
 EXTRA = 'pip install "ensemble-replication[serve]"'
 GRACE_SECONDS = 10
+DRAIN_SECONDS = 0.2  # SIGTERM: keep reading what was already sent, then stop accepting
 ROUTE = re.compile(r"^(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?"
                    r"(?:(?P<metadata>/metadata)|:(?P<verb>[a-zA-Z]+))?$")
 
@@ -106,8 +113,27 @@ def _error(status: int, message: str):
     return Response(dumps({"error": message}), status, media_type="application/json")
 
 
-def build_app(manager, metrics, verbose: bool = False):
-    """The Starlette application over a started `ModelManager` and a `Metrics`."""
+def build_app(manager, metrics, verbose: bool = False, max_bytes: int | None = None,
+              max_rows: int | None = None, split_rows: int = 64):
+    """The Starlette application over a started `ModelManager` and a `Metrics`.
+
+    Args:
+        max_bytes, max_rows: request limits (`--max-request-bytes`, `--max-request-rows`;
+            None: `bounds` defaults).
+        split_rows: a request of more rows runs in parts of this many
+            (`limits.run_split`).
+    """
+    from ensemble.config import bounds
+    from ensemble.serving import limits
+
+    max_bytes = max_bytes or bounds.REQUEST_BYTES_DEFAULT
+    max_rows = max_rows or bounds.REQUEST_ROWS_DEFAULT
+
+    def parse(body: bytes) -> dict:
+        req = limits.parse(body)
+        limits.check_rows(req, max_rows)
+        return req
+
     from starlette.applications import Starlette
     from starlette.responses import PlainTextResponse, Response
     from starlette.routing import Route
@@ -146,21 +172,26 @@ def build_app(manager, metrics, verbose: bool = False):
         m, version = _target(request)
         if m["verb"] != "predict":
             raise NotFound(f"POST {request.url.path}: this server answers :predict only")
-        req = codec.parse_request(await request.body())
+        body = await limits.read_body(request, max_bytes)  # 413 before reading, if declared
+        req = await limits.off_loop(len(body), parse, body)
         name = codec.signature_name(req)
         sig = manager.get(version).signatures.get(name)
         if sig is None:  # checked again, atomically, on submit
             raise NotFound(f"signature {name!r} not found; signatures: "
                            + ", ".join(manager.get(version).signatures))
-        inputs, row_format = codec.decode_inputs(req, sig)
-        outputs = await asyncio.wrap_future(manager.submit(version, name, inputs))
-        return Response(codec.dumps(codec.encode_outputs(outputs, row_format)),
-                        media_type="application/json")
+        inputs, row_format = await limits.off_loop(len(body), codec.decode_inputs, req, sig)
+        outputs = await limits.run_split(lambda part: manager.submit(version, name, part),
+                                         inputs, split_rows, sig.batchable)
+        content = await limits.off_loop(len(body), lambda: codec.dumps(
+            codec.encode_outputs(outputs, row_format)))
+        return Response(content, media_type="application/json")
 
     async def prometheus(request):
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def on_error(request, exc):
+        if isinstance(exc, limits.TooLarge):
+            return _error(413, str(exc))
         if isinstance(exc, codec.BadRequest):
             return _error(400, str(exc))
         if isinstance(exc, NotFound):
@@ -259,7 +290,9 @@ def _serve(args, base: Path, name: str, sock: socket.socket) -> int:
         log(f"no version in {base} yet; waiting for one (status answers 503 until then)")
     manager.start()
     host, port = sock.getsockname()[:2]
-    config = uvicorn.Config(build_app(manager, metrics, args.verbose), log_config=None,
+    app = build_app(manager, metrics, args.verbose, args.max_request_bytes,
+                    args.max_request_rows, max(args.max_batch_size, 64))
+    config = uvicorn.Config(app, log_config=None,
                             log_level="warning", access_log=False, lifespan="off",
                             timeout_graceful_shutdown=GRACE_SECONDS)
     server = _server_class()(config)
@@ -279,18 +312,55 @@ def _server_class():
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn's server with our signal handling: the first SIGTERM/SIGINT stops
-        accepting and drains, a second one forces the exit; neither is re-raised after
-        (uvicorn would re-raise it, turning a clean stop into status 143)."""
+        """uvicorn's server with our signal handling: the first SIGTERM/SIGINT drains (the
+        requests already sent are read and answered: see the module docstring), then stops
+        accepting; a second one forces the exit; neither is re-raised after (uvicorn would
+        re-raise it, turning a clean stop into status 143)."""
 
         from contextlib import contextmanager
+
+        draining: float | None = None  # monotonic time of the first signal
+
+        async def on_tick(self, counter: int) -> bool:  # every 0.1 s
+            if self.draining is not None and not self.should_exit:
+                waited = time.monotonic() - self.draining
+                if waited >= GRACE_SECONDS / 2 or (waited >= DRAIN_SECONDS
+                                                   and not self._unread()):
+                    self.should_exit = True
+            return await super().on_tick(counter)
+
+        def _unread(self) -> bool:
+            """Whether requests were sent that this server has not read yet: connections in
+            the listen backlog (Linux `TCP_INFO` of the listening socket: `tcpi_unacked` is
+            its accept queue) or unread bytes on an idle connection (`FIONREAD`)."""
+            import fcntl
+            import struct
+            import termios
+
+            try:
+                for server in self.servers:
+                    for sock in server.sockets:
+                        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+                        if struct.unpack_from("I", info, 24)[0]:
+                            return True
+                for conn in list(self.server_state.connections):
+                    cycle = getattr(conn, "cycle", None)
+                    if cycle is not None and not cycle.response_complete:
+                        continue  # in flight: shutdown waits for it
+                    sock = conn.transport.get_extra_info("socket")
+                    if sock is not None and struct.unpack("i", fcntl.ioctl(
+                            sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]:
+                        return True
+            except (OSError, AttributeError, ValueError):  # not Linux: the fixed wait only
+                return False
+            return False
 
         @contextmanager
         def capture_signals(self):
             def stop(signum, frame):
-                if self.should_exit:
-                    self.force_exit = True
-                self.should_exit = True
+                if self.draining is not None:  # a second signal: no more waiting
+                    self.force_exit = self.should_exit = True
+                self.draining = self.draining or time.monotonic()
 
             old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
             try:

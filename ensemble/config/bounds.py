@@ -50,6 +50,10 @@ def check_bounds(cfg) -> None:
                     UPPER["training.learning_rate"])
         if o.l2 is not None:
             at_most(f"members.override[{k}].l2", o.l2, UPPER["members.l2"])
+    if isinstance(cfg.placement.devices, str):  # the same bound as every command's --devices
+        check_devices(cfg.placement.devices, "placement.devices")
+    if isinstance(cfg.placement.replicas, int):
+        at_most("placement.replicas", cfg.placement.replicas, REPLICAS_MAX)
     if not math.isfinite(sum(cfg.aggregation.weights)):
         raise UsageError("Expected `aggregation.weights` to have a finite sum. Received: "
                          f"{list(cfg.aggregation.weights)}")
@@ -59,3 +63,87 @@ def check_bounds(cfg) -> None:
                          "2 ** max(2, features // 2) / 2 (two clusters per class in the "
                          f"informative features). Received: classes={syn.classes}, "
                          f"features={syn.features}")
+
+
+# Upper bounds of the command-line options that size work or memory, the same in every
+# command (`pipelines.options` checks them while parsing, before anything loads or is written).
+INT64_MAX = 2 ** 63 - 1
+VERSION_MAX = INT64_MAX  # TF Serving reads a model version folder as int64
+LOGICAL_CPU_MAX = 256  # `--devices cpu:N`: each logical device has its own thread pools
+REPLICAS_MAX = 256  # copies of a model (serve) or of each member (train, predict)
+BATCH_ROWS_MAX = 2 ** 24  # `--batch-size` rows read and predicted at a time (predict, client)
+SERVE_BATCH_MAX = 65_536  # `serve --max-batch-size`: rows merged into one call
+BATCH_TIMEOUT_MS_MAX = 60_000.0  # `serve --batch-timeout-ms`
+JOBS_MAX = 1024  # concurrent client processes, TensorFlow threads
+PORT_MAX = 65_535
+REQUEST_BYTES_DEFAULT = 64 * 2 ** 20  # serve --max-request-bytes (TF Serving's gRPC: 4 MiB)
+REQUEST_BYTES_MAX = 2 ** 31 - 1
+REQUEST_ROWS_DEFAULT = 65_536  # serve --max-request-rows
+REQUEST_ROWS_MAX = 2 ** 24
+# (a request body's JSON nesting: ensemble.serving.limits.JSON_DEPTH_MAX)
+
+
+def check_devices(spec: str, flag: str = "--devices") -> str:
+    """A device spec as every command takes it: `auto`, `cpu:N` with 1 <= N <=
+    `LOGICAL_CPU_MAX`, or device names; the empty string is refused, never taken as `auto`.
+
+    Raises:
+        UsageError: names the value and what was expected.
+    """
+    text = spec.strip() if isinstance(spec, str) else spec
+    if not isinstance(text, str) or not text:
+        raise UsageError(f"Expected `{flag}` to be auto, cpu:N or device names such as "
+                         f"/GPU:0,/GPU:1. Received: {flag}={spec!r}")
+    if text.startswith("cpu:"):
+        n = text[4:]
+        if not n.isdigit() or not 1 <= int(n) <= LOGICAL_CPU_MAX:
+            raise UsageError(f"Expected `{flag} cpu:N` with N in 1..{LOGICAL_CPU_MAX} "
+                             f"(logical CPU devices). Received: {flag}={spec!r}")
+    return text
+
+
+def check_int(value, flag: str, low: int, high: int) -> int:
+    """`value` (an int or its text) as an integer in `low..high`.
+
+    Raises:
+        UsageError: not an integer or out of range (names `flag`, the range and the value).
+    """
+    text = str(value).strip()
+    ok = text.lstrip("-").isdigit() and not isinstance(value, bool)
+    if not ok or not low <= int(text) <= high:
+        raise UsageError(f"Expected `{flag}` to be an integer in {low}..{high}. "
+                         f"Received: {value!r}")
+    return int(text)
+
+
+def check_float(value, flag: str, low: float, high: float) -> float:
+    """`value` (a number or its text) as a finite float in `[low, high]`.
+
+    Raises:
+        UsageError: not a number, not finite or out of range.
+    """
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or not low <= number <= high:
+        raise UsageError(f"Expected `{flag}` to be a finite number in [{low:g}, {high:g}]. "
+                         f"Received: {value!r}")
+    return number
+
+
+TARGET_SCALE_MAX = 1e15  # a regression target's std: the head's variance is scale^2 in float32
+
+
+def check_target_scale(loc: float, scale: float, name: str) -> None:
+    """Refuse a regression target whose training-split spread the float32 head cannot carry:
+    the predictive variance is `scale^2 * v`, which overflows float32 (3.4e38) for a std
+    beyond about 1.8e19 and loses the member to divergence well before (`TARGET_SCALE_MAX`).
+
+    Raises:
+        UsageError: names the target, its mean and std, and the fix (rescale it).
+    """
+    if not (math.isfinite(loc) and math.isfinite(scale)) or scale > TARGET_SCALE_MAX:
+        raise UsageError(f"Target {name!r} spreads too widely for float32 training (mean "
+                         f"{loc:.3g}, std {scale:.3g}; expected std <= {TARGET_SCALE_MAX:g}); "
+                         "rescale it, e.g. divide it by a power of ten.")

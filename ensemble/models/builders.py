@@ -107,7 +107,10 @@ def _load_file(path: Path, name: str) -> Callable:
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            del sys.modules[module_name]
+            raise
+        except BaseException as exc:  # sys.exit() in the user's module too
             del sys.modules[module_name]
             raise UsageError(f"Builder file {path} failed to import: "
                              f"{type(exc).__name__}: {_first_line(exc)}") from None
@@ -189,7 +192,9 @@ def resolve(spec: str) -> Callable:
         except (ImportError, AttributeError, ValueError) as exc:
             raise UsageError(f"Cannot import builder {spec!r}: {type(exc).__name__}: "
                              f"{_first_line(exc)}") from None
-        except Exception as exc:  # the user's module raised while importing
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # the user's module raised (or sys.exit) while importing
             raise UsageError(f"Builder module of {spec!r} failed to import: "
                              f"{type(exc).__name__}: {_first_line(exc)}") from None
     if not callable(fn):

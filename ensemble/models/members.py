@@ -39,8 +39,9 @@ def build_network(spec: str, params: dict[str, Any], input_shape: Sequence[int],
         The builder's `keras.Model`, `[batch, *input_shape] -> [batch, n_outputs]` logits.
 
     Raises:
-        UsageError: the builder raises (its message kept), returns no Keras model, returns the
-            wrong output shape or a softmax output (logits expected), or holds a `Lambda` layer.
+        UsageError: the builder raises (its message kept; `SystemExit` and any other
+            `BaseException` but `KeyboardInterrupt` too), returns no Keras model, returns the
+            wrong output shape or dtype (not float), or a softmax output (logits expected), or holds a `Lambda` layer.
     """
     import keras
 
@@ -48,9 +49,9 @@ def build_network(spec: str, params: dict[str, Any], input_shape: Sequence[int],
     keras.utils.set_random_seed(seed)
     try:
         net = fn(tuple(int(d) for d in input_shape), int(n_outputs), seed=int(seed), **params)
-    except UsageError:
+    except (UsageError, KeyboardInterrupt):
         raise
-    except Exception as exc:  # the user's code: keep its message, one line
+    except BaseException as exc:  # the user's code (sys.exit too): its message, one line
         raise UsageError(f"Builder {spec!r} raised {type(exc).__name__}: "
                          f"{builders._first_line(exc)}") from None
     if not isinstance(net, keras.Model):
@@ -58,7 +59,9 @@ def build_network(spec: str, params: dict[str, Any], input_shape: Sequence[int],
                          "keras.Model mapping [batch, *input_shape] to [batch, n_outputs] logits.")
     try:
         out = net(keras.Input(tuple(input_shape)))
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
         raise UsageError(f"Builder {spec!r}: its model cannot take inputs of shape "
                          f"[batch, {', '.join(map(str, input_shape))}]: "
                          f"{builders._first_line(exc)}") from None
@@ -67,6 +70,9 @@ def build_network(spec: str, params: dict[str, Any], input_shape: Sequence[int],
             f"[batch, {', '.join(str(d) for d in out.shape[1:])}]"
         raise UsageError(f"Builder {spec!r} returned a model with output {got}; expected "
                          f"[batch, {n_outputs}] logits.")
+    if not keras.backend.is_float_dtype(out.dtype):
+        raise UsageError(f"Builder {spec!r} returned a model with {out.dtype} outputs; expected "
+                         "float logits (cast the last layer's output to float32).")
     layers = _all_layers(net)
     lam = [layer.name for layer in layers if isinstance(layer, keras.layers.Lambda)]
     if lam:
@@ -154,9 +160,18 @@ def save_member(model, path) -> None:
 def import_builder(manifest: dict, index: int) -> None:
     """Import member `index`'s builder module, as its saved model may need the custom layers
     the module registers (`keras.saving.register_keras_serializable`). Best effort: a builder
-    that no longer imports leaves the load to say which layer is unknown."""
+    that no longer imports leaves the load to say which layer is unknown.
+
+    Raises:
+        UsageError: its source file's sha256 differs from the manifest's
+            (`builder_files.check_builder`): it is not imported.
+    """
+    from ensemble.models.builder_files import check_builder
+
     h = manifest["members"][index].get("hparams") or {}
     spec = h.get("builder")
+    if spec and spec not in builders.BUILTINS:  # never import a changed file (run_checks)
+        check_builder(spec, ((manifest.get("model") or {}).get("builders") or {}).get(spec))
     if spec and spec not in builders.BUILTINS and builders.importable(spec):
         try:
             builders.resolve(spec)

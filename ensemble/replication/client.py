@@ -119,8 +119,12 @@ def run_client(run_dir: Path, indices: int | Sequence[int], threads: int | None 
                 cbs = callbacks(index) if callbacks is not None else ()
                 try:
                     with _placement_log(run_dir, index):
-                        out.append(_train_member(run_dir, manifest, cfg, split, index, device,
-                                                 cbs, groups[k] if groups else None))
+                        path = _train_member(run_dir, manifest, cfg, split, index, device,
+                                             cbs, groups[k] if groups else None)
+                    if isinstance(path, int):  # diverged in that epoch: no files
+                        _record_member(run_dir, index, "diverged", path)
+                        continue
+                    out.append(path)
                 except BaseException as exc:
                     stopped = isinstance(exc, interrupt.Interrupted)
                     if stopped:
@@ -133,7 +137,7 @@ def run_client(run_dir: Path, indices: int | Sequence[int], threads: int | None 
     return out
 
 
-def _record_member(run_dir: Path, index: int, status: str) -> None:
+def _record_member(run_dir: Path, index: int, status: str, epoch: int | None = None) -> None:
     """Record a member's status in the manifest, with its files' sha256 when completed (the
     client's own record, which the aggregator verifies); read-modify-write under the lock."""
     from ensemble.core.artifacts import member_files
@@ -144,6 +148,9 @@ def _record_member(run_dir: Path, index: int, status: str) -> None:
     def change(manifest: dict) -> None:
         entry = manifest["members"][index]
         entry["status"] = status
+        entry.pop("diverged_epoch", None)
+        if epoch is not None:  # `divergence.STATUS`: the epoch its values turned non-finite
+            entry["diverged_epoch"] = epoch
         if hashes is not None:
             entry["sha256"] = hashes
 
@@ -163,7 +170,9 @@ def _placement_log(run_dir: Path, index: int):
 
 
 def _train_member(run_dir: Path, manifest: dict, cfg, split: dict, index: int, device: str,
-                  callbacks: Sequence, replicas: Sequence[str] | None = None) -> Path:
+                  callbacks: Sequence, replicas: Sequence[str] | None = None) -> Path | int:
+    """Train member `index` and write its files; returns its predictions path, or the epoch
+    in which it diverged (`ensemble.replication.divergence`: nothing written)."""
     from ensemble.replication.group import MemberGroup
     from ensemble.models.members import save_member
     from ensemble.replication.training import Schedule
@@ -183,6 +192,8 @@ def _train_member(run_dir: Path, manifest: dict, cfg, split: dict, index: int, d
         callbacks = [*callbacks, MemberScalars(run_dir)]
     history = member.fit(x_tr, y_tr, x_val, y_val, Schedule.of(cfg.training),
                          run_dir / "checkpoints" / f"member-{index}", callbacks)
+    if member.divergence.epochs:
+        return member.divergence.epochs[index]
     parts = [tables.predictions_table({index: member.predict(split[s][0])[0][0]}, s,
                                       split[s][2], split[s][1], classes, ())
              for s in artifacts.EVAL_SPLITS]

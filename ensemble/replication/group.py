@@ -50,6 +50,8 @@ class MemberGroup:
         # `devices[k]` (`steps.replicated_train_step`); None: one device per member
         self.train_replicas: list[list[str]] | None = None
         self.adversarial_epsilon = 0.0  # `training.adversarial_epsilon` (`build` sets it)
+        # members whose loss or outputs turned non-finite in `fit` (`divergence.Divergence`)
+        self.divergence = None
         self.input_shape = tuple(self.models[0].input_shape[1:])
         self.predict_fn = tf.function(  # plain Python control flow: no AutoGraph conversion
             self._predict_graph, autograph=False,
@@ -157,10 +159,13 @@ class MemberGroup:
         return (np.concatenate(members, axis=1),
                 {a: np.concatenate(v, axis=0) for a, v in ens.items()})
 
-    def make_train_steps(self, x_train: np.ndarray, y_train: np.ndarray):
+    def make_train_steps(self, x_train: np.ndarray, y_train: np.ndarray,
+                         masked: bool | None = None):
         """The traced many-steps training call of these members (`steps.make_steps_fn`):
         `run_steps(idx [steps, n_members, batch] int32, total [n_members] float32,
-        active [n_members] bool) -> [n_members]` running loss sums."""
+        active [n_members] bool) -> [n_members]` running loss sums. `masked` (default: with
+        early stopping) makes it skip the steps of inactive members."""
+        masked = self._best is not None if masked is None else masked
         adversarial = None
         if self.adversarial_epsilon > 0:
             from ensemble.replication.adversarial import input_step
@@ -168,7 +173,7 @@ class MemberGroup:
             adversarial = [input_step(m, x_train, self.adversarial_epsilon)
                            for m in self.models]
         return make_steps_fn(self.models, self.optimizers, self.devices, x_train, y_train,
-                             self.client_device, self.task, masked=self._best is not None,
+                             self.client_device, self.task, masked=masked,
                              replicas=self.train_replicas, adversarial=adversarial)
 
     def early_stopping(self, schedule: Schedule) -> EarlyStopping | None:
@@ -192,13 +197,20 @@ class MemberGroup:
             callbacks: `training.Callback`s.
         """
         from ensemble.replication.checkpoints import EpochCheckpoints
+        from ensemble.replication.divergence import Divergence
 
         stopping = self.early_stopping(schedule)
-        run_steps = self.make_train_steps(x_train, y_train)
+        steps = [self.make_train_steps(x_train, y_train), self._best is not None]
+        self.divergence = Divergence(self.indices)
+
+        def run_steps(idx, total, active):  # numpy in and out
+            if not steps[1] and not active.all():  # a member diverged: trace the masked call
+                steps[:] = [self.make_train_steps(x_train, y_train, masked=True), True]
+            return steps[0](tf.constant(idx), tf.constant(total), tf.constant(active)).numpy()
+
         x_val = np.asarray(x_val, np.float32)
         ckpt = (EpochCheckpoints(checkpoint_dir, self.models, self.optimizers, self._best)
                 if checkpoint_dir is not None else None)
-        return train_loop(lambda idx, total, active: run_steps(
-                              tf.constant(idx), tf.constant(total), tf.constant(active)).numpy(),
-                          lambda: self.predict(x_val)[0], self.indices, schedule,
-                          len(x_train), y_val, self.task, ckpt, callbacks, stopping)
+        return train_loop(run_steps, lambda: self.predict(x_val)[0], self.indices, schedule,
+                          len(x_train), y_val, self.task, ckpt, callbacks, stopping,
+                          self.divergence)

@@ -197,7 +197,7 @@ def train_loop(run_steps: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndar
                predict_val: Callable[[], np.ndarray] | None, indices: Sequence[int],
                schedule: Schedule, n_train: int, y_val: np.ndarray | None, task,
                checkpoints=None, callbacks: Sequence[Callback] = (),
-               stopping: EarlyStopping | None = None) -> list[dict]:
+               stopping: EarlyStopping | None = None, divergence=None) -> list[dict]:
     """Run the epochs for the members `indices` and record their history.
 
     Args:
@@ -213,6 +213,10 @@ def train_loop(run_steps: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndar
             the last.
         callbacks: `Callback` hooks, called in order.
         stopping: `EarlyStopping` (with `schedule.patience`), or None.
+        divergence: an `ensemble.replication.divergence.Divergence` of `indices` that records the
+            members whose loss sums (checked after every call) or validation outputs
+            (after every epoch) turn non-finite; their steps are masked from then on, like
+            a stopped member's, and they get no further history records. None: a new one.
 
     The full-size batches and the ragged last batch go in separate calls (a tensor has one
     batch size).
@@ -222,20 +226,24 @@ def train_loop(run_steps: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndar
         epoch a member trained (restored ones included; none after a member stopped);
         `seconds` is the epoch's wall time, shared by the members trained together.
     """
+    from ensemble.replication.divergence import Divergence
+
     with interrupt.deferred():
         return _Loop(run_steps, predict_val, list(indices), schedule, n_train, y_val, task,
-                     checkpoints, callbacks, stopping, interrupt.check).run()
+                     checkpoints, callbacks, stopping, interrupt.check,
+                     divergence or Divergence(indices)).run()
 
 
 class _Loop:
     """The epoch loop of `train_loop` (one object instead of a dozen arguments)."""
 
     def __init__(self, run_steps, predict_val, indices, schedule, n_train, y_val, task,
-                 checkpoints, callbacks, stopping, check):
+                 checkpoints, callbacks, stopping, check, divergence):
         self.run_steps, self.predict_val, self.indices = run_steps, predict_val, indices
         self.s, self.n_train, self.y_val, self.task = schedule, n_train, y_val, task
         self.checkpoints, self.callbacks, self.stopping = checkpoints, callbacks, stopping
         self.check = check
+        self.divergence = divergence
         self.n_steps = schedule.steps_per_epoch(n_train)
         self.k = schedule.steps_per_call or min(FIRST_CALL_STEPS, self.n_steps)
 
@@ -251,7 +259,7 @@ class _Loop:
             cb.on_train_begin(start_epoch, s.epochs, self.n_steps)
         for epoch in range(start_epoch, s.epochs):
             active = (self.stopping.active.copy() if self.stopping is not None
-                      else np.ones(len(self.indices), bool))
+                      else np.ones(len(self.indices), bool)) & self.divergence.healthy()
             if not active.any():
                 break
             start = time.perf_counter()
@@ -274,6 +282,8 @@ class _Loop:
     def _records(self, epoch, total, active, start) -> list[dict]:
         losses = total.astype(np.float64) / self.n_train
         val = self.predict_val() if self.predict_val is not None else None
+        if val is not None and self.divergence.check_outputs(epoch, val, active):
+            active &= self.divergence.healthy()  # diverged: no record, no stopping decision
         seconds = time.perf_counter() - start
         new = []
         for j, i in enumerate(self.indices):
@@ -303,6 +313,10 @@ class _Loop:
                 stop, batch = n_steps, order[:, n_full * s.batch_size:][None]
             call_start = time.perf_counter()
             total = np.asarray(self.run_steps(batch, total, active), np.float32)
+            if self.divergence.check_losses(epoch, total, active):  # values already here
+                active &= self.divergence.healthy()  # masked from the next call on
+                if not active.any():
+                    break
             if not s.steps_per_call and stop - done == self.k and stop <= n_full:
                 per_step = (time.perf_counter() - call_start) / self.k
                 self.k = int(min(max(1, CALL_SECONDS / max(per_step, 1e-6)), 4 * self.k,

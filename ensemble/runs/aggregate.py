@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from ensemble.core import artifacts
 from ensemble.config import schema as config
+from ensemble.replication import divergence
 from ensemble.core import faults
 from ensemble.tasks.classification import fitted
 from ensemble.runs import posthoc
@@ -52,7 +53,11 @@ def parse_aggregators(text: str | None) -> list[str] | None:
 def _between_graph_members(run_dir: Path, manifest: dict, min_members: int | None) -> pa.Table:
     """The clients' member files of a between-graph run, checked and concatenated; also
     records the history. Raises UsageError naming missing members."""
-    indices = [m["index"] for m in manifest["members"]]
+    indices = [m["index"] for m in manifest["members"]
+               if m.get("status") != divergence.STATUS]  # left out of every aggregate
+    if not indices:
+        raise divergence.all_diverged({m["index"]: m.get("diverged_epoch", 0)
+                                       for m in manifest["members"]})
     have = [i for i in indices if artifacts.member_predictions_path(run_dir, i).is_file()
             and manifest["members"][i].get("status") != "failed"]
     missing = sorted(set(indices) - set(have))
@@ -65,14 +70,14 @@ def _between_graph_members(run_dir: Path, manifest: dict, min_members: int | Non
             "(`ensemble client --run RUN --member I`) or pass --min-members K.")
     for i in have:
         runlock.require_free(run_dir, i)  # no client is still writing it
-        for path in artifacts.member_files(run_dir, i)[1:]:
+        for path in artifacts.member_files(run_dir, i):  # the model too: present and unchanged
             artifacts.verify(run_dir, manifest, path)
     return pa.concat_tables([artifacts.read_parquet(artifacts.member_predictions_path(run_dir, i))
                              for i in have], promote_options="default")
 
 
 def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
-                  min_members: int | None = None) -> dict:
+                  min_members: int | None = None, trust_builder: bool = False) -> dict:
     """Recompute a run's ensemble from its member predictions and write `predictions.parquet`,
     `metrics.parquet`, `aggregators.json`, `ensemble_size.parquet` and `members.parquet`
     (between-graph: also `history.parquet`, and the run is marked completed).
@@ -82,6 +87,7 @@ def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
             config's).
         min_members: between-graph: aggregate a partial ensemble of at least this many members;
             the manifest and the predictions' metadata record which were used.
+        trust_builder: accept a builder file whose sha256 changed (`run_checks`).
 
     Returns:
         The final manifest.
@@ -99,13 +105,16 @@ def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
                          f"Received: {min_members}")
     with runlock.writing(run_dir, "ensemble aggregate"), faults.failing_run_on_fault(
             run_dir, "aggregate"):
-        return _aggregate(run_dir, aggregators, min_members)
+        return _aggregate(run_dir, aggregators, min_members, trust_builder)
 
 
-def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: int | None
-               ) -> dict:
+def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: int | None,
+               trust_builder: bool = False) -> dict:
+    from ensemble.runs import checks as run_checks
+
     start = time.perf_counter()
     manifest = artifacts.read_manifest(run_dir)
+    run_checks.check_builders(run_dir, manifest, trust_builder)  # a run's files before use
     cfg = config.from_dict(manifest["config"])
     settings = dataclasses.asdict(cfg.aggregation)
     if aggregators is None:
@@ -121,6 +130,8 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
     elif manifest.get("failed_by") != "aggregate":  # a fault in aggregate: it may redo it
         run.require_completed(run_dir, manifest)
     if not between:
+        run_checks.check_predictions(run_dir, manifest,
+                                     run_checks.check_members(run_dir, manifest))
         preds = artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS)
         members = posthoc.member_rows(artifacts.read_parquet(preds))
     classes = np.asarray(manifest["dataset"]["classes"])

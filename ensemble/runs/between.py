@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -21,6 +22,7 @@ import numpy as np
 
 from ensemble.core import artifacts
 from ensemble.replication import devices
+from ensemble.replication import divergence
 from ensemble.core import faults
 from ensemble.core import interrupt
 from ensemble.runs import prepare as run
@@ -28,8 +30,7 @@ from ensemble.core import runlock
 from ensemble.config.schema import Config
 from ensemble.core.errors import UsageError
 from ensemble.replication.placement import place
-from ensemble.replication import processes
-from ensemble.replication import protocol
+from ensemble.replication import processes, protocol
 from ensemble.replication.processes import checked, last_error, last_report, run_process
 
 __all__ = ["aggregate_run", "checked", "client_queues", "default_jobs", "last_report",
@@ -219,8 +220,9 @@ def _launch(run_dir: Path, manifest: dict, devs: list[str], jobs: int | None,
     """Run the clients of the members not completed, then the aggregator; the manifest is
     changed by read-modify-write only (clients record their members themselves)."""
     todo = {m["index"]: m["device"] for m in manifest["members"]
-            if m["status"] != "completed"
-            or not all(p.is_file() for p in artifacts.member_files(run_dir, m["index"]))}
+            if m["status"] != divergence.STATUS and (
+                m["status"] != "completed"
+                or not all(p.is_file() for p in artifacts.member_files(run_dir, m["index"])))}
     jobs = jobs or default_jobs(max(1, len(todo)), devs)
 
     def record(index: int, ok: bool) -> None:  # a client ended without finishing `index`
@@ -243,8 +245,15 @@ def _launch(run_dir: Path, manifest: dict, devs: list[str], jobs: int | None,
         m["timings"].update(train_seconds=time.perf_counter() - start, jobs=len(queues),
                             clients={str(i): c for i, c in clients.items()})
 
-    runlock.update_manifest(run_dir, timings)
+    diverged = {m["index"]: m.get("diverged_epoch", 0)
+                for m in runlock.update_manifest(run_dir, timings)["members"]
+                if m.get("status") == divergence.STATUS}
+    if len(diverged) == len(manifest["members"]):
+        raise divergence.all_diverged(diverged)
     res = checked(run_process(["aggregate", "--run", str(run_dir)]), "aggregator")
+    if diverged:
+        print(divergence.notice(diverged, len(manifest["members"]), run_dir),
+              file=sys.stderr, flush=True)
     return runlock.update_manifest(run_dir, lambda m: m["timings"].update(
         aggregator_peak_rss_bytes=last_report(res)["peak_rss_bytes"]))
 
@@ -252,7 +261,8 @@ def _launch(run_dir: Path, manifest: dict, devs: list[str], jobs: int | None,
 def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | None = None,
                           jobs: int | None = None, cluster_file: str | None = None,
                           strict_columns: bool = False, batch_size: int | None = None,
-                          verbosity: int = 0, layout: str = "wide"):
+                          verbosity: int = 0, layout: str = "wide",
+                          trust_builder: bool = False):
     """One client process per member (queue) streams `source` and writes its members'
     probabilities; then the aggregator streams those files, batch by batch, into `out`. With
     `cluster_file`, members go round robin over that cluster's devices instead of the devices
@@ -271,10 +281,14 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
 
     check_out(out)
     batch_size = batch_size or DEFAULT_BATCH_ROWS
-    manifest, pre, stream = open_input(run_dir, source, target, strict_columns, batch_size)
+    from ensemble.runs.checks import ensemble_members
+
+    manifest, pre, stream = open_input(run_dir, source, target, strict_columns, batch_size,
+                                       trust_builder=trust_builder)
     stream.check()
     names, fit = run_aggregators(run_dir, manifest)
-    member_devs = {m["index"]: m["device"] for m in manifest["members"]}
+    used = set(ensemble_members(manifest))  # diverged members left out
+    member_devs = {m["index"]: m["device"] for m in manifest["members"] if m["index"] in used}
     extra = ["--batch-size", str(batch_size)] + (["--target", target] if target else [])
     if cluster_file is not None:
         from ensemble.replication.cluster import load_spec

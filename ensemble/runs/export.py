@@ -37,7 +37,9 @@ from pathlib import Path
 import numpy as np
 
 from ensemble.core import artifacts, hooks
+from ensemble.config import bounds
 from ensemble.runs import prepare as run
+from ensemble.runs import checks as run_checks
 from ensemble.core import staging
 from ensemble.core.errors import UsageError
 from ensemble.data.preprocessing import Preprocessing
@@ -189,12 +191,14 @@ def build_module(models, pre: Preprocessing, aggregators, params: dict, default:
 
 
 def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
-               aggregator: str | None = None) -> Path:
+               aggregator: str | None = None, trust_builder: bool = False) -> Path:
     """Write run `run_dir` as a SavedModel `out/<version>/` for TensorFlow Serving.
 
     Args:
         version: the version folder (an integer >= 1); default: 1 + the largest in `out`.
         aggregator: the aggregator of `serving_default` (default: the run's first).
+        trust_builder: accept a builder file whose sha256 changed since training and record
+            the new one (`run_checks.verify_run`; refused otherwise).
 
     Returns:
         The version folder.
@@ -209,6 +213,7 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
     run_dir, out = Path(run_dir), Path(out)
     manifest = artifacts.read_manifest(run_dir)
     run.require_completed(run_dir, manifest)
+    used = run_checks.verify_run(run_dir, manifest, trust_builder)  # before any import
     pre = Preprocessing.read(artifacts.verify(run_dir, manifest,
                                               run_dir / artifacts.PREPROCESSING))
     names, fit = run_aggregators(run_dir, manifest)
@@ -218,8 +223,10 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
                          f"({', '.join(names)}). Received: {aggregator!r}")
     if version is None:
         version = next_version(out)
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise UsageError(f"Expected `version` to be an integer >= 1. Received: {version!r}")
+    if isinstance(version, bool) or not isinstance(version, int) or not (
+            1 <= version <= bounds.VERSION_MAX):
+        raise UsageError(f"Expected `version` to be an integer in 1..{bounds.VERSION_MAX} "
+                         f"(TF Serving's int64). Received: {version!r}")
     target = out / str(version)
     if target.exists():
         raise UsageError(f"{target} already exists; choose another --version (next free: "
@@ -228,9 +235,8 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
 
     from ensemble.models.members import load_run_member
 
-    n = len(manifest["members"])
-    params = member_params(fit, list(range(n)))
-    models = [load_run_member(run_dir, manifest, i, None) for i in range(n)]
+    params = member_params(fit, used)
+    models = [load_run_member(run_dir, manifest, i, None) for i in used]
     out.mkdir(parents=True, exist_ok=True)
     staging.sweep(out)  # versions staged by exports that were killed
     tmp = staging.new_path(target, folder=True)

@@ -27,19 +27,26 @@ GRAPH_BATCH_ROWS = 16384  # rows per traced call: bounds the members' activation
 
 
 def open_input(run_dir: Path, source: str, target: str | None, strict: bool = False,
-               batch_rows: int = DEFAULT_BATCH_ROWS, quiet: bool = False):
+               batch_rows: int = DEFAULT_BATCH_ROWS, quiet: bool = False,
+               trust_builder: bool = False):
     """The run's manifest and preprocessing, and the input as an `InputStream` (columns
     matched by name; extra columns ignored with a notice, or refused when `strict`).
 
     Returns:
         (manifest, preprocessing, stream).
 
+    The run's files are verified first (`run_checks.verify_run`: builder files, members,
+    predictions; `trust_builder` accepts a changed builder file and records its sha256).
+
     Raises:
         UsageError: the run is not completed or damaged, or the source cannot be read.
     """
+    from ensemble.runs import checks as run_checks
+
     manifest = artifacts.read_manifest(run_dir)
     runlock.require_free(run_dir)
     run.require_completed(run_dir, manifest)
+    run_checks.verify_run(run_dir, manifest, trust_builder)
     pre = Preprocessing.read(artifacts.verify(run_dir, manifest,
                                               Path(run_dir) / artifacts.PREPROCESSING))
     target = target or manifest["dataset"].get("target", "target")
@@ -94,7 +101,7 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
                      device_spec: str = "auto", batch_size: int = DEFAULT_BATCH_ROWS,
                      cluster: dict | None = None, strict_columns: bool = False,
                      replicas: int | str = "auto", verbosity: int = 0,
-                     layout: str = "wide") -> dict:
+                     layout: str = "wide", trust_builder: bool = False) -> dict:
     """Rebuild the in-graph inference graph on this machine's (or `cluster`'s) devices and
     predict `source` batch by batch into `out` (split `predict`).
 
@@ -120,30 +127,34 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
     from ensemble.data.stream import PredictionWriter
 
     check_out(out)
-    manifest, pre, stream = open_input(run_dir, source, target, strict_columns, batch_size)
+    from ensemble.runs.checks import ensemble_members
+
+    manifest, pre, stream = open_input(run_dir, source, target, strict_columns, batch_size,
+                                       trust_builder=trust_builder)
     stream.check()
     stream.passthrough = layout == "wide"
     flat_heap()  # peak memory flat however many batches (see ensemble.data.stream.flat_heap)
-    n = len(manifest["members"])
+    used = ensemble_members(manifest)  # diverged members left out
+    n = len(used)
     groups = replica_devices(n, devices.resolve(device_spec, n, cluster), replicas)
     from ensemble.replication.in_graph import InGraphEnsemble
 
     copies = []
-    for i, group in enumerate(groups):
+    for i, group in zip(used, groups):
         copies.append([(load_run_member(run_dir, manifest, i, d), d) for d in group])
     aggs, fit = run_aggregators(run_dir, manifest)
-    params = member_params(fit, list(range(n)))
+    params = member_params(fit, used)
     ens = InGraphEnsemble([c[0][0] for c in copies], [g[0] for g in groups], aggs,
-                          params=params)
+                          indices=used, params=params)
     ens.set_replicas(dict(enumerate(copies)))
-    placed = dict(enumerate(groups))
+    placed = dict(zip(used, groups))
     progress = RowProgress(stream.n_rows, verbosity=verbosity)
     meta = {"prediction": json.dumps({"mode": "in-graph", "members": {str(i): g for i, g in
                                                                        placed.items()}})}
     with PredictionWriter(out, meta) as writer:
         for b in prefetch(stream):
             member_p, ens_p = ens.predict(b.x, min(batch_size, GRAPH_BATCH_ROWS))
-            long = tables.predictions_table(dict(enumerate(member_p)), "predict", b.rows,
+            long = tables.predictions_table(dict(zip(used, member_p)), "predict", b.rows,
                                             b.y, pre.classes, aggs, ens_p, params,
                                             first_row=b.first_row)
             writer.write(tables.wide_rows(long, aggs[0], b.extra, b.ids) if layout == "wide"

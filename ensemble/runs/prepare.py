@@ -197,6 +197,9 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     if task.name == "regression":  # the target's standardisation, training split only
         target.update(target_loc=float(y[rows["train"]].mean()),
                       target_scale=float(y[rows["train"]].std()) or 1.0)
+        from ensemble.config.bounds import check_target_scale
+
+        check_target_scale(target["target_loc"], target["target_scale"], cfg.data.target)
         task = tasks.get("regression", loc=target["target_loc"],
                          scale=target["target_scale"], loss=cfg.training.loss)
     run_dir.mkdir(parents=True, exist_ok=True)

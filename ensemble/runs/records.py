@@ -65,7 +65,10 @@ def members_table(run_dir: str | Path, manifest: dict[str, Any],
     `val_nll`, `val_accuracy` for classification; `val_nll` (Gaussian), `val_rmse` for
     regression),
     `weight` (its weight in the `greedy` selection, 0 when not selected; null when the run
-    fits no `greedy`) and, in a stratified search run, `candidate` (the candidate whose
+    fits no `greedy`), `status` (the manifest's: `completed`, `diverged`, ...),
+    `diverged_epoch` (the epoch from 0 in which a diverged member's loss or outputs turned
+    non-finite; null otherwise; such a member has no validation metrics) and, in a
+    stratified search run, `candidate` (the candidate whose
     hyperparameters it repeats with a new seed).
 
     `val`: the members' validation predictions when the caller holds them (the same as the
@@ -105,7 +108,8 @@ def members_table(run_dir: str | Path, manifest: dict[str, Any],
                "train_seconds": sum(r["seconds"] for r in history if r["member"] == i),
                **(dict.fromkeys(task.member_score_names) if pos is None
                   else task.member_scores(val.y, val.probs[pos])),
-               "weight": weights.get(i, 0.0) if greedy else None}
+               "weight": weights.get(i, 0.0) if greedy else None,
+               "status": m.get("status"), "diverged_epoch": m.get("diverged_epoch")}
         if source is not None:
             row["candidate"] = source[i]
         rows.append(row)
@@ -116,7 +120,7 @@ def members_table(run_dir: str | Path, manifest: dict[str, Any],
               ("flops_per_row", pa.int64()), ("parameters", pa.int64()), ("device", pa.string()),
               ("train_seconds", pa.float64()),
               *((name, pa.float64()) for name in task.member_score_names),
-              ("weight", pa.float64())]
+              ("weight", pa.float64()), ("status", pa.string()), ("diverged_epoch", pa.int32())]
     if source is not None:
         schema.append(("candidate", pa.int32()))
     return pa.Table.from_pylist(rows, schema=pa.schema(schema))

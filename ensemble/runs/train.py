@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from pathlib import Path
 from typing import Sequence
@@ -12,6 +13,7 @@ import pyarrow as pa
 
 from ensemble.core import artifacts
 from ensemble.replication import devices
+from ensemble.replication import divergence
 from ensemble.runs import posthoc
 from ensemble.replication import progress
 from ensemble.runs import records
@@ -116,9 +118,22 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     train_seconds = time.perf_counter() - start
     manifest["timings"].update(steady_rows=steady.rows, steady_seconds=steady.seconds,
                                first_epoch_end_unix=first.unix)
-    for i, model in enumerate(ens.models):
-        save_member(model, artifacts.member_model_path(run_dir, i))
-        manifest["members"][i]["status"] = "completed"
+    diverged = ens.divergence.epochs  # {member: epoch}: left out of everything below
+    if len(diverged) == len(ens.models):
+        raise divergence.all_diverged(diverged)
+    keep = [k for k, i in enumerate(ens.indices) if i not in diverged]
+    used = [ens.indices[k] for k in keep]
+    for k in keep:
+        save_member(ens.models[k], artifacts.member_model_path(run_dir, ens.indices[k]))
+        manifest["members"][ens.indices[k]]["status"] = "completed"
+    ens.divergence.record(manifest["members"])
+    if diverged:
+        print(divergence.notice(diverged, len(ens.models), run_dir), file=sys.stderr,
+              flush=True)
+    if len(keep) < len(ens.models):  # the healthy members only, in one graph
+        ens = InGraphEnsemble([ens.models[k] for k in keep], [placed[k] for k in keep], (),
+                              used, task=task)
+        placed = [placed[k] for k in keep]
     start = time.perf_counter()
     # the fitted aggregators fit on the validation members' predictions, then the graph
     # applies them with the TensorFlow twins
@@ -134,7 +149,7 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
         x, y, rows = split[s]
         member_p, ens_p = graph.predict(x)
         splits[s] = posthoc.SplitMembers(ens.indices, member_p, rows, y)
-        parts.append(tables.predictions_table(dict(enumerate(member_p)), s, rows, y,
+        parts.append(tables.predictions_table(dict(zip(ens.indices, member_p)), s, rows, y,
                                               classes, names, ens_p, fit["params"]))
     posthoc.write_fit(run_dir, fit, splits, settings)
     tables.write_outputs(run_dir, pa.concat_tables(parts), tables.history_table(history))

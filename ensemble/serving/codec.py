@@ -126,7 +126,14 @@ def _array(name: str, value, info: TensorInfo) -> np.ndarray:
                        "f": "non-integer numbers"}.get(kind, raw.dtype.name)
                 raise BadRequest(f"input `{name}` expects {np.dtype(info.dtype).name} "
                                  f"values; received {got}")
-            arr = raw.astype(info.dtype)
+            with np.errstate(over="ignore", invalid="ignore"):  # overflow: refused below
+                arr = raw.astype(info.dtype)
+            if want == "f" and np.isinf(arr).any():  # `null` (NaN) is a missing value
+                row = int(np.argwhere(np.isinf(arr))[0][0]) if arr.ndim else 0
+                raise BadRequest(f"input `{name}` holds a non-finite number at row {row} "
+                                 f"(NaN, Infinity or beyond {arr.dtype.name}'s range "
+                                 f"±{np.finfo(arr.dtype).max:.3g}); expected finite numbers "
+                                 "(null for a missing value)")
     except ValueError as exc:
         if isinstance(exc, BadRequest):
             raise

@@ -1,0 +1,85 @@
+"""A run's builder files, verified before they are imported: their sha256 against the manifest's.
+
+Importing a builder's module runs its code, so a file that changed since training (whoever can
+edit it would get code run by the next user of the run) is refused with one line naming it;
+`trust` accepts the change and records the new sha256 (`model.builders_trusted` keeps the old
+ones). The file is hashed without being imported.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from ensemble.core.errors import UsageError
+from ensemble.models import builders
+
+
+def builder_file(spec: str) -> Path | None:
+    """The source file of user builder `spec`, found without importing it: the `file.py` of
+    `path/file.py:function`; for `package.module:function` the module's origin
+    (`importlib.util.find_spec`, which imports its parent packages but not the module).
+    None for a built-in or a file that cannot be located."""
+    if not isinstance(spec, str) or spec in builders.BUILTINS or spec.startswith(
+            builders.LOCAL_PREFIX):
+        return None
+    if builders.is_file_spec(spec):
+        path = Path(spec.partition(":")[0])
+        return path if path.is_file() else None
+    module = spec.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError, AttributeError):
+        return None
+    origin = getattr(found, "origin", None)
+    return Path(origin) if origin and Path(origin).is_file() else None
+
+
+def check_builders(run_dir: str | Path, manifest: dict[str, Any], trust: bool = False) -> None:
+    """Refuse a run whose user builder file changed since training (sha256, see the module
+    docstring); with `trust`, record the new sha256 in the manifest instead (under its lock).
+
+    Raises:
+        UsageError: a builder file recorded with a sha256 that is now missing or differs
+            (names the file and `--trust-builder`).
+    """
+    recorded = (manifest.get("model") or {}).get("builders") or {}
+    changed = {}
+    for spec, expected in recorded.items():
+        now = check_builder(spec, expected, trust)
+        if now != expected:
+            changed[spec] = now
+    if changed:
+        from ensemble.core import runlock
+
+        def change(m: dict) -> None:
+            old = m["model"].setdefault("builders_trusted", {})
+            for spec, sha in changed.items():
+                old.setdefault(spec, []).append(m["model"]["builders"][spec])
+                m["model"]["builders"][spec] = sha
+
+        manifest["model"] = runlock.update_manifest(run_dir, change)["model"]
+
+
+def check_builder(spec: str, expected: str | None, trust: bool = False) -> str | None:
+    """Check one builder's source file against its recorded sha256 `expected` (None: a
+    built-in, or a source that was not found at training: nothing to check); returns its
+    sha256 now.
+
+    Raises:
+        UsageError: the file is missing, or differs and not `trust` (names the file and
+            `--trust-builder`).
+    """
+    if expected is None:
+        return None
+    path = builder_file(spec)
+    if path is None:
+        raise UsageError(f"Builder file of {spec!r}, recorded in the run's manifest, is "
+                         "missing; restore it to use the run.")
+    now = hashlib.sha256(path.read_bytes()).hexdigest()
+    if now != expected and not trust:
+        raise UsageError(f"Builder file {path} changed since the run was trained (its sha256 "
+                         "differs from the manifest's); it is not imported. Restore it, or "
+                         "pass --trust-builder to accept the change.")
+    return now

@@ -1,0 +1,101 @@
+"""Verifying a finished run's files before they are used (`predict`, `export`, `aggregate`).
+
+A run directory can be edited between `train` and its next user. Before a run's files are
+used, `verify_run` checks:
+
+- the builder files: each user builder's source file must still have the sha256 the manifest
+  recorded at training (`model.builders`); it is hashed *without being imported*, since
+  importing it runs its code. A changed file is refused with one line naming it; with
+  `trust_builder` the change is accepted and the new sha256 recorded in the manifest
+  (`model.builders_trusted` keeps the old ones).
+- the members: the manifest's member list agrees with its config (`members.count`, indices
+  `0..n-1`), and every member of the ensemble (`ensemble_members`: all but the diverged ones,
+  or the members a partial between-graph aggregation used) has its model file, matching its
+  recorded sha256.
+- the predictions: `predictions.parquet` (when the run has one) holds exactly those members.
+
+Every failure is a `UsageError` (one line, exit status 2 at the CLI).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ensemble.core import artifacts
+from ensemble.models.builder_files import check_builders
+from ensemble.replication.divergence import STATUS as DIVERGED
+from ensemble.core.errors import UsageError
+
+
+def ensemble_members(manifest: dict[str, Any]) -> list[int]:
+    """The indices of the members a run's ensemble stacks, in order: every member the
+    manifest lists except the diverged ones (`ensemble.replication.divergence`), restricted to
+    `aggregated_members` when a partial between-graph aggregation recorded them."""
+    used = [m["index"] for m in manifest.get("members", []) if m.get("status") != DIVERGED]
+    if manifest.get("aggregated_members") is not None:
+        chosen = set(manifest["aggregated_members"])
+        used = [i for i in used if i in chosen]
+    return used
+
+
+def check_members(run_dir: str | Path, manifest: dict[str, Any]) -> list[int]:
+    """Check the run's member list and every ensemble member's model file (see the module
+    docstring); returns `ensemble_members(manifest)`.
+
+    Raises:
+        UsageError: a member list that disagrees with the config, a member file missing or
+            changed (named), no member left.
+    """
+    members = manifest.get("members", [])
+    count = ((manifest.get("config") or {}).get("members") or {}).get("count")
+    if count is not None and count != len(members):
+        raise UsageError(f"Run {run_dir}: its manifest lists {len(members)} members but its "
+                         f"config trained {count}; the run is damaged.")
+    if [m.get("index") for m in members] != list(range(len(members))):
+        raise UsageError(f"Run {run_dir}: its manifest's member indices are "
+                         f"{[m.get('index') for m in members]}; expected 0..{len(members) - 1}"
+                         "; the run is damaged.")
+    used = ensemble_members(manifest)
+    if not used:
+        raise UsageError(f"Run {run_dir} has no member to use (every member diverged).")
+    for i in used:
+        artifacts.verify(run_dir, manifest, artifacts.member_model_path(run_dir, i))
+    return used
+
+
+def check_predictions(run_dir: str | Path, manifest: dict[str, Any], used: list[int]) -> None:
+    """Refuse a run whose `predictions.parquet` (when it has one; verified against its
+    sha256) holds other members than `used`.
+
+    Raises:
+        UsageError: the members differ (both lists named).
+    """
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    path = Path(run_dir) / artifacts.PREDICTIONS
+    if not path.is_file():
+        return
+    artifacts.verify(run_dir, manifest, path)
+    have = sorted(pc.unique(pq.read_table(path, columns=["member"]).column("member")
+                            .drop_null()).to_pylist())
+    if have != sorted(used):
+        raise UsageError(f"Run {run_dir}: {artifacts.PREDICTIONS} holds members {have} but the "
+                         f"manifest's ensemble is members {sorted(used)}; the run is damaged "
+                         "(rerun `ensemble aggregate` if members were removed on purpose).")
+
+
+def verify_run(run_dir: str | Path, manifest: dict[str, Any], trust_builder: bool = False,
+               predictions: bool = True) -> list[int]:
+    """All of the checks above, builders first (before anything imports them); returns the
+    ensemble's member indices.
+
+    Raises:
+        UsageError: see `check_builders`, `check_members`, `check_predictions`.
+    """
+    check_builders(run_dir, manifest, trust_builder)
+    used = check_members(run_dir, manifest)
+    if predictions:
+        check_predictions(run_dir, manifest, used)
+    return used

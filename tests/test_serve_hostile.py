@@ -1,0 +1,210 @@
+"""`ensemble serve` against hostile requests, over real HTTP on loopback: one tiny digits run
+exported once, one server process with small limits shared by the module, stopped by SIGTERM
+in the last test.
+
+Checked, each over several requests of its class: bodies beyond `--max-request-bytes` are 413
+(declared ones before the body is sent, chunked ones while reading); more rows than
+`--max-request-rows` is 400; JSON nested too deep is 400 with no traceback in the log;
+non-finite numbers (NaN, Infinity, -Infinity, beyond float32) are 400 naming the input, in
+both request formats; a large request does not hold back small ones sent after it; requests
+fully sent before SIGTERM are all answered, then the process exits 0."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, run_cli
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+RUN = """
+[data]
+source = "digits"
+[members]
+count = 2
+hidden = [16]
+[training]
+epochs = 1
+batch_size = 64
+seed = 7
+[placement]
+devices = "cpu:2"
+"""
+MAX_BYTES, MAX_ROWS = 3_000_000, 6000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """(URL, port, process, stderr path, digits rows x [n, 64] float32)."""
+    from sklearn.datasets import load_digits
+
+    base = tmp_path_factory.mktemp("hostile")
+    (base / "run.toml").write_text(RUN)
+    assert run_cli("train", "--config", base / "run.toml", "--run-dir", base / "run",
+                   "--quiet") == 0
+    assert run_cli("export", "--run", base / "run", "--out", base / "models" / "digits") == 0
+    port, err = free_port(), base / "serve.err"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.cli", "serve", "--model", base / "models" / "digits",
+             "--port", str(port), "--replicas", "2", "--max-batch-size", "32",
+             "--max-request-bytes", str(MAX_BYTES), "--max-request-rows", str(MAX_ROWS)],
+            env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(450):
+            assert proc.poll() is None, err.read_text()[-2000:]
+            try:
+                if httpx.get(f"{url}/v1/models/digits", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the server never became ready")
+        yield url, port, proc, err, load_digits().data.astype(np.float32)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _post(url, body: bytes, timeout=30):
+    return httpx.post(f"{url}/v1/models/digits:predict", content=body,
+                      headers={"Content-Type": "application/json"}, timeout=timeout)
+
+
+@pytest.mark.parametrize("declared", [MAX_BYTES + 1, 10 * MAX_BYTES, 2 ** 40])
+def test_declared_body_beyond_the_limit_is_413_before_it_is_sent(server, declared):
+    _, port, *_ = server
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.putrequest("POST", "/v1/models/digits:predict")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(declared))
+        conn.endheaders()  # no body at all: the answer must not wait for it
+        r = conn.getresponse()
+        assert r.status == 413
+        assert "--max-request-bytes" in json.loads(r.read())["error"]
+    finally:
+        conn.close()
+
+
+def test_chunked_body_beyond_the_limit_is_413(server):
+    url, *_ = server
+
+    def chunks():
+        piece = b" " * 65536
+        for _ in range(MAX_BYTES // len(piece) + 2):
+            yield piece
+
+    r = httpx.post(f"{url}/v1/models/digits:predict", content=chunks(), timeout=30)
+    assert r.status_code == 413, r.text
+
+
+@pytest.mark.parametrize("fmt", ["instances", "inputs"])
+def test_more_rows_than_the_limit_is_400(server, fmt):
+    url, *_ = server
+    body = json.dumps({fmt: [[0] * 64] * (MAX_ROWS + 1)}).encode()
+    assert len(body) < MAX_BYTES
+    r = _post(url, body)
+    assert r.status_code == 400 and "--max-request-rows" in r.json()["error"], r.text
+
+
+@pytest.mark.parametrize("depth", [40, 5000, 200_000])
+def test_deep_json_is_400_without_a_traceback(server, depth):
+    url, _, _, err, _ = server
+    for body in ("[" * depth + "]" * depth, '{"instances": ' + "[" * depth + "]" * depth + "}",
+                 '{"a":' * depth + "1" + "}" * depth):
+        r = _post(url, body.encode())
+        assert r.status_code == 400, (depth, r.text[:200])
+        assert "nested deeper" in r.json()["error"] or "malformed" in r.json()["error"]
+    log = err.read_text()
+    assert "RecursionError" not in log and "Traceback" not in log
+
+
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity", "1e39", "-3.5e38", "1e400"])
+@pytest.mark.parametrize("fmt", ["instances", "inputs"])
+def test_non_finite_numbers_are_400_naming_the_input(server, token, fmt):
+    url, _, _, _, x = server
+    rows = [json.dumps(r) for r in x[:3].tolist()]
+    rows[1] = "[" + ", ".join([token] + ["0"] * 63) + "]"
+    body = '{"%s": [%s]}' % (fmt, ", ".join(rows))
+    r = _post(url, body.encode())
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert "`features`" in error and "non-finite" in error and "row 1" in error
+    ok = _post(url, json.dumps({fmt: x[:3].tolist()}).encode())  # the same rows, finite
+    assert ok.status_code == 200
+
+
+def test_a_large_request_does_not_hold_back_small_ones(server):
+    url, _, _, _, x = server
+    big = json.dumps({"instances": np.resize(x, (MAX_ROWS, 64)).tolist()}).encode()
+    done = {}
+
+    def send_big():
+        r = _post(url, big, timeout=120)
+        done["big"] = (time.monotonic(), r.status_code, len(r.json()["predictions"]))
+
+    t = threading.Thread(target=send_big)
+    t.start()
+    time.sleep(0.05)  # the large one is on its way first
+    small = []
+    for i in range(5):
+        r = _post(url, json.dumps({"instances": x[i:i + 1].tolist()}).encode(), timeout=120)
+        assert r.status_code == 200
+        small.append(time.monotonic())
+    t.join(180)
+    assert done["big"][1:] == (200, MAX_ROWS)
+    print(f"small requests answered {done['big'][0] - small[0]:.2f} s before the large one")
+    assert small[0] < done["big"][0]  # answered while the large request was still running
+
+
+def test_sigterm_answers_every_request_already_sent(server):
+    _, port, proc, err, x = server
+
+    def request(rows):
+        body = json.dumps({"instances": np.resize(x, (rows, 64)).tolist()}).encode()
+        return (b"POST /v1/models/digits:predict HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\nContent-Length: "
+                + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+    socks = []
+    for rows in [MAX_ROWS, *[4] * 48, MAX_ROWS // 2, *[1] * 16]:  # fully sent, none read yet
+        s = socket.create_connection(("127.0.0.1", port), timeout=60)
+        s.sendall(request(rows))
+        socks.append(s)
+    proc.send_signal(signal.SIGTERM)
+    statuses = []
+    for s in socks:
+        with s, s.makefile("rb") as f:
+            line = f.readline()
+            statuses.append(line.split()[1] if line else b"closed")
+    assert statuses == [b"200"] * len(socks)
+    assert proc.wait(20) == 0
+    assert "Traceback" not in err.read_text()
