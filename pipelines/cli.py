@@ -21,50 +21,7 @@ from ensemble.core.errors import UsageError  # noqa: E402
 from ensemble.core.tfimport import import_tensorflow_quietly  # noqa: E402
 from pipelines.guide import fault_line, interrupted_line, report  # noqa: E402
 from pipelines.options import parse, refuse_inapplicable  # noqa: E402
-
-
-def _columns(text: str | None) -> list[str] | None:
-    """`--drop a,b` / `--categorical a,b` as a list of names (None when not given)."""
-    if text is None:
-        return None
-    names = [c.strip() for c in text.split(",") if c.strip()]
-    if not names:
-        raise UsageError(f"Expected COL[,COL...] column names. Received: {text!r}")
-    return names
-
-
-def _load_config(args, base: dict | None = None):
-    """The config file (or `base`) with the command's flags applied; `cpu:N` beyond the member
-    count is capped to it with a notice (the extra logical devices would stay idle)."""
-    import dataclasses
-
-    from ensemble.config import schema as config
-    from pipelines import settings
-
-    cfg = config.load(args.config, base=base, overrides={
-        "data.source": args.data, "data.target": args.target, "members.count": args.members,
-        "model.builder": getattr(args, "model", None),
-        "training.epochs": getattr(args, "epochs", None), "training.seed": getattr(args, "seed", None),
-        "placement.devices": args.devices, "data.impute": getattr(args, "impute", None),
-        "data.drop": _columns(getattr(args, "drop", None)),
-        "data.categorical": _columns(getattr(args, "categorical", None)),
-        "data.task": getattr(args, "task", None),
-        "placement.replicas": getattr(args, "replicas", None) if args.command == "train"
-        else None, **settings.overrides(args)})
-    spec, n = cfg.placement.devices.strip(), cfg.members.count
-    if isinstance(cfg.placement.replicas, int):  # replicas use more devices (issue #24)
-        n *= cfg.placement.replicas
-    elif cfg.placement.replicas == "auto":
-        n = float("inf")
-    if spec.startswith("cpu:") and spec[4:].isdigit() and int(spec[4:]) > n:
-        from ensemble.data.sources import notice
-
-        what = "members" if n == cfg.members.count else "members' replicas"
-        notice(f"--devices {spec} gives more logical devices than the {n} {what}; "
-               f"using cpu:{n}")
-        cfg = dataclasses.replace(cfg, placement=dataclasses.replace(cfg.placement,
-                                                                     devices=f"cpu:{n}"))
-    return cfg
+from pipelines.settings import load_config  # noqa: E402
 
 
 def _cluster(args):
@@ -82,9 +39,9 @@ def cmd_train(args) -> int:
             raise UsageError("--resume needs --run-dir PATH of the run to continue")
         manifest = artifacts.read_manifest(args.run_dir)
         args.mode = args.mode or manifest["mode"]
-        cfg = _load_config(args, base=manifest["config"])
+        cfg = load_config(args, base=manifest["config"])
     else:
-        cfg = _load_config(args)
+        cfg = load_config(args)
     args.mode = args.mode or "in-graph"
     refuse_inapplicable(args)
     if not args.resume:  # every data problem, in one message, before TensorFlow loads
@@ -235,7 +192,7 @@ def cmd_compare(args) -> int:
     from pipelines import compare
 
     base = Path(args.run_dir) if args.run_dir else Path("artifacts") / "compare"
-    table, _ = compare.compare(_load_config(args), base, repeats=args.repeats,
+    table, _ = compare.compare(load_config(args), base, repeats=args.repeats,
                                overwrite=args.overwrite, cluster_file=args.cluster)
     print(compare.verdict(table))
     print(f"comparison: {base / 'comparison.parquet'} (summary), {base / 'runs.parquet'} "

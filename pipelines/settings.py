@@ -1,4 +1,4 @@
-"""Any config key from the command line: `--set section.key=VALUE` (VALUE read as TOML), and the
+"""The run config from the command line: the config file plus the flags, and any config key: `--set section.key=VALUE` (VALUE read as TOML), and the
 flags that map onto config keys (`--learning-rate`, `--batch-size`).
 
 The pairs become dotted-key overrides of `ensemble.config.load`, so they go through the same
@@ -99,3 +99,46 @@ def key_hint(option: str) -> str:
     if not keys:
         return ""
     return f" (a config key: --set {keys[0]}=VALUE)"
+
+
+def columns(text: str | None) -> list[str] | None:
+    """`--drop a,b` / `--categorical a,b` as a list of names (None when not given)."""
+    if text is None:
+        return None
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    if not names:
+        raise UsageError(f"Expected COL[,COL...] column names. Received: {text!r}")
+    return names
+
+
+def load_config(args, base: dict | None = None):
+    """The config file (or `base`) with the command's flags applied; `cpu:N` beyond the member
+    count is capped to it with a notice (the extra logical devices would stay idle)."""
+    import dataclasses
+
+    from ensemble.config import schema as config
+
+    cfg = config.load(args.config, base=base, overrides={
+        "data.source": args.data, "data.target": args.target, "members.count": args.members,
+        "model.builder": getattr(args, "model", None),
+        "training.epochs": getattr(args, "epochs", None), "training.seed": getattr(args, "seed", None),
+        "placement.devices": args.devices, "data.impute": getattr(args, "impute", None),
+        "data.drop": columns(getattr(args, "drop", None)),
+        "data.categorical": columns(getattr(args, "categorical", None)),
+        "data.task": getattr(args, "task", None),
+        "placement.replicas": getattr(args, "replicas", None) if args.command == "train"
+        else None, **overrides(args)})
+    spec, n = cfg.placement.devices.strip(), cfg.members.count
+    if isinstance(cfg.placement.replicas, int):  # replicas use more devices (issue #24)
+        n *= cfg.placement.replicas
+    elif cfg.placement.replicas == "auto":
+        n = float("inf")
+    if spec.startswith("cpu:") and spec[4:].isdigit() and int(spec[4:]) > n:
+        from ensemble.core.notices import notice
+
+        what = "members" if n == cfg.members.count else "members' replicas"
+        notice(f"--devices {spec} gives more logical devices than the {n} {what}; "
+               f"using cpu:{n}")
+        cfg = dataclasses.replace(cfg, placement=dataclasses.replace(cfg.placement,
+                                                                     devices=f"cpu:{n}"))
+    return cfg

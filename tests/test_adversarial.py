@@ -84,7 +84,7 @@ def test_default_graph_has_no_adversarial_op():
     import tensorflow as tf
 
     from ensemble.tasks import heads as tasks
-    from ensemble.replication.training import make_steps_fn
+    from ensemble.replication.steps import make_steps_fn
 
     x = np.random.default_rng(0).random((32, 4)).astype(np.float32)
     y = np.arange(32, dtype=np.int32) % 3
@@ -109,7 +109,7 @@ def test_replicas_take_the_same_adversarial_step():
     import tensorflow as tf
 
     from ensemble.tasks import heads as tasks
-    from ensemble.replication.replicas import replicated_train_step
+    from ensemble.replication.steps import replicated_train_step
     from ensemble.replication.training import memory_of, train_step
 
     rng = np.random.default_rng(0)

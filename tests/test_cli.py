@@ -260,14 +260,15 @@ def test_cli_guides_abbreviations_typos_and_inapplicable_options(argv, needle, c
 
 
 def test_cpu_devices_beyond_the_members_are_capped_with_a_notice(capsys):
-    from pipelines.cli import COMMANDS, _load_config
+    from pipelines.cli import COMMANDS
+    from pipelines.settings import load_config
     from pipelines.options import parse
 
     _, args = parse(["train", "--members", "3", "--devices", "cpu:100"], COMMANDS)
-    assert _load_config(args).placement.devices == "cpu:3"
+    assert load_config(args).placement.devices == "cpu:3"
     assert "more logical devices than the 3 members; using cpu:3" in capsys.readouterr().err
     _, args = parse(["train", "--members", "3", "--devices", "cpu:2"], COMMANDS)
-    assert _load_config(args).placement.devices == "cpu:2"
+    assert load_config(args).placement.devices == "cpu:2"
 
 
 def test_predict_stdout_holds_no_json(in_graph_run, tmp_path, capsys):

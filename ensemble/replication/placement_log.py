@@ -113,3 +113,29 @@ def format_summary(paths: list[Path]) -> str:
         where = ", ".join(f"{n} ops on {d}" for d, n in devices.most_common())
         text.append(f"member {member}: {where}")
     return "\n".join(text) or "no member ops in the device placement log"
+
+
+@contextmanager
+def logging(run_dir: Path, mode: str, enabled: bool):
+    """`--log-device-placement` around training: in-graph, capture this process's log; between-graph, ask
+    the clients (environment) to write theirs; then print the per-member summary."""
+    if not enabled:
+        yield
+        return
+    path = run_dir / "placement" / "in-graph.log"
+    if mode == "in-graph":
+        with capture(path):
+            yield
+    else:
+        old = os.environ.get(ENV)
+        os.environ[ENV] = "1"
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(ENV, None)
+            else:
+                os.environ[ENV] = old
+    logs = sorted((run_dir / "placement").glob("*.log"))
+    print(f"device placement (TensorFlow's log of the members' ops: {run_dir / 'placement'}):")
+    print(format_summary(logs), flush=True)

@@ -20,7 +20,6 @@ only place the block package names this module, and only when a user asks for th
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +30,7 @@ import numpy as np
 from ensemble.core import artifacts
 from ensemble.config.schema import MODES, Config
 from ensemble.core.errors import UsageError
+from ensemble.replication import placement_log
 
 
 
@@ -94,34 +94,6 @@ def to_pandas(table):
 
 def _notice(text: str) -> None:
     print(f"notice: {text}", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def _placement_logging(run_dir: Path, mode: str, enabled: bool):
-    """`--log-device-placement`: in-graph, capture this process's log; between-graph, ask
-    the clients (environment) to write theirs; then print the per-member summary."""
-    if not enabled:
-        yield
-        return
-    from ensemble.replication import placement_log
-
-    path = run_dir / "placement" / "in-graph.log"
-    if mode == "in-graph":
-        with placement_log.capture(path):
-            yield
-    else:
-        old = os.environ.get(placement_log.ENV)
-        os.environ[placement_log.ENV] = "1"
-        try:
-            yield
-        finally:
-            if old is None:
-                os.environ.pop(placement_log.ENV, None)
-            else:
-                os.environ[placement_log.ENV] = old
-    logs = sorted((run_dir / "placement").glob("*.log"))
-    print(f"device placement (TensorFlow's log of the members' ops: {run_dir / 'placement'}):")
-    print(placement_log.format_summary(logs), flush=True)
 
 
 def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-graph",
@@ -189,7 +161,7 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
     if mode == "in-graph" and jobs:
         raise UsageError("jobs applies to mode between-graph only: in-graph replication runs "
                          "every member in one process")
-    with _placement_logging(run_dir, mode, log_device_placement and not prepare_only):
+    with placement_log.logging(run_dir, mode, log_device_placement and not prepare_only):
         if mode == "in-graph":
             import_tensorflow_quietly()
             T.train_in_graph(cfg, run_dir, overwrite=overwrite, resume=resume, cluster=cluster,
@@ -331,21 +303,8 @@ class Run:
         Raises:
             UsageError: missing columns, wrong column count, or a run that is not completed.
         """
-        import pandas as pd
-        import pyarrow as pa
-
         from ensemble.runs.predict import predict_in_graph
 
-        if isinstance(data, pd.DataFrame):
-            frame = data
-        else:
-            x = np.asarray(data)
-            names = self.feature_names
-            if x.ndim != 2 or x.shape[1] != len(names):
-                raise UsageError(f"Expected an array [n_rows, {len(names)}] (columns "
-                                 f"{', '.join(names[:5])}{', ...' if len(names) > 5 else ''}). "
-                                 f"Received: shape {x.shape}")
-            frame = pd.DataFrame(x, columns=names)
         if layout not in ("wide", "long"):
             raise UsageError(f"Expected `layout` to be 'wide' or 'long'. Received: "
                              f"layout={layout!r}")
@@ -354,12 +313,36 @@ class Run:
 
         import_tensorflow_quietly()
 
-        with tempfile.TemporaryDirectory(prefix="ensemble-api-") as tmp:
-            src, out = Path(tmp) / "input.parquet", Path(tmp) / "predictions.parquet"
-            artifacts.write_parquet(src, pa.Table.from_pandas(frame, preserve_index=False))
-            with named(tmp, "the DataFrame"), named(src, "the DataFrame"):
+        with self._as_parquet(data) as src:
+            out = src.with_name("predictions.parquet")
+            with named(src.parent, "the DataFrame"), named(src, "the DataFrame"):
                 predict_in_graph(self.path, str(src), out, target, devices, layout=layout)
             return to_pandas(artifacts.read_parquet(out))
+
+    @contextlib.contextmanager
+    def _as_parquet(self, data):
+        """`data` (a DataFrame, or an ndarray `[n_rows, n_columns]` in the order of
+        `feature_names`) as a Parquet file in a temporary folder, for the CLI's readers.
+
+        Raises:
+            UsageError: an array of another shape.
+        """
+        import pandas as pd
+        import pyarrow as pa
+
+        if isinstance(data, pd.DataFrame):
+            frame = data
+        else:
+            x, names = np.asarray(data), self.feature_names
+            if x.ndim != 2 or x.shape[1] != len(names):
+                raise UsageError(f"Expected an array [n_rows, {len(names)}] (columns "
+                                 f"{', '.join(names[:5])}{', ...' if len(names) > 5 else ''}). "
+                                 f"Received: shape {x.shape}")
+            frame = pd.DataFrame(x, columns=names)
+        with tempfile.TemporaryDirectory(prefix="ensemble-api-") as tmp:
+            src = Path(tmp) / "input.parquet"
+            artifacts.write_parquet(src, pa.Table.from_pandas(frame, preserve_index=False))
+            yield src
 
     def evaluate_ood(self, data, plots: bool = False):
         """Out-of-distribution detection (`ensemble evaluate --ood`): AUROC and AUPR of
@@ -382,16 +365,9 @@ class Run:
 
         if isinstance(data, (str, Path)):
             return evaluate_ood(self.path, str(data), plots)[0].to_pandas()
-        import pandas as pd
-        import pyarrow as pa
-
-        frame = data if isinstance(data, pd.DataFrame) else pd.DataFrame(
-            np.asarray(data), columns=self.feature_names)
-        with tempfile.TemporaryDirectory(prefix="ensemble-api-") as tmp:
-            src = Path(tmp) / "ood.parquet"
-            artifacts.write_parquet(src, pa.Table.from_pandas(frame, preserve_index=False))
+        with self._as_parquet(data) as src:
             return evaluate_ood(self.path, str(src), plots,
-                                label=f"DataFrame ({len(frame)} rows)")[0].to_pandas()
+                                label=f"DataFrame ({len(data)} rows)")[0].to_pandas()
 
     def evaluate_shift(self, plots: bool = False):
         """Dataset shift (`ensemble evaluate --shift`): the test split under every corruption

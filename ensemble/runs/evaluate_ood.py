@@ -46,12 +46,13 @@ class Context:
 
     def __init__(self, run_dir: Path):
         from ensemble.runs import prepare as run
+        from ensemble.tasks import heads as tasks
 
         self.run_dir = Path(run_dir)
         self.manifest = artifacts.read_manifest(self.run_dir)
         runlock.require_free(self.run_dir)
         run.require_completed(self.run_dir, self.manifest)
-        self.regression = self.manifest.get("task", "classification") == "regression"
+        self.regression = tasks.for_run(self.manifest).gaussian  # (mean, variance) outputs
         preds = artifacts.read_parquet(artifacts.verify(
             self.run_dir, self.manifest, self.run_dir / artifacts.PREDICTIONS))
         splits = posthoc.by_split(posthoc.member_rows(preds))

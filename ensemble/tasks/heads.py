@@ -45,6 +45,7 @@ class Task(Protocol):
 
     name: str
     spec: str  # how the manifest and `get` name it: a built-in name or `module:Class`
+    gaussian: bool  # outputs are per-row Gaussians (mean, variance), else probabilities
     target_dtype: Any  # numpy dtype of the encoded targets
     score_names: tuple[str, ...]  # history columns of `validation_scores`
     member_score_names: tuple[str, ...]  # members.parquet columns of `member_scores`
@@ -75,6 +76,7 @@ class Classification:
     """Probabilities over `n_classes` classes from the builder's logits."""
 
     name = spec = "classification"  # `spec`: how the manifest names the task
+    gaussian = False  # outputs are probabilities, not per-row Gaussians
     target_dtype = np.int32  # class indices
 
     def n_outputs(self, n_classes: int) -> int:
@@ -133,6 +135,7 @@ class Regression:
     """
 
     name = spec = "regression"
+    gaussian = True  # outputs are per-row Gaussians: (mean, variance), target units
     target_dtype = np.float32
 
     def __init__(self, loc: float = 0.0, scale: float = 1.0, loss: str = "gaussian_nll"):
