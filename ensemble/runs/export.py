@@ -40,6 +40,7 @@ from ensemble.core import artifacts, hooks
 from ensemble.runs import prepare as run
 from ensemble.core import staging
 from ensemble.core.errors import UsageError
+from ensemble.data import kinds
 from ensemble.data.preprocessing import Preprocessing
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -209,7 +210,7 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
     run_dir, out = Path(run_dir), Path(out)
     manifest = artifacts.read_manifest(run_dir)
     run.require_completed(run_dir, manifest)
-    pre = Preprocessing.read(artifacts.verify(run_dir, manifest,
+    pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
                                               run_dir / artifacts.PREPROCESSING))
     names, fit = run_aggregators(run_dir, manifest)
     aggregator = aggregator or names[0]
