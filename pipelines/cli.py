@@ -125,16 +125,15 @@ def _check_input_early(args) -> None:
     loads (the run's own problems, damaged or unfinished, are left to the full check that
     follows)."""
     from ensemble.core import artifacts
-    from ensemble.data.preprocessing import Preprocessing
-    from ensemble.data.stream import input_stream
+    from ensemble.data import kinds
 
     try:
         manifest = artifacts.read_manifest(Path(args.run))
-        pre = Preprocessing.read(Path(args.run) / artifacts.PREPROCESSING)
+        pre = kinds.read_preprocessing(Path(args.run) / artifacts.PREPROCESSING)
     except (UsageError, OSError):
         return
     target = args.target or manifest.get("dataset", {}).get("target", "target")
-    input_stream(pre, args.data, target, args.strict_columns, args.batch_size).check()
+    kinds.input_stream(pre, args.data, target, args.strict_columns, args.batch_size).check()
 
 
 def cmd_predict(args) -> int:

@@ -7,6 +7,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
+from ensemble.data import kinds
 from ensemble.data import sources as data
 from ensemble.core.labels import encode
 from ensemble.data.settings import DataConfig, SyntheticConfig
@@ -55,7 +56,7 @@ def test_scaler_fit_on_train_only_and_columns_matched_by_name(tmp_path):
     np.testing.assert_array_equal(pre.transform(shuffled), pre.transform(ds))
     path = tmp_path / "pre.json"
     path.write_text(pre.to_json())
-    back = Preprocessing.read(path)
+    back = kinds.read_preprocessing(path)
     np.testing.assert_array_equal(back.transform(ds), pre.transform(ds))
     assert "pickle" not in path.read_text()
 
@@ -195,7 +196,7 @@ def test_categorical_and_imputation_fitted_on_train_rows_only(tmp_path, capsys):
     assert x[1, bill] == pytest.approx((pre.fill[0] - pre.mean[bill]) / pre.scale[bill], rel=1e-5)
     back = tmp_path / "pre.json"
     back.write_text(pre.to_json())
-    np.testing.assert_array_equal(Preprocessing.read(back).transform(ds), x)
+    np.testing.assert_array_equal(kinds.read_preprocessing(back).transform(ds), x)
     assert "pickle" not in back.read_text()
 
 

@@ -165,6 +165,8 @@ class ArrayPreprocessing:
             `mean`, `std` `[*input_shape]` of the training rows).
     """
 
+    kind = "arrays"  # its input kind (`ensemble.data.kinds`)
+
     input_shape: tuple[int, ...]
     classes: np.ndarray
     dtype: str

@@ -23,6 +23,7 @@ class ArrayData:
         test_rows: row indices of a test split the source gives (Keras layout), or None.
     """
 
+    kind = "arrays"  # its input kind (`ensemble.data.kinds`)
     name: str
     x: np.ndarray
     y: np.ndarray | None

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -61,6 +60,8 @@ class Preprocessing:
             (`ensemble.data.identifiers`); predict carries them through without a notice.
     """
 
+    kind = "table"  # its input kind (`ensemble.data.kinds`)
+
     feature_names: tuple[str, ...]
     mean: np.ndarray
     scale: np.ndarray
@@ -94,14 +95,8 @@ class Preprocessing:
     @classmethod
     def fit(cls, ds: Dataset, train_rows: np.ndarray, classes: np.ndarray,
             impute: str = "error", cfg: DataConfig | None = None) -> "Preprocessing":
-        """Fit imputer, encoder and scaler on the training rows `train_rows` of `ds` only; an
-        array input (`ensemble.data.arrays.ArrayData`) gets its `ArrayPreprocessing` instead."""
-        from ensemble.data.arrays import ArrayData, ArrayPreprocessing
-
-        if isinstance(ds, ArrayData):
-            return ArrayPreprocessing.fit(ds, train_rows, classes,
-                                          tuple(cfg.image_size) if cfg and cfg.image_size
-                                          else None, cfg.color_mode if cfg else "rgb")
+        """Fit imputer, encoder and scaler on the training rows `train_rows` of `ds` only (a
+        table; `ensemble.data.kinds.fit_preprocessing` picks the kind's preprocessing)."""
         from sklearn.impute import SimpleImputer
         from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
@@ -241,35 +236,14 @@ class Preprocessing:
         }, indent=1)
 
     @classmethod
-    def of_run(cls, run_dir, manifest: dict):
-        """A run's `preprocessing.json`, verified against its manifest (`read`)."""
-        from ensemble.core import artifacts
-
-        return cls.read(artifacts.verify(run_dir, manifest,
-                                         Path(run_dir) / artifacts.PREPROCESSING))
-
-    @classmethod
-    def read(cls, path: Path) -> "Preprocessing":
-        """Read `preprocessing.json`.
-
-        Raises:
-            UsageError: missing file or malformed content.
-        """
-        try:
-            d = json.loads(Path(path).read_text())
-            if d.get("kind") == "arrays":
-                from ensemble.data.arrays import ArrayPreprocessing
-
-                return ArrayPreprocessing.from_dict(d)
-            classes = np.asarray(d["classes"])
-            return cls(tuple(d["feature_names"]), np.asarray(d["mean"], np.float64),
-                       np.asarray(d["scale"], np.float64), classes,
-                       np.asarray(d.get("fill", []), np.float64),
-                       {str(k): [str(c) for c in v] for k, v in d.get("categories", {}).items()},
-                       {str(k): str(v) for k, v in d.get("category_fill", {}).items()},
-                       d.get("impute", "error"),
-                       tuple(str(c) for c in d.get("identifiers", [])))
-        except FileNotFoundError:
-            raise UsageError(f"Preprocessing file not found: {path}") from None
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise UsageError(f"Preprocessing file {path} is malformed: {exc}") from None
+    def from_dict(cls, d: dict) -> "Preprocessing":
+        """The preprocessing stored as `d` (`to_json`'s content; read by
+        `ensemble.data.kinds.read_preprocessing`, which turns its errors into one line)."""
+        classes = np.asarray(d["classes"])
+        return cls(tuple(d["feature_names"]), np.asarray(d["mean"], np.float64),
+                   np.asarray(d["scale"], np.float64), classes,
+                   np.asarray(d.get("fill", []), np.float64),
+                   {str(k): [str(c) for c in v] for k, v in d.get("categories", {}).items()},
+                   {str(k): str(v) for k, v in d.get("category_fill", {}).items()},
+                   d.get("impute", "error"),
+                   tuple(str(c) for c in d.get("identifiers", [])))

@@ -45,6 +45,8 @@ class Dataset:
             where missing); empty for all-numeric data.
     """
 
+    kind = "table"  # its input kind (`ensemble.data.kinds`)
+
     name: str
     x: np.ndarray
     y: np.ndarray | None
@@ -312,10 +314,6 @@ def load(cfg: DataConfig, require_target: bool = True, expected: Sequence[str] |
         UsageError: unknown source, unreadable file, or any `table_to_dataset` error; a
         labelled data set must have at least two classes.
     """
-    from ensemble.data import arrays
-
-    if arrays.is_array_source(cfg.source):
-        return arrays.load(cfg, require_target)
     if cfg.source in BUILTIN:
         ds = _builtin(cfg)
     else:

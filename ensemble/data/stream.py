@@ -34,17 +34,6 @@ FORMATS = (".parquet", ".csv")
 _CHECKED: set = set()  # inputs whose check passed in this process
 
 
-def input_stream(pre, source: str, target: str, strict: bool = False,
-                 batch_rows: int = DEFAULT_BATCH_ROWS, quiet: bool = False):
-    """The stream of new data for a run: `InputStream` for a table run, an
-    `arrays.ArrayStream` for a run trained on arrays (images, `.npz`)."""
-    from ensemble.data.arrays import ArrayPreprocessing, ArrayStream
-
-    if isinstance(pre, ArrayPreprocessing):
-        return ArrayStream(pre, source, batch_rows)
-    return InputStream(pre, source, target, strict, batch_rows, quiet)
-
-
 def _files(source: str) -> tuple[list[str], str]:
     """The files of a file or folder source and their format (`parquet` or `csv`)."""
     path = Path(source)

@@ -179,10 +179,10 @@ def _train_member(run_dir: Path, manifest: dict, cfg, split: dict, index: int, d
 
     classes = np.asarray(manifest["dataset"]["classes"])
     (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
-    from ensemble.data.preprocessing import Preprocessing
+    from ensemble.data import kinds
 
     member = MemberGroup.build(cfg, x_tr.shape[1:], len(classes), [device], [index],
-                               n_train=len(x_tr), pre=Preprocessing.of_run(run_dir, manifest),
+                               n_train=len(x_tr), pre=kinds.run_preprocessing(run_dir, manifest),
                                task=tasks.for_run(manifest))
     if replicas is not None and len(replicas) > 1:  # data parallelism over the client's devices
         member.train_replicas = [list(replicas)]
@@ -288,12 +288,12 @@ def _predict_stream(run_dir: Path, manifest: dict, groups: dict, source: str, ou
                     batch_rows: int | None, target: str | None) -> list[Path]:
     import contextlib
 
-    from ensemble.data.preprocessing import Preprocessing
-    from ensemble.data.stream import DEFAULT_BATCH_ROWS, PredictionWriter, input_stream, prefetch
+    from ensemble.data import kinds
+    from ensemble.data.stream import DEFAULT_BATCH_ROWS, PredictionWriter, prefetch
 
-    pre = Preprocessing.read(artifacts.verify(run_dir, manifest,
+    pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
                                               Path(run_dir) / artifacts.PREPROCESSING))
-    stream = input_stream(pre, source, target or manifest["dataset"].get("target", "target"),
+    stream = kinds.input_stream(pre, source, target or manifest["dataset"].get("target", "target"),
                          batch_rows=batch_rows or DEFAULT_BATCH_ROWS, quiet=True)
     paths = {i: out / f"member-{i}.parquet" for i in groups}
     with contextlib.ExitStack() as stack:

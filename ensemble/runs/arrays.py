@@ -32,6 +32,7 @@ from ensemble.config.schema import Config, from_dict
 from ensemble.data.sources import Dataset
 from ensemble.core.errors import UsageError
 from ensemble.models.members import member_seed
+from ensemble.data import kinds
 from ensemble.data.preprocessing import Preprocessing
 
 
@@ -51,7 +52,7 @@ def fit_preprocessing(x: np.ndarray, y: np.ndarray, classes: np.ndarray,
 
         return ArrayPreprocessing.identity(x.shape[1:], classes)
     ds = dataclasses.replace(dataset(x, names), y=y)
-    return Preprocessing.fit(ds, np.arange(len(x)), classes)
+    return kinds.fit_preprocessing(ds, np.arange(len(x)), classes)
 
 
 def _configure(cfg: Config) -> list[str]:
@@ -228,7 +229,7 @@ def load(cls, path: Path):
     manifest = artifacts.read_manifest(path)
     run.require_completed(path, manifest)
     cfg = from_dict(manifest["config"])
-    pre = Preprocessing.read(artifacts.verify(path, manifest, path / artifacts.PREPROCESSING))
+    pre = kinds.read_preprocessing(artifacts.verify(path, manifest, path / artifacts.PREPROCESSING))
     table = bool(getattr(pre, "categories", None) or getattr(pre, "identifiers", ())
                  or getattr(pre, "impute", "error") != "error")
     n = len(manifest["members"])

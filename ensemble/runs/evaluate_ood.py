@@ -244,9 +244,9 @@ def shift_table(ctx: Context, x: np.ndarray, y: np.ndarray, seed: int = 0) -> pa
 
 
 def _array_dtype(ctx: Context) -> str | None:
-    from ensemble.data.preprocessing import Preprocessing
+    from ensemble.data import kinds
 
-    pre = Preprocessing.read(artifacts.verify(ctx.run_dir, ctx.manifest,
+    pre = kinds.read_preprocessing(artifacts.verify(ctx.run_dir, ctx.manifest,
                                               ctx.run_dir / artifacts.PREPROCESSING))
     return getattr(pre, "dtype", None)
 

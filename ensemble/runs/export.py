@@ -42,6 +42,7 @@ from ensemble.runs import prepare as run
 from ensemble.runs import checks as run_checks
 from ensemble.core import staging
 from ensemble.core.errors import UsageError
+from ensemble.data import kinds
 from ensemble.data.preprocessing import Preprocessing
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -214,7 +215,7 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
     manifest = artifacts.read_manifest(run_dir)
     run.require_completed(run_dir, manifest)
     used = run_checks.verify_run(run_dir, manifest, trust_builder)  # before any import
-    pre = Preprocessing.read(artifacts.verify(run_dir, manifest,
+    pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
                                               run_dir / artifacts.PREPROCESSING))
     names, fit = run_aggregators(run_dir, manifest)
     aggregator = aggregator or names[0]

@@ -20,8 +20,8 @@ from ensemble.runs import prepare as run
 from ensemble.core import runlock
 from ensemble.tasks import tables
 from ensemble.core.errors import UsageError
-from ensemble.data.preprocessing import Preprocessing
-from ensemble.data.stream import DEFAULT_BATCH_ROWS, flat_heap, input_stream, prefetch
+from ensemble.data import kinds
+from ensemble.data.stream import DEFAULT_BATCH_ROWS, flat_heap, prefetch
 
 GRAPH_BATCH_ROWS = 16384  # rows per traced call: bounds the members' activations in memory
 
@@ -47,10 +47,10 @@ def open_input(run_dir: Path, source: str, target: str | None, strict: bool = Fa
     runlock.require_free(run_dir)
     run.require_completed(run_dir, manifest)
     run_checks.verify_run(run_dir, manifest, trust_builder)
-    pre = Preprocessing.read(artifacts.verify(run_dir, manifest,
+    pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
                                               Path(run_dir) / artifacts.PREPROCESSING))
     target = target or manifest["dataset"].get("target", "target")
-    return manifest, pre, input_stream(pre, source, target, strict, batch_rows, quiet)
+    return manifest, pre, kinds.input_stream(pre, source, target, strict, batch_rows, quiet)
 
 
 def check_out(out: Path) -> Path:

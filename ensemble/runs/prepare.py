@@ -22,6 +22,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ensemble.core import artifacts
+from ensemble.data import kinds
 from ensemble.data import sources as data
 from ensemble.core import runlock
 from ensemble.core import staging
@@ -188,11 +189,11 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     """
     start = time.perf_counter()
     check_run_dir(run_dir, overwrite)
-    ds = data.load(cfg.data)
+    ds = kinds.load(cfg.data)
     task, target = resolve_task(cfg, ds.y)
     rows, classes = data.split(ds, dataclasses.replace(cfg.data, task=task.name),
                                cfg.data.split_seed)
-    pre = Preprocessing.fit(ds, rows["train"], classes, cfg.data.impute, cfg.data)
+    pre = kinds.fit_preprocessing(ds, rows["train"], classes, cfg.data.impute, cfg.data)
     x, y = pre.transform(ds), encode(ds.y, classes)
     if task.name == "regression":  # the target's standardisation, training split only
         target.update(target_loc=float(y[rows["train"]].mean()),
@@ -224,7 +225,7 @@ def check_data(cfg: Config) -> None:
     Raises:
         UsageError: as `ensemble.data.sources.load` and `resolve_task`.
     """
-    resolve_task(cfg, data.load(cfg.data).y)
+    resolve_task(cfg, kinds.load(cfg.data).y)
 
 
 def resolve_task(cfg: Config, y) -> tuple[Any, dict[str, Any]]:

@@ -98,11 +98,11 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
     placed = [m["device"] for m in manifest["members"]]
     start = time.perf_counter()
-    from ensemble.data.preprocessing import Preprocessing
+    from ensemble.data import kinds
 
     task = tasks.for_run(manifest)
     ens = InGraphEnsemble.build(cfg, x_tr.shape[1:], len(classes), placed, aggregators=(),
-                                n_train=len(x_tr), pre=Preprocessing.of_run(run_dir, manifest),
+                                n_train=len(x_tr), pre=kinds.run_preprocessing(run_dir, manifest),
                                 task=task)
     if any(len(m.get("replicas", ())) > 1 for m in manifest["members"]):  # data parallelism
         ens.train_replicas = [m["replicas"] for m in manifest["members"]]

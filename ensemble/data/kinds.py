@@ -1,0 +1,144 @@
+"""The input kinds behind one `Source` protocol, and the one place that picks a kind.
+
+A run's input is a table (a built-in data set, `.csv`/`.parquet` files) or arrays (an `.npz`
+file, a folder of images, `digits_images`). Everything that differs between them is a method
+of its `Source`: reading and checking the rows, fitting the preprocessing on the training rows,
+reading it back from the run, and streaming new rows at predict. The rest of the project calls
+the four functions below and never asks which kind it has (Keras's `data_adapters` keep one
+adapter per input kind the same way). A new input kind is a new `Source` in `KINDS`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from ensemble.core.errors import UsageError
+from ensemble.data import arrays, sources, stream
+from ensemble.data.preprocessing import Preprocessing
+from ensemble.data.settings import DataConfig
+
+
+class Source(Protocol):
+    """An input kind."""
+
+    name: str  # as stored in `preprocessing.json`'s `kind`
+
+    def reads(self, source: str) -> bool:
+        """This kind reads `source` (a built-in name, a file or a folder)."""
+
+    def load(self, cfg: DataConfig, require_target: bool, **table: Any):
+        """The rows of `cfg.source`: a `sources.Dataset` or `ArrayData`."""
+
+    def fit(self, ds, train_rows: np.ndarray, classes: np.ndarray, impute: str,
+            cfg: DataConfig | None):
+        """The preprocessing fitted on `ds`'s rows `train_rows` only."""
+
+    def from_dict(self, d: dict):
+        """The preprocessing stored in a run's `preprocessing.json`."""
+
+    def stream(self, pre, source: str, target: str, strict: bool, batch_rows: int,
+               quiet: bool):
+        """New rows for a trained run, in batches (`stream.Batch`)."""
+
+
+class Arrays:
+    """`.npz` files, image folders, `digits_images` (`ensemble.data.arrays`)."""
+
+    name = "arrays"
+
+    def reads(self, source: str) -> bool:
+        return arrays.is_array_source(source)
+
+    def load(self, cfg, require_target, **table):
+        return arrays.load(cfg, require_target)
+
+    def fit(self, ds, train_rows, classes, impute, cfg):
+        return arrays.ArrayPreprocessing.fit(
+            ds, train_rows, classes, tuple(cfg.image_size) if cfg and cfg.image_size else None,
+            cfg.color_mode if cfg else "rgb")
+
+    def from_dict(self, d):
+        return arrays.ArrayPreprocessing.from_dict(d)
+
+    def stream(self, pre, source, target, strict, batch_rows, quiet):
+        return arrays.ArrayStream(pre, source, batch_rows)
+
+
+class Tables:
+    """Built-in data sets and `.csv`/`.parquet` files (`ensemble.data.sources`)."""
+
+    name = "table"
+
+    def reads(self, source: str) -> bool:
+        return True  # the last kind: refuses what it cannot read with the list of sources
+
+    def load(self, cfg, require_target, **table):
+        return sources.load(cfg, require_target, **table)
+
+    def fit(self, ds, train_rows, classes, impute, cfg):
+        return Preprocessing.fit(ds, train_rows, classes, impute, cfg)
+
+    def from_dict(self, d):
+        return Preprocessing.from_dict(d)
+
+    def stream(self, pre, source, target, strict, batch_rows, quiet):
+        return stream.InputStream(pre, source, target, strict, batch_rows, quiet)
+
+
+KINDS: tuple[Source, ...] = (Arrays(), Tables())  # the first that reads a source takes it
+
+
+def _named(name: str) -> Source:
+    return next(k for k in KINDS if k.name == name)
+
+
+def load(cfg: DataConfig, require_target: bool = True, **table: Any):
+    """The rows of `cfg.source` read by its kind (`table`: `expected`, `strict`,
+    `identifiers` of `sources.load`, for tables at predict time).
+
+    Raises:
+        UsageError: anything the kind refuses (one message).
+    """
+    return next(k for k in KINDS if k.reads(cfg.source)).load(cfg, require_target, **table)
+
+
+def fit_preprocessing(ds, train_rows: np.ndarray, classes: np.ndarray, impute: str = "error",
+                      cfg: DataConfig | None = None):
+    """The preprocessing of `ds`'s kind fitted on its rows `train_rows` only."""
+    return _named(ds.kind).fit(ds, train_rows, classes, impute, cfg)
+
+
+def read_preprocessing(path: str | Path):
+    """A run's `preprocessing.json` (`kind` names its input kind; none: a table).
+
+    Raises:
+        UsageError: a missing or malformed file.
+    """
+    try:
+        d = json.loads(Path(path).read_text())
+        return _named(d.get("kind", "table")).from_dict(d)
+    except FileNotFoundError:
+        raise UsageError(f"Preprocessing file not found: {path}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, StopIteration) as exc:
+        raise UsageError(f"Preprocessing file {path} is malformed: {exc!r}") from None
+
+
+def run_preprocessing(run_dir: str | Path, manifest: dict):
+    """A run's `preprocessing.json`, verified against its manifest's sha256 first.
+
+    Raises:
+        UsageError: a missing, changed or malformed file.
+    """
+    from ensemble.core import artifacts
+
+    return read_preprocessing(artifacts.verify(run_dir, manifest,
+                                               Path(run_dir) / artifacts.PREPROCESSING))
+
+
+def input_stream(pre, source: str, target: str, strict: bool = False,
+                 batch_rows: int = stream.DEFAULT_BATCH_ROWS, quiet: bool = False):
+    """New rows for a run whose preprocessing is `pre`, streamed by the run's input kind."""
+    return _named(pre.kind).stream(pre, source, target, strict, batch_rows, quiet)
