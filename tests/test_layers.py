@@ -24,8 +24,8 @@ TASK_BRANCHES = {
     "ensemble/config/checks.py": 2, "ensemble/core/labels.py": 1, "ensemble/data/sources.py": 1,
     "ensemble/replication/graph_cache.py": 1, "ensemble/replication/in_graph.py": 1,
     "ensemble/replication/tensorboard.py": 2, "ensemble/runs/aggregate.py": 2,
-    "ensemble/runs/arrays.py": 4, "ensemble/runs/posthoc.py": 1, "ensemble/runs/prepare.py": 6,
-    "pipelines/options.py": 2, "pipelines/regression_bench.py": 1,
+    "ensemble/runs/arrays.py": 1, "ensemble/runs/posthoc.py": 1, "pipelines/options.py": 2,
+    "pipelines/regression_bench.py": 1,
 }
 TASK_PATTERN = re.compile(r'"regression"|"classification"|is_regression\(|len\(classes\) == 0'
                           r'|classes\.size == 0')

@@ -183,13 +183,11 @@ def _task(cfg: Config, pre: Preprocessing):
     """A run from arrays without classes is a regression on the standardised target."""
     from ensemble.tasks import heads as tasks
 
-    return tasks.get("regression", loss=cfg.training.loss) if not len(pre.classes) \
-        else tasks.get()
+    return tasks.for_classes(pre.classes, cfg.training.loss)
 
 
 def save(est, path: Path, overwrite: bool = False) -> Path:
     """Write a fitted estimator as a completed run directory; returns `path`."""
-    from ensemble.tasks import heads as tasks
     from ensemble.config.schema import member_hparams
     from ensemble.models.members import build_member, save_member
 
@@ -199,11 +197,9 @@ def save(est, path: Path, overwrite: bool = False) -> Path:
     n_classes = len(pre.classes)
     manifest = manifest_for(cfg, est.mode, pre, dict(est.n_rows_), est.devices_,
                             hasattr(est, "feature_names_in_"))
-    task = _task(cfg, pre)
-    if task.name == "regression":  # saved members predict in the target's units
-        loc, scale = float(est.target_loc_), float(est.target_scale_)
-        manifest["dataset"].update(target_loc=loc, target_scale=scale)
-        task = tasks.get("regression", loc=loc, scale=scale, loss=cfg.training.loss)
+    task = _task(cfg, pre).with_target(float(getattr(est, "target_loc_", 0.0)),
+                                       float(getattr(est, "target_scale_", 1.0)))
+    manifest["dataset"].update(task.target_entries())  # members predict in target units
     for i, weights in enumerate(est.member_weights_):
         h = member_hparams(cfg, i)
         model = build_member(h["builder"], h["params"], pre.input_shape,

@@ -19,8 +19,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-import numpy as np
-
 from ensemble.core import artifacts
 from ensemble.data import kinds
 from ensemble.data import sources as data
@@ -195,14 +193,12 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
                                cfg.data.split_seed)
     pre = kinds.fit_preprocessing(ds, rows["train"], classes, cfg.data.impute, cfg.data)
     x, y = pre.transform(ds), encode(ds.y, classes)
-    if task.name == "regression":  # the target's standardisation, training split only
-        target.update(target_loc=float(y[rows["train"]].mean()),
-                      target_scale=float(y[rows["train"]].std()) or 1.0)
+    task, fitted = task.fit_target(y[rows["train"]])  # e.g. standardisation, train only
+    if fitted:
         from ensemble.config.bounds import check_target_scale
 
-        check_target_scale(target["target_loc"], target["target_scale"], cfg.data.target)
-        task = tasks.get("regression", loc=target["target_loc"],
-                         scale=target["target_scale"], loss=cfg.training.loss)
+        check_target_scale(fitted["target_loc"], fitted["target_scale"], cfg.data.target)
+    target.update(fitted)
     run_dir.mkdir(parents=True, exist_ok=True)
     artifacts.write_splits(run_dir, {s: x[r] for s, r in rows.items()},
                            {s: y[r] for s, r in rows.items()}, rows)
@@ -236,21 +232,9 @@ def resolve_task(cfg: Config, y) -> tuple[Any, dict[str, Any]]:
     Raises:
         UsageError: an ambiguous target, an aggregator or loss of the other task (one line).
     """
-    from ensemble.tasks.regression import aggregators as regression
-
-    name = tasks.resolve(y, cfg.data.task, cfg.data.source)
-    if name != "regression" and len(np.unique(y)) < 2:
-        raise UsageError(f"Data {cfg.data.source} has fewer than two classes; expected at "
-                         "least two.")
-    regression.check_aggregators(
-        regression.task_aggregators(cfg.aggregation.aggregators, name), name)
-    loss = cfg.training.loss
-    if (name == "regression") == (loss == "cross_entropy") and loss != "auto":
-        raise UsageError(f"`training.loss = \"{loss}\"` does not fit a {name} run; expected "
-                         + ("gaussian_nll or mse." if name == "regression" else
-                            "cross_entropy (or auto)."))
-    return tasks.get(name) if name != "regression" else tasks.get(
-        name, loss=loss), {"task": name}
+    task = tasks.for_target(y, cfg.data.task, cfg.data.source, cfg.training.loss,
+                            cfg.aggregation.aggregators)
+    return task, {"task": task.spec}
 
 
 def new_manifest(cfg: Config, mode: str, devices: list[str], pre: Preprocessing,

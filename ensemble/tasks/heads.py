@@ -105,6 +105,19 @@ class Classification:
 
     member_score_names = ("val_nll", "val_accuracy")
 
+    def fit_target(self, y_train: np.ndarray) -> tuple["Classification", dict[str, float]]:
+        """The task fitted to the training targets, and the manifest's `dataset` entries it
+        adds: nothing to fit for class indices."""
+        return self, {}
+
+    def with_target(self, loc: float, scale: float) -> "Classification":
+        """The task for members trained on targets standardised by `loc`, `scale`: itself."""
+        return self
+
+    def target_entries(self) -> dict[str, float]:
+        """The manifest's `dataset` entries of the task: none."""
+        return {}
+
     def member_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float | None]:
         """`members.parquet`'s scores of a trained member on validation: NLL and accuracy of
         its `[n_rows, n_classes]` probabilities against `y` `[n_rows]` class indices."""
@@ -183,6 +196,23 @@ class Regression:
         return ("val_loss", "val_rmse")
 
     member_score_names = ("val_nll", "val_rmse")
+
+    def fit_target(self, y_train: np.ndarray) -> tuple["Regression", dict[str, float]]:
+        """The task on targets standardised by the training split's mean and std (`y_train`
+        `[n_train]`, target units), and the manifest's `dataset` entries `target_loc`,
+        `target_scale`."""
+        loc = float(np.mean(y_train))
+        scale = float(np.std(y_train)) or 1.0
+        task = self.with_target(loc, scale)
+        return task, task.target_entries()
+
+    def with_target(self, loc: float, scale: float) -> "Regression":
+        """The task for members trained on targets standardised by `loc`, `scale`."""
+        return Regression(loc, scale, self.loss_name)
+
+    def target_entries(self) -> dict[str, float]:
+        """The manifest's `dataset` entries: the target's standardisation."""
+        return {"target_loc": self.loc, "target_scale": self.scale}
 
     def member_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float | None]:
         """`members.parquet`'s scores of a trained member on validation: Gaussian NLL (target
@@ -298,6 +328,36 @@ def of_model(model) -> Classification | Regression:
     if type(last).__name__ == "GaussianHead":
         return Regression(last.loc, last.scale, "mse" if last.point else "gaussian_nll")
     return Classification()
+
+
+def for_target(y: np.ndarray | None, requested: str = "auto", source: str = "",
+               loss: str = "auto", aggregators=("mean",)) -> Classification | Regression:
+    """The task of a run's targets `y` `[n_rows]` under `[data] task = requested` (`resolve`),
+    checked against the run's `training.loss` and `aggregation.aggregators`.
+
+    Raises:
+        UsageError: an ambiguous target, a single class, an aggregator or loss of another task
+            (one line).
+    """
+    from ensemble.core.errors import UsageError
+    from ensemble.tasks.regression import aggregators as regression
+
+    name = resolve(y, requested, source)
+    regressing = name == "regression"
+    if not regressing and y is not None and len(np.unique(y)) < 2:
+        raise UsageError(f"Data {source} has fewer than two classes; expected at least two.")
+    regression.check_aggregators(regression.task_aggregators(aggregators, name), name)
+    if regressing == (loss == "cross_entropy") and loss != "auto":
+        raise UsageError(f"`training.loss = \"{loss}\"` does not fit a {name} run; expected "
+                         + ("gaussian_nll or mse." if regressing else
+                            "cross_entropy (or auto)."))
+    return get(name, loss=loss) if regressing else get(name)
+
+
+def for_classes(classes, loss: str = "auto") -> Classification | Regression:
+    """The task of a run with `classes` (an empty class list: regression, trained with
+    `loss`)."""
+    return get("regression", loss=loss) if is_regression(classes) else get()
 
 
 def of_metrics(metrics_table) -> Classification | Regression:
