@@ -58,11 +58,18 @@ def _input_graph(pre):
     the members as they are (their first layer scales them)."""
     import tensorflow as tf
 
+    from ensemble import export_graph as G
+
     shape = list(pre.input_shape)
     if not hasattr(pre, "scale"):  # arrays: ensemble.arrays.ArrayPreprocessing
         doc = f"features: [batch, {', '.join(map(str, shape))}] float32, raw values (pixels)"
-        return (tf.TensorSpec([None, *shape], tf.float32, name="features"),
-                lambda f: tf.cast(f, tf.float32), doc)
+
+        def to_pixels(f):  # ensemble.arrays refuses NaN and inf at predict
+            with tf.control_dependencies(G.refuse_missing(f, "features")
+                                         + G.refuse_nonfinite(f, "features")):
+                return tf.cast(f, tf.float32)
+
+        return tf.TensorSpec([None, *shape], tf.float32, name="features"), to_pixels, doc
     names = list(pre.feature_names)
     mean, scale = tf.constant(pre.mean, tf.float64), tf.constant(pre.scale, tf.float64)
     fill = tf.constant(pre.fill, tf.float64) if len(pre.fill) else None
@@ -70,14 +77,28 @@ def _input_graph(pre):
         return _columnar_graph(pre, mean, scale, fill)
 
     def to_x(features):
-        x = tf.cast(features, tf.float64)
+        checks = G.refuse_nonfinite(features, "features", names)
+        if fill is None:
+            checks += G.refuse_missing(features, "features", names)
+        with tf.control_dependencies(checks):
+            x = tf.cast(features, tf.float64)
         if fill is not None:
             x = tf.where(tf.math.is_nan(x), fill, x)
-        return tf.cast((x - mean) / scale, tf.float32)
+        return _scaled(tf.cast((x - mean) / scale, tf.float32), pre, "features")
 
     doc = (f"features: [batch, {len(names)}] float32, raw (unscaled) columns in this order: "
            + ", ".join(names))
     return tf.TensorSpec([None, len(names)], tf.float32, name="features"), to_x, doc
+
+
+def _scaled(z, pre, name: str | None):
+    """`z` `[batch, n_outputs]` after the check that it fits float32 (`export_graph`)."""
+    import tensorflow as tf
+
+    from ensemble import export_graph as G
+
+    with tf.control_dependencies(G.refuse_unfit(z, name, pre.output_names)):
+        return tf.identity(z)
 
 
 def input_names(columns) -> dict[str, str]:
@@ -105,6 +126,8 @@ def _columnar_graph(pre, mean, scale, fill):
     (an unknown category is an all-zero block)."""
     import tensorflow as tf
 
+    from ensemble import export_graph as G
+
     key = input_names(pre.columns)
     specs = {key[n]: tf.TensorSpec([None], tf.float32, name=key[n]) for n in pre.feature_names}
     specs.update({key[c]: tf.TensorSpec([None], tf.string, name=key[c])
@@ -112,7 +135,15 @@ def _columnar_graph(pre, mean, scale, fill):
 
     def to_x(inputs):
         first = inputs[next(iter(specs))]
-        num = [tf.cast(inputs[key[n]], tf.float64) for n in pre.feature_names]
+        checks = []
+        for n in pre.feature_names:
+            checks += G.refuse_nonfinite(inputs[key[n]], key[n])
+            if fill is None:
+                checks += G.refuse_missing(inputs[key[n]], key[n])
+        checks += [c for n in pre.categories if n not in pre.category_fill
+                   for c in G.refuse_empty(inputs[key[n]], key[n])]
+        with tf.control_dependencies(checks):
+            num = [tf.cast(inputs[key[n]], tf.float64) for n in pre.feature_names]
         x = tf.stack(num, axis=1) if num else tf.zeros([tf.shape(first)[0], 0], tf.float64)
         if fill is not None:
             x = tf.where(tf.math.is_nan(x), fill, x)
@@ -123,7 +154,8 @@ def _columnar_graph(pre, mean, scale, fill):
                 col = tf.where(tf.equal(col, ""), pre.category_fill[c], col)
             blocks.append(tf.cast(tf.equal(col[:, None], tf.constant(cats)[None, :]),
                                   tf.float64))
-        return tf.cast((tf.concat(blocks, axis=1) - mean) / scale, tf.float32)
+        return _scaled(tf.cast((tf.concat(blocks, axis=1) - mean) / scale, tf.float32), pre,
+                       None)
 
     doc = ("one input per column: " + ", ".join(
         f"{key[n]} float32 [batch]" for n in pre.feature_names) + ", " + ", ".join(
@@ -145,7 +177,10 @@ def build_module(models, pre: Preprocessing, aggregators, params: dict, default:
     """
     import tensorflow as tf
 
+    from ensemble import export_graph as G
+    from ensemble.aggregate import member_weights
     from ensemble.aggregate_tf import aggregate_tf
+    from ensemble.tables import NOT_PROBABILITIES
 
     names = list(pre.columns)
     mod = tf.Module()
@@ -165,16 +200,19 @@ def build_module(models, pre: Preprocessing, aggregators, params: dict, default:
             if not len(pre.classes):  # regression: ensemble.regression_tf, target units
                 from ensemble import regression_tf as RT
 
-                mu, sd = RT.mean_std(RT.aggregate_tf(stacked, aggregator,
-                                                     params.get(aggregator)))
-                return {"mean": mu, "std": sd,
+                ens = RT.aggregate_tf(stacked, aggregator, params.get(aggregator))
+                return {"mean": ens[:, 0], **G.regression_uncertainty(ens),
                         "member_mean": tf.transpose(stacked[..., 0]),
                         "member_std": tf.transpose(tf.sqrt(stacked[..., 1]))}
             probs = aggregate_tf(stacked, aggregator, params.get(aggregator))
             index = tf.argmax(probs, axis=1)
-            return {"probabilities": probs, "labels": tf.gather(mod.classes, index),
-                    "class_index": index,
-                    "member_probabilities": tf.transpose(stacked, [1, 0, 2])}
+            out = {"probabilities": probs, "labels": tf.gather(mod.classes, index),
+                   "class_index": index,
+                   "member_probabilities": tf.transpose(stacked, [1, 0, 2])}
+            if aggregator not in NOT_PROBABILITIES:  # vote shares: no entropy (as predict)
+                out.update(G.classification_uncertainty(stacked, probs, member_weights(
+                    aggregator, len(mod.members), params.get(aggregator))))
+            return out
 
         serve.__doc__ = f"Ensemble ({aggregator}) prediction. {doc}"
         return tf.function(serve, input_signature=[spec]).get_concrete_function()
