@@ -230,7 +230,8 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
 
     Args:
         version: the version folder (an integer >= 1); default: 1 + the largest in `out`.
-        aggregator: the aggregator of `serving_default` (default: the run's first).
+        aggregator: the aggregator of `serving_default` (default: the run's best on
+            validation NLL, `ensemble.choice.default_aggregator`).
 
     Returns:
         The version folder.
@@ -239,6 +240,7 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
         UsageError: the run is not completed or damaged, the
             aggregator is not one of the run's, or `out/<version>` already exists.
     """
+    from ensemble.choice import default_aggregator
     from ensemble.fitted import member_params
     from ensemble.posthoc import run_aggregators
 
@@ -248,10 +250,7 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
     pre = Preprocessing.read(artifacts.verify(run_dir, manifest,
                                               run_dir / artifacts.PREPROCESSING))
     names, fit = run_aggregators(run_dir, manifest)
-    aggregator = aggregator or names[0]
-    if aggregator not in names:
-        raise UsageError(f"Expected --aggregator to be one of the run's aggregators "
-                         f"({', '.join(names)}). Received: {aggregator!r}")
+    aggregator = default_aggregator(names, fit, aggregator)
     if version is None:
         version = next_version(out)
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:

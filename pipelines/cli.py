@@ -193,14 +193,16 @@ def cmd_predict(args) -> int:
                                        args.devices or "auto", args.batch_size,
                                        cluster=_cluster(args), strict_columns=args.strict_columns,
                                        replicas=args.replicas or "auto",
-                                       verbosity=verbosity, layout=args.layout)
+                                       verbosity=verbosity, layout=args.layout,
+                                       aggregator=args.aggregator)
     else:
         from pipelines import between
 
         rec, measured = between.predict_between_graph(
             Path(args.run), args.data, Path(args.out), args.target, jobs=args.jobs,
             cluster_file=args.cluster, strict_columns=args.strict_columns,
-            batch_size=args.batch_size, verbosity=verbosity, layout=args.layout)
+            batch_size=args.batch_size, verbosity=verbosity, layout=args.layout,
+            aggregator=args.aggregator)
     print(f"predictions: {args.out}")
     report({"out": args.out, "rows": rec["rows"], "ready_unix": ready,
             "seconds": rec["seconds"], "rows_per_second": rec["rows_per_second"],

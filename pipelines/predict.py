@@ -90,7 +90,7 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
                      device_spec: str = "auto", batch_size: int = DEFAULT_BATCH_ROWS,
                      cluster: dict | None = None, strict_columns: bool = False,
                      replicas: int | str = "auto", verbosity: int = 0,
-                     layout: str = "wide") -> dict:
+                     layout: str = "wide", aggregator: str | None = None) -> dict:
     """Rebuild the in-graph inference graph on this machine's (or `cluster`'s) devices and
     predict `source` batch by batch into `out` (split `predict`).
 
@@ -99,15 +99,19 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
         replicas: replicas per member, `auto` (`devices // members`) or an integer
             (`ensemble.placement.replica_devices`); each batch's rows are split across them.
         verbosity: 0 quiet, 1 progress (`ensemble.progress.RowProgress`).
-        layout: `wide` (one row per input: its non-feature columns, the first aggregator's
-            prediction; `tables.wide_rows`) or `long` (a row per model and input).
+        layout: `wide` (one row per input: its non-feature columns, the prediction of
+            `aggregator`; `tables.wide_rows`) or `long` (a row per model and input).
+        aggregator: the aggregator of the `wide` layout (default: the run's best on
+            validation NLL, `ensemble.choice.default_aggregator`).
 
     Returns:
         The prediction's manifest (also written to `<out>.manifest.json`).
 
     Raises:
-        UsageError: bad run, input, output name or `replicas`; nothing is left under `out`.
+        UsageError: bad run, input, output name, `replicas` or `aggregator`; nothing is left
+            under `out`.
     """
+    from ensemble.choice import default_aggregator
     from ensemble.fitted import member_params
     from ensemble.members import load_run_member
     from ensemble.placement import replica_devices
@@ -117,6 +121,8 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
 
     check_out(out)
     manifest, pre, stream = open_input(run_dir, source, target, strict_columns, batch_size)
+    aggs, fit = run_aggregators(run_dir, manifest)
+    answer = default_aggregator(aggs, fit, aggregator)
     stream.check()
     stream.passthrough = layout == "wide"
     flat_heap()  # peak memory flat however many batches (see ensemble.stream.flat_heap)
@@ -127,7 +133,6 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
     copies = []
     for i, group in enumerate(groups):
         copies.append([(load_run_member(run_dir, manifest, i, d), d) for d in group])
-    aggs, fit = run_aggregators(run_dir, manifest)
     params = member_params(fit, list(range(n)))
     ens = InGraphEnsemble([c[0][0] for c in copies], [g[0] for g in groups], aggs,
                           params=params)
@@ -142,7 +147,7 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
             long = tables.predictions_table(dict(enumerate(member_p)), "predict", b.rows,
                                             b.y, pre.classes, aggs, ens_p, params,
                                             first_row=b.first_row)
-            writer.write(tables.wide_rows(long, aggs[0], b.extra, b.ids) if layout == "wide"
+            writer.write(tables.wide_rows(long, answer, b.extra, b.ids) if layout == "wide"
                          else tables.with_ids(long, b.ids))
             progress.update(len(b.x))
     seconds = progress.end()
