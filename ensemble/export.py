@@ -3,7 +3,8 @@
 The SavedModel is self-contained: a client sends raw, unscaled feature rows and gets the
 ensemble's probabilities and the original class labels back, with no Python of this project.
 
-- Signature `serving_default` (the chosen aggregator) and one signature per aggregator of the
+- Signature `serving_default` (the `--aggregator`, default the run's best on validation NLL,
+  `ensemble.choice`) and one signature per aggregator of the
   run, named after it (`mean`, `vote`, `weighted`, ...). A numeric table run's signatures take
   `features`: `[batch, n_features]` float32 in the run's feature order
   (`assets/feature_names.txt`, one name a line; also the `feature_names` variable of the
@@ -14,7 +15,13 @@ ensemble's probabilities and the original class labels back, with no Python of t
   `probabilities` `[batch, n_classes]` float32, `labels` `[batch]` (the original labels:
   int64 or string, looked up in the `classes` variable; also `assets/classes.txt`), `class_index`
   `[batch]` int64, `member_probabilities` `[batch, n_members, n_classes]` float32 (batch first,
-  as TF Serving's row format wants).
+  as TF Serving's row format wants), and `predict`'s uncertainty columns `entropy`,
+  `expected_entropy`, `mutual_information` `[batch]` (not for `vote`). A regression run's
+  return `mean`, `std`, `aleatoric_std`, `epistemic_std` `[batch]` and `member_mean`,
+  `member_std` `[batch, n_members]` (target units).
+- Bad values are refused in the graph as `predict` refuses them (`ensemble.export_graph`):
+  NaN without imputation, inf (or beyond float32), a value that does not fit float32 once
+  standardised; the signature fails with `InvalidArgumentError` naming the input.
 - In the graph: imputation (the fill values of `preprocessing.json`, when the run imputes),
   one-hot encoding, standardisation in float64 as `Preprocessing.transform` (array runs: the
   members' own first layer scales), every member, and the aggregator's TensorFlow twin

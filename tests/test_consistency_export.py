@@ -65,36 +65,24 @@ import json, sys
 import numpy as np
 import tensorflow as tf
 assert "ensemble" not in sys.modules and "pipelines" not in sys.modules
-fn = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
-answers = []
-for case in json.load(open(sys.argv[2])):
-    inputs = {k: tf.constant(v) if isinstance(v[0], str) else tf.constant(v, tf.float32)
-              for k, v in case.items()}
-    try:
-        out = fn(**inputs)
-        answers.append({k: v.numpy().tolist() for k, v in out.items()})
-    except tf.errors.InvalidArgumentError as exc:
-        answers.append({"error": exc.message})
-json.dump(answers, open(sys.argv[3], "w"))
+answers = {}
+for name, (version, cases) in json.load(open(sys.argv[1])).items():
+    fn = tf.saved_model.load(version).signatures["serving_default"]
+    answers[name] = []
+    for case in cases:
+        inputs = {k: tf.constant(v) if isinstance(v[0], str) else tf.constant(v, tf.float32)
+                  for k, v in case.items()}
+        try:
+            out = fn(**inputs)
+            answers[name].append({k: v.numpy().tolist() for k, v in out.items()})
+        except tf.errors.InvalidArgumentError as exc:
+            answers[name].append({"error": exc.message})
+json.dump(answers, open(sys.argv[2], "w"))
 """
 
 
-def _plain_tf(version, cases, tmp_path):
-    """Run each input dict of `cases` through `serving_default` in a plain TensorFlow process
-    (no PYTHONPATH, cwd outside the checkout); a list of outputs or `{"error": message}`."""
-    (tmp_path / "cases.json").write_text(json.dumps(cases))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    proc = subprocess.run([sys.executable, "-c", LOADER, str(version), str(tmp_path / "cases.json"),
-                           str(tmp_path / "out.json")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads((tmp_path / "out.json").read_text())
-
-
 def _rows(run, n=3):
-    """The first `n` test rows of the run's source as raw feature values (`[n, n_features]`)
-    with their source row numbers."""
+    """The first `n` test rows of the run's source CSV (a pandas DataFrame)."""
     from ensemble import artifacts
 
     preds = pq.read_table(run / "predictions.parquet").to_pandas()
@@ -103,19 +91,57 @@ def _rows(run, n=3):
     return pcsv.read_csv(src).to_pandas().iloc[t.source_row.to_numpy()[:n]]
 
 
-def test_plain_tensorflow_refuses_what_predict_refuses(exports, tmp_path):
+def _features(version):
+    return (version / "assets" / "feature_names.txt").read_text().split()
+
+
+def _columnar(rows, names, change=None):
+    """One input per column (`export.input_names`), `change` = (column, value) on row 0."""
+    from ensemble.export import input_names
+
+    key = input_names(names)
+    c = {key[n]: (rows[n].astype(str).tolist() if n == "sex" else
+                  rows[n].astype(float).tolist()) for n in names}
+    if change:
+        c[key[change[0]]][0] = change[1]
+    return c
+
+
+@pytest.fixture(scope="module")
+def plain(exports, tmp_path_factory):
+    """The answers of `serving_default` of both exports in ONE plain TensorFlow process (no
+    PYTHONPATH, cwd outside the checkout): `{"regression": [...], "imputed": [...]}`, each
+    case's outputs or `{"error": message}`; cases as built here."""
+    tmp = tmp_path_factory.mktemp("plain")
     run, version = exports["regression"]
-    names = (version / "assets" / "feature_names.txt").read_text().split()
-    x = _rows(run)[names].to_numpy(np.float64)
+    names = _features(version)
+    x = _rows(run, 5)[names].to_numpy(np.float64)
     cases = [{"features": x.tolist()}]
     for value in (float("nan"), float("inf"), 1e39):
         bad = x.copy()
         bad[1, names.index("bmi")] = value
         cases.append({"features": bad.tolist()})
-    scaled = x.copy()
-    scaled[0, names.index("s5")] = 3e38  # fits float32, but not once standardised
-    cases.append({"features": scaled.tolist()})
-    ok, nan, inf, big, unfit = _plain_tf(version, cases, tmp_path)
+    unfit = x.copy()
+    unfit[0, names.index("s5")] = 3e38  # fits float32, but not once standardised
+    cases.append({"features": unfit.tolist()})
+    irun, iversion = exports["imputed"]
+    inames, irows = _features(iversion), _rows(irun, 2)
+    icases = [_columnar(irows, inames), _columnar(irows, inames, ("bmi", float("nan"))),
+              _columnar(irows, inames, ("sex", "")),
+              _columnar(irows, inames, ("bp", float("inf")))]
+    (tmp / "cases.json").write_text(json.dumps({"regression": [str(version), cases],
+                                                "imputed": [str(iversion), icases]}))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    proc = subprocess.run([sys.executable, "-c", LOADER, str(tmp / "cases.json"),
+                           str(tmp / "out.json")], cwd=tmp, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads((tmp / "out.json").read_text())
+
+
+def test_plain_tensorflow_refuses_what_predict_refuses(plain):
+    ok, nan, inf, big, unfit = plain["regression"]
     assert np.all(np.isfinite(ok["mean"])) and np.all(np.asarray(ok["std"]) > 0)
     assert "input `features` column(s) bmi: a missing value" in nan["error"]
     assert "--impute" in nan["error"]
@@ -125,27 +151,13 @@ def test_plain_tensorflow_refuses_what_predict_refuses(exports, tmp_path):
     assert "column(s) s5: a value that does not fit float32" in unfit["error"]
 
 
-def test_an_imputing_export_fills_nan_and_still_refuses_inf(exports, tmp_path):
-    from ensemble.export import input_names
-
+def test_an_imputing_export_fills_nan_and_still_refuses_inf(exports, plain, tmp_path):
     run, version = exports["imputed"]
-    names = (version / "assets" / "feature_names.txt").read_text().split()
-    rows = _rows(run, 2)
-    key = input_names(names)
-
-    def case(change=None):
-        c = {key[n]: (rows[n].astype(str).tolist() if n == "sex" else
-                      rows[n].astype(float).tolist()) for n in names}
-        if change:
-            c[key[change[0]]][0] = change[1]
-        return c
-
-    ok, nan, empty, inf = _plain_tf(version, [case(), case(("bmi", float("nan"))),
-                                              case(("sex", "")), case(("bp", float("inf")))],
-                                    tmp_path)
+    ok, nan, empty, inf = plain["imputed"]
     assert "error" not in ok and "error" not in nan and "error" not in empty
-    # predict on the same rows with the missing values (NaN and an empty cell) gives the same
-    table = rows[names].copy()
+    assert "input `bp`: a value that is infinite or beyond float32" in inf["error"]
+    # predict on the same rows with the missing value gives the same answer as the graph
+    table = _rows(run, 2)[_features(version)].copy()
     table.loc[table.index[0], "bmi"] = np.nan
     pcsv.write_csv(pa.Table.from_pandas(table, preserve_index=False), tmp_path / "in.csv")
     assert run_cli("predict", "--run", run, "--data", tmp_path / "in.csv",
@@ -153,15 +165,14 @@ def test_an_imputing_export_fills_nan_and_still_refuses_inf(exports, tmp_path):
     got = pq.read_table(tmp_path / "p.parquet").to_pandas()
     assert np.allclose(got.y_pred, nan["mean"], rtol=1e-5, atol=1e-3)
     assert np.allclose(got["std"], nan["std"], rtol=1e-5, atol=1e-3)
-    assert "input `bp`: a value that is infinite or beyond float32" in inf["error"]
+    assert not np.allclose(nan["mean"][0], ok["mean"][0], rtol=1e-6)  # the fill mattered
 
 
-def test_regression_export_gives_predicts_uncertainty_columns(exports, tmp_path):
-    run, version = exports["regression"]
-    names = (version / "assets" / "feature_names.txt").read_text().split()
-    rows = _rows(run, 5)
-    (out,) = _plain_tf(version, [{"features": rows[names].to_numpy(float).tolist()}], tmp_path)
-    pcsv.write_csv(pa.Table.from_pandas(rows, preserve_index=False), tmp_path / "in.csv")
+def test_regression_export_gives_predicts_uncertainty_columns(exports, plain, tmp_path):
+    run, _ = exports["regression"]
+    out = plain["regression"][0]
+    pcsv.write_csv(pa.Table.from_pandas(_rows(run, 5), preserve_index=False),
+                   tmp_path / "in.csv")
     assert run_cli("predict", "--run", run, "--data", tmp_path / "in.csv",
                    "--out", tmp_path / "p.parquet") == 0
     got = pq.read_table(tmp_path / "p.parquet").to_pandas()
@@ -257,3 +268,47 @@ def test_served_uncertainty_equals_predict(served_digits, tmp_path):
     assert want["mutual_information"].max() > 1e-4  # the members do disagree somewhere
     probs = np.asarray([row["probabilities"] for row in got])
     assert np.abs(probs - want[[f"p_{k}" for k in range(10)]].to_numpy()).max() <= 1e-5
+
+
+def test_array_and_columnar_exports_refuse_in_the_graph(tmp_path):
+    """An image array run (`features` `[batch, 8, 8, 1]`) refuses NaN and inf; a run with a string
+    column and no imputation refuses NaN in a numeric input and `""` in the string one,
+    each naming its input (loaded in this process: the graph alone decides)."""
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    pixels = (d.images * 15).astype(np.uint8)[..., None]  # [n, 8, 8, 1] 0..240
+    np.savez(tmp_path / "digits.npz", x=pixels[:300], y=d.target[:300])
+    one = ["--members", "2", "--epochs", "1", "--devices", "cpu:2", "--quiet"]
+    assert run_cli("train", "--data", tmp_path / "digits.npz", "--run-dir", tmp_path / "a",
+                   *one) == 0
+    assert run_cli("train", "--data", _diabetes_csv(tmp_path / "ds.csv", True), "--target",
+                   "progression", "--task", "regression", "--run-dir", tmp_path / "c",
+                   *one) == 0
+    for run in ("a", "c"):
+        assert run_cli("export", "--run", tmp_path / run, "--out", tmp_path / f"m{run}") == 0
+    fn = tf.saved_model.load(str(tmp_path / "ma" / "1")).signatures["serving_default"]
+    x = pixels[300:302].astype(np.float32)
+    assert fn(features=tf.constant(x))["probabilities"].shape == (2, 10)
+    for value, words in ((np.nan, "a missing value"), (np.inf, "a value that is infinite")):
+        bad = x.copy()
+        bad[1, 3, 4, 0] = value
+        with pytest.raises(tf.errors.InvalidArgumentError, match=f"input `features`: {words}"):
+            fn(features=tf.constant(bad))
+    fn = tf.saved_model.load(str(tmp_path / "mc" / "1")).signatures["serving_default"]
+    names = _features(tmp_path / "mc" / "1")
+    rows = pcsv.read_csv(tmp_path / "ds.csv").to_pandas().iloc[:2]
+
+    def feed(change=None):
+        return {k: tf.constant(v) if isinstance(v[0], str) else tf.constant(v, tf.float32)
+                for k, v in _columnar(rows, names, change).items()}
+
+    assert np.all(np.isfinite(fn(**feed())["mean"].numpy()))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"input `bmi`: a missing value \(NaN or null\); this run was "
+                             "trained without imputation"):
+        fn(**feed(("bmi", np.nan)))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"input `sex`: a missing value \(empty string\)"):
+        fn(**feed(("sex", "")))
