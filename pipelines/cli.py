@@ -153,7 +153,8 @@ def cmd_predict(args) -> int:
                                        cluster=_cluster(args), strict_columns=args.strict_columns,
                                        replicas=args.replicas or "auto",
                                        verbosity=verbosity, layout=args.layout,
-                                       trust_builder=args.trust_builder)
+                                       trust_builder=args.trust_builder,
+                                       aggregator=args.aggregator)
     else:
         from ensemble.runs import between
 
@@ -161,7 +162,7 @@ def cmd_predict(args) -> int:
             Path(args.run), args.data, Path(args.out), args.target, jobs=args.jobs,
             cluster_file=args.cluster, strict_columns=args.strict_columns,
             batch_size=args.batch_size, verbosity=verbosity, layout=args.layout,
-            trust_builder=args.trust_builder)
+            trust_builder=args.trust_builder, aggregator=args.aggregator)
     print(f"predictions: {args.out}")
     report({"out": args.out, "rows": rec["rows"], "ready_unix": ready,
             "seconds": rec["seconds"], "rows_per_second": rec["rows_per_second"],

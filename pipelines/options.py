@@ -187,8 +187,10 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
          help="where the predictions go (Parquet, or CSV by the name's ending)")
     _add(pr, "--layout", choices=("wide", "long"), default="wide",
          help="wide: one row per input (its non-feature columns such as an id, then the "
-              "first aggregator's prediction and probabilities); long: one row per model "
+              "--aggregator's prediction and probabilities); long: one row per model "
               "and input (every member and aggregator)")
+    _add(pr, "--aggregator", metavar="NAME",
+         help="aggregator of the wide layout (default: the run's best on validation NLL)")
     _add(pr, "--mode", choices=MODES, default="in-graph",
          help="in-graph: one process; between-graph: one client per member")
     _add(pr, "--devices", metavar="SPEC", type=DEVICES,
@@ -217,7 +219,8 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
          metavar="N",
          help="version folder DIR/N (default: 1 + the largest version in DIR)")
     _add(x, "--aggregator", metavar="NAME",
-         help="aggregator of the serving_default signature (default: the run's first); "
+         help="aggregator of the serving_default signature (default: the run's best on "
+              "validation NLL); "
               "every aggregator of the run gets its own signature too")
     _trust_builder(x)
 

@@ -138,7 +138,7 @@ def build_app(manager, metrics, verbose: bool = False, max_bytes: int | None = N
     from starlette.responses import PlainTextResponse, Response
     from starlette.routing import Route
 
-    from ensemble.serving import codec
+    from ensemble.serving import codec, graph_errors
     from ensemble.serving.servables import NotFound, NotReady
 
     def _target(request):
@@ -199,7 +199,7 @@ def build_app(manager, metrics, verbose: bool = False, max_bytes: int | None = N
         if isinstance(exc, NotReady):
             return _error(503, str(exc))
         if isinstance(exc, tf.errors.InvalidArgumentError):
-            return _error(400, " ".join(exc.message.split())[:500])
+            return _error(400, graph_errors.client_message(exc.message))
         log(f"internal error on {request.method} {request.url.path}: {exc!r}")
         return _error(500, f"internal error: {type(exc).__name__}: {exc}")
 

@@ -164,7 +164,7 @@ def test_weighted_and_greedy_do_not_worsen_validation_nll():
 def test_classification_aggregators_are_refused_for_regression():
     with pytest.raises(UsageError, match="'vote' is for classification"):
         R.check_aggregators(["mean", "vote"], "regression")
-    assert R.task_aggregators(["mean", "vote"], "regression") == ["mean"]  # the default
+    assert R.task_aggregators(["mean", "vote"], "regression") == ["mean", "std-scaling"]
     with pytest.raises(UsageError, match="std-scaling"):
         R.check_aggregators(["std-scaling"], "classification")
 

@@ -1,7 +1,9 @@
 """Training progress for people and for launchers, as `training.Callback`s.
 
 - On a terminal (`TerminalProgress`): a Keras progress bar per epoch with the members' mean
-  loss, then one line per member with its loss, validation loss and accuracy.
+  loss, then one line per member with its loss, validation loss and accuracy (regression:
+  RMSE, and the units: the loss is on the standardised target, the validation scores are in
+  the target's units).
 - Elsewhere (`LogProgress`: a pipe, a file, CI): one line per epoch, and one every few seconds
   within a long epoch; every line is flushed, so `ensemble train | cat` shows them as they come.
 - Between-graph clients (`ReportProgress`): one machine-readable line per epoch (and every few
@@ -31,6 +33,12 @@ def _score(r: dict) -> str:
 
 
 def _member_line(r: dict) -> str:
+    """`loss L - val_loss V - val_accuracy A`; for regression the units are named, since the
+    training loss is on the standardised target while the validation scores are in the
+    target's units (a negative loss beside a larger val_loss is not overfitting)."""
+    if _score(r) == "val_rmse":
+        return (f"loss {r['loss']:.4f} (standardised target) - val_loss {r['val_loss']:.4f} "
+                f"- val_rmse {r['val_rmse']:.4f} (target units)")
     return (f"loss {r['loss']:.4f} - val_loss {r['val_loss']:.4f} - "
             f"{_score(r)} {r[_score(r)]:.4f}")
 

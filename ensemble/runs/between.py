@@ -262,11 +262,12 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
                           jobs: int | None = None, cluster_file: str | None = None,
                           strict_columns: bool = False, batch_size: int | None = None,
                           verbosity: int = 0, layout: str = "wide",
-                          trust_builder: bool = False):
+                          trust_builder: bool = False, aggregator: str | None = None):
     """One client process per member (queue) streams `source` and writes its members'
     probabilities; then the aggregator streams those files, batch by batch, into `out`. With
     `cluster_file`, members go round robin over that cluster's devices instead of the devices
-    they were trained on.
+    they were trained on. `aggregator`: that of the `wide` layout (default: the run's best on
+    validation NLL, `ensemble.tasks.choice.default_aggregator`).
 
     Returns:
         (the prediction's manifest, also written to `<out>.manifest.json`;
@@ -274,19 +275,20 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
     """
     from ensemble.runs.predict import check_out, open_input, record, write_manifest
 
+    from ensemble.tasks.choice import default_aggregator
     from ensemble.tasks.classification.fitted import member_params
     from ensemble.runs.posthoc import run_aggregators
     from ensemble.replication.progress import RowProgress
     from ensemble.data.stream import DEFAULT_BATCH_ROWS
+    from ensemble.runs.checks import ensemble_members
 
     check_out(out)
     batch_size = batch_size or DEFAULT_BATCH_ROWS
-    from ensemble.runs.checks import ensemble_members
-
     manifest, pre, stream = open_input(run_dir, source, target, strict_columns, batch_size,
                                        trust_builder=trust_builder)
-    stream.check()
     names, fit = run_aggregators(run_dir, manifest)
+    answer = default_aggregator(names, fit, aggregator)
+    stream.check()
     used = set(ensemble_members(manifest))  # diverged members left out
     member_devs = {m["index"]: m["device"] for m in manifest["members"] if m["index"] in used}
     extra = ["--batch-size", str(batch_size)] + (["--target", target] if target else [])
@@ -311,7 +313,7 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
         rows = aggregate_stream([paths[i] for i in sorted(member_devs)], sorted(member_devs),
                                 out, pre.classes, names,
                                 member_params(fit, sorted(member_devs)), batch_size,
-                                progress.update, layout, stream.passthrough_batches())
+                                progress.update, layout, stream.passthrough_batches(), answer)
         progress.end()
     for c in clients.values():
         c.pop("tensorflow_build", None)
@@ -324,12 +326,13 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
 
 def aggregate_stream(paths: list[Path], members: list[int], out: Path, classes, names,
                      params: dict, batch_rows: int, on_rows=None, layout: str = "long",
-                     passthrough=None) -> int:
+                     passthrough=None, aggregator: str | None = None) -> int:
     """The aggregator of a streamed between-graph prediction: read the members' probability
     files (`ensemble.replication.client.predict_client`) batch by batch in lockstep and write
     member and ensemble rows (numpy aggregators, fitted ones with `params`) to `out`, in
     `layout` (`tables.wide_rows` or the long layout); `passthrough` yields each batch's
-    `(non-feature columns, ids)` of the input (`InputStream.passthrough_batches`).
+    `(non-feature columns, ids)` of the input (`InputStream.passthrough_batches`);
+    `aggregator` is the `wide` layout's (default: the first of `names`).
 
     Returns:
         The number of input rows.
@@ -363,7 +366,8 @@ def aggregate_stream(paths: list[Path], members: list[int], out: Path, classes, 
                                             params=params, first_row=first)
             extra, ids = next(passthrough, (None, None)) if passthrough is not None \
                 else (None, None)
-            writer.write(tables.wide_rows(long, names[0], extra, ids) if layout == "wide"
+            writer.write(tables.wide_rows(long, aggregator or names[0], extra, ids)
+                         if layout == "wide"
                          else tables.with_ids(long, ids))
             first += n
             if on_rows is not None:

@@ -3,7 +3,8 @@
 The SavedModel is self-contained: a client sends raw, unscaled feature rows and gets the
 ensemble's probabilities and the original class labels back, with no Python of this project.
 
-- Signature `serving_default` (the chosen aggregator) and one signature per aggregator of the
+- Signature `serving_default` (the `--aggregator`, default the run's best on validation NLL,
+  `ensemble.tasks.choice`) and one signature per aggregator of the
   run, named after it (`mean`, `vote`, `weighted`, ...). A numeric table run's signatures take
   `features`: `[batch, n_features]` float32 in the run's feature order
   (`assets/feature_names.txt`, one name a line; also the `feature_names` variable of the
@@ -14,7 +15,13 @@ ensemble's probabilities and the original class labels back, with no Python of t
   `probabilities` `[batch, n_classes]` float32, `labels` `[batch]` (the original labels:
   int64 or string, looked up in the `classes` variable; also `assets/classes.txt`), `class_index`
   `[batch]` int64, `member_probabilities` `[batch, n_members, n_classes]` float32 (batch first,
-  as TF Serving's row format wants).
+  as TF Serving's row format wants), and `predict`'s uncertainty columns `entropy`,
+  `expected_entropy`, `mutual_information` `[batch]` (not for `vote`). A regression run's
+  return `mean`, `std`, `aleatoric_std`, `epistemic_std` `[batch]` and `member_mean`,
+  `member_std` `[batch, n_members]` (target units).
+- Bad values are refused in the graph as `predict` refuses them (`ensemble.runs.export_graph`):
+  NaN without imputation, inf (or beyond float32), a value that does not fit float32 once
+  standardised; the signature fails with `InvalidArgumentError` naming the input.
 - In the graph: imputation (the fill values of `preprocessing.json`, when the run imputes),
   one-hot encoding, standardisation in float64 as `Preprocessing.transform` (array runs: the
   members' own first layer scales), every member, and the aggregator's TensorFlow twin
@@ -63,11 +70,18 @@ def _input_graph(pre):
     the members as they are (their first layer scales them)."""
     import tensorflow as tf
 
+    from ensemble.runs import export_graph as G
+
     shape = list(pre.input_shape)
     if not hasattr(pre, "scale"):  # arrays: ensemble.data.arrays.ArrayPreprocessing
         doc = f"features: [batch, {', '.join(map(str, shape))}] float32, raw values (pixels)"
-        return (tf.TensorSpec([None, *shape], tf.float32, name="features"),
-                lambda f: tf.cast(f, tf.float32), doc)
+
+        def to_pixels(f):  # ensemble.data.arrays refuses NaN and inf at predict
+            with tf.control_dependencies(G.refuse_missing(f, "features")
+                                         + G.refuse_nonfinite(f, "features")):
+                return tf.cast(f, tf.float32)
+
+        return tf.TensorSpec([None, *shape], tf.float32, name="features"), to_pixels, doc
     names = list(pre.feature_names)
     mean, scale = tf.constant(pre.mean, tf.float64), tf.constant(pre.scale, tf.float64)
     fill = tf.constant(pre.fill, tf.float64) if len(pre.fill) else None
@@ -75,14 +89,28 @@ def _input_graph(pre):
         return _columnar_graph(pre, mean, scale, fill)
 
     def to_x(features):
-        x = tf.cast(features, tf.float64)
+        checks = G.refuse_nonfinite(features, "features", names)
+        if fill is None:
+            checks += G.refuse_missing(features, "features", names)
+        with tf.control_dependencies(checks):
+            x = tf.cast(features, tf.float64)
         if fill is not None:
             x = tf.where(tf.math.is_nan(x), fill, x)
-        return tf.cast((x - mean) / scale, tf.float32)
+        return _scaled(tf.cast((x - mean) / scale, tf.float32), pre, "features")
 
     doc = (f"features: [batch, {len(names)}] float32, raw (unscaled) columns in this order: "
            + ", ".join(names))
     return tf.TensorSpec([None, len(names)], tf.float32, name="features"), to_x, doc
+
+
+def _scaled(z, pre, name: str | None):
+    """`z` `[batch, n_outputs]` after the check that it fits float32 (`export_graph`)."""
+    import tensorflow as tf
+
+    from ensemble.runs import export_graph as G
+
+    with tf.control_dependencies(G.refuse_unfit(z, name, pre.output_names)):
+        return tf.identity(z)
 
 
 def input_names(columns) -> dict[str, str]:
@@ -110,6 +138,8 @@ def _columnar_graph(pre, mean, scale, fill):
     (an unknown category is an all-zero block)."""
     import tensorflow as tf
 
+    from ensemble.runs import export_graph as G
+
     key = input_names(pre.columns)
     specs = {key[n]: tf.TensorSpec([None], tf.float32, name=key[n]) for n in pre.feature_names}
     specs.update({key[c]: tf.TensorSpec([None], tf.string, name=key[c])
@@ -117,7 +147,15 @@ def _columnar_graph(pre, mean, scale, fill):
 
     def to_x(inputs):
         first = inputs[next(iter(specs))]
-        num = [tf.cast(inputs[key[n]], tf.float64) for n in pre.feature_names]
+        checks = []
+        for n in pre.feature_names:
+            checks += G.refuse_nonfinite(inputs[key[n]], key[n])
+            if fill is None:
+                checks += G.refuse_missing(inputs[key[n]], key[n])
+        checks += [c for n in pre.categories if n not in pre.category_fill
+                   for c in G.refuse_empty(inputs[key[n]], key[n])]
+        with tf.control_dependencies(checks):
+            num = [tf.cast(inputs[key[n]], tf.float64) for n in pre.feature_names]
         x = tf.stack(num, axis=1) if num else tf.zeros([tf.shape(first)[0], 0], tf.float64)
         if fill is not None:
             x = tf.where(tf.math.is_nan(x), fill, x)
@@ -128,7 +166,8 @@ def _columnar_graph(pre, mean, scale, fill):
                 col = tf.where(tf.equal(col, ""), pre.category_fill[c], col)
             blocks.append(tf.cast(tf.equal(col[:, None], tf.constant(cats)[None, :]),
                                   tf.float64))
-        return tf.cast((tf.concat(blocks, axis=1) - mean) / scale, tf.float32)
+        return _scaled(tf.cast((tf.concat(blocks, axis=1) - mean) / scale, tf.float32), pre,
+                       None)
 
     doc = ("one input per column: " + ", ".join(
         f"{key[n]} float32 [batch]" for n in pre.feature_names) + ", " + ", ".join(
@@ -150,7 +189,10 @@ def build_module(models, pre: Preprocessing, aggregators, params: dict, default:
     """
     import tensorflow as tf
 
+    from ensemble.runs import export_graph as G
+    from ensemble.tasks.classification.aggregators import member_weights
     from ensemble.tasks.classification.aggregators_tf import aggregate_tf
+    from ensemble.tasks.tables import NOT_PROBABILITIES
 
     names = list(pre.columns)
     mod = tf.Module()
@@ -170,16 +212,19 @@ def build_module(models, pre: Preprocessing, aggregators, params: dict, default:
             if not len(pre.classes):  # regression: ensemble.tasks.regression.tf_ops, target units
                 from ensemble.tasks.regression import tf_ops as RT
 
-                mu, sd = RT.mean_std(RT.aggregate_tf(stacked, aggregator,
-                                                     params.get(aggregator)))
-                return {"mean": mu, "std": sd,
+                ens = RT.aggregate_tf(stacked, aggregator, params.get(aggregator))
+                return {"mean": ens[:, 0], **G.regression_uncertainty(ens),
                         "member_mean": tf.transpose(stacked[..., 0]),
                         "member_std": tf.transpose(tf.sqrt(stacked[..., 1]))}
             probs = aggregate_tf(stacked, aggregator, params.get(aggregator))
             index = tf.argmax(probs, axis=1)
-            return {"probabilities": probs, "labels": tf.gather(mod.classes, index),
-                    "class_index": index,
-                    "member_probabilities": tf.transpose(stacked, [1, 0, 2])}
+            out = {"probabilities": probs, "labels": tf.gather(mod.classes, index),
+                   "class_index": index,
+                   "member_probabilities": tf.transpose(stacked, [1, 0, 2])}
+            if aggregator not in NOT_PROBABILITIES:  # vote shares: no entropy (as predict)
+                out.update(G.classification_uncertainty(stacked, probs, member_weights(
+                    aggregator, len(mod.members), params.get(aggregator))))
+            return out
 
         serve.__doc__ = f"Ensemble ({aggregator}) prediction. {doc}"
         return tf.function(serve, input_signature=[spec]).get_concrete_function()
@@ -197,7 +242,8 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
 
     Args:
         version: the version folder (an integer >= 1); default: 1 + the largest in `out`.
-        aggregator: the aggregator of `serving_default` (default: the run's first).
+        aggregator: the aggregator of `serving_default` (default: the run's best on
+            validation NLL, `ensemble.tasks.choice.default_aggregator`).
         trust_builder: accept a builder file whose sha256 changed since training and record
             the new one (`run_checks.verify_run`; refused otherwise).
 
@@ -208,6 +254,7 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
         UsageError: the run is not completed or damaged, the
             aggregator is not one of the run's, or `out/<version>` already exists.
     """
+    from ensemble.tasks.choice import default_aggregator
     from ensemble.tasks.classification.fitted import member_params
     from ensemble.runs.posthoc import run_aggregators
 
@@ -218,10 +265,7 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
     pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
                                               run_dir / artifacts.PREPROCESSING))
     names, fit = run_aggregators(run_dir, manifest)
-    aggregator = aggregator or names[0]
-    if aggregator not in names:
-        raise UsageError(f"Expected --aggregator to be one of the run's aggregators "
-                         f"({', '.join(names)}). Received: {aggregator!r}")
+    aggregator = default_aggregator(names, fit, aggregator)
     if version is None:
         version = next_version(out)
     if isinstance(version, bool) or not isinstance(version, int) or not (

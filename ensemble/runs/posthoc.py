@@ -103,7 +103,9 @@ def rebuild(splits: dict[str, SplitMembers], classes: np.ndarray, names: Sequenc
 def size_curve(splits: dict[str, SplitMembers], fit: dict[str, Any] | None,
                settings: dict[str, Any] | None = None) -> pa.Table:
     """`ensemble_size.parquet`: the curve of `tables.ensemble_size_table` on every labelled
-    split, the greedy order from `fit` (or greedy selection run on validation for it)."""
+    split, the greedy order from `fit` (or greedy selection run on validation for it); both
+    curves stop at the run's member count (greedy's later picks, with repeats, are left out,
+    so k never exceeds the members there are)."""
     greedy = (fit or {}).get("params", {}).get("greedy")
     val = splits.get("validation")
     if greedy is None and val is not None and val.y is not None:
@@ -114,9 +116,10 @@ def size_curve(splits: dict[str, SplitMembers], fit: dict[str, Any] | None,
             greedy_selection = fitted.greedy_selection
         greedy = greedy_selection(val.probs, val.y, rounds)
     labelled = {k: s for k, s in splits.items() if s.y is not None}
+    n_members = max((len(s.probs) for s in labelled.values()), default=0)
     return tables.ensemble_size_table({k: s.probs for k, s in labelled.items()},
                                       {k: s.y for k, s in labelled.items()},
-                                      greedy["order"] if greedy else None)
+                                      list(greedy["order"])[:n_members] if greedy else None)
 
 
 def run_aggregators(run_dir: str | Path, manifest: dict[str, Any]

@@ -101,7 +101,8 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
                      device_spec: str = "auto", batch_size: int = DEFAULT_BATCH_ROWS,
                      cluster: dict | None = None, strict_columns: bool = False,
                      replicas: int | str = "auto", verbosity: int = 0,
-                     layout: str = "wide", trust_builder: bool = False) -> dict:
+                     layout: str = "wide", trust_builder: bool = False,
+                     aggregator: str | None = None) -> dict:
     """Rebuild the in-graph inference graph on this machine's (or `cluster`'s) devices and
     predict `source` batch by batch into `out` (split `predict`).
 
@@ -110,15 +111,19 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
         replicas: replicas per member, `auto` (`devices // members`) or an integer
             (`ensemble.replication.placement.replica_devices`); each batch's rows are split across them.
         verbosity: 0 quiet, 1 progress (`ensemble.replication.progress.RowProgress`).
-        layout: `wide` (one row per input: its non-feature columns, the first aggregator's
-            prediction; `tables.wide_rows`) or `long` (a row per model and input).
+        layout: `wide` (one row per input: its non-feature columns, the prediction of
+            `aggregator`; `tables.wide_rows`) or `long` (a row per model and input).
+        aggregator: the aggregator of the `wide` layout (default: the run's best on
+            validation NLL, `ensemble.tasks.choice.default_aggregator`).
 
     Returns:
         The prediction's manifest (also written to `<out>.manifest.json`).
 
     Raises:
-        UsageError: bad run, input, output name or `replicas`; nothing is left under `out`.
+        UsageError: bad run, input, output name, `replicas` or `aggregator`; nothing is left
+            under `out`.
     """
+    from ensemble.tasks.choice import default_aggregator
     from ensemble.tasks.classification.fitted import member_params
     from ensemble.models.members import load_run_member
     from ensemble.replication.placement import replica_devices
@@ -126,11 +131,13 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
     from ensemble.replication.progress import RowProgress
     from ensemble.data.stream import PredictionWriter
 
-    check_out(out)
     from ensemble.runs.checks import ensemble_members
 
+    check_out(out)
     manifest, pre, stream = open_input(run_dir, source, target, strict_columns, batch_size,
                                        trust_builder=trust_builder)
+    aggs, fit = run_aggregators(run_dir, manifest)
+    answer = default_aggregator(aggs, fit, aggregator)
     stream.check()
     stream.passthrough = layout == "wide"
     flat_heap()  # peak memory flat however many batches (see ensemble.data.stream.flat_heap)
@@ -142,7 +149,6 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
     copies = []
     for i, group in zip(used, groups):
         copies.append([(load_run_member(run_dir, manifest, i, d), d) for d in group])
-    aggs, fit = run_aggregators(run_dir, manifest)
     params = member_params(fit, used)
     ens = InGraphEnsemble([c[0][0] for c in copies], [g[0] for g in groups], aggs,
                           indices=used, params=params)
@@ -157,7 +163,7 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
             long = tables.predictions_table(dict(zip(used, member_p)), "predict", b.rows,
                                             b.y, pre.classes, aggs, ens_p, params,
                                             first_row=b.first_row)
-            writer.write(tables.wide_rows(long, aggs[0], b.extra, b.ids) if layout == "wide"
+            writer.write(tables.wide_rows(long, answer, b.extra, b.ids) if layout == "wide"
                          else tables.with_ids(long, b.ids))
             progress.update(len(b.x))
     seconds = progress.end()

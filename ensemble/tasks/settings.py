@@ -16,8 +16,8 @@ class AggregationConfig:
 
     `aggregators`: from `mean`, `vote`, `geometric`, `weighted`, `greedy`, `stacking`,
     `temperature` (the last four are fitted on the validation split); a regression run takes
-    `mean`, `weighted`, `greedy`, `std-scaling` (`ensemble.tasks.regression.aggregators`) and applies `mean`
-    alone when the list is the default. `weights`: fixed member
+    `mean`, `weighted`, `greedy`, `std-scaling` (`ensemble.tasks.regression.aggregators`) and applies `mean` and
+    `std-scaling` when the list is the default. `weights`: fixed member
     weights for `weighted` (empty: fitted). `greedy_rounds`: additions of ensemble selection.
     `stacking_folds`: cross-validation folds choosing the stacker's regularisation.
     """

@@ -73,6 +73,8 @@ def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path 
     curve_path = None if run_dir is None else Path(run_dir) / "ensemble_size.parquet"
     if curve_path is not None and curve_path.is_file():
         curve = [r for r in artifacts.read_parquet(curve_path).to_pylist() if r["split"] == split]
+        n_members = max((r["k"] for r in curve if r["order"] == "first"), default=0)
+        curve = [r for r in curve if r["k"] <= n_members]  # files from before the cut
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
         for ax, m in zip(axes, ("nll", "accuracy")):
             for order in dict.fromkeys(r["order"] for r in curve):
@@ -80,7 +82,8 @@ def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path 
                 label = ("first k members" if order == "first"
                          else "greedy selection's first k picks")
                 ax.plot(*zip(*pts), marker=".", label=label)
-            ax.set(xlabel="k (members averaged, with repeats for greedy)", ylabel=m, title=f"{m} on {split}")
+            ax.set(xlabel="k (members averaged, with repeats for greedy)", ylabel=m,
+                   title=f"{m} on {split}", xlim=(0.5, n_members + 0.5))
             ax.legend()
         written.append(folder / "ensemble_size.png")
         fig.savefig(written[-1], dpi=100, bbox_inches="tight")

@@ -29,6 +29,7 @@ from ensemble.core.errors import UsageError
 
 AGGREGATORS = ("mean", "weighted", "greedy", "std-scaling")
 FITTED = ("weighted", "greedy", "std-scaling")
+REGRESSION_DEFAULT = ("mean", "std-scaling")  # a regression run's aggregators by default
 CLASSIFICATION_ONLY = ("vote", "geometric", "stacking", "temperature")
 VARIANCE_FLOOR = 1e-6  # added to softplus(raw) in the head: sigma^2 = softplus(raw) + 1e-6
 
@@ -68,11 +69,13 @@ def check_aggregators(names, task: str) -> None:
 
 def task_aggregators(names, task: str) -> list[str]:
     """The aggregators a run of `task` applies: the config's `names`, except that a regression
-    run whose config keeps the classification default (`mean`, `vote`) applies `mean` only."""
+    run whose config keeps the classification default (`mean`, `vote`) applies
+    `REGRESSION_DEFAULT` (`mean` and `std-scaling`, fitted on validation: the mean mixture's
+    intervals are often too wide or too narrow, and the one fitted factor fixes that)."""
     from ensemble.tasks.settings import DEFAULT_AGGREGATORS
 
     if task == "regression" and tuple(names) == tuple(DEFAULT_AGGREGATORS):
-        return ["mean"]
+        return list(REGRESSION_DEFAULT)
     return list(names)
 
 

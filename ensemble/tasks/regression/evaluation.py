@@ -84,14 +84,22 @@ def _fitted(fit: dict | None) -> list[str]:
     return out
 
 
-def verdict(rows: list[dict], split: str) -> str:
-    """One sentence: the first ensemble's NLL and RMSE against the mean member on `split`."""
+def verdict(rows: list[dict], split: str, validation_nll: dict | None = None) -> str:
+    """One sentence: the NLL and RMSE of the ensemble that `predict` answers with (the lowest
+    `validation_nll` `{aggregator: NLL}`, `ensemble.tasks.choice`; else the first) against the
+    mean member on `split`."""
+    from ensemble.tasks.choice import default_aggregator
+
     mean, _, members = _references(rows)
     ens = [r for r in rows if r["aggregator"] is not None]
     if not ens or not members:
         return ""
-    e = ens[0]
-    text = f"The {len(members)}-member ensemble ({e['model']}) has {split} RMSE {cell(e['rmse'])}"
+    names = [r["aggregator"] for r in ens]
+    chosen = default_aggregator(names, {"validation_nll": validation_nll or {}})
+    e = ens[names.index(chosen)]
+    text = (f"The {len(members)}-member ensemble ({e['model']}"
+            + (", chosen on validation" if len(ens) > 1 and validation_nll else "")
+            + f") has {split} RMSE {cell(e['rmse'])}")
     if mean["rmse"]:
         text += f" against {cell(mean['rmse'])} for the mean member"
     if e["nll"] is not None and mean["nll"] is not None:
@@ -121,6 +129,8 @@ def format_table(metrics: pa.Table, fit: dict | None = None, extra=()) -> str:
     lines += ["cov_90/cov_95: share of rows inside the central 90%/95% interval (nominal "
               "0.90/0.95);", "cal_err: mean |p - observed| over quantile levels 0.05..0.95"]
     lines += list(extra)
-    sentence = textwrap.fill(verdict([r for r in rows if r["split"] == last], last),
+    val = {r["aggregator"]: r["nll"] for r in rows
+           if r["split"] == "validation" and r["aggregator"] is not None}
+    sentence = textwrap.fill(verdict([r for r in rows if r["split"] == last], last, val),
                              NAME_WIDTH + len(COLUMNS) * COL)
     return "\n".join(lines + ([sentence] if sentence else []))

@@ -1,0 +1,115 @@
+"""The refusals and the per-row uncertainty outputs inside an exported signature.
+
+`ensemble.runs.export` calls these while it traces each signature, so that the SavedModel itself
+answers as `ensemble predict` does, under plain TensorFlow Serving too:
+
+- Refusals (`refuse_missing`, `refuse_nonfinite`, `refuse_unfit`, `refuse_empty`): the values
+  `ensemble predict` refuses (`ensemble.data.table_to_dataset`, `ensemble.data.arrays`,
+  `Preprocessing.encode_scaled`) make the signature fail with `InvalidArgumentError`
+  ("assertion failed: [input `NAME`: ...]", naming the input and, for the `features` matrix,
+  its columns): a missing value (NaN; `""` for a string input) in a run trained without
+  imputation, an infinite value (a JSON number beyond float32, such as `1e39`, arrives as
+  inf once cast to the input's float32), and a value that the run's standardisation scales
+  beyond float32. A run that imputes fills NaN and `""` as before, and still refuses inf.
+- Uncertainty (`classification_uncertainty`, `regression_uncertainty`): the per-row columns of
+  `predictions.parquet` (DESIGN.md) computed in the graph from the members' outputs, TF twins
+  of `ensemble.tasks.classification.metrics.uncertainty` and `ensemble.tasks.regression.aggregators.std_of`.
+
+`ensemble serve` turns the refusal into HTTP 400 with its message
+(`ensemble.serving.graph_errors`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+IMPUTE_HINT = "this run was trained without imputation (ensemble train --impute median fills them)"
+
+
+def _columns_where(bad, columns):
+    """`", "`-joined names of the `columns` (`[n_columns]`) where `bad` `[batch, n_columns]`
+    holds a True, as a scalar string tensor."""
+    hit = tf.reduce_any(bad, axis=0)
+    return tf.strings.reduce_join(tf.boolean_mask(tf.constant(columns), hit), separator=", ")
+
+
+def _assert(bad, name: str, text: str, columns=None):
+    """An assertion op failing when any of `bad` is True, with the message
+    "input `NAME`[ column(s) A, B]: TEXT" (the offending `columns` named when `bad` is
+    `[batch, n_columns]`)."""
+    ok = tf.logical_not(tf.reduce_any(bad))
+    if columns is None:
+        return tf.debugging.Assert(ok, [tf.constant(f"input `{name}`: {text}")])
+    front = f"input `{name}` column(s) " if name else "input(s) "
+    return tf.debugging.Assert(ok, [tf.strings.join([front, _columns_where(bad, columns),
+                                                     f": {text}"])])
+
+
+def refuse_missing(x, name: str, columns=None) -> list:
+    """Refuse NaN in `x` (a run without imputation): `x` float `[batch]`, `[batch, n_columns]`
+    (`columns` its names) or `[batch, *shape]`. Returns the assertion ops."""
+    return [_assert(tf.math.is_nan(x), name, "a missing value (NaN or null); " + IMPUTE_HINT,
+                    columns)]
+
+
+def refuse_nonfinite(x, name: str, columns=None) -> list:
+    """Refuse inf in `x` (beyond float32: a larger number becomes inf as float32). Shapes as
+    `refuse_missing`. Returns the assertion ops."""
+    return [_assert(tf.math.is_inf(x), name, "a value that is infinite or beyond float32 "
+                    f"(|x| <= {FLOAT32_MAX:.4g}); expected finite numbers", columns)]
+
+
+def refuse_empty(col, name: str) -> list:
+    """Refuse `""` (a missing category) in the string input `col` `[batch]` of a run without
+    imputation. Returns the assertion ops."""
+    return [_assert(tf.equal(col, ""), name, "a missing value (empty string); " + IMPUTE_HINT)]
+
+
+def refuse_unfit(z, name: str | None, columns) -> list:
+    """Refuse standardised values `z` `[batch, n_outputs]` (float32, after scaling) that do not
+    fit float32 (`Preprocessing.encode_scaled`); `columns` names the outputs, `name` the
+    input (`features`; None for one input per column, then the columns are the inputs)."""
+    return [_assert(tf.logical_not(tf.math.is_finite(z)), name,
+                    "a value that does not fit float32 (the model's dtype) once scaled by the "
+                    "run's standardisation; expected values within the range the run was "
+                    "trained on", list(columns))]
+
+
+def entropy_tf(p):
+    """Shannon entropy (nats) over the last axis of `p` (float64), `0 log 0 = 0`: the TF twin
+    of `ensemble.tasks.classification.metrics.entropy`."""
+    safe = tf.where(p > 0, p, tf.ones_like(p))
+    return -tf.reduce_sum(tf.where(p > 0, p * tf.math.log(safe), tf.zeros_like(p)), axis=-1)
+
+
+def classification_uncertainty(member_probs, ensemble_probs, weights) -> dict:
+    """Per-row uncertainty of an ensemble row, TF twin of `ensemble.tasks.classification.metrics.uncertainty`.
+
+    Args:
+        member_probs: `[n_members, batch, n_classes]` float32 probabilities.
+        ensemble_probs: `[batch, n_classes]` float32, the aggregator's output.
+        weights: `[n_members]` weights of the expected member entropy
+            (`ensemble.tasks.classification.aggregators.member_weights`).
+
+    Returns:
+        `{"entropy", "expected_entropy", "mutual_information"}`, each `[batch]` float32 (float64
+        inside): H(ensemble), sum_m w_m H(p_m) and their difference (Depeweg et al. 2018).
+    """
+    member_h = entropy_tf(tf.cast(member_probs, tf.float64))  # [n_members, batch]
+    h = entropy_tf(tf.cast(ensemble_probs, tf.float64))
+    expected = tf.tensordot(tf.constant(np.asarray(weights, np.float64)), member_h, axes=1)
+    return {"entropy": tf.cast(h, tf.float32),
+            "expected_entropy": tf.cast(expected, tf.float32),
+            "mutual_information": tf.cast(h - expected, tf.float32)}
+
+
+def regression_uncertainty(ensemble) -> dict:
+    """`{"std", "aleatoric_std", "epistemic_std"}` `[batch]` (target units) of an aggregator's
+    `[batch, 3]` (mean, aleatoric variance, epistemic variance): TF twin of
+    `ensemble.tasks.regression.aggregators.std_of`."""
+    e = tf.cast(ensemble, tf.float64)
+    return {"std": tf.cast(tf.sqrt(e[:, 1] + e[:, 2]), tf.float32),
+            "aleatoric_std": tf.cast(tf.sqrt(e[:, 1]), tf.float32),
+            "epistemic_std": tf.cast(tf.sqrt(e[:, 2]), tf.float32)}
