@@ -268,7 +268,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     _add(e, "--ood", metavar="SOURCE",
          help="out-of-distribution inputs (a table, .npz or image folder the run takes, or a "
               "long-layout predictions .parquet): AUROC/AUPR of telling the test split from "
-              "them, written to ood.parquet in the run")
+              "them, written to ood.parquet in the run (default: none)")
     _add(e, "--shift", action="store_true",
          help="the test split under corruptions at severities 1-5, written to shift.parquet "
               "in the run")
