@@ -168,11 +168,11 @@ def test_size_curve_stops_at_the_member_count(default_run):
 
 
 def test_regression_progress_names_units():
-    from ensemble.replication import progress
+    from ensemble.replication import progress, protocol
 
-    line = progress.format_report({"kind": "epoch", "member": 0, "epoch": 0, "epochs": 3,
-                                   "loss": -0.98, "val_loss": 7.15, "val_rmse": 60.1,
-                                   "seconds": 0.4})
+    line = progress.format_report(protocol.Epoch(3, {"member": 0, "epoch": 0, "loss": -0.98,
+                                                     "val_loss": 7.15, "val_rmse": 60.1,
+                                                     "seconds": 0.4}))
     assert "loss -0.9800 (standardised target)" in line
     assert "val_loss 7.1500 - val_rmse 60.1000 (target units)" in line
     line = progress.format_report({"kind": "epoch", "member": 0, "epoch": 0, "epochs": 3,
