@@ -121,6 +121,8 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
     stream.passthrough = layout == "wide"
     flat_heap()  # peak memory flat however many batches (see ensemble.stream.flat_heap)
     n = len(manifest["members"])
+    # the run's threads of one op, as its clients use (before resolving initialises TF)
+    devices.set_op_threads(manifest["config"]["training"].get("intra_op_threads", 1))
     groups = replica_devices(n, devices.resolve(device_spec, n, cluster), replicas)
     from ensemble.in_graph import InGraphEnsemble
 
