@@ -1,6 +1,6 @@
 """Benchmark harness: the project's two modes against what users would pick instead.
 
-    python -m pipelines.benchmark [--workload digits|wide|wide-long|data-parallel|all]
+    python -m pipelines.benchmark [--workload digits|wide|wide-long|cnn|data-parallel|all]
                                   [--repeats 3]
                                   [--methods in-graph,between-graph,naive,sklearn] [--out DIR]
 
@@ -11,7 +11,7 @@ in GFLOP/s and as a fraction of the machine's float32 GEMM rate measured by nump
 run (2048x2048), over every traced call (in-graph) or epoch (naive) after the first, which
 pays for tracing; `first epoch s` is spawn to the end of the first epoch (its progress line:
 what a user waits before training shows, in-graph only). FLOPs: 3x the forward pass (forward plus twice for backward), dense layers
-only, `2 * sum(w_in * w_out)` per row (`placement.mlp_flops`).
+and convolutions, read from each member's traced graph (`ensemble.cost`).
 
 Methods: `in-graph` and `between-graph` (`ensemble train`), `naive` (members built and trained
 one after another with Keras `model.fit`, then averaged), `sklearn` (`VotingClassifier`
@@ -45,6 +45,8 @@ WORKLOADS = {
     "digits": (None, [], ("in-graph", "between-graph", "naive", "sklearn")),
     "wide": (WIDE, [], ("in-graph", "between-graph", "naive", "sklearn")),
     "wide-long": (WIDE, ["--epochs", "10"], ("in-graph", "between-graph", "naive", "sklearn")),
+    # convolutional members (issue #33): 4 small CNNs on digits as 8x8x1 images, 10 epochs
+    "cnn": ("configs/digits-cnn.toml", [], ("in-graph", "between-graph")),
     # data-parallel members (issue #24): 2 members, 1 vs 2 vs 4 replicas on logical CPUs
     "data-parallel": (None, ["--members", "2", "--epochs", "10", "--devices", "cpu:2"],
                       ("in-graph", "in-graph-r2", "in-graph-r4")),
