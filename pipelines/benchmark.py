@@ -1,6 +1,6 @@
 """Benchmark harness: the project's two modes against what users would pick instead.
 
-    python -m pipelines.benchmark [--workload digits|wide|wide-long|data-parallel|all]
+    python -m pipelines.benchmark [--workload digits|wide|wide-long|cnn|data-parallel|all]
                                   [--repeats 3]
                                   [--methods in-graph,between-graph,naive,sklearn] [--out DIR]
 
@@ -9,9 +9,10 @@ Every method runs in its own fresh process, as a user would run it, and is measu
 process's own clock around its training loop); `steady` is the steady-state training rate,
 in GFLOP/s and as a fraction of the machine's float32 GEMM rate measured by numpy in the same
 run (2048x2048), over every traced call (in-graph) or epoch (naive) after the first, which
-pays for tracing; `first epoch s` is spawn to the end of the first epoch (its progress line:
+pays for tracing (between-graph: each client's members' calls after their first, the
+clients' rates added); `first epoch s` is spawn to the end of the first epoch (its progress line:
 what a user waits before training shows, in-graph only). FLOPs: 3x the forward pass (forward plus twice for backward), dense layers
-only, `2 * sum(w_in * w_out)` per row (`ensemble.models.cost.mlp_flops`).
+and convolutions, read from each member's traced graph (`ensemble.models.cost`).
 
 Methods: `in-graph` and `between-graph` (`ensemble train`), `naive` (members built and trained
 one after another with Keras `model.fit`, then averaged), `sklearn` (`VotingClassifier`
@@ -45,6 +46,8 @@ WORKLOADS = {
     "digits": (None, [], ("in-graph", "between-graph", "naive", "sklearn")),
     "wide": (WIDE, [], ("in-graph", "between-graph", "naive", "sklearn")),
     "wide-long": (WIDE, ["--epochs", "10"], ("in-graph", "between-graph", "naive", "sklearn")),
+    # convolutional members (issue #33): 4 small CNNs on digits as 8x8x1 images, 10 epochs
+    "cnn": ("configs/digits-cnn.toml", [], ("in-graph", "between-graph")),
     # data-parallel members (issue #24): 2 members, 1 vs 2 vs 4 replicas on logical CPUs
     "data-parallel": (None, ["--members", "2", "--epochs", "10", "--devices", "cpu:2"],
                       ("in-graph", "in-graph-r2", "in-graph-r4")),
@@ -201,6 +204,22 @@ def _train_flops_per_row(manifest: dict) -> float:
     return 3.0 * sum(m["flops_per_row"] for m in manifest["members"])
 
 
+def _clients_steady(manifest: dict, clients: list[dict]) -> dict:
+    """Between-graph's steady state as in-graph's fields: each client trains its members one
+    after another, so its rate is its members' steady FLOPs over their steady seconds; the
+    clients run at once, so the mode's rate is the sum of theirs (an upper bound when they do
+    not overlap fully). Returned as `steady_rows` (rows per member, over all members' FLOPs per
+    row) in `steady_seconds` = 1 s; {} when no client reported a steady state."""
+    flops = {i: 3.0 * m["flops_per_row"] for i, m in enumerate(manifest["members"])}
+    rate = 0.0
+    for c in clients:
+        steady = {int(i): v for i, v in (c.get("steady") or {}).items()}
+        seconds = sum(s for _, s in steady.values())
+        if seconds > 0:
+            rate += sum(rows * flops[i] for i, (rows, _) in steady.items()) / seconds
+    return {"steady_rows": rate / sum(flops.values()), "steady_seconds": 1.0} if rate else {}
+
+
 def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int) -> dict:
     from ensemble.core import artifacts
     from pipelines.compare import client_processes, concurrent_peak
@@ -219,6 +238,8 @@ def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int) -> dict:
                if r["model"] == "ensemble-mean" and r["split"] == "test")
     clients = client_processes(t.get("clients", {}))
     first = t.get("first_epoch_end_unix")
+    if clients:  # between-graph: the clients' steady rates added (they run at once)
+        t = {**t, **_clients_steady(m, clients)}
     return {"wall_seconds": res["seconds"], "train_seconds": t["train_seconds"],
             "first_epoch_seconds": None if first is None else first - res["spawned_unix"],
             "steady_rows": t.get("steady_rows"), "steady_seconds": t.get("steady_seconds"),

@@ -243,6 +243,7 @@ def cmd_client(args) -> int:
 
     ready = time.time()  # TensorFlow is imported (main) and the arguments are parsed
     start = time.perf_counter()
+    steady: dict = {}  # training: member -> its steady-state rate (`training.SteadyState`)
     if args.predict:
         if not args.out:
             raise UsageError("client: --predict needs --out FILE.parquet (or a folder)")
@@ -255,12 +256,20 @@ def cmd_client(args) -> int:
                                      cluster=_cluster(args), batch_rows=args.batch_size,
                                      target=args.target)
     else:
+        from ensemble.core import artifacts
+        from ensemble.replication.training import SteadyState
+
+        m = artifacts.read_manifest(Path(args.run))
+
         def callbacks(index: int):
+            steady[index] = SteadyState(m["config"]["training"]["batch_size"],
+                                        m["dataset"]["rows"]["train"])
             if args.progress == "report":
-                return [progress.ReportProgress([index])]
+                return [progress.ReportProgress([index]), steady[index]]
             if args.progress == "log":
-                return [progress.LogProgress(sys.stdout, prefix=f"member {index}: ")]
-            return []
+                return [progress.LogProgress(sys.stdout, prefix=f"member {index}: "),
+                        steady[index]]
+            return [steady[index]]
 
         def done(index: int, seconds: float) -> None:
             if args.progress == "report":  # the launcher records the member as completed
@@ -281,6 +290,7 @@ def cmd_client(args) -> int:
     from ensemble.replication.devices import build_info
 
     report({"members": args.member, "ready_unix": ready,
+            "steady": {str(i): [st.rows, st.seconds] for i, st in steady.items()},
             "work_seconds": time.perf_counter() - start, "peak_rss_bytes": peak_rss_bytes(),
             "tensorflow_build": build_info()})
     return 0

@@ -1,7 +1,10 @@
 """`ensemble compare`: train and predict the same ensemble in both replication modes, several
 times, measure each mode's cost (wall time, throughput, peak memory of all its processes,
-start-up on the critical path) and the parity of their predictions, and say which mode is
-better on this machine, or that neither is clearly better.
+start-up on the critical path) and the parity of their predictions (after training: the
+members' test probabilities; after prediction: the prediction files), and say which mode is
+better on this machine, or that neither is clearly better (with one repeat: that one sample
+gives no spread). Parity is on when the config keeps it (`parity_setting`); the verdict says
+when it is off or not met.
 
 Every phase runs as its own `ensemble` process so that its memory is its own. Each phase of
 each mode runs `repeats` times, the mode order alternating between repeats (in-graph first, then
@@ -95,9 +98,32 @@ def _predict_row(mode: str, res: dict, n_members: int, n_devices: int) -> dict:
             "processes": 1 + len(clients), "devices": n_devices, "test_accuracy": None}
 
 
+PARITY_BOUND = 1e-5  # what the README promises for members of the two modes
+
+
+def parity_setting(cfg: Config) -> str:
+    """`"on"` when `cfg` makes the two modes' members equal (op determinism, and the same
+    threads per op in every process: `training.intra_op_threads` > 0), else `"off: "` and
+    the settings that trade it away."""
+    off = [reason for bad, reason in (
+        (not cfg.training.deterministic, "training.deterministic = false"),
+        (not cfg.training.intra_op_threads,
+         "training.intra_op_threads = 0 (each process runs an op on TensorFlow's default "
+         "threads, so convolutions sum in another order)")) if bad]
+    return "off: " + "; ".join(off) if off else "on"
+
+
+def members_test(table: pa.Table) -> pa.Table:
+    """The member rows of the test split of a run's `predictions.parquet`, in (member, row)
+    order: what parity compares after training."""
+    keep = pc.and_(pc.is_valid(table.column("member")), pc.equal(table.column("split"), "test"))
+    return table.filter(keep).sort_by([("member", "ascending"), ("row", "ascending")])
+
+
 def parity(a: pa.Table, b: pa.Table) -> tuple[float, float]:
     """(max abs probability difference, share of identical predicted labels) of two
-    predictions tables with the same rows."""
+    predictions tables with the same rows (regression: of the members' mean and variance,
+    `tables.probabilities`)."""
     classes = tables.classes_from(a)
     diff = np.abs(tables.probabilities(a, classes) - tables.probabilities(b, classes)).max()
     same = pc.equal(a.column("y_pred"), b.column("y_pred")).to_numpy(zero_copy_only=False)
@@ -165,8 +191,9 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
                 r.update(repeat=repeat, position=position)
             preds[mode] = (artifacts.read_parquet(run_dir / artifacts.PREDICTIONS),
                            artifacts.read_parquet(out))
-    parities = {ph: parity(preds[MODES[0]][k], preds[MODES[1]][k]) for k, ph in enumerate(PHASES)}
-    summary = summarise(runs, parities)
+    parities = {ph: parity(*(members_test(preds[m][k]) if ph == "train" else preds[m][k]
+                             for m in MODES)) for k, ph in enumerate(PHASES)}
+    summary = summarise(runs, parities, parity_setting(cfg))
     runs_table = pa.Table.from_pylist(runs)
     context = {"data": Path(cfg.data.source).name, "members": cfg.members.count,
                "epochs": cfg.training.epochs, "devices": cfg.placement.devices,
@@ -179,10 +206,17 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
     return summary_table, runs_table
 
 
-def summarise(runs: list[dict], parities: dict[str, tuple[float, float]]) -> list[dict]:
+def summarise(runs: list[dict], parities: dict[str, tuple[float, float]],
+              setting: str = "on") -> list[dict]:
     """One row per mode and phase: `<measure>_median`, `_min`, `_max` over the repeats of
     every measure, rounded to the digits the printed table shows (so the file holds exactly
-    the printed figures), plus parity and test accuracy."""
+    the printed figures), plus parity and test accuracy.
+
+    Args:
+        parities: `{phase: (max abs difference, share of identical labels)}` (`parity`):
+            train compares the members' test probabilities, predict the prediction files.
+        setting: `parity_setting` of the run config (`parity_setting` column).
+    """
     rows = []
     for mode in MODES:
         for phase in PHASES:
@@ -198,6 +232,7 @@ def summarise(runs: list[dict], parities: dict[str, tuple[float, float]]) -> lis
             diff, same = parities[phase]
             row["parity_max_abs_diff"] = float(f"{diff:.2e}")
             row["parity_same_labels"] = round(same, 4)
+            row["parity_setting"] = setting
             rows.append(row)
     return rows
 
@@ -258,13 +293,32 @@ driver + concurrent clients. Figures: median [min-max] over the repeats."""
 
 
 def _spread(r: dict, key: str, fmt: str) -> str:
+    if r.get("repeats", 2) == 1:  # one sample: no median, no range
+        return f"{r[key + '_median']:{fmt}}"
     return (f"{r[key + '_median']:{fmt}} [{r[key + '_min']:{fmt}}-{r[key + '_max']:{fmt}}]")
 
 
+def _parity_line(rows: list[dict]) -> str:
+    """Whether the two modes trained the same members: the setting and what was measured."""
+    setting = rows[0].get("parity_setting", "on")
+    found = rows[0]["parity_max_abs_diff"]  # train: the members' test probabilities
+    if setting != "on":
+        return (f"parity {setting}: the members may differ between the modes (found max |dp| "
+                f"= {found:.2e}); the timings compare runs that computed other numbers")
+    if found > PARITY_BOUND:
+        return (f"parity on, but NOT met: members' test probabilities differ by {found:.2e} "
+                f"(> {PARITY_BOUND:g}; see the README's \"Same members in both modes\")")
+    return (f"parity on: the members' test probabilities agree within {found:.2e} "
+            f"(<= {PARITY_BOUND:g}): both modes trained the same members")
+
+
 def verdict(table: pa.Table) -> str:
-    """The printed summary: one line per mode and phase (median [min-max]), the column
-    definitions, then per phase the faster mode, or "no clear winner" when the two modes'
-    min-max ranges overlap, and what each mode's time went to."""
+    """The printed summary: one line per mode and phase (median [min-max]; the sample alone
+    with one repeat), the column definitions, then per phase the faster mode, or "no clear
+    winner" when the two modes' min-max ranges overlap, or, with one repeat, the two samples
+    and that one sample gives no spread (no mode is called faster); what each mode's time
+    went to; and a last line on parity (`parity_setting`, the members' measured difference
+    against `PARITY_BOUND`)."""
     rows = table.to_pylist()
     lines = [f"{'mode':<15}{'phase':<9}{'wall s':>20}{'start-up s':>20}{'rows/s':>10}"
              f"{'peak MiB':>10}{'test acc':>10}"]
@@ -275,12 +329,18 @@ def verdict(table: pa.Table) -> str:
                      f"{r['member_rows_per_second_median']:>10.0f}"
                      f"{r['peak_rss_bytes_median'] / 2**20:>10.0f}"
                      f"{'' if acc is None or acc != acc else f'{acc:.4f}':>10}")
-    lines.append(LEGEND)
+    n = rows[0].get("repeats", 1)
+    lines.append(LEGEND if n > 1 else LEGEND.replace(
+        "median [min-max] over the repeats", "one sample per mode and phase (--repeats 1)"))
     for phase in PHASES:
         a, b = (next(r for r in rows if r["mode"] == m and r["phase"] == phase) for m in MODES)
         fast, slow = (a, b) if a["wall_seconds_median"] <= b["wall_seconds_median"] else (b, a)
-        n = a.get("repeats", 1)
-        if fast["wall_seconds_max"] >= slow["wall_seconds_min"] and n > 1:
+        if n == 1:
+            head = (f"{phase}: one sample per mode ({a['mode']} {a['wall_seconds_median']:.2f} "
+                    f"s, {b['mode']} {b['wall_seconds_median']:.2f} s); one sample gives no "
+                    "spread, so neither mode is called faster (--repeats 3 or more for a "
+                    "verdict)")
+        elif fast["wall_seconds_max"] >= slow["wall_seconds_min"]:
             head = (f"{phase}: no clear winner: the difference ({fast['wall_seconds_median']:.2f} "
                     f"s vs {slow['wall_seconds_median']:.2f} s median) is within the spread of "
                     f"{n} repeats")
@@ -291,5 +351,7 @@ def verdict(table: pa.Table) -> str:
             f"{r['mode']} start-up {r['startup_seconds_median']:.2f} s, {phase} and the rest "
             f"{r['work_seconds_median']:.2f} s" for r in (a, b))
         lines.append(f"{head}; parity max |dp| = {a['parity_max_abs_diff']:.2e}, identical "
-                     f"labels {a['parity_same_labels']:.2%}. Time went to (medians): {went}")
+                     f"labels {a['parity_same_labels']:.2%}. Time went to "
+                     f"({'one sample' if n == 1 else 'medians'}): {went}")
+    lines.append(_parity_line(rows))
     return "\n".join(lines)

@@ -323,7 +323,8 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     _add(c, "--progress", choices=("log", "report", "none"), default="log",
          help="log: lines on stdout; report: machine-readable lines on stderr for a launcher")
     _add(c, "--threads", type=_bounded(B.check_int, "--threads", 1, B.JOBS_MAX), metavar="N",
-         help="TensorFlow intra/inter-op threads (default: TensorFlow's)")
+         help="TensorFlow inter-op threads, and intra-op ones when the run's "
+         "training.intra_op_threads is 0 (default: TensorFlow's)")
     _add(c, "--predict", metavar="X.npz|SOURCE",
          help="predict this input instead of training: scaled X.npz, or a data source "
               "streamed in batches (default: train)")

@@ -45,12 +45,52 @@ PARITY = {"train": (0.0, 1.0), "predict": (0.0, 1.0)}
 
 
 def test_verdict_names_the_faster_mode():
+    rows = compare.summarise(_runs({("in-graph", "train"): [1.9, 2.1],
+                                    ("in-graph", "predict"): [0.9, 1.1],
+                                    ("between-graph", "train"): [5.8, 6.2],
+                                    ("between-graph", "predict"): [0.45, 0.55]}), PARITY)
+    text = compare.verdict(pa.Table.from_pylist(rows))
+    assert "train: in-graph is 3.00x faster" in text
+    assert "predict: between-graph is 2.00x faster" in text
+    assert "parity on: the members' test probabilities agree" in text
+
+
+def test_one_repeat_shows_the_sample_and_calls_no_mode_faster():
     rows = compare.summarise(_runs({("in-graph", "train"): [2.0], ("in-graph", "predict"): [1.0],
                                     ("between-graph", "train"): [6.0],
                                     ("between-graph", "predict"): [0.5]}), PARITY)
     text = compare.verdict(pa.Table.from_pylist(rows))
-    assert "train: in-graph is 3.00x faster" in text
-    assert "predict: between-graph is 2.00x faster" in text
+    assert "faster" not in text.replace("called faster", "")
+    assert ("train: one sample per mode (in-graph 2.00 s, between-graph 6.00 s); one sample "
+            "gives no spread") in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("in-graph       train"))
+    assert "2.00" in line and "[" not in line  # the sample, not a median and a range
+    assert "one sample per mode and phase (--repeats 1)" in text
+
+
+def test_verdict_says_when_parity_is_off_or_not_met():
+    walls = {(m, ph): [1.0, 1.2] for m in ("in-graph", "between-graph")
+             for ph in ("train", "predict")}
+    cfg = config.load(overrides={"training.intra_op_threads": 0})
+    assert compare.parity_setting(cfg).startswith("off: training.intra_op_threads = 0")
+    assert compare.parity_setting(config.load()) == "on"
+    off = compare.summarise(_runs(walls), {"train": (3e-4, 1.0), "predict": (1e-4, 1.0)},
+                            compare.parity_setting(cfg))
+    text = compare.verdict(pa.Table.from_pylist(off))
+    assert "parity off: training.intra_op_threads = 0" in text and "3.00e-04" in text
+    unmet = compare.summarise(_runs(walls), {"train": (3e-4, 1.0), "predict": (1e-4, 1.0)})
+    assert "parity on, but NOT met" in compare.verdict(pa.Table.from_pylist(unmet))
+
+
+def test_train_parity_compares_the_members_test_rows_only():
+    p = np.array([[0.9, 0.1], [0.4, 0.6]], np.float32)
+    table = tables.predictions_table({0: p, 1: p[::-1]}, "test", np.arange(2), None,
+                                     np.array([0, 1]), ())
+    val = tables.predictions_table({0: 1 - p}, "validation", np.arange(2), None,
+                                   np.array([0, 1]), ())
+    mine = compare.members_test(pa.concat_tables([val, table]))
+    assert mine.column("split").to_pylist() == ["test"] * 4
+    assert mine.column("member").to_pylist() == [0, 0, 1, 1]
 
 
 def test_verdict_says_no_clear_winner_within_the_spread():

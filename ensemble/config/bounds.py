@@ -15,6 +15,7 @@ SEED_MAX = 2 ** 32 - 1  # scikit-learn's random_state, NumPy's legacy seeds
 UPPER = {  # key -> the largest value a run can use (beyond: memory, overflow, divergence)
     "members.count": 10_000, "training.epochs": 1_000_000, "training.batch_size": 2 ** 31 - 1,
     "training.checkpoint_every": 2 ** 31 - 1, "training.steps_per_execution": 2 ** 31 - 1,
+    "training.intra_op_threads": 4096,
     "training.learning_rate": 10.0, "members.l2": 100.0, "training.seed": SEED_MAX,
     "data.split_seed": SEED_MAX, "data.synthetic.seed": SEED_MAX,
     "data.synthetic.rows": 100_000_000, "data.synthetic.features": 100_000,

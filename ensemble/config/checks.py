@@ -39,6 +39,9 @@ def check_ranges(cfg: Config) -> None:
     if cfg.training.steps_per_execution < 0:
         raise UsageError("Expected `training.steps_per_execution` to be >= 0 (0: automatic). "
                          f"Received: {cfg.training.steps_per_execution}")
+    if cfg.training.intra_op_threads < 0:
+        raise UsageError("Expected `training.intra_op_threads` to be >= 0 (0: TensorFlow's "
+                         f"default). Received: {cfg.training.intra_op_threads}")
     for i, width in enumerate(cfg.members.hidden):
         positive(f"members.hidden[{i}]", width)
     seen = set()

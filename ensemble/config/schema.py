@@ -95,6 +95,9 @@ class TrainingConfig:
     loss: str = "auto"  # regression: gaussian_nll (auto) or mse; classification: cross_entropy
     seed: int = 0
     deterministic: bool = True
+    # threads of one op (TensorFlow's intra-op pool) in every training and prediction process,
+    # both modes: a convolution's float sums depend on it; 0: TensorFlow's default (parity off)
+    intra_op_threads: int = 1
     checkpoint_every: int = 1  # epochs between checkpoints (the last epoch is always saved)
     steps_per_execution: int = 0  # steps per traced call; 0: automatic (calls of about 1 s)
     tensorboard: bool = False  # tf.summary scalars under RUN/tensorboard/ (members, ensemble)

@@ -63,7 +63,9 @@ def _start_client(manifest: dict, indices: Sequence[int], threads: int | None,
     else:
         (env, local), groups, n_cpus = local_devices(wanted), None, 0
     os.environ.update(env)
-    devices.set_threads(threads, threads)
+    # inter-op: the client's share of the cores; intra-op (the threads of one op): the run's
+    # `training.intra_op_threads`, as in-graph (members equal across modes), or the share
+    devices.set_threads(cfg.training.intra_op_threads or threads, threads)
     if n_cpus > 1:
         devices.split_cpu(n_cpus)
     devices.configure(cfg)
@@ -87,7 +89,8 @@ def run_client(run_dir: Path, indices: int | Sequence[int], threads: int | None 
     when they exist.
 
     Args:
-        threads: TensorFlow intra/inter-op threads for this client (None: TF's default).
+        threads: TensorFlow inter-op threads for this client, and intra-op ones when
+            `training.intra_op_threads` is 0 (None: TF's default).
         callbacks: member index -> its `training.Callback`s (progress).
         on_member_done: called with (member index, its work seconds) after its files are
             written.

@@ -175,18 +175,44 @@ def _no_gpu_notice(memory_growth: bool, memory_limit_mb: int) -> list[str]:
 _gpus_configured = False
 
 
-def configure(cfg) -> list[str]:
-    """THE TensorFlow set-up of a training or prediction process for a run config `cfg`:
-    GPU memory settings (`configure_gpus`, once per process, before TensorFlow initialises)
-    and, with `training.deterministic`, op determinism (needed for mode parity).
+def set_op_threads(intra_op: int) -> list[str]:
+    """Run every op of this process on `intra_op` threads (TensorFlow's intra-op pool; 0:
+    leave TensorFlow's default, as many as cores). Convolutions and their gradients (oneDNN's
+    and Eigen's alike) split their float sums by this count, so members are equal across
+    modes, `--jobs` and member counts only when every process uses the same count
+    (`training.intra_op_threads`; see the README's "Same members in both modes").
 
     Returns:
-        `configure_gpus`'s notices the first time, else [].
+        A notice when TensorFlow is already initialised with another count (a notebook that
+        ran TensorFlow before; the setting then applies from the next process), else [].
+    """
+    if not intra_op:
+        return []
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+    except RuntimeError:
+        have = tf.config.threading.get_intra_op_parallelism_threads() or "TensorFlow's default"
+        return [f"TensorFlow is already initialised with {have} intra-op threads, not "
+                f"training.intra_op_threads = {intra_op}: convolutional members may differ "
+                "from the other mode's by float rounding (start a fresh process for parity)"]
+    return []
+
+
+def configure(cfg) -> list[str]:
+    """THE TensorFlow set-up of a training or prediction process for a run config `cfg`:
+    the threads of one op (`set_op_threads(training.intra_op_threads)`, before TensorFlow
+    initialises), GPU memory settings (`configure_gpus`, once per process) and, with
+    `training.deterministic`, op determinism (both needed for mode parity).
+
+    Returns:
+        `configure_gpus`'s notices the first time, and `set_op_threads`'s, else [].
     """
     global _gpus_configured
-    notices = []
+    notices = set_op_threads(cfg.training.intra_op_threads)
     if not _gpus_configured:
-        notices = configure_gpus(cfg.placement.memory_growth, cfg.placement.memory_limit_mb)
+        notices += configure_gpus(cfg.placement.memory_growth, cfg.placement.memory_limit_mb)
         _gpus_configured = True
     if cfg.training.deterministic:
         import tensorflow as tf

@@ -89,7 +89,9 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
     Returns:
         member index -> `{"client": queue number, "seconds": the client's process wall time,
         "work_seconds": the member's own training/prediction time, "startup_seconds": the
-        client's start-up (spawn to ready), "peak_rss_bytes": the client's peak}`.
+        client's start-up (spawn to ready), "peak_rss_bytes": the client's peak, "steady"
+        (training): `{member: [rows, seconds]}` of each of the client's members' steady-state
+        training calls (`training.SteadyState`)}`.
 
     Signals: while the clients run, SIGINT/SIGTERM to this process are forwarded to them
     (each stops after its current call, keeping its checkpoint); every client is reaped
@@ -141,7 +143,9 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
         report = last_report(res)
         return q, {"seconds": res["seconds"], "peak_rss_bytes": report["peak_rss_bytes"],
                    "startup_seconds": report["ready_unix"] - res["spawned_unix"],
-                   "tensorflow_build": report.get("tensorflow_build")}
+                   "tensorflow_build": report.get("tensorflow_build"),
+                   # member -> [rows, seconds] of its steady-state training calls
+                   **({"steady": report["steady"]} if report.get("steady") else {})}
 
     pool = ThreadPoolExecutor(max_workers=max(1, len(queues)))
     try:

@@ -143,6 +143,8 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
     flat_heap()  # peak memory flat however many batches (see ensemble.data.stream.flat_heap)
     used = ensemble_members(manifest)  # diverged members left out
     n = len(used)
+    # the run's threads of one op, as its clients use (before resolving initialises TF)
+    devices.set_op_threads(manifest["config"]["training"].get("intra_op_threads", 1))
     groups = replica_devices(n, devices.resolve(device_spec, n, cluster), replicas)
     from ensemble.replication.in_graph import InGraphEnsemble
 

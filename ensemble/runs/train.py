@@ -52,8 +52,8 @@ def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
     """
     if resume:
         cluster = cluster or artifacts.read_manifest(run_dir).get("cluster")
+    devices.configure(cfg)  # threads first: resolving named devices initialises TensorFlow
     devs = devices.resolve(cfg.placement.devices, cfg.members.count, cluster)
-    devices.configure(cfg)
     with run.writing(run_dir, "ensemble train --mode in-graph"):
         if resume:
             manifest = run.reopen(run_dir, cfg, "in-graph")
