@@ -19,8 +19,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from ensemble.replication.devices import peak_rss_bytes  # noqa: E402
 from ensemble.core.errors import UsageError  # noqa: E402
 from ensemble.core.tfimport import import_tensorflow_quietly  # noqa: E402
-from pipelines.guide import fault_line, interrupted_line, report  # noqa: E402
-from pipelines.options import parse, refuse_inapplicable  # noqa: E402
+from pipelines.guide import fault_line, interrupted_line, refuse_inapplicable, report  # noqa: E402
+from pipelines.options import parse  # noqa: E402
 from pipelines.settings import load_config  # noqa: E402
 
 

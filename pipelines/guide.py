@@ -132,3 +132,29 @@ def fault_line(exc: Exception, args) -> str | None:
         line += (f"; run {run_dir} marked failed (completed files kept): free space, then "
                  f"continue with: {again}")
     return line
+
+
+def refuse_inapplicable(args) -> None:
+    """Options that do not apply to the chosen mode are refused, with the reason."""
+    mode = getattr(args, "mode", None)
+    if args.command in ("train", "predict", "search") and mode == "in-graph" and args.jobs:
+        raise UsageError("--jobs applies to --mode between-graph only: in-graph replication "
+                         "runs every member in one process")
+    if args.command == "train" and mode == "in-graph" and args.prepare_only:
+        raise UsageError("--prepare-only is for --mode between-graph: it writes the run "
+                         "directory for clients started by hand or by a scheduler")
+    if args.command == "predict" and mode == "between-graph" and args.devices:
+        raise UsageError("--devices applies to --mode in-graph only: between-graph clients "
+                         "predict on the members' own devices (or --cluster's)")
+    if args.command == "predict" and mode == "between-graph" and args.replicas:
+        raise UsageError("--replicas applies to --mode in-graph only: a between-graph client "
+                         "runs one graph per member on its own device")
+    if args.command == "predict" and args.replicas and args.replicas != "auto" and \
+            not (args.replicas.isdigit() and int(args.replicas) >= 1):
+        raise UsageError(f"Expected --replicas to be auto or a positive integer. "
+                         f"Received: {args.replicas!r}")
+    if args.command == "client" and not args.predict:
+        for flag in ("out", "device", "cluster", "batch_size", "target"):
+            if getattr(args, flag):
+                raise UsageError(f"client: --{flag.replace('_', '-')} applies with --predict "
+                                 "only")
