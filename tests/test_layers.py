@@ -34,6 +34,7 @@ INPUT_BRANCHES = {
     "ensemble/config/schema.py": 1, "ensemble/core/artifacts.py": 2,
     "ensemble/models/members.py": 1, "ensemble/replication/client.py": 1,
     "ensemble/runs/arrays.py": 3, "ensemble/runs/export.py": 1, "pipelines/memory_bench.py": 4,
+    "pipelines/parity_repro.py": 1,  # the issue #33 reproduction builds its own images
 }
 INPUT_PATTERN = re.compile(r'is_array_source|ArrayPreprocessing|ArrayData|\.npz"|"digits_images"')
 
