@@ -313,3 +313,24 @@ def test_aggregate_and_evaluate_a_regression_run(runs, capsys):
     assert run_cli("evaluate", "--run", run) == 0
     text = capsys.readouterr().out
     assert "rmse" in text and "ensemble-std-scaling" in text and "std-scaling: s =" in text
+
+
+def test_regression_plots_and_member_scores_follow_the_task(runs, capsys):
+    """`evaluate --plots` draws the regression task's plots (PIT, coverage, error against std,
+    no classification reliability diagram), and members.parquet carries the task's scores:
+    `val_nll` and `val_rmse` equal to an independent computation on the stored predictions."""
+    run = runs["between-graph"]
+    capsys.readouterr()
+    assert run_cli("evaluate", "--run", run, "--plots") == 0
+    out = capsys.readouterr().out
+    for name in ("pit.png", "coverage.png", "error_vs_std.png"):
+        assert (run / name).stat().st_size > 1000 and name in out
+    assert not (run / "reliability.png").exists()
+    members = _table(run, "members.parquet")
+    assert {"val_nll", "val_rmse"} <= set(members.columns) and "val_accuracy" not in members
+    preds = _table(run, "predictions.parquet")
+    for _, m in members.iterrows():
+        rows = preds[(preds["member"] == m["member"]) & (preds["split"] == "validation")]
+        y, mu, sd = rows["y_true"].to_numpy(), rows["y_pred"].to_numpy(), rows["std"].to_numpy()
+        assert m["val_rmse"] == pytest.approx(np.sqrt(np.mean((y - mu) ** 2)), rel=1e-5)
+        assert m["val_nll"] == pytest.approx(-np.mean(stats.norm(mu, sd).logpdf(y)), rel=1e-4)
