@@ -268,18 +268,21 @@ class Run:
         return to_pandas(evaluate(self.path)[0])
 
     def summary(self) -> str:
-        """The table `ensemble evaluate` prints (ensemble against its members, per split),
-        from the run's stored `metrics.parquet` (checked against its recorded hash)."""
+        """The table `ensemble evaluate` prints (ensemble against its members, per split, and
+        accuracy against confidence), from the run's stored `metrics.parquet` and predictions
+        (each checked against its recorded hash)."""
+        from ensemble.runs.evaluate import evaluate, format_table
+        from ensemble.tasks import confidence
         from ensemble.tasks.classification import fitted
-        from ensemble.runs.evaluate import format_table
 
         path = self.path / artifacts.METRICS
         if not path.is_file():
-            from ensemble.runs.evaluate import evaluate
-
             return evaluate(self.path)[1]
         artifacts.verify(self.path, self.manifest, path)
-        return format_table(artifacts.read_parquet(path), fitted.read(self.path))
+        preds = artifacts.read_parquet(artifacts.verify(
+            self.path, self.manifest, self.path / artifacts.PREDICTIONS))
+        return format_table(artifacts.read_parquet(path), fitted.read(self.path),
+                            confidence.block(preds))
 
     def predict(self, data, target: str | None = None, devices: str = "auto",
                 layout: str = "wide"):
