@@ -232,7 +232,7 @@ def _digits(n):
 @pytest.mark.parametrize("body", ['{"instances": [[%s]]}', '{"inputs": [[%s]]}'])
 @pytest.mark.parametrize("value, words", [
     ("null", "a missing value (NaN or null)"), ("NaN", "a missing value (NaN or null)"),
-    ("1e39", "infinite or beyond float32"), ("Infinity", "")])
+    ("1e39", ""), ("Infinity", "")])  # refused by the server itself (non-finite, the row)
 def test_serve_answers_400_naming_the_input(served_digits, body, value, words):
     import httpx
 

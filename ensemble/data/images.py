@@ -4,10 +4,17 @@ Laid out as `keras.utils.image_dataset_from_directory` reads them (classes are t
 names, files in name order). Pillow is the library `keras.utils.load_img` uses; reading with it
 directly checks every file before TensorFlow loads (importing Keras for `load_img` would cost
 seconds before the first check).
+
+Hostile files are refused with one line naming the file (`open_image`): a decompression bomb
+(more than `MAX_IMAGE_PIXELS` pixels, Pillow's own limit, set here explicitly; Pillow's
+warning between 1x and 2x the limit is turned into the same refusal), a truncated or
+unidentifiable file, any other Pillow refusal. A file (or a link to one) whose real path lies
+outside the image folder is refused too: links are not followed out of the folder.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -16,13 +23,54 @@ from ensemble.core.errors import UsageError
 from ensemble.data.containers import ArrayData
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
+MAX_IMAGE_PIXELS = 89_478_485  # Pillow's default (a 0.25 GiB RGB image), stated explicitly
 GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")  # Pillow modes read as one channel
 
 
-def image_files(folder: Path) -> list[Path]:
-    """The image files directly in `folder`, sorted by name (hidden files left out)."""
-    return sorted(p for p in folder.iterdir() if p.is_file()
-                  and p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
+def image_files(folder: Path, root: Path | None = None) -> list[Path]:
+    """The image files directly in `folder`, sorted by name (hidden files left out).
+
+    Raises:
+        UsageError: a file whose real path (links resolved) is outside `root` (default
+            `folder`), the image folder given by the user; names the link and its target.
+    """
+    files = sorted(p for p in folder.iterdir() if p.is_file()
+                   and p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
+    inside = Path(root or folder).resolve()
+    for p in files:
+        real = p.resolve()
+        if not real.is_relative_to(inside):
+            raise UsageError(f"Image {p} links to {real}, outside the image folder {inside}; "
+                             "links are not followed out of it: copy the file in instead.")
+    return files
+
+
+@contextmanager
+def open_image(path: Path):
+    """`PIL.Image.open(path)` with decompression bombs (beyond `MAX_IMAGE_PIXELS`, Pillow's
+    warning included) and every other Pillow refusal raised as one line naming the file.
+
+    Raises:
+        UsageError: the file cannot be read as an image, or is too large.
+    """
+    import warnings
+
+    from PIL import Image
+
+    Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                yield im
+    except UsageError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise UsageError(f"Cannot read image {path}: larger than {MAX_IMAGE_PIXELS} pixels "
+                         f"(a decompression bomb?): {exc}") from None
+    except (OSError, ValueError, SyntaxError, EOFError, MemoryError) as exc:
+        raise UsageError(f"Cannot read image {path}: {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
 
 
 def load_image_folder(path: str, image_size=None, color_mode: str = "auto",
@@ -38,7 +86,7 @@ def load_image_folder(path: str, image_size=None, color_mode: str = "auto",
     if classes:
         files, labels = [], []
         for c in classes:
-            found = image_files(root / c)
+            found = image_files(root / c, root)
             if not found:
                 raise UsageError(f"Class folder {root / c} holds no images "
                                  f"({', '.join(IMAGE_SUFFIXES)}); remove it or add images.")
@@ -48,22 +96,17 @@ def load_image_folder(path: str, image_size=None, color_mode: str = "auto",
         if all(c.lstrip("-").isdigit() for c in classes):
             y = y.astype(np.int64)
     else:
-        files, y = image_files(root), None
+        files, y = image_files(root, root), None
         if require_target:
             raise UsageError(f"Image folder {path} has no class sub-folders; expected "
                              f"{path}/<class>/*.png (one sub-folder per class).")
     if not files:
         raise UsageError(f"Image folder {path} holds no images ({', '.join(IMAGE_SUFFIXES)}).")
-    from PIL import Image
-
     sizes, grey = {}, True  # sizes must agree (name the first two files that differ)
     for f in files:
-        try:
-            with Image.open(f) as im:
-                sizes.setdefault(im.size, f)
-                grey = grey and im.mode in GREY_MODES
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"Cannot read image {f}: {exc}") from None
+        with open_image(f) as im:
+            sizes.setdefault(im.size, f)
+            grey = grey and im.mode in GREY_MODES
         if not image_size and len(sizes) > 1:
                 (s0, f0), (s1, f1) = list(sizes.items())[:2]
                 raise UsageError(f"Images differ in size: {f0} is {s0[0]}x{s0[1]}, {f1} is "
@@ -90,21 +133,18 @@ def read_images(files, image_size, color_mode, resized: list | None = None) -> A
     Raises:
         UsageError: an unreadable image (named), or images of different sizes.
     """
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     mode = {"grayscale": "L", "rgb": "RGB"}[color_mode]
     images = []
     for f in files:
-        try:
-            with Image.open(f) as im:
-                im = im.convert(mode)
-                if image_size:
-                    if resized is not None and im.size != (image_size[1], image_size[0]):
-                        resized.append((f, im.size))
-                    im = im.resize((image_size[1], image_size[0]), Image.BILINEAR)
-                a = np.asarray(im, dtype=np.uint8)
-        except (UnidentifiedImageError, OSError, ValueError) as exc:
-            raise UsageError(f"Cannot read image {f}: {exc}") from None
+        with open_image(f) as im:
+            im = im.convert(mode)
+            if image_size:
+                if resized is not None and im.size != (image_size[1], image_size[0]):
+                    resized.append((f, im.size))
+                im = im.resize((image_size[1], image_size[0]), Image.BILINEAR)
+            a = np.asarray(im, dtype=np.uint8)
         images.append(a[:, :, None] if a.ndim == 2 else a)
     shapes = {a.shape for a in images}
     if len(shapes) > 1:

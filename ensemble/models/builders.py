@@ -294,10 +294,17 @@ def check_mlp_params(params: dict[str, Any], key: str) -> None:
 
 
 def source_sha256(spec: str) -> str | None:
-    """sha256 of the file that defines builder `spec` (None for a built-in or when the
-    source cannot be found)."""
+    """sha256 of the file builder `spec` names (`path/file.py`, or the module of
+    `package.module:function`: the file importing it runs, the one `run_checks` verifies
+    before a run is used); else of the file that defines it; None for a built-in or when the
+    source cannot be found."""
     if spec in BUILTINS:
         return None
+    from ensemble.runs.checks import builder_file
+
+    named = builder_file(spec)
+    if named is not None:
+        return hashlib.sha256(named.read_bytes()).hexdigest()
     try:
         path = inspect.getsourcefile(resolve(spec))
     except (TypeError, UsageError):

@@ -131,9 +131,9 @@ def _array(name: str, value, info: TensorInfo) -> np.ndarray:
             if want == "f" and np.isinf(arr).any():  # `null` (NaN) is a missing value
                 row = int(np.argwhere(np.isinf(arr))[0][0]) if arr.ndim else 0
                 raise BadRequest(f"input `{name}` holds a non-finite number at row {row} "
-                                 f"(NaN, Infinity or beyond {arr.dtype.name}'s range "
+                                 f"(infinite or beyond {arr.dtype.name}'s range "
                                  f"±{np.finfo(arr.dtype).max:.3g}); expected finite numbers "
-                                 "(null for a missing value)")
+                                 "(null or NaN for a missing value)")
     except ValueError as exc:
         if isinstance(exc, BadRequest):
             raise

@@ -7,10 +7,10 @@ non-finite numbers, large requests run off the event loop and split into batches
   the JSON is parsed and before any array is built.
 - Nesting: `parse` answers 400 for JSON nested deeper than `JSON_DEPTH_MAX` (Python's parser
   would raise `RecursionError` a little deeper; that is caught too).
-- Non-finite numbers: `NaN`, `Infinity` and `-Infinity` tokens parse as infinities, and a
-  number beyond the input's dtype overflows to one, so `codec._array` refuses both, naming
-  the input;
-  `null` stays a missing value (NaN) for an export that imputes.
+- Non-finite numbers: `Infinity` and `-Infinity` tokens, and a number beyond the input's dtype
+  (it overflows to one), are refused by `codec._array`, naming the input; `null` and `NaN` are
+  a missing value, as in a table `predict` reads: the export of a run that imputes fills it,
+  any other export refuses it naming the column (`ensemble.runs.export_graph`).
 - Fairness: bodies above `OFF_LOOP_BYTES` are parsed and decoded in a worker thread, and a
   request of more rows than the batch size is cut into batches submitted one after another
   (`run_split`), so requests that arrive meanwhile join the queue between its batches instead
@@ -62,8 +62,10 @@ async def read_body(request, max_bytes: int) -> bytes:
 
 
 def _infinity(token: str) -> float:
-    """`NaN`, `Infinity`, `-Infinity` as infinities (never NaN, which means a missing value):
-    the codec then refuses them as non-finite, naming the input."""
+    """`Infinity`, `-Infinity` as infinities (the codec refuses them, naming the input);
+    `NaN` as NaN, a missing value (the export fills or refuses it)."""
+    if token == "NaN":
+        return math.nan
     return -math.inf if token.startswith("-") else math.inf
 
 
