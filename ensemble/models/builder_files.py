@@ -8,32 +8,11 @@ ones). The file is hashed without being imported.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 from ensemble.core.errors import UsageError
-from ensemble.models import builders
-
-
-def builder_file(spec: str) -> Path | None:
-    """The source file of user builder `spec`, found without importing it: the `file.py` of
-    `path/file.py:function`; for `package.module:function` the module's origin
-    (`importlib.util.find_spec`, which imports its parent packages but not the module).
-    None for a built-in or a file that cannot be located."""
-    if not isinstance(spec, str) or spec in builders.BUILTINS or spec.startswith(
-            builders.LOCAL_PREFIX):
-        return None
-    if builders.is_file_spec(spec):
-        path = Path(spec.partition(":")[0])
-        return path if path.is_file() else None
-    module = spec.partition(":")[0]
-    try:
-        found = importlib.util.find_spec(module)
-    except (ImportError, ValueError, AttributeError):
-        return None
-    origin = getattr(found, "origin", None)
-    return Path(origin) if origin and Path(origin).is_file() else None
+from ensemble.models.builders import builder_file
 
 
 def check_builders(run_dir: str | Path, manifest: dict[str, Any], trust: bool = False) -> None:

@@ -293,6 +293,26 @@ def check_mlp_params(params: dict[str, Any], key: str) -> None:
         raise UsageError(f"Expected `{key}.l2` to be >= 0. Received: {l2!r}")
 
 
+def builder_file(spec: str) -> Path | None:
+    """The source file of user builder `spec`, found without importing it: the `file.py` of
+    `path/file.py:function`; for `package.module:function` the module's origin
+    (`importlib.util.find_spec`, which imports its parent packages but not the module).
+    None for a built-in or a file that cannot be located."""
+    if not isinstance(spec, str) or spec in BUILTINS or spec.startswith(
+            LOCAL_PREFIX):
+        return None
+    if is_file_spec(spec):
+        path = Path(spec.partition(":")[0])
+        return path if path.is_file() else None
+    module = spec.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError, AttributeError):
+        return None
+    origin = getattr(found, "origin", None)
+    return Path(origin) if origin and Path(origin).is_file() else None
+
+
 def source_sha256(spec: str) -> str | None:
     """sha256 of the file builder `spec` names (`path/file.py`, or the module of
     `package.module:function`: the file importing it runs, the one `run_checks` verifies
@@ -300,8 +320,6 @@ def source_sha256(spec: str) -> str | None:
     source cannot be found."""
     if spec in BUILTINS:
         return None
-    from ensemble.runs.checks import builder_file
-
     named = builder_file(spec)
     if named is not None:
         return hashlib.sha256(named.read_bytes()).hexdigest()
