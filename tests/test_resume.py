@@ -79,7 +79,7 @@ def test_between_graph_client_killed_only_that_member_is_retrained(clean, tiny_c
     assert manifest["status"] == "failed"
     assert [m["status"] for m in manifest["members"]] == ["completed", "completed", "failed",
                                                           "completed"]
-    kept = {p: p.read_bytes() for i in (0, 1, 3) for p in run.member_files(run_dir, i)}
+    kept = {p: p.read_bytes() for i in (0, 1, 3) for p in artifacts.member_files(run_dir, i)}
     assert (run_dir / "checkpoints" / "member-2" / "history.json").is_file()
     assert not artifacts.member_model_path(run_dir, 2).exists()
     assert run_cli("train", "--resume", "--run-dir", run_dir) == 0

@@ -107,7 +107,7 @@ def test_predict_evaluate_aggregate_and_export(runs, tmp_path, capsys):
     assert "ensemble-temperature" in set(pq.read_table(run / "predictions.parquet")
                                          .column("model").to_pylist())
     models = tmp_path / "models"
-    assert run_cli("export", "--run", run, "--out", models) == 0
+    assert run_cli("export", "--run", run, "--out", models, "--aggregator", "mean") == 0
     from sklearn.datasets import load_breast_cancer
 
     np.save(tmp_path / "x.npy", load_breast_cancer().data[rows].astype(np.float32))
