@@ -175,7 +175,7 @@ def test_regression_progress_names_units():
                                                      "seconds": 0.4}))
     assert "loss -0.9800 (standardised target)" in line
     assert "val_loss 7.1500 - val_rmse 60.1000 (target units)" in line
-    line = progress.format_report({"kind": "epoch", "member": 0, "epoch": 0, "epochs": 3,
-                                   "loss": 0.5, "val_loss": 0.6, "val_accuracy": 0.8,
-                                   "seconds": 0.4})
+    line = progress.format_report(protocol.Epoch(3, {"member": 0, "epoch": 0, "loss": 0.5,
+                                                     "val_loss": 0.6, "val_accuracy": 0.8,
+                                                     "seconds": 0.4}))
     assert "units" not in line and "val_accuracy 0.8000" in line
