@@ -7,6 +7,7 @@ against the config file's folder).
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import pkgutil
 import sys
@@ -19,6 +20,36 @@ from ensemble.core.errors import UsageError
 def is_spec(text: str) -> bool:
     """`text` names an object by `module:attribute` or `file.py:attribute`."""
     return ":" in text and not text.startswith("<")
+
+
+def import_file(path: Path, label: str, prefix: str = "ensemble_spec_"):
+    """The module of Python file `path`, imported once per process under a name derived from
+    its path (`prefix` + 12 hex digits of its sha256), so every caller gets the same module.
+
+    Raises:
+        UsageError: not a Python file, or its code raised (any `BaseException` but
+            `KeyboardInterrupt`, `sys.exit()` included): one line naming `label` and `path`.
+    """
+    name = f"{prefix}{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
+    module = sys.modules.get(name)
+    if module is None:
+        loader = importlib.util.spec_from_file_location(name, path)
+        if loader is None or loader.loader is None:
+            raise UsageError(f"Cannot import {label.lower()} {path}: not a Python file.")
+        module = importlib.util.module_from_spec(loader)
+        sys.modules[name] = module
+        try:
+            loader.loader.exec_module(module)
+        except KeyboardInterrupt:
+            del sys.modules[name]
+            raise
+        except BaseException as exc:  # sys.exit() in the user's module too
+            del sys.modules[name]
+            text = str(exc).strip()
+            first = (text.splitlines()[0] if text else type(exc).__name__)[:300]
+            raise UsageError(f"{label} {path} failed to import: {type(exc).__name__}: "
+                             f"{first}") from None
+    return module
 
 
 def load(spec: str, what: str = "object") -> Any:
@@ -35,17 +66,7 @@ def load(spec: str, what: str = "object") -> Any:
             if not path.is_file():
                 raise UsageError(f"Expected {what} {spec!r} to name a Python file; "
                                  f"{path} does not exist.")
-            key = f"_ensemble_spec_{abs(hash(str(path))):x}"
-            module = sys.modules.get(key)
-            if module is None:
-                loader = importlib.util.spec_from_file_location(key, path)
-                module = importlib.util.module_from_spec(loader)
-                sys.modules[key] = module
-                try:
-                    loader.loader.exec_module(module)
-                except BaseException:
-                    del sys.modules[key]
-                    raise
+            module = import_file(path, f"{what.capitalize()} file", f"ensemble_{what}_")
             return getattr(module, name)
         return pkgutil.resolve_name(spec)
     except UsageError:

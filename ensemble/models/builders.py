@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ensemble.core import specs
 from ensemble.core.errors import UsageError
 
 ACTIVATIONS = ("relu", "tanh", "gelu", "elu", "sigmoid", "swish")
@@ -97,23 +98,7 @@ BUILTINS: dict[str, Callable] = {"mlp": mlp, "cnn": cnn}
 
 
 def _load_file(path: Path, name: str) -> Callable:
-    module_name = f"ensemble_builder_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise UsageError(f"Cannot import builder file {path}: not a Python file.")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except KeyboardInterrupt:
-            del sys.modules[module_name]
-            raise
-        except BaseException as exc:  # sys.exit() in the user's module too
-            del sys.modules[module_name]
-            raise UsageError(f"Builder file {path} failed to import: "
-                             f"{type(exc).__name__}: {_first_line(exc)}") from None
+    module = specs.import_file(path, "Builder file", "ensemble_builder_")
     fn = getattr(module, name, None)
     if fn is None:
         raise UsageError(f"Builder file {path} has no function `{name}`.")
