@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -25,7 +24,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import run_cli
 
 TINY = ["--members", "2", "--epochs", "2", "--devices", "cpu:2", "--quiet"]
 
@@ -187,39 +186,15 @@ def test_regression_export_gives_predicts_uncertainty_columns(exports, plain, tm
 def served_digits(tmp_path_factory):
     """(run dir, server URL) of a 2-member digits export served on a free loopback port;
     the server is stopped with SIGTERM at the end of the module."""
-    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("httpx")
     pytest.importorskip("starlette")
-    from test_serve_http import START_TIMEOUT, free_port, wait_until
+    from test_serve_http import serving
 
     base = tmp_path_factory.mktemp("served")
     assert run_cli("train", "--data", "digits", "--run-dir", base / "run", *TINY) == 0
     assert run_cli("export", "--run", base / "run", "--out", base / "models" / "digits") == 0
-    port, err = free_port(), base / "serve.err"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
-    with open(err, "w") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.cli", "serve", "--model", base / "models" / "digits",
-             "--host", "127.0.0.1", "--port", str(port), "--replicas", "1"],
-            env=env, stdout=subprocess.DEVNULL, stderr=stderr)
-    url = f"http://127.0.0.1:{port}"
-
-    def ready():
-        assert proc.poll() is None, err.read_text()[-2000:]
-        try:
-            return httpx.get(f"{url}/v1/models/digits", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_until(ready, START_TIMEOUT, "the server to be ready")
+    with serving(base / "models" / "digits", base / "serve.err", "--replicas", "1") as (_, url):
         yield base / "run", url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _digits(n):

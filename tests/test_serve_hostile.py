@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import run_cli
+from test_serve_http import serving
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
@@ -46,12 +44,6 @@ devices = "cpu:2"
 MAX_BYTES, MAX_ROWS = 3_000_000, 6000
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """(URL, port, process, stderr path, digits rows x [n, 64] float32)."""
@@ -62,35 +54,12 @@ def server(tmp_path_factory):
     assert run_cli("train", "--config", base / "run.toml", "--run-dir", base / "run",
                    "--quiet") == 0
     assert run_cli("export", "--run", base / "run", "--out", base / "models" / "digits") == 0
-    port, err = free_port(), base / "serve.err"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
-    with open(err, "w") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.cli", "serve", "--model", base / "models" / "digits",
-             "--port", str(port), "--replicas", "2", "--max-batch-size", "32",
-             "--max-request-bytes", str(MAX_BYTES), "--max-request-rows", str(MAX_ROWS)],
-            env=env, stdout=subprocess.DEVNULL, stderr=stderr)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(450):
-            assert proc.poll() is None, err.read_text()[-2000:]
-            try:
-                if httpx.get(f"{url}/v1/models/digits", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise AssertionError("the server never became ready")
+    err = base / "serve.err"
+    with serving(base / "models" / "digits", err, "--replicas", "2", "--max-batch-size", "32",
+                 "--max-request-bytes", str(MAX_BYTES),
+                 "--max-request-rows", str(MAX_ROWS)) as (proc, url):
+        port = int(url.rsplit(":", 1)[1])
         yield url, port, proc, err, load_digits().data.astype(np.float32)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def _post(url, body: bytes, timeout=30):

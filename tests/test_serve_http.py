@@ -9,6 +9,7 @@ broken one is reported and the old one stays; SIGTERM finishes an in-flight requ
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -20,6 +21,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
@@ -66,6 +68,39 @@ def wait_until(check, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+@contextlib.contextmanager
+def serving(model_dir, err, *args: str, name: str = "digits"):
+    """`ensemble serve --model MODEL_DIR ARGS` on a free loopback port, stderr to `err`;
+    yields (the process, its URL) once the model answers; SIGTERM (then SIGKILL) on exit."""
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.cli", "serve", "--model", str(model_dir),
+             "--host", "127.0.0.1", "--port", str(port), *map(str, args)],
+            env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready():
+        assert proc.poll() is None, Path(err).read_text()[-2000:]
+        try:
+            return httpx.get(f"{url}/v1/models/{name}", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_until(ready, START_TIMEOUT, "the server to be ready")
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(base folder, server URL, process, stderr path, test rows x [n, 64], expected
@@ -87,34 +122,10 @@ def served(tmp_path_factory):
         rows = t.column("source_row").to_numpy()
     x = load_digits().data[rows].astype(np.float32)
 
-    port = free_port()
     err = base / "serve.err"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
-    with open(err, "w") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.cli", "serve", "--model", base / "models" / "digits",
-             "--port", str(port), "--replicas", "2", "--batch-timeout-ms", "1", "--verbose"],
-            env=env, stdout=subprocess.DEVNULL, stderr=stderr)
-    url = f"http://127.0.0.1:{port}"
-
-    def ready():
-        assert proc.poll() is None, err.read_text()[-2000:]
-        try:
-            return httpx.get(f"{url}/v1/models/digits", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_until(ready, START_TIMEOUT, "the server to be ready")
+    with serving(base / "models" / "digits", err, "--replicas", "2", "--batch-timeout-ms", "1",
+                 "--verbose") as (proc, url):
         yield base, url, proc, err, x, expected
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def test_status_and_metadata(served):
