@@ -20,6 +20,14 @@ def number(value: float | None, digits: int = 4, signed: bool = False) -> str:
     return text.lstrip("+-") if float(text) == 0 else text
 
 
+def members_and_best(rows: list[dict]) -> tuple[list[dict], dict | None]:
+    """The member rows among one split's metrics rows, and the best member's row (the member
+    `best_member` names, chosen on validation), or None."""
+    members = [r for r in rows if r["member"] is not None]
+    best_idx = next((r["best_member"] for r in rows if r.get("best_member") is not None), None)
+    return members, next((r for r in members if r["member"] == best_idx), None)
+
+
 def split_block(split: str, rows: list[dict], references, columns, fmt, line) -> list[str]:
     """One split's rows of an evaluation table: every member, the mean and the best member,
     every aggregator.

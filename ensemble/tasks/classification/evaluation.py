@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from ensemble.core.errors import UsageError
 from ensemble.tasks.classification.metrics import LOWER_IS_BETTER, METRICS
-from ensemble.tasks.report import SPLIT_ORDER, number, split_block
+from ensemble.tasks.report import SPLIT_ORDER, members_and_best, number, split_block
 
 NAME_WIDTH, COL = 35, 16  # 35 + 4 * 16 = 99 columns; a cell holds at most 15 characters
 
@@ -32,10 +32,8 @@ def _line(name: str, cells: list[str]) -> str:
 
 
 def _references(rows: list[dict]) -> tuple[dict, dict | None, list[dict]]:
-    members = [r for r in rows if r["member"] is not None]
+    members, best = members_and_best(rows)
     mean = {m: sum(r[m] for r in members) / len(members) for m in METRICS} if members else {}
-    best_idx = next((r["best_member"] for r in rows if r.get("best_member") is not None), None)
-    best = next((r for r in members if r["member"] == best_idx), None)
     return mean, best, members
 
 

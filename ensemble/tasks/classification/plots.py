@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from ensemble.core import artifacts
 from ensemble.tasks import tables
-from ensemble.tasks.report import pyplot
+from ensemble.tasks.report import members_and_best, pyplot
 from ensemble.tasks.classification.metrics import ECE_BINS, LOWER_IS_BETTER, METRICS
 
 
@@ -58,8 +58,7 @@ def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path 
 
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.plot([0, 1], [0, 1], "k:", label="perfect calibration")
-    best_idx = next((r["best_member"] for r in rows if r.get("best_member") is not None), None)
-    best = next((r for r in members if r["member"] == best_idx), None)
+    _, best = members_and_best(rows)
     for r in ([ensembles[0]] if ensembles else []) + ([best] if best else []):
         label = r["model"] + (" (best member, chosen on validation)" if r is best else "")
         _reliability(ax, *_model(preds, r["model"], split), label)

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from ensemble.core.errors import UsageError
 from ensemble.tasks.regression.metrics import LOWER_IS_BETTER
-from ensemble.tasks.report import SPLIT_ORDER, split_block
+from ensemble.tasks.report import SPLIT_ORDER, members_and_best, split_block
 
 COLUMNS = ("rmse", "mae", "nll", "mixture_nll", "crps", "coverage_90", "coverage_95",
            "calibration_error", "r2")
@@ -40,9 +40,7 @@ def _mean(members: list[dict], m: str) -> float | None:
 
 
 def _references(rows: list[dict]):
-    members = [r for r in rows if r["member"] is not None]
-    best_idx = next((r["best_member"] for r in rows if r.get("best_member") is not None), None)
-    best = next((r for r in members if r["member"] == best_idx), None)
+    members, best = members_and_best(rows)
     return {m: _mean(members, m) for m in COLUMNS}, best, members
 
 

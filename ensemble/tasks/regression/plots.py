@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from scipy.stats import norm
 
-from ensemble.tasks.report import pyplot
+from ensemble.tasks.report import members_and_best, pyplot
 
 LEVELS = np.linspace(0.05, 0.95, 19)
 
@@ -36,9 +36,7 @@ def _rows(preds: pa.Table, model: str, split: str) -> tuple[np.ndarray, np.ndarr
 
 def _shown(rows: list[dict]) -> list[dict]:
     """The best member (chosen on validation) and the first ensemble row, when present."""
-    members = [r for r in rows if r["member"] is not None]
-    best_idx = next((r["best_member"] for r in rows if r.get("best_member") is not None), None)
-    best = next((r for r in members if r["member"] == best_idx), None)
+    _, best = members_and_best(rows)
     ensembles = [r for r in rows if r["aggregator"] is not None]
     return [r for r in (best, ensembles[0] if ensembles else None) if r is not None]
 
