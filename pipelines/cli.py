@@ -163,7 +163,8 @@ def cmd_predict(args) -> int:
             cluster_file=args.cluster, strict_columns=args.strict_columns,
             batch_size=args.batch_size, verbosity=verbosity, layout=args.layout,
             trust_builder=args.trust_builder, aggregator=args.aggregator)
-    print(f"predictions: {args.out}")
+    if not args.quiet:  # the file is the answer: --quiet leaves stdout empty (or to --json)
+        print(f"predictions: {args.out}")
     report({"out": args.out, "rows": rec["rows"], "ready_unix": ready,
             "seconds": rec["seconds"], "rows_per_second": rec["rows_per_second"],
             "members": rec["members"], "peak_rss_bytes": peak_rss_bytes(), **measured}, args)

@@ -82,7 +82,9 @@ def test_identifier_column_is_carried_not_a_feature(trained, table, tmp_path, ca
     out = tmp_path / "p.csv"
     capsys.readouterr()
     assert run_cli("predict", "--run", run_dir, "--data", table, "--out", out, "--quiet") == 0
-    assert "'name'" not in capsys.readouterr().err  # no "ignoring column" notice for it
+    said = capsys.readouterr()
+    assert "'name'" not in said.err  # no "ignoring column" notice for it
+    assert said.out == ""  # --quiet: the file is the answer
     got = pd.read_csv(out)
     assert got.columns[0] == "name"
     assert list(got["name"]) == list(pd.read_csv(table)["name"])

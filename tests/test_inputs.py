@@ -248,3 +248,22 @@ def test_bad_array_inputs_exit_2_with_one_line(tmp_path, capsys, make, kind, mes
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("shape", [(6,), (4, 5), (4, 5, 2), (2, 3, 2, 2)])
+def test_float_arrays_of_any_rank_are_standardised_per_element(shape):
+    """A float `.npz` of rows `[h, w]` (no channel axis) or deeper used to fail at training
+    with a Keras Normalization rank error; the member's first layer standardises each element
+    with the training rows' mean and std, also after the preprocessing's JSON round trip."""
+    from ensemble.data.arrays import ArrayPreprocessing
+    from ensemble.data.containers import ArrayData
+
+    rng = np.random.default_rng(0)
+    x = (rng.normal(3.0, 2.0, (40, *shape)) * rng.uniform(0.5, 4.0, shape)).astype(np.float32)
+    ds = ArrayData("x.npz", x, np.arange(40) % 2, np.arange(40).astype(object))
+    train = np.arange(30)
+    pre = ArrayPreprocessing.fit(ds, train, np.array([0, 1]))
+    pre = ArrayPreprocessing.from_dict(json.loads(pre.to_json()))
+    got = np.asarray(pre.scaling_layer()(x))
+    want = (x - x[train].mean(axis=0)) / x[train].std(axis=0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

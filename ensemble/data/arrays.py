@@ -217,7 +217,9 @@ class ArrayPreprocessing:
             return None
         if self.dtype == "uint8":
             return keras.layers.Rescaling(1.0 / 255.0, name="scaling")
-        return keras.layers.Normalization(mean=self.mean, variance=np.square(self.std),
+        # one mean and variance per element: every axis of the row is a Keras "feature" axis
+        axes = tuple(range(1, len(self.input_shape) + 1))
+        return keras.layers.Normalization(axis=axes, mean=self.mean, variance=np.square(self.std),
                                           name="scaling")
 
     def check_input(self, ds: ArrayData) -> None:
