@@ -41,8 +41,18 @@ def seed_figures(run: Path) -> dict:
     best = members[members.member == int(ens.best_member)].iloc[0]
     return {"aggregator": chosen, "ensemble_nll": float(ens.nll),
             "mean_member_nll": float(members.nll.mean()), "best_member_nll": float(best.nll),
-            "coverage_90": float(ens.coverage_90),
+            "coverage_90": float(ens.coverage_90), "n_test": int(ens.n),
             "scale": fit["params"].get("std-scaling", {}).get("scale")}
+
+
+def per_split_chance(n_test: int) -> float:
+    """The probability that an exact 90% interval covers a share within the tolerance of 0.90
+    of `n_test` independent rows (binomial, SciPy)."""
+    from scipy.stats import binom
+
+    lo = int(np.ceil((NOMINAL - COVERAGE_TOLERANCE) * n_test - 1e-9))
+    hi = int(np.floor((NOMINAL + COVERAGE_TOLERANCE) * n_test + 1e-9))
+    return float(binom.cdf(hi, n_test, NOMINAL) - binom.cdf(lo - 1, n_test, NOMINAL))
 
 
 def accepted(f: dict) -> bool:
@@ -75,10 +85,19 @@ def main(argv: list[str] | None = None) -> int:
               f"coverage_90 {f['coverage_90']:.3f}"
               + (f" (std scale {f['scale']:.3f})" if f["scale"] else "")
               + f" - {'meets' if accepted(f) else 'misses'} the acceptance", flush=True)
+    means = {}
     for key in ("ensemble_nll", "mean_member_nll", "best_member_nll", "coverage_90"):
         v = np.array([r[key] for r in rows])
+        means[key] = float(v.mean())
         print(f"{key}: {v.mean():.3f} ± {v.std():.3f} over {len(v)} splits")
-    print(f"splits meeting the acceptance: {sum(map(accepted, rows))}/{len(rows)}")
+    print(f"splits meeting the acceptance: {sum(map(accepted, rows))}/{len(rows)}; the means "
+          f"{'meet' if accepted(means) else 'miss'} it")
+    n_test = rows[0]["n_test"]
+    se = np.sqrt(NOMINAL * (1 - NOMINAL) / n_test)
+    print(f"noise floor: with {n_test} test rows the coverage of even an exact 90% interval has "
+          f"standard error {se:.3f}, so it is within {COVERAGE_TOLERANCE} of {NOMINAL} on one "
+          f"split with probability {per_split_chance(n_test):.2f}, on all {len(rows)} with "
+          f"{per_split_chance(n_test) ** len(rows):.2f}")
     return 0
 
 
