@@ -173,8 +173,7 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
     on = ["--cluster", str(cluster_file)] if cluster_file else []
     runs, preds = [], {}
     for repeat in range(repeats):
-        order = MODES if repeat % 2 == 0 else MODES[::-1]
-        for position, mode in enumerate(order):
+        for position, mode in enumerate(mode_order(repeat)):
             run_dir = base / mode
             res = checked(run_process(["train", "--config", str(cfg_file), "--mode", mode,
                                       "--run-dir", str(run_dir), "--overwrite", *on]),
@@ -204,6 +203,12 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
     artifacts.write_parquet(base / "comparison.parquet", summary_table)
     _chart(summary, context, base / "comparison.png")
     return summary_table, runs_table
+
+
+def mode_order(repeat: int) -> tuple[str, ...]:
+    """The order the two modes run in at `repeat` (0-based): in-graph first on even repeats,
+    between-graph first on odd ones, so neither mode always meets a warm or a cold machine."""
+    return MODES if repeat % 2 == 0 else MODES[::-1]
 
 
 def summarise(runs: list[dict], parities: dict[str, tuple[float, float]],

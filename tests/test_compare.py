@@ -118,35 +118,53 @@ def test_existing_folder_is_refused_without_overwrite(tmp_path, capsys):
     assert (tmp_path / "cmp" / "comparison.parquet").read_text() == "earlier"
 
 
-def test_compare_end_to_end_with_repeats(tmp_path, capsys):
-    """Both modes, 2 repeats each on a tiny config: the table holds exactly the figures of the
-    runs it made and prints them; the mode order alternates; the chart is announced."""
+def test_mode_order_alternates_between_repeats():
+    assert [compare.mode_order(r) for r in range(3)] == [
+        ("in-graph", "between-graph"), ("between-graph", "in-graph"),
+        ("in-graph", "between-graph")]
+
+
+def test_summary_is_median_min_max_over_repeats_rounded_as_printed():
+    rows = compare.summarise(_runs({("in-graph", "train"): [2.004, 1.0, 3.0],
+                                    ("in-graph", "predict"): [1.0, 1.0, 1.0],
+                                    ("between-graph", "train"): [6.0, 5.0, 7.126],
+                                    ("between-graph", "predict"): [0.5, 0.5, 0.5]}), PARITY)
+    r = next(x for x in rows if x["mode"] == "between-graph" and x["phase"] == "train")
+    assert (r["wall_seconds_median"], r["wall_seconds_min"], r["wall_seconds_max"]) == (
+        6.0, 5.0, 7.13)
+    r = next(x for x in rows if x["mode"] == "in-graph" and x["phase"] == "train")
+    assert (r["wall_seconds_median"], r["repeats"]) == (2.0, 3)
+
+
+def test_compare_end_to_end(tmp_path, capsys):
+    """Both modes once on a tiny config, each phase its own `ensemble` process: the table
+    holds exactly the figures of the runs it made and prints them; the chart is announced
+    (repeats and their order: the unit tests above; each repeat is four more processes)."""
     from conftest import run_cli
 
     from ensemble.core import artifacts
 
     folder = tmp_path / "cmp"
     assert run_cli("compare", "--data", "iris", "--members", "2", "--epochs", "1",
-                   "--devices", "cpu:2", "--repeats", "2", "--run-dir", folder) == 0
+                   "--devices", "cpu:2", "--repeats", "1", "--run-dir", folder) == 0
     printed = capsys.readouterr().out
     runs = artifacts.read_parquet(folder / "runs.parquet").to_pylist()
     summary = artifacts.read_parquet(folder / "comparison.parquet").to_pylist()
-    assert len(runs) == 8 and len(summary) == 4
-    first = {r["repeat"]: r["mode"] for r in runs if r["position"] == 0}
-    assert first == {0: "in-graph", 1: "between-graph"}  # order alternated
+    assert len(runs) == 4 and len(summary) == 4
+    assert [(r["mode"], r["phase"]) for r in runs] == [
+        ("in-graph", "train"), ("in-graph", "predict"),
+        ("between-graph", "train"), ("between-graph", "predict")]
     for s in summary:
         mine = [r for r in runs if r["mode"] == s["mode"] and r["phase"] == s["phase"]]
-        walls = sorted(r["wall_seconds"] for r in mine)
-        assert len(walls) == 2 and s["repeats"] == 2
-        assert s["wall_seconds_median"] == pytest.approx((walls[0] + walls[1]) / 2, abs=0.006)
-        assert s["wall_seconds_min"] == pytest.approx(walls[0], abs=0.006)
-        assert s["wall_seconds_max"] == pytest.approx(walls[1], abs=0.006)
-        for r in mine:  # start-up is on the critical path: never more than the wall time
-            assert 0 < r["startup_seconds"] < r["wall_seconds"]
+        assert len(mine) == 1 and s["repeats"] == 1
+        wall = mine[0]["wall_seconds"]
+        for stat in ("median", "min", "max"):
+            assert s[f"wall_seconds_{stat}"] == pytest.approx(wall, abs=0.006)
+        # start-up is on the critical path: never more than the wall time
+        assert 0 < mine[0]["startup_seconds"] < wall
         line = next(ln for ln in printed.splitlines()
                     if ln.startswith(s["mode"] + " ") and f" {s['phase']} " in ln)
-        assert (f"{s['wall_seconds_median']:.2f} [{s['wall_seconds_min']:.2f}-"
-                f"{s['wall_seconds_max']:.2f}]") in line
+        assert f"{s['wall_seconds_median']:.2f}" in line
     assert summary[0]["parity_max_abs_diff"] <= 1e-6
     assert f"parity max |dp| = {summary[0]['parity_max_abs_diff']:.2e}" in printed
     assert f"chart: {folder / 'comparison.png'}" in printed

@@ -1,6 +1,6 @@
 """Convolutional members are the same whatever trains them: in-graph or between-graph, one
 client or two (`--jobs`), two members or four. A CNN (Conv2D, pooling, batch normalisation,
-dropout, Dense) on a folder of 12x12 grey PNGs, 10 epochs; every run is its own `ensemble` process,
+dropout, Dense) on a folder of 12x12 grey PNGs, 4 epochs; every run is its own `ensemble` process,
 as a user starts it (a process's thread pools are fixed when TensorFlow starts)."""
 
 import subprocess
@@ -64,20 +64,32 @@ source = "{base / 'images'}"
 [model]
 builder = "{base / 'cnn.py'}:build"
 [training]
-epochs = 10
+epochs = 4
 batch_size = 32
-learning_rate = 0.003
+learning_rate = 0.005
 seed = 5
 """)
-    out = {}
-    for name, (members, mode, jobs) in RUNS.items():
+    out, started = {}, []
+    for name, (members, mode, jobs) in RUNS.items():  # two processes at a time (2 cores)
         out[name] = base / name
         argv = ["train", "--config", base / "cnn.toml", "--members", members, "--mode", mode,
                 "--run-dir", out[name], "--quiet", *(["--jobs", jobs] if jobs else [])]
-        res = subprocess.run([sys.executable, "-m", "pipelines.cli", *map(str, argv)],
-                             env=cli_env(), capture_output=True, text=True)
-        assert res.returncode == 0, res.stderr[-2000:]
+        if len(started) == 2:
+            _finish(started.pop(0))
+        started.append(subprocess.Popen([sys.executable, "-m", "pipelines.cli",
+                                         *map(str, argv)], env=cli_env(), text=True,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    for proc in started:
+        _finish(proc)
     return out
+
+
+def _finish(proc):
+    try:
+        _, err = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-2000:]
 
 
 def _member_probs(run_dir):
@@ -101,5 +113,5 @@ def test_cnn_members_are_equal_across_modes_jobs_and_member_counts(runs):
     # the members learned (so equality is not that of untrained networks) and differ
     t = pq.read_table(runs["ig4"] / "metrics.parquet").to_pandas()
     test = t[(t.split == "test") & t.member.notna()]
-    assert test.accuracy.min() > 0.6  # 3 classes: chance is 1/3
+    assert test.accuracy.min() > 0.5 and test.accuracy.mean() > 0.7  # chance is 1/3
     assert np.abs(ref[0] - ref[1]).max() > 1e-2

@@ -313,6 +313,13 @@ def test_aggregate_and_evaluate_a_regression_run(runs, capsys):
     assert run_cli("evaluate", "--run", run) == 0
     text = capsys.readouterr().out
     assert "rmse" in text and "ensemble-std-scaling" in text and "std-scaling: s =" in text
+    lines = text.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("ensemble gain on test"))
+    header, gains = lines[at + 1], lines[at + 2:at + 6]
+    assert header.split() == ["rmse", "nll", "crps"]
+    assert gains[-1].startswith("  std-scaling vs best member")
+    for line in gains:  # every cell right-aligned under its column name
+        assert len(line) == len(header) and len(line.split()) == 4 + 3, line
 
 
 def test_regression_plots_and_member_scores_follow_the_task(runs, capsys):

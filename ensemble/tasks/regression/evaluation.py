@@ -53,14 +53,13 @@ def _gains(split: str, rows: list[dict]) -> list[str]:
     ens = [r for r in rows if r["aggregator"] is not None]
     if not members or not ens:
         return []
-    out = [f"ensemble gain on {split} (positive = ensemble better): "
-           + ", ".join(GAIN_COLUMNS)]
-    for r in ens:
-        for ref in ("mean", "best"):
-            if ref == "best" and best is None:
-                continue
-            cells = [cell(r[f"gain_vs_{ref}_{m}"]) for m in GAIN_COLUMNS]
-            out.append(_line(f"  {r['aggregator']} vs {ref} member", cells))
+    lines = [(f"  {r['aggregator']} vs {ref} member",
+              [cell(r[f"gain_vs_{ref}_{m}"]) for m in GAIN_COLUMNS])
+             for r in ens for ref in ("mean", "best") if ref == "mean" or best is not None]
+    width = max(NAME_WIDTH, *(len(name) + 1 for name, _ in lines))  # long aggregator names
+    out = [f"ensemble gain on {split} (positive = ensemble better)",
+           f"{'':<{width}}" + "".join(f"{c:>{COL}}" for c in GAIN_COLUMNS)]
+    out += [f"{name:<{width}}" + "".join(f"{c:>{COL}}" for c in cells) for name, cells in lines]
     e = ens[0]
     if e.get("disagreement") is not None:
         out.append(f"diversity on {split}: std of the member means {cell(e['disagreement'])}, "
