@@ -14,11 +14,18 @@ from typing import Sequence
 from ensemble.core.errors import UsageError
 
 _REWORDING: list[tuple[str, str]] = []  # (regex, replacement) applied to messages (`reworded`)
+_SAID: set[str] = set()  # the `once` notices this process printed
 
 
-def notice(message: str) -> None:
-    """One informational line on stderr (never stdout: stdout belongs to the user)."""
-    print(f"notice: {_reword(message)}", file=sys.stderr, flush=True)
+def notice(message: str, once: bool = False) -> None:
+    """One informational line on stderr (never stdout: stdout belongs to the user); with
+    `once`, a message this process already printed is not printed again (a check that reads
+    the input before the command reads it again)."""
+    text = f"notice: {_reword(message)}"
+    if once and text in _SAID:
+        return
+    _SAID.add(text)
+    print(text, file=sys.stderr, flush=True)
 
 
 def _reword(text: str) -> str:

@@ -302,7 +302,7 @@ class ArrayStream:
             (f, (w, h)) = resized[0]
             notice(f"images of {self.source} whose size is not the run's {size[0]}x{size[1]} "
                    f"(height x width; first: {f}, {h}x{w}) are resized to it, bilinear as "
-                   f"keras.utils.image_dataset_from_directory and load_img resize")
+                   f"keras.utils.image_dataset_from_directory and load_img resize", once=True)
         return part
 
     def passthrough_batches(self):
