@@ -17,15 +17,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ensemble.core import artifacts
-from ensemble.tasks.report import pyplot as _pyplot
-
-
-def _save(fig, path: Path, plt) -> Path:
-    with artifacts.atomic_path(path, ".tmp.png") as tmp:
-        fig.savefig(tmp, dpi=100, bbox_inches="tight", format="png")
-    plt.close(fig)
-    return path
+from ensemble.tasks.report import pyplot as _pyplot, save_figure
 
 
 def entropy_histograms(folder: Path, scores_in: list[dict], scores_out: list[dict],
@@ -49,7 +41,7 @@ def entropy_histograms(folder: Path, scores_in: list[dict], scores_out: list[dic
         ax.set(xlabel="predictive std" if regression else "predictive entropy (nats)",
                ylabel="density", title=name)
         ax.legend()
-    return _save(fig, Path(folder) / "ood_entropy.png", plt)
+    return save_figure(fig, Path(folder) / "ood_entropy.png")
 
 
 def confidence_plot(folder: Path, curves: dict[str, tuple], regression: bool) -> Path:
@@ -73,7 +65,7 @@ def confidence_plot(folder: Path, curves: dict[str, tuple], regression: bool) ->
         axes[1].set(xlabel="confidence threshold tau", ylabel="share of rows kept",
                     title="rows kept")
     axes[0].legend(fontsize=7)
-    return _save(fig, Path(folder) / "confidence.png", plt)
+    return save_figure(fig, Path(folder) / "confidence.png")
 
 
 def shift_plot(folder: Path, table: pa.Table, regression: bool) -> Path:
@@ -95,4 +87,4 @@ def shift_plot(folder: Path, table: pa.Table, regression: bool) -> Path:
         ax.set(xlabel="severity (mean over corruptions)", ylabel=k, xticks=sev,
                title=f"{k} under dataset shift")
         ax.legend(fontsize=7)
-    return _save(fig, Path(folder) / "shift.png", plt)
+    return save_figure(fig, Path(folder) / "shift.png")

@@ -6,6 +6,7 @@ ensemble aggregator, which `split_block` draws with the task's columns and cell 
 """
 from __future__ import annotations
 
+from ensemble.core import artifacts
 from ensemble.core.errors import UsageError
 
 SPLIT_ORDER = ("validation", "test", "predict", "train")
@@ -65,3 +66,15 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig, path):
+    """Write `fig` as a PNG at `path` atomically (a temporary file renamed: an interrupted
+    plot leaves the earlier file or none, never half a PNG) and close it; returns the path."""
+    from pathlib import Path
+
+    path = Path(path)
+    with artifacts.atomic_path(path, ".tmp.png") as tmp:
+        fig.savefig(tmp, dpi=100, bbox_inches="tight", format="png")
+    pyplot().close(fig)
+    return path

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from ensemble.core import artifacts
 from ensemble.tasks import tables
-from ensemble.tasks.report import members_and_best, pyplot
+from ensemble.tasks.report import members_and_best, pyplot, save_figure
 from ensemble.tasks.classification.metrics import ECE_BINS, LOWER_IS_BETTER, METRICS
 
 
@@ -65,9 +65,7 @@ def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path 
     ax.set(xlabel="confidence (top probability)", ylabel="accuracy",
            title=f"Reliability on {split}")
     ax.legend()
-    written.append(folder / "reliability.png")
-    fig.savefig(written[-1], dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    written.append(save_figure(fig, folder / "reliability.png"))
 
     curve_path = None if run_dir is None else Path(run_dir) / "ensemble_size.parquet"
     if curve_path is not None and curve_path.is_file():
@@ -84,9 +82,7 @@ def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path 
             ax.set(xlabel="k (members averaged, with repeats for greedy)", ylabel=m,
                    title=f"{m} on {split}", xlim=(0.5, n_members + 0.5))
             ax.legend()
-        written.append(folder / "ensemble_size.png")
-        fig.savefig(written[-1], dpi=100, bbox_inches="tight")
-        plt.close(fig)
+        written.append(save_figure(fig, folder / "ensemble_size.png"))
 
     fig, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 4), sharey=True)
     for ax, m in zip(axes, METRICS):
@@ -95,7 +91,5 @@ def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path 
                 color=["tab:gray" if r["member"] is not None else "tab:blue" for r in shown])
         ax.set(title=f"{m} on {split} ({'lower' if m in LOWER_IS_BETTER else 'higher'} "
                      "is better)")
-    written.append(folder / "members.png")
-    fig.savefig(written[-1], dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    written.append(save_figure(fig, folder / "members.png"))
     return written

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from scipy.stats import norm
 
-from ensemble.tasks.report import members_and_best, pyplot
+from ensemble.tasks.report import members_and_best, pyplot, save_figure
 
 LEVELS = np.linspace(0.05, 0.95, 19)
 
@@ -78,9 +78,7 @@ def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path 
     ax.axhline(1.0, color="k", linestyle=":", label="calibrated")
     ax.set(xlabel="PIT = Phi((y - mean) / std)", ylabel="density", title=f"PIT histogram on {split}")
     ax.legend()
-    written.append(folder / "pit.png")
-    fig.savefig(written[-1], dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    written.append(save_figure(fig, folder / "pit.png"))
 
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.plot([0, 1], [0, 1], "k:", label="calibrated")
@@ -89,9 +87,7 @@ def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path 
     ax.set(xlabel="nominal level of the central interval", ylabel="observed coverage",
            title=f"Interval coverage on {split}")
     ax.legend()
-    written.append(folder / "coverage.png")
-    fig.savefig(written[-1], dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    written.append(save_figure(fig, folder / "coverage.png"))
 
     fig, ax = plt.subplots(figsize=(5, 5))
     top = 0.0
@@ -102,7 +98,5 @@ def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path 
     ax.set(xlabel="predicted std (target units)", ylabel="|error| (target units)",
            title=f"Error against predicted std on {split}")
     ax.legend()
-    written.append(folder / "error_vs_std.png")
-    fig.savefig(written[-1], dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    written.append(save_figure(fig, folder / "error_vs_std.png"))
     return written
