@@ -1,8 +1,10 @@
 """The between-graph protocol: every message survives its stderr line, other lines are not
 messages, and the report file round-trips."""
 import json
+import os
 
 import pytest
+from conftest import ROOT
 
 from ensemble.replication import protocol as P
 
@@ -43,3 +45,31 @@ def test_the_report_file_round_trips(tmp_path, monkeypatch):
     out = P.Report({"members": [1], "work_seconds": 2.5}).write(["tensorflow"])
     assert P.read_report(path) == out == {"members": [1], "work_seconds": 2.5,
                                           "loaded": ["tensorflow"]}
+
+
+def test_messages_survive_other_writers_on_the_same_stderr():
+    """A client's stderr also carries TensorFlow's C++ log lines (their own `write(2, ...)`)
+    and other threads' output: each message must reach the launcher whole, so it is written
+    in one call (`print` wrote the text and its newline in two, and a line landing between
+    them made the message unreadable: a lost progress line in CI)."""
+    import subprocess
+    import sys
+
+    child = """
+import os, sys, threading
+from ensemble.replication import protocol
+stop = False
+def noise():
+    while not stop:
+        os.write(2, b"W0000 local_rendezvous.cc:405] End of sequence\\n")
+t = threading.Thread(target=noise); t.start()
+for i in range(3000):
+    protocol.send(protocol.Epoch(2, {"member": i, "epoch": 0, "loss": 0.5}))
+stop = True; t.join()
+"""
+    res = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = [m.record["member"] for m in map(P.decode, res.stderr.splitlines())
+           if m is not None]
+    assert got == list(range(3000))

@@ -25,7 +25,8 @@ def notice(message: str, once: bool = False) -> None:
     if once and text in _SAID:
         return
     _SAID.add(text)
-    print(text, file=sys.stderr, flush=True)
+    sys.stderr.write(text + "\n")  # one write: no other line can land inside it
+    sys.stderr.flush()
 
 
 def _reword(text: str) -> str:

@@ -50,7 +50,7 @@ class InGraphEnsemble(MemberGroup):
     def _predict_graph(self, x):
         stacked = self._member_probs(x)
         fn = aggregate_tf
-        if self.task.name == "regression":  # [n_rows, 3]: mean, aleatoric, epistemic var
+        if self.task.gaussian:  # [n_rows, 3]: mean, aleatoric, epistemic variance
             from ensemble.tasks.regression.tf_ops import aggregate_tf as fn
         with tf.device(self.client_device):
             return stacked, {a: fn(stacked, a, self.params.get(a)) for a in self.aggregators}

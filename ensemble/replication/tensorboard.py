@@ -110,16 +110,18 @@ class EnsembleScalars(Callback):
             `[n_members, n_val, n_classes]` (e.g. `InGraphEnsemble.predict(x_val)[0]`).
         y_val: `[n_val]` validation class indices.
         aggregators: aggregator names of the run.
+        gaussian: the task's outputs are per-row Gaussians `[n_members, n_val, 2]` (mean,
+            variance; `tasks.heads.Task.gaussian`): the `mean` mixture's RMSE and NLL instead.
     """
 
     def __init__(self, run_dir: str | Path, predict_val: Callable[[], np.ndarray],
-                 y_val: np.ndarray, aggregators: Sequence[str], task: str = "classification"):
+                 y_val: np.ndarray, aggregators: Sequence[str], gaussian: bool = False):
         from ensemble.tasks.classification.aggregators import FITTED
 
         self.root, self.predict_val, self.y_val = log_dir(run_dir), predict_val, y_val
         self.aggregators = [a for a in aggregators if a not in FITTED
                             and a not in ("weighted", "greedy", "std-scaling")]
-        self.task, self.writer = task, None
+        self.gaussian, self.writer = gaussian, None
 
     def on_epoch_end(self, epoch: int, records: list[dict]) -> None:
         import tensorflow as tf
@@ -129,7 +131,7 @@ class EnsembleScalars(Callback):
         if self.writer is None:
             self.writer = tf.summary.create_file_writer(str(self.root / "ensemble"))
         member_p = np.asarray(self.predict_val())
-        if self.task == "regression":
+        if self.gaussian:  # the task's outputs are per-row Gaussians (`tasks.heads.Task`)
             _write(self.writer, regression_scalars(self.y_val, member_p), epoch)
             return
         ens_p = {a: aggregate(member_p, a) for a in self.aggregators}

@@ -111,7 +111,7 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
 
         callbacks = [*callbacks, MemberScalars(run_dir),
                      EnsembleScalars(run_dir, lambda: ens.predict(x_val)[0], y_val,
-                                     cfg.aggregation.aggregators, task.name)]
+                                     cfg.aggregation.aggregators, task.gaussian)]
     steady, first = SteadyState(cfg.training.batch_size, len(x_tr)), _FirstEpoch()
     history = ens.fit(x_tr, y_tr, x_val, y_val, Schedule.of(cfg.training),
                       run_dir / "checkpoints" / "in-graph", [*callbacks, steady, first])
