@@ -119,9 +119,9 @@ def test_set_and_training_flags_reach_the_run_config(trained):
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["--set", "training.learnig_rate=0.1"], "did you mean `config.training.learning_rate`"),
-    (["--set", "training.learning_rate=fast"], "Expected `config.training.learning_rate` to "
-                                               "be a float"),
+    (["--set", "training.learnig_rate=0.1"], "did you mean `training.learning_rate`"),
+    (["--set", "training.learning_rate=fast"], "Expected `training.learning_rate` to "
+                                               "be a number"),
     (["--set", "epochs"], "Expected --set SECTION.KEY=VALUE"),
     (["--set", "training.epochs.x=1"], "training.epochs"),
     (["--set", "model.params.hiden=[3]"], "Unknown parameter `model.params.hiden`"),

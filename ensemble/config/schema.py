@@ -148,10 +148,18 @@ class Config:
         return hashlib.sha256(text.encode()).hexdigest()
 
 
+_TYPE_NAMES = {int: ("an integer", "integers"), float: ("a number", "numbers"),
+               str: ("a string", "strings"), bool: ("a boolean (true or false)", "booleans")}
+
+
 def _type_name(tp: Any) -> str:
+    """What a value of `tp` is called in messages, with its article ("an integer")."""
     if get_origin(tp) is tuple:
-        return f"list of {get_args(tp)[0].__name__}"
-    return getattr(tp, "__name__", str(tp))
+        item = get_args(tp)[0]
+        many = "tables" if dataclasses.is_dataclass(item) else _TYPE_NAMES.get(
+            item, (None, f"{getattr(item, '__name__', item)} values"))[1]
+        return f"a list of {many}"
+    return _TYPE_NAMES.get(tp, (f"a {getattr(tp, '__name__', tp)}",))[0]
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
@@ -164,8 +172,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
                 if option is float and isinstance(value, (int, float)) \
                         and not isinstance(value, bool):
                     raise  # a number, but not a finite one: say so
-        names = " or a ".join(_type_name(t) for t in get_args(tp) if t is not type(None))
-        raise UsageError(f"Expected `{key}` to be a {names}. Received: {key}={value!r}")
+        names = " or ".join(_type_name(t) for t in get_args(tp) if t is not type(None))
+        raise UsageError(f"Expected `{key}` to be {names}. Received: {key}={value!r}")
     if tp is dict:
         if not isinstance(value, dict):
             raise UsageError(f"Expected `{key}` to be a table. Received: {key}={value!r}")
@@ -179,14 +187,14 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if get_origin(tp) is tuple:
         item = get_args(tp)[0]
         if not isinstance(value, (list, tuple)):
-            raise UsageError(f"Expected `{key}` to be a {_type_name(tp)}. Received: {key}={value!r}")
+            raise UsageError(f"Expected `{key}` to be {_type_name(tp)}. Received: {key}={value!r}")
         if dataclasses.is_dataclass(item):
             return tuple(_build(item, v, f"{key}[{i}]") for i, v in enumerate(value))
         return tuple(_coerce(f"{key}[{i}]", v, item) for i, v in enumerate(value))
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return _in_domain(key, value, float)
     if tp in (int, float) and isinstance(value, bool) or not isinstance(value, tp):
-        raise UsageError(f"Expected `{key}` to be a {_type_name(tp)}. Received: {key}={value!r}")
+        raise UsageError(f"Expected `{key}` to be {_type_name(tp)}. Received: {key}={value!r}")
     return _in_domain(key, value, tp)
 
 
@@ -223,7 +231,8 @@ def _in_domain(key: str, value: Any, tp: Any) -> Any:
 
 def _build(cls: type, table: Any, prefix: str) -> Any:
     if not isinstance(table, dict):
-        raise UsageError(f"Expected `{prefix}` to be a table. Received: {prefix}={table!r}")
+        what = prefix or "the config"
+        raise UsageError(f"Expected `{what}` to be a table. Received: {what}={table!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(table) - set(fields))
     shared = [k for k in unknown if k in ("batch_size", "epochs")]
@@ -232,14 +241,15 @@ def _build(cls: type, table: Any, prefix: str) -> Any:
                          "member of a run; set them in [training], not per member.")
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(fields), n=1)
-        hint = f" (did you mean `{prefix}.{close[0]}`?)" if close else ""
-        raise UsageError(f"Unknown config key `{prefix}.{unknown[0]}`{hint}; expected one of: "
+        at = f"{prefix}." if prefix else ""
+        hint = f" (did you mean `{at}{close[0]}`?)" if close else ""
+        raise UsageError(f"Unknown config key `{at}{unknown[0]}`{hint}; expected one of: "
                          f"{', '.join(fields)}")
     kwargs = {}
     hints = get_type_hints(cls)
     for name, value in table.items():
         tp = hints[name]
-        key = f"{prefix}.{name}"
+        key = f"{prefix}.{name}" if prefix else name
         if dataclasses.is_dataclass(tp):
             kwargs[name] = _build(tp, value, key)
         else:
@@ -309,7 +319,7 @@ def from_dict(table: dict[str, Any]) -> Config:
         UsageError: unknown key, wrong type or out-of-range value; the message names the key.
     """
 
-    cfg = _build(Config, table, "config")
+    cfg = _build(Config, table, "")  # keys named as in the TOML and --set: `training.epochs`
     check_ranges(cfg)
     check_builders(cfg)
     return cfg
