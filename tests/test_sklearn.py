@@ -71,6 +71,12 @@ def test_bad_parameters_name_the_parameter(iris):
     x, y, _, _ = iris
     with pytest.raises(ValueError, match=r"`n_members` to be positive.*n_members=0"):
         DeepEnsembleClassifier(n_members=0).fit(x, y)
+    with pytest.raises(ValueError, match=r"^Expected `learning_rate` to be a number\. "
+                                         r"Received: learning_rate='fast'$"):
+        DeepEnsembleClassifier(learning_rate="fast").fit(x, y)
+    with pytest.raises(ValueError, match=r"^Expected `hidden\[1\]` to be an integer\. "
+                                         r"Received: hidden\[1\]='a'$"):
+        DeepEnsembleClassifier(hidden=[4, "a"]).fit(x, y)
     with pytest.raises(ValueError, match="mode"):
         DeepEnsembleClassifier(mode="sideways").fit(x, y)
     with pytest.raises(ValueError, match=r"not in y's classes"):

@@ -21,6 +21,7 @@ and `ensemble predict --run` read.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -209,8 +210,9 @@ class DeepEnsembleClassifier(RoutedParams, ClassifierMixin, BaseEstimator):
             return config.from_dict(table)
         except UsageError as exc:
             text = str(exc)
-            for param, key in PARAMS.items():
-                text = text.replace(f"`{key}", f"`{param}").replace(f"{key}=", f"{param}=")
+            for param, key in PARAMS.items():  # `training.epochs`, members.hidden[0]=, ...
+                ends = "" if key.endswith(".") else r"(?=[`=\[])"
+                text = re.sub(re.escape(key) + ends, param, text)
             raise ValueError(text) from None
 
     def _seed(self) -> int:
