@@ -61,88 +61,13 @@ def _plain(value):
     return value
 
 
-class RoutedParams:
-    """Builder parameters routed as SciKeras does: `model__<name>=value` is keyword argument
-    `<name>` of the estimator's builder; shared by `DeepEnsembleClassifier` and
-    `DeepEnsembleRegressor`. Unexpected keywords are refused by `fit`, not by `__init__` or
-    `set_params` (scikit-learn: no validation there)."""
+class DeepEnsembleBase(BaseEstimator):
+    """What `DeepEnsembleClassifier` and `DeepEnsembleRegressor` share: the parameters
+    (documented on each), the builder, the seed and the run's `Config`.
 
-    def _take_routed(self, kwargs: dict) -> None:
-        """Keep the `model__<name>` entries of `kwargs` as attributes (in `__init__`)."""
-        self._unexpected = [k for k in kwargs if not k.startswith(ROUTED) or k == ROUTED]
-        for key, value in kwargs.items():
-            if key not in self._unexpected:
-                setattr(self, key, value)
-
-    def _routed(self) -> dict:
-        """The builder parameters `{name: value}` given as `model__<name>`."""
-        return {k[len(ROUTED):]: v for k, v in vars(self).items()
-                if k.startswith(ROUTED) and not k.endswith("_")}
-
-    def get_params(self, deep=True):
-        """The estimator's parameters, the routed `model__<name>` ones included."""
-        params = super().get_params(deep=deep)
-        params.update({ROUTED + k: v for k, v in self._routed().items()})
-        return params
-
-    def set_params(self, **params):
-        """Set parameters; any `model__<name>` is accepted (a builder parameter)."""
-        for key in [k for k in params if k.startswith(ROUTED) and k != ROUTED]:
-            setattr(self, key, params.pop(key))
-        known = set(super().get_params(deep=True))
-        self._unexpected = [k for k in params if k not in known and "__" not in k]
-        return super().set_params(**{k: v for k, v in params.items()
-                                     if k not in self._unexpected})
-
-
-class DeepEnsembleClassifier(RoutedParams, ClassifierMixin, BaseEstimator):
-    """A deep ensemble (Lakshminarayanan et al. 2017) of any Keras model as a scikit-learn
-    classifier; defaults are those of the config (`configs/digits.toml`).
-
-    Args:
-        model: the members' builder (`model.builder`): `"mlp"` (default), `"cnn"`, an import
-            string (`"package.module:function"`, `"path/file.py:function"`) or the function
-            itself, `build(input_shape, n_outputs, *, seed, **params) -> keras.Model` of
-            logits. `mode="between-graph"` needs a module-level (importable) function.
-        **model__<name>: keyword argument `<name>` of the builder (routed as SciKeras does),
-            so `GridSearchCV(clf, {"model__width": [8, 16]})` searches it.
-        n_members: ensemble members (`members.count`).
-        hidden, activation, dropout: the built-in MLP's parameters (used with `model="mlp"`).
-        hidden: hidden layer widths of every member (`members.hidden`).
-        activation: `relu`, `tanh`, `gelu`, `elu`, `sigmoid` or `swish`.
-        dropout: dropout rate in [0, 1) after every hidden layer.
-        epochs, batch_size, learning_rate: Adam training of every member.
-        random_state: run seed: an int >= 0 (`--seed`), a `RandomState` or None (a fresh seed
-            drawn per fit). Member `k`'s initialisation and batch order depend only on
-            (seed, k).
-        mode: `in-graph` (one graph, this process) or `between-graph` (a client process per
-            device, through a run directory).
-        devices: `auto`, `cpu:N` or device names such as `/GPU:0,/GPU:1` (`--devices`).
-        aggregator: how `predict_proba` combines the members: `mean` (soft voting), `vote`,
-            `geometric`, or a fitted one (`weighted`, `greedy`, `stacking`, `temperature`),
-            which needs `fit(..., validation_data=...)`.
-        run_dir: keep the run directory of each fit here (replaced by the next fit); None:
-            in-graph fits write none, between-graph fits use a temporary one.
-        categorical, impute: a pandas DataFrame `X` is prepared as `ensemble train` prepares
-            a table (`ensemble.runs.sklearn_tables`): `categorical` is `[data] categorical`
-            (`"auto"`: text, boolean and category columns one-hot encoded; identifier-like
-            text columns left out), `impute` is `[data] impute` (`"error"` refuses missing
-            values; `"median"`, `"most_frequent"` fill them from the training rows).
-
-    Attributes:
-        classes_: `[n_classes]` labels. n_features_in_, feature_names_in_: the input columns.
-        member_weights_: `[n_members]` lists of each member's weight arrays.
-        preprocessing_: the fitted `Preprocessing` (mean and scale of every column).
-        aggregators_: `aggregators.json` content of a fitted aggregator, else None.
-        history_: pandas DataFrame, one row per member and epoch (loss, val_loss, ...; val_*
-            NaN without `validation_data`).
-        config_: the resolved `Config`. seed_: the run seed used. devices_: member devices.
-        aggregator_: the aggregator `predict_proba` applies. n_rows_: rows per split
-            (`train`, and `validation` with `validation_data`).
-
-    Like `ensemble train` (`training.deterministic`), fitting turns on TensorFlow's op
-    determinism for the whole process, so equal seeds give equal members.
-    """
+    Builder parameters are routed as SciKeras does: `model__<name>=value` is keyword argument
+    `<name>` of the estimator's builder. Unexpected keywords are refused by `fit`, not by
+    `__init__` or `set_params` (scikit-learn: no validation there)."""
 
     def __init__(self, n_members=4, hidden=(256, 128), activation="relu", dropout=0.1,
                  epochs=30, batch_size=32, learning_rate=1e-3, random_state=None,
@@ -167,7 +92,7 @@ class DeepEnsembleClassifier(RoutedParams, ClassifierMixin, BaseEstimator):
 
     def _builder(self) -> str:
         if getattr(self, "_unexpected", None):
-            raise ValueError(f"DeepEnsembleClassifier got an unexpected keyword argument "
+            raise ValueError(f"{type(self).__name__} got an unexpected keyword argument "
                              f"{self._unexpected[0]!r}; builder parameters are passed as "
                              "model__<name>.")
         try:
@@ -220,6 +145,83 @@ class DeepEnsembleClassifier(RoutedParams, ClassifierMixin, BaseEstimator):
         if isinstance(rs, (int, np.integer)) and not isinstance(rs, bool):
             return int(rs)  # negative: refused by the config check, naming random_state
         return int(check_random_state(rs).randint(np.iinfo(np.int32).max))
+
+    def _take_routed(self, kwargs: dict) -> None:
+        """Keep the `model__<name>` entries of `kwargs` as attributes (in `__init__`)."""
+        self._unexpected = [k for k in kwargs if not k.startswith(ROUTED) or k == ROUTED]
+        for key, value in kwargs.items():
+            if key not in self._unexpected:
+                setattr(self, key, value)
+
+    def _routed(self) -> dict:
+        """The builder parameters `{name: value}` given as `model__<name>`."""
+        return {k[len(ROUTED):]: v for k, v in vars(self).items()
+                if k.startswith(ROUTED) and not k.endswith("_")}
+
+    def get_params(self, deep=True):
+        """The estimator's parameters, the routed `model__<name>` ones included."""
+        params = super().get_params(deep=deep)
+        params.update({ROUTED + k: v for k, v in self._routed().items()})
+        return params
+
+    def set_params(self, **params):
+        """Set parameters; any `model__<name>` is accepted (a builder parameter)."""
+        for key in [k for k in params if k.startswith(ROUTED) and k != ROUTED]:
+            setattr(self, key, params.pop(key))
+        known = set(super().get_params(deep=True))
+        self._unexpected = [k for k in params if k not in known and "__" not in k]
+        return super().set_params(**{k: v for k, v in params.items()
+                                     if k not in self._unexpected})
+
+
+class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
+    """A deep ensemble (Lakshminarayanan et al. 2017) of any Keras model as a scikit-learn
+    classifier; defaults are those of the config (`configs/digits.toml`).
+
+    Args:
+        model: the members' builder (`model.builder`): `"mlp"` (default), `"cnn"`, an import
+            string (`"package.module:function"`, `"path/file.py:function"`) or the function
+            itself, `build(input_shape, n_outputs, *, seed, **params) -> keras.Model` of
+            logits. `mode="between-graph"` needs a module-level (importable) function.
+        **model__<name>: keyword argument `<name>` of the builder (routed as SciKeras does),
+            so `GridSearchCV(clf, {"model__width": [8, 16]})` searches it.
+        n_members: ensemble members (`members.count`).
+        hidden, activation, dropout: the built-in MLP's parameters (used with `model="mlp"`).
+        hidden: hidden layer widths of every member (`members.hidden`).
+        activation: `relu`, `tanh`, `gelu`, `elu`, `sigmoid` or `swish`.
+        dropout: dropout rate in [0, 1) after every hidden layer.
+        epochs, batch_size, learning_rate: Adam training of every member.
+        random_state: run seed: an int >= 0 (`--seed`), a `RandomState` or None (a fresh seed
+            drawn per fit). Member `k`'s initialisation and batch order depend only on
+            (seed, k).
+        mode: `in-graph` (one graph, this process) or `between-graph` (a client process per
+            device, through a run directory).
+        devices: `auto`, `cpu:N` or device names such as `/GPU:0,/GPU:1` (`--devices`).
+        aggregator: how `predict_proba` combines the members: `mean` (soft voting), `vote`,
+            `geometric`, or a fitted one (`weighted`, `greedy`, `stacking`, `temperature`),
+            which needs `fit(..., validation_data=...)`.
+        run_dir: keep the run directory of each fit here (replaced by the next fit); None:
+            in-graph fits write none, between-graph fits use a temporary one.
+        categorical, impute: a pandas DataFrame `X` is prepared as `ensemble train` prepares
+            a table (`ensemble.runs.sklearn_tables`): `categorical` is `[data] categorical`
+            (`"auto"`: text, boolean and category columns one-hot encoded; identifier-like
+            text columns left out), `impute` is `[data] impute` (`"error"` refuses missing
+            values; `"median"`, `"most_frequent"` fill them from the training rows).
+
+    Attributes:
+        classes_: `[n_classes]` labels. n_features_in_, feature_names_in_: the input columns.
+        member_weights_: `[n_members]` lists of each member's weight arrays.
+        preprocessing_: the fitted `Preprocessing` (mean and scale of every column).
+        aggregators_: `aggregators.json` content of a fitted aggregator, else None.
+        history_: pandas DataFrame, one row per member and epoch (loss, val_loss, ...; val_*
+            NaN without `validation_data`).
+        config_: the resolved `Config`. seed_: the run seed used. devices_: member devices.
+        aggregator_: the aggregator `predict_proba` applies. n_rows_: rows per split
+            (`train`, and `validation` with `validation_data`).
+
+    Like `ensemble train` (`training.deterministic`), fitting turns on TensorFlow's op
+    determinism for the whole process, so equal seeds give equal members.
+    """
 
     def fit(self, X, y, validation_data=None):
         """Train the members on every row of `X` `[n_rows, n_features]`, labels `y`.
@@ -349,4 +351,4 @@ class DeepEnsembleClassifier(RoutedParams, ClassifierMixin, BaseEstimator):
         return run_arrays.load(cls, Path(path))
 
 
-__all__ = ["DeepEnsembleClassifier", "RoutedParams"]
+__all__ = ["DeepEnsembleBase", "DeepEnsembleClassifier"]

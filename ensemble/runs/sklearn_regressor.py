@@ -9,7 +9,7 @@ Gaussian members (Lakshminarayanan et al. 2017): each predicts a mean and a vari
 trains on the Gaussian NLL of the target standardised on the training rows (`loss="mse"`:
 point members); `predict` returns the mixture's mean, `return_std` its standard deviation,
 both in the target's units. The parameters, modes, builders (`model=`, `model__<name>`) and
-the persistence are those of `DeepEnsembleClassifier`, whose helpers this class shares; the
+the persistence are those of `DeepEnsembleClassifier` (both are `DeepEnsembleBase`); the
 training itself runs through the same blocks (`ensemble.runs.arrays`).
 """
 
@@ -18,18 +18,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ensemble.tasks.regression import aggregators as regression
 from ensemble.runs import arrays as run_arrays
 from ensemble.runs import sklearn_tables
-from ensemble.runs.sklearn import DeepEnsembleClassifier, RoutedParams
+from ensemble.runs.sklearn import DeepEnsembleBase
 
 FITTED = ("weighted", "greedy", "std-scaling")
 
 
-class DeepEnsembleRegressor(RoutedParams, RegressorMixin, BaseEstimator):
+class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
     """A deep ensemble of Gaussian members as a scikit-learn regressor.
 
     Args:
@@ -54,28 +54,12 @@ class DeepEnsembleRegressor(RoutedParams, RegressorMixin, BaseEstimator):
                  mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
                  model="mlp", loss="gaussian_nll", categorical="auto", impute="error",
                  **kwargs):
-        self.model = model
-        self.categorical = categorical
-        self.impute = impute
-        self._take_routed(kwargs)
-        self.n_members = n_members
-        self.hidden = hidden
-        self.activation = activation
-        self.dropout = dropout
-        self.epochs = epochs
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.random_state = random_state
-        self.mode = mode
-        self.devices = devices
-        self.aggregator = aggregator
-        self.run_dir = run_dir
+        super().__init__(n_members=n_members, hidden=hidden, activation=activation,
+                         dropout=dropout, epochs=epochs, batch_size=batch_size,
+                         learning_rate=learning_rate, random_state=random_state, mode=mode,
+                         devices=devices, aggregator=aggregator, run_dir=run_dir, model=model,
+                         categorical=categorical, impute=impute, **kwargs)
         self.loss = loss
-
-    # shared with the classifier: builder, seed
-    _builder = DeepEnsembleClassifier._builder
-    _attach_builder = DeepEnsembleClassifier._attach_builder
-    _seed = DeepEnsembleClassifier._seed
 
     def _config(self, seed: int):
         import dataclasses
@@ -86,7 +70,7 @@ class DeepEnsembleRegressor(RoutedParams, RegressorMixin, BaseEstimator):
         if isinstance(self.aggregator, str) and self.aggregator not in regression.AGGREGATORS:
             raise ValueError(f"Expected `aggregator` from {', '.join(regression.AGGREGATORS)}. "
                              f"Received: aggregator={self.aggregator!r}")
-        cfg = DeepEnsembleClassifier._config(self, seed)
+        cfg = super()._config(seed)
         return dataclasses.replace(cfg, training=dataclasses.replace(cfg.training,
                                                                      loss=self.loss))
 
