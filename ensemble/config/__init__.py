@@ -1,4 +1,5 @@
-"""Run configuration: the TOML dataclasses (`schema`), their range checks and bounds, search spaces.
+"""Run configuration: the TOML dataclasses (`schema`), their type checks (`values`), range checks
+and bounds, search spaces.
 
 The public face re-exports the schema's main names: `from ensemble.config import Config, load`.
 """
