@@ -137,6 +137,13 @@ def _check_input_early(args) -> None:
 
 
 def cmd_predict(args) -> int:
+    from ensemble.core.notices import said_once
+
+    with said_once():  # the early check and the prediction read the same input
+        return _predict(args)
+
+
+def _predict(args) -> int:
     from ensemble.runs.predict import check_out
 
     check_out(Path(args.out))

@@ -56,7 +56,7 @@ def per_split_chance(n_test: int) -> float:
 
 
 def accepted(f: dict) -> bool:
-    """Issue 30's acceptance for one seed."""
+    """Issue 30's acceptance for the figures `f` of one seed (or their means over the seeds)."""
     return (f["ensemble_nll"] < f["mean_member_nll"]
             and f["ensemble_nll"] <= f["best_member_nll"] + BEST_TOLERANCE
             and abs(f["coverage_90"] - NOMINAL) <= COVERAGE_TOLERANCE)

@@ -204,8 +204,8 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     _add(pr, "--replicas", metavar="auto|N", type=_replicas("--replicas"),
          help="in-graph only: replicas of each member over the devices, each batch's rows "
               "split across them; auto: devices // members (default: auto)")
-    _add(pr, "--quiet", action="store_true", help="print nothing on success (no progress, no "
-         "output path)")
+    _add(pr, "--quiet", action="store_true", help="no progress and no output path on stdout "
+         "(notices still go to stderr)")
     _add(pr, "--strict-columns", action="store_true",
          help="refuse columns the run was not trained on (by default they are ignored, "
               "named in a notice)")

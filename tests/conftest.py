@@ -18,6 +18,8 @@ N_LOGICAL_CPUS = 4
 
 
 def pytest_configure(config):
+    if config.pluginmanager.hasplugin("dsession"):  # the xdist controller runs no test
+        return
     from ensemble.replication import devices
 
     devices.split_cpu(N_LOGICAL_CPUS)

@@ -245,6 +245,18 @@ def test_predict_resizes_images_as_keras_load_img(image_run, capsys):
     np.testing.assert_allclose(a[cols].to_numpy(), b[cols].to_numpy(), atol=1e-6)
 
 
+def test_a_once_notice_prints_once_per_command_and_again_in_the_next(capsys):
+    from ensemble.core.notices import notice, said_once
+
+    for _ in range(2):  # two commands (or two API calls) each say it
+        with said_once():
+            notice("images are resized", once=True)
+            notice("images are resized", once=True)
+    notice("images are resized", once=True)  # outside a command: every time
+    notice("images are resized", once=True)
+    assert capsys.readouterr().err.count("notice: images are resized") == 4
+
+
 def test_mixed_sizes_at_training_name_the_setting(image_run, tmp_path, capsys):
     folder = _digit_folder(tmp_path / "mixed", range(20))
     _digit_folder(folder, range(20, 22), scale=2)

@@ -70,17 +70,22 @@ learning_rate = 0.005
 seed = 5
 """)
     out, started = {}, []
-    for name, (members, mode, jobs) in RUNS.items():  # two processes at a time (2 cores)
-        out[name] = base / name
-        argv = ["train", "--config", base / "cnn.toml", "--members", members, "--mode", mode,
-                "--run-dir", out[name], "--quiet", *(["--jobs", jobs] if jobs else [])]
-        if len(started) == 2:
+    try:
+        for name, (members, mode, jobs) in RUNS.items():  # two processes at a time (2 cores)
+            out[name] = base / name
+            argv = ["train", "--config", base / "cnn.toml", "--members", members, "--mode",
+                    mode, "--run-dir", out[name], "--quiet", *(["--jobs", jobs] if jobs else [])]
+            if len(started) == 2:
+                _finish(started.pop(0))
+            started.append(subprocess.Popen([sys.executable, "-m", "pipelines.cli",
+                                             *map(str, argv)], env=cli_env(), text=True,
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        while started:
             _finish(started.pop(0))
-        started.append(subprocess.Popen([sys.executable, "-m", "pipelines.cli",
-                                         *map(str, argv)], env=cli_env(), text=True,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-    for proc in started:
-        _finish(proc)
+    finally:  # a failed run: the other one started is ended too
+        for proc in started:
+            proc.kill()
+            proc.wait()
     return out
 
 

@@ -68,7 +68,8 @@ for i in range(3000):
 stop = True; t.join()
 """
     res = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                           "PYTHONUNBUFFERED": "1"})  # as many containers set
     assert res.returncode == 0, res.stderr[-2000:]
     got = [m.record["member"] for m in map(P.decode, res.stderr.splitlines())
            if m is not None]

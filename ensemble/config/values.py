@@ -17,7 +17,8 @@ from ensemble.core.errors import UsageError
 
 
 _TYPE_NAMES = {int: ("an integer", "integers"), float: ("a number", "numbers"),
-               str: ("a string", "strings"), bool: ("a boolean (true or false)", "booleans")}
+               str: ("a string", "strings"), bool: ("a boolean (true or false)", "booleans"),
+               dict: ("a table", "tables")}
 
 
 def _type_name(tp: Any) -> str:
@@ -106,8 +107,9 @@ def build(cls: type, table: Any, prefix: str) -> Any:
             naming the key as the TOML and `--set` spell it (`members.hidden[1]`).
     """
     if not isinstance(table, dict):
-        what = prefix or "the config"
-        raise UsageError(f"Expected `{what}` to be a table. Received: {what}={table!r}")
+        if not prefix:
+            raise UsageError(f"Expected the config to be a table. Received: {table!r}")
+        raise UsageError(f"Expected `{prefix}` to be a table. Received: {prefix}={table!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(table) - set(fields))
     shared = [k for k in unknown if k in getattr(cls, "run_wide", ())]  # MemberOverride's

@@ -14,19 +14,30 @@ from typing import Sequence
 from ensemble.core.errors import UsageError
 
 _REWORDING: list[tuple[str, str]] = []  # (regex, replacement) applied to messages (`reworded`)
-_SAID: set[str] = set()  # the `once` notices this process printed
+_SAID: list[set[str]] = []  # the `once` notices of the innermost `said_once` block
 
 
 def notice(message: str, once: bool = False) -> None:
     """One informational line on stderr (never stdout: stdout belongs to the user); with
-    `once`, a message this process already printed is not printed again (a check that reads
-    the input before the command reads it again)."""
+    `once`, inside a `said_once` block, a message the block already printed is not printed
+    again (a command's early check reads the input, then the command reads it again)."""
     text = f"notice: {_reword(message)}"
-    if once and text in _SAID:
-        return
-    _SAID.add(text)
+    if once and _SAID:
+        if text in _SAID[-1]:
+            return
+        _SAID[-1].add(text)
     sys.stderr.write(text + "\n")  # one write: no other line can land inside it
     sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def said_once():
+    """Within the block (one command), each `notice(..., once=True)` message prints once."""
+    _SAID.append(set())
+    try:
+        yield
+    finally:
+        _SAID.pop()
 
 
 def _reword(text: str) -> str:

@@ -109,9 +109,10 @@ def decode(line: str) -> Message | None:
 
 def send(message: Message, stream: TextIO | None = None) -> None:
     """Write `message` to `stream` (default stderr) as one line in ONE write, flushed: the
-    launcher reads it at once. (`print` writes the text and its newline separately, and stderr
-    writes through: a TensorFlow log line or another thread's output landing between the two
-    glued itself to the message, which the launcher then could not read.)"""
+    launcher reads it at once. (`print` writes the text and its newline separately, and with
+    `PYTHONUNBUFFERED` or `-u`, which containers and CI often set, stderr writes each through:
+    a TensorFlow log line or another thread's output landing between the two glued itself to
+    the message, which the launcher then could not read.)"""
     stream = stream or sys.stderr
     stream.write(encode(message) + "\n")
     stream.flush()

@@ -74,7 +74,9 @@ def save_figure(fig, path):
     from pathlib import Path
 
     path = Path(path)
-    with artifacts.atomic_path(path, ".tmp.png") as tmp:
-        fig.savefig(tmp, dpi=100, bbox_inches="tight", format="png")
-    pyplot().close(fig)
+    try:
+        with artifacts.atomic_path(path, ".tmp.png") as tmp:
+            fig.savefig(tmp, dpi=100, bbox_inches="tight", format="png")
+    finally:
+        pyplot().close(fig)
     return path
