@@ -267,3 +267,38 @@ def test_float_arrays_of_any_rank_are_standardised_per_element(shape):
     got = np.asarray(pre.scaling_layer()(x))
     want = (x - x[train].mean(axis=0)) / x[train].std(axis=0)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_an_image_folder_for_a_run_of_float_arrays(tmp_path):
+    """A run trained on a float `.npz` reads an image folder as rows of its own shape: grey
+    `[h, w]` rows (no channel axis) or `[h, w, 1]`, RGB `[h, w, 3]`, each image resized as
+    `keras.utils.load_img` does; rows no image can be (`[4, 4, 2]`) are one line."""
+    import keras
+    from PIL import Image
+
+    from ensemble.core.errors import UsageError
+    from ensemble.data.arrays import ArrayPreprocessing, ArrayStream
+
+    rng = np.random.default_rng(1)
+    (tmp_path / "a").mkdir()
+    files = []
+    for i, mode in enumerate(["L", "RGB", "L"]):
+        f = tmp_path / "a" / f"{i}.png"
+        shape = (12, 10) if mode == "L" else (12, 10, 3)
+        Image.fromarray(rng.integers(0, 256, shape).astype(np.uint8), mode).save(f)
+        files.append(f)
+
+    def rows(shape):
+        pre = ArrayPreprocessing(shape, np.array([0, 1]), "float32", np.zeros(shape, np.float32),
+                                 np.ones(shape, np.float32), color_mode="auto")
+        stream = ArrayStream(pre, str(tmp_path), batch_rows=2)
+        stream.check()
+        return np.concatenate([b.x for b in stream])
+
+    for shape, colour in (((8, 6), "grayscale"), ((8, 6, 1), "grayscale"), ((8, 6, 3), "rgb")):
+        want = np.stack([np.asarray(keras.utils.load_img(f, color_mode=colour, target_size=(8, 6),
+                                                         interpolation="bilinear"))
+                         for f in files]).reshape(3, *shape).astype(np.float32)
+        np.testing.assert_array_equal(rows(shape), want)
+    with pytest.raises(UsageError, match=r"rows of shape \[4, 4, 2\], which no image is"):
+        rows((4, 4, 2))

@@ -21,6 +21,7 @@ for float arrays. So the export takes raw pixels.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,10 +292,18 @@ class ArrayStream:
                 self._whole = load(cfg, require_target=False) if not self.source.endswith(
                     ".npz") else load_npz(self.source, require_target=False)
             return self._whole
-        shape = self.pre.input_shape  # an image run: every image at the run's size
-        size = self.pre.image_size or (tuple(shape[:2]) if len(shape) == 3 else None)
+        shape = self.pre.input_shape  # every image at the run's size and channels
+        if not (len(shape) == 2 or len(shape) == 3 and shape[-1] in (1, 3)):
+            raise UsageError(f"The run was trained on rows of shape {list(shape)}, which no "
+                             f"image is; expected a .npz file of such rows. Received the "
+                             f"image folder {self.source}")
+        size = self.pre.image_size or tuple(shape[:2])
+        mode = self.pre.color_mode if self.pre.color_mode in ("grayscale", "rgb") else \
+            "rgb" if shape[-1] == 3 and len(shape) == 3 else "grayscale"  # an .npz run's rows
         resized: list = []
-        part = read_images(files, size, self.pre.color_mode, resized)
+        part = read_images(files, size, mode, resized)
+        if len(shape) == 2:  # rows [h, w] without a channel axis
+            part = dataclasses.replace(part, x=part.x[..., 0])
         if resized and not self._resize_noted:
             from ensemble.core.notices import notice
 
