@@ -140,6 +140,38 @@ class DeepEnsembleBase(BaseEstimator):
                 text = re.sub(re.escape(key) + ends, param, text)
             raise ValueError(text) from None
 
+    def _fit_members(self, cfg, X, labels, y_train, val, table: bool) -> None:
+        """Prepare `X` as `ensemble train` prepares its input (a DataFrame as a table,
+        `ensemble.runs.sklearn_tables`; arrays standardised), the validation rows `val`
+        (`(X_val, y_val)` or None) the same way, train the members in `self.mode` on `y_train`
+        `[n_rows]` and set the fitted attributes both estimators share.
+
+        Args:
+            labels: `(y_idx, classes)` for the preprocessing (`(None, [])` for regression).
+        """
+        if table:
+            pre, x = sklearn_tables.fit(self, X, *labels)
+            if val is not None:
+                self.preprocessing_ = pre
+                val = (sklearn_tables.transform(self, val[0]), val[1])
+        else:
+            names = list(getattr(self, "feature_names_in_",
+                                 [f"x{i}" for i in range(X.shape[1])]))
+            pre = run_arrays.fit_preprocessing(X, *labels, names)
+            x = pre.transform(run_arrays.dataset(X, names))
+            if val is not None:
+                val = (pre.transform(run_arrays.dataset(val[0], names)), val[1])
+        fitted = (run_arrays.train_between_graph if self.mode == "between-graph"
+                  else run_arrays.train_in_graph)(cfg, x, y_train, val, pre, self.run_dir)
+        self.table_input_ = table
+        self.preprocessing_, self.config_ = pre, cfg
+        self.seed_, self.aggregator_ = cfg.training.seed, self.aggregator
+        self.n_rows_ = {"train": len(x), **({"validation": len(val[0])} if val else {})}
+        self.devices_ = fitted["devices"]
+        self.member_weights_ = fitted["weights"]
+        self.aggregators_ = fitted["aggregators"]
+        self.history_ = fitted["history"]
+
     def _seed(self) -> int:
         rs = self.random_state
         if isinstance(rs, (int, np.integer)) and not isinstance(rs, bool):
@@ -254,28 +286,8 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
         elif self.aggregator in FITTED:
             raise ValueError(f"aggregator={self.aggregator!r} is fitted on validation data: "
                              "pass fit(X, y, validation_data=(X_val, y_val))")
-        if table:
-            pre, x = sklearn_tables.fit(self, X, y_idx, classes)
-            if val is not None:
-                self.preprocessing_ = pre
-                val = (sklearn_tables.transform(self, val[0]), val[1])
-        else:
-            names = list(getattr(self, "feature_names_in_",
-                                 [f"x{i}" for i in range(X.shape[1])]))
-            pre = run_arrays.fit_preprocessing(X, y_idx, classes, names)
-            x = pre.transform(run_arrays.dataset(X, names))
-            if val is not None:
-                val = (pre.transform(run_arrays.dataset(val[0], names)), val[1])
-        fitted = (run_arrays.train_between_graph if self.mode == "between-graph"
-                  else run_arrays.train_in_graph)(cfg, x, y_idx, val, pre, self.run_dir)
-        self.table_input_ = table
-        self.classes_, self.preprocessing_, self.config_ = classes, pre, cfg
-        self.seed_, self.aggregator_ = cfg.training.seed, self.aggregator
-        self.n_rows_ = {"train": len(x), **({"validation": len(val[0])} if val else {})}
-        self.devices_ = fitted["devices"]
-        self.member_weights_ = fitted["weights"]
-        self.aggregators_ = fitted["aggregators"]
-        self.history_ = fitted["history"]
+        self._fit_members(cfg, X, (y_idx, classes), y_idx, val, table)
+        self.classes_ = classes
         if self.run_dir is not None and self.mode == "in-graph":
             self.save(self.run_dir, overwrite=True)
         return self

@@ -119,30 +119,8 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
         elif self.aggregator in FITTED:
             raise ValueError(f"aggregator={self.aggregator!r} is fitted on validation data: "
                              "pass fit(X, y, validation_data=(X_val, y_val))")
-        if table:
-            pre, x = sklearn_tables.fit(self, X, None, np.zeros(0))
-            if val is not None:
-                self.preprocessing_ = pre
-                val = (sklearn_tables.transform(self, val[0]), val[1])
-        else:
-            names = list(getattr(self, "feature_names_in_",
-                                 [f"x{i}" for i in range(X.shape[1])]))
-            pre = run_arrays.fit_preprocessing(X, None, np.zeros(0), names)
-            x = pre.transform(run_arrays.dataset(X, names))
-            if val is not None:
-                val = (pre.transform(run_arrays.dataset(val[0], names)), val[1])
-        self.table_input_ = table
-        fitted = (run_arrays.train_between_graph if self.mode == "between-graph"
-                  else run_arrays.train_in_graph)(cfg, x, (y - loc) / scale, val, pre,
-                                                  self.run_dir)
-        self.preprocessing_, self.config_ = pre, cfg
+        self._fit_members(cfg, X, (None, np.zeros(0)), (y - loc) / scale, val, table)
         self.target_loc_, self.target_scale_ = loc, scale
-        self.seed_, self.aggregator_ = cfg.training.seed, self.aggregator
-        self.n_rows_ = {"train": len(x), **({"validation": len(val[0])} if val else {})}
-        self.devices_ = fitted["devices"]
-        self.member_weights_ = fitted["weights"]
-        self.aggregators_ = fitted["aggregators"]
-        self.history_ = fitted["history"]
         for col in ("val_loss", "val_rmse"):  # back to the target's units
             if col in self.history_:
                 self.history_[col] = self.history_[col] * (scale if col == "val_rmse" else 1.0) \
