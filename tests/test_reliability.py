@@ -184,6 +184,37 @@ def test_member_lock_refuses_a_second_client_naming_the_first(tmp_path):
         pass
 
 
+def test_readers_probing_at_once_do_not_refuse_each_other(tmp_path, monkeypatch):
+    """`require_free` takes the run lock for an instant to see whether a writer holds it: the
+    clients of a between-graph predict (or two `ensemble predict`s) probe at once, and one's
+    probe must not read as a writer to the other (it did: a predict failed "in use by another
+    process" in CI). A real writer is still refused."""
+    artifacts.write_manifest(tmp_path, {"members": []})
+    refused = []
+
+    def reader():
+        for _ in range(200):
+            try:
+                runlock.require_free(tmp_path)
+            except UsageError as exc:
+                refused.append(str(exc))
+
+    threads = [threading.Thread(target=reader) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert refused == []
+    monkeypatch.setattr(runlock, "PROBE_SECONDS", 0.2)
+    with runlock.Lock(tmp_path, None, "ensemble train"):
+        token = os.environ.pop(runlock.ENV)  # this process as a reader, not the writer
+        try:
+            with pytest.raises(UsageError, match="in use by"):
+                runlock.require_free(tmp_path)
+        finally:
+            os.environ[runlock.ENV] = token  # the lock's exit takes it away again
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
 def test_atomic_writes_get_the_umask_permissions_and_are_flushed(tmp_path, umask, monkeypatch):
     synced = []

@@ -3,7 +3,8 @@
 - The driver (`ensemble train`, in-graph or the between-graph launcher), `ensemble aggregate`
   and `ensemble evaluate` hold the run's exclusive lock (`RUN/.lock`) while they write;
   `--resume`, `aggregate`, `evaluate` and `predict` refuse a run whose lock another process
-  holds, naming the holder (pid, host, command).
+  holds, naming the holder (pid, host, command); readers may read at once (their probe of
+  the lock waits out each other's, `PROBE_SECONDS`).
 - A between-graph client holds its member's lock (`RUN/members/.member-<i>.lock`) while it
   trains that member, so two clients never write one member.
 - Processes started by the holder (the launcher's clients and aggregator) work under its lock:
@@ -35,6 +36,10 @@ from ensemble.core.errors import UsageError
 
 ENV = "ENSEMBLE_RUN_LOCK"
 MANIFEST_LOCK_SECONDS = 60.0
+# `require_free` probes by taking the lock for an instant: a reader waits this long before it
+# calls the lock held, so that readers probing at once (a between-graph predict's clients, two
+# `ensemble predict`s) never take each other's probe for a writer.
+PROBE_SECONDS = 2.0
 LOCK_FILES = (".lock", ".lock.json", ".manifest.lock")
 
 
@@ -134,7 +139,7 @@ def require_free(run_dir: str | Path, member: int | None = None) -> None:
         return
     lock = FileLock(path)
     try:
-        lock.acquire(timeout=0)
+        lock.acquire(timeout=PROBE_SECONDS)
     except Timeout:
         what = f"Run {run_dir}" if member is None else f"Member {member} of run {run_dir}"
         raise UsageError(f"{what} is in use by {_who(holder(run_dir, member))}; wait for it "
