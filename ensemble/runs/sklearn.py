@@ -267,7 +267,7 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
 
         Raises:
             ValueError: bad parameters, data or labels (fewer than 2 classes; validation
-            labels unseen in `y`; a fitted aggregator without `validation_data`).
+                labels unseen in `y`; a fitted aggregator without `validation_data`).
         """
         table = sklearn_tables.wants_table(self, X)
         if table:
