@@ -53,8 +53,7 @@ def main() -> None:
     images = args.images or str(digits_folder(work / "digits"))
     run = ensemble.train({"data": {"source": images},
                           "members": {"count": args.members},
-                          "training": {"epochs": args.epochs, "batch_size": 32},
-                          "model": {"params": {"filters": 8}}},
+                          "training": {"epochs": args.epochs, "batch_size": 32}},
                          run_dir=work / "runs" / "cnn", model=small_cnn)
     print(run.summary())
     test = run.metrics.query("split == 'test'")[["model", "accuracy", "nll"]]

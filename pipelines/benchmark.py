@@ -218,7 +218,7 @@ def summarise(runs: list[dict]) -> list[dict]:
 
 
 def markdown(summary: list[dict]) -> str:
-    """The summary as a Markdown table (the README's performance section)."""
+    """The summary as a Markdown table (as docs/benchmarks.md shows them)."""
     def spread(r, key, fmt):
         if r[key + "_median"] is None:
             return ""

@@ -76,7 +76,7 @@ def test_serve_rest(tmp_path):
 
 
 def test_sklearn_pipeline(tmp_path):
-    out = _python_example("sklearn_pipeline.py", tmp_path, "--folds", "2")
+    out = _python_example("sklearn_pipeline.py", tmp_path, "--folds", "2", "--small")
     assert "best: {" in out and "test accuracy" in out
     assert "(2, " in out  # predict_members: [n_members, n_rows, n_classes]
 

@@ -1,5 +1,5 @@
-"""The package layering of README "Layering": no import cycle between modules (function-local
-imports counted), no module over 400 lines, and no new place outside `tasks/` (`data/`) that
+"""The package layering of docs/concepts/layering.md: no import cycle between modules
+(function-local imports counted), no module over 400 lines, and no new place outside `tasks/` (`data/`) that
 asks which task (input kind) a run has. The package-level layers themselves are import-linter
 contracts (`pyproject.toml`, run by `.ci/run` and by the test below when import-linter is
 installed)."""
