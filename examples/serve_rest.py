@@ -75,7 +75,8 @@ def main() -> None:
 
     port = free_port()
     server = subprocess.Popen(ensemble_cli("serve", "--model", str(work / "models" / "iris"),
-                                           "--host", "127.0.0.1", "--port", str(port)))
+                                           "--host", "127.0.0.1", "--port", str(port),
+                                           "--replicas", "1"))
     try:
         base = f"http://127.0.0.1:{port}/v1/models/iris"
         wait_available(base, server)
