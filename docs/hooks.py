@@ -21,7 +21,7 @@ from pathlib import Path
 from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parent.parent
-HELP_COLUMNS = "100"  # the help's width: a terminal of 100 columns
+HELP_COLUMNS = "80"  # the help's width: a terminal of 80 columns (fits the page)
 
 
 def _parser():
@@ -46,10 +46,10 @@ def cli_page() -> str:
     try:
         parser = _parser()
         parts = ["# CLI reference", "",
-                 "Generated from the argparse parser when the docs build (`ensemble --help` and "
-                 "`ensemble COMMAND --help` at 100 columns), so it is what the installed command "
-                 "prints. The [CLI guide](cli-guide.md) explains the shared values (`SOURCE`, "
-                 "`SPEC`), progress, output and exit status.", "",
+                 "Generated from the argparse parser when the docs build (`ensemble --help` "
+                 "and `ensemble COMMAND --help` in a terminal of 80 columns), so it is what "
+                 "the installed command prints. The [CLI guide](cli-guide.md) explains the "
+                 "shared values (`SOURCE`, `SPEC`), progress, output and exit status.", "",
                  "## ensemble", "", "```text", _help(parser), "```", ""]
         for name, sub in parser.commands.items():
             parts += [f"## ensemble {name}", "", "```text", _help(sub), "```", ""]
