@@ -97,3 +97,25 @@ def test_docs_cover_every_public_name_example_and_command():
     guide = (ROOT / "docs" / "reference" / "cli-guide.md").read_text()
     for command in COMMANDS:
         assert f"ensemble {command}" in guide, command
+
+
+def test_cli_guide_synopsis_names_only_options_that_exist():
+    """Every `--option` of the CLI guide's synopsis is one its command takes (the generated
+    CLI reference is the parser itself; the hand-written synopsis must not drift from it)."""
+    import re
+
+    from pipelines.cli import COMMANDS
+    from pipelines.options import build_parser
+
+    commands = build_parser(COMMANDS).commands
+    guide = (ROOT / "docs" / "reference" / "cli-guide.md").read_text()
+    synopsis = guide.split("```", 2)[1]
+    command, seen = None, 0
+    for line in synopsis.splitlines():
+        start = re.match(r"ensemble (\w+)", line)
+        if start:
+            command = start.group(1)
+        for flag in re.findall(r"--[a-z][a-z-]*", line.split("#")[0]):
+            assert flag in commands[command]._option_string_actions, (command, flag)
+            seen += 1
+    assert seen > 80  # the whole synopsis was read
