@@ -165,9 +165,10 @@ class ArrayScan:
     """
 
     identifiers, columns = (), ()
+    CHUNK_ROWS = 1024  # images decoded at once while preparing
 
-    def __init__(self, cfg, chunk_rows: int = 1024):
-        self.cfg, self.chunk_rows = cfg, chunk_rows
+    def __init__(self, cfg, chunk_rows: int | None = None):
+        self.cfg, self.chunk_rows = cfg, chunk_rows or self.CHUNK_ROWS
         self.data = load(cfg)
         self.name, self.y, self.test_rows = self.data.name, self.data.y, self.data.test_rows
 

@@ -62,8 +62,8 @@ class TableScan:
 
     test_rows = None  # tables have no split of their own
 
-    def __init__(self, cfg: DataConfig, chunk_rows: int = CHUNK_ROWS):
-        self.cfg, self.chunk_rows = cfg, chunk_rows
+    def __init__(self, cfg: DataConfig, chunk_rows: int | None = None):
+        self.cfg, self.chunk_rows = cfg, chunk_rows or CHUNK_ROWS
         self.builtin = cfg.source in sources.BUILTIN
         if self.builtin:
             ds = sources.load(cfg)
@@ -83,7 +83,7 @@ class TableScan:
                                  f"{', '.join(map(repr, unknown))}: not in {self.path} "
                                  f"(columns: {', '.join(names)})")
         self._read = [c for c in names if c not in cfg.drop]
-        first = next(self._batches(self._read, chunk_rows), None)
+        first = next(self._batches(self._read, self.chunk_rows), None)
         if first is None or first.num_rows == 0:
             raise UsageError(f"Data {self.name} has no rows; expected at least one.")
         if cfg.target in first.column_names:  # (the whole column's notice follows)

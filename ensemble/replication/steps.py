@@ -97,8 +97,9 @@ def make_steps_fn(models, optimizers, devices, row_shape, x_dtype, client_device
     are split into calls. With `masked` (early stopping), a member whose `active` is false
     skips its steps (no update, loss 0); without it `active` is ignored, and the graph holds
     no condition.
-    Every step calls `train_step` for every member under `tf.device` of its device; slicing
-    the batches and summing run on `client_device`. `replicas` (`[n_members]` lists of
+    Each member runs its steps in a `tf.while_loop` of its own (members do not wait for each
+    other at every step; the executor runs their loops side by side), calling `train_step`
+    under `tf.device` of its device; slicing the batches and summing run on `client_device`. `replicas` (`[n_members]` lists of
     device names, replica 0 the member's device; None: one each) makes a member of several
     replicas take `steps.replicated_train_step` instead, data-parallel (the same step for one
     replica). `adversarial`: None, or `[n_members]` sign steps `[*input_shape]` of
@@ -119,24 +120,27 @@ def make_steps_fn(models, optimizers, devices, row_shape, x_dtype, client_device
                                   tf.TensorSpec([n], tf.bool)], autograph=False)
     def run_steps(xb, yb, total, active):
         rows = tf.cast(tf.shape(yb)[2], tf.float32)
+        n_steps = tf.shape(yb)[0]
 
-        def body(s, total):
-            losses = []
-            for k, (model, opt, device) in enumerate(zip(models, optimizers, devices)):
+        def member_loop(k):  # member k's steps, a loop of its own: no barrier across members
+            def body(s, loss_sum):
                 with tf.device(client_device):
                     xk, yk = xb[s, k], yb[s, k]
-                with tf.device(device):
-                    step = (lambda m=model, o=opt, x=xk, y=yk, k=k:  # noqa: E731
-                            replicated_train_step(m, o, x, y, task, groups[k], steps[k]))
-                    losses.append(tf.cond(active[k], step, lambda: tf.constant(0.0))
-                                  if masked else step())
-            with tf.device(client_device):
-                return s + 1, total + tf.stack(losses) * rows
+                with tf.device(devices[k]):
+                    loss = replicated_train_step(models[k], optimizers[k], xk, yk, task,
+                                                 groups[k], steps[k])
+                return s + 1, loss_sum + loss * rows
 
+            def run():
+                _, loss_sum = tf.while_loop(lambda s, _: s < n_steps, body,
+                                            [tf.constant(0), tf.constant(0.0)],
+                                            parallel_iterations=1)
+                return loss_sum
+
+            return tf.cond(active[k], run, lambda: tf.constant(0.0)) if masked else run()
+
+        sums = [member_loop(k) for k in range(n)]
         with tf.device(client_device):
-            _, total = tf.while_loop(lambda s, _: s < tf.shape(yb)[0], body,
-                                     [tf.constant(0), total],
-                                     parallel_iterations=1)
-            return total
+            return total + tf.stack(sums)
 
     return run_steps

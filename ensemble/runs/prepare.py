@@ -198,6 +198,8 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     rows, classes = data.split(scan, dataclasses.replace(cfg.data, task=task.name),
                                cfg.data.split_seed)
     pre = scan.fit(rows["train"], classes)
+    _check_memory(cfg, mode, devices, {s: len(r) for s, r in rows.items()},
+                  task.n_outputs(len(classes)))
     y = encode(scan.y, classes)
     task, fitted = task.fit_target(y[rows["train"]])  # e.g. standardisation, train only
     if fitted:
@@ -217,6 +219,20 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     manifest["artifacts"] = artifacts.artifact_hashes(run_dir)  # the splits, preprocessing
     artifacts.write_manifest(run_dir, manifest)
     return manifest
+
+
+def _check_memory(cfg: Config, mode: str, devices: list[str], rows: dict[str, int],
+                  n_outputs: int) -> None:
+    """Refuse a run that cannot fit in memory before its splits are written (`budget.check`).
+
+    Raises:
+        UsageError: the estimate exceeds the memory available (one line).
+    """
+    from ensemble.runs import budget
+
+    members = cfg.members.count
+    clients = 1 if mode == "in-graph" else max(1, min(members, len(set(devices))))
+    budget.check(rows, n_outputs, members, len(cfg.aggregation.aggregators), clients)
 
 
 def check_data(cfg: Config) -> None:
