@@ -118,6 +118,9 @@ def check_ranges(cfg: Config) -> None:
             raise UsageError(f"Expected `data.{key}` in (0, 1). Received: {value}")
     if cfg.data.test_size + cfg.data.validation_size >= 0.9:
         raise UsageError("Expected `data.test_size + data.validation_size` below 0.9.")
+    if cfg.data.max_categories < 0 or cfg.data.max_categories == 1:
+        raise UsageError("Expected `data.max_categories` to be 0 (no limit) or at least 2. "
+                         f"Received: {cfg.data.max_categories}")
     if cfg.data.color_mode not in ("auto", "grayscale", "rgb"):
         raise UsageError("Expected `data.color_mode` to be \"auto\", \"grayscale\" or \"rgb\". "
                          f"Received: {cfg.data.color_mode!r}")

@@ -59,6 +59,11 @@ class Dataset:
         """Every input column name: numeric, then categorical."""
         return self.feature_names + tuple(self.categorical)
 
+    def rows(self, idx) -> "Dataset":
+        """The rows `idx` (an index array or a slice) of this table, without labels."""
+        return Dataset(self.name, self.x[idx], None, self.feature_names,
+                       {k: v[idx] for k, v in self.categorical.items()}, self.identifiers)
+
     def sha256(self) -> str:
         """sha256 over the feature bytes, the categorical values, the labels and the names."""
         h = hashlib.sha256(np.ascontiguousarray(self.x).tobytes())
@@ -169,7 +174,8 @@ def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
 def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bool,
                      categorical: str | Sequence[str] = "auto", impute: str = "error",
                      expected: Sequence[str] | None = None, strict: bool = False,
-                     first_row: int = 0, identifiers: Sequence[str] = ()) -> Dataset:
+                     first_row: int = 0, identifiers: Sequence[str] = (),
+                     detect_identifiers: bool = True) -> Dataset:
     """Validate a pyarrow table and split it into numeric features, categorical features and
     labels. Rows whose label is missing are dropped (with a notice) when the target is required.
 
@@ -184,6 +190,8 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
             as ignored). At train time identifier-like text columns are found and left out
             (`ensemble.data.identifiers`), listed in the returned `Dataset.identifiers`.
         first_row: the source row of the table's first row (a streamed batch), for messages.
+        detect_identifiers: at train time, look for identifier-like text columns (False for
+            the later chunks of a streamed file: its first chunk decided).
 
     Raises:
         UsageError: one message listing every problem found (no rows, missing target or
@@ -225,7 +233,7 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
             notice(f"ignoring column{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))} of "
                    f"{name}: not features of this run")
         table = table.select([c for c in table.column_names if c in expected])
-    else:  # training: identifier-like text columns are not features (ensemble.data.identifiers)
+    elif detect_identifiers:  # training: identifier-like text columns are not features
         from ensemble.data.identifiers import split_identifiers
 
         table, identifiers = split_identifiers(table, name, categorical, notice)

@@ -92,7 +92,9 @@ def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preproce
         try:
             records = train_loop(entry.steps, predict_val, group.indices, schedule, len(x),
                                  None if val is None else val[1], group.task, None, (),
-                                 stopping)
+                                 stopping, gather=entry.gather,
+                                 max_steps=entry.gather.max_steps(len(group.models),
+                                                                  schedule.batch_size))
         finally:
             entry.clear()
         weights = entry.weights()

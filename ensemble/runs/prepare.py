@@ -175,6 +175,10 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
             overwrite: bool = False, cluster: dict | None = None) -> dict[str, Any]:
     """Create the run directory up to training: data splits, preprocessing, placement.
 
+    The source is read a chunk at a time (`kinds.scan`): labels, split, preprocessing fitted
+    in one pass over the training rows, then every split encoded and scaled into its
+    memory-mapped files (`ensemble.data.prepared.write_splits`).
+
     Args:
         devices: canonical device names; members are placed on them round robin.
         cluster: the cluster spec the devices belong to (recorded), or None.
@@ -185,14 +189,18 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     Raises:
         UsageError: bad data or an existing run (see `check_run_dir`).
     """
+    from ensemble.data.prepared import write_splits
+
     start = time.perf_counter()
     check_run_dir(run_dir, overwrite)
-    ds = kinds.load(cfg.data)
-    task, target = resolve_task(cfg, ds.y)
-    rows, classes = data.split(ds, dataclasses.replace(cfg.data, task=task.name),
+    scan = kinds.scan(cfg.data)  # labels now, feature rows a chunk at a time below
+    task, target = resolve_task(cfg, scan.y)
+    rows, classes = data.split(scan, dataclasses.replace(cfg.data, task=task.name),
                                cfg.data.split_seed)
-    pre = kinds.fit_preprocessing(ds, rows["train"], classes, cfg.data.impute, cfg.data)
-    x, y = pre.transform(ds), encode(ds.y, classes)
+    pre = scan.fit(rows["train"], classes)
+    _check_memory(cfg, mode, devices, {s: len(r) for s, r in rows.items()},
+                  task.n_outputs(len(classes)))
+    y = encode(scan.y, classes)
     task, fitted = task.fit_target(y[rows["train"]])  # e.g. standardisation, train only
     if fitted:
         from ensemble.config.bounds import check_target_scale
@@ -200,13 +208,12 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
         check_target_scale(fitted["target_loc"], fitted["target_scale"], cfg.data.target)
     target.update(fitted)
     run_dir.mkdir(parents=True, exist_ok=True)
-    artifacts.write_splits(run_dir, {s: x[r] for s, r in rows.items()},
-                           {s: y[r] for s, r in rows.items()}, rows)
+    write_splits(run_dir, scan, pre, rows, y)
     artifacts.write_text(run_dir / artifacts.PREPROCESSING, pre.to_json())
     manifest = new_manifest(cfg, mode, devices, pre, {
-        "name": ds.name, "source": cfg.data.source, "target": cfg.data.target,
-        "rows": {s: int(len(r)) for s, r in rows.items()}, "columns": list(ds.columns),
-        "sha256": ds.sha256(), **target}, cluster, task)
+        "name": scan.name, "source": cfg.data.source, "target": cfg.data.target,
+        "rows": {s: int(len(r)) for s, r in rows.items()}, "columns": list(scan.columns),
+        "sha256": scan.sha256(), **target}, cluster, task)
     manifest["run_id"] = run_id_for(run_dir, cfg)  # the folder's name for a default run dir
     manifest["timings"]["prepare_seconds"] = time.perf_counter() - start
     manifest["artifacts"] = artifacts.artifact_hashes(run_dir)  # the splits, preprocessing
@@ -214,14 +221,29 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     return manifest
 
 
+def _check_memory(cfg: Config, mode: str, devices: list[str], rows: dict[str, int],
+                  n_outputs: int) -> None:
+    """Refuse a run that cannot fit in memory before its splits are written (`budget.check`).
+
+    Raises:
+        UsageError: the estimate exceeds the memory available (one line).
+    """
+    from ensemble.runs import budget
+
+    members = cfg.members.count
+    clients = 1 if mode == "in-graph" else max(1, min(members, len(set(devices))))
+    budget.check(rows, n_outputs, members, len(cfg.aggregation.aggregators), clients)
+
+
 def check_data(cfg: Config) -> None:
-    """Every problem of the run's data and its task, in one message, before TensorFlow loads
-    and before anything is written (`data.load` then `resolve_task`).
+    """The problems of the run's data and its task, in one message, before TensorFlow loads
+    and before anything is written: its labels and first chunk (`kinds.scan`), then
+    `resolve_task`; the later chunks are checked as they are prepared.
 
     Raises:
         UsageError: as `ensemble.data.sources.load` and `resolve_task`.
     """
-    resolve_task(cfg, kinds.load(cfg.data).y)
+    resolve_task(cfg, kinds.scan(cfg.data).y)
 
 
 def resolve_task(cfg: Config, y) -> tuple[Any, dict[str, Any]]:
