@@ -1,8 +1,11 @@
-"""The `examples/` scripts run as a user runs them (a fresh process each, small sizes), and the
-docs list what they promise: every public name of the API, every example, every CLI command."""
+"""The `examples/` scripts run as a user runs them (`bash`, or `runpy` as `python X.py` does: the
+Python ones one after another in one fresh process, so TensorFlow loads once), at small sizes;
+and the docs list what they promise: every public name of the API, every example, every CLI
+command."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -32,11 +35,53 @@ def _run(command: list[str], tmp_path: Path) -> str:
     return done.stdout
 
 
-def _python_example(name: str, tmp_path: Path, *extra: str) -> str:
-    return _run([sys.executable, str(EXAMPLES / name), "--members", SMALL["members"],
-                 "--epochs", SMALL["epochs"], *(["--workdir", str(tmp_path)]
-                                                if name != "sklearn_pipeline.py" else []),
-                 *extra], tmp_path)
+PYTHON_EXAMPLES = {  # script -> its extra arguments at smoke size
+    "images_own_model.py": [], "regression_intervals.py": [], "ood_evaluation.py": [],
+    "serve_rest.py": [], "sklearn_pipeline.py": ["--folds", "2", "--small"]}
+
+RUNNER = """
+import contextlib, json, runpy, sys, traceback
+from pathlib import Path
+jobs, status_file, status = json.loads(sys.argv[1]), Path(sys.argv[2]), {}
+for name, argv, out in jobs:
+    sys.argv = [name, *argv]
+    with open(out, "w") as f, contextlib.redirect_stdout(f):
+        try:
+            runpy.run_path(name, run_name="__main__")
+            status[Path(name).name] = "ok"
+        except BaseException:
+            status[Path(name).name] = traceback.format_exc()
+status_file.write_text(json.dumps(status))
+"""
+
+
+@pytest.fixture(scope="module")
+def python_examples(tmp_path_factory):
+    """Run every Python example once, at smoke size, one after another in ONE fresh process
+    (`runpy`, as `python examples/X.py` runs it, each with its own argv and folder), so
+    TensorFlow loads once for all of them. Returns: name -> (status, stdout, workdir)."""
+    base = tmp_path_factory.mktemp("examples")
+    jobs = []
+    for name, extra in PYTHON_EXAMPLES.items():
+        work = base / name.removesuffix(".py")
+        work.mkdir()
+        argv = ["--members", SMALL["members"], "--epochs", SMALL["epochs"], *extra]
+        if name != "sklearn_pipeline.py":
+            argv += ["--workdir", str(work)]
+        jobs.append([str(EXAMPLES / name), argv, str(work / "stdout.txt")])
+    done = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(jobs),
+                           str(base / "status.json")], cwd=base, env=_env(base),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    status = json.loads((base / "status.json").read_text())
+    return {name: (status[name], (base / name.removesuffix(".py") / "stdout.txt").read_text(),
+                   base / name.removesuffix(".py")) for name in PYTHON_EXAMPLES}
+
+
+def _example(results, name: str) -> tuple[str, Path]:
+    status, out, work = results[name]
+    assert status == "ok", f"{name} failed:\n{status}\n{out[-2000:]}"
+    return out, work
 
 
 def test_own_csv(tmp_path):
@@ -49,34 +94,34 @@ def test_own_csv(tmp_path):
     assert {"p_barbera", "p_barolo", "p_grignolino"} <= set(header)
 
 
-def test_images_own_model(tmp_path):
-    out = _python_example("images_own_model.py", tmp_path)
+def test_images_own_model(python_examples):
+    out, work = _example(python_examples, "images_own_model.py")
     assert "ensemble-mean" in out
-    manifest = (tmp_path / "runs" / "cnn" / "manifest.json").read_text()
+    manifest = (work / "runs" / "cnn" / "manifest.json").read_text()
     assert "small_cnn" in manifest
 
 
-def test_regression_intervals(tmp_path):
-    out = _python_example("regression_intervals.py", tmp_path)
+def test_regression_intervals(python_examples):
+    out, _ = _example(python_examples, "regression_intervals.py")
     assert "coverage_90" in out and "low_90" in out and "epistemic_std" in out
 
 
-def test_ood_evaluation(tmp_path):
-    out = _python_example("ood_evaluation.py", tmp_path)
+def test_ood_evaluation(python_examples):
+    out, work = _example(python_examples, "ood_evaluation.py")
     assert "mutual_information" in out and "gaussian_noise" in out
-    assert (tmp_path / "runs" / "digits_0_4" / "ood_entropy.png").is_file()
+    assert (work / "runs" / "digits_0_4" / "ood_entropy.png").is_file()
 
 
-def test_serve_rest(tmp_path):
+def test_serve_rest(python_examples):
     pytest.importorskip("starlette")
-    out = _python_example("serve_rest.py", tmp_path)
+    out, work = _example(python_examples, "serve_rest.py")
     rows = [line for line in out.splitlines() if "entropy" in line]
     assert len(rows) == 3  # one answer per row sent
-    assert (tmp_path / "models" / "iris" / "1" / "saved_model.pb").is_file()
+    assert (work / "models" / "iris" / "1" / "saved_model.pb").is_file()
 
 
-def test_sklearn_pipeline(tmp_path):
-    out = _python_example("sklearn_pipeline.py", tmp_path, "--folds", "2", "--small")
+def test_sklearn_pipeline(python_examples):
+    out, _ = _example(python_examples, "sklearn_pipeline.py")
     assert "best: {" in out and "test accuracy" in out
     assert "(2, " in out  # predict_members: [n_members, n_rows, n_classes]
 
