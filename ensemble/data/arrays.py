@@ -37,8 +37,12 @@ KERAS_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 
 def is_array_source(source: str) -> bool:
-    """An `.npz` file, `digits_images`, or a folder (of images)."""
-    return source == "digits_images" or source.endswith(".npz") or Path(source).is_dir()
+    """An `.npz` file, `digits_images`, or a folder (of images; a folder holding `.parquet`
+    files is a table's shards)."""
+    if source == "digits_images" or source.endswith(".npz"):
+        return True
+    folder = Path(source)
+    return folder.is_dir() and next(folder.rglob("*.parquet"), None) is None
 
 
 def _labels(y: np.ndarray, name: str) -> np.ndarray:

@@ -36,14 +36,28 @@ def _open(path: Path):
         if not shards:
             raise UsageError(f"Data folder {path} holds no .parquet files.")
         return pds.dataset([str(p) for p in shards], format="parquet"), "Parquet"
+    if path.suffix not in (".parquet", ".csv"):
+        raise UsageError(
+            f"Unknown data source {str(path)!r}; expected one of {', '.join(sources.BUILTIN)}, "
+            "digits_images, a .parquet, .csv or .npz file, a folder of .parquet files, or a "
+            "folder of images with one sub-folder per class.")
     if not path.is_file():
         raise UsageError(f"Data file not found: {path}")
     if path.stat().st_size == 0:
         raise UsageError(f"Data file is empty: {path}")
-    if path.suffix == ".parquet":
-        return pds.dataset(str(path), format="parquet"), "Parquet"
-    fmt = pds.CsvFileFormat(convert_options=pcsv.ConvertOptions(strings_can_be_null=True))
-    return pds.dataset(str(path), format=fmt), "CSV"
+    kind = "Parquet" if path.suffix == ".parquet" else "CSV"
+    fmt = "parquet" if kind == "Parquet" else pds.CsvFileFormat(
+        convert_options=pcsv.ConvertOptions(strings_can_be_null=True))
+    try:
+        return pds.dataset(str(path), format=fmt), kind
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise UsageError(f"Cannot read {path} as {kind}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: Exception) -> str:
+    """The first line of a pyarrow error, without the preamble of a dataset's ('Error
+    creating dataset ... Invalid: CSV parse error: ...' -> 'CSV parse error: ...')."""
+    return str(exc).splitlines()[0].split("Invalid: ", 1)[-1]
 
 
 class TableScan:
@@ -102,7 +116,7 @@ class TableScan:
                     yield pa.Table.from_batches([batch])
         except (pa.ArrowInvalid, OSError) as exc:
             raise UsageError(f"Cannot read {self.path} as {self._kind}: "
-                             f"{str(exc).splitlines()[0]}") from None
+                             f"{_first_line(exc)}") from None
 
     def _labels(self) -> tuple[np.ndarray, np.ndarray | None]:
         """(`[n]` labels of the labelled rows, `[n_source]` bool: rows with a label, or None
