@@ -111,7 +111,7 @@ class Preprocessing:
         stats = TableStats(ds.feature_names, tuple(ds.categorical), impute,
                            cfg.max_categories if cfg else 0, cfg.split_seed if cfg else 0)
         stats.update(ds.rows(train_rows))
-        return stats.preprocessing(classes, ds.identifiers)
+        return cls(**stats.fitted(classes, ds.identifiers))
 
     def _encode(self, ds: Dataset, rows: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
         """Impute and one-hot encode (before scaling); returns (`[n_rows, n_outputs]` float64,

@@ -165,7 +165,7 @@ class TableScan:
     def fit(self, train_rows: np.ndarray, classes: np.ndarray):
         """The `Preprocessing` fitted on the rows `train_rows` (positions of `y`) in one pass
         over the chunks (`table_stats.TableStats`)."""
-        from ensemble.data.preprocessing import _notice_id_columns
+        from ensemble.data.preprocessing import Preprocessing, _notice_id_columns
         from ensemble.data.table_stats import TableStats
 
         cfg = self.cfg
@@ -178,7 +178,7 @@ class TableScan:
             if start == 0:  # a whole-number column unique on every row: an id? (first chunk)
                 _notice_id_columns(chunk.feature_names, chunk.x[take])
             stats.update(chunk.rows(take))
-        return stats.preprocessing(classes, self.identifiers)
+        return Preprocessing(**stats.fitted(classes, self.identifiers))
 
     def sha256(self) -> str:
         """sha256 of the source: a built-in's rows (`Dataset.sha256`), else the bytes of its

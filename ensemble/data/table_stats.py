@@ -1,7 +1,7 @@
 """The table preprocessing fitted in one streaming pass over the training rows.
 
 `TableStats.update` takes one chunk of training rows at a time (a `sources.Dataset`);
-`TableStats.preprocessing` then gives the fitted `Preprocessing`, equal to fitting
+`TableStats.fitted` then gives the fitted `Preprocessing`'s fields, equal to fitting
 scikit-learn's `SimpleImputer`, `OneHotEncoder` and `StandardScaler` on all training rows at
 once (a test checks this against scikit-learn):
 
@@ -119,10 +119,9 @@ class TableStats:
                f"{name}")
         return kept, True, counts
 
-    def preprocessing(self, classes, identifiers=()):
-        """The fitted `Preprocessing` (`classes`: the sorted class labels)."""
-        from ensemble.data.preprocessing import Preprocessing
-
+    def fitted(self, classes, identifiers=()) -> dict:
+        """The fitted `preprocessing.Preprocessing`'s fields (`classes`: the sorted class
+        labels; `identifiers`: the identifier columns left out)."""
         fill = self.fill()
         mean, var = self.mean.copy(), self.m2 / max(self.n, 1)
         if len(fill):  # the filled rows: n_missing copies of the fill value
@@ -155,6 +154,7 @@ class TableStats:
         eps, n = np.finfo(np.float64).eps, max(self.n, 1)
         constant = var <= n * eps * var + (n * mean * eps) ** 2
         scale = np.where(constant, 1.0, np.sqrt(var))
-        return Preprocessing(self.names, mean, scale, np.asarray(classes),
-                             fill, categories, category_fill, self.impute, tuple(identifiers),
-                             tuple(infrequent))
+        return dict(feature_names=self.names, mean=mean, scale=scale,
+                    classes=np.asarray(classes), fill=fill, categories=categories,
+                    category_fill=category_fill, impute=self.impute,
+                    identifiers=tuple(identifiers), infrequent=tuple(infrequent))
