@@ -124,7 +124,9 @@ class Preprocessing:
                 f"{len(self.columns)} training columns ({len(missing)} missing)."
             )
         take = slice(None) if rows is None else rows
-        x = ds.x[take][:, [pos[n] for n in self.feature_names]].astype(np.float64)
+        order = [pos[n] for n in self.feature_names]
+        x = ds.x[take] if order == list(range(len(pos))) else ds.x[take][:, order]
+        x = x.astype(np.float64)
         if len(self.fill):
             x = np.where(np.isnan(x), self.fill, x)
         blocks, unknown = [x], {}
@@ -176,7 +178,8 @@ class Preprocessing:
         if extra:
             raise UsageError(f"Unexpected column {extra[0]!r} in {ds.name}; not a training feature.")
         x, unknown = self._encode(ds)
-        z = (x - self.mean) / self.scale
+        z = x - self.mean
+        z /= self.scale
         self._check_fits(z, x, ds.name, first_row)
         return z.astype(np.float32), unknown
 

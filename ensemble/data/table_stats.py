@@ -62,10 +62,17 @@ class TableStats:
         `ds.categorical` (`[m]` object arrays, None where missing)."""
         x = np.asarray(ds.x, np.float64)
         self.n += len(x)
-        ok = ~np.isnan(x)
-        n_b = ok.sum(axis=0)
-        mean_b = np.where(n_b > 0, np.where(ok, x, 0).sum(axis=0) / np.maximum(n_b, 1), 0.0)
-        m2_b = np.where(ok, (x - mean_b) ** 2, 0).sum(axis=0)
+        if self.impute == "error":  # no missing values (the data check refuses them)
+            n_b = np.full(x.shape[1], len(x))
+            mean_b = x.mean(axis=0) if len(x) else np.zeros(x.shape[1])
+            d = x - mean_b
+            m2_b = np.einsum("ij,ij->j", d, d)
+        else:
+            ok = ~np.isnan(x)
+            n_b = ok.sum(axis=0)
+            mean_b = np.where(n_b > 0, np.where(ok, x, 0).sum(axis=0) / np.maximum(n_b, 1),
+                              0.0)
+            m2_b = np.where(ok, (x - mean_b) ** 2, 0).sum(axis=0)
         total = self.known + n_b
         delta = mean_b - self.mean
         with np.errstate(invalid="ignore", divide="ignore"):
