@@ -183,6 +183,11 @@ class ArrayScan:
             yield lo, dataclasses.replace(self.data, x=np.asarray(self.data.x[lo:hi]),
                                           y=None, ids=self.data.ids[lo:hi], test_rows=None)
 
+    @staticmethod
+    def file_rows(rows: np.ndarray) -> np.ndarray:
+        """Row positions in the source: every row of an array source is kept."""
+        return np.asarray(rows, np.int64)
+
     def fit(self, train_rows: np.ndarray, classes: np.ndarray):
         """`ArrayPreprocessing.fit` on the training rows (uint8 images: nothing to fit)."""
         cfg = self.cfg

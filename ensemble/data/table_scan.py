@@ -84,6 +84,7 @@ class TableScan:
             self._ds, self.name, self.y = ds, ds.name, ds.y
             self.columns, self.identifiers = ds.columns, ds.identifiers
             self._categorical, self.feature_names = tuple(ds.categorical), ds.feature_names
+            self._valid = None
             return
         self.path = Path(cfg.source)
         self.name = str(self.path)
@@ -108,6 +109,8 @@ class TableScan:
         self.identifiers, self._categorical = head.identifiers, tuple(head.categorical)
         self.columns, self.feature_names = head.columns, head.feature_names
         self.y, self._valid = self._labels()
+        if self._valid is not None:  # labelled row i is the file's row _positions[i]
+            self._positions = np.flatnonzero(self._valid).astype(np.int64)
 
     def _batches(self, columns, rows: int) -> Iterator[pa.Table]:
         try:
@@ -161,6 +164,13 @@ class TableScan:
                 yield start, part
                 start += table.num_rows
             source_row += n
+
+    def file_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The positions in the source of the rows `rows` (positions of `y`): what a run's
+        `row` column holds, so a join back to the user's file matches even when rows
+        without a label were dropped."""
+        rows = np.asarray(rows, np.int64)
+        return rows if self._valid is None else self._positions[rows]
 
     def fit(self, train_rows: np.ndarray, classes: np.ndarray):
         """The `Preprocessing` fitted on the rows `train_rows` (positions of `y`) in one pass
