@@ -30,6 +30,7 @@ def test_streaming_fit_equals_scikit_learn(impute, max_categories):
     from sklearn.impute import SimpleImputer
     from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
+    from ensemble.data.preprocessing import Preprocessing
     from ensemble.data.sources import Dataset
     from ensemble.data.table_stats import TableStats
 
@@ -39,7 +40,7 @@ def test_streaming_fit_equals_scikit_learn(impute, max_categories):
     stats = TableStats(ds.feature_names, ("k",), impute, max_categories)
     for lo in range(0, len(train), 70):  # five uneven chunks
         stats.update(ds.rows(train[lo:lo + 70]))
-    pre = stats.preprocessing(np.array([0, 1]))
+    pre = Preprocessing(**stats.fitted(np.array([0, 1])))
     xt = ds.x.astype(np.float64)
     imp = SimpleImputer(strategy=impute).fit(xt[train])
     known = cat[train][cat[train] != None].astype(str).reshape(-1, 1).astype(object)  # noqa: E711

@@ -46,7 +46,7 @@ def _all_ops(graph):
 def _ops_by_member(graph, n_members):
     found = {k: set() for k in range(n_members)}
     for name, kind, device in _all_ops(graph):
-        m = re.match(r"(?:while/)?member_(\d+)(?:_\d+)?/", name)
+        m = re.match(r"(?:while(?:_\d+)?/)?member_(\d+)(?:_\d+)?/", name)
         if m and kind not in COLOCATED:
             found[int(m.group(1))].add(device)
     return found

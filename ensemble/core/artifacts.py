@@ -22,7 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ensemble.core import staging
+from ensemble.core import splitfiles, staging
+from ensemble.core.staging import fsync_dir  # noqa: F401 (artifacts.fsync_dir)
 from ensemble.core.errors import UsageError
 
 MANIFEST = "manifest.json"
@@ -46,15 +47,6 @@ def _file_mode() -> int:
             os.umask(mask)
             _UMASK.append(mask)
     return 0o666 & ~_UMASK[0]
-
-
-def fsync_dir(path: str | Path) -> None:
-    """Flush a folder's entries (renames, new and removed files) to disk."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _fsync_tree(path: Path) -> None:
@@ -142,8 +134,6 @@ def write_splits(run_dir: Path, x: dict[str, np.ndarray], y: dict[str, np.ndarra
     """Store splits held in memory as `data/<split>.{x,y,row}.npy` (`splitfiles`: x float32
     or uint8, y the encoded targets, row int64 position in the source) so between-graph
     clients share them without re-splitting."""
-    from ensemble.core import splitfiles
-
     for name in SPLITS:
         splitfiles.write(run_dir, name, x[name], y[name], rows[name])
 
@@ -156,8 +146,6 @@ def read_split(run_dir: Path, name: str, manifest: dict[str, Any] | None = None
     Raises:
         UsageError: the run directory holds no prepared split `name`, or it is damaged.
     """
-    from ensemble.core import splitfiles
-
     if manifest is not None:
         for path in splitfiles.files(run_dir, name):
             verify(run_dir, manifest, path)

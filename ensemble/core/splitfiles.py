@@ -6,8 +6,7 @@ A run keeps each split (`train`, `validation`, `test`) as three files under `dat
 are written through `numpy.lib.format.open_memmap` under temporary names, so a split larger
 than memory is written a chunk of rows at a time, then flushed and renamed into place together;
 they are read with `numpy.load(mmap_mode="r")`, so training gathers its batches from the page
-cache and no process holds a split in memory. Runs written before this layout kept a split as
-one `data/<split>.npz`; `read` still takes those.
+cache and no process holds a split in memory.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ensemble.core.errors import UsageError
+from ensemble.core.staging import fsync_dir
 
 ARRAYS = ("x", "y", "row")
 
@@ -72,8 +72,6 @@ class SplitWriter:
 
     def commit(self) -> None:
         """Flush the files to disk and rename them into place (the folder flushed too)."""
-        from ensemble.core.artifacts import fsync_dir
-
         if self.pos != self.n_rows:
             raise RuntimeError(f"split written with {self.pos} of {self.n_rows} rows")
         for array, tmp in zip(self.arrays, self.tmp):
@@ -110,10 +108,8 @@ def write(run_dir: str | Path, split: str, x: np.ndarray, y: np.ndarray,
 
 
 def files(run_dir: str | Path, split: str) -> list[Path]:
-    """The split's files that exist: the three `.npy`, or an older run's `.npz`."""
-    npy = [path(run_dir, split, a) for a in ARRAYS]
-    old = Path(run_dir) / "data" / f"{split}.npz"
-    return [p for p in npy if p.is_file()] or ([old] if old.is_file() else [])
+    """The split's files that exist."""
+    return [p for p in (path(run_dir, split, a) for a in ARRAYS) if p.is_file()]
 
 
 def read(run_dir: str | Path, split: str) -> tuple[Any, np.ndarray, np.ndarray]:
@@ -127,9 +123,6 @@ def read(run_dir: str | Path, split: str) -> tuple[Any, np.ndarray, np.ndarray]:
     if not found:
         raise UsageError(f"Run directory {run_dir} has no prepared {split} split "
                          f"({path(run_dir, split, 'x')}).")
-    if found[0].suffix == ".npz":
-        with np.load(found[0], allow_pickle=False) as z:
-            return z["x"], z["y"], z["row"]
     try:
         x = np.load(path(run_dir, split, "x"), mmap_mode="r", allow_pickle=False)
         y, row = (np.load(path(run_dir, split, a), allow_pickle=False) for a in ("y", "row"))

@@ -37,8 +37,12 @@ KERAS_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 
 def is_array_source(source: str) -> bool:
-    """An `.npz` file, `digits_images`, or a folder (of images)."""
-    return source == "digits_images" or source.endswith(".npz") or Path(source).is_dir()
+    """An `.npz` file, `digits_images`, or a folder (of images; a folder holding `.parquet`
+    files is a table's shards)."""
+    if source == "digits_images" or source.endswith(".npz"):
+        return True
+    folder = Path(source)
+    return folder.is_dir() and next(folder.rglob("*.parquet"), None) is None
 
 
 def _labels(y: np.ndarray, name: str) -> np.ndarray:
@@ -178,6 +182,11 @@ class ArrayScan:
             hi = lo + self.chunk_rows
             yield lo, dataclasses.replace(self.data, x=np.asarray(self.data.x[lo:hi]),
                                           y=None, ids=self.data.ids[lo:hi], test_rows=None)
+
+    @staticmethod
+    def file_rows(rows: np.ndarray) -> np.ndarray:
+        """Row positions in the source: every row of an array source is kept."""
+        return np.asarray(rows, np.int64)
 
     def fit(self, train_rows: np.ndarray, classes: np.ndarray):
         """`ArrayPreprocessing.fit` on the training rows (uint8 images: nothing to fit)."""

@@ -23,7 +23,8 @@ def write_splits(run_dir, scan, pre, rows: dict[str, np.ndarray], y: np.ndarray)
     """Write `data/<split>.{x,y,row}.npy` of every split.
 
     Args:
-        scan: the source (`kinds.scan`): `chunks()` of `(first row, rows)`.
+        scan: the source (`kinds.scan`): `chunks()` of `(first row, rows)`, and
+            `file_rows`, the rows' positions in the source (the files' `row`).
         pre: the fitted preprocessing (`encode_scaled(chunk, first_row)`).
         rows: `{split: sorted [n_split] positions of y}` (`sources.split`).
         y: `[n_rows]` encoded targets of every row.
@@ -48,7 +49,7 @@ def write_splits(run_dir, scan, pre, rows: dict[str, np.ndarray], y: np.ndarray)
             for i, s in enumerate(SPLITS):
                 take = np.flatnonzero(part == i)
                 if len(take):
-                    writers[s].write(x[take], y[start + take], start + take)
+                    writers[s].write(x[take], y[start + take], scan.file_rows(start + take))
         for w in writers.values():
             w.commit()
     except BaseException:

@@ -111,7 +111,7 @@ class Preprocessing:
         stats = TableStats(ds.feature_names, tuple(ds.categorical), impute,
                            cfg.max_categories if cfg else 0, cfg.split_seed if cfg else 0)
         stats.update(ds.rows(train_rows))
-        return stats.preprocessing(classes, ds.identifiers)
+        return cls(**stats.fitted(classes, ds.identifiers))
 
     def _encode(self, ds: Dataset, rows: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
         """Impute and one-hot encode (before scaling); returns (`[n_rows, n_outputs]` float64,
@@ -124,7 +124,9 @@ class Preprocessing:
                 f"{len(self.columns)} training columns ({len(missing)} missing)."
             )
         take = slice(None) if rows is None else rows
-        x = ds.x[take][:, [pos[n] for n in self.feature_names]].astype(np.float64)
+        order = [pos[n] for n in self.feature_names]
+        x = ds.x[take] if order == list(range(len(pos))) else ds.x[take][:, order]
+        x = x.astype(np.float64)
         if len(self.fill):
             x = np.where(np.isnan(x), self.fill, x)
         blocks, unknown = [x], {}
@@ -176,7 +178,8 @@ class Preprocessing:
         if extra:
             raise UsageError(f"Unexpected column {extra[0]!r} in {ds.name}; not a training feature.")
         x, unknown = self._encode(ds)
-        z = (x - self.mean) / self.scale
+        z = x - self.mean
+        z /= self.scale
         self._check_fits(z, x, ds.name, first_row)
         return z.astype(np.float32), unknown
 

@@ -302,8 +302,9 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
     if problems:
         raise UsageError(f"{len(problems)} problem{'s' * (len(problems) > 1)} in data {name}: "
                          + "; ".join(problems) + ".")
-    x = (np.column_stack([v for _, v in numeric]) if numeric
-         else np.zeros((table.num_rows, 0))).astype(np.float32)
+    # columns stacked as rows (contiguous copies), then one transposing float32 copy
+    x = (np.ascontiguousarray(np.vstack([v for _, v in numeric]).T, np.float32) if numeric
+         else np.zeros((table.num_rows, 0), np.float32))
     return Dataset(name, x, y, tuple(n for n, _ in numeric), cats,
                    tuple(identifiers) if expected is None else ())
 

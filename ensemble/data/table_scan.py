@@ -36,14 +36,28 @@ def _open(path: Path):
         if not shards:
             raise UsageError(f"Data folder {path} holds no .parquet files.")
         return pds.dataset([str(p) for p in shards], format="parquet"), "Parquet"
+    if path.suffix not in (".parquet", ".csv"):
+        raise UsageError(
+            f"Unknown data source {str(path)!r}; expected one of {', '.join(sources.BUILTIN)}, "
+            "digits_images, a .parquet, .csv or .npz file, a folder of .parquet files, or a "
+            "folder of images with one sub-folder per class.")
     if not path.is_file():
         raise UsageError(f"Data file not found: {path}")
     if path.stat().st_size == 0:
         raise UsageError(f"Data file is empty: {path}")
-    if path.suffix == ".parquet":
-        return pds.dataset(str(path), format="parquet"), "Parquet"
-    fmt = pds.CsvFileFormat(convert_options=pcsv.ConvertOptions(strings_can_be_null=True))
-    return pds.dataset(str(path), format=fmt), "CSV"
+    kind = "Parquet" if path.suffix == ".parquet" else "CSV"
+    fmt = "parquet" if kind == "Parquet" else pds.CsvFileFormat(
+        convert_options=pcsv.ConvertOptions(strings_can_be_null=True))
+    try:
+        return pds.dataset(str(path), format=fmt), kind
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise UsageError(f"Cannot read {path} as {kind}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: Exception) -> str:
+    """The first line of a pyarrow error, without the preamble of a dataset's ('Error
+    creating dataset ... Invalid: CSV parse error: ...' -> 'CSV parse error: ...')."""
+    return str(exc).splitlines()[0].split("Invalid: ", 1)[-1]
 
 
 class TableScan:
@@ -70,6 +84,7 @@ class TableScan:
             self._ds, self.name, self.y = ds, ds.name, ds.y
             self.columns, self.identifiers = ds.columns, ds.identifiers
             self._categorical, self.feature_names = tuple(ds.categorical), ds.feature_names
+            self._valid = None
             return
         self.path = Path(cfg.source)
         self.name = str(self.path)
@@ -94,6 +109,8 @@ class TableScan:
         self.identifiers, self._categorical = head.identifiers, tuple(head.categorical)
         self.columns, self.feature_names = head.columns, head.feature_names
         self.y, self._valid = self._labels()
+        if self._valid is not None:  # labelled row i is the file's row _positions[i]
+            self._positions = np.flatnonzero(self._valid).astype(np.int64)
 
     def _batches(self, columns, rows: int) -> Iterator[pa.Table]:
         try:
@@ -102,7 +119,7 @@ class TableScan:
                     yield pa.Table.from_batches([batch])
         except (pa.ArrowInvalid, OSError) as exc:
             raise UsageError(f"Cannot read {self.path} as {self._kind}: "
-                             f"{str(exc).splitlines()[0]}") from None
+                             f"{_first_line(exc)}") from None
 
     def _labels(self) -> tuple[np.ndarray, np.ndarray | None]:
         """(`[n]` labels of the labelled rows, `[n_source]` bool: rows with a label, or None
@@ -148,10 +165,17 @@ class TableScan:
                 start += table.num_rows
             source_row += n
 
+    def file_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The positions in the source of the rows `rows` (positions of `y`): what a run's
+        `row` column holds, so a join back to the user's file matches even when rows
+        without a label were dropped."""
+        rows = np.asarray(rows, np.int64)
+        return rows if self._valid is None else self._positions[rows]
+
     def fit(self, train_rows: np.ndarray, classes: np.ndarray):
         """The `Preprocessing` fitted on the rows `train_rows` (positions of `y`) in one pass
         over the chunks (`table_stats.TableStats`)."""
-        from ensemble.data.preprocessing import _notice_id_columns
+        from ensemble.data.preprocessing import Preprocessing, _notice_id_columns
         from ensemble.data.table_stats import TableStats
 
         cfg = self.cfg
@@ -164,7 +188,7 @@ class TableScan:
             if start == 0:  # a whole-number column unique on every row: an id? (first chunk)
                 _notice_id_columns(chunk.feature_names, chunk.x[take])
             stats.update(chunk.rows(take))
-        return stats.preprocessing(classes, self.identifiers)
+        return Preprocessing(**stats.fitted(classes, self.identifiers))
 
     def sha256(self) -> str:
         """sha256 of the source: a built-in's rows (`Dataset.sha256`), else the bytes of its

@@ -1,7 +1,7 @@
 """The table preprocessing fitted in one streaming pass over the training rows.
 
 `TableStats.update` takes one chunk of training rows at a time (a `sources.Dataset`);
-`TableStats.preprocessing` then gives the fitted `Preprocessing`, equal to fitting
+`TableStats.fitted` then gives the fitted `Preprocessing`'s fields, equal to fitting
 scikit-learn's `SimpleImputer`, `OneHotEncoder` and `StandardScaler` on all training rows at
 once (a test checks this against scikit-learn):
 
@@ -62,10 +62,17 @@ class TableStats:
         `ds.categorical` (`[m]` object arrays, None where missing)."""
         x = np.asarray(ds.x, np.float64)
         self.n += len(x)
-        ok = ~np.isnan(x)
-        n_b = ok.sum(axis=0)
-        mean_b = np.where(n_b > 0, np.where(ok, x, 0).sum(axis=0) / np.maximum(n_b, 1), 0.0)
-        m2_b = np.where(ok, (x - mean_b) ** 2, 0).sum(axis=0)
+        if self.impute == "error":  # no missing values (the data check refuses them)
+            n_b = np.full(x.shape[1], len(x))
+            mean_b = x.mean(axis=0) if len(x) else np.zeros(x.shape[1])
+            d = x - mean_b
+            m2_b = np.einsum("ij,ij->j", d, d)
+        else:
+            ok = ~np.isnan(x)
+            n_b = ok.sum(axis=0)
+            mean_b = np.where(n_b > 0, np.where(ok, x, 0).sum(axis=0) / np.maximum(n_b, 1),
+                              0.0)
+            m2_b = np.where(ok, (x - mean_b) ** 2, 0).sum(axis=0)
         total = self.known + n_b
         delta = mean_b - self.mean
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -119,10 +126,9 @@ class TableStats:
                f"{name}")
         return kept, True, counts
 
-    def preprocessing(self, classes, identifiers=()):
-        """The fitted `Preprocessing` (`classes`: the sorted class labels)."""
-        from ensemble.data.preprocessing import Preprocessing
-
+    def fitted(self, classes, identifiers=()) -> dict:
+        """The fitted `preprocessing.Preprocessing`'s fields (`classes`: the sorted class
+        labels; `identifiers`: the identifier columns left out)."""
         fill = self.fill()
         mean, var = self.mean.copy(), self.m2 / max(self.n, 1)
         if len(fill):  # the filled rows: n_missing copies of the fill value
@@ -155,6 +161,7 @@ class TableStats:
         eps, n = np.finfo(np.float64).eps, max(self.n, 1)
         constant = var <= n * eps * var + (n * mean * eps) ** 2
         scale = np.where(constant, 1.0, np.sqrt(var))
-        return Preprocessing(self.names, mean, scale, np.asarray(classes),
-                             fill, categories, category_fill, self.impute, tuple(identifiers),
-                             tuple(infrequent))
+        return dict(feature_names=self.names, mean=mean, scale=scale,
+                    classes=np.asarray(classes), fill=fill, categories=categories,
+                    category_fill=category_fill, impute=self.impute,
+                    identifiers=tuple(identifiers), infrequent=tuple(infrequent))

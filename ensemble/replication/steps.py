@@ -99,10 +99,10 @@ def make_steps_fn(models, optimizers, devices, row_shape, x_dtype, client_device
     no condition.
     Each member runs its steps in a `tf.while_loop` of its own (members do not wait for each
     other at every step; the executor runs their loops side by side), calling `train_step`
-    under `tf.device` of its device; slicing the batches and summing run on `client_device`. `replicas` (`[n_members]` lists of
-    device names, replica 0 the member's device; None: one each) makes a member of several
-    replicas take `steps.replicated_train_step` instead, data-parallel (the same step for one
-    replica). `adversarial`: None, or `[n_members]` sign steps `[*input_shape]` of
+    under `tf.device` of its device; slicing the batches and summing run on
+    `client_device`. `replicas` (`[n_members]` lists of device names, replica 0 the member's
+    device; None: one each) makes a member of several replicas take
+    `steps.replicated_train_step` instead, data-parallel (the same step for one replica). `adversarial`: None, or `[n_members]` sign steps `[*input_shape]` of
     `adversarial.input_step` (adversarial training).
     """
     import tensorflow as tf
@@ -131,16 +131,15 @@ def make_steps_fn(models, optimizers, devices, row_shape, x_dtype, client_device
                                                  groups[k], steps[k])
                 return s + 1, loss_sum + loss * rows
 
-            def run():
+            def run():  # the running sum goes on from `total[k]`, step by step
                 _, loss_sum = tf.while_loop(lambda s, _: s < n_steps, body,
-                                            [tf.constant(0), tf.constant(0.0)],
+                                            [tf.constant(0), total[k]],
                                             parallel_iterations=1)
                 return loss_sum
 
-            return tf.cond(active[k], run, lambda: tf.constant(0.0)) if masked else run()
+            return tf.cond(active[k], run, lambda: total[k]) if masked else run()
 
-        sums = [member_loop(k) for k in range(n)]
         with tf.device(client_device):
-            return total + tf.stack(sums)
+            return tf.stack([member_loop(k) for k in range(n)])
 
     return run_steps
