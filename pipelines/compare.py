@@ -25,6 +25,7 @@ Columns (also printed under the table):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import statistics
@@ -39,8 +40,11 @@ from ensemble.replication import devices
 from ensemble.tasks import tables
 from ensemble.config.schema import MODES, Config
 from ensemble.core.errors import UsageError
+from ensemble.core.notices import notice
 from ensemble.runs.between import checked, last_report, run_process
 from ensemble.runs.prepare import check_data
+from pipelines import compare_chart
+from pipelines import compare_cost as cost
 
 PHASES = ("train", "predict")
 MEASURES = ("wall_seconds", "startup_seconds", "work_seconds", "member_rows_per_second",
@@ -69,22 +73,42 @@ def _first_client_startup(clients: list[dict]) -> float:
     return min((c["startup_seconds"] for c in clients), default=0.0)
 
 
+def test_metrics(run_dir: Path, manifest: dict) -> dict[str, float | None]:
+    """`{"test_<metric>": value}` of a run's answer on the test split: the metrics its task
+    names (`member_score_names` without `val_`: nll and accuracy, nll and rmse), of the
+    ensemble row of its default aggregator (`tasks.choice.default_aggregator`) in
+    `metrics.parquet`; None where the table lacks one."""
+    from ensemble.runs.posthoc import run_aggregators
+    from ensemble.tasks.choice import default_aggregator
+    from ensemble.tasks.heads import for_run
+
+    names = [n.removeprefix("val_") for n in for_run(manifest).member_score_names]
+    answer = default_aggregator(*run_aggregators(run_dir, manifest))
+    metrics = artifacts.read_parquet(run_dir / artifacts.METRICS).to_pylist()
+    row = next((r for r in metrics if r["model"] == f"ensemble-{answer}"
+                and r["split"] == "test"), {})
+    return {f"test_{n}": row.get(n) for n in names}
+
+
 def _train_row(mode: str, run_dir: Path, res: dict) -> dict:
     m = artifacts.read_manifest(run_dir)
     t, cfg = m["timings"], m["config"]
     clients = client_processes(t.get("clients", {}))
     startup = (t["process_ready_unix"] - res["spawned_unix"] + t.get("prepare_seconds", 0.0)
                + _first_client_startup(clients))
-    rows = m["dataset"]["rows"]["train"] * cfg["training"]["epochs"] * cfg["members"]["count"]
-    metrics = artifacts.read_parquet(run_dir / artifacts.METRICS).to_pylist()
-    ens = next(r for r in metrics if r["model"] == "ensemble-mean" and r["split"] == "test")
+    n_train = m["dataset"]["rows"]["train"]
+    rows = n_train * cfg["training"]["epochs"] * cfg["members"]["count"]
+    history = artifacts.read_parquet(run_dir / artifacts.HISTORY).to_pylist()
+    per_epoch, epochs = cost.epoch_seconds(mode, history, t, n_train)
     return {"mode": mode, "phase": "train", "wall_seconds": res["seconds"],
             "startup_seconds": startup, "work_seconds": res["seconds"] - startup,
             "member_rows_per_second": rows / res["seconds"],
             "peak_rss_bytes": concurrent_peak(t["process_peak_rss_bytes"], clients, t.get("jobs", 1)),
             "processes": 1 + len(clients) + bool(clients),
             "devices": len(set(x["device"] for x in m["members"])),
-            "test_accuracy": ens["accuracy"]}
+            "train_rows": n_train, "epochs": epochs,
+            **cost.split_cost(res["seconds"], per_epoch, epochs, n_train),
+            **test_metrics(run_dir, m)}
 
 
 def _predict_row(mode: str, res: dict, n_members: int, n_devices: int) -> dict:
@@ -95,7 +119,8 @@ def _predict_row(mode: str, res: dict, n_members: int, n_devices: int) -> dict:
             "startup_seconds": startup, "work_seconds": res["seconds"] - startup,
             "member_rows_per_second": n_members * report["rows"] / res["seconds"],
             "peak_rss_bytes": concurrent_peak(report["peak_rss_bytes"], clients, report.get("jobs") or 1),
-            "processes": 1 + len(clients), "devices": n_devices, "test_accuracy": None}
+            "processes": 1 + len(clients), "devices": n_devices, "train_rows": None,
+            "epochs": None, **dict.fromkeys(cost.COST_MEASURES)}
 
 
 PARITY_BOUND = 1e-5  # what the README promises for members of the two modes
@@ -170,30 +195,32 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
     base.mkdir(parents=True, exist_ok=True)
     cfg_file = base / "config.toml"
     artifacts.write_text(cfg_file, _to_toml(table))
+    predict_source = labelled_rows(table["data"]["source"], cfg.data.target, base)
     on = ["--cluster", str(cluster_file)] if cluster_file else []
     runs, preds = [], {}
     for repeat in range(repeats):
         for position, mode in enumerate(mode_order(repeat)):
             run_dir = base / mode
-            res = checked(run_process(["train", "--config", str(cfg_file), "--mode", mode,
-                                      "--run-dir", str(run_dir), "--overwrite", *on]),
-                         f"{mode} training")
-            runs.append(_train_row(mode, run_dir, res))
             out = base / f"{mode}.predictions.parquet"
-            res = checked(run_process(["predict", "--run", str(run_dir), "--data",
-                                      table["data"]["source"], "--mode", mode, "--out", str(out),
-                                      *on, *([] if on or mode != "in-graph"
-                                             else ["--devices", cfg.placement.devices])]),
-                         f"{mode} prediction")
-            runs.append(_predict_row(mode, res, cfg.members.count, runs[-1]["devices"]))
-            for r in runs[-2:]:
-                r.update(repeat=repeat, position=position)
+            with _keeping(runs, base, mode, predict_source):
+                res = checked(run_process(["train", "--config", str(cfg_file), "--mode", mode,
+                                          "--run-dir", str(run_dir), "--overwrite", *on]),
+                              f"{mode} training")
+                runs.append(_train_row(mode, run_dir, res) | {"repeat": repeat,
+                                                              "position": position})
+                res = checked(run_process(["predict", "--run", str(run_dir), "--data",
+                                          predict_source, "--mode", mode, "--out", str(out),
+                                          *on, *([] if on or mode != "in-graph"
+                                                 else ["--devices", cfg.placement.devices])]),
+                              f"{mode} prediction")
+                runs.append(_predict_row(mode, res, cfg.members.count, runs[-1]["devices"])
+                            | {"repeat": repeat, "position": position})
             preds[mode] = (artifacts.read_parquet(run_dir / artifacts.PREDICTIONS),
                            artifacts.read_parquet(out))
     parities = {ph: parity(*(members_test(preds[m][k]) if ph == "train" else preds[m][k]
                              for m in MODES)) for k, ph in enumerate(PHASES)}
     summary = summarise(runs, parities, parity_setting(cfg))
-    runs_table = pa.Table.from_pylist(runs)
+    runs_table = _runs_table(runs)
     context = {"data": Path(cfg.data.source).name, "members": cfg.members.count,
                "epochs": cfg.training.epochs, "devices": cfg.placement.devices,
                "cores": devices.cpu_count(), "repeats": repeats}
@@ -201,8 +228,71 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
         {b"context": json.dumps(context).encode()})
     artifacts.write_parquet(base / "runs.parquet", runs_table)
     artifacts.write_parquet(base / "comparison.parquet", summary_table)
-    _chart(summary, context, base / "comparison.png")
+    compare_chart.chart(summary, context, base / "comparison.png")
     return summary_table, runs_table
+
+
+def labelled_rows(source: str, target: str, base: Path) -> str:
+    """The input of compare's predict phase: the rows training uses. Training drops the rows
+    of a table whose label is missing (and predict refuses missing feature values, which such
+    rows may hold), so when `source` (a `.csv` or `.parquet` file) has rows without a label,
+    the labelled ones are written to `base/predict-input.parquet` (one notice) and that file
+    is returned; otherwise `source` itself (built-in sets, arrays, image folders too).
+
+    Raises:
+        UsageError: the file cannot be read.
+    """
+    path = Path(source)
+    if path.suffix not in (".csv", ".parquet") or not path.is_file():
+        return source
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    try:  # read as training reads it (ensemble.data.sources)
+        if path.suffix == ".parquet":
+            names = pq.read_schema(path).names
+            if target not in names:
+                return source
+            data = pq.read_table(path)
+        else:
+            data = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
+                strings_can_be_null=True))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise UsageError(f"Cannot read {source}: {str(exc).splitlines()[0]}") from None
+    if target not in data.column_names or not data.column(target).null_count:
+        return source
+    kept = data.filter(pc.is_valid(data.column(target)))
+    out = base / "predict-input.parquet"
+    artifacts.write_parquet(out, kept)
+    notice(f"compare predicts the {kept.num_rows:,} rows of {source} that training uses "
+           f"({data.num_rows - kept.num_rows:,} without a label {target!r} left out): {out}")
+    return str(out)
+
+
+def _runs_table(runs: list[dict]) -> pa.Table:
+    """The runs rows as one table, every row with every column (null where a phase has none)."""
+    keys = list(dict.fromkeys(k for r in runs for k in r))
+    return pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in runs])
+
+
+@contextlib.contextmanager
+def _keeping(runs: list[dict], base: Path, mode: str, predict_source: str):
+    """A failed phase keeps what finished: the runs measured so far are written to
+    `base/runs.parquet` and the error says so and how to continue."""
+    try:
+        yield
+    except (UsageError, RuntimeError) as exc:
+        kept = [str(base / m) for m in MODES if (base / m / artifacts.MANIFEST).is_file()]
+        if runs:
+            artifacts.write_parquet(base / "runs.parquet", _runs_table(runs))
+        text = (f"{exc} Kept: {len(runs)} finished phase{'s' * (len(runs) != 1)} in "
+                f"{base / 'runs.parquet'}" if runs else f"{exc} Kept: no finished phase")
+        if kept:
+            text += (f"; the trained runs {', '.join(kept)} (predict with one: ensemble predict"
+                     f" --run {kept[0]} --data {predict_source} --out FILE)")
+        text += (f". To continue: fix the cause, then run the same `ensemble compare` with "
+                 f"--overwrite (it measures every phase again).")
+        raise type(exc)(text) from None
 
 
 def mode_order(repeat: int) -> tuple[str, ...]:
@@ -214,8 +304,9 @@ def mode_order(repeat: int) -> tuple[str, ...]:
 def summarise(runs: list[dict], parities: dict[str, tuple[float, float]],
               setting: str = "on") -> list[dict]:
     """One row per mode and phase: `<measure>_median`, `_min`, `_max` over the repeats of
-    every measure, rounded to the digits the printed table shows (so the file holds exactly
-    the printed figures), plus parity and test accuracy.
+    every measure (train: also the fixed and per-epoch cost, `compare_cost`; null where a phase
+    has none), rounded to the digits the printed table shows (so the file holds exactly the
+    printed figures), plus parity and the task's test metrics (`test_<metric>`, last repeat).
 
     Args:
         parities: `{phase: (max abs difference, share of identical labels)}` (`parity`):
@@ -227,13 +318,15 @@ def summarise(runs: list[dict], parities: dict[str, tuple[float, float]],
         for phase in PHASES:
             mine = [r for r in runs if r["mode"] == mode and r["phase"] == phase]
             row = {"mode": mode, "phase": phase, "repeats": len(mine)}
-            for key in MEASURES:
-                values = [r[key] for r in mine]
-                for stat, value in (("median", statistics.median(values)),
-                                    ("min", min(values)), ("max", max(values))):
-                    row[f"{key}_{stat}"] = round(float(value), DIGITS[key])
-            acc = [r["test_accuracy"] for r in mine if r["test_accuracy"] is not None]
-            row["test_accuracy"] = round(float(acc[-1]), 4) if acc else None
+            for key, digits in (*DIGITS.items(), *cost.COST_DIGITS.items()):
+                values = [r[key] for r in mine if r.get(key) is not None]
+                for stat, f in (("median", statistics.median), ("min", min), ("max", max)):
+                    row[f"{key}_{stat}"] = round(float(f(values)), digits) if values else None
+            for key in ("epochs", "train_rows"):
+                row[key] = next((r[key] for r in mine[::-1] if r.get(key) is not None), None)
+            for key in dict.fromkeys(k for r in runs for k in r if k.startswith("test_")):
+                last = [r[key] for r in mine if r.get(key) is not None]
+                row[key] = round(float(last[-1]), 4) if last else None
             diff, same = parities[phase]
             row["parity_max_abs_diff"] = float(f"{diff:.2e}")
             row["parity_same_labels"] = round(same, 4)
@@ -250,44 +343,6 @@ def _to_toml(d: dict, prefix: str = "") -> str:
         if isinstance(v, dict):
             text += _to_toml(v, f"{prefix}.{k}" if prefix else k)
     return text
-
-
-def _chart(rows: list[dict], context: dict, path: Path) -> None:
-    """Bar charts of wall time (median, min-max whiskers, start-up shaded) and peak memory per
-    mode and phase, each bar labelled with its value; the title names the data set, member
-    count, epochs, devices, cores and repeats (needs matplotlib)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed (pip install '.[bench]'): no chart written")
-        return
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    labels = [f"{r['mode']}\n{r['phase']}" for r in rows]
-    colors = ["tab:blue" if r["mode"] == MODES[0] else "tab:orange" for r in rows]
-    for ax, key, scale, unit in ((axes[0], "wall_seconds", 1, "wall seconds"),
-                                 (axes[1], "peak_rss_bytes", 2**20, "peak resident MiB")):
-        med = np.array([r[f"{key}_median"] for r in rows]) / scale
-        err = np.array([[m - r[f"{key}_min"] / scale, r[f"{key}_max"] / scale - m]
-                        for m, r in zip(med, rows)]).T
-        bars = ax.bar(labels, med, color=colors, yerr=err, capsize=4)
-        if key == "wall_seconds":
-            ax.bar(labels, [r["startup_seconds_median"] for r in rows], color="none",
-                   hatch="//", edgecolor="black", linewidth=0, label="start-up (median)")
-            ax.legend(fontsize=8)
-        ax.bar_label(bars, labels=[f"{v:.1f}" if scale == 1 else f"{v:.0f}" for v in med],
-                     fontsize=8, padding=2)
-        ax.set_ylabel(f"{unit} (median; whiskers: min-max)")
-        ax.tick_params(axis="x", labelsize=8)
-    fig.suptitle(f"ensemble compare on {context['data']}: {context['members']} members, "
-                 f"{context['epochs']} epochs, devices {context['devices']}, "
-                 f"{context['cores']} cores, {context['repeats']} repeats", fontsize=10)
-    fig.tight_layout()
-    with artifacts.atomic_path(path, ".png") as tmp:
-        fig.savefig(tmp, dpi=100)
-    plt.close(fig)
 
 
 LEGEND = """\
@@ -322,13 +377,16 @@ def verdict(table: pa.Table) -> str:
     with one repeat), the column definitions, then per phase the faster mode, or "no clear
     winner" when the two modes' min-max ranges overlap, or, with one repeat, the two samples
     and that one sample gives no spread (no mode is called faster); what each mode's time
-    went to; and a last line on parity (`parity_setting`, the members' measured difference
+    went to; for training the cost model (`compare_cost.cost_lines`: fixed and per-epoch
+    seconds, the crossover epoch count, whether the verdict rests on fixed costs); and a last
+    line on parity (`parity_setting`, the members' measured difference
     against `PARITY_BOUND`)."""
     rows = table.to_pylist()
+    shown = [k for k in rows[0] if k.startswith("test_")][-1:] or ["test_accuracy"]
     lines = [f"{'mode':<15}{'phase':<9}{'wall s':>20}{'start-up s':>20}{'rows/s':>10}"
-             f"{'peak MiB':>10}{'test acc':>10}"]
+             f"{'peak MiB':>10}{shown[0].replace('test_', 'test ')[:9]:>10}"]
     for r in rows:
-        acc = r.get("test_accuracy")
+        acc = r.get(shown[0])
         lines.append(f"{r['mode']:<15}{r['phase']:<9}{_spread(r, 'wall_seconds', '.2f'):>20}"
                      f"{_spread(r, 'startup_seconds', '.2f'):>20}"
                      f"{r['member_rows_per_second_median']:>10.0f}"
@@ -351,12 +409,15 @@ def verdict(table: pa.Table) -> str:
                     f"{n} repeats")
         else:
             ratio = slow["wall_seconds_median"] / fast["wall_seconds_median"]
-            head = f"{phase}: {fast['mode']} is {ratio:.2f}x faster"
+            head = f"{phase}: {fast['mode']} is {ratio:.2f}x faster" + (
+                f" at the configured {a['epochs']} epochs" if a.get("epochs") else "")
         went = "; ".join(
             f"{r['mode']} start-up {r['startup_seconds_median']:.2f} s, {phase} and the rest "
             f"{r['work_seconds_median']:.2f} s" for r in (a, b))
         lines.append(f"{head}; parity max |dp| = {a['parity_max_abs_diff']:.2e}, identical "
                      f"labels {a['parity_same_labels']:.2%}. Time went to "
                      f"({'one sample' if n == 1 else 'medians'}): {went}")
+        if phase == "train" and a.get("epochs"):
+            lines += cost.cost_lines(a, b, a["epochs"], a.get("train_rows") or 0, _spread)
     lines.append(_parity_line(rows))
     return "\n".join(lines)

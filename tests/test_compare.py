@@ -169,3 +169,86 @@ def test_compare_end_to_end(tmp_path, capsys):
     assert f"parity max |dp| = {summary[0]['parity_max_abs_diff']:.2e}" in printed
     assert f"chart: {folder / 'comparison.png'}" in printed
     assert (folder / "comparison.png").stat().st_size > 0
+
+
+def _cost_runs(costs, epochs=3, n_train=1000):
+    """Train rows `{mode: [(fixed, per epoch) per repeat]}` (wall = fixed + epochs x per
+    epoch) and one predict row per repeat, as `compare` records them."""
+    from pipelines import compare_cost as cost
+
+    runs = []
+    for mode, pairs in costs.items():
+        for fixed, per in pairs:
+            wall = fixed + epochs * per
+            runs += _runs({(mode, "train"): [wall]})
+            runs[-1].update(epochs=epochs, train_rows=n_train,
+                            **cost.split_cost(wall, per, epochs, n_train))
+            runs += _runs({(mode, "predict"): [1.0]})
+    return runs
+
+
+def test_crossover_is_where_fixed_plus_epochs_times_per_epoch_meet():
+    from pipelines import compare_cost as cost
+
+    # in-graph: 2 s + 1 s/epoch; between-graph: 6 s + 0.5 s/epoch: equal at 8 epochs
+    assert cost.crossover(2.0, 1.0, 6.0, 0.5) == pytest.approx(8.0)
+    assert cost.crossover(6.0, 0.5, 2.0, 1.0) == pytest.approx(8.0)
+    assert cost.crossover(2.0, 0.5, 6.0, 1.0) is None  # in-graph cheaper in both parts
+    assert cost.crossover(2.0, 1.0, 6.0, 1.0) is None  # parallel lines
+
+
+def test_verdict_flips_with_the_epoch_count_and_says_it_rests_on_fixed_costs():
+    """Built so the faster mode changes with the epochs: at the configured 3 epochs in-graph
+    wins on its lower fixed cost (5 s vs 7.5 s), from 9 epochs on between-graph wins on its
+    lower per-epoch cost; per row, between-graph's epoch costs 500 us against 1,000 us, so at
+    3 epochs it wins from 2,667 training rows (2 + 3n/1000 = 6 + 1.5n/1000)."""
+    runs = _cost_runs({"in-graph": [(1.9, 1.1), (2.0, 1.0), (2.1, 0.9)],
+                       "between-graph": [(5.8, 0.55), (6.0, 0.5), (6.2, 0.45)]})
+    rows = compare.summarise(runs, PARITY)
+    by = {(r["mode"], r["phase"]): r for r in rows}
+    ig, bg = by["in-graph", "train"], by["between-graph", "train"]
+    assert (ig["fixed_seconds_median"], ig["epoch_seconds_median"]) == (2.0, 1.0)
+    assert (ig["fixed_seconds_min"], ig["fixed_seconds_max"]) == (1.9, 2.1)
+    assert (bg["fixed_seconds_median"], bg["epoch_seconds_median"]) == (6.0, 0.5)
+    assert (ig["row_epoch_us_median"], bg["row_epoch_us_median"]) == (1000.0, 500.0)
+    assert by["in-graph", "predict"]["fixed_seconds_median"] is None
+    text = compare.verdict(pa.Table.from_pylist(rows))
+    assert "train: in-graph is 1.50x faster at the configured 3 epochs" in text
+    assert "at 3 epochs (as configured): in-graph 5.00 s against between-graph 7.50 s" in text
+    assert ("the faster mode changes at 8.0 epochs: in-graph below, between-graph from 9 "
+            "epochs on") in text
+    assert "the verdict rests on fixed costs: per epoch between-graph is faster" in text
+    assert "from about 2,667 training rows" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("  in-graph "))
+    assert "fixed 2.00 [1.90-2.10] s, per epoch 1.0000 [0.9000-1.1000] s" in line
+    assert "1.00 ms per training row" in line
+
+
+def test_verdict_without_crossover_names_one_mode_at_every_count():
+    runs = _cost_runs({"in-graph": [(2.0, 0.5)] * 2, "between-graph": [(6.0, 1.0)] * 2})
+    text = compare.verdict(pa.Table.from_pylist(compare.summarise(runs, PARITY)))
+    assert "does not change with the epoch count: in-graph at every count" in text
+    assert "rests on fixed costs" not in text
+
+
+def test_epoch_cost_from_history_in_both_modes():
+    """In-graph: the median epoch after the first (which pays for tracing); between-graph: per
+    client the sum of its members' epochs, the slowest client; one epoch: the steady rate."""
+    from pipelines import compare_cost as cost
+
+    hist = [{"member": m, "epoch": e, "seconds": s} for m in (0, 1)
+            for e, s in enumerate((5.0, 1.0, 1.2, 0.8))]
+    assert cost.epoch_seconds("in-graph", hist, {}, 100) == (1.0, 4)
+    between = [{"member": m, "epoch": e, "seconds": s * (m + 1)} for m in (0, 1, 2)
+               for e, s in enumerate((5.0, 1.0, 1.0))]
+    clients = {"0": {"client": 0}, "1": {"client": 0}, "2": {"client": 1}}
+    # client 0 trains members 0 and 1 (1 + 2 s per epoch), client 1 member 2 (3 s)
+    assert cost.epoch_seconds("between-graph", between, {"clients": clients}, 100) == (3.0, 3)
+    clients["2"]["client"] = 0
+    assert cost.epoch_seconds("between-graph", between, {"clients": clients}, 100) == (6.0, 3)
+    one = [{"member": 0, "epoch": 0, "seconds": 9.0}]
+    assert cost.epoch_seconds("in-graph", one, {"steady_rows": 50, "steady_seconds": 0.5},
+                              100) == (1.0, 1)
+    assert cost.epoch_seconds("in-graph", one, {"steady_rows": 0}, 100) == (None, 1)
+    assert cost.split_cost(10.0, 2.0, 3, 1000) == {"fixed_seconds": 4.0, "epoch_seconds": 2.0,
+                                                    "row_epoch_us": 2000.0}
