@@ -137,17 +137,29 @@ def test_summary_is_median_min_max_over_repeats_rounded_as_printed():
 
 
 def test_compare_end_to_end(tmp_path, capsys):
-    """Both modes once on a tiny config, each phase its own `ensemble` process: the table
-    holds exactly the figures of the runs it made and prints them; the chart is announced
-    (repeats and their order: the unit tests above; each repeat is four more processes)."""
+    """Both modes once on a real regression table whose unlabeled rows hold missing features
+    (training drops them; predict would refuse them), each phase its own `ensemble` process:
+    compare predicts the rows training used, reports the task's metrics, and the table holds
+    exactly the figures of the runs it made and prints them (repeats and their order: the unit
+    tests above; each repeat is four more processes)."""
+    from sklearn.datasets import load_diabetes
+
     from conftest import run_cli
 
     from ensemble.core import artifacts
 
+    frame = load_diabetes(as_frame=True).frame.astype("float64")
+    frame.loc[frame.index[::10], "target"] = np.nan  # 45 rows without a label...
+    frame.loc[frame.index[::20], "bmi"] = np.nan  # ...23 of which miss a feature
+    frame.to_csv(tmp_path / "diabetes.csv", index=False)
     folder = tmp_path / "cmp"
-    assert run_cli("compare", "--data", "iris", "--members", "2", "--epochs", "1",
-                   "--devices", "cpu:2", "--repeats", "1", "--run-dir", folder) == 0
-    printed = capsys.readouterr().out
+    assert run_cli("compare", "--data", tmp_path / "diabetes.csv", "--task", "regression",
+                   "--members", "2", "--epochs", "2", "--devices", "cpu:2", "--repeats", "1",
+                   "--run-dir", folder) == 0
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert "compare predicts the 397 rows" in captured.err
+    assert artifacts.read_parquet(folder / "predict-input.parquet").num_rows == 397
     runs = artifacts.read_parquet(folder / "runs.parquet").to_pylist()
     summary = artifacts.read_parquet(folder / "comparison.parquet").to_pylist()
     assert len(runs) == 4 and len(summary) == 4
@@ -165,10 +177,53 @@ def test_compare_end_to_end(tmp_path, capsys):
         line = next(ln for ln in printed.splitlines()
                     if ln.startswith(s["mode"] + " ") and f" {s['phase']} " in ln)
         assert f"{s['wall_seconds_median']:.2f}" in line
+        if s["phase"] == "train":  # the task's metrics; wall = fixed + 2 x per epoch
+            assert 0 < s["test_rmse"] < 200 and s["test_nll"] is not None
+            r = mine[0]
+            assert r["fixed_seconds"] + 2 * r["epoch_seconds"] == pytest.approx(wall)
+            assert 0 < r["epoch_seconds"] < wall and r["train_rows"] == 277
+            assert f"{s['test_rmse']:.4f}" in line
+    assert "test rmse" in printed.splitlines()[0]
+    assert "train cost = fixed + epochs x per epoch" in printed
     assert summary[0]["parity_max_abs_diff"] <= 1e-6
     assert f"parity max |dp| = {summary[0]['parity_max_abs_diff']:.2e}" in printed
     assert f"chart: {folder / 'comparison.png'}" in printed
     assert (folder / "comparison.png").stat().st_size > 0
+
+
+def test_a_failed_phase_keeps_the_finished_runs_and_says_how_to_continue(tmp_path):
+    from ensemble.core import artifacts
+    from ensemble.core.errors import UsageError
+
+    (tmp_path / "in-graph").mkdir()
+    (tmp_path / "in-graph" / artifacts.MANIFEST).write_text("{}")
+    runs = _runs({("in-graph", "train"): [2.0], ("in-graph", "predict"): [1.0]})
+    with pytest.raises(UsageError) as err:
+        with compare._keeping(runs, tmp_path, "between-graph", "data.csv"):
+            raise UsageError("between-graph training failed (exit 2): error: bad thing")
+    text = str(err.value)
+    assert text.startswith("between-graph training failed (exit 2): error: bad thing Kept: "
+                           f"2 finished phases in {tmp_path / 'runs.parquet'}")
+    assert f"ensemble predict --run {tmp_path / 'in-graph'} --data data.csv" in text
+    assert "run the same `ensemble compare` with --overwrite" in text
+    kept = artifacts.read_parquet(tmp_path / "runs.parquet").to_pylist()
+    assert [(r["mode"], r["phase"]) for r in kept] == [("in-graph", "train"),
+                                                         ("in-graph", "predict")]
+
+
+def test_test_metrics_are_the_tasks_on_the_default_aggregator(tmp_path):
+    from ensemble.core import artifacts
+
+    manifest = {"task": "classification", "dataset": {}, "config": {"aggregation": {
+        "aggregators": ["vote", "mean"]}}}
+    rows = [{"model": m, "split": sp, "accuracy": acc, "nll": nll}
+            for m, sp, acc, nll in (("ensemble-vote", "test", 0.5, None),
+                                    ("ensemble-vote", "validation", 0.4, None),
+                                    ("member-0", "test", 0.7, 0.6))]
+    artifacts.write_parquet(tmp_path / artifacts.METRICS, pa.Table.from_pylist(rows))
+    assert compare.test_metrics(tmp_path, manifest) == {"test_nll": None, "test_accuracy": 0.5}
+    manifest["task"] = "regression"
+    assert compare.test_metrics(tmp_path, manifest) == {"test_nll": None, "test_rmse": None}
 
 
 def _cost_runs(costs, epochs=3, n_train=1000):
