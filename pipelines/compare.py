@@ -21,6 +21,13 @@ Columns (also printed under the table):
 - `member_rows_per_second`: rows times members (times epochs when training) per wall second.
 - `peak_rss_bytes`: the driver's peak resident memory plus, between-graph, the `jobs` largest
   client peaks (clients that can run at once; an upper bound).
+- training only: `fixed_seconds`, `epoch_seconds` (marginal seconds of one more epoch) and
+  `row_epoch_us` (an epoch's microseconds per training row): `compare_cost`.
+- training only: the task's test metrics `test_<metric>` (nll and accuracy, nll and rmse).
+
+The predict phase predicts the rows training used (`labelled_rows`). A phase that fails keeps
+the phases that finished (`runs.parquet`) and says how to continue. The summary and the text:
+`compare_report`; the chart: `compare_chart`.
 """
 
 from __future__ import annotations
@@ -28,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import statistics
 from pathlib import Path
 
 import numpy as np
@@ -45,12 +51,9 @@ from ensemble.runs.between import checked, last_report, run_process
 from ensemble.runs.prepare import check_data
 from pipelines import compare_chart
 from pipelines import compare_cost as cost
+from pipelines.compare_report import (  # noqa: F401 (the module's public names)
+    DIGITS, MEASURES, PARITY_BOUND, PHASES, summarise, verdict)
 
-PHASES = ("train", "predict")
-MEASURES = ("wall_seconds", "startup_seconds", "work_seconds", "member_rows_per_second",
-            "peak_rss_bytes")
-DIGITS = {"wall_seconds": 2, "startup_seconds": 2, "work_seconds": 2,
-          "member_rows_per_second": 0, "peak_rss_bytes": 0}
 
 
 def client_processes(per_member: dict) -> list[dict]:
@@ -123,9 +126,6 @@ def _predict_row(mode: str, res: dict, n_members: int, n_devices: int) -> dict:
             "epochs": None, **dict.fromkeys(cost.COST_MEASURES)}
 
 
-PARITY_BOUND = 1e-5  # what the README promises for members of the two modes
-
-
 def parity_setting(cfg: Config) -> str:
     """`"on"` when `cfg` makes the two modes' members equal (op determinism, and the same
     threads per op in every process: `training.intra_op_threads` > 0), else `"off: "` and
@@ -147,11 +147,16 @@ def members_test(table: pa.Table) -> pa.Table:
 
 def parity(a: pa.Table, b: pa.Table) -> tuple[float, float]:
     """(max abs probability difference, share of identical predicted labels) of two
-    predictions tables with the same rows (regression: of the members' mean and variance,
-    `tables.probabilities`)."""
+    predictions tables with the same rows (regression: the members' mean and variance,
+    `tables.probabilities`, and the share of predicted means equal within 1e-5 relative:
+    float32 sums in another order differ in the last digits)."""
     classes = tables.classes_from(a)
     diff = np.abs(tables.probabilities(a, classes) - tables.probabilities(b, classes)).max()
-    same = pc.equal(a.column("y_pred"), b.column("y_pred")).to_numpy(zero_copy_only=False)
+    if len(classes) == 0:  # regression: predicted means equal to float32 precision
+        same = np.isclose(a.column("y_pred").to_numpy(), b.column("y_pred").to_numpy(),
+                          rtol=1e-5, atol=0.0)
+    else:
+        same = pc.equal(a.column("y_pred"), b.column("y_pred")).to_numpy(zero_copy_only=False)
     return float(diff), float(same.mean())
 
 
@@ -290,8 +295,8 @@ def _keeping(runs: list[dict], base: Path, mode: str, predict_source: str):
         if kept:
             text += (f"; the trained runs {', '.join(kept)} (predict with one: ensemble predict"
                      f" --run {kept[0]} --data {predict_source} --out FILE)")
-        text += (f". To continue: fix the cause, then run the same `ensemble compare` with "
-                 f"--overwrite (it measures every phase again).")
+        text += (". To continue: fix the cause, then run the same `ensemble compare` with "
+                 "--overwrite (it measures every phase again).")
         raise type(exc)(text) from None
 
 
@@ -299,40 +304,6 @@ def mode_order(repeat: int) -> tuple[str, ...]:
     """The order the two modes run in at `repeat` (0-based): in-graph first on even repeats,
     between-graph first on odd ones, so neither mode always meets a warm or a cold machine."""
     return MODES if repeat % 2 == 0 else MODES[::-1]
-
-
-def summarise(runs: list[dict], parities: dict[str, tuple[float, float]],
-              setting: str = "on") -> list[dict]:
-    """One row per mode and phase: `<measure>_median`, `_min`, `_max` over the repeats of
-    every measure (train: also the fixed and per-epoch cost, `compare_cost`; null where a phase
-    has none), rounded to the digits the printed table shows (so the file holds exactly the
-    printed figures), plus parity and the task's test metrics (`test_<metric>`, last repeat).
-
-    Args:
-        parities: `{phase: (max abs difference, share of identical labels)}` (`parity`):
-            train compares the members' test probabilities, predict the prediction files.
-        setting: `parity_setting` of the run config (`parity_setting` column).
-    """
-    rows = []
-    for mode in MODES:
-        for phase in PHASES:
-            mine = [r for r in runs if r["mode"] == mode and r["phase"] == phase]
-            row = {"mode": mode, "phase": phase, "repeats": len(mine)}
-            for key, digits in (*DIGITS.items(), *cost.COST_DIGITS.items()):
-                values = [r[key] for r in mine if r.get(key) is not None]
-                for stat, f in (("median", statistics.median), ("min", min), ("max", max)):
-                    row[f"{key}_{stat}"] = round(float(f(values)), digits) if values else None
-            for key in ("epochs", "train_rows"):
-                row[key] = next((r[key] for r in mine[::-1] if r.get(key) is not None), None)
-            for key in dict.fromkeys(k for r in runs for k in r if k.startswith("test_")):
-                last = [r[key] for r in mine if r.get(key) is not None]
-                row[key] = round(float(last[-1]), 4) if last else None
-            diff, same = parities[phase]
-            row["parity_max_abs_diff"] = float(f"{diff:.2e}")
-            row["parity_same_labels"] = round(same, 4)
-            row["parity_setting"] = setting
-            rows.append(row)
-    return rows
 
 
 def _to_toml(d: dict, prefix: str = "") -> str:
@@ -343,81 +314,3 @@ def _to_toml(d: dict, prefix: str = "") -> str:
         if isinstance(v, dict):
             text += _to_toml(v, f"{prefix}.{k}" if prefix else k)
     return text
-
-
-LEGEND = """\
-wall s: whole process, spawn to exit; start-up s: critical path before the first step (process
-start, TensorFlow import, data preparation, and between-graph the first client's start-up; not
-a sum over parallel clients); rows/s: rows x members (x epochs) per wall second; peak MiB:
-driver + concurrent clients. Figures: median [min-max] over the repeats."""
-
-
-def _spread(r: dict, key: str, fmt: str) -> str:
-    if r.get("repeats", 2) == 1:  # one sample: no median, no range
-        return f"{r[key + '_median']:{fmt}}"
-    return (f"{r[key + '_median']:{fmt}} [{r[key + '_min']:{fmt}}-{r[key + '_max']:{fmt}}]")
-
-
-def _parity_line(rows: list[dict]) -> str:
-    """Whether the two modes trained the same members: the setting and what was measured."""
-    setting = rows[0].get("parity_setting", "on")
-    found = rows[0]["parity_max_abs_diff"]  # train: the members' test probabilities
-    if setting != "on":
-        return (f"parity {setting}: the members may differ between the modes (found max |dp| "
-                f"= {found:.2e}); the timings compare runs that computed other numbers")
-    if found > PARITY_BOUND:
-        return (f"parity on, but NOT met: members' test probabilities differ by {found:.2e} "
-                f"(> {PARITY_BOUND:g}; see the README's \"Same members in both modes\")")
-    return (f"parity on: the members' test probabilities agree within {found:.2e} "
-            f"(<= {PARITY_BOUND:g}): both modes trained the same members")
-
-
-def verdict(table: pa.Table) -> str:
-    """The printed summary: one line per mode and phase (median [min-max]; the sample alone
-    with one repeat), the column definitions, then per phase the faster mode, or "no clear
-    winner" when the two modes' min-max ranges overlap, or, with one repeat, the two samples
-    and that one sample gives no spread (no mode is called faster); what each mode's time
-    went to; for training the cost model (`compare_cost.cost_lines`: fixed and per-epoch
-    seconds, the crossover epoch count, whether the verdict rests on fixed costs); and a last
-    line on parity (`parity_setting`, the members' measured difference
-    against `PARITY_BOUND`)."""
-    rows = table.to_pylist()
-    shown = [k for k in rows[0] if k.startswith("test_")][-1:] or ["test_accuracy"]
-    lines = [f"{'mode':<15}{'phase':<9}{'wall s':>20}{'start-up s':>20}{'rows/s':>10}"
-             f"{'peak MiB':>10}{shown[0].replace('test_', 'test ')[:9]:>10}"]
-    for r in rows:
-        acc = r.get(shown[0])
-        lines.append(f"{r['mode']:<15}{r['phase']:<9}{_spread(r, 'wall_seconds', '.2f'):>20}"
-                     f"{_spread(r, 'startup_seconds', '.2f'):>20}"
-                     f"{r['member_rows_per_second_median']:>10.0f}"
-                     f"{r['peak_rss_bytes_median'] / 2**20:>10.0f}"
-                     f"{'' if acc is None or acc != acc else f'{acc:.4f}':>10}")
-    n = rows[0].get("repeats", 1)
-    lines.append(LEGEND if n > 1 else LEGEND.replace(
-        "median [min-max] over the repeats", "one sample per mode and phase (--repeats 1)"))
-    for phase in PHASES:
-        a, b = (next(r for r in rows if r["mode"] == m and r["phase"] == phase) for m in MODES)
-        fast, slow = (a, b) if a["wall_seconds_median"] <= b["wall_seconds_median"] else (b, a)
-        if n == 1:
-            head = (f"{phase}: one sample per mode ({a['mode']} {a['wall_seconds_median']:.2f} "
-                    f"s, {b['mode']} {b['wall_seconds_median']:.2f} s); one sample gives no "
-                    "spread, so neither mode is called faster (--repeats 3 or more for a "
-                    "verdict)")
-        elif fast["wall_seconds_max"] >= slow["wall_seconds_min"]:
-            head = (f"{phase}: no clear winner: the difference ({fast['wall_seconds_median']:.2f} "
-                    f"s vs {slow['wall_seconds_median']:.2f} s median) is within the spread of "
-                    f"{n} repeats")
-        else:
-            ratio = slow["wall_seconds_median"] / fast["wall_seconds_median"]
-            head = f"{phase}: {fast['mode']} is {ratio:.2f}x faster" + (
-                f" at the configured {a['epochs']} epochs" if a.get("epochs") else "")
-        went = "; ".join(
-            f"{r['mode']} start-up {r['startup_seconds_median']:.2f} s, {phase} and the rest "
-            f"{r['work_seconds_median']:.2f} s" for r in (a, b))
-        lines.append(f"{head}; parity max |dp| = {a['parity_max_abs_diff']:.2e}, identical "
-                     f"labels {a['parity_same_labels']:.2%}. Time went to "
-                     f"({'one sample' if n == 1 else 'medians'}): {went}")
-        if phase == "train" and a.get("epochs"):
-            lines += cost.cost_lines(a, b, a["epochs"], a.get("train_rows") or 0, _spread)
-    lines.append(_parity_line(rows))
-    return "\n".join(lines)
