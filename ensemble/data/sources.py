@@ -53,6 +53,15 @@ class Dataset:
     feature_names: tuple[str, ...]
     categorical: dict[str, np.ndarray] = field(default_factory=dict)
     identifiers: tuple[str, ...] = ()  # text columns left out as ids (ensemble.data.identifiers)
+    # `[n_rows]` int64 position of each row in the source file, None when row i is at i
+    # (rows without a label dropped at training leave gaps: `file_rows`)
+    source_rows: np.ndarray | None = None
+
+    def file_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The positions in the source file of the rows `rows` (`[n]` indices into this data
+        set): what a run's `source_row` holds, so a join back to the user's file matches."""
+        rows = np.asarray(rows, np.int64)
+        return rows if self.source_rows is None else self.source_rows[rows]
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -195,11 +204,12 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
         raise UsageError(f"Data {name} has no rows; expected at least one.")
     check_unique_columns(table.column_names, name)
     problems: list[str] = []
-    y = None
+    y, source_rows = None, None
     if target in table.column_names:
         col = table.column(target)
         if col.null_count and require_target:
             keep = pc.is_valid(col)
+            source_rows = np.flatnonzero(keep.to_numpy(zero_copy_only=False)).astype(np.int64)
             table = table.filter(keep)
             notice(f"dropped {col.null_count} rows of {name} whose label {target!r} is missing")
             col = table.column(target)
@@ -297,7 +307,8 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
     x = (np.column_stack([v for _, v in numeric]) if numeric
          else np.zeros((table.num_rows, 0))).astype(np.float32)
     return Dataset(name, x, y, tuple(n for n, _ in numeric), cats,
-                   tuple(identifiers) if expected is None else ())
+                   tuple(identifiers) if expected is None else (),
+                   None if source_rows is None else source_rows + first_row)
 
 
 def load(cfg: DataConfig, require_target: bool = True, expected: Sequence[str] | None = None,

@@ -23,6 +23,7 @@ from typing import Iterable, Iterator
 import pyarrow as pa
 
 from ensemble.core import hooks
+from ensemble.data import bad_rows
 from ensemble.data import sources as data
 from ensemble.core.labels import encode
 from ensemble.data.containers import Batch
@@ -78,6 +79,7 @@ class InputStream:
         self.unknown: dict[str, int] = {}  # unknown categories seen, per column
         self.passthrough = False  # carry the non-feature columns (an id) in `Batch.extra`
         self._dataset = None
+        self._labels: bool | None = None  # labels used for `y`: decided once (`labels_used`)
         if self.source not in data.BUILTIN:
             import pyarrow.dataset as ds
 
@@ -116,9 +118,38 @@ class InputStream:
             return None
         return self._dataset.count_rows()
 
+    def labels_used(self) -> bool:
+        """Whether the input's labels fill `y` (`y_true`): decided once for the whole input,
+        when the target column is present with no label missing in any row (one pass over
+        that column alone); otherwise `y` is None for every batch, with one notice counting
+        the missing labels over the whole input. Built-in sets decide on their whole table."""
+        if self._labels is None:
+            names = self._dataset.schema.names if self._dataset is not None else ()
+            if self.target not in names:
+                self._labels = False
+                return False
+            missing = rows = 0
+            try:
+                for rb in self._dataset.to_batches(columns=[self.target],
+                                                   batch_size=max(self.batch_rows, 1 << 16),
+                                                   batch_readahead=1, fragment_readahead=1,
+                                                   use_threads=False):
+                    missing, rows = missing + rb.column(0).null_count, rows + rb.num_rows
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise UsageError(f"Cannot read {self.source}: {str(exc).splitlines()[0]}") \
+                    from None
+            self._labels = missing == 0
+            if missing and not self.quiet:
+                data.notice(f"target column {self.target!r} of {self.source} has {missing:,} "
+                            f"missing label{'s' * (missing > 1)} in {rows:,} rows: labels not "
+                            "used (y_true is null on every row)", once=True)
+        return self._labels
+
     def _to_dataset(self, table: pa.Table, name: str, strict: bool,
                     first_row: int = 0) -> data.Dataset:
         pre = self.pre
+        if self.target in table.column_names and not self.labels_used():
+            table = table.drop_columns([self.target])  # decided once: no notice per batch
         return data.table_to_dataset(table, name, self.target, require_target=False,
                                      categorical=tuple(pre.categories) or "none",
                                      impute=pre.impute, expected=pre.columns, strict=strict,
@@ -136,11 +167,34 @@ class InputStream:
                self.batch_rows)
         if key in _CHECKED:
             return
-        first = next(self._tables(all_columns=True), None)
+        tables = self._tables(all_columns=True)
+        first = next(tables, None)
         if first is None:
             raise UsageError(f"Data {self.source} has no rows; expected at least one.")
-        self._to_dataset(first, self.source, self.strict)
+        name = (self.source if first.num_rows < self.batch_rows  # the whole input
+                else f"{self.source} (rows 0..{first.num_rows - 1})")
+        try:
+            self._to_dataset(first, name, self.strict)
+        except UsageError as exc:
+            raise bad_rows.whole_input(exc, self.pre, self.source, first, 0, tables) from None
         _CHECKED.add(key)
+
+    def survey(self) -> None:
+        """Check every batch of the input before any prediction (one pass, nothing encoded
+        kept): a bad value anywhere is refused now, with its rows counted over the whole input
+        (`bad_rows.whole_input`), and unknown categories are counted over the whole input and
+        noticed once (unless `quiet`). What a between-graph launcher does before starting its
+        clients, which then stream the input quietly.
+
+        Raises:
+            UsageError: bad columns or values (every problem of the first bad batch, and the
+            bad rows of each column over the whole input).
+        """
+        self.check()
+        if self._dataset is None:
+            return
+        for _ in self:  # validates, encodes (unknown categories counted), notices at the end
+            pass
 
     def _tables(self, all_columns: bool = False) -> Iterator[pa.Table]:
         """The input as tables of exactly `batch_rows` rows (the last one shorter)."""
@@ -179,7 +233,8 @@ class InputStream:
             self._notice_unknown()
             return
         first = 0
-        for table in self._tables(all_columns=self.passthrough):
+        tables = self._tables(all_columns=self.passthrough)
+        for table in tables:
             name = f"{self.source} (rows {first}..{first + table.num_rows - 1})"
             extra = None
             if self.passthrough:
@@ -187,7 +242,12 @@ class InputStream:
                                       if c not in self.pre.columns and c != self.target])
                 table = table.select([c for c in table.column_names
                                       if c in self.pre.columns or c == self.target])
-            batch = self._batch(self._to_dataset(table, name, False, first), first)
+            try:
+                part = self._to_dataset(table, name, False, first)
+            except UsageError as exc:  # count the bad rows over the rest of the input too
+                raise bad_rows.whole_input(exc, self.pre, self.source, table, first,
+                                           tables) from None
+            batch = self._batch(part, first)
             batch.extra = extra
             yield batch
             first += table.num_rows

@@ -201,7 +201,8 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     target.update(fitted)
     run_dir.mkdir(parents=True, exist_ok=True)
     artifacts.write_splits(run_dir, {s: x[r] for s, r in rows.items()},
-                           {s: y[r] for s, r in rows.items()}, rows)
+                           {s: y[r] for s, r in rows.items()},  # rows: positions in the file
+                           {s: getattr(ds, "file_rows", lambda r: r)(r) for s, r in rows.items()})
     artifacts.write_text(run_dir / artifacts.PREPROCESSING, pre.to_json())
     manifest = new_manifest(cfg, mode, devices, pre, {
         "name": ds.name, "source": cfg.data.source, "target": cfg.data.target,
