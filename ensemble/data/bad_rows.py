@@ -1,4 +1,5 @@
-"""Bad rows of a streamed input counted over the whole input, not one batch.
+"""Bad rows of a streamed input counted over the whole input, not one batch; unknown
+categories counted without encoding.
 
 A streamed input (`ensemble.data.stream.InputStream`) validates each batch as it reads it; the
 first bad batch stops the prediction. Its message names that batch's problems and counts; this
@@ -85,3 +86,24 @@ def whole_input(exc: UsageError, pre, source: str, table: pa.Table, first_row: i
     return UsageError(f"{exc} In the whole input ({position:,} rows): " + "; ".join(parts)
                       + ".")
 
+
+
+def unknown_categories(table: pa.Table, pre) -> dict[str, int]:
+    """`{categorical column: rows whose category the run never saw}` of a checked batch
+    `table`, as `Preprocessing.encode_scaled` counts them (values as text; a missing value
+    takes the column's fill category when the run has one, else is unknown), without encoding
+    the rows (Arrow's hash lookup)."""
+    found = {}
+    for name, cats in pre.categories.items():
+        col = table.column(name)
+        if pa.types.is_dictionary(col.type):
+            col = pc.dictionary_decode(col)
+        col = pc.cast(col, pa.string())
+        fill = getattr(pre, "category_fill", {}).get(name)
+        known = pc.is_in(col, value_set=pa.array([str(c) for c in cats], pa.string()))
+        n = int(pc.sum(pc.invert(pc.fill_null(known, False))).as_py() or 0)
+        if fill is not None and str(fill) in map(str, cats):
+            n -= col.null_count  # a missing value is the fill category: known
+        if n:
+            found[name] = n
+    return found

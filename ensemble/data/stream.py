@@ -171,10 +171,8 @@ class InputStream:
         first = next(tables, None)
         if first is None:
             raise UsageError(f"Data {self.source} has no rows; expected at least one.")
-        name = (self.source if first.num_rows < self.batch_rows  # the whole input
-                else f"{self.source} (rows 0..{first.num_rows - 1})")
         try:
-            self._to_dataset(first, name, self.strict)
+            self._to_dataset(first, self.source, self.strict)
         except UsageError as exc:
             raise bad_rows.whole_input(exc, self.pre, self.source, first, 0, tables) from None
         _CHECKED.add(key)
@@ -193,8 +191,10 @@ class InputStream:
         self.check()
         if self._dataset is None:
             return
-        for _ in self:  # validates, encodes (unknown categories counted), notices at the end
-            pass
+        for _, _, table in self._validated(False):  # checked, not encoded
+            for col, n in bad_rows.unknown_categories(table, self.pre).items():
+                self.unknown[col] = self.unknown.get(col, 0) + n
+        self._notice_unknown()
 
     def _tables(self, all_columns: bool = False) -> Iterator[pa.Table]:
         """The input as tables of exactly `batch_rows` rows (the last one shorter)."""
@@ -233,11 +233,26 @@ class InputStream:
             self._notice_unknown()
             return
         first = 0
-        tables = self._tables(all_columns=self.passthrough)
+        for part, first, extra in self._validated(self.passthrough):
+            batch = self._batch(part, first)
+            batch.extra = extra
+            yield batch
+            first += len(part.x)
+        if first == 0:
+            raise UsageError(f"Data {self.source} has no rows; expected at least one.")
+        self._notice_unknown()
+
+    def _validated(self, passthrough: bool) -> Iterator[tuple[data.Dataset, int, pa.Table]]:
+        """`(checked rows, their first row, their non-feature columns)` per batch of the input
+        (without `passthrough`: the batch's table of features and target instead); the first
+        bad batch raises with the bad rows counted over the whole input
+        (`bad_rows.whole_input`)."""
+        first = 0
+        tables = self._tables(all_columns=passthrough)
         for table in tables:
             name = f"{self.source} (rows {first}..{first + table.num_rows - 1})"
             extra = None
-            if self.passthrough:
+            if passthrough:
                 extra = table.select([c for c in table.column_names
                                       if c not in self.pre.columns and c != self.target])
                 table = table.select([c for c in table.column_names
@@ -247,13 +262,8 @@ class InputStream:
             except UsageError as exc:  # count the bad rows over the rest of the input too
                 raise bad_rows.whole_input(exc, self.pre, self.source, table, first,
                                            tables) from None
-            batch = self._batch(part, first)
-            batch.extra = extra
-            yield batch
+            yield part, first, extra if passthrough else table
             first += table.num_rows
-        if first == 0:
-            raise UsageError(f"Data {self.source} has no rows; expected at least one.")
-        self._notice_unknown()
 
     def passthrough_batches(self) -> Iterator[tuple[pa.Table | None, None]]:
         """`(the input's non-feature columns, None)` in batches of `batch_rows` rows, what a
