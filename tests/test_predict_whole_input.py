@@ -104,3 +104,24 @@ def test_bad_rows_are_counted_over_the_whole_input(run, tmp_path, capsys, mode, 
     assert (f"In the whole input (150 rows): column 'f1' 3 rows missing (first at row "
             f"{min(where)})") in err[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("impute", ["error", "most_frequent"])
+def test_unknown_categories_counted_as_encoding_counts_them(impute):
+    """The whole-input check counts unknown categories without encoding; its counts equal
+    `encode_scaled`'s on the same rows (missing values filled, or unknown, as the run says)."""
+    from ensemble.data import bad_rows, sources
+    from ensemble.data.preprocessing import Preprocessing
+
+    train = pa.table({"x": [1.0, 2.0, 3.0, 4.0], "kind": ["a", "b", "a", None],
+                      "flag": [True, False, True, True], "y": [0, 1, 0, 1]})
+    # missing values pass the table check here; the preprocessing decides what they encode to
+    ds = sources.table_to_dataset(train, "t", "y", True, impute="most_frequent")
+    pre = Preprocessing.fit(ds, np.arange(4), np.array([0, 1]), impute)
+    new = pa.table({"x": [1.0, 1.0, 1.0, 1.0, 1.0],
+                    "kind": ["a", "zzz", None, "b", "zzz"], "flag": [True] * 5})
+    part = sources.table_to_dataset(new, "n", "y", False, categorical=("kind", "flag"),
+                                    impute="most_frequent", expected=pre.columns)
+    _, expected = pre.encode_scaled(part)
+    assert bad_rows.unknown_categories(new, pre) == expected
+    assert expected["kind"] == (2 if impute != "error" else 3)
