@@ -110,7 +110,7 @@ def test_bad_rows_are_counted_over_the_whole_input(run, tmp_path, capsys, mode, 
 def test_unknown_categories_counted_as_encoding_counts_them(impute):
     """The whole-input check counts unknown categories without encoding; its counts equal
     `encode_scaled`'s on the same rows (missing values filled, or unknown, as the run says)."""
-    from ensemble.data import bad_rows, sources
+    from ensemble.data import sources, whole_input
     from ensemble.data.preprocessing import Preprocessing
 
     train = pa.table({"x": [1.0, 2.0, 3.0, 4.0], "kind": ["a", "b", "a", None],
@@ -123,5 +123,5 @@ def test_unknown_categories_counted_as_encoding_counts_them(impute):
     part = sources.table_to_dataset(new, "n", "y", False, categorical=("kind", "flag"),
                                     impute="most_frequent", expected=pre.columns)
     _, expected = pre.encode_scaled(part)
-    assert bad_rows.unknown_categories(new, pre) == expected
+    assert whole_input.unknown_categories(new, pre) == expected
     assert expected["kind"] == (2 if impute != "error" else 3)

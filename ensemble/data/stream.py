@@ -2,10 +2,15 @@
 batch, so resident memory stays flat however large the input is.
 
 - `InputStream` reads a `.parquet` or `.csv` file, or a folder of such files (sorted by name),
-  with `pyarrow.dataset` (readahead of one batch; Parquet without pre-buffering), re-batches to `batch_rows` rows and yields
+  with `pyarrow.dataset` (readahead of one batch; Parquet without pre-buffering), re-batches
+  to `batch_rows` rows and yields
   each batch checked, encoded and scaled exactly as `Preprocessing.transform` does. `check()`
   validates the schema and the first batch (every problem in one message, before TensorFlow
-  loads); a bad value further on stops the prediction with a `UsageError` naming its rows.
+  loads); a bad value further on stops the prediction with a `UsageError` naming its rows,
+  with the bad rows of each column counted over the whole input (`ensemble.data.whole_input`).
+  Decided once for the whole input, never per batch: whether the labels fill `y` (no label
+  missing in any row: `labels_used`), and each notice (printed once, counts over the whole
+  input). `survey()` checks every batch before any prediction (a between-graph launcher).
   Built-in data sets (`digits`, ...) are small and read whole, then sliced.
 - `PredictionWriter` writes tables with one `pyarrow.parquet.ParquetWriter` to a temporary name
   beside the output and renames it into place at the end (removed on error).
@@ -23,7 +28,7 @@ from typing import Iterable, Iterator
 import pyarrow as pa
 
 from ensemble.core import hooks
-from ensemble.data import bad_rows
+from ensemble.data import whole_input
 from ensemble.data import sources as data
 from ensemble.core.labels import encode
 from ensemble.data.containers import Batch
@@ -128,16 +133,8 @@ class InputStream:
             if self.target not in names:
                 self._labels = False
                 return False
-            missing = rows = 0
-            try:
-                for rb in self._dataset.to_batches(columns=[self.target],
-                                                   batch_size=max(self.batch_rows, 1 << 16),
-                                                   batch_readahead=1, fragment_readahead=1,
-                                                   use_threads=False):
-                    missing, rows = missing + rb.column(0).null_count, rows + rb.num_rows
-            except (pa.ArrowInvalid, OSError) as exc:
-                raise UsageError(f"Cannot read {self.source}: {str(exc).splitlines()[0]}") \
-                    from None
+            missing, rows = whole_input.missing_labels(self._dataset, self.target,
+                                                       self.batch_rows)
             self._labels = missing == 0
             if missing and not self.quiet:
                 data.notice(f"target column {self.target!r} of {self.source} has {missing:,} "
@@ -174,13 +171,13 @@ class InputStream:
         try:
             self._to_dataset(first, self.source, self.strict)
         except UsageError as exc:
-            raise bad_rows.whole_input(exc, self.pre, self.source, first, 0, tables) from None
+            raise whole_input.error(exc, self.pre, first, 0, tables) from None
         _CHECKED.add(key)
 
     def survey(self) -> None:
         """Check every batch of the input before any prediction (one pass, nothing encoded
         kept): a bad value anywhere is refused now, with its rows counted over the whole input
-        (`bad_rows.whole_input`), and unknown categories are counted over the whole input and
+        (`whole_input.error`), and unknown categories are counted over the whole input and
         noticed once (unless `quiet`). What a between-graph launcher does before starting its
         clients, which then stream the input quietly.
 
@@ -192,7 +189,7 @@ class InputStream:
         if self._dataset is None:
             return
         for _, _, table in self._validated(False):  # checked, not encoded
-            for col, n in bad_rows.unknown_categories(table, self.pre).items():
+            for col, n in whole_input.unknown_categories(table, self.pre).items():
                 self.unknown[col] = self.unknown.get(col, 0) + n
         self._notice_unknown()
 
@@ -232,13 +229,13 @@ class InputStream:
                 yield self._batch(part, lo)  # a built-in set has no columns beyond features
             self._notice_unknown()
             return
-        first = 0
+        rows = 0
         for part, first, extra in self._validated(self.passthrough):
             batch = self._batch(part, first)
             batch.extra = extra
             yield batch
-            first += len(part.x)
-        if first == 0:
+            rows = first + len(part.x)
+        if rows == 0:
             raise UsageError(f"Data {self.source} has no rows; expected at least one.")
         self._notice_unknown()
 
@@ -246,7 +243,7 @@ class InputStream:
         """`(checked rows, their first row, their non-feature columns)` per batch of the input
         (without `passthrough`: the batch's table of features and target instead); the first
         bad batch raises with the bad rows counted over the whole input
-        (`bad_rows.whole_input`)."""
+        (`whole_input.error`)."""
         first = 0
         tables = self._tables(all_columns=passthrough)
         for table in tables:
@@ -260,8 +257,7 @@ class InputStream:
             try:
                 part = self._to_dataset(table, name, False, first)
             except UsageError as exc:  # count the bad rows over the rest of the input too
-                raise bad_rows.whole_input(exc, self.pre, self.source, table, first,
-                                           tables) from None
+                raise whole_input.error(exc, self.pre, table, first, tables) from None
             yield part, first, extra if passthrough else table
             first += table.num_rows
 

@@ -1,5 +1,6 @@
-"""Bad rows of a streamed input counted over the whole input, not one batch; unknown
-categories counted without encoding.
+"""What a streamed input decides once for the whole input, never per batch: its missing labels
+(`missing_labels`), its bad rows (`error`), its unknown categories (`unknown_categories`,
+counted without encoding).
 
 A streamed input (`ensemble.data.stream.InputStream`) validates each batch as it reads it; the
 first bad batch stops the prediction. Its message names that batch's problems and counts; this
@@ -23,7 +24,7 @@ from ensemble.data.sources import FLOAT32_MAX
 KINDS = ("missing", "inf", "beyond float32")
 
 
-def count(table: pa.Table, numeric: Iterable[str], categorical: Iterable[str],
+def bad_rows(table: pa.Table, numeric: Iterable[str], categorical: Iterable[str],
           missing: bool) -> dict[tuple[str, str], tuple[int, int]]:
     """`{(column, kind): (bad rows, first bad row's position in `table`)}` of one table.
 
@@ -55,7 +56,7 @@ def count(table: pa.Table, numeric: Iterable[str], categorical: Iterable[str],
     return found
 
 
-def whole_input(exc: UsageError, pre, source: str, table: pa.Table, first_row: int,
+def error(exc: UsageError, pre, table: pa.Table, first_row: int,
                 rest: Iterable[pa.Table]) -> UsageError:
     """The error of the first bad batch `table` (rows from `first_row`), with the bad rows of
     every column counted over the whole input: that batch and every table of `rest` (the
@@ -73,7 +74,7 @@ def whole_input(exc: UsageError, pre, source: str, table: pa.Table, first_row: i
     position = first_row
     try:
         for t in itertools.chain([table], rest):
-            for key, (n, at) in count(t, numeric, categorical, missing).items():
+            for key, (n, at) in bad_rows(t, numeric, categorical, missing).items():
                 entry = totals.setdefault(key, [0, position + at])
                 entry[0] += n
             position += t.num_rows
@@ -107,3 +108,21 @@ def unknown_categories(table: pa.Table, pre) -> dict[str, int]:
         if n:
             found[name] = n
     return found
+
+
+def missing_labels(dataset, target: str, batch_rows: int) -> tuple[int, int]:
+    """(rows whose `target` is missing, rows) of a `pyarrow.dataset.Dataset`, reading that
+    column alone, in batches (memory bounded by one batch).
+
+    Raises:
+        UsageError: the input cannot be read.
+    """
+    missing = rows = 0
+    try:
+        for rb in dataset.to_batches(columns=[target], batch_size=max(batch_rows, 1 << 16),
+                                     batch_readahead=1, fragment_readahead=1,
+                                     use_threads=False):
+            missing, rows = missing + rb.column(0).null_count, rows + rb.num_rows
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise UsageError(f"Cannot read the input: {str(exc).splitlines()[0]}") from None
+    return missing, rows
