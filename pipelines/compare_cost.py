@@ -110,6 +110,11 @@ def faster_at(epochs: float, a: dict, b: dict) -> dict:
     return a if cost[0] <= cost[1] else b
 
 
+def _overlap(a: dict, b: dict, key: str) -> bool:
+    """Whether the min-max ranges of `key` over the repeats of two summary rows overlap."""
+    return (a[f"{key}_min"] <= b[f"{key}_max"]) and (b[f"{key}_min"] <= a[f"{key}_max"])
+
+
 def _us(v: float) -> str:
     return f"{v:,.1f} us" if v < 1e3 else f"{v / 1e3:,.2f} ms"
 
@@ -149,6 +154,9 @@ def cost_lines(a: dict, b: dict, epochs: int, n_train: int, spread) -> list[str]
         early, late = faster_at(e / 2, a, b), faster_at(e * 2, a, b)
         lines.append(f"the faster mode changes at {e:.1f} epochs: {early['mode']} below, "
                      f"{late['mode']} from {int(e) + 1} epochs on")
+    if a.get("repeats", 1) > 1 and _overlap(a, b, "epoch_seconds"):
+        lines.append(f"per epoch the two modes are level within the spread of "
+                     f"{a['repeats']} repeats: where the faster mode changes is uncertain")
     if win["epoch_seconds_median"] > lose["epoch_seconds_median"]:
         rows = crossover(win["fixed_seconds_median"], epochs * win["row_epoch_us_median"] / 1e6,
                          lose["fixed_seconds_median"], epochs * lose["row_epoch_us_median"] / 1e6)

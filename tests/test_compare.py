@@ -283,7 +283,11 @@ def test_verdict_without_crossover_names_one_mode_at_every_count():
     runs = _cost_runs({"in-graph": [(2.0, 0.5)] * 2, "between-graph": [(6.0, 1.0)] * 2})
     text = compare.verdict(pa.Table.from_pylist(compare.summarise(runs, PARITY)))
     assert "does not change with the epoch count: in-graph at every count" in text
-    assert "rests on fixed costs" not in text
+    assert "rests on fixed costs" not in text and "level within the spread" not in text
+    runs = _cost_runs({"in-graph": [(2.0, 0.5), (2.0, 0.7)],
+                       "between-graph": [(6.0, 0.6), (6.0, 0.8)]})
+    text = compare.verdict(pa.Table.from_pylist(compare.summarise(runs, PARITY)))
+    assert "per epoch the two modes are level within the spread of 2 repeats" in text
 
 
 def test_epoch_cost_from_history_in_both_modes():
