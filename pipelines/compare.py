@@ -54,6 +54,8 @@ from pipelines import compare_cost as cost
 from pipelines.compare_report import (  # noqa: F401 (the module's public names)
     DIGITS, MEASURES, PARITY_BOUND, PHASES, summarise, verdict)
 
+PREDICT_INPUT = "predict-input.parquet"  # the rows training used, when the file has others
+
 
 
 def client_processes(per_member: dict) -> list[dict]:
@@ -174,6 +176,7 @@ def check_folder(base: Path, overwrite: bool) -> None:
                              "replace it or choose another --run-dir.")
         for mode in MODES:
             shutil.rmtree(base / mode, ignore_errors=True)
+        (base / PREDICT_INPUT).unlink(missing_ok=True)  # written again when needed
 
 
 def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
@@ -267,7 +270,7 @@ def labelled_rows(source: str, target: str, base: Path) -> str:
     if target not in data.column_names or not data.column(target).null_count:
         return source
     kept = data.filter(pc.is_valid(data.column(target)))
-    out = base / "predict-input.parquet"
+    out = base / PREDICT_INPUT
     artifacts.write_parquet(out, kept)
     notice(f"compare predicts the {kept.num_rows:,} rows of {source} that training uses "
            f"({data.num_rows - kept.num_rows:,} without a label {target!r} left out): {out}")
