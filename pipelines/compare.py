@@ -57,7 +57,6 @@ from pipelines.compare_report import (  # noqa: F401 (the module's public names)
 PREDICT_INPUT = "predict-input.parquet"  # the rows training used, when the file has others
 
 
-
 def client_processes(per_member: dict) -> list[dict]:
     """One entry per client process from a `{member: measurements}` record
     (`timings.clients`, a prediction report's `clients`): a long-lived client trains or
