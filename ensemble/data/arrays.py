@@ -380,6 +380,11 @@ class ArrayStream:
         first = self._load(self._files[:self.batch_rows] if self._files else None)
         self.pre.check_input(first)
 
+    def survey(self) -> None:
+        """`check` only: a between-graph launcher's whole-input pass (`InputStream.survey`)
+        would decode every image once more; each image is checked as a client decodes it."""
+        self.check()
+
     def __iter__(self):
         from ensemble.core.labels import encode
 

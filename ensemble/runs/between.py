@@ -292,7 +292,7 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
                                        trust_builder=trust_builder)
     names, fit = run_aggregators(run_dir, manifest)
     answer = default_aggregator(names, fit, aggregator)
-    stream.check()
+    stream.survey()  # the whole input checked once, notices once: clients stream it quietly
     used = set(ensemble_members(manifest))  # diverged members left out
     member_devs = {m["index"]: m["device"] for m in manifest["members"] if m["index"] in used}
     extra = ["--batch-size", str(batch_size)] + (["--target", target] if target else [])

@@ -208,7 +208,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
         check_target_scale(fitted["target_loc"], fitted["target_scale"], cfg.data.target)
     target.update(fitted)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_splits(run_dir, scan, pre, rows, y)
+    write_splits(run_dir, scan, pre, rows, y)  # `row`: the rows' positions in the file
     artifacts.write_text(run_dir / artifacts.PREPROCESSING, pre.to_json())
     manifest = new_manifest(cfg, mode, devices, pre, {
         "name": scan.name, "source": cfg.data.source, "target": cfg.data.target,
