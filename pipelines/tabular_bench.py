@@ -9,7 +9,9 @@ scikit-learn's `breast_cancer` and `diabetes`, statsmodels' `anes96` (vote), `fa
 and `randhie` (doctor visits, a whole-number target), palmerpenguins' `penguins` (species).
 
 Each side runs in its own process (`os.wait4` gives its peak resident memory); wall time is
-that process's, start-up included (TensorFlow's import for the ensemble). Figures on the test
+that process's, start-up included (TensorFlow's import for the ensemble). HGB runs with one
+OpenMP thread (`OMP_NUM_THREADS=1`), as each member trains with one intra-op thread: on a
+shared 2-core machine its default threads spin against other work (seconds for 500 rows). Figures on the test
 split: accuracy and log loss (probabilities clipped at 1e-12) for classification; RMSE,
 Gaussian NLL (nats per row, target units) and the share of rows inside the central 90%
 interval for regression. The ensemble answers with the aggregator `predict` uses
@@ -72,7 +74,7 @@ TABLES = {
 }
 
 
-def run_child(argv: list[str]) -> tuple[float, float]:
+def run_child(argv: list[str], env: dict | None = None) -> tuple[float, float]:
     """Run `argv` to completion; (wall seconds, peak resident memory in MiB of the process,
     `os.wait4`'s `ru_maxrss`, KiB on Linux).
 
@@ -80,7 +82,8 @@ def run_child(argv: list[str]) -> tuple[float, float]:
         RuntimeError: the process failed (its stderr's last lines).
     """
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
     err = proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -110,12 +113,10 @@ def ensemble_figures(run: Path, task: str) -> dict:
 
 
 def run_rows(run: Path) -> dict[str, np.ndarray]:
-    """The run's validation and test row positions in the table (its `predictions.parquet`)."""
-    import pyarrow.parquet as pq
+    """The run's validation and test row positions in the table (its prepared splits)."""
+    from ensemble.core import artifacts
 
-    p = pq.read_table(run / "predictions.parquet", columns=["model", "split", "row"]).to_pandas()
-    first = p[p.model == p.model.iloc[0]]
-    return {s: np.sort(first[first.split == s].row.to_numpy()) for s in ("validation", "test")}
+    return {s: np.asarray(artifacts.read_split(run, s)[2]) for s in ("validation", "test")}
 
 
 def hgb_worker(table: Path, target: str, task: str, rows: Path, seed: int, out: Path) -> None:
@@ -179,7 +180,8 @@ def one_split(name: str, seed: int, out: Path, sets: dict, skip_hgb: bool) -> di
         rows_file, hgb_out = out / f"{name}-{seed}.rows.json", out / f"{name}-{seed}.hgb.json"
         rows_file.write_text(json.dumps({k: v.tolist() for k, v in run_rows(run).items()}))
         wall, mem = run_child([sys.executable, "-m", "pipelines.tabular_bench", "--hgb-worker",
-                               name, str(table), str(rows_file), str(seed), str(hgb_out)])
+                               name, str(table), str(rows_file), str(seed), str(hgb_out)],
+                              {"OMP_NUM_THREADS": "1"})
         result["hgb"] = {**json.loads(hgb_out.read_text()), "wall_s": wall, "peak_mib": mem}
     return result
 

@@ -383,9 +383,23 @@ def split(ds: Dataset, cfg: DataConfig, seed: int) -> tuple[dict[str, np.ndarray
         val_share = cfg.validation_size / (1.0 - cfg.test_size)
         train, val = train_test_split(rest, test_size=val_share, random_state=seed,
                                       stratify=ds.y[rest])
-    except ValueError as exc:
-        raise UsageError(
-            f"Cannot split {ds.name} into stratified train/validation/test sets "
-            f"(smallest class has {counts.min()} rows): {exc}"
-        ) from None
+    except ValueError:
+        raise UsageError(_split_refusal(ds.name, ds.y, classes, counts)) from None
     return {"train": np.sort(train), "validation": np.sort(val), "test": np.sort(test)}, classes
+
+
+def _split_refusal(name: str, y: np.ndarray, classes: np.ndarray, counts: np.ndarray) -> str:
+    """One line on a stratified split that cannot be made: how many classes are too rare
+    (never their labels: a numeric target may have hundreds), and `--task regression` when
+    the labels are numbers."""
+    rare = int(np.sum(counts < 3))
+    numeric = np.asarray(y).dtype.kind in "iuf"
+    hint = ("; a numeric target to predict as a number? Pass --task regression" if numeric
+            else "; merge or drop the rarest classes")
+    if not rare:
+        return (f"Cannot split {name} into stratified train/validation/test sets: its "
+                f"{len(classes):,} classes outnumber the rows of its validation or test split; "
+                f"expected fewer classes or more rows{hint}.")
+    return (f"Cannot split {name} into stratified train/validation/test sets: {rare:,} of its "
+            f"{len(classes):,} classes have fewer than 3 rows (the smallest {counts.min()}); "
+            f"expected at least 3 rows per class{hint}.")

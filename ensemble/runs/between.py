@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 
+from ensemble.config import auto
 from ensemble.core import artifacts
 from ensemble.replication import devices
 from ensemble.replication import divergence
@@ -213,6 +214,9 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
             manifest = prepared
         else:
             manifest = run.prepare(cfg, run_dir, "between-graph", devs, overwrite, cluster)
+            if verbosity:
+                print(auto.describe(run.run_config(cfg, manifest), manifest.get("defaults") or {}),
+                      flush=True)
         if prepare_only:  # the clients, started by hand or a scheduler, take over
             return run.set_status(run_dir, "prepared")
         with run.recording_outcome(run_dir):

@@ -30,6 +30,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from ensemble.config import auto
 from ensemble.models import builders
 from ensemble.config import schema as config
 from ensemble.runs import arrays as run_arrays
@@ -161,6 +162,7 @@ class DeepEnsembleBase(BaseEstimator):
             x = pre.transform(run_arrays.dataset(X, names))
             if val is not None:
                 val = (pre.transform(run_arrays.dataset(val[0], names)), val[1])
+        cfg = auto.resolve(cfg, len(x), 0 if val is None else len(val[0]))[0]
         fitted = (run_arrays.train_between_graph if self.mode == "between-graph"
                   else run_arrays.train_in_graph)(cfg, x, y_train, val, pre, self.run_dir)
         self.table_input_ = table
