@@ -203,10 +203,10 @@ def test_streamed_csv_folder_in_small_batches_equals_the_run(string_run, tmp_pat
     got = _expect_equal(out, expected, raw.num_rows)
     member0 = got.filter(pc.equal(got.column("model"), "member-0"))
     assert member0.column("y_true").to_pylist() == raw.column("digit").to_pylist()
-    record = json.loads((tmp_path / "pred.manifest.json").read_text())
+    record = json.loads((tmp_path / "pred.parquet.manifest.json").read_text())
     assert record["rows"] == raw.num_rows and record["batch_size"] == 100
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["input", "pred.manifest.json",
-                                                          "pred.parquet"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["input", "pred.parquet",
+                                                          "pred.parquet.manifest.json"]
     # the default layout: one row per input, its id carried through, the probabilities of
     # the aggregator of lowest validation NLL, in both modes (the batches straddle the files)
     fit = json.loads((string_run / "run" / "aggregators.json").read_text())
@@ -277,7 +277,7 @@ def test_replicas_run_on_their_own_devices_and_change_nothing(string_run, tmp_pa
     assert run_cli("predict", "--run", run_dir, "--data", tmp_path / "in.parquet", "--out",
                    out, "--devices", "cpu:4", "--replicas", "2", "--quiet", "--layout",
                    "long") == 0
-    record = json.loads((tmp_path / "pred.manifest.json").read_text())
+    record = json.loads((tmp_path / "pred.parquet.manifest.json").read_text())
     assert [m["devices"] for m in record["members"]] == groups
     _expect_equal(out, _test_rows(string_run)[1], len(x))
 

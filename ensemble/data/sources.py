@@ -209,7 +209,8 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
             y = _labels(col, target, name, problems)
         table = table.drop_columns([target])
     elif require_target:
-        problems.append(f"Target column {target!r} not found (columns: "
+        problems.append(f"Target column {target!r} not found"
+                        f"{did_you_mean(target, table.column_names)} (columns: "
                         f"{', '.join(table.column_names)})")
     if expected is not None:
         missing = [c for c in expected if c not in table.column_names]
@@ -240,7 +241,8 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
         unknown = [c for c in categorical if c not in table.column_names and expected is None]
         if unknown:
             problems.append(f"categorical column{'s' * (len(unknown) > 1)} "
-                            f"{', '.join(map(repr, unknown))} not found")
+                            f"{', '.join(map(repr, unknown))} not found"
+                            f"{did_you_mean(unknown[0], table.column_names)}")
         cat_names = [c for c in categorical if c in table.column_names]
     numeric, cats, missing_values = [], {}, []
     for f in table.schema:
@@ -342,12 +344,25 @@ def _load_file(cfg: DataConfig, _stat_key, require_target: bool,
         unknown = [c for c in cfg.drop if c not in table.column_names]
         if unknown:
             raise UsageError(f"Cannot drop column{'s' * (len(unknown) > 1)} "
-                             f"{', '.join(map(repr, unknown))}: not in {path} (columns: "
+                             f"{', '.join(map(repr, unknown))}: not in {path}"
+                             f"{did_you_mean(unknown[0], table.column_names)} (columns: "
                              f"{', '.join(table.column_names)})")
         table = table.drop_columns([c for c in dict.fromkeys(cfg.drop)])
     return table_to_dataset(table, str(path), cfg.target, require_target,
                             cfg.categorical, cfg.impute, expected, strict,
                             identifiers=identifiers)
+
+
+def did_you_mean(name: str, columns: Sequence[str]) -> str:
+    """` (did you mean 'X'?)` for the column of `columns` closest to the misspelt `name`
+    (a match ignoring case first, then `difflib.get_close_matches`, as the options do), or
+    ``."""
+    import difflib
+
+    columns = [str(c) for c in columns]
+    same = [c for c in columns if c.casefold() == str(name).casefold()]
+    close = same or difflib.get_close_matches(str(name), columns, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def split(ds: Dataset, cfg: DataConfig, seed: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
