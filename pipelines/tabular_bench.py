@@ -67,7 +67,7 @@ def _penguins():
 TABLES = {
     "breast_cancer": (lambda: _sklearn("breast_cancer"), "target", "classification"),
     "anes96": (lambda: _statsmodels("anes96", ("logpopul",)), "vote", "classification"),
-    "penguins": (_penguins, "species", "classification"),
+    "penguins": (_penguins, "species", "classification"),  # missing values: impute median
     "diabetes": (lambda: _sklearn("diabetes"), "target", "regression"),
     "fair": (lambda: _statsmodels("fair"), "affairs", "regression"),
     "randhie": (lambda: _statsmodels("randhie"), "mdvis", "regression"),
@@ -164,7 +164,8 @@ def one_split(name: str, seed: int, out: Path, sets: dict, skip_hgb: bool) -> di
         TABLES[name][0]().reset_index(drop=True).to_parquet(table)
     run, cfg = out / f"{name}-{seed}", out / f"{name}-{seed}.toml"
     tables = {"data": [f'source = "{table}"', f'target = "{target}"', f'task = "{task}"',
-                       f"split_seed = {seed}"]}
+                       f"split_seed = {seed}"] + (['impute = "median"'] if name == "penguins"
+                                                  else [])}
     for key, value in sets.items():
         section, _, leaf = key.rpartition(".")
         tables.setdefault(section, []).append(f"{leaf} = {value}")
