@@ -340,6 +340,29 @@ def test_aggregate_and_evaluate_a_regression_run(runs, capsys):
         assert len(line) == len(header) and len(line.split()) == 4 + 3, line
 
 
+def test_plots_draw_the_aggregator_predict_answers_with(runs, tmp_path):
+    """Issue 40: PIT, coverage and confidence plots draw the ensemble `predict` answers with
+    (lowest validation NLL, `tasks.choice`), labelled so, not the run's first aggregator."""
+    from ensemble.runs.evaluate import _answer_curves
+    from ensemble.tasks import confidence
+    from ensemble.tasks.regression import plots
+
+    run = runs["in-graph"]
+    fit = json.loads((run / "aggregators.json").read_text())
+    rows = [r for r in pq.read_table(run / "metrics.parquet").to_pylist()
+            if r["split"] == "test"]
+    for best in fit["aggregators"]:  # whichever has the lowest validation NLL is drawn
+        nll = {a: (0.0 if a == best else 1.0) for a in fit["aggregators"]}
+        (tmp_path / "aggregators.json").write_text(json.dumps({**fit, "validation_nll": nll}))
+        shown = plots._shown(rows, tmp_path)
+        assert [r["model"] for r in shown if r["aggregator"]] == [f"ensemble-{best}"]
+        curves, _ = _answer_curves(*confidence.curves(pq.read_table(run / "predictions.parquet")),
+                                   rows, tmp_path)
+        assert [m for m in curves if m.startswith("ensemble")] == [
+            f"ensemble-{best} (what predict answers with)"]
+        assert sum(m.startswith("member") for m in curves) == 3
+
+
 def test_regression_plots_and_member_scores_follow_the_task(runs, capsys):
     """`evaluate --plots` draws the regression task's plots (PIT, coverage, error against std,
     no classification reliability diagram), and members.parquet carries the task's scores:
