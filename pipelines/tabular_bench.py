@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+CLS, REG = "classification", "regression"  # the two tasks a table is benchmarked for
 Z90 = 1.6448536269514722  # the standard normal's 95% quantile: central 90% interval
 GOALS = {"nll": 0.0, "accuracy": 0.005, "rmse": 0.05, "wall": 10.0}
 
@@ -65,12 +66,12 @@ def _penguins():
 
 # name -> (loader, target, task)
 TABLES = {
-    "breast_cancer": (lambda: _sklearn("breast_cancer"), "target", "classification"),
-    "anes96": (lambda: _statsmodels("anes96", ("logpopul",)), "vote", "classification"),
-    "penguins": (_penguins, "species", "classification"),  # missing values: impute median
-    "diabetes": (lambda: _sklearn("diabetes"), "target", "regression"),
-    "fair": (lambda: _statsmodels("fair"), "affairs", "regression"),
-    "randhie": (lambda: _statsmodels("randhie"), "mdvis", "regression"),
+    "breast_cancer": (lambda: _sklearn("breast_cancer"), "target", CLS),
+    "anes96": (lambda: _statsmodels("anes96", ("logpopul",)), "vote", CLS),
+    "penguins": (_penguins, "species", CLS),  # missing values: impute median
+    "diabetes": (lambda: _sklearn("diabetes"), "target", REG),
+    "fair": (lambda: _statsmodels("fair"), "affairs", REG),
+    "randhie": (lambda: _statsmodels("randhie"), "mdvis", REG),
 }
 
 
@@ -106,7 +107,7 @@ def ensemble_figures(run: Path, task: str) -> dict:
     row = m[(m.split == "test") & (m.model == f"ensemble-{chosen}")].iloc[0]
     manifest = json.loads((run / "manifest.json").read_text())
     out = {"aggregator": chosen, "fit_s": manifest["timings"].get("train_seconds", math.nan)}
-    if task == "classification":
+    if task == CLS:
         return {**out, "accuracy": float(row.accuracy), "nll": float(row.nll)}
     return {**out, "rmse": float(row.rmse), "nll": float(row.nll),
             "coverage_90": float(row.coverage_90)}
@@ -136,7 +137,7 @@ def hgb_worker(table: Path, target: str, task: str, rows: Path, seed: int, out: 
     held[split["validation"]] = held[split["test"]] = True
     train, val, test = np.flatnonzero(~held), split["validation"], split["test"]
     start = time.perf_counter()
-    if task == "classification":
+    if task == CLS:
         model = HistGradientBoostingClassifier(random_state=seed).fit(x.iloc[train], y.iloc[train])
         fit_s = time.perf_counter() - start
         p = np.clip(model.predict_proba(x.iloc[test]), 1e-12, 1.0)
@@ -188,7 +189,7 @@ def one_split(name: str, seed: int, out: Path, sets: dict, skip_hgb: bool) -> di
 
 
 def _fmt(task: str, f: dict) -> str:
-    head = (f"acc {f['accuracy']:.4f} logloss {f['nll']:.4f}" if task == "classification" else
+    head = (f"acc {f['accuracy']:.4f} logloss {f['nll']:.4f}" if task == CLS else
             f"RMSE {f['rmse']:.4g} NLL {f['nll']:.4f} cov90 {f['coverage_90']:.3f}")
     return f"{head}  wall {f['wall_s']:.1f}s fit {f['fit_s']:.2f}s peak {f['peak_mib']:.0f}MiB"
 
@@ -196,7 +197,7 @@ def _fmt(task: str, f: dict) -> str:
 def verdict(task: str, ens: dict, hgb: dict) -> list[str]:
     """The goals met or missed for the seed-mean figures `ens` and `hgb`."""
     out = [f"NLL {'<=' if ens['nll'] <= hgb['nll'] + GOALS['nll'] else '>'} HGB's"]
-    if task == "classification":
+    if task == CLS:
         ok = ens["accuracy"] >= hgb["accuracy"] - GOALS["accuracy"]
         out.append(f"accuracy {'within' if ok else 'NOT within'} 0.005")
     else:

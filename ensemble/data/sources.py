@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from ensemble.data.settings import DataConfig
 from ensemble.core.errors import UsageError
+from ensemble.data.messages import did_you_mean, split_refusal
 from ensemble.core.notices import notice  # noqa: F401 (`data.notice`)
 
 BUILTIN = ("digits", "breast_cancer", "wine", "iris", "synthetic", "diabetes")
@@ -353,18 +354,6 @@ def _load_file(cfg: DataConfig, _stat_key, require_target: bool,
                             identifiers=identifiers)
 
 
-def did_you_mean(name: str, columns: Sequence[str]) -> str:
-    """` (did you mean 'X'?)` for the column of `columns` closest to the misspelt `name`
-    (a match ignoring case first, then `difflib.get_close_matches`, as the options do), or
-    ``."""
-    import difflib
-
-    columns = [str(c) for c in columns]
-    same = [c for c in columns if c.casefold() == str(name).casefold()]
-    close = same or difflib.get_close_matches(str(name), columns, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def split(ds: Dataset, cfg: DataConfig, seed: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Stratified train/validation/test row indices from `seed` (scikit-learn).
 
@@ -399,22 +388,5 @@ def split(ds: Dataset, cfg: DataConfig, seed: int) -> tuple[dict[str, np.ndarray
         train, val = train_test_split(rest, test_size=val_share, random_state=seed,
                                       stratify=ds.y[rest])
     except ValueError:
-        raise UsageError(_split_refusal(ds.name, ds.y, classes, counts)) from None
+        raise UsageError(split_refusal(ds.name, ds.y, classes, counts)) from None
     return {"train": np.sort(train), "validation": np.sort(val), "test": np.sort(test)}, classes
-
-
-def _split_refusal(name: str, y: np.ndarray, classes: np.ndarray, counts: np.ndarray) -> str:
-    """One line on a stratified split that cannot be made: how many classes are too rare
-    (never their labels: a numeric target may have hundreds), and `--task regression` when
-    the labels are numbers."""
-    rare = int(np.sum(counts < 3))
-    numeric = np.asarray(y).dtype.kind in "iuf"
-    hint = ("; a numeric target to predict as a number? Pass --task regression" if numeric
-            else "; merge or drop the rarest classes")
-    if not rare:
-        return (f"Cannot split {name} into stratified train/validation/test sets: its "
-                f"{len(classes):,} classes outnumber the rows of its validation or test split; "
-                f"expected fewer classes or more rows{hint}.")
-    return (f"Cannot split {name} into stratified train/validation/test sets: {rare:,} of its "
-            f"{len(classes):,} classes have fewer than 3 rows (the smallest {counts.min()}); "
-            f"expected at least 3 rows per class{hint}.")
