@@ -7,9 +7,9 @@ which rule), so every process of the run, and a `--resume`, sees the same number
 are functions of the row counts and the config only, never of timing or the mode, so both
 replication modes train identical members.
 
-- batch size: the power of two nearest `sqrt(n_train)`, within [32, 1024]: about as many steps
-  per epoch as rows per step (32 up to ~1,400 training rows, 64 from ~1,400, 128 from ~5,800,
-  256 from ~23,000, 512 from ~93,000, 1024 from ~370,000). Small tables keep Keras's 32; large
+- batch size: the power of two nearest `sqrt(n_train)` (`2 ** round(log2(n_train) / 2)`),
+  within [32, 1024]: about as many steps per epoch as rows per step (32 below 2,048 training
+  rows, 64 from 2,048, 128 from 8,192, 256 from 32,768, 512 from 131,072, 1024 from 524,288). Small tables keep Keras's 32; large
   ones stop paying per-step overhead for batches that do not improve the result (issue 40: 3.3x
   the time at 32 rows for the same log loss on 229k rows). RealMLP (Holzmueller et al. 2024)
   and TabM (Gorishniy et al. 2024) use 256 on tables of 10^4-10^5 rows.
