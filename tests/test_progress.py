@@ -42,6 +42,10 @@ def test_in_graph_progress_reaches_a_pipe_before_the_run_ends(tiny_config, tmp_p
     seen, code, rest = _lines_while_held(["--config", tiny_config, "--run-dir",
                                           tmp_path / "run"], tmp_path, "epoch 1/2")
     assert code == 0
+    # the first line: batch size and early stopping, the automatic one marked (issue 40)
+    assert seen[0].startswith("training 4 members for up to 2 epochs: batch size 64, early "
+                              "stopping after 5 epochs without a better validation loss, best "
+                              "epoch kept (auto)"), seen[0]
     line = next(x for x in seen if x.startswith("epoch 1/2"))
     assert "loss" in line and "val_loss" in line and "val_accuracy" in line
     assert "epoch 2/2" in rest and "run directory" in rest
@@ -53,6 +57,7 @@ def test_between_graph_progress_is_one_line_per_member_and_epoch(tiny_config, tm
                                           "--mode", "between-graph", "--jobs", "2"],
                                          tmp_path, "member 0: epoch 1/2", member=0)
     assert code == 0
+    assert seen[0].startswith("training 4 members for up to 2 epochs: batch size 64, early "), seen
     assert any(x.startswith("member 0: epoch 1/2 - loss") for x in seen)
     out = "".join(seen) + rest
     for i in range(4):
