@@ -42,7 +42,8 @@ def worker(variant: str, rows: int, members: int) -> dict:
     cfg = config.from_dict({"model": {"builder": "cnn", "params": {"filters": [8],
                                                                     "dense": 16}},
                             "members": {"count": members},
-                            "training": {"epochs": 1, "batch_size": 256}})
+                            "training": {"epochs": 1, "batch_size": 256,
+                                         "early_stopping": 0}})
     devs = [d.name for d in tf.config.list_logical_devices("CPU")][:members]
     ens = InGraphEnsemble.build(cfg, x.shape[1:], 10, devs, aggregators=(), pre=pre)
     ens.fit(x, y, x[:256], y[:256], Schedule.of(cfg.training))

@@ -95,7 +95,8 @@ def _group(devs, replicas=None, dropout=0.0):
     from ensemble.replication.in_graph import InGraphEnsemble
 
     cfg = config.from_dict({"members": {"count": 2, "hidden": [16], "dropout": dropout},
-                            "training": {"epochs": 1, "batch_size": 64, "seed": 5}})
+                            "training": {"epochs": 1, "batch_size": 64, "seed": 5,
+                                         "early_stopping": 0}})
     ens = InGraphEnsemble.build(cfg, 64, 10, devs, list(range(len(devs))), aggregators=())
     ens.train_replicas = replicas
     return ens, cfg

@@ -13,7 +13,8 @@ from ensemble.runs import prepare as run
 from ensemble.replication.placement import place
 
 CFG = config.from_dict({"members": {"count": 4, "hidden": [16], "dropout": 0.1},
-                        "training": {"epochs": 2, "batch_size": 64, "seed": 5}})
+                        "training": {"epochs": 2, "batch_size": 64, "seed": 5,
+                                     "early_stopping": 0}})
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ TASK_BRANCHES = {
     "ensemble/replication/graph_cache.py": 1, "ensemble/runs/aggregate.py": 2,
     "ensemble/runs/arrays.py": 1, "ensemble/runs/posthoc.py": 1, "pipelines/options.py": 2,
     "pipelines/regression_bench.py": 1,
+    "pipelines/tabular_bench.py": 2,  # HGB's classifier or regressor, accuracy or RMSE
 }
 TASK_PATTERN = re.compile(r'"regression"|"classification"|is_regression\(|len\(classes\) == 0'
                           r'|classes\.size == 0')

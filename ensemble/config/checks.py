@@ -33,7 +33,10 @@ def check_ranges(cfg: Config) -> None:
 
     positive("members.count", cfg.members.count)
     positive("training.epochs", cfg.training.epochs)
-    positive("training.batch_size", cfg.training.batch_size)
+    if cfg.training.batch_size != "auto":
+        if not isinstance(cfg.training.batch_size, int) or cfg.training.batch_size <= 0:
+            raise UsageError("Expected `training.batch_size` to be auto or a positive integer. "
+                             f"Received: training.batch_size={cfg.training.batch_size!r}")
     positive("training.learning_rate", cfg.training.learning_rate)
     positive("training.checkpoint_every", cfg.training.checkpoint_every)
     if cfg.training.steps_per_execution < 0:
@@ -69,9 +72,10 @@ def check_ranges(cfg: Config) -> None:
     if t.lr_schedule not in LR_SCHEDULES:
         raise UsageError(f"Expected `training.lr_schedule` to be one of "
                          f"{', '.join(LR_SCHEDULES)}. Received: {t.lr_schedule!r}")
-    if t.early_stopping < 0:
-        raise UsageError("Expected `training.early_stopping` to be >= 0 (patience in epochs; "
-                         f"0: off). Received: {t.early_stopping}")
+    if t.early_stopping != "auto" and not (isinstance(t.early_stopping, int)
+                                           and t.early_stopping >= 0):
+        raise UsageError("Expected `training.early_stopping` to be auto or >= 0 (patience in "
+                         f"epochs; 0: off). Received: {t.early_stopping!r}")
     if not 0.0 <= t.adversarial_epsilon <= 1.0:
         raise UsageError("Expected `training.adversarial_epsilon` in [0, 1] (the sign step in "
                          "units of the scaled input's range; 0: off, the paper's 0.01). "

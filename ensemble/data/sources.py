@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from ensemble.data.settings import DataConfig
 from ensemble.core.errors import UsageError
+from ensemble.data.messages import did_you_mean, split_refusal
 from ensemble.core.notices import notice  # noqa: F401 (`data.notice`)
 
 BUILTIN = ("digits", "breast_cancer", "wine", "iris", "synthetic", "diabetes")
@@ -120,6 +121,15 @@ def _is_numeric(tp: pa.DataType) -> bool:
 def _is_category_like(tp: pa.DataType) -> bool:
     return (pa.types.is_string(tp) or pa.types.is_large_string(tp) or pa.types.is_boolean(tp)
             or pa.types.is_dictionary(tp) or pa.types.is_null(tp))
+
+
+def check_drop(drop: Sequence[str], columns: Sequence[str], path) -> None:
+    """Raises UsageError naming the `--drop` columns that `columns` (of `path`) lacks."""
+    unknown = [c for c in drop if c not in columns]
+    if unknown:
+        raise UsageError(f"Cannot drop column{'s' * (len(unknown) > 1)} "
+                         f"{', '.join(map(repr, unknown))}: not in {path}"
+                         f"{did_you_mean(unknown[0], columns)} (columns: {', '.join(columns)})")
 
 
 def check_unique_columns(names: Sequence[str], source: str) -> None:
@@ -217,7 +227,8 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
             y = _labels(col, target, name, problems)
         table = table.drop_columns([target])
     elif require_target:
-        problems.append(f"Target column {target!r} not found (columns: "
+        problems.append(f"Target column {target!r} not found"
+                        f"{did_you_mean(target, table.column_names)} (columns: "
                         f"{', '.join(table.column_names)})")
     if expected is not None:
         missing = [c for c in expected if c not in table.column_names]
@@ -248,7 +259,8 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
         unknown = [c for c in categorical if c not in table.column_names and expected is None]
         if unknown:
             problems.append(f"categorical column{'s' * (len(unknown) > 1)} "
-                            f"{', '.join(map(repr, unknown))} not found")
+                            f"{', '.join(map(repr, unknown))} not found"
+                            f"{did_you_mean(unknown[0], table.column_names)}")
         cat_names = [c for c in categorical if c in table.column_names]
     numeric, cats, missing_values = [], {}, []
     for f in table.schema:
@@ -348,11 +360,7 @@ def _load_file(cfg: DataConfig, _stat_key, require_target: bool,
     path = Path(cfg.source)
     table = _read_table(path)
     if cfg.drop and expected is None:  # at predict time a dropped column is an extra one
-        unknown = [c for c in cfg.drop if c not in table.column_names]
-        if unknown:
-            raise UsageError(f"Cannot drop column{'s' * (len(unknown) > 1)} "
-                             f"{', '.join(map(repr, unknown))}: not in {path} (columns: "
-                             f"{', '.join(table.column_names)})")
+        check_drop(cfg.drop, table.column_names, path)
         table = table.drop_columns([c for c in dict.fromkeys(cfg.drop)])
     return table_to_dataset(table, str(path), cfg.target, require_target,
                             cfg.categorical, cfg.impute, expected, strict,
@@ -392,9 +400,6 @@ def split(ds: Dataset, cfg: DataConfig, seed: int) -> tuple[dict[str, np.ndarray
         val_share = cfg.validation_size / (1.0 - cfg.test_size)
         train, val = train_test_split(rest, test_size=val_share, random_state=seed,
                                       stratify=ds.y[rest])
-    except ValueError as exc:
-        raise UsageError(
-            f"Cannot split {ds.name} into stratified train/validation/test sets "
-            f"(smallest class has {counts.min()} rows): {exc}"
-        ) from None
+    except ValueError:
+        raise UsageError(split_refusal(ds.name, ds.y, classes, counts)) from None
     return {"train": np.sort(train), "validation": np.sort(val), "test": np.sort(test)}, classes

@@ -91,12 +91,7 @@ class TableScan:
         self._dataset, self._kind = _open(self.path)
         names = self._dataset.schema.names
         sources.check_unique_columns(names, self.name)
-        if cfg.drop:
-            unknown = [c for c in cfg.drop if c not in names]
-            if unknown:
-                raise UsageError(f"Cannot drop column{'s' * (len(unknown) > 1)} "
-                                 f"{', '.join(map(repr, unknown))}: not in {self.path} "
-                                 f"(columns: {', '.join(names)})")
+        sources.check_drop(cfg.drop, names, self.path)
         self._read = [c for c in names if c not in cfg.drop]
         first = next(self._batches(self._read, self.chunk_rows), None)
         if first is None or first.num_rows == 0:

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from ensemble.config import auto
 from ensemble.core import artifacts
 from ensemble.data import kinds
 from ensemble.data import sources as data
@@ -184,7 +185,8 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
         cluster: the cluster spec the devices belong to (recorded), or None.
 
     Returns:
-        The manifest (also written to `run_dir/manifest.json`).
+        The manifest (also written to `run_dir/manifest.json`); its `config` is `cfg` with
+        the `"auto"` keys made concrete (`ensemble.config.auto`), listed in `defaults`.
 
     Raises:
         UsageError: bad data or an existing run (see `check_run_dir`).
@@ -197,6 +199,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     task, target = resolve_task(cfg, scan.y)
     rows, classes = data.split(scan, dataclasses.replace(cfg.data, task=task.name),
                                cfg.data.split_seed)
+    cfg, chosen = auto.resolve(cfg, len(rows["train"]), len(rows["validation"]))
     pre = scan.fit(rows["train"], classes)
     _check_memory(cfg, mode, devices, {s: len(r) for s, r in rows.items()},
                   task.n_outputs(len(classes)))
@@ -215,6 +218,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
         "rows": {s: int(len(r)) for s, r in rows.items()}, "columns": list(scan.columns),
         "sha256": scan.sha256(), **target}, cluster, task)
     manifest["run_id"] = run_id_for(run_dir, cfg)  # the folder's name for a default run dir
+    manifest["defaults"] = chosen  # the "auto" keys and the values chosen (ensemble.config.auto)
     manifest["timings"]["prepare_seconds"] = time.perf_counter() - start
     manifest["artifacts"] = artifacts.artifact_hashes(run_dir)  # the splits, preprocessing
     artifacts.write_manifest(run_dir, manifest)
@@ -348,6 +352,13 @@ def effective_status(manifest: dict[str, Any], run_dir: str | Path | None = None
     return status
 
 
+def run_config(cfg: Config, manifest: dict[str, Any]) -> Config:
+    """The concrete config a run of `manifest` trains with: `cfg` with its `"auto"` keys
+    resolved for the run's rows, as `prepare` recorded them (`ensemble.config.auto`)."""
+    rows = manifest["dataset"]["rows"]
+    return auto.resolve(cfg, rows["train"], rows.get("validation", 0))[0]
+
+
 def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
     """Dotted keys whose values differ between two config dicts."""
     keys = sorted(set(old) | set(new))
@@ -375,6 +386,7 @@ def reopen(run_dir: Path, cfg: Config, mode: str) -> dict[str, Any]:
                          f"resume it with that mode, not {mode}.")
     if manifest.get("status") == "completed":
         raise UsageError(f"Run {run_dir} is already completed; nothing to resume.")
+    cfg = run_config(cfg, manifest)  # "auto" keys as `prepare` resolved them
     if cfg.sha256() != manifest["config_sha256"]:
         changes = config_changes(manifest["config"], cfg.to_dict())
         raise UsageError(f"Config changed since run {run_dir} started ({'; '.join(changes)}); "
