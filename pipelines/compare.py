@@ -153,11 +153,11 @@ def parity(a: pa.Table, b: pa.Table) -> tuple[float, float]:
     float32 sums in another order differ in the last digits)."""
     classes = tables.classes_from(a)
     diff = np.abs(tables.probabilities(a, classes) - tables.probabilities(b, classes)).max()
-    if len(classes) == 0:  # regression: predicted means equal to float32 precision
-        same = np.isclose(a.column("y_pred").to_numpy(), b.column("y_pred").to_numpy(),
-                          rtol=1e-5, atol=0.0)
-    else:
-        same = pc.equal(a.column("y_pred"), b.column("y_pred")).to_numpy(zero_copy_only=False)
+    ya, yb = a.column("y_pred"), b.column("y_pred")
+    if pa.types.is_floating(ya.type):  # predicted numbers: equal to float32 precision
+        same = np.isclose(ya.to_numpy(), yb.to_numpy(), rtol=1e-5, atol=0.0)
+    else:  # predicted labels
+        same = pc.equal(ya, yb).to_numpy(zero_copy_only=False)
     return float(diff), float(same.mean())
 
 

@@ -153,7 +153,7 @@ def test_image_folder_decoded_in_chunks_gives_the_members_of_whole_decoding(tmp_
     from ensemble import train
     from ensemble.config import schema
     from ensemble.core import artifacts
-    from ensemble.data import arrays, sources
+    from ensemble.data import array_scan, arrays, sources
     from ensemble.data.images import read_images
     from ensemble.replication.in_graph import InGraphEnsemble
     from ensemble.replication.training import Schedule
@@ -167,7 +167,7 @@ def test_image_folder_decoded_in_chunks_gives_the_members_of_whole_decoding(tmp_
         a[..., i % 2] += 55
         files.append(folder / "ab"[i % 2] / f"{i:03d}.png")
         Image.fromarray(a).save(files[-1])
-    monkeypatch.setattr(arrays.ArrayScan, "CHUNK_ROWS", 5)
+    monkeypatch.setattr(array_scan.ArrayScan, "CHUNK_ROWS", 5)
     config = {"data": {"source": str(folder)}, "model": {"builder": "cnn",
                                                           "params": {"filters": [4],
                                                                      "dense": 8}},

@@ -17,6 +17,8 @@ import numpy as np
 
 from ensemble.core.errors import UsageError
 from ensemble.data import arrays, sources, stream
+from ensemble.data.array_scan import ArrayScan
+from ensemble.data.table_scan import TableScan
 from ensemble.data.preprocessing import Preprocessing
 from ensemble.data.settings import DataConfig
 
@@ -41,7 +43,8 @@ class Source(Protocol):
 
     def scan(self, cfg: DataConfig):
         """`cfg.source` read for training a chunk at a time: labels `y`, `chunks()`,
-        `fit(train_rows, classes)`, `sha256()` (`table_scan.TableScan`, `arrays.ArrayScan`)."""
+        `fit(train_rows, classes)`, `sha256()`, `file_rows(rows)` (`TableScan`,
+        `ArrayScan`)."""
 
     def stream(self, pre, source: str, target: str, strict: bool, batch_rows: int,
                quiet: bool):
@@ -68,7 +71,7 @@ class Arrays:
         return arrays.ArrayPreprocessing.from_dict(d)
 
     def scan(self, cfg):
-        return arrays.ArrayScan(cfg)
+        return ArrayScan(cfg)
 
     def stream(self, pre, source, target, strict, batch_rows, quiet):
         return arrays.ArrayStream(pre, source, batch_rows)
@@ -92,8 +95,6 @@ class Tables:
         return Preprocessing.from_dict(d)
 
     def scan(self, cfg):
-        from ensemble.data.table_scan import TableScan
-
         return TableScan(cfg)
 
     def stream(self, pre, source, target, strict, batch_rows, quiet):

@@ -1,11 +1,14 @@
 """One-line messages about a table's columns and labels: "did you mean" for a misspelt column
-name, and the refusal of a stratified split that cannot be made."""
+name, the checks of column names (`--drop`, duplicates), and the refusal of a stratified split
+that cannot be made."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 import numpy as np
+
+from ensemble.core.errors import UsageError
 
 
 def did_you_mean(name: str, columns: Sequence[str]) -> str:
@@ -35,3 +38,23 @@ def split_refusal(name: str, y: np.ndarray, classes: np.ndarray, counts: np.ndar
     return (f"Cannot split {name} into stratified train/validation/test sets: {rare:,} of its "
             f"{len(classes):,} classes have fewer than 3 rows (the smallest {counts.min()}); "
             f"expected at least 3 rows per class{hint}.")
+
+
+def check_drop(drop: Sequence[str], columns: Sequence[str], path) -> None:
+    """Raises UsageError naming the `--drop` columns that `columns` (of `path`) lacks."""
+    unknown = [c for c in drop if c not in columns]
+    if unknown:
+        raise UsageError(f"Cannot drop column{'s' * (len(unknown) > 1)} "
+                         f"{', '.join(map(repr, unknown))}: not in {path}"
+                         f"{did_you_mean(unknown[0], columns)} (columns: {', '.join(columns)})")
+
+
+def check_unique_columns(names: Sequence[str], source: str) -> None:
+    """Raises UsageError naming the first column name that `names` holds twice (a CSV header
+    or Parquet schema with duplicates cannot be matched by name)."""
+    seen: dict[str, int] = {}
+    for i, n in enumerate(names):
+        if n in seen:
+            raise UsageError(f"Data {source} has the column name {n!r} twice (columns "
+                             f"{seen[n] + 1} and {i + 1}); expected unique column names.")
+        seen[n] = i

@@ -26,7 +26,8 @@ import pyarrow.compute as pc
 
 from ensemble.data.settings import DataConfig
 from ensemble.core.errors import UsageError
-from ensemble.data.messages import did_you_mean, split_refusal
+from ensemble.data.messages import (  # noqa: F401 (`sources.check_*`)
+    check_drop, check_unique_columns, did_you_mean, split_refusal)
 from ensemble.core.notices import notice  # noqa: F401 (`data.notice`)
 
 BUILTIN = ("digits", "breast_cancer", "wine", "iris", "synthetic", "diabetes")
@@ -121,26 +122,6 @@ def _is_numeric(tp: pa.DataType) -> bool:
 def _is_category_like(tp: pa.DataType) -> bool:
     return (pa.types.is_string(tp) or pa.types.is_large_string(tp) or pa.types.is_boolean(tp)
             or pa.types.is_dictionary(tp) or pa.types.is_null(tp))
-
-
-def check_drop(drop: Sequence[str], columns: Sequence[str], path) -> None:
-    """Raises UsageError naming the `--drop` columns that `columns` (of `path`) lacks."""
-    unknown = [c for c in drop if c not in columns]
-    if unknown:
-        raise UsageError(f"Cannot drop column{'s' * (len(unknown) > 1)} "
-                         f"{', '.join(map(repr, unknown))}: not in {path}"
-                         f"{did_you_mean(unknown[0], columns)} (columns: {', '.join(columns)})")
-
-
-def check_unique_columns(names: Sequence[str], source: str) -> None:
-    """Raises UsageError naming the first column name that `names` holds twice (a CSV header
-    or Parquet schema with duplicates cannot be matched by name)."""
-    seen: dict[str, int] = {}
-    for i, n in enumerate(names):
-        if n in seen:
-            raise UsageError(f"Data {source} has the column name {n!r} twice (columns "
-                             f"{seen[n] + 1} and {i + 1}); expected unique column names.")
-        seen[n] = i
 
 
 def _not_utf8(name: str, col: pa.ChunkedArray, first_row: int) -> str:

@@ -63,3 +63,15 @@ def check(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: i
         f"process{'es' * (clients > 1)} at {memory.gib(TF_PROCESS)}), more than the "
         f"{memory.gib(have)} of {what}; lower data.test_size and data.validation_size "
         "(--set), train fewer --members or fewer clients at once (--jobs), or raise the limit.")
+
+
+def check_run(cfg, mode: str, devices: list[str], rows: dict[str, int], n_outputs: int) -> None:
+    """`check` for a run of config `cfg` in `mode` on `devices` (between-graph: one client per
+    device at most, one per member).
+
+    Raises:
+        UsageError: the estimate exceeds the memory available (one line).
+    """
+    members = cfg.members.count
+    clients = 1 if mode == "in-graph" else max(1, min(members, len(set(devices))))
+    check(rows, n_outputs, members, len(cfg.aggregation.aggregators), clients)

@@ -192,6 +192,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
         UsageError: bad data or an existing run (see `check_run_dir`).
     """
     from ensemble.data.prepared import write_splits
+    from ensemble.runs import budget
 
     start = time.perf_counter()
     check_run_dir(run_dir, overwrite)
@@ -201,8 +202,8 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
                                cfg.data.split_seed)
     cfg, chosen = auto.resolve(cfg, len(rows["train"]), len(rows["validation"]))
     pre = scan.fit(rows["train"], classes)
-    _check_memory(cfg, mode, devices, {s: len(r) for s, r in rows.items()},
-                  task.n_outputs(len(classes)))
+    budget.check_run(cfg, mode, devices, {s: len(r) for s, r in rows.items()},
+                     task.n_outputs(len(classes)))
     y = encode(scan.y, classes)
     task, fitted = task.fit_target(y[rows["train"]])  # e.g. standardisation, train only
     if fitted:
@@ -223,20 +224,6 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     manifest["artifacts"] = artifacts.artifact_hashes(run_dir)  # the splits, preprocessing
     artifacts.write_manifest(run_dir, manifest)
     return manifest
-
-
-def _check_memory(cfg: Config, mode: str, devices: list[str], rows: dict[str, int],
-                  n_outputs: int) -> None:
-    """Refuse a run that cannot fit in memory before its splits are written (`budget.check`).
-
-    Raises:
-        UsageError: the estimate exceeds the memory available (one line).
-    """
-    from ensemble.runs import budget
-
-    members = cfg.members.count
-    clients = 1 if mode == "in-graph" else max(1, min(members, len(set(devices))))
-    budget.check(rows, n_outputs, members, len(cfg.aggregation.aggregators), clients)
 
 
 def check_data(cfg: Config) -> None:
