@@ -137,10 +137,19 @@ def _check_input_early(args) -> None:
 
 
 def cmd_predict(args) -> int:
-    from ensemble.core.notices import said_once
+    import contextlib
 
-    with said_once():  # the early check and the prediction read the same input
-        return _predict(args)
+    from ensemble.core.notices import said_once
+    from ensemble.core.outputs import is_stdout
+
+    # --out /dev/stdout: the table is stdout, so progress and notices go to stderr
+    people = contextlib.redirect_stdout(sys.stderr) if is_stdout(args.out) else \
+        contextlib.nullcontext()
+    from ensemble.core import runlock
+
+    # the run is read as a whole under its shared lock: no aggregate rewrites it meanwhile
+    with said_once(), people, runlock.reading(Path(args.run)):  # (said_once: the early check
+        return _predict(args)  # and the prediction read the same input)
 
 
 def _predict(args) -> int:
@@ -179,6 +188,9 @@ def _predict(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from ensemble.runs.export import check_out_dir
+
+    check_out_dir(Path(args.out))  # before TensorFlow loads
     import_tensorflow_quietly()
     from ensemble.runs.export import export_run
 

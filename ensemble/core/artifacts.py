@@ -71,8 +71,16 @@ def _fsync_tree(path: Path) -> None:
 def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
     """Yield a staging path (`ensemble.core.staging`, ending in `suffix`) beside `path`; when the
     block succeeds, flush it (`fsync`), give it the umask's permissions, rename it onto `path`
-    and flush the folder; delete it when the block raises (a full disk included)."""
+    and flush the folder; delete it when the block raises (a full disk included).
+
+    A FIFO, a device or `/dev/stdout` is yielded itself and written through, never replaced
+    (`ensemble.core.outputs.writes_through`)."""
+    from ensemble.core.outputs import writes_through
+
     path = Path(path)
+    if writes_through(path):
+        yield path
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = staging.new_path(path, suffix)  # owned name; stale ones of dead writers swept
     try:
