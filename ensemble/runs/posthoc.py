@@ -122,6 +122,23 @@ def size_curve(splits: dict[str, SplitMembers], fit: dict[str, Any] | None,
                                       list(greedy["order"])[:n_members] if greedy else None)
 
 
+def _check_fit(fit_: Any, task: str) -> None:
+    """Refuse an `aggregators.json` of the wrong shape or naming an aggregator `task` does not
+    have (ValueError, turned into one line naming the file by `artifacts.opened`)."""
+    from ensemble.tasks.classification import aggregators as classification
+    from ensemble.tasks.regression import aggregators as regression
+
+    known = regression.AGGREGATORS if task == "regression" else classification.AGGREGATORS
+    names = fit_.get("aggregators") if isinstance(fit_, dict) else None
+    if not isinstance(names, list) or not names:
+        raise ValueError("expected an object whose `aggregators` is a non-empty list")
+    for name in names:
+        if name not in known:
+            raise ValueError(f"unknown aggregator {name!r}; expected one of {', '.join(known)}")
+    if not isinstance(fit_.get("params", {}), dict):
+        raise ValueError("expected `params` to be an object")
+
+
 def run_aggregators(run_dir: str | Path, manifest: dict[str, Any]
                     ) -> tuple[list[str], dict[str, Any] | None]:
     """The aggregators a run applies and its fitted parameters: `aggregators.json` (checked
@@ -133,7 +150,9 @@ def run_aggregators(run_dir: str | Path, manifest: dict[str, Any]
     path = Path(run_dir) / fitted.FILENAME
     if path.is_file():
         artifacts.verify(run_dir, manifest, path)
-        fit_ = fitted.read(run_dir)
+        with artifacts.opened(path, "aggregators file"):
+            fit_ = fitted.read(run_dir)
+            _check_fit(fit_, manifest.get("task") or "classification")
         return list(fit_["aggregators"]), fit_
     from ensemble.tasks.regression import aggregators as regression
 
