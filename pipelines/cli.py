@@ -16,6 +16,10 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from ensemble.core import resources  # noqa: E402
+
+resources.bound_threads()  # before NumPy loads: OpenBLAS starts its threads when it loads
+
 from ensemble.replication.devices import peak_rss_bytes  # noqa: E402
 from ensemble.core.errors import UsageError  # noqa: E402
 from ensemble.core.tfimport import import_tensorflow_quietly  # noqa: E402
@@ -325,6 +329,16 @@ def cmd_server(args) -> int:
     return cluster.serve(spec, args.task)
 
 
+def uses_tensorflow(args) -> bool:
+    """Whether the command (or the processes it starts) loads TensorFlow: all but
+    `aggregate` and a plain `evaluate`."""
+    if args.command == "aggregate":
+        return False
+    if args.command == "evaluate":
+        return bool(getattr(args, "ood", None) or getattr(args, "shift", None))
+    return True
+
+
 COMMANDS = {  # command name -> its function (the parser is in pipelines.options)
     "train": cmd_train,
     "predict": cmd_predict,
@@ -355,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             if args.command != "train":  # train: once its mode is known (--resume: the run's)
                 refuse_inapplicable(args)
+            resources.check(args.command, uses_tensorflow(args))
             if args.command in ("client", "server", "devices"):
                 import_tensorflow_quietly()
             return args.func(args)
