@@ -22,6 +22,7 @@ resources.bound_threads()  # before NumPy loads: OpenBLAS starts its threads whe
 
 from ensemble.replication.devices import peak_rss_bytes  # noqa: E402
 from ensemble.core.errors import UsageError  # noqa: E402
+from ensemble.core.notices import one_line  # noqa: E402
 from ensemble.core.tfimport import import_tensorflow_quietly  # noqa: E402
 from pipelines.guide import fault_line, interrupted_line, refuse_inapplicable, report  # noqa: E402
 from pipelines.options import parse  # noqa: E402
@@ -326,7 +327,7 @@ def cmd_server(args) -> int:
     spec = cluster.load_spec(args.cluster)
     if spec is None:
         raise UsageError("server: expected --cluster FILE.json or TF_CONFIG")
-    return cluster.serve(spec, args.task)
+    return cluster.serve(spec, args.task)  # checks the address, then loads TensorFlow
 
 
 def uses_tensorflow(args) -> bool:
@@ -370,26 +371,47 @@ def main(argv: list[str] | None = None) -> int:
             if args.command != "train":  # train: once its mode is known (--resume: the run's)
                 refuse_inapplicable(args)
             resources.check(args.command, uses_tensorflow(args))
-            if args.command in ("client", "server", "devices"):
+            if args.command in ("client", "devices"):  # server: once its address is checked
                 import_tensorflow_quietly()
             return args.func(args)
     except interrupt.Interrupted as exc:
-        print(interrupted_line(exc, args), file=sys.stderr, flush=True)
+        print(one_line(interrupted_line(exc, args)), file=sys.stderr, flush=True)
         return exc.exit_status
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
         return 2
     except Exception as exc:
         from ensemble.replication.cluster import ClusterError
 
         if isinstance(exc, ClusterError):
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
             return 1
         line = fault_line(exc, args)
+        status = 1
+        if line is None:
+            line, status = environment_line(exc), 2
         if line is None:
             raise
-        print(f"error: {line}", file=sys.stderr, flush=True)
-        return 1
+        print(f"error: {one_line(line)}", file=sys.stderr, flush=True)
+        return status
+
+
+def environment_line(exc: BaseException) -> str | None:
+    """The one line for a failure of the environment rather than of the command: a path of
+    bytes that are not UTF-8 (the libraries cannot open it), a working directory that was
+    deleted; None for anything else."""
+    if isinstance(exc, UnicodeEncodeError) and isinstance(exc.object, str) and any(
+            0xDC80 <= ord(c) <= 0xDCFF for c in exc.object):
+        return (f"the path {exc.object!r} holds bytes that are not UTF-8; the libraries this "
+                "command uses (pyarrow, TensorFlow) cannot open it: rename it (or link it "
+                "under a UTF-8 name)")
+    if isinstance(exc, FileNotFoundError):
+        try:
+            os.getcwd()
+        except OSError:
+            return ("the working directory no longer exists (it was deleted); cd to an "
+                    "existing folder or give absolute paths")
+    return None
 
 
 def entry() -> None:

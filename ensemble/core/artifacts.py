@@ -135,7 +135,7 @@ def opened(path: str | Path, what: str = "run file") -> Iterator[None]:
     """
     try:
         yield
-    except UsageError:
+    except (UsageError, UnicodeError):  # a path pyarrow cannot encode is not a damaged file
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the content broke, name the file
         first = (str(exc).strip().splitlines() or [""])[0][:200]

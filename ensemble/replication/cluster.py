@@ -286,6 +286,9 @@ def serve(spec: dict[str, list[str]], task: str) -> int:
               "serve only on an isolated network.", file=sys.stderr, flush=True)
     elif exposure_warning(addr):
         print(exposure_warning(addr), file=sys.stderr, flush=True)
+    from ensemble.core.tfimport import import_tensorflow_quietly
+
+    import_tensorflow_quietly()
     import tensorflow as tf
 
     tf.config.experimental.enable_op_determinism()
