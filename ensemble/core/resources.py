@@ -41,10 +41,10 @@ def address_space_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY or soft < 0 else int(soft)
 
 
-def cgroup_memory_limit(files=CGROUP_FILES) -> int | None:
-    """The cgroup's memory limit in bytes, or None when there is none (`max`, or v1's
-    near-2**63 "unlimited")."""
-    for name in files:
+def cgroup_memory_limit(files=None) -> int | None:
+    """The cgroup's memory limit in bytes (read from `files`, default `CGROUP_FILES`: the
+    first that exists), or None when there is none (`max`, or v1's near-2**63 "unlimited")."""
+    for name in files or CGROUP_FILES:
         try:
             text = Path(name).read_text().strip()
         except (OSError, ValueError):
