@@ -24,7 +24,8 @@ from ensemble.replication.devices import peak_rss_bytes  # noqa: E402
 from ensemble.core.errors import UsageError  # noqa: E402
 from ensemble.core.notices import one_line  # noqa: E402
 from ensemble.core.tfimport import import_tensorflow_quietly  # noqa: E402
-from pipelines.guide import fault_line, interrupted_line, refuse_inapplicable, report  # noqa: E402
+from pipelines.guide import (environment_line, fault_line, interrupted_line,  # noqa: E402
+                            refuse_inapplicable, report, uses_tensorflow)
 from pipelines.options import parse  # noqa: E402
 from pipelines.settings import load_config  # noqa: E402
 
@@ -330,16 +331,6 @@ def cmd_server(args) -> int:
     return cluster.serve(spec, args.task)  # checks the address, then loads TensorFlow
 
 
-def uses_tensorflow(args) -> bool:
-    """Whether the command (or the processes it starts) loads TensorFlow: all but
-    `aggregate` and a plain `evaluate`."""
-    if args.command == "aggregate":
-        return False
-    if args.command == "evaluate":
-        return bool(getattr(args, "ood", None) or getattr(args, "shift", None))
-    return True
-
-
 COMMANDS = {  # command name -> its function (the parser is in pipelines.options)
     "train": cmd_train,
     "predict": cmd_predict,
@@ -394,24 +385,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {one_line(line)}", file=sys.stderr, flush=True)
         return status
-
-
-def environment_line(exc: BaseException) -> str | None:
-    """The one line for a failure of the environment rather than of the command: a path of
-    bytes that are not UTF-8 (the libraries cannot open it), a working directory that was
-    deleted; None for anything else."""
-    if isinstance(exc, UnicodeEncodeError) and isinstance(exc.object, str) and any(
-            0xDC80 <= ord(c) <= 0xDCFF for c in exc.object):
-        return (f"the path {exc.object!r} holds bytes that are not UTF-8; the libraries this "
-                "command uses (pyarrow, TensorFlow) cannot open it: rename it (or link it "
-                "under a UTF-8 name)")
-    if isinstance(exc, FileNotFoundError):
-        try:
-            os.getcwd()
-        except OSError:
-            return ("the working directory no longer exists (it was deleted); cd to an "
-                    "existing folder or give absolute paths")
-    return None
 
 
 def entry() -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-import json
 import socket
 import sys
 import time
@@ -215,34 +214,6 @@ def build_app(manager, metrics, verbose: bool = False, max_bytes: int | None = N
     return _Observed(app, manager.name, metrics, verbose)
 
 
-def framing_error(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """What is wrong with a request's message framing (RFC 9112 section 6), or None:
-    `Transfer-Encoding` together with `Content-Length` (section 6.3: "ought to be handled as
-    an error"; a request smuggled behind it must not be read), a transfer coding other than
-    `chunked` alone, or several `Content-Length` values that differ."""
-    names = [(k.lower(), v) for k, v in headers]
-    lengths = {v.strip() for k, v in names if k == b"content-length"}
-    codings = [v for k, v in names if k == b"transfer-encoding"]
-    if codings and lengths:
-        return "both Transfer-Encoding and Content-Length in one request (RFC 9112 6.3)"
-    if codings and b",".join(codings).strip().lower() != b"chunked":
-        return f"unsupported Transfer-Encoding {b','.join(codings)[:40]!r}; expected chunked"
-    if len(lengths) > 1:
-        return "several different Content-Length values in one request"
-    return None
-
-
-async def _refuse_and_close(send, message: str) -> None:
-    """Answer 400 with TF Serving's error body and `Connection: close` (uvicorn then closes
-    the connection, dropping anything pipelined behind the request)."""
-    body = json.dumps({"error": message}).encode()
-    await send({"type": "http.response.start", "status": 400,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": body})
-
-
 class _Observed:
     """ASGI middleware: request count and latency metrics, and the access log line."""
 
@@ -252,9 +223,11 @@ class _Observed:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        bad = framing_error(scope.get("headers") or [])
+        from ensemble.serving import limits
+
+        bad = limits.framing_error(scope.get("headers") or [])
         if bad is not None:  # RFC 9112 section 6.3: an error, and the connection is closed
-            return await _refuse_and_close(send, bad)
+            return await limits.refuse_and_close(send, bad)
         start, status = time.perf_counter(), [500]
         scope.setdefault("state", {})
 
