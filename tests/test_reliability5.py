@@ -130,7 +130,7 @@ MANIFEST_CASES = {
     "artifacts-null": (lambda m: {**m, "artifacts": None}, "`artifacts`"),
     "index-string": (lambda m: {**m, "members": [{**x, "index": str(x["index"])}
                                                  for x in m["members"]]}, "`members[0].index`"),
-    "config-missing": (lambda m: {k: v for k, v in m.items() if k != "config"}, "`config`"),
+    "config-string": (lambda m: {**m, "config": "tiny.toml"}, "`config`"),
     "dataset-string": (lambda m: {**m, "dataset": "iris"}, "`dataset`"),
     "hash-number": (lambda m: {**m, "artifacts": {**m["artifacts"], "metrics.parquet": 7}},
                     "`artifacts['metrics.parquet']`"),

@@ -28,7 +28,7 @@ _MEMBER = {"type": "object", "required": ["index"], "properties": {
         "builder": {"type": ["string", "null"]}}},
     "device": {"type": ["string", "array", "null"]}}}
 SCHEMA: dict[str, Any] = {
-    "type": "object", "required": ["mode", "status", "config", "dataset", "members"],
+    "type": "object",  # no field is required: a command says which one it misses
     "properties": {
         "run_id": {"type": ["string", "null"]},
         "mode": {"type": "string"},

@@ -236,8 +236,9 @@ def check_port_free(addr: str) -> None:
             probe = socket.socket(family, socket.SOCK_STREAM)
         except OSError:
             continue
-        try:
-            probe.bind((any_host, port))
+        try:  # SO_REUSEADDR as gRPC sets it: connections of a server that just stopped
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (TIME_WAIT) pass,
+            probe.bind((any_host, port))  # a listening socket does not
             return
         except OSError as exc:
             if family == socket.AF_INET6 and exc.errno not in (98,):  # no IPv6: try IPv4
