@@ -1,6 +1,6 @@
 """Benchmark harness: the project's two modes against what users would pick instead.
 
-    python -m pipelines.benchmark [--workload digits|wide|wide-long|cnn|data-parallel|all]
+    python -m pipelines.benchmark [--workload digits|wide|wide-long|tabular|cnn|data-parallel|all]
                                   [--repeats 3]
                                   [--methods in-graph,between-graph,naive,sklearn] [--out DIR]
 
@@ -46,6 +46,10 @@ WORKLOADS = {
     "digits": (None, [], ("in-graph", "between-graph", "naive", "sklearn")),
     "wide": (WIDE, [], ("in-graph", "between-graph", "naive", "sklearn")),
     "wide-long": (WIDE, ["--epochs", "10"], ("in-graph", "between-graph", "naive", "sklearn")),
+    # small-batch tabular work (issue #39): the default 4 MLPs, batch 32, 105,000 training rows
+    "tabular": (None, ["--data", "synthetic", "--epochs", "2", "--set",
+                       "data.synthetic.rows=150000", "--set", "data.synthetic.classes=2",
+                       "--set", "training.batch_size=32"], ("in-graph", "between-graph")),
     # convolutional members (issue #33): 4 small CNNs on digits as 8x8x1 images, 10 epochs
     "cnn": ("configs/digits-cnn.toml", [], ("in-graph", "between-graph")),
     # data-parallel members (issue #24): 2 members, 1 vs 2 vs 4 replicas on logical CPUs
@@ -218,7 +222,7 @@ def summarise(runs: list[dict]) -> list[dict]:
 
 
 def markdown(summary: list[dict]) -> str:
-    """The summary as a Markdown table (the README's performance section)."""
+    """The summary as a Markdown table (as docs/benchmarks.md shows them)."""
     def spread(r, key, fmt):
         if r[key + "_median"] is None:
             return ""

@@ -37,7 +37,13 @@ def _cluster(args):
 
 
 def cmd_train(args) -> int:
+    from ensemble.core.notices import said_once
 
+    with said_once():  # the early data check and the preparation resolve the same task
+        return _train(args)
+
+
+def _train(args) -> int:
     if args.resume:
         from ensemble.core import artifacts
 

@@ -21,13 +21,20 @@ Columns (also printed under the table):
 - `member_rows_per_second`: rows times members (times epochs when training) per wall second.
 - `peak_rss_bytes`: the driver's peak resident memory plus, between-graph, the `jobs` largest
   client peaks (clients that can run at once; an upper bound).
+- training only: `fixed_seconds`, `epoch_seconds` (marginal seconds of one more epoch) and
+  `row_epoch_us` (an epoch's microseconds per training row): `compare_cost`.
+- training only: the task's test metrics `test_<metric>` (nll and accuracy, nll and rmse).
+
+The predict phase predicts the rows training used (`labelled_rows`). A phase that fails keeps
+the phases that finished (`runs.parquet`) and says how to continue. The summary and the text:
+`compare_report`; the chart: `compare_chart`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
-import statistics
 from pathlib import Path
 
 import numpy as np
@@ -39,14 +46,15 @@ from ensemble.replication import devices
 from ensemble.tasks import tables
 from ensemble.config.schema import MODES, Config
 from ensemble.core.errors import UsageError
+from ensemble.core.notices import notice
 from ensemble.runs.between import checked, last_report, run_process
 from ensemble.runs.prepare import check_data
+from pipelines import compare_chart
+from pipelines import compare_cost as cost
+from pipelines.compare_report import (  # noqa: F401 (the module's public names)
+    DIGITS, MEASURES, PARITY_BOUND, PHASES, summarise, verdict)
 
-PHASES = ("train", "predict")
-MEASURES = ("wall_seconds", "startup_seconds", "work_seconds", "member_rows_per_second",
-            "peak_rss_bytes")
-DIGITS = {"wall_seconds": 2, "startup_seconds": 2, "work_seconds": 2,
-          "member_rows_per_second": 0, "peak_rss_bytes": 0}
+PREDICT_INPUT = "predict-input.parquet"  # the rows training used, when the file has others
 
 
 def client_processes(per_member: dict) -> list[dict]:
@@ -69,22 +77,42 @@ def _first_client_startup(clients: list[dict]) -> float:
     return min((c["startup_seconds"] for c in clients), default=0.0)
 
 
+def test_metrics(run_dir: Path, manifest: dict) -> dict[str, float | None]:
+    """`{"test_<metric>": value}` of a run's answer on the test split: the metrics its task
+    names (`member_score_names` without `val_`: nll and accuracy, nll and rmse), of the
+    ensemble row of its default aggregator (`tasks.choice.default_aggregator`) in
+    `metrics.parquet`; None where the table lacks one."""
+    from ensemble.runs.posthoc import run_aggregators
+    from ensemble.tasks.choice import default_aggregator
+    from ensemble.tasks.heads import for_run
+
+    names = [n.removeprefix("val_") for n in for_run(manifest).member_score_names]
+    answer = default_aggregator(*run_aggregators(run_dir, manifest))
+    metrics = artifacts.read_parquet(run_dir / artifacts.METRICS).to_pylist()
+    row = next((r for r in metrics if r["model"] == f"ensemble-{answer}"
+                and r["split"] == "test"), {})
+    return {f"test_{n}": row.get(n) for n in names}
+
+
 def _train_row(mode: str, run_dir: Path, res: dict) -> dict:
     m = artifacts.read_manifest(run_dir)
     t, cfg = m["timings"], m["config"]
     clients = client_processes(t.get("clients", {}))
     startup = (t["process_ready_unix"] - res["spawned_unix"] + t.get("prepare_seconds", 0.0)
                + _first_client_startup(clients))
-    rows = m["dataset"]["rows"]["train"] * cfg["training"]["epochs"] * cfg["members"]["count"]
-    metrics = artifacts.read_parquet(run_dir / artifacts.METRICS).to_pylist()
-    ens = next(r for r in metrics if r["model"] == "ensemble-mean" and r["split"] == "test")
+    n_train = m["dataset"]["rows"]["train"]
+    rows = n_train * cfg["training"]["epochs"] * cfg["members"]["count"]
+    history = artifacts.read_parquet(run_dir / artifacts.HISTORY).to_pylist()
+    per_epoch, epochs = cost.epoch_seconds(mode, history, t, n_train)
     return {"mode": mode, "phase": "train", "wall_seconds": res["seconds"],
             "startup_seconds": startup, "work_seconds": res["seconds"] - startup,
             "member_rows_per_second": rows / res["seconds"],
             "peak_rss_bytes": concurrent_peak(t["process_peak_rss_bytes"], clients, t.get("jobs", 1)),
             "processes": 1 + len(clients) + bool(clients),
             "devices": len(set(x["device"] for x in m["members"])),
-            "test_accuracy": ens["accuracy"]}
+            "train_rows": n_train, "epochs": epochs,
+            **cost.split_cost(res["seconds"], per_epoch, epochs, n_train),
+            **test_metrics(run_dir, m)}
 
 
 def _predict_row(mode: str, res: dict, n_members: int, n_devices: int) -> dict:
@@ -95,10 +123,8 @@ def _predict_row(mode: str, res: dict, n_members: int, n_devices: int) -> dict:
             "startup_seconds": startup, "work_seconds": res["seconds"] - startup,
             "member_rows_per_second": n_members * report["rows"] / res["seconds"],
             "peak_rss_bytes": concurrent_peak(report["peak_rss_bytes"], clients, report.get("jobs") or 1),
-            "processes": 1 + len(clients), "devices": n_devices, "test_accuracy": None}
-
-
-PARITY_BOUND = 1e-5  # what the README promises for members of the two modes
+            "processes": 1 + len(clients), "devices": n_devices, "train_rows": None,
+            "epochs": None, **dict.fromkeys(cost.COST_MEASURES)}
 
 
 def parity_setting(cfg: Config) -> str:
@@ -122,11 +148,16 @@ def members_test(table: pa.Table) -> pa.Table:
 
 def parity(a: pa.Table, b: pa.Table) -> tuple[float, float]:
     """(max abs probability difference, share of identical predicted labels) of two
-    predictions tables with the same rows (regression: of the members' mean and variance,
-    `tables.probabilities`)."""
+    predictions tables with the same rows (regression: the members' mean and variance,
+    `tables.probabilities`, and the share of predicted means equal within 1e-5 relative:
+    float32 sums in another order differ in the last digits)."""
     classes = tables.classes_from(a)
     diff = np.abs(tables.probabilities(a, classes) - tables.probabilities(b, classes)).max()
-    same = pc.equal(a.column("y_pred"), b.column("y_pred")).to_numpy(zero_copy_only=False)
+    ya, yb = a.column("y_pred"), b.column("y_pred")
+    if pa.types.is_floating(ya.type):  # predicted numbers: equal to float32 precision
+        same = np.isclose(ya.to_numpy(), yb.to_numpy(), rtol=1e-5, atol=0.0)
+    else:  # predicted labels
+        same = pc.equal(ya, yb).to_numpy(zero_copy_only=False)
     return float(diff), float(same.mean())
 
 
@@ -144,6 +175,7 @@ def check_folder(base: Path, overwrite: bool) -> None:
                              "replace it or choose another --run-dir.")
         for mode in MODES:
             shutil.rmtree(base / mode, ignore_errors=True)
+        (base / PREDICT_INPUT).unlink(missing_ok=True)  # written again when needed
 
 
 def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
@@ -170,30 +202,32 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
     base.mkdir(parents=True, exist_ok=True)
     cfg_file = base / "config.toml"
     artifacts.write_text(cfg_file, _to_toml(table))
+    predict_source = labelled_rows(table["data"]["source"], cfg.data.target, base)
     on = ["--cluster", str(cluster_file)] if cluster_file else []
     runs, preds = [], {}
     for repeat in range(repeats):
         for position, mode in enumerate(mode_order(repeat)):
             run_dir = base / mode
-            res = checked(run_process(["train", "--config", str(cfg_file), "--mode", mode,
-                                      "--run-dir", str(run_dir), "--overwrite", *on]),
-                         f"{mode} training")
-            runs.append(_train_row(mode, run_dir, res))
             out = base / f"{mode}.predictions.parquet"
-            res = checked(run_process(["predict", "--run", str(run_dir), "--data",
-                                      table["data"]["source"], "--mode", mode, "--out", str(out),
-                                      *on, *([] if on or mode != "in-graph"
-                                             else ["--devices", cfg.placement.devices])]),
-                         f"{mode} prediction")
-            runs.append(_predict_row(mode, res, cfg.members.count, runs[-1]["devices"]))
-            for r in runs[-2:]:
-                r.update(repeat=repeat, position=position)
+            with _keeping(runs, base, mode, predict_source):
+                res = checked(run_process(["train", "--config", str(cfg_file), "--mode", mode,
+                                          "--run-dir", str(run_dir), "--overwrite", *on]),
+                              f"{mode} training")
+                runs.append(_train_row(mode, run_dir, res) | {"repeat": repeat,
+                                                              "position": position})
+                res = checked(run_process(["predict", "--run", str(run_dir), "--data",
+                                          predict_source, "--mode", mode, "--out", str(out),
+                                          *on, *([] if on or mode != "in-graph"
+                                                 else ["--devices", cfg.placement.devices])]),
+                              f"{mode} prediction")
+                runs.append(_predict_row(mode, res, cfg.members.count, runs[-1]["devices"])
+                            | {"repeat": repeat, "position": position})
             preds[mode] = (artifacts.read_parquet(run_dir / artifacts.PREDICTIONS),
                            artifacts.read_parquet(out))
     parities = {ph: parity(*(members_test(preds[m][k]) if ph == "train" else preds[m][k]
                              for m in MODES)) for k, ph in enumerate(PHASES)}
     summary = summarise(runs, parities, parity_setting(cfg))
-    runs_table = pa.Table.from_pylist(runs)
+    runs_table = _runs_table(runs)
     context = {"data": Path(cfg.data.source).name, "members": cfg.members.count,
                "epochs": cfg.training.epochs, "devices": cfg.placement.devices,
                "cores": devices.cpu_count(), "repeats": repeats}
@@ -201,45 +235,77 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
         {b"context": json.dumps(context).encode()})
     artifacts.write_parquet(base / "runs.parquet", runs_table)
     artifacts.write_parquet(base / "comparison.parquet", summary_table)
-    _chart(summary, context, base / "comparison.png")
+    compare_chart.chart(summary, context, base / "comparison.png")
     return summary_table, runs_table
+
+
+def labelled_rows(source: str, target: str, base: Path) -> str:
+    """The input of compare's predict phase: the rows training uses. Training drops the rows
+    of a table whose label is missing (and predict refuses missing feature values, which such
+    rows may hold), so when `source` (a `.csv` or `.parquet` file) has rows without a label,
+    the labelled ones are written to `base/predict-input.parquet` (one notice) and that file
+    is returned; otherwise `source` itself (built-in sets, arrays, image folders too).
+
+    Raises:
+        UsageError: the file cannot be read.
+    """
+    path = Path(source)
+    if path.suffix not in (".csv", ".parquet") or not path.is_file():
+        return source
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    try:  # read as training reads it (ensemble.data.sources)
+        if path.suffix == ".parquet":
+            names = pq.read_schema(path).names
+            if target not in names:
+                return source
+            data = pq.read_table(path)
+        else:
+            data = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
+                strings_can_be_null=True))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise UsageError(f"Cannot read {source}: {str(exc).splitlines()[0]}") from None
+    if target not in data.column_names or not data.column(target).null_count:
+        return source
+    kept = data.filter(pc.is_valid(data.column(target)))
+    out = base / PREDICT_INPUT
+    artifacts.write_parquet(out, kept)
+    notice(f"compare predicts the {kept.num_rows:,} rows of {source} that training uses "
+           f"({data.num_rows - kept.num_rows:,} without a label {target!r} left out): {out}")
+    return str(out)
+
+
+def _runs_table(runs: list[dict]) -> pa.Table:
+    """The runs rows as one table, every row with every column (null where a phase has none)."""
+    keys = list(dict.fromkeys(k for r in runs for k in r))
+    return pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in runs])
+
+
+@contextlib.contextmanager
+def _keeping(runs: list[dict], base: Path, mode: str, predict_source: str):
+    """A failed phase keeps what finished: the runs measured so far are written to
+    `base/runs.parquet` and the error says so and how to continue."""
+    try:
+        yield
+    except (UsageError, RuntimeError) as exc:
+        kept = [str(base / m) for m in MODES if (base / m / artifacts.MANIFEST).is_file()]
+        if runs:
+            artifacts.write_parquet(base / "runs.parquet", _runs_table(runs))
+        text = (f"{exc} Kept: {len(runs)} finished phase{'s' * (len(runs) != 1)} in "
+                f"{base / 'runs.parquet'}" if runs else f"{exc} Kept: no finished phase")
+        if kept:
+            text += (f"; the trained runs {', '.join(kept)} (predict with one: ensemble predict"
+                     f" --run {kept[0]} --data {predict_source} --out FILE)")
+        text += (". To continue: fix the cause, then run the same `ensemble compare` with "
+                 "--overwrite (it measures every phase again).")
+        raise type(exc)(text) from None
 
 
 def mode_order(repeat: int) -> tuple[str, ...]:
     """The order the two modes run in at `repeat` (0-based): in-graph first on even repeats,
     between-graph first on odd ones, so neither mode always meets a warm or a cold machine."""
     return MODES if repeat % 2 == 0 else MODES[::-1]
-
-
-def summarise(runs: list[dict], parities: dict[str, tuple[float, float]],
-              setting: str = "on") -> list[dict]:
-    """One row per mode and phase: `<measure>_median`, `_min`, `_max` over the repeats of
-    every measure, rounded to the digits the printed table shows (so the file holds exactly
-    the printed figures), plus parity and test accuracy.
-
-    Args:
-        parities: `{phase: (max abs difference, share of identical labels)}` (`parity`):
-            train compares the members' test probabilities, predict the prediction files.
-        setting: `parity_setting` of the run config (`parity_setting` column).
-    """
-    rows = []
-    for mode in MODES:
-        for phase in PHASES:
-            mine = [r for r in runs if r["mode"] == mode and r["phase"] == phase]
-            row = {"mode": mode, "phase": phase, "repeats": len(mine)}
-            for key in MEASURES:
-                values = [r[key] for r in mine]
-                for stat, value in (("median", statistics.median(values)),
-                                    ("min", min(values)), ("max", max(values))):
-                    row[f"{key}_{stat}"] = round(float(value), DIGITS[key])
-            acc = [r["test_accuracy"] for r in mine if r["test_accuracy"] is not None]
-            row["test_accuracy"] = round(float(acc[-1]), 4) if acc else None
-            diff, same = parities[phase]
-            row["parity_max_abs_diff"] = float(f"{diff:.2e}")
-            row["parity_same_labels"] = round(same, 4)
-            row["parity_setting"] = setting
-            rows.append(row)
-    return rows
 
 
 def _to_toml(d: dict, prefix: str = "") -> str:
@@ -250,113 +316,3 @@ def _to_toml(d: dict, prefix: str = "") -> str:
         if isinstance(v, dict):
             text += _to_toml(v, f"{prefix}.{k}" if prefix else k)
     return text
-
-
-def _chart(rows: list[dict], context: dict, path: Path) -> None:
-    """Bar charts of wall time (median, min-max whiskers, start-up shaded) and peak memory per
-    mode and phase, each bar labelled with its value; the title names the data set, member
-    count, epochs, devices, cores and repeats (needs matplotlib)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed (pip install '.[bench]'): no chart written")
-        return
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    labels = [f"{r['mode']}\n{r['phase']}" for r in rows]
-    colors = ["tab:blue" if r["mode"] == MODES[0] else "tab:orange" for r in rows]
-    for ax, key, scale, unit in ((axes[0], "wall_seconds", 1, "wall seconds"),
-                                 (axes[1], "peak_rss_bytes", 2**20, "peak resident MiB")):
-        med = np.array([r[f"{key}_median"] for r in rows]) / scale
-        err = np.array([[m - r[f"{key}_min"] / scale, r[f"{key}_max"] / scale - m]
-                        for m, r in zip(med, rows)]).T
-        bars = ax.bar(labels, med, color=colors, yerr=err, capsize=4)
-        if key == "wall_seconds":
-            ax.bar(labels, [r["startup_seconds_median"] for r in rows], color="none",
-                   hatch="//", edgecolor="black", linewidth=0, label="start-up (median)")
-            ax.legend(fontsize=8)
-        ax.bar_label(bars, labels=[f"{v:.1f}" if scale == 1 else f"{v:.0f}" for v in med],
-                     fontsize=8, padding=2)
-        ax.set_ylabel(f"{unit} (median; whiskers: min-max)")
-        ax.tick_params(axis="x", labelsize=8)
-    fig.suptitle(f"ensemble compare on {context['data']}: {context['members']} members, "
-                 f"{context['epochs']} epochs, devices {context['devices']}, "
-                 f"{context['cores']} cores, {context['repeats']} repeats", fontsize=10)
-    fig.tight_layout()
-    with artifacts.atomic_path(path, ".png") as tmp:
-        fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-
-
-LEGEND = """\
-wall s: whole process, spawn to exit; start-up s: critical path before the first step (process
-start, TensorFlow import, data preparation, and between-graph the first client's start-up; not
-a sum over parallel clients); rows/s: rows x members (x epochs) per wall second; peak MiB:
-driver + concurrent clients. Figures: median [min-max] over the repeats."""
-
-
-def _spread(r: dict, key: str, fmt: str) -> str:
-    if r.get("repeats", 2) == 1:  # one sample: no median, no range
-        return f"{r[key + '_median']:{fmt}}"
-    return (f"{r[key + '_median']:{fmt}} [{r[key + '_min']:{fmt}}-{r[key + '_max']:{fmt}}]")
-
-
-def _parity_line(rows: list[dict]) -> str:
-    """Whether the two modes trained the same members: the setting and what was measured."""
-    setting = rows[0].get("parity_setting", "on")
-    found = rows[0]["parity_max_abs_diff"]  # train: the members' test probabilities
-    if setting != "on":
-        return (f"parity {setting}: the members may differ between the modes (found max |dp| "
-                f"= {found:.2e}); the timings compare runs that computed other numbers")
-    if found > PARITY_BOUND:
-        return (f"parity on, but NOT met: members' test probabilities differ by {found:.2e} "
-                f"(> {PARITY_BOUND:g}; see the README's \"Same members in both modes\")")
-    return (f"parity on: the members' test probabilities agree within {found:.2e} "
-            f"(<= {PARITY_BOUND:g}): both modes trained the same members")
-
-
-def verdict(table: pa.Table) -> str:
-    """The printed summary: one line per mode and phase (median [min-max]; the sample alone
-    with one repeat), the column definitions, then per phase the faster mode, or "no clear
-    winner" when the two modes' min-max ranges overlap, or, with one repeat, the two samples
-    and that one sample gives no spread (no mode is called faster); what each mode's time
-    went to; and a last line on parity (`parity_setting`, the members' measured difference
-    against `PARITY_BOUND`)."""
-    rows = table.to_pylist()
-    lines = [f"{'mode':<15}{'phase':<9}{'wall s':>20}{'start-up s':>20}{'rows/s':>10}"
-             f"{'peak MiB':>10}{'test acc':>10}"]
-    for r in rows:
-        acc = r.get("test_accuracy")
-        lines.append(f"{r['mode']:<15}{r['phase']:<9}{_spread(r, 'wall_seconds', '.2f'):>20}"
-                     f"{_spread(r, 'startup_seconds', '.2f'):>20}"
-                     f"{r['member_rows_per_second_median']:>10.0f}"
-                     f"{r['peak_rss_bytes_median'] / 2**20:>10.0f}"
-                     f"{'' if acc is None or acc != acc else f'{acc:.4f}':>10}")
-    n = rows[0].get("repeats", 1)
-    lines.append(LEGEND if n > 1 else LEGEND.replace(
-        "median [min-max] over the repeats", "one sample per mode and phase (--repeats 1)"))
-    for phase in PHASES:
-        a, b = (next(r for r in rows if r["mode"] == m and r["phase"] == phase) for m in MODES)
-        fast, slow = (a, b) if a["wall_seconds_median"] <= b["wall_seconds_median"] else (b, a)
-        if n == 1:
-            head = (f"{phase}: one sample per mode ({a['mode']} {a['wall_seconds_median']:.2f} "
-                    f"s, {b['mode']} {b['wall_seconds_median']:.2f} s); one sample gives no "
-                    "spread, so neither mode is called faster (--repeats 3 or more for a "
-                    "verdict)")
-        elif fast["wall_seconds_max"] >= slow["wall_seconds_min"]:
-            head = (f"{phase}: no clear winner: the difference ({fast['wall_seconds_median']:.2f} "
-                    f"s vs {slow['wall_seconds_median']:.2f} s median) is within the spread of "
-                    f"{n} repeats")
-        else:
-            ratio = slow["wall_seconds_median"] / fast["wall_seconds_median"]
-            head = f"{phase}: {fast['mode']} is {ratio:.2f}x faster"
-        went = "; ".join(
-            f"{r['mode']} start-up {r['startup_seconds_median']:.2f} s, {phase} and the rest "
-            f"{r['work_seconds_median']:.2f} s" for r in (a, b))
-        lines.append(f"{head}; parity max |dp| = {a['parity_max_abs_diff']:.2e}, identical "
-                     f"labels {a['parity_same_labels']:.2%}. Time went to "
-                     f"({'one sample' if n == 1 else 'medians'}): {went}")
-    lines.append(_parity_line(rows))
-    return "\n".join(lines)

@@ -1,6 +1,7 @@
 """Memory of the training data: peak RSS of one in-graph epoch of 8 CNN members on 8 logical
-CPU devices over 10,000 random 32x32x3 images, the way the run keeps them now (uint8, one copy
-per physical memory) against the way it did before (float32, one copy per device).
+CPU devices over 10,000 random 32x32x3 images held as uint8 (as a run keeps images) against
+float32 rows (batches are gathered on the host either way; `pipelines.scale_bench` measures
+runs whose splits are memory-mapped files).
 
     python -m pipelines.memory_bench [--rows 10000] [--members 8]
 
@@ -27,7 +28,6 @@ def worker(variant: str, rows: int, members: int) -> dict:
     import tensorflow as tf
 
     from ensemble.config import schema as config
-    from ensemble.replication import training
     from ensemble.data.arrays import ArrayData, ArrayPreprocessing
     from ensemble.replication.in_graph import InGraphEnsemble
     from ensemble.replication.training import Schedule
@@ -37,13 +37,13 @@ def worker(variant: str, rows: int, members: int) -> dict:
     y = rng.integers(0, 10, rows).astype(np.int32)
     pre = ArrayPreprocessing.fit(ArrayData("random", x, y, np.arange(rows)), np.arange(rows),
                                  np.arange(10))
-    if variant == "before":  # the old way: float32 rows, one copy on every device
+    if variant == "before":  # the old way: float32 rows
         x = x.astype(np.float32)
-        training.memory_of = lambda device: device
     cfg = config.from_dict({"model": {"builder": "cnn", "params": {"filters": [8],
                                                                     "dense": 16}},
                             "members": {"count": members},
-                            "training": {"epochs": 1, "batch_size": 256}})
+                            "training": {"epochs": 1, "batch_size": 256,
+                                         "early_stopping": 0}})
     devs = [d.name for d in tf.config.list_logical_devices("CPU")][:members]
     ens = InGraphEnsemble.build(cfg, x.shape[1:], 10, devs, aggregators=(), pre=pre)
     ens.fit(x, y, x[:256], y[:256], Schedule.of(cfg.training))

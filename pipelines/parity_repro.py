@@ -8,7 +8,7 @@ each configuration in its own fresh process (a process's thread pools and oneDNN
 when TensorFlow starts): every intra-op thread count of `--threads`, with oneDNN on and off
 (`TF_ENABLE_ONEDNN_OPTS`), op determinism on. Prints, per network, the largest absolute
 difference of the trained weights against 1 thread with oneDNN on (0 means bit-identical).
-Never run by the tests; the README's "Same members in both modes" quotes its figures.
+Never run by the tests; docs/concepts/parity.md quotes its figures.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def add_options(parser, batch_size: bool = True) -> None:
     if batch_size:
         _add(parser, "--batch-size", type=_positive, metavar="ROWS",
              help="rows per training step of each member (default: the config's [training] "
-                  "batch_size, 32)")
+                  "batch_size: auto, from the training rows)")
 
 
 def parse_value(text: str) -> Any:

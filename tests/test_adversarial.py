@@ -93,8 +93,8 @@ def test_default_graph_has_no_adversarial_op():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
         opt = keras.optimizers.SGD(0.1)
         opt.build(model.trainable_variables)
-        fn = make_steps_fn([model], [opt], ["/device:CPU:0"], x, y, "/device:CPU:0",
-                           tasks.get(), adversarial=adversarial)
+        fn = make_steps_fn([model], [opt], ["/device:CPU:0"], x.shape[1:], tf.float32,
+                           "/device:CPU:0", tasks.get(), adversarial=adversarial)
         graph = fn.get_concrete_function().graph
         ops = [op for f in [graph, *[g.graph for g in graph._functions.values()
                                      if hasattr(g, "graph")]] for op in f.get_operations()]
@@ -110,11 +110,12 @@ def test_replicas_take_the_same_adversarial_step():
 
     from ensemble.tasks import heads as tasks
     from ensemble.replication.steps import replicated_train_step
-    from ensemble.replication.training import memory_of, train_step
+    from ensemble.replication.training import train_step
 
     rng = np.random.default_rng(0)
     x, y = rng.random((64, 8)).astype(np.float32), (np.arange(64) % 3).astype(np.int32)
-    task, idx = tasks.get(), tf.constant(np.arange(0, 64, 2, dtype=np.int32))
+    task, idx = tasks.get(), np.arange(0, 64, 2)
+    xb, yb = tf.constant(x[idx]), tf.constant(y[idx])
     cpu = "/device:CPU:{}"
     out = []
     for devs in ([cpu.format(0)], [cpu.format(0), cpu.format(1)]):
@@ -123,14 +124,12 @@ def test_replicas_take_the_same_adversarial_step():
                                   keras.layers.Dense(3)])
         opt = keras.optimizers.SGD(0.5)
         opt.build(model.trainable_variables)
-        data = {memory_of(cpu.format(0)): (tf.constant(x), tf.constant(y))}
         adv = tf.constant(np.full(8, 0.05, np.float32))
-        step = (tf.function(lambda i: train_step(model, opt, *data[memory_of(devs[0])], i,
-                                                 task, adv))
+        step = (tf.function(lambda a, b: train_step(model, opt, a, b, task, adv))
                 if len(devs) == 1 else
-                tf.function(lambda i: replicated_train_step(model, opt, data, i, task, devs,
-                                                            adv)))
-        out.append((step(idx).numpy(), [w.numpy() for w in model.weights]))
+                tf.function(lambda a, b: replicated_train_step(model, opt, a, b, task, devs,
+                                                               adv)))
+        out.append((step(xb, yb).numpy(), [w.numpy() for w in model.weights]))
     assert abs(out[0][0] - out[1][0]) <= 1e-5
     for a, b in zip(out[0][1], out[1][1]):
         np.testing.assert_allclose(a, b, atol=1e-5)

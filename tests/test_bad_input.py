@@ -73,6 +73,20 @@ def test_data_file_problems_at_train(tmp_path, capsys):
     _one_line(capsys, "as Parquet")
 
 
+@pytest.mark.parametrize("options, needle", [
+    (["--target", "late"], "Target column 'late' not found (did you mean 'Late'?)"),
+    (["--target", "Late", "--drop", "arr_dely"], "(did you mean 'arr_delay'?)"),
+    (["--target", "Late", "--categorical", "carier"], "(did you mean 'carrier'?)"),
+])
+def test_misspelt_column_names_get_did_you_mean(options, needle, tmp_path, capsys):
+    """Issue 40: --target, --drop and --categorical name the closest column, as options do."""
+    path = tmp_path / "flights.csv"
+    path.write_text("carrier,arr_delay,dep_delay,Late\nAA,2,1,0\nUA,30,25,1\n" * 10)
+    assert run_cli("train", "--data", path, *options, "--run-dir", tmp_path / "run") == 2
+    _one_line(capsys, needle)
+    assert not (tmp_path / "run").exists()
+
+
 def test_wrong_features_at_predict(trained, tmp_path, capsys):
     from sklearn.datasets import load_digits
 

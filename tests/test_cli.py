@@ -63,7 +63,8 @@ def test_parquet_artifacts_open_in_pyarrow_pandas_duckdb(in_graph_run):
 
 
 def _independent_metrics(y, p):
-    """Every metric from its definition in DESIGN.md, written out with numpy loops."""
+    """Every metric from its definition in docs/reference/run-directory.md, written out with numpy
+    loops."""
     top = p.max(axis=1)
     correct = p.argmax(axis=1) == y
     ece = 0.0

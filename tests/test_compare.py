@@ -137,17 +137,29 @@ def test_summary_is_median_min_max_over_repeats_rounded_as_printed():
 
 
 def test_compare_end_to_end(tmp_path, capsys):
-    """Both modes once on a tiny config, each phase its own `ensemble` process: the table
-    holds exactly the figures of the runs it made and prints them; the chart is announced
-    (repeats and their order: the unit tests above; each repeat is four more processes)."""
+    """Both modes once on a real regression table whose unlabeled rows hold missing features
+    (training drops them; predict would refuse them), each phase its own `ensemble` process:
+    compare predicts the rows training used, reports the task's metrics, and the table holds
+    exactly the figures of the runs it made and prints them (repeats and their order: the unit
+    tests above; each repeat is four more processes)."""
+    from sklearn.datasets import load_diabetes
+
     from conftest import run_cli
 
     from ensemble.core import artifacts
 
+    frame = load_diabetes(as_frame=True).frame.astype("float64")
+    frame.loc[frame.index[::10], "target"] = np.nan  # 45 rows without a label...
+    frame.loc[frame.index[::20], "bmi"] = np.nan  # ...23 of which miss a feature
+    frame.to_csv(tmp_path / "diabetes.csv", index=False)
     folder = tmp_path / "cmp"
-    assert run_cli("compare", "--data", "iris", "--members", "2", "--epochs", "1",
-                   "--devices", "cpu:2", "--repeats", "1", "--run-dir", folder) == 0
-    printed = capsys.readouterr().out
+    assert run_cli("compare", "--data", tmp_path / "diabetes.csv", "--task", "regression",
+                   "--members", "2", "--epochs", "2", "--devices", "cpu:2", "--repeats", "1",
+                   "--run-dir", folder) == 0
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert "compare predicts the 397 rows" in captured.err
+    assert artifacts.read_parquet(folder / "predict-input.parquet").num_rows == 397
     runs = artifacts.read_parquet(folder / "runs.parquet").to_pylist()
     summary = artifacts.read_parquet(folder / "comparison.parquet").to_pylist()
     assert len(runs) == 4 and len(summary) == 4
@@ -165,7 +177,137 @@ def test_compare_end_to_end(tmp_path, capsys):
         line = next(ln for ln in printed.splitlines()
                     if ln.startswith(s["mode"] + " ") and f" {s['phase']} " in ln)
         assert f"{s['wall_seconds_median']:.2f}" in line
+        if s["phase"] == "train":  # the task's metrics; wall = fixed + 2 x per epoch
+            assert 0 < s["test_rmse"] < 200 and s["test_nll"] is not None
+            r = mine[0]
+            assert r["fixed_seconds"] + 2 * r["epoch_seconds"] == pytest.approx(wall)
+            assert 0 < r["epoch_seconds"] < wall and r["train_rows"] == 277
+            assert f"{s['test_rmse']:.4f}" in line
+    assert "test rmse" in printed.splitlines()[0]
+    assert "train cost = fixed + epochs x per epoch" in printed
     assert summary[0]["parity_max_abs_diff"] <= 1e-6
     assert f"parity max |dp| = {summary[0]['parity_max_abs_diff']:.2e}" in printed
     assert f"chart: {folder / 'comparison.png'}" in printed
     assert (folder / "comparison.png").stat().st_size > 0
+
+
+def test_a_failed_phase_keeps_the_finished_runs_and_says_how_to_continue(tmp_path):
+    from ensemble.core import artifacts
+    from ensemble.core.errors import UsageError
+
+    (tmp_path / "in-graph").mkdir()
+    (tmp_path / "in-graph" / artifacts.MANIFEST).write_text("{}")
+    runs = _runs({("in-graph", "train"): [2.0], ("in-graph", "predict"): [1.0]})
+    with pytest.raises(UsageError) as err:
+        with compare._keeping(runs, tmp_path, "between-graph", "data.csv"):
+            raise UsageError("between-graph training failed (exit 2): error: bad thing")
+    text = str(err.value)
+    assert text.startswith("between-graph training failed (exit 2): error: bad thing Kept: "
+                           f"2 finished phases in {tmp_path / 'runs.parquet'}")
+    assert f"ensemble predict --run {tmp_path / 'in-graph'} --data data.csv" in text
+    assert "run the same `ensemble compare` with --overwrite" in text
+    kept = artifacts.read_parquet(tmp_path / "runs.parquet").to_pylist()
+    assert [(r["mode"], r["phase"]) for r in kept] == [("in-graph", "train"),
+                                                         ("in-graph", "predict")]
+
+
+def test_test_metrics_are_the_tasks_on_the_default_aggregator(tmp_path):
+    from ensemble.core import artifacts
+
+    manifest = {"task": "classification", "dataset": {}, "config": {"aggregation": {
+        "aggregators": ["vote", "mean"]}}}
+    rows = [{"model": m, "split": sp, "accuracy": acc, "nll": nll}
+            for m, sp, acc, nll in (("ensemble-vote", "test", 0.5, None),
+                                    ("ensemble-vote", "validation", 0.4, None),
+                                    ("member-0", "test", 0.7, 0.6))]
+    artifacts.write_parquet(tmp_path / artifacts.METRICS, pa.Table.from_pylist(rows))
+    assert compare.test_metrics(tmp_path, manifest) == {"test_nll": None, "test_accuracy": 0.5}
+    manifest["task"] = "regression"
+    assert compare.test_metrics(tmp_path, manifest) == {"test_nll": None, "test_rmse": None}
+
+
+def _cost_runs(costs, epochs=3, n_train=1000):
+    """Train rows `{mode: [(fixed, per epoch) per repeat]}` (wall = fixed + epochs x per
+    epoch) and one predict row per repeat, as `compare` records them."""
+    from pipelines import compare_cost as cost
+
+    runs = []
+    for mode, pairs in costs.items():
+        for fixed, per in pairs:
+            wall = fixed + epochs * per
+            runs += _runs({(mode, "train"): [wall]})
+            runs[-1].update(epochs=epochs, train_rows=n_train,
+                            **cost.split_cost(wall, per, epochs, n_train))
+            runs += _runs({(mode, "predict"): [1.0]})
+    return runs
+
+
+def test_crossover_is_where_fixed_plus_epochs_times_per_epoch_meet():
+    from pipelines import compare_cost as cost
+
+    # in-graph: 2 s + 1 s/epoch; between-graph: 6 s + 0.5 s/epoch: equal at 8 epochs
+    assert cost.crossover(2.0, 1.0, 6.0, 0.5) == pytest.approx(8.0)
+    assert cost.crossover(6.0, 0.5, 2.0, 1.0) == pytest.approx(8.0)
+    assert cost.crossover(2.0, 0.5, 6.0, 1.0) is None  # in-graph cheaper in both parts
+    assert cost.crossover(2.0, 1.0, 6.0, 1.0) is None  # parallel lines
+
+
+def test_verdict_flips_with_the_epoch_count_and_says_it_rests_on_fixed_costs():
+    """Built so the faster mode changes with the epochs: at the configured 3 epochs in-graph
+    wins on its lower fixed cost (5 s vs 7.5 s), from 9 epochs on between-graph wins on its
+    lower per-epoch cost; per row, between-graph's epoch costs 500 us against 1,000 us, so at
+    3 epochs it wins from 2,667 training rows (2 + 3n/1000 = 6 + 1.5n/1000)."""
+    runs = _cost_runs({"in-graph": [(1.9, 1.1), (2.0, 1.0), (2.1, 0.9)],
+                       "between-graph": [(5.8, 0.55), (6.0, 0.5), (6.2, 0.45)]})
+    rows = compare.summarise(runs, PARITY)
+    by = {(r["mode"], r["phase"]): r for r in rows}
+    ig, bg = by["in-graph", "train"], by["between-graph", "train"]
+    assert (ig["fixed_seconds_median"], ig["epoch_seconds_median"]) == (2.0, 1.0)
+    assert (ig["fixed_seconds_min"], ig["fixed_seconds_max"]) == (1.9, 2.1)
+    assert (bg["fixed_seconds_median"], bg["epoch_seconds_median"]) == (6.0, 0.5)
+    assert (ig["row_epoch_us_median"], bg["row_epoch_us_median"]) == (1000.0, 500.0)
+    assert by["in-graph", "predict"]["fixed_seconds_median"] is None
+    text = compare.verdict(pa.Table.from_pylist(rows))
+    assert "train: in-graph is 1.50x faster at the configured 3 epochs" in text
+    assert "at 3 epochs (as configured): in-graph 5.00 s against between-graph 7.50 s" in text
+    assert ("the faster mode changes at 8.0 epochs: in-graph below, between-graph from 9 "
+            "epochs on") in text
+    assert "the verdict rests on fixed costs: per epoch between-graph is faster" in text
+    assert "from about 2,667 training rows" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("  in-graph "))
+    assert "fixed 2.00 [1.90-2.10] s, per epoch 1.0000 [0.9000-1.1000] s" in line
+    assert "1.00 ms per training row" in line
+
+
+def test_verdict_without_crossover_names_one_mode_at_every_count():
+    runs = _cost_runs({"in-graph": [(2.0, 0.5)] * 2, "between-graph": [(6.0, 1.0)] * 2})
+    text = compare.verdict(pa.Table.from_pylist(compare.summarise(runs, PARITY)))
+    assert "does not change with the epoch count: in-graph at every count" in text
+    assert "rests on fixed costs" not in text and "level within the spread" not in text
+    runs = _cost_runs({"in-graph": [(2.0, 0.5), (2.0, 0.7)],
+                       "between-graph": [(6.0, 0.6), (6.0, 0.8)]})
+    text = compare.verdict(pa.Table.from_pylist(compare.summarise(runs, PARITY)))
+    assert "per epoch the two modes are level within the spread of 2 repeats" in text
+
+
+def test_epoch_cost_from_history_in_both_modes():
+    """In-graph: the median epoch after the first (which pays for tracing); between-graph: per
+    client the sum of its members' epochs, the slowest client; one epoch: the steady rate."""
+    from pipelines import compare_cost as cost
+
+    hist = [{"member": m, "epoch": e, "seconds": s} for m in (0, 1)
+            for e, s in enumerate((5.0, 1.0, 1.2, 0.8))]
+    assert cost.epoch_seconds("in-graph", hist, {}, 100) == (1.0, 4)
+    between = [{"member": m, "epoch": e, "seconds": s * (m + 1)} for m in (0, 1, 2)
+               for e, s in enumerate((5.0, 1.0, 1.0))]
+    clients = {"0": {"client": 0}, "1": {"client": 0}, "2": {"client": 1}}
+    # client 0 trains members 0 and 1 (1 + 2 s per epoch), client 1 member 2 (3 s)
+    assert cost.epoch_seconds("between-graph", between, {"clients": clients}, 100) == (3.0, 3)
+    clients["2"]["client"] = 0
+    assert cost.epoch_seconds("between-graph", between, {"clients": clients}, 100) == (6.0, 3)
+    one = [{"member": 0, "epoch": 0, "seconds": 9.0}]
+    assert cost.epoch_seconds("in-graph", one, {"steady_rows": 50, "steady_seconds": 0.5},
+                              100) == (1.0, 1)
+    assert cost.epoch_seconds("in-graph", one, {"steady_rows": 0}, 100) == (None, 1)
+    assert cost.split_cost(10.0, 2.0, 3, 1000) == {"fixed_seconds": 4.0, "epoch_seconds": 2.0,
+                                                    "row_epoch_us": 2000.0}

@@ -78,3 +78,23 @@ def test_file_errors(tmp_path):
 def test_sha256_changes_with_content():
     a, b = config.from_dict({}), config.from_dict({"training": {"seed": 1}})
     assert a.sha256() == config.from_dict({}).sha256() != b.sha256()
+
+
+def test_auto_batch_size_and_early_stopping_follow_the_rows():
+    """Issue 40: `"auto"` (the default) batch size and patience are functions of the rows and
+    the config only; a value the user set is kept and not listed as chosen."""
+    from ensemble.config import auto
+
+    cfg = config.load()
+    assert cfg.training.batch_size == "auto" and cfg.training.early_stopping == "auto"
+    sizes = {n: auto.resolve(cfg, n, 100)[0].training.batch_size
+             for n in (50, 2047, 2048, 8192, 229_000, 10 ** 7)}
+    assert sizes == {50: 32, 2047: 32, 2048: 64, 8192: 128, 229_000: 512, 10 ** 7: 1024}
+    concrete, chosen = auto.resolve(cfg, 5000, 500)
+    assert concrete.training.early_stopping == 6  # max(5, 30 // 5)
+    assert set(chosen) == {"training.batch_size", "training.early_stopping"}
+    assert auto.resolve(cfg, 5000, 0)[0].training.early_stopping == 0  # no validation rows
+    mine = config.load(overrides={"training.batch_size": 16, "training.early_stopping": 0})
+    assert auto.resolve(mine, 5000, 500) == (mine, {})
+    with pytest.raises(UsageError, match="batch_size` to be auto or a positive integer"):
+        config.load(overrides={"training.batch_size": "big"})

@@ -157,8 +157,8 @@ def test_compare_and_search_take_the_training_options():
     assert overrides(args) == {}
 
 
-def test_readme_shows_the_options():
-    text = (ROOT / "README.md").read_text()
+def test_docs_show_the_options():
+    text = (ROOT / "docs" / "reference" / "cli-guide.md").read_text()
     for flag in ("--set training.", "--learning-rate", "--batch-size", "data.image_size"):
         assert flag in text, flag
 

@@ -95,7 +95,8 @@ def _group(devs, replicas=None, dropout=0.0):
     from ensemble.replication.in_graph import InGraphEnsemble
 
     cfg = config.from_dict({"members": {"count": 2, "hidden": [16], "dropout": dropout},
-                            "training": {"epochs": 1, "batch_size": 64, "seed": 5}})
+                            "training": {"epochs": 1, "batch_size": 64, "seed": 5,
+                                         "early_stopping": 0}})
     ens = InGraphEnsemble.build(cfg, 64, 10, devs, list(range(len(devs))), aggregators=())
     ens.train_replicas = replicas
     return ens, cfg
@@ -151,11 +152,12 @@ def test_uneven_batches_are_weighted_by_rows(digits, rows, n_replicas):
 
     from ensemble.tasks import heads as tasks
     from ensemble.replication.steps import replicated_train_step
-    from ensemble.replication.training import memory_of, train_step
+    from ensemble.replication.training import train_step
 
     x, y, _ = digits["train"]
     task = tasks.get()
-    idx = tf.constant(np.arange(rows, dtype=np.int32) * 5)
+    idx = np.arange(rows) * 5
+    xb, yb = tf.constant(x[idx], tf.float32), tf.constant(y[idx], tf.int32)
     out = []
     for devs in ([CPU.format(0)], [CPU.format(j) for j in range(n_replicas)]):
         keras.utils.set_random_seed(1)
@@ -163,12 +165,10 @@ def test_uneven_batches_are_weighted_by_rows(digits, rows, n_replicas):
                                   keras.layers.Dense(10)])
         opt = keras.optimizers.SGD(0.5)
         opt.build(model.trainable_variables)
-        data = {memory_of(CPU.format(0)): (tf.constant(x, tf.float32), tf.constant(y, tf.int32))}
-        step = (tf.function(lambda i: train_step(model, opt, *data[memory_of(devs[0])], i,
-                                                 task))
+        step = (tf.function(lambda a, b: train_step(model, opt, a, b, task))
                 if len(devs) == 1 else
-                tf.function(lambda i: replicated_train_step(model, opt, data, i, task, devs)))
-        loss = step(idx).numpy()
+                tf.function(lambda a, b: replicated_train_step(model, opt, a, b, task, devs)))
+        loss = step(xb, yb).numpy()
         out.append((loss, [w.numpy() for w in model.weights]))
     assert np.isfinite(out[1][0]) and abs(out[0][0] - out[1][0]) <= 1e-5
     for a, b in zip(out[0][1], out[1][1]):

@@ -13,7 +13,8 @@ from ensemble.runs import prepare as run
 from ensemble.replication.placement import place
 
 CFG = config.from_dict({"members": {"count": 4, "hidden": [16], "dropout": 0.1},
-                        "training": {"epochs": 2, "batch_size": 64, "seed": 5}})
+                        "training": {"epochs": 2, "batch_size": 64, "seed": 5,
+                                     "early_stopping": 0}})
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def _all_ops(graph):
 def _ops_by_member(graph, n_members):
     found = {k: set() for k in range(n_members)}
     for name, kind, device in _all_ops(graph):
-        m = re.match(r"(?:while/)?member_(\d+)(?:_\d+)?/", name)
+        m = re.match(r"(?:while(?:_\d+)?/)?member_(\d+)(?:_\d+)?/", name)
         if m and kind not in COLOCATED:
             found[int(m.group(1))].add(device)
     return found

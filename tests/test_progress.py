@@ -40,9 +40,13 @@ def _lines_while_held(argv, tmp_path, want, member=None, timeout=180):
 
 def test_in_graph_progress_reaches_a_pipe_before_the_run_ends(tiny_config, tmp_path):
     seen, code, rest = _lines_while_held(["--config", tiny_config, "--run-dir",
-                                          tmp_path / "run"], tmp_path, "epoch 1/2")
+                                          tmp_path / "run"], tmp_path, "epoch 1/2: loss")
     assert code == 0
-    line = next(x for x in seen if x.startswith("epoch 1/2"))
+    # the first line: batch size and early stopping, the automatic one marked (issue 40)
+    assert seen[0].startswith("training 4 members for up to 2 epochs: batch size 64, early "
+                              "stopping after 5 epochs without a better validation loss, best "
+                              "epoch kept (auto)"), seen[0]
+    line = next(x for x in seen if x.startswith("epoch 1/2: loss"))  # not a step line
     assert "loss" in line and "val_loss" in line and "val_accuracy" in line
     assert "epoch 2/2" in rest and "run directory" in rest
     assert protocol.PREFIX not in "".join(seen) + rest  # no machine reports on stdout
@@ -53,6 +57,7 @@ def test_between_graph_progress_is_one_line_per_member_and_epoch(tiny_config, tm
                                           "--mode", "between-graph", "--jobs", "2"],
                                          tmp_path, "member 0: epoch 1/2", member=0)
     assert code == 0
+    assert seen[0].startswith("training 4 members for up to 2 epochs: batch size 64, early "), seen
     assert any(x.startswith("member 0: epoch 1/2 - loss") for x in seen)
     out = "".join(seen) + rest
     for i in range(4):

@@ -178,23 +178,41 @@ def test_task_resolution():
     assert resolve(np.array([0, 1, 2] * 20), "auto") == "classification"
     assert resolve(np.array(["a", "b"]), "auto") == "classification"
     diabetes_like = np.arange(100, dtype=np.float64)
-    with pytest.raises(UsageError, match="--task regression or --task classification"):
-        resolve(diabetes_like, "auto")
-    assert resolve(diabetes_like, "regression") == "regression"
+    assert resolve(diabetes_like, "auto") == "regression"
+    assert resolve(diabetes_like, "classification") == "classification"
+    # prices: many whole numbers, a third of them on fewer than 3 rows (issue 40)
+    prices = np.repeat(np.arange(1000, 1400), np.arange(400) % 6 + 1)
+    assert resolve(prices, "auto") == "regression"
+    # labels: 12 classes, every one on enough rows for a stratified split
+    assert resolve(np.repeat(np.arange(12), 5), "auto") == "classification"
     with pytest.raises(UsageError, match="--task classification needs class labels"):
         resolve(np.array([0.5, 1.5]), "classification")
 
 
-def test_diabetes_csv_as_it_comes_is_refused_in_one_line(tmp_path, capsys):
+def test_whole_number_target_is_regression_or_refused_naming_task_regression(tmp_path,
+                                                                           capsys):
+    """Issue 40: a price in whole numbers (many values, most too rare for a stratified split)
+    trains as regression with a notice naming --task classification; asked to be
+    classification, the refusal is one line naming --task regression, without the labels."""
     from sklearn.datasets import load_diabetes
 
     d = load_diabetes(as_frame=True).frame
     path = tmp_path / "diabetes.csv"
     d.to_csv(path, index=False)
-    code = run_cli("train", "--data", path, "--run-dir", tmp_path / "run", "--epochs", "1")
+    from ensemble.runs.prepare import check_data
+    from ensemble.config import schema as config
+
+    check_data(config.load(overrides={"data.source": str(path)}))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "trained as regression" in err[0], err
+    assert "--task classification" in err[0]
+    code = run_cli("train", "--data", path, "--task", "classification", "--run-dir",
+                   tmp_path / "run", "--epochs", "1")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
-    assert "--task regression" in err[0] and "--task classification" in err[0]
+    assert "--task regression" in err[0] and "classes have fewer than 3 rows" in err[0]
+    assert "25.0" not in err[0] and "[" not in err[0]  # no list of labels
+    assert not (tmp_path / "run").exists()
 
 
 def test_stacking_refused_for_a_regression_run(tmp_path, capsys):
@@ -320,6 +338,29 @@ def test_aggregate_and_evaluate_a_regression_run(runs, capsys):
     assert gains[-1].startswith("  std-scaling vs best member")
     for line in gains:  # every cell right-aligned under its column name
         assert len(line) == len(header) and len(line.split()) == 4 + 3, line
+
+
+def test_plots_draw_the_aggregator_predict_answers_with(runs, tmp_path):
+    """Issue 40: PIT, coverage and confidence plots draw the ensemble `predict` answers with
+    (lowest validation NLL, `tasks.choice`), labelled so, not the run's first aggregator."""
+    from ensemble.runs.evaluate import _answer_curves
+    from ensemble.tasks import confidence
+    from ensemble.tasks.regression import plots
+
+    run = runs["in-graph"]
+    fit = json.loads((run / "aggregators.json").read_text())
+    rows = [r for r in pq.read_table(run / "metrics.parquet").to_pylist()
+            if r["split"] == "test"]
+    for best in fit["aggregators"]:  # whichever has the lowest validation NLL is drawn
+        nll = {a: (0.0 if a == best else 1.0) for a in fit["aggregators"]}
+        (tmp_path / "aggregators.json").write_text(json.dumps({**fit, "validation_nll": nll}))
+        shown = plots._shown(rows, tmp_path)
+        assert [r["model"] for r in shown if r["aggregator"]] == [f"ensemble-{best}"]
+        curves, _ = _answer_curves(*confidence.curves(pq.read_table(run / "predictions.parquet")),
+                                   rows, tmp_path)
+        assert [m for m in curves if m.startswith("ensemble")] == [
+            f"ensemble-{best} (what predict answers with)"]
+        assert sum(m.startswith("member") for m in curves) == 3
 
 
 def test_regression_plots_and_member_scores_follow_the_task(runs, capsys):

@@ -203,10 +203,10 @@ def test_streamed_csv_folder_in_small_batches_equals_the_run(string_run, tmp_pat
     got = _expect_equal(out, expected, raw.num_rows)
     member0 = got.filter(pc.equal(got.column("model"), "member-0"))
     assert member0.column("y_true").to_pylist() == raw.column("digit").to_pylist()
-    record = json.loads((tmp_path / "pred.manifest.json").read_text())
+    record = json.loads((tmp_path / "pred.parquet.manifest.json").read_text())
     assert record["rows"] == raw.num_rows and record["batch_size"] == 100
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["input", "pred.manifest.json",
-                                                          "pred.parquet"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["input", "pred.parquet",
+                                                          "pred.parquet.manifest.json"]
     # the default layout: one row per input, its id carried through, the probabilities of
     # the aggregator of lowest validation NLL, in both modes (the batches straddle the files)
     fit = json.loads((string_run / "run" / "aggregators.json").read_text())
@@ -221,6 +221,31 @@ def test_streamed_csv_folder_in_small_batches_equals_the_run(string_run, tmp_pat
         p = np.column_stack([w.column(f"p_d{k}").to_numpy() for k in range(10)])
         assert np.abs(p - expected[f"ensemble-{best}"][0]).max() <= 1e-5
         assert "model" not in w.column_names
+
+
+def test_predict_rows_per_second_is_over_the_whole_prediction_in_both_modes(
+        string_run, tmp_path, capsys):
+    """Issue 40: the printed `predicted N rows in S s (R rows/s)` and the prediction manifest
+    time the whole prediction, member loading (in-graph) and client processes (between-graph)
+    included, not only the last stage (a between-graph predict printed 0.5 s of a 10 s wall)."""
+    import re
+    import time
+
+    pq.write_table(_raw_test_table(string_run), tmp_path / "in.parquet")
+    for mode in ("in-graph", "between-graph"):
+        out = tmp_path / f"pred-{mode}.parquet"
+        capsys.readouterr()
+        start = time.perf_counter()
+        assert run_cli("predict", "--run", string_run / "run", "--data", tmp_path / "in.parquet",
+                       "--out", out, "--mode", mode) == 0
+        wall = time.perf_counter() - start
+        line = re.search(r"predicted ([\d,]+) rows in ([\d.]+) s \(([\d,]+) rows/s\)",
+                         capsys.readouterr().out)
+        rows, seconds, rate = (float(g.replace(",", "")) for g in line.groups())
+        record = json.loads(out.with_name(out.name + ".manifest.json").read_text())
+        assert record["rows"] == rows and abs(record["seconds"] - seconds) < 0.06
+        assert abs(rate - rows / record["seconds"]) <= 0.01 * rate + 1
+        assert 0.5 * wall <= record["seconds"] <= wall, (mode, record["seconds"], wall)
 
 
 def test_bad_value_mid_stream_leaves_nothing(string_run, tmp_path, capsys):
@@ -277,7 +302,7 @@ def test_replicas_run_on_their_own_devices_and_change_nothing(string_run, tmp_pa
     assert run_cli("predict", "--run", run_dir, "--data", tmp_path / "in.parquet", "--out",
                    out, "--devices", "cpu:4", "--replicas", "2", "--quiet", "--layout",
                    "long") == 0
-    record = json.loads((tmp_path / "pred.manifest.json").read_text())
+    record = json.loads((tmp_path / "pred.parquet.manifest.json").read_text())
     assert [m["devices"] for m in record["members"]] == groups
     _expect_equal(out, _test_rows(string_run)[1], len(x))
 

@@ -160,7 +160,7 @@ def test_same_members_as_ensemble_train_on_the_same_rows(tmp_path):
     run = ensemble.train({"data": {"source": "iris"},
                           "members": {"count": 2, "hidden": [8], "dropout": 0.1},
                           "training": {"epochs": 3, "batch_size": 16, "learning_rate": 0.02,
-                                       "seed": 4},
+                                       "seed": 4, "early_stopping": 0},  # fit has no validation
                           "placement": {"devices": "cpu:2"}}, run_dir=tmp_path / "run")
     rows = artifacts.read_split(run.path, "train")[2]
     x, y = load_iris(return_X_y=True)

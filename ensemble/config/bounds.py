@@ -40,7 +40,8 @@ def check_bounds(cfg) -> None:
         node: Any = cfg
         for part in key.split("."):
             node = getattr(node, part)
-        at_most(key, node, bound)
+        if not isinstance(node, str):  # "auto" (batch size, early stopping): checked as such
+            at_most(key, node, bound)
     for i, width in enumerate(cfg.members.hidden):
         at_most(f"members.hidden[{i}]", width, WIDTH_MAX)
     for k, o in enumerate(cfg.members.override):

@@ -33,7 +33,10 @@ def check_ranges(cfg: Config) -> None:
 
     positive("members.count", cfg.members.count)
     positive("training.epochs", cfg.training.epochs)
-    positive("training.batch_size", cfg.training.batch_size)
+    if cfg.training.batch_size != "auto":
+        if not isinstance(cfg.training.batch_size, int) or cfg.training.batch_size <= 0:
+            raise UsageError("Expected `training.batch_size` to be auto or a positive integer. "
+                             f"Received: training.batch_size={cfg.training.batch_size!r}")
     positive("training.learning_rate", cfg.training.learning_rate)
     positive("training.checkpoint_every", cfg.training.checkpoint_every)
     if cfg.training.steps_per_execution < 0:
@@ -69,9 +72,10 @@ def check_ranges(cfg: Config) -> None:
     if t.lr_schedule not in LR_SCHEDULES:
         raise UsageError(f"Expected `training.lr_schedule` to be one of "
                          f"{', '.join(LR_SCHEDULES)}. Received: {t.lr_schedule!r}")
-    if t.early_stopping < 0:
-        raise UsageError("Expected `training.early_stopping` to be >= 0 (patience in epochs; "
-                         f"0: off). Received: {t.early_stopping}")
+    if t.early_stopping != "auto" and not (isinstance(t.early_stopping, int)
+                                           and t.early_stopping >= 0):
+        raise UsageError("Expected `training.early_stopping` to be auto or >= 0 (patience in "
+                         f"epochs; 0: off). Received: {t.early_stopping!r}")
     if not 0.0 <= t.adversarial_epsilon <= 1.0:
         raise UsageError("Expected `training.adversarial_epsilon` in [0, 1] (the sign step in "
                          "units of the scaled input's range; 0: off, the paper's 0.01). "
@@ -118,6 +122,9 @@ def check_ranges(cfg: Config) -> None:
             raise UsageError(f"Expected `data.{key}` in (0, 1). Received: {value}")
     if cfg.data.test_size + cfg.data.validation_size >= 0.9:
         raise UsageError("Expected `data.test_size + data.validation_size` below 0.9.")
+    if cfg.data.max_categories < 0 or cfg.data.max_categories == 1:
+        raise UsageError("Expected `data.max_categories` to be 0 (no limit) or at least 2. "
+                         f"Received: {cfg.data.max_categories}")
     if cfg.data.color_mode not in ("auto", "grayscale", "rgb"):
         raise UsageError("Expected `data.color_mode` to be \"auto\", \"grayscale\" or \"rgb\". "
                          f"Received: {cfg.data.color_mode!r}")

@@ -81,16 +81,18 @@ class TrainingConfig:
     `keras.optimizers` name (`sgd`, `adamw`, `rmsprop`, ...) with `optimizer_params` (e.g.
     `{momentum = 0.9}`). `lr_schedule`: `constant` or `cosine` (cosine decay to 0 over the
     run's steps). `early_stopping`: patience in epochs on each member's validation loss
-    (0: off); a member that stops keeps the weights of its best epoch.
+    (0: off); a member that stops keeps the weights of its best epoch. `batch_size` and
+    `early_stopping` default to `"auto"`: chosen from the training rows when the run starts
+    (`ensemble.config.auto`), the chosen numbers recorded in the run's manifest.
     """
 
     epochs: int = 30
-    batch_size: int = 32
+    batch_size: int | str = "auto"
     learning_rate: float = 1e-3
     optimizer: str = "adam"
     optimizer_params: dict = field(default_factory=dict)
     lr_schedule: str = "constant"
-    early_stopping: int = 0
+    early_stopping: int | str = "auto"
     loss: str = "auto"  # regression: gaussian_nll (auto) or mse; classification: cross_entropy
     seed: int = 0
     deterministic: bool = True

@@ -201,7 +201,7 @@ def load_space(path: str | Path) -> tuple[int, dict[str, dict[str, Any]], dict[s
         raise UsageError(f"Cannot read config file {path}: {exc}") from None
     if "search" not in table:
         raise UsageError(f"Config {path} has no [search] table; ensemble search samples its "
-                         "members from one (see the README, 'Hyperparameter search').")
+                         "members from one (see docs/guides/search.md).")
     seed, space = parse_space(table["search"])
     return seed, space, table["search"]
 

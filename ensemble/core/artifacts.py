@@ -22,7 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ensemble.core import staging
+from ensemble.core import splitfiles, staging
+from ensemble.core.staging import fsync_dir  # noqa: F401 (artifacts.fsync_dir)
 from ensemble.core.errors import UsageError
 
 MANIFEST = "manifest.json"
@@ -46,15 +47,6 @@ def _file_mode() -> int:
             os.umask(mask)
             _UMASK.append(mask)
     return 0o666 & ~_UMASK[0]
-
-
-def fsync_dir(path: str | Path) -> None:
-    """Flush a folder's entries (renames, new and removed files) to disk."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _fsync_tree(path: Path) -> None:
@@ -166,30 +158,25 @@ def member_history_path(run_dir: Path, index: int) -> Path:
 
 def write_splits(run_dir: Path, x: dict[str, np.ndarray], y: dict[str, np.ndarray],
                  rows: dict[str, np.ndarray]) -> None:
-    """Store the scaled splits as `data/<split>.npz` (x float32, y int32 class index, row
-    int64 position in the source) so between-graph clients share them without re-splitting."""
+    """Store splits held in memory as `data/<split>.{x,y,row}.npy` (`splitfiles`: x float32
+    or uint8, y the encoded targets, row int64 position in the source) so between-graph
+    clients share them without re-splitting."""
     for name in SPLITS:
-        with atomic_path(Path(run_dir) / "data" / f"{name}.npz") as tmp:
-            with open(tmp, "wb") as f:
-                np.savez(f, x=x[name], y=y[name], row=rows[name])
+        splitfiles.write(run_dir, name, x[name], y[name], rows[name])
 
 
 def read_split(run_dir: Path, name: str, manifest: dict[str, Any] | None = None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Read `data/<name>.npz` (no pickle): `(x [n, f] float32, y [n] int32, row [n] int64)`,
-    verified against `manifest`'s sha256 when given.
+    """A prepared split `(x [n, *row_shape] read-only memory map, y [n], row [n] int64)`
+    (`splitfiles.read`), its files verified against `manifest`'s sha256 when given.
 
     Raises:
         UsageError: the run directory holds no prepared split `name`, or it is damaged.
     """
-    path = Path(run_dir) / "data" / f"{name}.npz"
-    if manifest is not None and path.is_file():
-        verify(run_dir, manifest, path)
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return z["x"], z["y"], z["row"]
-    except FileNotFoundError:
-        raise UsageError(f"Run directory {run_dir} has no prepared {name} split ({path}).") from None
+    if manifest is not None:
+        for path in splitfiles.files(run_dir, name):
+            verify(run_dir, manifest, path)
+    return splitfiles.read(run_dir, name)
 
 
 def read_manifest(run_dir: str | Path) -> dict[str, Any]:

@@ -23,6 +23,15 @@ from pathlib import Path
 MARK = ".partial"
 
 
+def fsync_dir(path: str | Path) -> None:
+    """Flush a folder's entries (renames, new and removed files) to disk."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _host() -> str:
     return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname().split(".")[0]) or "host"
 

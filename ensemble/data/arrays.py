@@ -37,8 +37,12 @@ KERAS_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 
 def is_array_source(source: str) -> bool:
-    """An `.npz` file, `digits_images`, or a folder (of images)."""
-    return source == "digits_images" or source.endswith(".npz") or Path(source).is_dir()
+    """An `.npz` file, `digits_images`, or a folder (of images; a folder holding `.parquet`
+    files is a table's shards)."""
+    if source == "digits_images" or source.endswith(".npz"):
+        return True
+    folder = Path(source)
+    return folder.is_dir() and next(folder.rglob("*.parquet"), None) is None
 
 
 def _labels(y: np.ndarray, name: str) -> np.ndarray:
@@ -204,6 +208,11 @@ class ArrayPreprocessing:
         """The rows as stored and fed to the members (scaling happens in the model)."""
         return ds.x if self.dtype == "uint8" else ds.x.astype(np.float32)
 
+    def encode_scaled(self, ds, first_row: int = 0) -> tuple[np.ndarray, dict]:
+        """`(transform(ds) as an array, {})`: the rows of a chunk as stored (tables'
+        `Preprocessing.encode_scaled` also counts unknown categories)."""
+        return np.asarray(self.transform(ds)), {}
+
     @classmethod
     def identity(cls, input_shape, classes) -> "ArrayPreprocessing":
         """Float arrays fed as they are (the scikit-learn estimator: scale in a Pipeline)."""
@@ -330,6 +339,11 @@ class ArrayStream:
         """Read the first batch and check its rows' shape."""
         first = self._load(self._files[:self.batch_rows] if self._files else None)
         self.pre.check_input(first)
+
+    def survey(self) -> None:
+        """`check` only: a between-graph launcher's whole-input pass (`InputStream.survey`)
+        would decode every image once more; each image is checked as a client decodes it."""
+        self.check()
 
     def __iter__(self):
         from ensemble.core.labels import encode

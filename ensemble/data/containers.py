@@ -17,7 +17,8 @@ class ArrayData:
     """Arrays and their labels.
 
     Attributes:
-        x: `[n, *input_shape]` uint8 (images) or float32.
+        x: `[n, *input_shape]` uint8 (images) or float32; an image folder's is an
+            `images.ImageFiles` (decoded when indexed).
         y: `[n]` labels (int64 or str), or None.
         ids: `[n]` str: each row's file path, or `"<file>[i]"` for an array index.
         test_rows: row indices of a test split the source gives (Keras layout), or None.
@@ -39,7 +40,12 @@ class ArrayData:
         return ()
 
     def sha256(self) -> str:
-        h = hashlib.sha256(np.ascontiguousarray(self.x).tobytes())
+        """sha256 of the rows (an image folder's: its files' names and bytes) and labels."""
+        h = hashlib.sha256()
+        if hasattr(self.x, "sha256"):  # `images.ImageFiles`: hashed without decoding
+            self.x.sha256(h)
+        else:
+            h.update(np.ascontiguousarray(self.x).tobytes())
         if self.y is not None:
             h.update("\0".join(map(str, self.y.tolist())).encode())
         return h.hexdigest()

@@ -116,8 +116,48 @@ def load_image_folder(path: str, image_size=None, color_mode: str = "auto",
                                  f"[{s0[1]},{s0[0]}]")
     if color_mode == "auto":
         color_mode = "grayscale" if grey else "rgb"
-    part = read_images(files, image_size, color_mode)
-    return ArrayData(str(path), part.x, y, part.ids, color_mode=color_mode)
+    return ArrayData(str(path), ImageFiles(files, image_size, color_mode), y,
+                     np.asarray([str(f) for f in files], dtype=object), color_mode=color_mode)
+
+
+class ImageFiles:
+    """The images of an image folder as a lazily decoded `[n, h, w, channels]` uint8 array:
+    indexing (a slice or an index array) decodes the rows asked for with `read_images`, so a
+    folder is never decoded whole unless asked to (`numpy.asarray`).
+
+    Args:
+        files: the image paths, in row order; image_size, color_mode: as `read_images`.
+    """
+
+    dtype = np.dtype(np.uint8)
+    ndim = 4
+
+    def __init__(self, files, image_size, color_mode: str):
+        self.files = list(files)
+        self.image_size, self.color_mode = image_size, color_mode
+        self.shape = (len(self.files), *self[0:1].shape[1:])
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, idx) -> np.ndarray:
+        chosen = np.asarray(self.files, dtype=object)[idx]
+        if np.ndim(chosen) == 0:
+            return read_images([chosen], self.image_size, self.color_mode).x[0]
+        if not len(chosen):
+            return np.zeros((0, *self.shape[1:]), np.uint8)
+        return read_images(list(chosen), self.image_size, self.color_mode).x
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        x = self[:]
+        return x if dtype is None else x.astype(dtype)
+
+    def sha256(self, h) -> None:
+        """Add the files' names and bytes to the hash `h`."""
+        for f in self.files:
+            h.update(str(f).encode())
+            with open(f, "rb") as fh:
+                h.update(fh.read())
 
 
 def read_images(files, image_size, color_mode, resized: list | None = None) -> ArrayData:

@@ -17,6 +17,8 @@ import numpy as np
 
 from ensemble.core.errors import UsageError
 from ensemble.data import arrays, sources, stream
+from ensemble.data.array_scan import ArrayScan
+from ensemble.data.table_scan import TableScan
 from ensemble.data.preprocessing import Preprocessing
 from ensemble.data.settings import DataConfig
 
@@ -38,6 +40,11 @@ class Source(Protocol):
 
     def from_dict(self, d: dict):
         """The preprocessing stored in a run's `preprocessing.json`."""
+
+    def scan(self, cfg: DataConfig):
+        """`cfg.source` read for training a chunk at a time: labels `y`, `chunks()`,
+        `fit(train_rows, classes)`, `sha256()`, `file_rows(rows)` (`TableScan`,
+        `ArrayScan`)."""
 
     def stream(self, pre, source: str, target: str, strict: bool, batch_rows: int,
                quiet: bool):
@@ -63,6 +70,9 @@ class Arrays:
     def from_dict(self, d):
         return arrays.ArrayPreprocessing.from_dict(d)
 
+    def scan(self, cfg):
+        return ArrayScan(cfg)
+
     def stream(self, pre, source, target, strict, batch_rows, quiet):
         return arrays.ArrayStream(pre, source, batch_rows)
 
@@ -84,6 +94,9 @@ class Tables:
     def from_dict(self, d):
         return Preprocessing.from_dict(d)
 
+    def scan(self, cfg):
+        return TableScan(cfg)
+
     def stream(self, pre, source, target, strict, batch_rows, quiet):
         return stream.InputStream(pre, source, target, strict, batch_rows, quiet)
 
@@ -103,6 +116,15 @@ def load(cfg: DataConfig, require_target: bool = True, **table: Any):
         UsageError: anything the kind refuses (one message).
     """
     return next(k for k in KINDS if k.reads(cfg.source)).load(cfg, require_target, **table)
+
+
+def scan(cfg: DataConfig):
+    """`cfg.source` read for training by its kind, a chunk of rows at a time (`Source.scan`).
+
+    Raises:
+        UsageError: anything the kind refuses (one message).
+    """
+    return next(k for k in KINDS if k.reads(cfg.source)).scan(cfg)
 
 
 def fit_preprocessing(ds, train_rows: np.ndarray, classes: np.ndarray, impute: str = "error",

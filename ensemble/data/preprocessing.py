@@ -1,11 +1,13 @@
 """Data preparation fitted on the training split, stored as JSON (never a pickle): imputation,
 one-hot encoding of categorical columns and standardisation, plus column matching by name.
 
-The parameters are fitted with scikit-learn (`SimpleImputer`, `OneHotEncoder`,
-`StandardScaler`) on the training rows only; what they learned (fill values, categories,
-mean and scale) is stored in `preprocessing.json` and applied with numpy, which is exactly the
-estimators' `transform` for these parameters (one-hot: `handle_unknown="ignore"`, an unknown
-category is an all-zero block) and needs no pickled estimator.
+The parameters are those scikit-learn's `SimpleImputer`, `OneHotEncoder(max_categories=)` and
+`StandardScaler` learn on the training rows only, fitted in one streaming pass
+(`ensemble.data.table_stats`); what they learned (fill values, categories, mean and scale) is
+stored in `preprocessing.json` and applied with numpy, which is exactly the estimators'
+`transform` for these parameters (one-hot: an unknown category is an all-zero block, or joins
+the column's infrequent group when it has one: `handle_unknown="infrequent_if_exist"`) and
+needs no pickled estimator.
 
 `Preprocessing.read_input` is the one place where new data meets a trained run: it reads a
 source, matches its columns to the training columns by name (any order), ignores extra columns
@@ -26,6 +28,7 @@ from ensemble.core.errors import UsageError
 
 
 HIGH_CARDINALITY = 50  # distinct values of a categorical column that earn a notice
+INFREQUENT = "infrequent"  # the output column of a column's grouped infrequent categories
 
 
 def _notice_id_columns(names, x: np.ndarray) -> None:
@@ -58,6 +61,8 @@ class Preprocessing:
         impute: the `data.impute` setting the run was trained with.
         identifiers: identifier-like text columns left out of the features at training
             (`ensemble.data.identifiers`); predict carries them through without a notice.
+        infrequent: categorical columns whose infrequent categories (and unknown ones) share
+            one last one-hot column, `<column>=infrequent` (`data.max_categories`).
     """
 
     kind = "table"  # its input kind (`ensemble.data.kinds`)
@@ -71,6 +76,7 @@ class Preprocessing:
     category_fill: dict[str, str] = field(default_factory=dict)
     impute: str = "error"
     identifiers: tuple[str, ...] = ()  # text columns carried as ids (ensemble.data.identifiers)
+    infrequent: tuple[str, ...] = ()  # categorical columns with an infrequent group
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -80,8 +86,9 @@ class Preprocessing:
     @property
     def output_names(self) -> list[str]:
         """Names of the `n_outputs` model inputs (`column=category` for one-hot columns)."""
-        return list(self.feature_names) + [f"{c}={v}" for c, cats in self.categories.items()
-                                           for v in cats]
+        return list(self.feature_names) + [
+            f"{c}={v}" for c, cats in self.categories.items()
+            for v in [*cats, *([INFREQUENT] if c in self.infrequent else [])]]
 
     def scaling_layer(self):
         """None: table rows are scaled before the model (`transform`)."""
@@ -96,38 +103,15 @@ class Preprocessing:
     def fit(cls, ds: Dataset, train_rows: np.ndarray, classes: np.ndarray,
             impute: str = "error", cfg: DataConfig | None = None) -> "Preprocessing":
         """Fit imputer, encoder and scaler on the training rows `train_rows` of `ds` only (a
-        table; `ensemble.data.kinds.fit_preprocessing` picks the kind's preprocessing)."""
-        from sklearn.impute import SimpleImputer
-        from sklearn.preprocessing import OneHotEncoder, StandardScaler
+        table held in memory: `table_stats.TableStats` over one chunk; `cfg` gives
+        `max_categories` and the sample's seed)."""
+        from ensemble.data.table_stats import TableStats
 
-        x = ds.x[train_rows].astype(np.float64)
-        _notice_id_columns(ds.feature_names, x)
-        fill = np.zeros(0)
-        if impute != "error" and x.shape[1]:
-            imp = SimpleImputer(strategy=impute, keep_empty_features=True).fit(x)
-            fill = imp.statistics_
-        categories, category_fill = {}, {}
-        for name, values in ds.categorical.items():
-            col = np.asarray(values[train_rows], dtype=object).reshape(-1, 1)
-            known = col[col[:, 0] != None]  # noqa: E711 (object array comparison)
-            if known.size == 0:
-                known = np.asarray([["missing"]], dtype=object)
-            if impute != "error":
-                category_fill[name] = str(SimpleImputer(strategy="most_frequent").fit(
-                    known.astype(str).astype(object)).statistics_[0])
-            enc = OneHotEncoder(handle_unknown="ignore").fit(known.astype(str))
-            categories[name] = [str(c) for c in enc.categories_[0]]
-            many = len(categories[name])
-            if many > HIGH_CARDINALITY and many > 0.5 * len(known):
-                data.notice(f"column {name!r} has {many} distinct values in {len(known)} "
-                            f"training rows (free text?): one-hot encoded into {many} "
-                            f"columns; leave it out with --drop {name}")
-        pre = cls(ds.feature_names, np.zeros(0), np.zeros(0), np.asarray(classes), fill,
-                  categories, category_fill, impute)
-        raw, _ = pre._encode(ds, train_rows)
-        sc = StandardScaler().fit(raw)
-        return cls(ds.feature_names, sc.mean_, sc.scale_, np.asarray(classes), fill,
-                   categories, category_fill, impute, tuple(ds.identifiers))
+        _notice_id_columns(ds.feature_names, ds.x[train_rows])
+        stats = TableStats(ds.feature_names, tuple(ds.categorical), impute,
+                           cfg.max_categories if cfg else 0, cfg.split_seed if cfg else 0)
+        stats.update(ds.rows(train_rows))
+        return cls(**stats.fitted(classes, ds.identifiers))
 
     def _encode(self, ds: Dataset, rows: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
         """Impute and one-hot encode (before scaling); returns (`[n_rows, n_outputs]` float64,
@@ -140,7 +124,9 @@ class Preprocessing:
                 f"{len(self.columns)} training columns ({len(missing)} missing)."
             )
         take = slice(None) if rows is None else rows
-        x = ds.x[take][:, [pos[n] for n in self.feature_names]].astype(np.float64)
+        order = [pos[n] for n in self.feature_names]
+        x = ds.x[take] if order == list(range(len(pos))) else ds.x[take][:, order]
+        x = x.astype(np.float64)
         if len(self.fill):
             x = np.where(np.isnan(x), self.fill, x)
         blocks, unknown = [x], {}
@@ -150,9 +136,11 @@ class Preprocessing:
                 col = np.where(col == None, self.category_fill[name], col)  # noqa: E711
             col = col.astype(str)
             onehot = (col[:, None] == np.asarray(cats)[None, :]).astype(np.float64)
-            n_unknown = int((onehot.sum(axis=1) == 0).sum())
-            if n_unknown:
-                unknown[name] = n_unknown
+            other = onehot.sum(axis=1) == 0
+            if name in self.infrequent:  # infrequent and unknown categories: one column
+                onehot = np.concatenate([onehot, other[:, None].astype(np.float64)], axis=1)
+            elif other.any():
+                unknown[name] = int(other.sum())
             blocks.append(onehot)
         return np.concatenate(blocks, axis=1), unknown
 
@@ -190,7 +178,8 @@ class Preprocessing:
         if extra:
             raise UsageError(f"Unexpected column {extra[0]!r} in {ds.name}; not a training feature.")
         x, unknown = self._encode(ds)
-        z = (x - self.mean) / self.scale
+        z = x - self.mean
+        z /= self.scale
         self._check_fits(z, x, ds.name, first_row)
         return z.astype(np.float32), unknown
 
@@ -233,6 +222,7 @@ class Preprocessing:
             "category_fill": self.category_fill,
             "output_names": self.output_names,
             "identifiers": list(self.identifiers),
+            "infrequent": list(self.infrequent),
         }, indent=1)
 
     @classmethod
@@ -246,4 +236,5 @@ class Preprocessing:
                    {str(k): [str(c) for c in v] for k, v in d.get("categories", {}).items()},
                    {str(k): str(v) for k, v in d.get("category_fill", {}).items()},
                    d.get("impute", "error"),
-                   tuple(str(c) for c in d.get("identifiers", [])))
+                   tuple(str(c) for c in d.get("identifiers", [])),
+                   tuple(str(c) for c in d.get("infrequent", [])))

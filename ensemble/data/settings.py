@@ -31,6 +31,9 @@ class DataConfig:
     runs with other seeds or member counts are scored on the same test rows. `drop`: columns
     left out. `image_size` (`[h, w]`, empty: as they are) and `color_mode` (`auto`: grey when
     every image is, `grayscale` or `rgb`): how an image folder is read (`ensemble.data.arrays`).
+    `max_categories`: one-hot columns of a categorical column at most, its infrequent
+    categories grouped into the last (scikit-learn's `OneHotEncoder(max_categories=)`); 0
+    gives every category its own column.
     """
 
     source: str = "digits"
@@ -41,6 +44,7 @@ class DataConfig:
     categorical: str | tuple[str, ...] = "auto"
     impute: str = "error"
     drop: tuple[str, ...] = ()
+    max_categories: int = 64
     image_size: tuple[int, ...] = ()
     color_mode: str = "auto"
     task: str = "auto"  # auto | classification | regression (ensemble.tasks.heads.resolve)

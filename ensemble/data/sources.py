@@ -26,6 +26,8 @@ import pyarrow.compute as pc
 
 from ensemble.data.settings import DataConfig
 from ensemble.core.errors import UsageError
+from ensemble.data.messages import (  # noqa: F401 (`sources.check_*`)
+    check_drop, check_unique_columns, did_you_mean, split_refusal)
 from ensemble.core.notices import notice  # noqa: F401 (`data.notice`)
 
 BUILTIN = ("digits", "breast_cancer", "wine", "iris", "synthetic", "diabetes")
@@ -58,6 +60,11 @@ class Dataset:
     def columns(self) -> tuple[str, ...]:
         """Every input column name: numeric, then categorical."""
         return self.feature_names + tuple(self.categorical)
+
+    def rows(self, idx) -> "Dataset":
+        """The rows `idx` (an index array or a slice) of this table, without labels."""
+        return Dataset(self.name, self.x[idx], None, self.feature_names,
+                       {k: v[idx] for k, v in self.categorical.items()}, self.identifiers)
 
     def sha256(self) -> str:
         """sha256 over the feature bytes, the categorical values, the labels and the names."""
@@ -117,17 +124,6 @@ def _is_category_like(tp: pa.DataType) -> bool:
             or pa.types.is_dictionary(tp) or pa.types.is_null(tp))
 
 
-def check_unique_columns(names: Sequence[str], source: str) -> None:
-    """Raises UsageError naming the first column name that `names` holds twice (a CSV header
-    or Parquet schema with duplicates cannot be matched by name)."""
-    seen: dict[str, int] = {}
-    for i, n in enumerate(names):
-        if n in seen:
-            raise UsageError(f"Data {source} has the column name {n!r} twice (columns "
-                             f"{seen[n] + 1} and {i + 1}); expected unique column names.")
-        seen[n] = i
-
-
 def _not_utf8(name: str, col: pa.ChunkedArray, first_row: int) -> str:
     """The problem line of a text column holding bytes that are not UTF-8 (its first row)."""
     for r, v in enumerate(col.to_pylist()):
@@ -169,7 +165,8 @@ def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
 def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bool,
                      categorical: str | Sequence[str] = "auto", impute: str = "error",
                      expected: Sequence[str] | None = None, strict: bool = False,
-                     first_row: int = 0, identifiers: Sequence[str] = ()) -> Dataset:
+                     first_row: int = 0, identifiers: Sequence[str] = (),
+                     detect_identifiers: bool = True) -> Dataset:
     """Validate a pyarrow table and split it into numeric features, categorical features and
     labels. Rows whose label is missing are dropped (with a notice) when the target is required.
 
@@ -184,6 +181,8 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
             as ignored). At train time identifier-like text columns are found and left out
             (`ensemble.data.identifiers`), listed in the returned `Dataset.identifiers`.
         first_row: the source row of the table's first row (a streamed batch), for messages.
+        detect_identifiers: at train time, look for identifier-like text columns (False for
+            the later chunks of a streamed file: its first chunk decided).
 
     Raises:
         UsageError: one message listing every problem found (no rows, missing target or
@@ -209,7 +208,8 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
             y = _labels(col, target, name, problems)
         table = table.drop_columns([target])
     elif require_target:
-        problems.append(f"Target column {target!r} not found (columns: "
+        problems.append(f"Target column {target!r} not found"
+                        f"{did_you_mean(target, table.column_names)} (columns: "
                         f"{', '.join(table.column_names)})")
     if expected is not None:
         missing = [c for c in expected if c not in table.column_names]
@@ -225,7 +225,7 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
             notice(f"ignoring column{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))} of "
                    f"{name}: not features of this run")
         table = table.select([c for c in table.column_names if c in expected])
-    else:  # training: identifier-like text columns are not features (ensemble.data.identifiers)
+    elif detect_identifiers:  # training: identifier-like text columns are not features
         from ensemble.data.identifiers import split_identifiers
 
         table, identifiers = split_identifiers(table, name, categorical, notice)
@@ -240,7 +240,8 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
         unknown = [c for c in categorical if c not in table.column_names and expected is None]
         if unknown:
             problems.append(f"categorical column{'s' * (len(unknown) > 1)} "
-                            f"{', '.join(map(repr, unknown))} not found")
+                            f"{', '.join(map(repr, unknown))} not found"
+                            f"{did_you_mean(unknown[0], table.column_names)}")
         cat_names = [c for c in categorical if c in table.column_names]
     numeric, cats, missing_values = [], {}, []
     for f in table.schema:
@@ -294,8 +295,9 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
     if problems:
         raise UsageError(f"{len(problems)} problem{'s' * (len(problems) > 1)} in data {name}: "
                          + "; ".join(problems) + ".")
-    x = (np.column_stack([v for _, v in numeric]) if numeric
-         else np.zeros((table.num_rows, 0))).astype(np.float32)
+    # columns stacked as rows (contiguous copies), then one transposing float32 copy
+    x = (np.ascontiguousarray(np.vstack([v for _, v in numeric]).T, np.float32) if numeric
+         else np.zeros((table.num_rows, 0), np.float32))
     return Dataset(name, x, y, tuple(n for n, _ in numeric), cats,
                    tuple(identifiers) if expected is None else ())
 
@@ -339,11 +341,7 @@ def _load_file(cfg: DataConfig, _stat_key, require_target: bool,
     path = Path(cfg.source)
     table = _read_table(path)
     if cfg.drop and expected is None:  # at predict time a dropped column is an extra one
-        unknown = [c for c in cfg.drop if c not in table.column_names]
-        if unknown:
-            raise UsageError(f"Cannot drop column{'s' * (len(unknown) > 1)} "
-                             f"{', '.join(map(repr, unknown))}: not in {path} (columns: "
-                             f"{', '.join(table.column_names)})")
+        check_drop(cfg.drop, table.column_names, path)
         table = table.drop_columns([c for c in dict.fromkeys(cfg.drop)])
     return table_to_dataset(table, str(path), cfg.target, require_target,
                             cfg.categorical, cfg.impute, expected, strict,
@@ -383,9 +381,6 @@ def split(ds: Dataset, cfg: DataConfig, seed: int) -> tuple[dict[str, np.ndarray
         val_share = cfg.validation_size / (1.0 - cfg.test_size)
         train, val = train_test_split(rest, test_size=val_share, random_state=seed,
                                       stratify=ds.y[rest])
-    except ValueError as exc:
-        raise UsageError(
-            f"Cannot split {ds.name} into stratified train/validation/test sets "
-            f"(smallest class has {counts.min()} rows): {exc}"
-        ) from None
+    except ValueError:
+        raise UsageError(split_refusal(ds.name, ds.y, classes, counts)) from None
     return {"train": np.sort(train), "validation": np.sort(val), "test": np.sort(test)}, classes

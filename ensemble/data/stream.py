@@ -2,10 +2,15 @@
 batch, so resident memory stays flat however large the input is.
 
 - `InputStream` reads a `.parquet` or `.csv` file, or a folder of such files (sorted by name),
-  with `pyarrow.dataset` (readahead of one batch; Parquet without pre-buffering), re-batches to `batch_rows` rows and yields
+  with `pyarrow.dataset` (readahead of one batch; Parquet without pre-buffering), re-batches
+  to `batch_rows` rows and yields
   each batch checked, encoded and scaled exactly as `Preprocessing.transform` does. `check()`
   validates the schema and the first batch (every problem in one message, before TensorFlow
-  loads); a bad value further on stops the prediction with a `UsageError` naming its rows.
+  loads); a bad value further on stops the prediction with a `UsageError` naming its rows,
+  with the bad rows of each column counted over the whole input (`ensemble.data.whole_input`).
+  Decided once for the whole input, never per batch: whether the labels fill `y` (no label
+  missing in any row: `labels_used`), and each notice (printed once, counts over the whole
+  input). `survey()` checks every batch before any prediction (a between-graph launcher).
   Built-in data sets (`digits`, ...) are small and read whole, then sliced.
 - `PredictionWriter` writes tables with one `pyarrow.parquet.ParquetWriter` to a temporary name
   beside the output and renames it into place at the end (removed on error).
@@ -23,6 +28,7 @@ from typing import Iterable, Iterator
 import pyarrow as pa
 
 from ensemble.core import hooks
+from ensemble.data import whole_input
 from ensemble.data import sources as data
 from ensemble.core.labels import encode
 from ensemble.core.outputs import ForwardSink, table_format, writes_through
@@ -79,6 +85,7 @@ class InputStream:
         self.unknown: dict[str, int] = {}  # unknown categories seen, per column
         self.passthrough = False  # carry the non-feature columns (an id) in `Batch.extra`
         self._dataset = None
+        self._labels: bool | None = None  # labels used for `y`: decided once (`labels_used`)
         if self.source not in data.BUILTIN:
             import pyarrow.dataset as ds
 
@@ -117,9 +124,30 @@ class InputStream:
             return None
         return self._dataset.count_rows()
 
+    def labels_used(self) -> bool:
+        """Whether the input's labels fill `y` (`y_true`): decided once for the whole input,
+        when the target column is present with no label missing in any row (one pass over
+        that column alone); otherwise `y` is None for every batch, with one notice counting
+        the missing labels over the whole input. Built-in sets decide on their whole table."""
+        if self._labels is None:
+            names = self._dataset.schema.names if self._dataset is not None else ()
+            if self.target not in names:
+                self._labels = False
+                return False
+            missing, rows = whole_input.missing_labels(self._dataset, self.target,
+                                                       self.batch_rows)
+            self._labels = missing == 0
+            if missing and not self.quiet:
+                data.notice(f"target column {self.target!r} of {self.source} has {missing:,} "
+                            f"missing label{'s' * (missing > 1)} in {rows:,} rows: labels not "
+                            "used (y_true is null on every row)", once=True)
+        return self._labels
+
     def _to_dataset(self, table: pa.Table, name: str, strict: bool,
                     first_row: int = 0) -> data.Dataset:
         pre = self.pre
+        if self.target in table.column_names and not self.labels_used():
+            table = table.drop_columns([self.target])  # decided once: no notice per batch
         return data.table_to_dataset(table, name, self.target, require_target=False,
                                      categorical=tuple(pre.categories) or "none",
                                      impute=pre.impute, expected=pre.columns, strict=strict,
@@ -137,11 +165,34 @@ class InputStream:
                self.batch_rows)
         if key in _CHECKED:
             return
-        first = next(self._tables(all_columns=True), None)
+        tables = self._tables(all_columns=True)
+        first = next(tables, None)
         if first is None:
             raise UsageError(f"Data {self.source} has no rows; expected at least one.")
-        self._to_dataset(first, self.source, self.strict)
+        try:
+            self._to_dataset(first, self.source, self.strict)
+        except UsageError as exc:
+            raise whole_input.error(exc, self.pre, first, 0, tables) from None
         _CHECKED.add(key)
+
+    def survey(self) -> None:
+        """Check every batch of the input before any prediction (one pass, nothing encoded
+        kept): a bad value anywhere is refused now, with its rows counted over the whole input
+        (`whole_input.error`), and unknown categories are counted over the whole input and
+        noticed once (unless `quiet`). What a between-graph launcher does before starting its
+        clients, which then stream the input quietly.
+
+        Raises:
+            UsageError: bad columns or values (every problem of the first bad batch, and the
+            bad rows of each column over the whole input).
+        """
+        self.check()
+        if self._dataset is None:
+            return
+        for _, _, table in self._validated(False):  # checked, not encoded
+            for col, n in whole_input.unknown_categories(table, self.pre).items():
+                self.unknown[col] = self.unknown.get(col, 0) + n
+        self._notice_unknown()
 
     def _tables(self, all_columns: bool = False) -> Iterator[pa.Table]:
         """The input as tables of exactly `batch_rows` rows (the last one shorter)."""
@@ -179,22 +230,37 @@ class InputStream:
                 yield self._batch(part, lo)  # a built-in set has no columns beyond features
             self._notice_unknown()
             return
+        rows = 0
+        for part, first, extra in self._validated(self.passthrough):
+            batch = self._batch(part, first)
+            batch.extra = extra
+            yield batch
+            rows = first + len(part.x)
+        if rows == 0:
+            raise UsageError(f"Data {self.source} has no rows; expected at least one.")
+        self._notice_unknown()
+
+    def _validated(self, passthrough: bool) -> Iterator[tuple[data.Dataset, int, pa.Table]]:
+        """`(checked rows, their first row, their non-feature columns)` per batch of the input
+        (without `passthrough`: the batch's table of features and target instead); the first
+        bad batch raises with the bad rows counted over the whole input
+        (`whole_input.error`)."""
         first = 0
-        for table in self._tables(all_columns=self.passthrough):
+        tables = self._tables(all_columns=passthrough)
+        for table in tables:
             name = f"{self.source} (rows {first}..{first + table.num_rows - 1})"
             extra = None
-            if self.passthrough:
+            if passthrough:
                 extra = table.select([c for c in table.column_names
                                       if c not in self.pre.columns and c != self.target])
                 table = table.select([c for c in table.column_names
                                       if c in self.pre.columns or c == self.target])
-            batch = self._batch(self._to_dataset(table, name, False, first), first)
-            batch.extra = extra
-            yield batch
+            try:
+                part = self._to_dataset(table, name, False, first)
+            except UsageError as exc:  # count the bad rows over the rest of the input too
+                raise whole_input.error(exc, self.pre, table, first, tables) from None
+            yield part, first, extra if passthrough else table
             first += table.num_rows
-        if first == 0:
-            raise UsageError(f"Data {self.source} has no rows; expected at least one.")
-        self._notice_unknown()
 
     def passthrough_batches(self) -> Iterator[tuple[pa.Table | None, None]]:
         """`(the input's non-feature columns, None)` in batches of `batch_rows` rows, what a

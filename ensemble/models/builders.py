@@ -33,15 +33,21 @@ LOCAL_PREFIX = "<local>:"  # a callable of this process that no other process ca
 _local: dict[str, Callable] = {}
 
 
+EMBEDDINGS = ("none", "periodic")  # the mlp's numeric feature embeddings
+
+
 def mlp(input_shape: Sequence[int], n_outputs: int, *, seed: int,
         hidden: Sequence[int] = (256, 128), activation: str = "relu", dropout: float = 0.1,
-        l2: float = 0.0):
-    """The built-in MLP: `[batch, *input_shape]` (flattened) -> Dense(`hidden[i]`,
+        l2: float = 0.0, embedding: str = "none", n_frequencies: int = 16,
+        d_embedding: int = 8, sigma: float = 0.1):
+    """The built-in MLP: `[batch, *input_shape]` (flattened) [-> embedding] -> Dense(`hidden[i]`,
     `activation`) [+ Dropout(`dropout`)] ... -> Dense(`n_outputs`) logits.
 
     Every initialiser and dropout layer has its own seed derived from `seed`; with `l2 > 0`
     every Dense kernel carries `keras.regularizers.L2(l2)` (`l2 * sum(kernel**2)`, added to
-    the training loss by `training.train_step`).
+    the training loss by `training.train_step`). `embedding = "periodic"` embeds each input
+    feature first (`ensemble.models.layers.PeriodicEmbedding`: `n_frequencies`, `d_embedding`,
+    `sigma`; Gorishniy et al. 2022, as TabM and RealMLP use it).
     """
     import keras
 
@@ -49,6 +55,11 @@ def mlp(input_shape: Sequence[int], n_outputs: int, *, seed: int,
     layers = [keras.Input(tuple(input_shape))]
     if len(input_shape) > 1:
         layers.append(keras.layers.Flatten(name="flatten"))
+    if embedding == "periodic":
+        from ensemble.models.layers import PeriodicEmbedding
+
+        layers.append(PeriodicEmbedding(n_frequencies, d_embedding, sigma, seed=seed + 10_007,
+                                        name="periodic_embedding"))
     for i, width in enumerate(hidden):
         layers.append(keras.layers.Dense(
             width, activation=activation, name=f"dense_{i}", kernel_regularizer=reg,
@@ -276,6 +287,18 @@ def check_mlp_params(params: dict[str, Any], key: str) -> None:
     l2 = params.get("l2", 0.0)
     if isinstance(l2, bool) or not isinstance(l2, (int, float)) or not l2 >= 0:
         raise UsageError(f"Expected `{key}.l2` to be >= 0. Received: {l2!r}")
+    emb = params.get("embedding", "none")
+    if emb not in EMBEDDINGS:
+        raise UsageError(f"Expected `{key}.embedding` to be one of {', '.join(EMBEDDINGS)}. "
+                         f"Received: {emb!r}")
+    for name in ("n_frequencies", "d_embedding"):
+        v = params.get(name, 1)
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1024:
+            raise UsageError(f"Expected `{key}.{name}` to be an integer in 1..1024. "
+                             f"Received: {v!r}")
+    sigma = params.get("sigma", 0.1)
+    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not sigma > 0:
+        raise UsageError(f"Expected `{key}.sigma` to be > 0. Received: {sigma!r}")
 
 
 def builder_file(spec: str) -> Path | None:

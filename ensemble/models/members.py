@@ -241,6 +241,7 @@ def load_member(path, device: str | None):
     import tensorflow as tf
 
     import ensemble.tasks.regression.tf_ops  # noqa: F401 (registers the regression head's layer)
+    import ensemble.models.layers  # noqa: F401 (registers the built-in builders' layers)
 
     if not Path(path).is_file():
         raise UsageError(f"Member model not found: {path}")

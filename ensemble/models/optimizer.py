@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-FUSED_ADAM_PARAMS = ("beta_1", "beta_2", "epsilon")
+FUSED_ADAM_PARAMS = ("beta_1", "beta_2", "epsilon", "weight_decay")
 
 
 def cosine(step, base_lr: float, total_steps: int):
@@ -31,16 +31,19 @@ class Adam:
     Same update as `keras.optimizers.Adam` (beta_1 0.9, beta_2 0.999, epsilon 1e-7):
     `m += (g - m)(1 - b1)`, `v += (g^2 - v)(1 - b2)`,
     `var -= lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)`; with `total_steps`, `lr`
-    follows `cosine` over the steps. Create it under `tf.device` of the member: its slots live
+    follows `cosine` over the steps. `weight_decay` > 0 makes it AdamW (Loshchilov & Hutter
+    2019): `var -= lr * weight_decay * var` before each step, as Keras's `weight_decay`. Create it under `tf.device` of the member: its slots live
     beside the variables.
     """
 
     def __init__(self, variables, learning_rate: float, beta_1: float = 0.9,
-                 beta_2: float = 0.999, epsilon: float = 1e-7, total_steps: int | None = None):
+                 beta_2: float = 0.999, epsilon: float = 1e-7, total_steps: int | None = None,
+                 weight_decay: float = 0.0):
         import tensorflow as tf
 
         self.weights = list(variables)
         self.lr, self.b1, self.b2, self.eps = learning_rate, beta_1, beta_2, epsilon
+        self.weight_decay = float(weight_decay)
         self.total_steps = total_steps
         self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
         self.m = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False) for v in self.weights]
@@ -60,6 +63,8 @@ class Adam:
         lr = self.lr if self.total_steps is None else cosine(step - 1, self.lr, self.total_steps)
         b1_power, b2_power = tf.pow(self.b1, t), tf.pow(self.b2, t)
         for var, m, v, g in zip(self.weights, self.m, self.v, grads):
+            if self.weight_decay:  # decoupled, before the step, as keras.optimizers.AdamW
+                var.assign_sub(var * (self.weight_decay * lr))
             handle = getattr(var, "value", var).handle  # keras.Variable wraps a tf.Variable
             tf.raw_ops.ResourceApplyAdam(
                 var=handle, m=m.handle, v=v.handle, beta1_power=b1_power,
@@ -114,7 +119,8 @@ def build_optimizer(model, learning_rate: float, name: str = "adam",
     device).
 
     Args:
-        name: `adam` (fused; `params` among beta_1, beta_2, epsilon) or a `keras.optimizers`
+        name: `adam` (fused; `params` among beta_1, beta_2, epsilon, weight_decay) or a
+            `keras.optimizers`
             name; `params` are its keyword arguments.
         schedule: `constant` or `cosine` (decay to 0 over `total_steps` updates).
 

@@ -84,7 +84,8 @@ def run_client(run_dir: Path, indices: int | Sequence[int], threads: int | None 
     and write each one's files atomically as soon as it is done.
 
     Writes `members/member-<i>.keras`, `.history.parquet` and `.predictions.parquet`
-    (validation and test rows, the columns of DESIGN.md). Saves checkpoints under
+    (validation and test rows, the columns of docs/reference/run-directory.md). Saves
+    checkpoints under
     `checkpoints/member-<i>/` (every `training.checkpoint_every` epochs) and resumes from them
     when they exist.
 

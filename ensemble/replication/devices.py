@@ -180,7 +180,7 @@ def set_op_threads(intra_op: int) -> list[str]:
     leave TensorFlow's default, as many as cores). Convolutions and their gradients (oneDNN's
     and Eigen's alike) split their float sums by this count, so members are equal across
     modes, `--jobs` and member counts only when every process uses the same count
-    (`training.intra_op_threads`; see the README's "Same members in both modes").
+    (`training.intra_op_threads`; see docs/concepts/parity.md).
 
     Returns:
         A notice when TensorFlow is already initialised with another count (a notebook that

@@ -6,9 +6,9 @@ Tracing the many-steps training call (`steps.make_steps_fn`) of a few tiny membe
 many times (cross-validation, grid search, its estimator checks). A `TracedEnsemble` keeps one
 architecture's members, optimisers, traced training call and prediction graphs. Each fit
 first `reset`s it to the exact state of a fresh build for its seed (the variables of freshly
-built members and optimisers, dropout seed states included, are copied in) and `feed`s its
-rows into device-resident variables: the numbers are those of a fresh `InGraphEnsemble.build`
-while the graph is traced once. A fitted estimator keeps its weights as numpy arrays and
+built members and optimisers, dropout seed states included, are copied in) and `feed`s it
+the rows its batches are gathered from (`feed.Gather`): the numbers are those of a fresh
+`InGraphEnsemble.build` while the graph is traced once. A fitted estimator keeps its weights as numpy arrays and
 loads them into the shared models only for the length of a `predict` (under `lock`).
 
 Own code: Keras and TensorFlow offer no way to reset a traced function's state or swap the
@@ -94,21 +94,10 @@ class TracedEnsemble:
                                            aggregators=(), n_train=n_train or None,
                                            task=_task(cfg, n_classes))
         self.lock = threading.RLock()
-        self.data = {}
-        task = self.group.task
-        from ensemble.replication.training import memory_of
-
-        first = {memory_of(d): d for d in reversed(self.devices)}  # one copy per memory
-        for device in first.values():
-            with tf.device(device):
-                self.data[device] = (
-                    tf.Variable(tf.zeros([0, *self.input_shape]),
-                                shape=[None, *self.input_shape], trainable=False),
-                    tf.Variable(tf.zeros([0], task.target_dtype), shape=[None],
-                                trainable=False))
+        self.gather = None  # `feed.Gather` of the rows of the fit under way (`feed`)
         self.run_steps = make_steps_fn(self.group.models, self.group.optimizers, self.devices,
-                                       None, None, CLIENT_DEVICE, task, on_device=self.data,
-                                       masked=cfg.training.early_stopping > 0)
+                                       self.input_shape, tf.float32, CLIENT_DEVICE,
+                                       self.group.task, masked=cfg.training.early_stopping > 0)
         self._predictors: OrderedDict[str, object] = OrderedDict()
 
     def reset(self, seed: int) -> None:
@@ -131,21 +120,25 @@ class TracedEnsemble:
                 a.assign(b)
 
     def feed(self, x: np.ndarray, y: np.ndarray) -> None:
-        """Training rows `x` `[n_train, *input_shape]` float32, `y` `[n_train]` targets,
-        copied onto every member's device."""
-        for xv, yv in self.data.values():
-            xv.assign(np.asarray(x, np.float32))
-            yv.assign(np.asarray(y, yv.dtype.as_numpy_dtype))
+        """The training rows of the next fit: `x` `[n_train, *input_shape]` (fed as float32),
+        `y` `[n_train]` targets; batches are gathered from them on the host."""
+        from ensemble.replication.feed import Gather
+
+        self.gather = Gather(np.asarray(x, np.float32), y,
+                             self.group.task.target_dtype)
 
     def clear(self) -> None:
-        """Drop the fed rows (the cache keeps the graphs, not a copy of the rows)."""
-        self.feed(np.zeros((0, *self.input_shape), np.float32), np.zeros(0))
+        """Drop the fed rows (the cache keeps the graphs, not the rows)."""
+        self.gather = None
 
-    def steps(self, idx: np.ndarray, total: np.ndarray, active: np.ndarray) -> np.ndarray:
-        """`steps.make_steps_fn`'s call, numpy in and out (for `training.train_loop`)."""
+    def steps(self, batch, total: np.ndarray, active: np.ndarray) -> np.ndarray:
+        """`steps.make_steps_fn`'s call on a gathered `batch` (`(xb, yb)` of `feed.Gather`),
+        numpy in and out (for `training.train_loop`)."""
         import tensorflow as tf
 
-        return self.run_steps(tf.constant(idx), tf.constant(total), tf.constant(active)).numpy()
+        xb, yb = batch
+        return self.run_steps(tf.constant(xb), tf.constant(yb), tf.constant(total),
+                              tf.constant(active)).numpy()
 
     def weights(self) -> list[list[np.ndarray]]:
         """`[n_members]` lists of the members' weights (`keras.Model.get_weights`)."""

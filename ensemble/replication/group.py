@@ -159,12 +159,14 @@ class MemberGroup:
         return (np.concatenate(members, axis=1),
                 {a: np.concatenate(v, axis=0) for a, v in ens.items()})
 
-    def make_train_steps(self, x_train: np.ndarray, y_train: np.ndarray,
+    def make_train_steps(self, x_train: np.ndarray, y_train: np.ndarray | None = None,
                          masked: bool | None = None):
         """The traced many-steps training call of these members (`steps.make_steps_fn`):
-        `run_steps(idx [steps, n_members, batch] int32, total [n_members] float32,
-        active [n_members] bool) -> [n_members]` running loss sums. `masked` (default: with
-        early stopping) makes it skip the steps of inactive members."""
+        `run_steps(xb [steps, n_members, batch, *input_shape], yb [steps, n_members, batch],
+        total [n_members] float32, active [n_members] bool) -> [n_members]` running loss
+        sums. `x_train` `[n_train, *input_shape]` gives the rows' dtype (uint8 images stay
+        uint8) and the adversarial step's range; `masked` (default: with early stopping)
+        makes it skip the steps of inactive members."""
         masked = self._best is not None if masked is None else masked
         adversarial = None
         if self.adversarial_epsilon > 0:
@@ -172,8 +174,9 @@ class MemberGroup:
 
             adversarial = [input_step(m, x_train, self.adversarial_epsilon)
                            for m in self.models]
-        return make_steps_fn(self.models, self.optimizers, self.devices, x_train, y_train,
-                             self.client_device, self.task, masked=masked,
+        x_dtype = tf.uint8 if x_train.dtype == np.uint8 else tf.float32
+        return make_steps_fn(self.models, self.optimizers, self.devices, x_train.shape[1:],
+                             x_dtype, self.client_device, self.task, masked=masked,
                              replicas=self.train_replicas, adversarial=adversarial)
 
     def early_stopping(self, schedule: Schedule) -> EarlyStopping | None:
@@ -199,18 +202,23 @@ class MemberGroup:
         from ensemble.replication.checkpoints import EpochCheckpoints
         from ensemble.replication.divergence import Divergence
 
+        from ensemble.replication.feed import Gather
+
         stopping = self.early_stopping(schedule)
-        steps = [self.make_train_steps(x_train, y_train), self._best is not None]
+        steps = [self.make_train_steps(x_train), self._best is not None]
         self.divergence = Divergence(self.indices)
+        gather = Gather(x_train, y_train, self.task.target_dtype)
 
-        def run_steps(idx, total, active):  # numpy in and out
+        def run_steps(batch, total, active):  # numpy in and out
             if not steps[1] and not active.all():  # a member diverged: trace the masked call
-                steps[:] = [self.make_train_steps(x_train, y_train, masked=True), True]
-            return steps[0](tf.constant(idx), tf.constant(total), tf.constant(active)).numpy()
+                steps[:] = [self.make_train_steps(x_train, masked=True), True]
+            xb, yb = batch
+            return steps[0](tf.constant(xb), tf.constant(yb), tf.constant(total),
+                            tf.constant(active)).numpy()
 
-        x_val = np.asarray(x_val, np.float32)
         ckpt = (EpochCheckpoints(checkpoint_dir, self.models, self.optimizers, self._best)
                 if checkpoint_dir is not None else None)
         return train_loop(run_steps, lambda: self.predict(x_val)[0], self.indices, schedule,
                           len(x_train), y_val, self.task, ckpt, callbacks, stopping,
-                          self.divergence)
+                          self.divergence, gather=gather,
+                          max_steps=gather.max_steps(len(self.models), schedule.batch_size))

@@ -187,12 +187,15 @@ class RowProgress:
     Args:
         total: rows of the input, or None when unknown (CSV).
         verbosity: 0 prints nothing.
+        start: when the prediction began (`time.monotonic()`; default: now): rows per second
+            are over the wall time since then, member loading and client processes included.
     """
 
     def __init__(self, total: int | None, stream: TextIO | None = None, verbosity: int = 1,
-                 every: float = LOG_EVERY_SECONDS):
+                 every: float = LOG_EVERY_SECONDS, start: float | None = None):
         self.total, self.stream, self.verbosity, self.every = total, stream, verbosity, every
-        self.start = self.last = time.monotonic()
+        self.start = time.monotonic() if start is None else start
+        self.last = time.monotonic()
         self.rows, self.bar = 0, None
         out = stream or sys.stdout
         if verbosity > 0 and _isatty(out) and "keras" in sys.modules:  # never load it here

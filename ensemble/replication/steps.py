@@ -24,21 +24,18 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-
-from ensemble.replication.training import memory_of, train_step
+from ensemble.replication.training import train_step
 
 
-def replicated_train_step(model, optimizer, data: dict, idx, task, devices: Sequence[str],
+def replicated_train_step(model, optimizer, xb, yb, task, devices: Sequence[str],
                           adversarial=None):
     """THE training step of one member over its replicas (`training.train_step` when
     `len(devices) == 1`).
 
     Args:
         model, optimizer: the member's Keras model (variables on `devices[0]`) and optimiser.
-        data: `{memory_of(device): (x [n_train, *input_shape], y [n_train])}`: the training
-            data in every memory the replicas use (`training.memory_of`).
-        idx: `[batch]` int32 row indices of this batch.
+        xb: `[batch, *input_shape]` the batch's rows (float32, or uint8 images); yb:
+            `[batch]` their targets.
         task: the run's `tasks` object (its `loss`).
         devices: `[R]` distinct device names of the member's replicas; replica 0's is the
             member's home device (variables, the average and the update).
@@ -54,25 +51,23 @@ def replicated_train_step(model, optimizer, data: dict, idx, task, devices: Sequ
 
     home = devices[0]
     if len(devices) == 1:
-        x, y = data[memory_of(home)]
-        return train_step(model, optimizer, x, y, idx, task, adversarial)
-    n = tf.shape(idx)[0]
+        return train_step(model, optimizer, xb, yb, task, adversarial)
+    n = tf.shape(yb)[0]
     rows = tf.cast(n, tf.float32)
     parts = []  # (weight n_j / n, loss_j, grads_j) of every replica
     for j, device in enumerate(devices):
         lo, hi = n * j // len(devices), n * (j + 1) // len(devices)
         with tf.name_scope(f"replica_{j}_{model.name}"), tf.device(device):
-            x, y = data[memory_of(device)]
-            xb, yb = tf.gather(x, idx[lo:hi]), tf.gather(y, idx[lo:hi])
-            if xb.dtype != tf.float32:
-                xb = tf.cast(xb, tf.float32)
+            xj, yj = xb[lo:hi], yb[lo:hi]
+            if xj.dtype != tf.float32:
+                xj = tf.cast(xj, tf.float32)
             with tf.GradientTape() as tape:
                 if adversarial is None:
-                    loss = task.loss(yb, model(xb, training=True))
+                    loss = task.loss(yj, model(xj, training=True))
                 else:
                     from ensemble.replication.adversarial import loss as adversarial_loss
 
-                    loss = adversarial_loss(model, xb, yb, task, adversarial)
+                    loss = adversarial_loss(model, xj, yj, task, adversarial)
                 if model.losses:
                     loss = loss + tf.add_n(model.losses)
             grads = tape.gradient(loss, model.trainable_variables)
@@ -89,80 +84,62 @@ def replicated_train_step(model, optimizer, data: dict, idx, task, devices: Sequ
     return loss
 
 
-def memories(devices: Sequence[str], replicas: Sequence[Sequence[str]] | None) -> list[str]:
-    """Every device whose memory needs the training data: the members' `devices` and their
-    replicas' (`[n_members]` lists, or None), in order of first use, without repeats."""
-    return list(dict.fromkeys([*devices, *(d for r in (replicas or ()) for d in r)]))
-
-
-def make_steps_fn(models, optimizers, devices, x_train, y_train, client_device: str, task,
-                  on_device: dict | None = None, masked: bool = False, replicas=None,
-                  adversarial=None):
+def make_steps_fn(models, optimizers, devices, row_shape, x_dtype, client_device: str, task,
+                  masked: bool = False, replicas=None, adversarial=None):
     """The traced call that trains a group of members for several steps.
 
-    The training data is copied once into each memory the members' devices use (`memory_of`:
-    one copy per GPU, one for all logical CPU devices of a host, which read it in place); or
-    the caller gives those copies as `on_device` `{device: (x [n_train, *input_shape]
-    float32 (uint8 images), y [n_train])}`,
-    e.g. variables it reassigns between fits so that the call is traced once
-    (`ensemble.replication.graph_cache`; `x_train`, `y_train` are then unused). The returned function takes
-    `idx` `[steps, n_members, batch]` int32 (member `k`'s rows of each step), `total`
+    The returned function takes `xb` `[steps, n_members, batch, *row_shape]` (`x_dtype`:
+    float32, or uint8 images) and `yb` `[steps, n_members, batch]` (the task's target dtype):
+    member `k`'s rows of each step, gathered on the host (`feed.Gather`), plus `total`
     `[n_members]` float32 (the epoch's running loss sum so far) and `active` `[n_members]`
     bool, and returns `total` plus, step after step, each member's batch-mean loss x batch
     rows: carrying the running sum through the calls makes it independent of how the steps
     are split into calls. With `masked` (early stopping), a member whose `active` is false
     skips its steps (no update, loss 0); without it `active` is ignored, and the graph holds
     no condition.
-    Every step calls `train_step` for every member under `tf.device` of its device; the
-    summing runs on `client_device`. `replicas` (`[n_members]` lists of device names, replica
-    0 the member's device; None: one each) makes a member of several replicas take
-    `steps.replicated_train_step` instead, data-parallel (the same step for one replica).
-    `adversarial`: None, or `[n_members]` sign steps `[*input_shape]` of
+    Each member runs its steps in a `tf.while_loop` of its own (members do not wait for each
+    other at every step; the executor runs their loops side by side), calling `train_step`
+    under `tf.device` of its device; slicing the batches and summing run on
+    `client_device`. `replicas` (`[n_members]` lists of device names, replica 0 the member's
+    device; None: one each) makes a member of several replicas take
+    `steps.replicated_train_step` instead, data-parallel (the same step for one replica). `adversarial`: None, or `[n_members]` sign steps `[*input_shape]` of
     `adversarial.input_step` (adversarial training).
     """
     import tensorflow as tf
 
-    on_device = {memory_of(d): v for d, v in (on_device or {}).items()}
-    x_train = None if x_train is None else (
-        x_train if np.asarray(x_train).dtype == np.uint8 else np.asarray(x_train, np.float32))
-    for device in memories(devices, replicas):
-        if memory_of(device) in on_device:
-            continue
-        with tf.device(device):  # one copy per memory, on its first member's device
-            on_device[memory_of(device)] = (tf.identity(tf.constant(x_train)),
-                                            tf.identity(tf.constant(y_train, task.target_dtype)))
     n = len(models)
     steps = [None] * n
     for k, device in enumerate(devices if adversarial is not None else ()):
         with tf.device(device):
             steps[k] = tf.constant(adversarial[k], tf.float32)
+    groups = [replicas[k] if replicas is not None else [devices[k]] for k in range(n)]
 
-    @tf.function(input_signature=[tf.TensorSpec([None, n, None], tf.int32),
+    @tf.function(input_signature=[tf.TensorSpec([None, n, None, *row_shape], x_dtype),
+                                  tf.TensorSpec([None, n, None], task.target_dtype),
                                   tf.TensorSpec([n], tf.float32),
                                   tf.TensorSpec([n], tf.bool)], autograph=False)
-    def run_steps(idx, total, active):
-        rows = tf.cast(tf.shape(idx)[2], tf.float32)
+    def run_steps(xb, yb, total, active):
+        rows = tf.cast(tf.shape(yb)[2], tf.float32)
+        n_steps = tf.shape(yb)[0]
 
-        def body(s, total):
-            losses = []
-            for k, (model, opt, device) in enumerate(zip(models, optimizers, devices)):
-                with tf.device(device):
-                    x, y = on_device[memory_of(device)]
-                    step = (lambda m=model, o=opt, x=x, y=y, k=k:  # noqa: E731
-                            train_step(m, o, x, y, idx[s, k], task, steps[k]))
-                    if replicas is not None and len(replicas[k]) > 1:  # data parallelism
-                        step = (lambda m=model, o=opt, k=k:  # noqa: E731
-                                replicated_train_step(m, o, on_device, idx[s, k], task,
-                                                      replicas[k], steps[k]))
-                    losses.append(tf.cond(active[k], step, lambda: tf.constant(0.0))
-                                  if masked else step())
-            with tf.device(client_device):
-                return s + 1, total + tf.stack(losses) * rows
+        def member_loop(k):  # member k's steps, a loop of its own: no barrier across members
+            def body(s, loss_sum):
+                with tf.device(client_device):
+                    xk, yk = xb[s, k], yb[s, k]
+                with tf.device(devices[k]):
+                    loss = replicated_train_step(models[k], optimizers[k], xk, yk, task,
+                                                 groups[k], steps[k])
+                return s + 1, loss_sum + loss * rows
+
+            def run():  # the running sum goes on from `total[k]`, step by step
+                _, loss_sum = tf.while_loop(lambda s, _: s < n_steps, body,
+                                            [tf.constant(0), total[k]],
+                                            parallel_iterations=1)
+                return loss_sum
+
+            return tf.cond(active[k], run, lambda: total[k]) if masked else run()
 
         with tf.device(client_device):
-            _, total = tf.while_loop(lambda s, _: s < tf.shape(idx)[0], body,
-                                     [tf.constant(0), total],
-                                     parallel_iterations=1)
-            return total
+            return tf.stack([member_loop(k) for k in range(n)])
 
     return run_steps

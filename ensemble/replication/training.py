@@ -1,8 +1,9 @@
 """Training: THE per-member step, the traced many-steps call, and the epoch loop.
 
 One traced call runs `K` steps (up to a whole epoch) of every member of a group, like Keras's
-`steps_per_execution`: the batch rows go in once as a `[steps, n_members, batch]` int32 tensor,
-a `tf.while_loop` runs the steps, the losses are summed on the device, and the host syncs once
+`steps_per_execution`: the batches go in once as `[steps, n_members, batch, *row_shape]` rows
+gathered on the host from the (memory-mapped) split by the members' row order, the next call's
+while the current one runs (`ensemble.replication.feed`); a `tf.while_loop` runs the steps, the losses are summed on the device, and the host syncs once
 per call. Both replication modes call the same per-member `train_step` inside it, which is what
 keeps their members identical; `K` changes only how often the host looks, never the numbers.
 
@@ -24,15 +25,6 @@ from ensemble.models.members import batch_order
 
 CALL_SECONDS = 1.0  # automatic K aims at calls of about this long (progress every call)
 FIRST_CALL_STEPS = 8
-
-
-def memory_of(device: str) -> str:
-    """The physical memory a device computes in: a GPU's own, or its host's for every
-    (logical) CPU device of one task (`/job:worker/replica:0/task:1/device:CPU:3` ->
-    `/job:worker/replica:0/task:1/CPU`)."""
-    prefix, _, kind = device.rpartition("device:")
-    kind, _, _ = kind.partition(":")
-    return device if kind.upper() != "CPU" else f"{prefix}CPU"
 
 
 @dataclass(frozen=True)
@@ -69,13 +61,13 @@ class Schedule:
         return -(-n_train // self.batch_size)
 
 
-def train_step(model, optimizer, x, y, idx, task, adversarial=None):
-    """THE training step of one member: gather the batch, forward, backward, update.
+def train_step(model, optimizer, xb, yb, task, adversarial=None):
+    """THE training step of one member: forward, backward, update on one batch.
 
     Args:
-        x: `[n_train, *input_shape]` float32 (or uint8 images) tensor on the member's device.
-        y: `[n_train]` targets on the member's device (class indices for classification).
-        idx: `[batch]` int32 row indices of this batch.
+        xb: `[batch, *input_shape]` float32 (or uint8 images) rows of this batch, gathered
+            on the host (`feed.Gather`).
+        yb: `[batch]` their targets (class indices for classification).
         task: the run's `tasks` object (its `loss`).
         adversarial: None (the default: no adversarial op in the graph), or the
             `[*input_shape]` sign step of `adversarial.input_step`: the loss is then that
@@ -87,7 +79,6 @@ def train_step(model, optimizer, x, y, idx, task, adversarial=None):
     """
     import tensorflow as tf
 
-    xb, yb = tf.gather(x, idx), tf.gather(y, idx)
     if xb.dtype != tf.float32:  # images stay uint8 up to here: 4x less memory
         xb = tf.cast(xb, tf.float32)
     with tf.GradientTape() as tape:
@@ -193,17 +184,25 @@ class EarlyStopping:
                 self.restore(int(k))
 
 
-def train_loop(run_steps: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+def train_loop(run_steps: Callable[[object, np.ndarray, np.ndarray], np.ndarray],
                predict_val: Callable[[], np.ndarray] | None, indices: Sequence[int],
                schedule: Schedule, n_train: int, y_val: np.ndarray | None, task,
                checkpoints=None, callbacks: Sequence[Callback] = (),
-               stopping: EarlyStopping | None = None, divergence=None) -> list[dict]:
+               stopping: EarlyStopping | None = None, divergence=None,
+               gather: Callable[[np.ndarray], object] | None = None,
+               max_steps: int | None = None) -> list[dict]:
     """Run the epochs for the members `indices` and record their history.
 
     Args:
-        run_steps: takes `[steps, len(indices), batch]` int32 batch rows, the running
-            `[len(indices)]` float32 loss sum and the `[len(indices)]` bool active mask, runs
-            those steps for those members (`make_steps_fn`), returns the new running sum.
+        run_steps: takes a call's batches (`gather` of its `[steps, len(indices), batch]`
+            int32 batch rows), the running `[len(indices)]` float32 loss sum and the
+            `[len(indices)]` bool active mask, runs those steps for those members
+            (`make_steps_fn`), returns the new running sum.
+        gather: turns a call's batch rows into what `run_steps` takes (`feed.Gather`: the
+            rows themselves); run one call ahead in a background thread. None: the row
+            indices are passed as they are.
+        max_steps: the most steps one call may take (`feed.Gather.max_steps`: bounds the
+            bytes of a call's batches); None: no bound beyond the epoch.
         predict_val: returns validation outputs `[len(indices), n_val, ...]`; None when there
             is no validation data (the validation scores are then NaN).
         y_val: `[n_val]` validation targets (unused without `predict_val`).
@@ -229,9 +228,12 @@ def train_loop(run_steps: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndar
     from ensemble.replication.divergence import Divergence
 
     with interrupt.deferred():
-        return _Loop(run_steps, predict_val, list(indices), schedule, n_train, y_val, task,
+        loop = _Loop(run_steps, predict_val, list(indices), schedule, n_train, y_val, task,
                      checkpoints, callbacks, stopping, interrupt.check,
-                     divergence or Divergence(indices)).run()
+                     divergence or Divergence(indices))
+        loop.gather, loop.max_steps = gather or (lambda idx: idx), max_steps or loop.n_steps
+        loop.k = min(loop.k, loop.max_steps)
+        return loop.run()
 
 
 class _Loop:
@@ -297,35 +299,45 @@ class _Loop:
                 self.stopping.update(j, epoch, scores["val_loss"])
         return new
 
+    def _calls(self, order: np.ndarray, n_full: int):
+        """`(done, stop, rows)` of each traced call of an epoch: steps `done..stop` and their
+        `[stop - done, n_members, batch]` batch rows (the ragged last batch alone). Lazy:
+        a call's size is the `k` at the time it is asked for."""
+        bs, done = self.s.batch_size, 0
+        full = order[:, :n_full * bs].reshape(len(self.indices), n_full, bs).transpose(1, 0, 2)
+        while done < self.n_steps:
+            if done < n_full:
+                stop = min(n_full, done + self.k)
+                yield done, stop, np.ascontiguousarray(full[done:stop])
+            else:
+                stop = self.n_steps
+                yield done, stop, np.ascontiguousarray(order[:, n_full * bs:][None])
+            done = stop
+
     def _epoch(self, epoch: int, active: np.ndarray, start: float) -> np.ndarray:
+        from ensemble.replication.feed import prefetched
+
         s, n_steps = self.s, self.n_steps
         n_full = self.n_train // s.batch_size
         order = np.stack([batch_order(s.run_seed, i, epoch, self.n_train)
                           for i in self.indices])
-        full = order[:, :n_full * s.batch_size].reshape(len(self.indices), n_full, s.batch_size)
-        full = np.ascontiguousarray(full.transpose(1, 0, 2))  # [n_full, n_members, batch]
-        total, done = np.zeros(len(self.indices), np.float32), 0
-        while done < n_steps:
-            if done < n_full:
-                stop = min(n_full, done + self.k)
-                batch = full[done:stop]
-            else:
-                stop, batch = n_steps, order[:, n_full * s.batch_size:][None]
+        total = np.zeros(len(self.indices), np.float32)
+        calls = prefetched(self._calls(order, n_full), lambda c: self.gather(c[2]))
+        for (done, stop, _), batch in calls:
             call_start = time.perf_counter()
             total = np.asarray(self.run_steps(batch, total, active), np.float32)
             if self.divergence.check_losses(epoch, total, active):  # values already here
                 active &= self.divergence.healthy()  # masked from the next call on
                 if not active.any():
                     break
-            if not s.steps_per_call and stop - done == self.k and stop <= n_full:
-                per_step = (time.perf_counter() - call_start) / self.k
+            if not s.steps_per_call and stop <= n_full and stop - done >= self.k:
+                per_step = (time.perf_counter() - call_start) / (stop - done)
                 self.k = int(min(max(1, CALL_SECONDS / max(per_step, 1e-6)), 4 * self.k,
-                                 n_steps))
+                                 n_steps, self.max_steps))
             rows = self.n_train if stop == n_steps else stop * s.batch_size
-            done = stop
             for cb in self.callbacks:
-                cb.on_call_end(epoch, done, n_steps, total / np.float32(rows),
+                cb.on_call_end(epoch, stop, n_steps, total / np.float32(rows),
                                time.perf_counter() - start)
             self.check(epoch + 1, s.epochs)
-            hooks.fire("call_end", epoch=epoch, steps_done=done, members=self.indices)
+            hooks.fire("call_end", epoch=epoch, steps_done=stop, members=self.indices)
         return total

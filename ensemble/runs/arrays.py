@@ -1,8 +1,8 @@
 """Ensembles from in-memory arrays: what `ensemble.sklearn.DeepEnsembleClassifier` composes.
 
 Preprocessing, training in either replication mode, prediction, and saving/loading as a run
-directory (the layout of DESIGN.md, so `ensemble.load_run` and `ensemble predict --run` read
-it). Unlike `ensemble train`, every row given is a training row: no split is made (scikit-learn
+directory (the layout of docs/reference/run-directory.md, so `ensemble.load_run` and
+`ensemble predict --run` read it). Unlike `ensemble train`, every row given is a training row: no split is made (scikit-learn
 does its own), and validation rows come only from `validation_data`.
 
 In-graph training runs `training.train_loop` over the cached traced call of
@@ -92,7 +92,9 @@ def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preproce
         try:
             records = train_loop(entry.steps, predict_val, group.indices, schedule, len(x),
                                  None if val is None else val[1], group.task, None, (),
-                                 stopping)
+                                 stopping, gather=entry.gather,
+                                 max_steps=entry.gather.max_steps(len(group.models),
+                                                                  schedule.batch_size))
         finally:
             entry.clear()
         weights = entry.weights()

@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 
+from ensemble.config import auto
 from ensemble.core import artifacts
 from ensemble.replication import devices
 from ensemble.replication import divergence
@@ -213,6 +214,9 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
             manifest = prepared
         else:
             manifest = run.prepare(cfg, run_dir, "between-graph", devs, overwrite, cluster)
+            if verbosity:
+                print(auto.describe(run.run_config(cfg, manifest), manifest.get("defaults") or {}),
+                      flush=True)
         if prepare_only:  # the clients, started by hand or a scheduler, take over
             return run.set_status(run_dir, "prepared")
         with run.recording_outcome(run_dir):
@@ -292,7 +296,7 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
                                        trust_builder=trust_builder)
     names, fit = run_aggregators(run_dir, manifest)
     answer = default_aggregator(names, fit, aggregator)
-    stream.check()
+    stream.survey()  # the whole input checked once, notices once: clients stream it quietly
     used = set(ensemble_members(manifest))  # diverged members left out
     member_devs = {m["index"]: m["device"] for m in manifest["members"] if m["index"] in used}
     extra = ["--batch-size", str(batch_size)] + (["--target", target] if target else [])
@@ -302,7 +306,7 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
         devs = devices.resolve("auto", len(member_devs), load_spec(cluster_file))
         member_devs = dict(enumerate(place(len(member_devs), devs)))
         extra += ["--cluster", str(cluster_file)]
-    start = time.perf_counter()
+    start = time.monotonic()  # the prediction's wall time: clients and aggregation
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".ensemble-predict-", dir=Path(out).parent) as tmp:
         paths = {i: Path(tmp) / f"member-{i}.parquet" for i in member_devs}
@@ -313,17 +317,17 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
             str(Path(source).resolve()) if Path(source).exists() else source, "--out", tmp,
             "--device", ",".join(member_devs[i] for i in q), *extra],
             member_devs, verbosity=0)
-        progress = RowProgress(None, verbosity=verbosity)
+        progress = RowProgress(None, verbosity=verbosity, start=start)
         rows = aggregate_stream([paths[i] for i in sorted(member_devs)], sorted(member_devs),
                                 out, pre.classes, names,
                                 member_params(fit, sorted(member_devs)), batch_size,
                                 progress.update, layout, stream.passthrough_batches(), answer)
-        progress.end()
+        seconds = progress.end()
     for c in clients.values():
         c.pop("tensorflow_build", None)
     placed = {i: [d] for i, d in member_devs.items()}
-    rec = record(run_dir, manifest, source, out, "between-graph", rows,
-                 time.perf_counter() - start, batch_size, placed)
+    rec = record(run_dir, manifest, source, out, "between-graph", rows, seconds, batch_size,
+                 placed)
     return write_manifest(out, rec), {"jobs": len(queues),
                                       "clients": {str(i): c for i, c in clients.items()}}
 

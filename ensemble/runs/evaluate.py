@@ -95,7 +95,8 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
             artifacts.verify(run_dir, manifest, run_dir / posthoc.SIZE_CURVE)
         pictures = of_metrics(table).write_plots(out.parent, preds, table, run_dir)
         labelled = preds.filter(pc.is_valid(preds.column("y_true")))
-        pictures.append(plots_ood.confidence_plot(out.parent, *confidence.curves(labelled)))
+        pictures.append(plots_ood.confidence_plot(out.parent, *_answer_curves(
+            *confidence.curves(labelled), table.to_pylist(), run_dir)))
         text += "\n" + "\n".join(f"plot: {p}" for p in pictures)
         written += pictures
     inside = [p for p in written if run_dir is not None
@@ -103,6 +104,20 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
     if inside:  # a hashed artifact is never rewritten without its new hash
         runlock.update_manifest(run_dir, lambda m: artifacts.record_hashes(m, run_dir, inside))
     return table, text
+
+
+def _answer_curves(curves: dict, regression: bool, rows: list[dict], run_dir
+                   ) -> tuple[dict, bool]:
+    """The confidence curves of the members and of the one ensemble `predict` answers with
+    (`report.answering`), labelled so; other aggregators' curves are left out (std scaling
+    only rescales the std: its curve is the mean's, one line hid the other)."""
+    from ensemble.tasks.report import ANSWER, answering
+
+    answer = answering([r for r in rows if r["split"] == "test"] or rows, run_dir)
+    if answer is None:
+        return curves, regression
+    return ({(m + ANSWER if m == answer["model"] else m): c for m, c in curves.items()
+             if m == answer["model"] or not m.startswith("ensemble")}, regression)
 
 
 def comparison_lines(run_dir: str | Path) -> list[str]:

@@ -12,8 +12,8 @@ answers as `ensemble predict` does, under plain TensorFlow Serving too:
   inf once cast to the input's float32), and a value that the run's standardisation scales
   beyond float32. A run that imputes fills NaN and `""` as before, and still refuses inf.
 - Uncertainty (`classification_uncertainty`, `regression_uncertainty`): the per-row columns of
-  `predictions.parquet` (DESIGN.md) computed in the graph from the members' outputs, TF twins
-  of `ensemble.tasks.classification.metrics.uncertainty` and `ensemble.tasks.regression.aggregators.std_of`.
+  `predictions.parquet` (docs/reference/run-directory.md) computed in the graph from the
+  members' outputs, TF twins of `ensemble.tasks.classification.metrics.uncertainty` and `ensemble.tasks.regression.aggregators.std_of`.
 
 `ensemble serve` turns the refusal into HTTP 400 with its message
 (`ensemble.serving.graph_errors`).

@@ -11,6 +11,7 @@ rows, the timing and member -> devices.
 from __future__ import annotations
 
 import json
+import time
 import os
 from pathlib import Path
 
@@ -84,8 +85,10 @@ def check_out(out: Path) -> Path:
 
 
 def manifest_path(out: Path) -> Path:
-    """`preds.parquet` -> `preds.manifest.json`."""
-    return Path(out).with_suffix(".manifest.json")
+    """`<out>.manifest.json`, as the README names it: `preds.parquet` ->
+    `preds.parquet.manifest.json` (a `preds.csv` beside it gets its own)."""
+    out = Path(out)
+    return out.with_name(out.name + ".manifest.json")
 
 
 def write_manifest(out: Path, record: dict) -> dict:
@@ -151,6 +154,7 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
     stream.check()
     stream.passthrough = layout == "wide"
     flat_heap()  # peak memory flat however many batches (see ensemble.data.stream.flat_heap)
+    start = time.monotonic()  # the prediction's wall time: loading the members included
     used = ensemble_members(manifest)  # diverged members left out
     n = len(used)
     # the run's threads of one op, as its clients use (before resolving initialises TF)
@@ -166,7 +170,7 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
                           indices=used, params=params)
     ens.set_replicas(dict(enumerate(copies)))
     placed = dict(zip(used, groups))
-    progress = RowProgress(stream.n_rows, verbosity=verbosity)
+    progress = RowProgress(stream.n_rows, verbosity=verbosity, start=start)
     meta = {"prediction": json.dumps({"mode": "in-graph", "members": {str(i): g for i, g in
                                                                        placed.items()}})}
     with PredictionWriter(out, meta) as writer:

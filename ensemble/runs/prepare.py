@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from ensemble.config import auto
 from ensemble.core import artifacts
 from ensemble.data import kinds
 from ensemble.data import sources as data
@@ -175,24 +176,35 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
             overwrite: bool = False, cluster: dict | None = None) -> dict[str, Any]:
     """Create the run directory up to training: data splits, preprocessing, placement.
 
+    The source is read a chunk at a time (`kinds.scan`): labels, split, preprocessing fitted
+    in one pass over the training rows, then every split encoded and scaled into its
+    memory-mapped files (`ensemble.data.prepared.write_splits`).
+
     Args:
         devices: canonical device names; members are placed on them round robin.
         cluster: the cluster spec the devices belong to (recorded), or None.
 
     Returns:
-        The manifest (also written to `run_dir/manifest.json`).
+        The manifest (also written to `run_dir/manifest.json`); its `config` is `cfg` with
+        the `"auto"` keys made concrete (`ensemble.config.auto`), listed in `defaults`.
 
     Raises:
         UsageError: bad data or an existing run (see `check_run_dir`).
     """
+    from ensemble.data.prepared import write_splits
+    from ensemble.runs import budget
+
     start = time.perf_counter()
     check_run_dir(run_dir, overwrite)
-    ds = kinds.load(cfg.data)
-    task, target = resolve_task(cfg, ds.y)
-    rows, classes = data.split(ds, dataclasses.replace(cfg.data, task=task.name),
+    scan = kinds.scan(cfg.data)  # labels now, feature rows a chunk at a time below
+    task, target = resolve_task(cfg, scan.y)
+    rows, classes = data.split(scan, dataclasses.replace(cfg.data, task=task.name),
                                cfg.data.split_seed)
-    pre = kinds.fit_preprocessing(ds, rows["train"], classes, cfg.data.impute, cfg.data)
-    x, y = pre.transform(ds), encode(ds.y, classes)
+    cfg, chosen = auto.resolve(cfg, len(rows["train"]), len(rows["validation"]))
+    pre = scan.fit(rows["train"], classes)
+    budget.check_run(cfg, mode, devices, {s: len(r) for s, r in rows.items()},
+                     task.n_outputs(len(classes)))
+    y = encode(scan.y, classes)
     task, fitted = task.fit_target(y[rows["train"]])  # e.g. standardisation, train only
     if fitted:
         from ensemble.config.bounds import check_target_scale
@@ -200,14 +212,14 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
         check_target_scale(fitted["target_loc"], fitted["target_scale"], cfg.data.target)
     target.update(fitted)
     run_dir.mkdir(parents=True, exist_ok=True)
-    artifacts.write_splits(run_dir, {s: x[r] for s, r in rows.items()},
-                           {s: y[r] for s, r in rows.items()}, rows)
+    write_splits(run_dir, scan, pre, rows, y)  # `row`: the rows' positions in the file
     artifacts.write_text(run_dir / artifacts.PREPROCESSING, pre.to_json())
     manifest = new_manifest(cfg, mode, devices, pre, {
-        "name": ds.name, "source": cfg.data.source, "target": cfg.data.target,
-        "rows": {s: int(len(r)) for s, r in rows.items()}, "columns": list(ds.columns),
-        "sha256": ds.sha256(), **target}, cluster, task)
+        "name": scan.name, "source": cfg.data.source, "target": cfg.data.target,
+        "rows": {s: int(len(r)) for s, r in rows.items()}, "columns": list(scan.columns),
+        "sha256": scan.sha256(), **target}, cluster, task)
     manifest["run_id"] = run_id_for(run_dir, cfg)  # the folder's name for a default run dir
+    manifest["defaults"] = chosen  # the "auto" keys and the values chosen (ensemble.config.auto)
     manifest["timings"]["prepare_seconds"] = time.perf_counter() - start
     manifest["artifacts"] = artifacts.artifact_hashes(run_dir)  # the splits, preprocessing
     artifacts.write_manifest(run_dir, manifest)
@@ -215,13 +227,14 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
 
 
 def check_data(cfg: Config) -> None:
-    """Every problem of the run's data and its task, in one message, before TensorFlow loads
-    and before anything is written (`data.load` then `resolve_task`).
+    """The problems of the run's data and its task, in one message, before TensorFlow loads
+    and before anything is written: its labels and first chunk (`kinds.scan`), then
+    `resolve_task`; the later chunks are checked as they are prepared.
 
     Raises:
         UsageError: as `ensemble.data.sources.load` and `resolve_task`.
     """
-    resolve_task(cfg, kinds.load(cfg.data).y)
+    resolve_task(cfg, kinds.scan(cfg.data).y)
 
 
 def resolve_task(cfg: Config, y) -> tuple[Any, dict[str, Any]]:
@@ -326,6 +339,13 @@ def effective_status(manifest: dict[str, Any], run_dir: str | Path | None = None
     return status
 
 
+def run_config(cfg: Config, manifest: dict[str, Any]) -> Config:
+    """The concrete config a run of `manifest` trains with: `cfg` with its `"auto"` keys
+    resolved for the run's rows, as `prepare` recorded them (`ensemble.config.auto`)."""
+    rows = manifest["dataset"]["rows"]
+    return auto.resolve(cfg, rows["train"], rows.get("validation", 0))[0]
+
+
 def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
     """Dotted keys whose values differ between two config dicts."""
     keys = sorted(set(old) | set(new))
@@ -353,6 +373,7 @@ def reopen(run_dir: Path, cfg: Config, mode: str) -> dict[str, Any]:
                          f"resume it with that mode, not {mode}.")
     if manifest.get("status") == "completed":
         raise UsageError(f"Run {run_dir} is already completed; nothing to resume.")
+    cfg = run_config(cfg, manifest)  # "auto" keys as `prepare` resolved them
     if cfg.sha256() != manifest["config_sha256"]:
         changes = config_changes(manifest["config"], cfg.to_dict())
         raise UsageError(f"Config changed since run {run_dir} started ({'; '.join(changes)}); "

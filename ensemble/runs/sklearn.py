@@ -30,6 +30,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from ensemble.config import auto
 from ensemble.models import builders
 from ensemble.config import schema as config
 from ensemble.runs import arrays as run_arrays
@@ -70,7 +71,7 @@ class DeepEnsembleBase(BaseEstimator):
     `__init__` or `set_params` (scikit-learn: no validation there)."""
 
     def __init__(self, n_members=4, hidden=(256, 128), activation="relu", dropout=0.1,
-                 epochs=30, batch_size=32, learning_rate=1e-3, random_state=None,
+                 epochs=30, batch_size="auto", learning_rate=1e-3, random_state=None,
                  mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
                  model="mlp", categorical="auto", impute="error", **kwargs):
         self.model = model
@@ -161,6 +162,7 @@ class DeepEnsembleBase(BaseEstimator):
             x = pre.transform(run_arrays.dataset(X, names))
             if val is not None:
                 val = (pre.transform(run_arrays.dataset(val[0], names)), val[1])
+        cfg = auto.resolve(cfg, len(x), 0 if val is None else len(val[0]))[0]
         fitted = (run_arrays.train_between_graph if self.mode == "between-graph"
                   else run_arrays.train_in_graph)(cfg, x, y_train, val, pre, self.run_dir)
         self.table_input_ = table
@@ -222,7 +224,10 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
         hidden: hidden layer widths of every member (`members.hidden`).
         activation: `relu`, `tanh`, `gelu`, `elu`, `sigmoid` or `swish`.
         dropout: dropout rate in [0, 1) after every hidden layer.
-        epochs, batch_size, learning_rate: Adam training of every member.
+        epochs, batch_size, learning_rate: Adam training of every member; `batch_size="auto"`
+            follows the training rows (`ensemble.config.auto`). With `validation_data`, each
+            member stops early on its validation loss and keeps its best epoch (patience
+            `max(5, epochs // 5)`).
         random_state: run seed: an int >= 0 (`--seed`), a `RandomState` or None (a fresh seed
             drawn per fit). Member `k`'s initialisation and batch order depend only on
             (seed, k).
@@ -267,7 +272,7 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
 
         Raises:
             ValueError: bad parameters, data or labels (fewer than 2 classes; validation
-            labels unseen in `y`; a fitted aggregator without `validation_data`).
+                labels unseen in `y`; a fitted aggregator without `validation_data`).
         """
         table = sklearn_tables.wants_table(self, X)
         if table:

@@ -32,9 +32,11 @@ FITTED = ("weighted", "greedy", "std-scaling")
 class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
     """A deep ensemble of Gaussian members as a scikit-learn regressor.
 
+    `model`, `model__<name>`, `n_members`, `hidden`, `activation`, `dropout`, `epochs`,
+    `batch_size`, `learning_rate`, `random_state`, `mode`, `devices` and `run_dir` are those of
+    `DeepEnsembleClassifier`.
+
     Args:
-        model, model__<name>, n_members, hidden, activation, dropout, epochs, batch_size,
-            learning_rate, random_state, mode, devices, run_dir: as `DeepEnsembleClassifier`.
         aggregator: `mean` (the moment-matched mixture), or fitted on `validation_data`:
             `weighted`, `greedy`, `std-scaling`.
         loss: `gaussian_nll` (members predict a variance) or `mse` (point members: the
@@ -45,12 +47,13 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
     Attributes:
         target_loc_, target_scale_: the training target's mean and std (members train on the
             standardised target; predictions are in the target's units).
-        n_features_in_, member_weights_, preprocessing_, aggregators_, history_ (`val_loss`,
-        `val_rmse`), config_, seed_, devices_, aggregator_, n_rows_: as the classifier's.
+        others: `n_features_in_`, `member_weights_`, `preprocessing_`, `aggregators_`,
+            `history_` (`val_loss`, `val_rmse`), `config_`, `seed_`, `devices_`,
+            `aggregator_`, `n_rows_`: as the classifier's.
     """
 
     def __init__(self, n_members=4, hidden=(256, 128), activation="relu", dropout=0.1,
-                 epochs=30, batch_size=32, learning_rate=1e-3, random_state=None,
+                 epochs=30, batch_size="auto", learning_rate=1e-3, random_state=None,
                  mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
                  model="mlp", loss="gaussian_nll", categorical="auto", impute="error",
                  **kwargs):
@@ -87,7 +90,7 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
 
         Raises:
             ValueError: bad parameters or data, or a fitted aggregator without
-            `validation_data`.
+                `validation_data`.
         """
         table = sklearn_tables.wants_table(self, X)
         if table:

@@ -11,6 +11,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
+from ensemble.config import auto
 from ensemble.core import artifacts
 from ensemble.replication import devices
 from ensemble.replication import divergence
@@ -60,6 +61,9 @@ def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
             callbacks = [progress.ResumeNotice(), *callbacks]
         else:
             manifest = run.prepare(cfg, run_dir, "in-graph", devs, overwrite, cluster)
+        cfg = run.run_config(cfg, manifest)  # "auto" batch size and early stopping resolved
+        if verbosity:
+            print(auto.describe(cfg, manifest.get("defaults") or {}), flush=True)
         with run.recording_outcome(run_dir), naming_unreachable_tasks(cluster):
             _train_and_write(cfg, run_dir, manifest,
                              [*progress.for_people(verbosity), *callbacks])

@@ -36,7 +36,9 @@ from ensemble.tasks.regression import plots as regression_plots
 TASKS = ("classification", "regression")
 LOSSES = ("auto", "cross_entropy", "gaussian_nll", "mse")
 BUILTIN_TASKS = {"diabetes": "regression"}  # built-in sources whose task `auto` knows
-MANY_VALUES = 10  # `auto`: integer targets with more distinct values may be refused
+MANY_VALUES = 10  # `auto`: integer targets with more distinct values may be regression
+MIN_CLASS_ROWS = 3  # rows a class needs to appear in each of the stratified train/val/test
+RARE_SHARE = 0.1  # `auto`: more than this share of distinct whole numbers that rare: regression
 
 
 class Task(Protocol):
@@ -238,13 +240,13 @@ def resolve(y: np.ndarray | None, requested: str = "auto", source: str = "") -> 
     """The task of a target `y` `[n_rows]` under `[data] task = requested`.
 
     `auto`: text labels and integer labels with few distinct values are classification;
-    non-integer numbers are regression; integer-valued targets with more than `MANY_VALUES`
-    distinct values most of which occur at most twice are refused (they may be either).
-    Built-in sources of `BUILTIN_TASKS` have their known task.
+    non-integer numbers are regression; whole numbers with more than `MANY_VALUES` distinct
+    values of which more than `RARE_SHARE` occur on fewer than `MIN_CLASS_ROWS` rows (too
+    rare for a stratified split: prices, counts) are regression, with a notice naming
+    `--task classification`. Built-in sources of `BUILTIN_TASKS` have their known task.
 
     Raises:
-        UsageError: one line naming `--task regression` and `--task classification`, or a
-            text target asked to be regression, or a non-integer one asked to be
+        UsageError: a text target asked to be regression, or a non-integer one asked to be
             classification.
     """
     from ensemble.core.errors import UsageError
@@ -278,10 +280,14 @@ def resolve(y: np.ndarray | None, requested: str = "auto", source: str = "") -> 
     if not whole:
         return "regression"
     _, counts = np.unique(y, return_counts=True)
-    if len(counts) > MANY_VALUES and np.mean(counts <= 2) > 0.5:
-        raise UsageError(f"Target of {source or 'the data'} holds {len(counts)} distinct "
-                         "whole numbers, most seen once or twice: regression or "
-                         "classification? Pass --task regression or --task classification.")
+    rare = float(np.mean(counts < MIN_CLASS_ROWS))
+    if len(counts) > MANY_VALUES and rare > RARE_SHARE:
+        from ensemble.core.notices import notice
+
+        notice(f"the target of {source or 'the data'} holds {len(counts):,} distinct whole "
+               f"numbers, {rare:.0%} of them on fewer than {MIN_CLASS_ROWS} rows: trained as "
+               "regression (--task classification to take them as classes)", once=True)
+        return "regression"
     return "classification"
 
 

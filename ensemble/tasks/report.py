@@ -29,6 +29,27 @@ def members_and_best(rows: list[dict]) -> tuple[list[dict], dict | None]:
     return members, next((r for r in members if r["member"] == best_idx), None)
 
 
+def answering(rows: list[dict], run_dir) -> dict | None:
+    """The ensemble row among one split's metrics rows of the aggregator `ensemble predict`
+    answers with (`ensemble.tasks.choice.default_aggregator`: lowest validation NLL in the
+    run's `aggregators.json`; without a run, the first aggregator), or None."""
+    import json
+    from pathlib import Path
+
+    from ensemble.tasks.choice import default_aggregator
+
+    ensembles = [r for r in rows if r["aggregator"] is not None]
+    if not ensembles:
+        return None
+    path = None if run_dir is None else Path(run_dir) / "aggregators.json"
+    fit = json.loads(path.read_text()) if path is not None and path.is_file() else None
+    name = default_aggregator([r["aggregator"] for r in ensembles], fit)
+    return next(r for r in ensembles if r["aggregator"] == name)
+
+
+ANSWER = " (what predict answers with)"  # the label of `answering`'s row in the plots
+
+
 def split_block(split: str, rows: list[dict], references, columns, fmt, line) -> list[str]:
     """One split's rows of an evaluation table: every member, the mean and the best member,
     every aggregator.

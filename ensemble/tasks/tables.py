@@ -1,4 +1,4 @@
-"""The Parquet tables of DESIGN.md: predictions, metrics and history.
+"""The Parquet tables of a run: predictions, metrics and history (docs/reference/run-directory.md).
 
 Both replication modes and the aggregator build their tables here, so the schema is the same
 whichever mode wrote them.

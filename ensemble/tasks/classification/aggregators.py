@@ -21,7 +21,7 @@ from ensemble.core.errors import UsageError
 
 AGGREGATORS = ("mean", "vote", "geometric", "weighted", "greedy", "stacking", "temperature")
 FITTED = ("weighted", "greedy", "stacking", "temperature")
-LOG_CLIP = 1e-12  # as the NLL of DESIGN.md
+LOG_CLIP = 1e-12  # as the NLL of docs/reference/run-directory.md
 
 
 def _check(probs: np.ndarray) -> np.ndarray:

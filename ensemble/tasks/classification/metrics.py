@@ -5,8 +5,8 @@ Inputs are integer class indices `y` of shape `[n_rows]` and probabilities `p` o
 member on the validation split every epoch, never loads scikit-learn, and a run's tables and
 ensemble-size curve (dozens of calls) pay no per-call validation: the Brier score reproduces
 `sklearn.metrics.brier_score_loss` (a test checks it), accuracy is
-`sklearn.metrics.accuracy_score` on 1-D labels. NLL and ECE follow the definitions of DESIGN.md (NLL clips at 1e-12,
-which `sklearn.metrics.log_loss` does not; scikit-learn has no ECE).
+`sklearn.metrics.accuracy_score` on 1-D labels. NLL and ECE follow the definitions of
+docs/reference/run-directory.md (NLL clips at 1e-12, which `sklearn.metrics.log_loss` does not; scikit-learn has no ECE).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from ensemble.core import artifacts
 from ensemble.tasks import tables
-from ensemble.tasks.report import members_and_best, pyplot, save_figure
+from ensemble.tasks.report import ANSWER, answering, members_and_best, pyplot, save_figure
 from ensemble.tasks.classification.metrics import ECE_BINS, LOWER_IS_BETTER, METRICS
 
 
@@ -59,8 +59,9 @@ def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path 
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.plot([0, 1], [0, 1], "k:", label="perfect calibration")
     _, best = members_and_best(rows)
-    for r in ([ensembles[0]] if ensembles else []) + ([best] if best else []):
-        label = r["model"] + (" (best member, chosen on validation)" if r is best else "")
+    answer = answering(ensembles, run_dir)
+    for r in ([answer] if answer else []) + ([best] if best else []):
+        label = r["model"] + (" (best member, chosen on validation)" if r is best else ANSWER)
         _reliability(ax, *_model(preds, r["model"], split), label)
     ax.set(xlabel="confidence (top probability)", ylabel="accuracy",
            title=f"Reliability on {split}")

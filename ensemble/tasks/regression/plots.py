@@ -1,7 +1,8 @@
 """`ensemble evaluate --plots` of a regression run: PNG pictures (matplotlib, the `bench` extra).
 
 Three figures of the test split (else the first split with targets), each for the best member
-(chosen on validation) and the ensemble with the lowest validation NLL:
+(chosen on validation) and the ensemble `ensemble predict` answers with (the aggregator with
+the lowest validation NLL, `ensemble.tasks.choice`; labelled so):
 
 - `pit.png`: the PIT histogram, `Phi((y - mu) / std)` of every row under its predictive
   Gaussian (moment-matched for ensembles); flat when the predictive distribution is calibrated
@@ -20,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from scipy.stats import norm
 
-from ensemble.tasks.report import members_and_best, pyplot, save_figure
+from ensemble.tasks.report import ANSWER, answering, members_and_best, pyplot, save_figure
 
 LEVELS = np.linspace(0.05, 0.95, 19)
 
@@ -34,11 +35,11 @@ def _rows(preds: pa.Table, model: str, split: str) -> tuple[np.ndarray, np.ndarr
     return col("y_true"), col("y_pred"), col("std")
 
 
-def _shown(rows: list[dict]) -> list[dict]:
-    """The best member (chosen on validation) and the first ensemble row, when present."""
+def _shown(rows: list[dict], run_dir) -> list[dict]:
+    """The best member (chosen on validation) and the ensemble `predict` answers with
+    (`report.answering`), when present."""
     _, best = members_and_best(rows)
-    ensembles = [r for r in rows if r["aggregator"] is not None]
-    return [r for r in (best, ensembles[0] if ensembles else None) if r is not None]
+    return [r for r in (best, answering(rows, run_dir)) if r is not None]
 
 
 def coverage_curve(y: np.ndarray, mu: np.ndarray, std: np.ndarray,
@@ -66,9 +67,9 @@ def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path 
     plt = pyplot()
     rows = metrics.to_pylist()
     split = "test" if any(r["split"] == "test" for r in rows) else rows[0]["split"]
-    shown = [(r["model"] + (" (best member)" if r["member"] is not None else ""),
-              _rows(preds, r["model"], split)) for r in _shown([r for r in rows
-                                                                if r["split"] == split])]
+    shown = [(r["model"] + (" (best member)" if r["member"] is not None else ANSWER),
+              _rows(preds, r["model"], split))
+             for r in _shown([r for r in rows if r["split"] == split], run_dir)]
     written = []
 
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -1,7 +1,7 @@
 """The Parquet tables of a regression run: predictions, metrics and the ensemble-size curve.
 
-`predictions.parquet` of a regression run (DESIGN.md) has, besides `model`, `member`,
-`aggregator`, `split`, `row` and `source_row`: `y_true` (float64, null when unknown),
+`predictions.parquet` of a regression run (docs/reference/run-directory.md) has, besides
+`model`, `member`, `aggregator`, `split`, `row` and `source_row`: `y_true` (float64, null when unknown),
 `y_pred` (the predictive mean), `std` (the predictive standard deviation), and for ensemble
 rows `aleatoric_std` and `epistemic_std` (`std^2 = aleatoric_std^2 + epistemic_std^2`; null
 on member rows), all float64 in the target's units. Its Parquet key-value metadata hold

@@ -1,0 +1,61 @@
+"""The memory a run may use: the cgroup's limit when one is set, else the machine's available memory.
+
+Read from the kernel's files (no library reads a cgroup limit): cgroup v2 `memory.max`, cgroup
+v1 `memory.limit_in_bytes` of this process's cgroup (`/proc/self/cgroup`), and `MemAvailable`
+of `/proc/meminfo`. On a system without them (not Linux) nothing is known and nothing is
+refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max": no limit
+
+
+def cgroup_limit() -> int | None:
+    """This process's cgroup memory limit in bytes, or None when none is set."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        rel = rel.lstrip("/")
+        if controllers == "":  # v2
+            limit = _read_int(CGROUP / rel / "memory.max")
+        elif "memory" in controllers.split(","):  # v1
+            limit = _read_int(CGROUP / "memory" / rel / "memory.limit_in_bytes")
+        else:
+            continue
+        if limit is not None and limit < 1 << 60:  # v1 says "no limit" with ~2^63
+            return limit
+    return None
+
+
+def available() -> tuple[int | None, str]:
+    """`(bytes, what they are)`: the cgroup limit when one is set, else the machine's
+    available memory (`MemAvailable`); `(None, "")` when neither can be read."""
+    limit = cgroup_limit()
+    if limit is not None:
+        return limit, "the cgroup memory limit"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024, "the memory available on this machine"
+    except (OSError, ValueError, IndexError):
+        pass
+    return None, ""
+
+
+def gib(n: float) -> str:
+    """`n` bytes as GiB with two decimals (`1.50 GiB`)."""
+    return f"{n / (1 << 30):.2f} GiB"

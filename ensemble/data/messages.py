@@ -1,0 +1,60 @@
+"""One-line messages about a table's columns and labels: "did you mean" for a misspelt column
+name, the checks of column names (`--drop`, duplicates), and the refusal of a stratified split
+that cannot be made."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ensemble.core.errors import UsageError
+
+
+def did_you_mean(name: str, columns: Sequence[str]) -> str:
+    """` (did you mean 'X'?)` for the column of `columns` closest to the misspelt `name`
+    (a match ignoring case first, then `difflib.get_close_matches`, as the options do), or
+    ``."""
+    import difflib
+
+    columns = [str(c) for c in columns]
+    same = [c for c in columns if c.casefold() == str(name).casefold()]
+    close = same or difflib.get_close_matches(str(name), columns, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def split_refusal(name: str, y: np.ndarray, classes: np.ndarray, counts: np.ndarray) -> str:
+    """One line on a stratified split that cannot be made: how many classes are too rare
+    (never their labels: a numeric target may have hundreds), and `--task regression` when
+    the labels are numbers."""
+    rare = int(np.sum(counts < 3))
+    numeric = np.asarray(y).dtype.kind in "iuf"
+    hint = ("; a numeric target to predict as a number? Pass --task regression" if numeric
+            else "; merge or drop the rarest classes")
+    if not rare:
+        return (f"Cannot split {name} into stratified train/validation/test sets: its "
+                f"{len(classes):,} classes outnumber the rows of its validation or test split; "
+                f"expected fewer classes or more rows{hint}.")
+    return (f"Cannot split {name} into stratified train/validation/test sets: {rare:,} of its "
+            f"{len(classes):,} classes have fewer than 3 rows (the smallest {counts.min()}); "
+            f"expected at least 3 rows per class{hint}.")
+
+
+def check_drop(drop: Sequence[str], columns: Sequence[str], path) -> None:
+    """Raises UsageError naming the `--drop` columns that `columns` (of `path`) lacks."""
+    unknown = [c for c in drop if c not in columns]
+    if unknown:
+        raise UsageError(f"Cannot drop column{'s' * (len(unknown) > 1)} "
+                         f"{', '.join(map(repr, unknown))}: not in {path}"
+                         f"{did_you_mean(unknown[0], columns)} (columns: {', '.join(columns)})")
+
+
+def check_unique_columns(names: Sequence[str], source: str) -> None:
+    """Raises UsageError naming the first column name that `names` holds twice (a CSV header
+    or Parquet schema with duplicates cannot be matched by name)."""
+    seen: dict[str, int] = {}
+    for i, n in enumerate(names):
+        if n in seen:
+            raise UsageError(f"Data {source} has the column name {n!r} twice (columns "
+                             f"{seen[n] + 1} and {i + 1}); expected unique column names.")
+        seen[n] = i

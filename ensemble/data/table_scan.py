@@ -1,0 +1,201 @@
+"""A table source read in chunks: labels first, then the feature rows a bounded chunk at a time.
+
+A file (`.csv`, `.parquet`) or a folder of Parquet shards is opened as a `pyarrow.dataset`
+and read in record batches of at most `chunk_rows` rows, so no step holds more than one chunk
+of rows (plus `[n_rows]` label and index arrays). The target column is read alone first: the
+task, the split and the class list need every label. The first chunk decides what every
+chunk must be (its columns are checked as a whole file's were: identifier-like text columns,
+categorical columns); each chunk is then checked and converted by
+`sources.table_to_dataset`, so a bad value is reported with its row in the file. A built-in
+data set (in memory anyway) is cut into chunks of the same size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ensemble.core.errors import UsageError
+from ensemble.data import sources
+from ensemble.data.settings import DataConfig
+
+CHUNK_ROWS = 1 << 16
+
+
+def _open(path: Path):
+    import pyarrow.csv as pcsv
+    import pyarrow.dataset as pds
+
+    if path.is_dir():
+        shards = sorted(p for p in path.rglob("*.parquet") if p.is_file())
+        if not shards:
+            raise UsageError(f"Data folder {path} holds no .parquet files.")
+        return pds.dataset([str(p) for p in shards], format="parquet"), "Parquet"
+    if path.suffix not in (".parquet", ".csv"):
+        raise UsageError(
+            f"Unknown data source {str(path)!r}; expected one of {', '.join(sources.BUILTIN)}, "
+            "digits_images, a .parquet, .csv or .npz file, a folder of .parquet files, or a "
+            "folder of images with one sub-folder per class.")
+    if not path.is_file():
+        raise UsageError(f"Data file not found: {path}")
+    if path.stat().st_size == 0:
+        raise UsageError(f"Data file is empty: {path}")
+    kind = "Parquet" if path.suffix == ".parquet" else "CSV"
+    fmt = "parquet" if kind == "Parquet" else pds.CsvFileFormat(
+        convert_options=pcsv.ConvertOptions(strings_can_be_null=True))
+    try:
+        return pds.dataset(str(path), format=fmt), kind
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise UsageError(f"Cannot read {path} as {kind}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: Exception) -> str:
+    """The first line of a pyarrow error, without the preamble of a dataset's ('Error
+    creating dataset ... Invalid: CSV parse error: ...' -> 'CSV parse error: ...')."""
+    return str(exc).splitlines()[0].split("Invalid: ", 1)[-1]
+
+
+class TableScan:
+    """A table source (`cfg.source`: a built-in name, a file or a folder of Parquet shards)
+    read in chunks for training.
+
+    Attributes:
+        name: the source's name; y: `[n_rows]` labels of the rows that have one (rows with a
+            missing label are dropped, with a notice); columns: the feature columns;
+        identifiers: identifier-like text columns left out (decided on the first chunk).
+
+    Raises:
+        UsageError: an unreadable or empty source, a missing target or `--drop` column, bad
+            labels, or a problem of the first chunk (one message).
+    """
+
+    test_rows = None  # tables have no split of their own
+
+    def __init__(self, cfg: DataConfig, chunk_rows: int | None = None):
+        self.cfg, self.chunk_rows = cfg, chunk_rows or CHUNK_ROWS
+        self.builtin = cfg.source in sources.BUILTIN
+        if self.builtin:
+            ds = sources.load(cfg)
+            self._ds, self.name, self.y = ds, ds.name, ds.y
+            self.columns, self.identifiers = ds.columns, ds.identifiers
+            self._categorical, self.feature_names = tuple(ds.categorical), ds.feature_names
+            self._valid = None
+            return
+        self.path = Path(cfg.source)
+        self.name = str(self.path)
+        self._dataset, self._kind = _open(self.path)
+        names = self._dataset.schema.names
+        sources.check_unique_columns(names, self.name)
+        sources.check_drop(cfg.drop, names, self.path)
+        self._read = [c for c in names if c not in cfg.drop]
+        first = next(self._batches(self._read, self.chunk_rows), None)
+        if first is None or first.num_rows == 0:
+            raise UsageError(f"Data {self.name} has no rows; expected at least one.")
+        if cfg.target in first.column_names:  # (the whole column's notice follows)
+            first = first.filter(pc.is_valid(first.column(cfg.target)))
+        # the first chunk decides the columns, checked as a whole file's would be
+        head = sources.table_to_dataset(first, self.name, cfg.target, True, cfg.categorical,
+                                        cfg.impute)
+        self.identifiers, self._categorical = head.identifiers, tuple(head.categorical)
+        self.columns, self.feature_names = head.columns, head.feature_names
+        self.y, self._valid = self._labels()
+        if self._valid is not None:  # labelled row i is the file's row _positions[i]
+            self._positions = np.flatnonzero(self._valid).astype(np.int64)
+
+    def _batches(self, columns, rows: int) -> Iterator[pa.Table]:
+        try:
+            for batch in self._dataset.to_batches(columns=columns, batch_size=rows):
+                if batch.num_rows:
+                    yield pa.Table.from_batches([batch])
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise UsageError(f"Cannot read {self.path} as {self._kind}: "
+                             f"{_first_line(exc)}") from None
+
+    def _labels(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """(`[n]` labels of the labelled rows, `[n_source]` bool: rows with a label, or None
+        when every row has one)."""
+        target = self.cfg.target
+        col = pa.chunked_array([t.column(target) for t in self._batches([target], 1 << 20)])
+        valid = None
+        if col.null_count:
+            valid = np.asarray(pc.is_valid(col))
+            sources.notice(f"dropped {col.null_count} rows of {self.name} whose label "
+                           f"{target!r} is missing")
+            col = col.filter(pc.is_valid(col))
+        problems: list[str] = []
+        y = sources._labels(col, target, self.name, problems)
+        if problems:
+            raise UsageError(f"1 problem in data {self.name}: {problems[0]}.")
+        return y, valid
+
+    def chunks(self) -> Iterator[tuple[int, sources.Dataset]]:
+        """`(first row, chunk)` of every chunk of labelled rows, in order: the chunk's features
+        as a `sources.Dataset` (no labels); `first row` counts labelled rows only (the
+        positions of `y`).
+
+        Raises:
+            UsageError: the problems of a chunk (one message, rows as in the file).
+        """
+        if self.builtin:
+            for lo in range(0, len(self.y), self.chunk_rows):
+                yield lo, self._ds.rows(slice(lo, lo + self.chunk_rows))
+            return
+        cfg, start, source_row = self.cfg, 0, 0
+        categorical = self._categorical or "none"
+        for table in self._batches(self._read, self.chunk_rows):
+            n = table.num_rows
+            if self._valid is not None:
+                table = table.filter(pa.array(self._valid[source_row:source_row + n]))
+            table = table.drop_columns([cfg.target, *self.identifiers])
+            if table.num_rows:
+                part = sources.table_to_dataset(
+                    table, self.name, cfg.target, False, categorical, cfg.impute,
+                    first_row=source_row, detect_identifiers=False)
+                yield start, part
+                start += table.num_rows
+            source_row += n
+
+    def file_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The positions in the source of the rows `rows` (positions of `y`): what a run's
+        `row` column holds, so a join back to the user's file matches even when rows
+        without a label were dropped."""
+        rows = np.asarray(rows, np.int64)
+        return rows if self._valid is None else self._positions[rows]
+
+    def fit(self, train_rows: np.ndarray, classes: np.ndarray):
+        """The `Preprocessing` fitted on the rows `train_rows` (positions of `y`) in one pass
+        over the chunks (`table_stats.TableStats`)."""
+        from ensemble.data.preprocessing import Preprocessing, _notice_id_columns
+        from ensemble.data.table_stats import TableStats
+
+        cfg = self.cfg
+        stats = TableStats(self.feature_names, self._categorical, cfg.impute,
+                           cfg.max_categories, cfg.split_seed)
+        in_train = np.zeros(len(self.y), bool)
+        in_train[train_rows] = True
+        for start, chunk in self.chunks():
+            take = np.flatnonzero(in_train[start:start + len(chunk.x)])
+            if start == 0:  # a whole-number column unique on every row: an id? (first chunk)
+                _notice_id_columns(chunk.feature_names, chunk.x[take])
+            stats.update(chunk.rows(take))
+        return Preprocessing(**stats.fitted(classes, self.identifiers))
+
+    def sha256(self) -> str:
+        """sha256 of the source: a built-in's rows (`Dataset.sha256`), else the bytes of its
+        file(s), read in chunks."""
+        if self.builtin:
+            return self._ds.sha256()
+        h = hashlib.sha256()
+        files = ([self.path] if self.path.is_file()
+                 else sorted(p for p in self.path.rglob("*.parquet") if p.is_file()))
+        for f in files:
+            h.update(str(f.relative_to(self.path)).encode() if f != self.path else b"")
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+        return h.hexdigest()

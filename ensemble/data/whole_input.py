@@ -1,0 +1,131 @@
+"""What a streamed input decides once for the whole input, never per batch: its missing labels
+(`missing_labels`), its bad rows (`error`), its unknown categories (`unknown_categories`,
+counted without encoding).
+
+A streamed input (`ensemble.data.stream.InputStream`) validates each batch as it reads it; the
+first bad batch stops the prediction. Its message names that batch's problems and counts; this
+module reads on to the end of the input (features only, nothing kept) and adds, per column, the
+rows over the whole input that hold a missing value (when the run refuses them), an infinity, or
+a value beyond float32, with the first such row, so a user fixes the file once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ensemble.core.errors import UsageError
+from ensemble.data.sources import FLOAT32_MAX
+
+KINDS = ("missing", "inf", "beyond float32")
+
+
+def bad_rows(table: pa.Table, numeric: Iterable[str], categorical: Iterable[str],
+          missing: bool) -> dict[tuple[str, str], tuple[int, int]]:
+    """`{(column, kind): (bad rows, first bad row's position in `table`)}` of one table.
+
+    Args:
+        numeric, categorical: the run's feature columns of each kind (absent ones skipped;
+            a numeric column that does not convert to numbers is skipped: its message names it).
+        missing: count missing values (the run refuses them: `impute = "error"`).
+    """
+    found = {}
+
+    def note(name: str, kind: str, mask: np.ndarray) -> None:
+        if mask.any():
+            found[name, kind] = (int(mask.sum()), int(np.argmax(mask)))
+
+    names = set(table.column_names)
+    for name in (n for n in numeric if n in names):
+        try:
+            values = pc.cast(table.column(name), pa.float64()).to_numpy(zero_copy_only=False)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            continue
+        values = np.asarray(values, np.float64)  # nulls are NaN here
+        if missing:
+            note(name, "missing", np.isnan(values))
+        note(name, "inf", np.isinf(values))
+        note(name, "beyond float32", np.isfinite(values) & (np.abs(values) > FLOAT32_MAX))
+    if missing:
+        for name in (n for n in categorical if n in names):
+            note(name, "missing", table.column(name).is_null().to_numpy(zero_copy_only=False))
+    return found
+
+
+def error(exc: UsageError, pre, table: pa.Table, first_row: int,
+                rest: Iterable[pa.Table]) -> UsageError:
+    """The error of the first bad batch `table` (rows from `first_row`), with the bad rows of
+    every column counted over the whole input: that batch and every table of `rest` (the
+    batches after it; the batches before it passed, so held none).
+
+    Args:
+        pre: the run's preprocessing (`feature_names`, `categories`, `impute`).
+
+    Returns:
+        A UsageError: `exc`'s message, then the whole-input counts (when any were found).
+    """
+    numeric, categorical = pre.feature_names, tuple(pre.categories)
+    missing = getattr(pre, "impute", "error") == "error"
+    totals: dict[tuple[str, str], list[int]] = {}
+    position = first_row
+    try:
+        for t in itertools.chain([table], rest):
+            for key, (n, at) in bad_rows(t, numeric, categorical, missing).items():
+                entry = totals.setdefault(key, [0, position + at])
+                entry[0] += n
+            position += t.num_rows
+    except UsageError:  # the input became unreadable further on: count what was read
+        pass
+    if not totals:
+        return exc
+    parts = [f"column {name!r} {n:,} row{'s' * (n > 1)} {kind} (first at row {at:,})"
+             for (name, kind), (n, at) in sorted(totals.items(), key=lambda kv: kv[1][1])]
+    return UsageError(f"{exc} In the whole input ({position:,} rows): " + "; ".join(parts)
+                      + ".")
+
+
+
+def unknown_categories(table: pa.Table, pre) -> dict[str, int]:
+    """`{categorical column: rows whose category the run never saw}` of a checked batch
+    `table`, as `Preprocessing.encode_scaled` counts them (values as text; a missing value
+    takes the column's fill category when the run has one, else is unknown; a column with an
+    infrequent group has none), without encoding the rows (Arrow's hash lookup)."""
+    found = {}
+    grouped = set(getattr(pre, "infrequent", ()))  # unknown values join the infrequent column
+    for name, cats in pre.categories.items():
+        if name in grouped:
+            continue
+        col = table.column(name)
+        if pa.types.is_dictionary(col.type):
+            col = pc.dictionary_decode(col)
+        col = pc.cast(col, pa.string())
+        fill = getattr(pre, "category_fill", {}).get(name)
+        known = pc.is_in(col, value_set=pa.array([str(c) for c in cats], pa.string()))
+        n = int(pc.sum(pc.invert(pc.fill_null(known, False))).as_py() or 0)
+        if fill is not None and str(fill) in map(str, cats):
+            n -= col.null_count  # a missing value is the fill category: known
+        if n:
+            found[name] = n
+    return found
+
+
+def missing_labels(dataset, target: str, batch_rows: int) -> tuple[int, int]:
+    """(rows whose `target` is missing, rows) of a `pyarrow.dataset.Dataset`, reading that
+    column alone, in batches (memory bounded by one batch).
+
+    Raises:
+        UsageError: the input cannot be read.
+    """
+    missing = rows = 0
+    try:
+        for rb in dataset.to_batches(columns=[target], batch_size=max(batch_rows, 1 << 16),
+                                     batch_readahead=1, fragment_readahead=1,
+                                     use_threads=False):
+            missing, rows = missing + rb.column(0).null_count, rows + rb.num_rows
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise UsageError(f"Cannot read the input: {str(exc).splitlines()[0]}") from None
+    return missing, rows

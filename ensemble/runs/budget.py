@@ -1,0 +1,77 @@
+"""The memory a run will hold, estimated before work starts, and the refusal of a run that cannot fit.
+
+The prepared splits live on disk (memory-mapped), so what grows with the data is what a run
+keeps in memory besides them: the `[n_rows]` label and index arrays of preparing, and the
+validation and test predictions (the members' `[n_members, n_rows, n_outputs]` outputs and
+the long `predictions.parquet` table, one row per model and row). Each TensorFlow process adds
+its runtime (`TF_PROCESS`) and the batches of its traced calls (`feed.CALL_BYTES`, three in
+flight). The figures are deliberately round upper estimates: a run refused here would have
+been ended by the kernel's out-of-memory killer minutes later.
+"""
+
+from __future__ import annotations
+
+from ensemble.core import memory
+from ensemble.core.errors import UsageError
+
+TF_PROCESS = 700 << 20  # resident bytes of a process running TensorFlow and Keras (measured)
+CALL_BYTES = 64 << 20  # `ensemble.replication.feed.CALL_BYTES`
+LONG_ROW = 64  # bytes of one predictions.parquet row besides its outputs (columns, copies)
+
+
+def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: int,
+             clients: int) -> dict[str, int]:
+    """Bytes the largest process of a run holds, by part.
+
+    Args:
+        rows: `{split: rows}`; n_outputs: outputs per row (classes, or 2 for a Gaussian);
+        n_members, n_aggregators: models whose predictions are kept;
+        clients: TensorFlow processes at once (1 in-graph; between-graph clients).
+
+    Returns:
+        `{"tensorflow", "labels", "predictions", "total"}` in bytes.
+    """
+    n_eval = rows.get("validation", 0) + rows.get("test", 0)
+    n_rows = sum(rows.values())
+    models = n_members + n_aggregators
+    parts = {
+        "tensorflow": clients * (TF_PROCESS + 3 * CALL_BYTES),
+        "labels": 32 * n_rows,
+        # the long table (twice: built and concatenated) and the members' output arrays
+        "predictions": n_eval * models * (LONG_ROW + 8 * n_outputs) * 2
+                       + 3 * n_eval * n_members * n_outputs * 4,
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def check(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: int,
+          clients: int) -> None:
+    """Refuse a run whose `estimate` exceeds the memory it may use (`core.memory.available`).
+
+    Raises:
+        UsageError: one line naming the estimate, the memory available and the levers.
+    """
+    have, what = memory.available()
+    need = estimate(rows, n_outputs, n_members, n_aggregators, clients)
+    if have is None or need["total"] <= have:
+        return
+    n = sum(rows.values())
+    raise UsageError(
+        f"This run would hold about {memory.gib(need['total'])} ({memory.gib(need['predictions'])}"
+        f" of validation and test predictions for {n:,} rows, {clients} TensorFlow "
+        f"process{'es' * (clients > 1)} at {memory.gib(TF_PROCESS)}), more than the "
+        f"{memory.gib(have)} of {what}; lower data.test_size and data.validation_size "
+        "(--set), train fewer --members or fewer clients at once (--jobs), or raise the limit.")
+
+
+def check_run(cfg, mode: str, devices: list[str], rows: dict[str, int], n_outputs: int) -> None:
+    """`check` for a run of config `cfg` in `mode` on `devices` (between-graph: one client per
+    device at most, one per member).
+
+    Raises:
+        UsageError: the estimate exceeds the memory available (one line).
+    """
+    members = cfg.members.count
+    clients = 1 if mode == "in-graph" else max(1, min(members, len(set(devices))))
+    check(rows, n_outputs, members, len(cfg.aggregation.aggregators), clients)

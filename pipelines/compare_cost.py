@@ -1,0 +1,171 @@
+"""`ensemble compare`'s cost model: a training run's wall time as a fixed part plus a part per
+epoch, `wall = fixed + epochs x per_epoch`, so that a verdict measured on a few epochs of a
+sample can be carried to the user's epochs and rows.
+
+- **per epoch** (marginal seconds): what one more epoch adds, from the run's `history.parquet`
+  (`seconds` of each epoch: its traced steps and its validation prediction), epochs after the
+  first (which also pays for tracing), median. In-graph: the epoch's seconds (one graph trains
+  every member). Between-graph: per client, the sum over its queue of members of each member's
+  epoch seconds; the slowest client (clients run at once: the critical path). With one epoch
+  only: the steady rate of the traced calls after the first (manifest `timings.steady_rows`,
+  `steady_seconds`; a client's `steady`) times the training rows (validation not counted).
+- **fixed**: `wall - epochs x per_epoch`: process start-up, TensorFlow import, data
+  preparation, tracing, the first epoch's warm-up, writing artifacts, (between-graph) client
+  start-up and the aggregator.
+- **per row**: `per_epoch / training rows`, in microseconds: what an epoch costs per row, the
+  figure that carries from a sample to the full data (fixed costs do not grow with the epochs,
+  and mostly not with the rows; preparation does, a little).
+- **crossover**: the epoch count `e* = (fixed_b - fixed_a) / (per_a - per_b)` at which the two
+  modes' lines `fixed + e x per_epoch` meet (`fixed_a + e* per_a = fixed_b + e* per_b`), and
+  likewise the training rows at the configured epochs.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Sequence
+
+COST_MEASURES = ("fixed_seconds", "epoch_seconds", "row_epoch_us")
+COST_DIGITS = {"fixed_seconds": 2, "epoch_seconds": 4, "row_epoch_us": 3}
+
+
+def _epochs_after_first(history: Sequence[dict], member: int | None = None) -> list[float]:
+    """Seconds of the epochs after each member's first (`member`: that member's only)."""
+    rows = [r for r in history if member is None or r["member"] == member]
+    first = min((r["epoch"] for r in rows), default=0)
+    by_epoch = {}
+    for r in rows:  # in-graph: every member's record of an epoch holds the same seconds
+        if r["epoch"] > first:
+            by_epoch[r["epoch"]] = max(by_epoch.get(r["epoch"], 0.0), float(r["seconds"]))
+    return list(by_epoch.values())
+
+
+def _steady_epoch(rows: float, seconds: float, n_train: int) -> float | None:
+    """Seconds of one epoch at a steady rate of `rows` rows in `seconds` (None without rows)."""
+    return n_train * seconds / rows if rows else None
+
+
+def epoch_seconds(mode: str, history: Sequence[dict], timings: dict, n_train: int
+                  ) -> tuple[float | None, int]:
+    """The marginal seconds of one epoch of a training run and the epochs it trained.
+
+    Args:
+        mode: `in-graph` or `between-graph`.
+        history: the run's `history.parquet` rows (`member`, `epoch`, `seconds`).
+        timings: the manifest's `timings` (`steady_rows`, `steady_seconds`; between-graph:
+            `clients`, member index (str) -> `{"client": queue, "steady": {member: [rows,
+            seconds]}}`).
+        n_train: rows of the training split.
+
+    Returns:
+        (seconds per epoch, or None when neither a second epoch nor a steady call was
+        measured; epochs trained: the most any member trained).
+    """
+    epochs = len({r["epoch"] for r in history})
+    if mode == "in-graph":
+        later = _epochs_after_first(history)
+        if later:
+            return statistics.median(later), epochs
+        return _steady_epoch(timings.get("steady_rows", 0), timings.get("steady_seconds", 0.0),
+                             n_train), epochs
+    clients = timings.get("clients") or {}
+    queues: dict = {}
+    for member in sorted({r["member"] for r in history}):
+        entry = clients.get(str(member), {})
+        later = _epochs_after_first(history, member)
+        if later:
+            cost = statistics.median(later)
+        else:
+            rows, secs = (entry.get("steady") or {}).get(str(member), (0, 0.0))
+            cost = _steady_epoch(rows, secs, n_train)
+        if cost is None:
+            return None, epochs
+        queue = entry.get("client", member)
+        queues[queue] = queues.get(queue, 0.0) + cost
+    return (max(queues.values()) if queues else None), epochs
+
+
+def split_cost(wall: float, per_epoch: float | None, epochs: int, n_train: int) -> dict:
+    """`{"fixed_seconds", "epoch_seconds", "row_epoch_us"}` of one training run (None when the
+    per-epoch cost is unknown): `fixed = wall - epochs x per_epoch`."""
+    if per_epoch is None:
+        return dict.fromkeys(COST_MEASURES)
+    return {"fixed_seconds": wall - epochs * per_epoch, "epoch_seconds": per_epoch,
+            "row_epoch_us": per_epoch / max(n_train, 1) * 1e6}
+
+
+def crossover(fixed_a: float, per_a: float, fixed_b: float, per_b: float) -> float | None:
+    """The (real, > 0) epoch count `e*` with `fixed_a + e* per_a = fixed_b + e* per_b`, or None
+    when the lines do not cross at a positive count (one mode is faster at every count)."""
+    if per_a == per_b:
+        return None
+    e = (fixed_b - fixed_a) / (per_a - per_b)
+    return e if e > 0 else None
+
+
+def faster_at(epochs: float, a: dict, b: dict) -> dict:
+    """The summary row (`fixed_seconds_median`, `epoch_seconds_median`) of the mode whose
+    modelled time `fixed + epochs x per_epoch` is lower (`a` on a tie)."""
+    cost = [r["fixed_seconds_median"] + epochs * r["epoch_seconds_median"] for r in (a, b)]
+    return a if cost[0] <= cost[1] else b
+
+
+def _overlap(a: dict, b: dict, key: str) -> bool:
+    """Whether the min-max ranges of `key` over the repeats of two summary rows overlap."""
+    return (a[f"{key}_min"] <= b[f"{key}_max"]) and (b[f"{key}_min"] <= a[f"{key}_max"])
+
+
+def _us(v: float) -> str:
+    return f"{v:,.1f} us" if v < 1e3 else f"{v / 1e3:,.2f} ms"
+
+
+def cost_lines(a: dict, b: dict, epochs: int, n_train: int, spread) -> list[str]:
+    """The printed cost model of the train phase: each mode's fixed and per-epoch seconds and
+    per-row epoch cost (`spread(row, key, fmt)`: median [min-max]), the modelled verdict at the
+    configured `epochs`, the epoch count at which the faster mode changes (if any), and, when
+    the verdict rests on fixed costs (the faster mode has the higher per-epoch cost), that it
+    does and from how many training rows the other mode is faster.
+
+    Args:
+        a, b: the two modes' train summary rows (`summarise`).
+        n_train: training rows of the compared runs.
+    """
+    if a.get("epoch_seconds_median") is None or b.get("epoch_seconds_median") is None:
+        return ["train cost per epoch: not measured (a second epoch or a steady traced call "
+                "is needed: --epochs 2 or more)"]
+    lines = ["train cost = fixed + epochs x per epoch (fixed: start-up, preparation, tracing, "
+             "writing; per epoch: the marginal seconds of one more epoch):"]
+    for r in (a, b):
+        lines.append(f"  {r['mode']:<15}fixed {spread(r, 'fixed_seconds', '.2f')} s, per epoch "
+                     f"{spread(r, 'epoch_seconds', '.4f')} s = "
+                     f"{_us(r['row_epoch_us_median'])} per training row")
+    model = {r["mode"]: r["fixed_seconds_median"] + epochs * r["epoch_seconds_median"]
+             for r in (a, b)}
+    win = faster_at(epochs, a, b)
+    lose = b if win is a else a
+    lines.append(f"at {epochs} epochs (as configured): {win['mode']} {model[win['mode']]:.2f} s "
+                 f"against {lose['mode']} {model[lose['mode']]:.2f} s (medians, modelled)")
+    e = crossover(a["fixed_seconds_median"], a["epoch_seconds_median"],
+                  b["fixed_seconds_median"], b["epoch_seconds_median"])
+    if e is None:
+        lines.append(f"the faster mode does not change with the epoch count: {win['mode']} "
+                     "at every count")
+    else:
+        early, late = faster_at(e / 2, a, b), faster_at(e * 2, a, b)
+        lines.append(f"the faster mode changes at {e:.1f} epochs: {early['mode']} below, "
+                     f"{late['mode']} from {int(e) + 1} epochs on")
+    if a.get("repeats", 1) > 1 and _overlap(a, b, "epoch_seconds"):
+        lines.append(f"per epoch the two modes are level within the spread of "
+                     f"{a['repeats']} repeats: where the faster mode changes is uncertain")
+    if win["epoch_seconds_median"] > lose["epoch_seconds_median"]:
+        rows = crossover(win["fixed_seconds_median"], epochs * win["row_epoch_us_median"] / 1e6,
+                         lose["fixed_seconds_median"], epochs * lose["row_epoch_us_median"] / 1e6)
+        lines.append(
+            f"the verdict rests on fixed costs: per epoch {lose['mode']} is faster "
+            f"({_us(lose['row_epoch_us_median'])} against {_us(win['row_epoch_us_median'])} per "
+            f"training row), so with more epochs or more rows it wins"
+            + (f" (at {epochs} epochs: from about {rows:,.0f} training rows; these runs had "
+               f"{n_train:,})" if rows else "")
+            + ". Measured on a sample? The per-row cost carries to the full data, the verdict "
+              "does not.")
+    return lines

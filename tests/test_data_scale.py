@@ -1,0 +1,226 @@
+"""Data at scale: the streaming preprocessing equals scikit-learn's, a source read in chunks
+gives the same prepared splits and members as one read whole, high-cardinality columns are
+grouped, and a run that cannot fit in memory is refused before anything is written."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pytest
+
+from conftest import run_cli
+
+
+def _table(n=600, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(5, 3, (n, 3))
+    x[rng.random((n, 3)) < 0.1] = np.nan
+    cat = np.asarray([f"c{int(v) % 40}" for v in rng.zipf(1.5, n)], dtype=object)
+    cat[rng.random(n) < 0.05] = None
+    y = (np.nan_to_num(x[:, 0]) + rng.normal(size=n) > 5).astype(np.int64)
+    return x, cat, y
+
+
+@pytest.mark.parametrize("impute, max_categories", [("median", 0), ("most_frequent", 6),
+                                                    ("median", 2)])
+def test_streaming_fit_equals_scikit_learn(impute, max_categories):
+    from sklearn.impute import SimpleImputer
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+    from ensemble.data.preprocessing import Preprocessing
+    from ensemble.data.sources import Dataset
+    from ensemble.data.table_stats import TableStats
+
+    x, cat, _ = _table()
+    ds = Dataset("t", x.astype(np.float32), None, ("a", "b", "c"), {"k": cat})
+    train = np.arange(0, len(x), 2)
+    stats = TableStats(ds.feature_names, ("k",), impute, max_categories)
+    for lo in range(0, len(train), 70):  # five uneven chunks
+        stats.update(ds.rows(train[lo:lo + 70]))
+    pre = Preprocessing(**stats.fitted(np.array([0, 1])))
+    xt = ds.x.astype(np.float64)
+    imp = SimpleImputer(strategy=impute).fit(xt[train])
+    known = cat[train][cat[train] != None].astype(str).reshape(-1, 1).astype(object)  # noqa: E711
+    fill = SimpleImputer(strategy="most_frequent").fit(known).statistics_[0]
+    filled = np.where(cat == None, fill, cat).astype(str).reshape(-1, 1)  # noqa: E711
+    enc = OneHotEncoder(max_categories=max_categories or None, sparse_output=False,
+                        handle_unknown="infrequent_if_exist").fit(filled[train])
+    raw = np.hstack([imp.transform(xt), enc.transform(filled)])
+    expected = StandardScaler().fit(raw[train]).transform(raw)
+    np.testing.assert_allclose(pre.transform(ds), expected, atol=2e-6)
+    assert len(pre.output_names) == expected.shape[1]
+
+
+def _write_csv(path, n=600):
+    x, cat, y = _table(n)
+    pcsv.write_csv(pa.table({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2],
+                             "k": pa.array(cat.tolist(), pa.string()), "label": y}), path)
+    return path
+
+
+def _prepare(tmp_path, name, source, chunk_rows, monkeypatch, **data):
+    from ensemble.config import schema
+    from ensemble.data import table_scan
+    from ensemble.runs import prepare
+
+    monkeypatch.setattr(table_scan, "CHUNK_ROWS", chunk_rows)
+    cfg = schema.from_dict({"data": {"source": str(source), "target": "label",
+                                     "impute": "median", **data},
+                            "members": {"count": 2, "hidden": [8]}})
+    prepare.prepare(cfg, tmp_path / name, "in-graph", ["/device:CPU:0"])
+    return tmp_path / name
+
+
+def test_chunked_prepare_equals_one_chunk(tmp_path, monkeypatch):
+    from ensemble.core import artifacts
+
+    source = _write_csv(tmp_path / "t.csv")
+    small = _prepare(tmp_path, "small", source, 64, monkeypatch, max_categories=8)
+    whole = _prepare(tmp_path, "whole", source, 1 << 20, monkeypatch, max_categories=8)
+    a, b = (json.loads((r / "preprocessing.json").read_text()) for r in (small, whole))
+    for key in ("mean", "scale"):  # sums in another order: equal to float64 rounding
+        np.testing.assert_allclose(a.pop(key), b.pop(key), rtol=1e-12)
+    assert a == b
+    for split in artifacts.SPLITS:
+        (xa, ya, ra), (xb, yb, rb) = (artifacts.read_split(r, split) for r in (small, whole))
+        assert isinstance(xa, np.memmap)
+        np.testing.assert_allclose(xa, xb, atol=1e-6)
+        np.testing.assert_array_equal(ya, yb)
+        np.testing.assert_array_equal(ra, rb)
+
+
+def test_high_cardinality_column_is_grouped_with_a_notice(tmp_path, monkeypatch, capsys):
+    source = _write_csv(tmp_path / "t.csv")
+    run = _prepare(tmp_path, "r", source, 1 << 20, monkeypatch, max_categories=5)
+    pre = json.loads((run / "preprocessing.json").read_text())
+    assert [n for n in pre["output_names"] if n.startswith("k=")][-1] == "k=infrequent"
+    assert len([n for n in pre["output_names"] if n.startswith("k=")]) == 5
+    err = capsys.readouterr().err
+    assert "column 'k' has" in err and "data.max_categories" in err
+
+
+def test_members_from_chunked_mapped_splits_equal_in_memory_members(tmp_path, monkeypatch):
+    """A run prepared in chunks and trained from memory-mapped splits, in both modes, has
+    the members of a group trained on the whole table held in memory."""
+    import keras
+
+    from ensemble import train
+    from ensemble.config import schema
+    from ensemble.core import artifacts
+    from ensemble.data import sources, table_scan
+    from ensemble.data.preprocessing import Preprocessing
+    from ensemble.data.settings import DataConfig
+    from ensemble.replication.in_graph import InGraphEnsemble
+    from ensemble.replication.training import Schedule
+
+    source = _write_csv(tmp_path / "t.csv")
+    monkeypatch.setattr(table_scan, "CHUNK_ROWS", 100)
+    config = {"data": {"source": str(source), "target": "label", "impute": "median"},
+              "members": {"count": 2, "hidden": [8], "dropout": 0.0},
+              "training": {"epochs": 2, "batch_size": 32, "seed": 5},
+              "placement": {"devices": "cpu:2"}}
+    runs = {m: train(config, mode=m, run_dir=tmp_path / m) for m in ("in-graph",
+                                                                        "between-graph")}
+    # the same rows prepared the old way: the whole table in memory, split, fitted, scaled
+    cfg = schema.from_dict(config)
+    ds = sources.load(DataConfig(source=str(source), target="label", impute="median"))
+    rows, classes = sources.split(ds, cfg.data, cfg.data.split_seed)
+    pre = Preprocessing.fit(ds, rows["train"], classes, "median", cfg.data)
+    x = pre.transform(ds)
+    y = np.searchsorted(classes, ds.y).astype(np.int32)
+    mapped = artifacts.read_split(runs["in-graph"].path, "train")
+    np.testing.assert_allclose(np.asarray(mapped[0]), x[rows["train"]], atol=1e-6)
+    devs = ["/device:CPU:0", "/device:CPU:1"]
+    ens = InGraphEnsemble.build(cfg, x.shape[1:], len(classes), devs, aggregators=(),
+                                n_train=len(rows["train"]))
+    ens.fit(x[rows["train"]], y[rows["train"]], x[rows["validation"]],
+            y[rows["validation"]], Schedule.of(cfg.training))
+    for mode, run in runs.items():
+        for k, model in enumerate(ens.models):
+            saved = keras.models.load_model(artifacts.member_model_path(run.path, k))
+            for a, b in zip(saved.get_weights(), model.get_weights()):
+                np.testing.assert_allclose(a, b, atol=1e-5, err_msg=f"{mode} member {k}")
+
+
+def test_image_folder_decoded_in_chunks_gives_the_members_of_whole_decoding(tmp_path,
+                                                                            monkeypatch):
+    import keras
+    from PIL import Image
+
+    from ensemble import train
+    from ensemble.config import schema
+    from ensemble.core import artifacts
+    from ensemble.data import array_scan, arrays, sources
+    from ensemble.data.images import read_images
+    from ensemble.replication.in_graph import InGraphEnsemble
+    from ensemble.replication.training import Schedule
+
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "images"
+    files = []
+    for i in range(48):
+        (folder / "ab"[i % 2]).mkdir(parents=True, exist_ok=True)
+        a = rng.integers(0, 200, (12, 12, 3), dtype=np.uint8)
+        a[..., i % 2] += 55
+        files.append(folder / "ab"[i % 2] / f"{i:03d}.png")
+        Image.fromarray(a).save(files[-1])
+    monkeypatch.setattr(array_scan.ArrayScan, "CHUNK_ROWS", 5)
+    config = {"data": {"source": str(folder)}, "model": {"builder": "cnn",
+                                                          "params": {"filters": [4],
+                                                                     "dense": 8}},
+              "members": {"count": 2}, "training": {"epochs": 1, "batch_size": 8},
+              "placement": {"devices": "cpu:2"}}
+    run = train(config, run_dir=tmp_path / "run")
+    cfg = schema.from_dict(config)
+    whole = arrays.load(cfg.data)
+    x = read_images(whole.x.files, None, "rgb").x  # every image decoded at once, the old way
+    rows, classes = sources.split(whole, cfg.data, cfg.data.split_seed)
+    y = np.searchsorted(classes, whole.y).astype(np.int32)
+    np.testing.assert_array_equal(np.asarray(artifacts.read_split(run.path, "train")[0]),
+                                  x[rows["train"]])
+    pre = arrays.ArrayPreprocessing.fit(whole, rows["train"], classes)
+    ens = InGraphEnsemble.build(cfg, x.shape[1:], 2, ["/device:CPU:0", "/device:CPU:1"],
+                                aggregators=(), pre=pre)
+    ens.fit(x[rows["train"]], y[rows["train"]], x[rows["validation"]], y[rows["validation"]],
+            Schedule.of(cfg.training))
+    for k, model in enumerate(ens.models):
+        saved = keras.models.load_model(artifacts.member_model_path(run.path, k))
+        for a, b in zip(saved.get_weights(), model.get_weights()):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_run_that_cannot_fit_is_refused_before_anything_is_written(tmp_path, monkeypatch,
+                                                                   capsys):
+    from ensemble.core import memory
+
+    monkeypatch.setattr(memory, "available",
+                        lambda: (200 << 20, "the cgroup memory limit"))
+    code = run_cli("train", "--data", "digits", "--run-dir", tmp_path / "run", "--epochs", "1")
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and "0.20 GiB of the cgroup memory limit" in err
+    assert "--members" in err and not (tmp_path / "run").exists()
+
+
+def test_cgroup_limit_is_read_from_the_process_cgroup(tmp_path, monkeypatch):
+    from ensemble.core import memory
+
+    cg = tmp_path / "cg"
+    (cg / "memory" / "a" / "b").mkdir(parents=True)
+    (cg / "memory" / "a" / "b" / "memory.limit_in_bytes").write_text("1610612736\n")
+    (cg / "x").mkdir()
+    (cg / "x" / "memory.max").write_text("max\n")
+    monkeypatch.setattr(memory, "CGROUP", cg)
+    real = memory.Path
+
+    def fake(p):
+        return tmp_path / "proc" if p == "/proc/self/cgroup" else real(p)
+
+    (tmp_path / "proc").write_text("7:memory:/a/b\n0::/x\n")
+    monkeypatch.setattr(memory, "Path", fake)
+    assert memory.cgroup_limit() == 1610612736
+    (tmp_path / "proc").write_text("0::/x\n")
+    assert memory.cgroup_limit() is None

@@ -1,0 +1,127 @@
+"""`ensemble predict` on an input larger than one streamed batch decides once for the whole
+input, not per batch: the labels (y_true filled on every row or null on every row, one notice
+counting the missing ones), the notices (once), the bad rows (counted over the whole input);
+and a run's `source_row` is the row's position in the user's file even when training dropped
+rows without a label. Small batches (`--batch-size 32`) stand in for a large file.
+"""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import run_cli
+
+UNLABELLED = [3, 40, 41, 77, 130]  # rows without a label, in several batches of 32
+
+
+def _iris(missing_labels=(), missing_bmi=(), unknown=()):
+    """iris as a table with string labels, a categorical column `kind` and an `id`."""
+    from sklearn.datasets import load_iris
+
+    d = load_iris()
+    cols = {f"f{i}": d.data[:, i].astype(np.float64) for i in range(4)}
+    for r in missing_bmi:
+        cols["f1"][r] = np.nan
+    kind = np.array(["a", "b", "c"], dtype=object)[np.arange(150) % 3]
+    kind[list(unknown)] = "new"
+    label = np.array([f"s{k}" for k in d.target], dtype=object)
+    label[list(missing_labels)] = None
+    return pa.table({"id": [f"r{i}" for i in range(150)], **cols,
+                     "kind": pa.array(kind.tolist()), "species": pa.array(label.tolist())})
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    base = tmp_path_factory.mktemp("whole")
+    pcsv.write_csv(_iris(UNLABELLED), base / "train.csv")
+    assert run_cli("train", "--data", base / "train.csv", "--target", "species",
+                   "--members", "2", "--epochs", "1", "--devices", "cpu:2",
+                   "--run-dir", base / "run", "--quiet") == 0
+    return base
+
+
+def test_source_row_is_the_position_in_the_users_file(run):
+    """Training dropped the 5 unlabelled rows; `source_row` still points into the file, so a
+    join back by it finds every row's own label."""
+    preds = pq.read_table(run / "run" / "predictions.parquet").to_pylist()
+    raw = pcsv.read_csv(run / "train.csv").column("species").to_pylist()
+    rows = [r["source_row"] for r in preds]
+    assert not set(rows) & set(UNLABELLED) and max(rows) <= 149
+    assert all(raw[r["source_row"]] == r["y_true"] for r in preds)
+    assert any(r["source_row"] > UNLABELLED[0] for r in preds)  # past a dropped row
+
+
+@pytest.mark.parametrize("mode", ["in-graph", "between-graph"])
+def test_labels_and_notices_are_decided_once_for_the_whole_input(run, tmp_path, capsys, mode):
+    """Missing labels in several batches: y_true null on every row (not only the batches that
+    had one), one notice counting them over the whole input, the unknown categories of every
+    batch counted in one notice, in both modes."""
+    data = tmp_path / "in.csv"
+    pcsv.write_csv(_iris(UNLABELLED, unknown=[5, 70, 140]), data)
+    out = tmp_path / "out.parquet"
+    capsys.readouterr()
+    assert run_cli("predict", "--run", run / "run", "--data", data, "--out", out,
+                   "--batch-size", "32", "--mode", mode) == 0
+    err = capsys.readouterr().err
+    assert err.count("missing label") == 1, err
+    assert ("target column 'species' of " f"{data} has 5 missing labels in 150 rows: labels "
+            "not used (y_true is null on every row)") in err
+    assert err.count("unknown categories") == 1 and "3 rows in 'kind'" in err
+    got = pq.read_table(out)
+    assert got.num_rows == 150 and got.column("y_true").null_count == 150
+    assert got.column("source_row").to_pylist() == list(range(150))
+    assert got.column("id").to_pylist() == [f"r{i}" for i in range(150)]
+
+
+def test_labels_of_a_complete_input_fill_every_row(run, tmp_path, capsys):
+    data = tmp_path / "in.csv"
+    pcsv.write_csv(_iris(), data)
+    out = tmp_path / "out.parquet"
+    assert run_cli("predict", "--run", run / "run", "--data", data, "--out", out,
+                   "--batch-size", "32") == 0
+    assert "missing label" not in capsys.readouterr().err
+    got = pq.read_table(out)
+    assert got.column("y_true").to_pylist() == _iris().column("species").to_pylist()
+
+
+@pytest.mark.parametrize("mode, where", [("in-graph", [100, 10, 140]),  # first bad: row 10
+                                         ("in-graph", [100, 140, 70]),  # mid-stream
+                                         ("between-graph", [100, 140, 70])])
+def test_bad_rows_are_counted_over_the_whole_input(run, tmp_path, capsys, mode, where):
+    """Missing feature values (the run refuses them) in three batches: one error line counts
+    the three rows and names the first, whichever batch fails first; between-graph refuses
+    before starting its clients (one line, not one per client); nothing is written."""
+    data = tmp_path / "in.csv"
+    pcsv.write_csv(_iris(missing_bmi=where), data)
+    out = tmp_path / "out.parquet"
+    capsys.readouterr()
+    assert run_cli("predict", "--run", run / "run", "--data", data, "--out", out,
+                   "--batch-size", "32", "--mode", mode) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1 and "client" not in err[0]
+    assert (f"In the whole input (150 rows): column 'f1' 3 rows missing (first at row "
+            f"{min(where)})") in err[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("impute", ["error", "most_frequent"])
+def test_unknown_categories_counted_as_encoding_counts_them(impute):
+    """The whole-input check counts unknown categories without encoding; its counts equal
+    `encode_scaled`'s on the same rows (missing values filled, or unknown, as the run says)."""
+    from ensemble.data import sources, whole_input
+    from ensemble.data.preprocessing import Preprocessing
+
+    train = pa.table({"x": [1.0, 2.0, 3.0, 4.0], "kind": ["a", "b", "a", None],
+                      "flag": [True, False, True, True], "y": [0, 1, 0, 1]})
+    # missing values pass the table check here; the preprocessing decides what they encode to
+    ds = sources.table_to_dataset(train, "t", "y", True, impute="most_frequent")
+    pre = Preprocessing.fit(ds, np.arange(4), np.array([0, 1]), impute)
+    new = pa.table({"x": [1.0, 1.0, 1.0, 1.0, 1.0],
+                    "kind": ["a", "zzz", None, "b", "zzz"], "flag": [True] * 5})
+    part = sources.table_to_dataset(new, "n", "y", False, categorical=("kind", "flag"),
+                                    impute="most_frequent", expected=pre.columns)
+    _, expected = pre.encode_scaled(part)
+    assert whole_input.unknown_categories(new, pre) == expected
+    assert expected["kind"] == (2 if impute != "error" else 3)
