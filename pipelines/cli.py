@@ -149,19 +149,14 @@ def _check_input_early(args) -> None:
 
 
 def cmd_predict(args) -> int:
-    import contextlib
-
-    from ensemble.core.notices import said_once
-    from ensemble.core.outputs import is_stdout
-
-    # --out /dev/stdout: the table is stdout, so progress and notices go to stderr
-    people = contextlib.redirect_stdout(sys.stderr) if is_stdout(args.out) else \
-        contextlib.nullcontext()
     from ensemble.core import runlock
+    from ensemble.core.notices import said_once
+    from pipelines.pipe import people_stream
 
-    # the run is read as a whole under its shared lock: no aggregate rewrites it meanwhile
-    with said_once(), people, runlock.reading(Path(args.run)):  # (said_once: the early check
-        return _predict(args)  # and the prediction read the same input)
+    # the run is read as a whole under its shared lock (no aggregate rewrites it meanwhile);
+    # said_once: the early check and the prediction read the same input
+    with said_once(), people_stream(args.out), runlock.reading(Path(args.run)):
+        return _predict(args)
 
 
 def _predict(args) -> int:

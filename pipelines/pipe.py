@@ -117,3 +117,14 @@ def guard_std_streams() -> None:
             except (AttributeError, ValueError, OSError):
                 pass
             setattr(sys, name, PipeSafeStream(stream, {"stdout": "output"}.get(name, "error")))
+
+
+def people_stream(out):
+    """A context in which what people read goes to stderr when the output `out` is stdout
+    (`--out /dev/stdout`: the table is stdout), else a no-op."""
+    import contextlib
+
+    from ensemble.core.outputs import is_stdout
+
+    return (contextlib.redirect_stdout(sys.stderr) if is_stdout(out)
+            else contextlib.nullcontext())

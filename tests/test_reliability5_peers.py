@@ -73,19 +73,11 @@ def test_numpy_command_completes_under_a_small_address_space(iris_run, tmp_path)
     assert f"aggregated: {run}" in proc.stdout
 
 
-def test_cgroup_memory_limit_is_read_and_refused(tmp_path, monkeypatch):
+def test_cgroup_memory_limit_is_refused(monkeypatch):
     from ensemble.core import resources
     from ensemble.core.errors import UsageError
 
-    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
-    v2.write_text("max\n")
-    assert resources.cgroup_memory_limit([v2]) is None
-    v2.write_text(f"{200 << 20}\n")
-    assert resources.cgroup_memory_limit([tmp_path / "absent", v2]) == 200 << 20
-    v1.write_text("9223372036854771712\n")  # cgroup v1's "unlimited"
-    assert resources.cgroup_memory_limit([v1]) is None
-    v2.write_text(f"{300 << 20}\n")
-    monkeypatch.setattr(resources, "CGROUP_FILES", (str(v2),))
+    monkeypatch.setattr(resources, "cgroup_limit", lambda: 300 << 20)
     with pytest.raises(UsageError, match="cgroup memory limit is 0.29 GiB"):
         resources.check("predict", tensorflow=True)
     resources.check("aggregate", tensorflow=False)  # above NumPy's floor: allowed

@@ -13,17 +13,17 @@ thread start-up. So, before NumPy or TensorFlow load:
   on Linux x86-64 (TensorFlow 2.21: 2.8 GiB of address space to import and run a small
   graph, plus a stack per thread of its two pools; NumPy/pyarrow commands 0.5 GiB).
 
-Cgroup memory: `memory.max` (cgroup v2) or `memory/memory.limit_in_bytes` (v1) of
-`/sys/fs/cgroup`, as DESIGN.md's memory estimate reads it.
+The cgroup's memory limit is `ensemble.core.memory.cgroup_limit`'s (this process's cgroup),
+the figure a run's memory estimate is checked against too (`ensemble.runs.budget`).
 """
 
 from __future__ import annotations
 
 import os
 import resource
-from pathlib import Path
 
 from ensemble.core.errors import UsageError
+from ensemble.core.memory import cgroup_limit, gib
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -32,27 +32,12 @@ LEAN_ADDRESS_SPACE = 512 * MIB  # NumPy, pyarrow, scikit-learn with one BLAS thr
 TF_MEMORY = 768 * MIB  # resident memory TensorFlow needs to start and predict a little
 LEAN_MEMORY = 256 * MIB
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-CGROUP_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
 def address_space_limit() -> int | None:
     """The soft `RLIMIT_AS` in bytes, or None when unlimited."""
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     return None if soft == resource.RLIM_INFINITY or soft < 0 else int(soft)
-
-
-def cgroup_memory_limit(files=None) -> int | None:
-    """The cgroup's memory limit in bytes (read from `files`, default `CGROUP_FILES`: the
-    first that exists), or None when there is none (`max`, or v1's near-2**63 "unlimited")."""
-    for name in files or CGROUP_FILES:
-        try:
-            text = Path(name).read_text().strip()
-        except (OSError, ValueError):
-            continue
-        if text.isdigit() and int(text) < (1 << 60):
-            return int(text)
-        return None
-    return None
 
 
 def bound_threads() -> None:
@@ -85,10 +70,6 @@ def needs(tensorflow: bool) -> tuple[int, int]:
     return TF_ADDRESS_SPACE + 2 * cores * _stack_bytes(), TF_MEMORY
 
 
-def _gib(n: int) -> str:
-    return f"{n / GIB:.2f} GiB"
-
-
 def check(command: str, tensorflow: bool) -> None:
     """Refuse to start `command` under limits below its needs (`needs`).
 
@@ -101,10 +82,10 @@ def check(command: str, tensorflow: bool) -> None:
     limit = address_space_limit()
     if limit is not None and limit < space:
         raise UsageError(f"ensemble {command}: the address-space limit (ulimit -v) is "
-                         f"{_gib(limit)}; {what} needs at least {_gib(space)} to start here "
+                         f"{gib(limit)}; {what} needs at least {gib(space)} to start here "
                          f"(raise it: ulimit -v {space // 1024 + 1} or unlimited)")
-    cgroup = cgroup_memory_limit()
+    cgroup = cgroup_limit()
     if cgroup is not None and cgroup < memory:
-        raise UsageError(f"ensemble {command}: the cgroup memory limit is {_gib(cgroup)}; "
-                         f"{what} needs at least {_gib(memory)} to start (raise the "
+        raise UsageError(f"ensemble {command}: the cgroup memory limit is {gib(cgroup)}; "
+                         f"{what} needs at least {gib(memory)} to start (raise the "
                          "container's or job's memory)")

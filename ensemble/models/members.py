@@ -208,7 +208,7 @@ def load_run_member(run_dir, manifest: dict, index: int, device: str | None):
 
 def check_member_shape(model, manifest: dict) -> None:
     """Refuse a member whose input shape is not the run's (`dataset.input_shape`), or whose
-    output width is not its number of classes (classification): a file from another run.
+    output width is not its number of classes (a run with classes): a file from another run.
 
     Raises:
         ValueError: names both shapes.
@@ -219,10 +219,9 @@ def check_member_shape(model, manifest: dict) -> None:
     if want is not None and got is not None and [int(d) if d is not None else None
                                                  for d in got] != list(want):
         raise ValueError(f"it takes inputs of shape {got}; the run's members take {want}")
-    classes = dataset.get("classes")
+    classes = dataset.get("classes")  # a run with classes: one output per class
     width = model.output_shape[-1] if not isinstance(model.output_shape, list) else None
-    if (manifest.get("task") or "classification") == "classification" and classes and \
-            width is not None and width != len(classes):
+    if classes and width is not None and width != len(classes):
         raise ValueError(f"it outputs {width} values per row; the run has {len(classes)} "
                          "classes")
 

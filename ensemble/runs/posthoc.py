@@ -122,13 +122,12 @@ def size_curve(splits: dict[str, SplitMembers], fit: dict[str, Any] | None,
                                       list(greedy["order"])[:n_members] if greedy else None)
 
 
-def _check_fit(fit_: Any, task: str) -> None:
+def _check_fit(fit_: Any, task: str | None) -> None:
     """Refuse an `aggregators.json` of the wrong shape or naming an aggregator `task` does not
     have (ValueError, turned into one line naming the file by `artifacts.opened`)."""
-    from ensemble.tasks.classification import aggregators as classification
     from ensemble.tasks.regression import aggregators as regression
 
-    known = regression.AGGREGATORS if task == "regression" else classification.AGGREGATORS
+    known = regression.known_aggregators(task)
     names = fit_.get("aggregators") if isinstance(fit_, dict) else None
     if not isinstance(names, list) or not names:
         raise ValueError("expected an object whose `aggregators` is a non-empty list")
@@ -152,12 +151,12 @@ def run_aggregators(run_dir: str | Path, manifest: dict[str, Any]
         artifacts.verify(run_dir, manifest, path)
         with artifacts.opened(path, "aggregators file"):
             fit_ = fitted.read(run_dir)
-            _check_fit(fit_, manifest.get("task") or "classification")
+            _check_fit(fit_, manifest.get("task"))
         return list(fit_["aggregators"]), fit_
     from ensemble.tasks.regression import aggregators as regression
 
     names = regression.task_aggregators(manifest["config"]["aggregation"]["aggregators"],
-                                        manifest.get("task", "classification"))
+                                        manifest.get("task"))
     if set(names) & set(FITTED + regression.FITTED):
         raise UsageError(f"Run {run_dir} names fitted aggregators but has no "
                          f"{fitted.FILENAME}; run `ensemble aggregate --run {run_dir}`.")
