@@ -16,10 +16,16 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from ensemble.core import resources  # noqa: E402
+
+resources.bound_threads()  # before NumPy loads: OpenBLAS starts its threads when it loads
+
 from ensemble.replication.devices import peak_rss_bytes  # noqa: E402
 from ensemble.core.errors import UsageError  # noqa: E402
+from ensemble.core.notices import one_line  # noqa: E402
 from ensemble.core.tfimport import import_tensorflow_quietly  # noqa: E402
-from pipelines.guide import fault_line, interrupted_line, refuse_inapplicable, report  # noqa: E402
+from pipelines.guide import (environment_line, fault_line, interrupted_line,  # noqa: E402
+                            refuse_inapplicable, report, uses_tensorflow)
 from pipelines.options import parse  # noqa: E402
 from pipelines.settings import load_config  # noqa: E402
 
@@ -143,9 +149,13 @@ def _check_input_early(args) -> None:
 
 
 def cmd_predict(args) -> int:
+    from ensemble.core import runlock
     from ensemble.core.notices import said_once
+    from pipelines.pipe import people_stream
 
-    with said_once():  # the early check and the prediction read the same input
+    # the run is read as a whole under its shared lock (no aggregate rewrites it meanwhile);
+    # said_once: the early check and the prediction read the same input
+    with said_once(), people_stream(args.out), runlock.reading(Path(args.run)):
         return _predict(args)
 
 
@@ -185,6 +195,9 @@ def _predict(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from ensemble.runs.export import check_out_dir
+
+    check_out_dir(Path(args.out))  # before TensorFlow loads
     import_tensorflow_quietly()
     from ensemble.runs.export import export_run
 
@@ -316,7 +329,7 @@ def cmd_server(args) -> int:
     spec = cluster.load_spec(args.cluster)
     if spec is None:
         raise UsageError("server: expected --cluster FILE.json or TF_CONFIG")
-    return cluster.serve(spec, args.task)
+    return cluster.serve(spec, args.task)  # checks the address, then loads TensorFlow
 
 
 COMMANDS = {  # command name -> its function (the parser is in pipelines.options)
@@ -349,26 +362,30 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             if args.command != "train":  # train: once its mode is known (--resume: the run's)
                 refuse_inapplicable(args)
-            if args.command in ("client", "server", "devices"):
+            resources.check(args.command, uses_tensorflow(args))
+            if args.command in ("client", "devices"):  # server: once its address is checked
                 import_tensorflow_quietly()
             return args.func(args)
     except interrupt.Interrupted as exc:
-        print(interrupted_line(exc, args), file=sys.stderr, flush=True)
+        print(one_line(interrupted_line(exc, args)), file=sys.stderr, flush=True)
         return exc.exit_status
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
         return 2
     except Exception as exc:
         from ensemble.replication.cluster import ClusterError
 
         if isinstance(exc, ClusterError):
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
             return 1
         line = fault_line(exc, args)
+        status = 1
+        if line is None:
+            line, status = environment_line(exc), 2
         if line is None:
             raise
-        print(f"error: {line}", file=sys.stderr, flush=True)
-        return 1
+        print(f"error: {one_line(line)}", file=sys.stderr, flush=True)
+        return status
 
 
 def entry() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import sys
 import re
 
@@ -158,3 +159,31 @@ def refuse_inapplicable(args) -> None:
             if getattr(args, flag):
                 raise UsageError(f"client: --{flag.replace('_', '-')} applies with --predict "
                                  "only")
+
+
+def uses_tensorflow(args) -> bool:
+    """Whether the command (or the processes it starts) loads TensorFlow: all but
+    `aggregate` and a plain `evaluate`."""
+    if args.command == "aggregate":
+        return False
+    if args.command == "evaluate":
+        return bool(getattr(args, "ood", None) or getattr(args, "shift", None))
+    return True
+
+
+def environment_line(exc: BaseException) -> str | None:
+    """The one line for a failure of the environment rather than of the command: a path of
+    bytes that are not UTF-8 (the libraries cannot open it), a working directory that was
+    deleted; None for anything else."""
+    if isinstance(exc, UnicodeEncodeError) and isinstance(exc.object, str) and any(
+            0xDC80 <= ord(c) <= 0xDCFF for c in exc.object):
+        return (f"the path {exc.object!r} holds bytes that are not UTF-8; the libraries this "
+                "command uses (pyarrow, TensorFlow) cannot open it: rename it (or link it "
+                "under a UTF-8 name)")
+    if isinstance(exc, FileNotFoundError):
+        try:
+            os.getcwd()
+        except OSError:
+            return ("the working directory no longer exists (it was deleted); cd to an "
+                    "existing folder or give absolute paths")
+    return None

@@ -223,6 +223,11 @@ class _Observed:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        from ensemble.serving import limits
+
+        bad = limits.framing_error(scope.get("headers") or [])
+        if bad is not None:  # RFC 9112 section 6.3: an error, and the connection is closed
+            return await limits.refuse_and_close(send, bad)
         start, status = time.perf_counter(), [500]
         scope.setdefault("state", {})
 

@@ -48,6 +48,9 @@ def add_options(parser, batch_size: bool = True) -> None:
 def parse_value(text: str) -> Any:
     """VALUE of `--set`: a TOML value (`0.01`, `[64, 32]`, `true`, `"relu"`, `{momentum=0.9}`);
     text that is not TOML is taken as a string (`--set data.source=my.csv`)."""
+    from ensemble.config import bounds
+
+    bounds.check_depth(text, f"--set value {text[:40]!r}")
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:

@@ -88,3 +88,33 @@ def start_held(argv, tmp_path: Path, hold_at: str, member: int | None = None,
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", *map(str, argv)], env=env,
                             stdout=stdout, stderr=subprocess.PIPE, text=True)
     return proc, marker
+
+
+IRIS_RUN = """
+[data]
+source = "iris"
+[members]
+count = 2
+hidden = [8]
+[training]
+epochs = 1
+batch_size = 32
+seed = 3
+[placement]
+devices = "cpu:1"
+"""
+
+
+@pytest.fixture(scope="session")
+def iris_run(tmp_path_factory) -> tuple[Path, Path]:
+    """A finished 2-member, 1-epoch iris run (in-graph) and the iris table as CSV: `(run
+    directory, csv)`. Tests copy the run before changing it."""
+    from sklearn.datasets import load_iris
+
+    base = tmp_path_factory.mktemp("iris_run")
+    (base / "iris.toml").write_text(IRIS_RUN)
+    csv = base / "iris.csv"
+    load_iris(as_frame=True).frame.to_csv(csv, index=False)
+    assert run_cli("train", "--config", base / "iris.toml", "--run-dir", base / "run",
+                   "--quiet") == 0
+    return base / "run", csv

@@ -149,3 +149,46 @@ def check_target_scale(loc: float, scale: float, name: str) -> None:
         raise UsageError(f"Target {name!r} spreads too widely for float32 training (mean "
                          f"{loc:.3g}, std {scale:.3g}; expected std <= {TARGET_SCALE_MAX:g}); "
                          "rescale it, e.g. divide it by a power of ten.")
+
+
+DEPTH_MAX = 32  # nesting of arrays and inline tables in a config or `--set` value
+
+
+def check_depth(text: str, what: str, limit: int = DEPTH_MAX) -> str:
+    """Refuse TOML `text` whose arrays and inline tables nest deeper than `limit`, before it
+    is parsed (Python's parser recurses per level: a few thousand levels raise
+    `RecursionError`). Brackets inside quoted strings and comments are not counted.
+
+    Returns:
+        `text`.
+
+    Raises:
+        UsageError: names `what` (the file or the `--set` item), the depth and the limit.
+    """
+    depth = deepest = 0
+    quote = None
+    comment = escaped = False
+    for ch in text:
+        if comment:
+            comment = ch != "\n"
+        elif quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\" and quote == '"':  # basic strings escape; literal ones do not
+                escaped = True
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#":
+            comment = True
+        elif ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    raise UsageError(f"Expected {what} to nest arrays and tables at most "
+                                     f"{limit} deep. Received: more than {limit} levels")
+        elif ch in "]}":
+            depth = max(depth - 1, 0)
+    return text

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ensemble.config import values
+from ensemble.config import bounds, values
 from ensemble.config.checks import check_ranges
 from ensemble.core.errors import UsageError
 from ensemble.data.settings import DataConfig
@@ -265,7 +265,8 @@ def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None
     try:
         if path is not None:
             path = Path(path)
-            table = tomllib.loads(path.read_text())
+            table = tomllib.loads(bounds.check_depth(path.read_text(),
+                                                     f"config file {str(path)!r}"))
     except FileNotFoundError:
         raise UsageError(f"Config file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -191,7 +191,10 @@ def load_space(path: str | Path) -> tuple[int, dict[str, dict[str, Any]], dict[s
         UsageError: unreadable file, or no or a bad `[search]` table.
     """
     try:
-        table = tomllib.loads(Path(path).read_text())
+        from ensemble.config import bounds
+
+        table = tomllib.loads(bounds.check_depth(Path(path).read_text(),
+                                                 f"config file {str(path)!r}"))
     except FileNotFoundError:
         raise UsageError(f"Config file not found: {path}") from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:

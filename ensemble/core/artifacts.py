@@ -63,8 +63,16 @@ def _fsync_tree(path: Path) -> None:
 def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
     """Yield a staging path (`ensemble.core.staging`, ending in `suffix`) beside `path`; when the
     block succeeds, flush it (`fsync`), give it the umask's permissions, rename it onto `path`
-    and flush the folder; delete it when the block raises (a full disk included)."""
+    and flush the folder; delete it when the block raises (a full disk included).
+
+    A FIFO, a device or `/dev/stdout` is yielded itself and written through, never replaced
+    (`ensemble.core.outputs.writes_through`)."""
+    from ensemble.core.outputs import writes_through
+
     path = Path(path)
+    if writes_through(path):
+        yield path
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = staging.new_path(path, suffix)  # owned name; stale ones of dead writers swept
     try:
@@ -106,6 +114,25 @@ def read_parquet(path: str | Path) -> pa.Table:
         return pq.read_table(path, page_checksum_verification=True)
     except (pa.ArrowInvalid, OSError) as exc:
         raise UsageError(f"Damaged or invalid Parquet file {path}: {exc}") from None
+
+
+@contextmanager
+def opened(path: str | Path, what: str = "run file") -> Iterator[None]:
+    """Read run file `path` in the block: any failure but a `UsageError` (a library's error on
+    damaged or foreign content: pyarrow, JSON, Keras, a shape mismatch) becomes one line
+    naming the file.
+
+    Raises:
+        UsageError: `Damaged or foreign <what> '<path>': <error type>: <its first line>`.
+    """
+    try:
+        yield
+    except (UsageError, UnicodeError):  # a path pyarrow cannot encode is not a damaged file
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the content broke, name the file
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        kind = "" if type(exc) is ValueError and first else f"{type(exc).__name__}: "
+        raise UsageError(f"Damaged or foreign {what} {str(path)!r}: {kind}{first}") from None
 
 
 def sha256_file(path: str | Path) -> str:
@@ -156,15 +183,21 @@ def read_manifest(run_dir: str | Path) -> dict[str, Any]:
     """Read `manifest.json` of a run.
 
     Raises:
-        UsageError: not a run directory, or a manifest that is not JSON.
+        UsageError: not a run directory, a manifest that is not JSON, or JSON of the wrong
+            shape (`ensemble.core.manifest_schema`: names the field).
     """
+    from ensemble.core.manifest_schema import validate
+
     path = Path(run_dir) / MANIFEST
     if not path.is_file():
-        raise UsageError(f"Not a run directory (no {MANIFEST}): {run_dir}")
+        raise UsageError(f"Not a run directory (no {MANIFEST}): {str(run_dir)!r}")
     try:
-        return json.loads(path.read_text())
-    except ValueError as exc:
-        raise UsageError(f"Damaged manifest {path}: {exc}") from None
+        manifest = json.loads(path.read_text())
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise UsageError(f"Damaged manifest {str(path)!r}: {str(exc)[:200]}") from None
+    except OSError as exc:
+        raise UsageError(f"Cannot read manifest {str(path)!r}: {exc.strerror or exc}") from None
+    return validate(manifest, str(path))
 
 
 def write_manifest(run_dir: str | Path, manifest: dict[str, Any]) -> None:

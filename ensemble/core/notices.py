@@ -17,11 +17,21 @@ _REWORDING: list[tuple[str, str]] = []  # (regex, replacement) applied to messag
 _SAID: list[set[str]] = []  # the `once` notices of the innermost `said_once` block
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in range(32) if c != 9}
+_CONTROL.update({10: "\\n", 13: "\\r", 0x7f: "\\x7f"})
+
+
+def one_line(text: str) -> str:
+    """`text` with its control characters escaped as `repr` would (`\\n`, `\\r`, `\\x1b`):
+    a path holding a newline cannot split a message across lines (nor a terminal escape act)."""
+    return str(text).translate(_CONTROL)
+
+
 def notice(message: str, once: bool = False) -> None:
     """One informational line on stderr (never stdout: stdout belongs to the user); with
     `once`, inside a `said_once` block, a message the block already printed is not printed
     again (a command's early check reads the input, then the command reads it again)."""
-    text = f"notice: {_reword(message)}"
+    text = f"notice: {one_line(_reword(message))}"
     if once and _SAID:
         if text in _SAID[-1]:
             return

@@ -10,6 +10,12 @@
 - Processes started by the holder (the launcher's clients and aggregator) work under its lock:
   the holder puts a random token in `$ENSEMBLE_RUN_LOCK` (inherited by its children) and in
   the holder record; a process whose token matches is the holder's delegate.
+- Readers (`predict`, `export`, a between-graph predict's clients) hold the same lock
+  *shared* (`reading`: `flock(LOCK_SH)`, compatible with `filelock`'s exclusive `flock`) while
+  they read the manifest and the files it names, so a writer cannot rewrite the run between a
+  reader's manifest and its files: a reader sees the old state or the new one, never a mix
+  (a false "damaged artifact"). Readers never block each other; a writer waits
+  `PROBE_SECONDS` for readers before it is refused.
 - Manifest changes are read-modify-write under `RUN/.manifest.lock` (`update_manifest`), so a
   launcher's record of a member never overwrites a client's newer one (no lost update).
 
@@ -20,10 +26,12 @@ dot: they are not artifacts (`artifacts.artifact_hashes` skips them).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
 import sys
+import time
 import uuid
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -59,7 +67,7 @@ def holder(run_dir: str | Path, member: int | None = None) -> dict[str, Any]:
 
 def _who(h: dict[str, Any]) -> str:
     if not h:
-        return "another process"
+        return "another process (a reader such as predict or export, or a writer starting)"
     return f"pid {h.get('pid')} on {h.get('host')} ({h.get('command')})"
 
 
@@ -81,7 +89,7 @@ class Lock:
         lock = FileLock(self.path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            lock.acquire(timeout=0)
+            lock.acquire(timeout=PROBE_SECONDS)  # readers hold it shared for short spells
         except Timeout:
             what = (f"Run {self.run_dir}" if self.member is None
                     else f"Member {self.member} of run {self.run_dir}")
@@ -123,30 +131,76 @@ def writing(run_dir: str | Path, command: str):
     return nullcontext() if delegated(run_dir) else Lock(run_dir, None, command)
 
 
+def _shared(path: Path, what: str, run_dir) -> int | None:
+    """Take `path`'s lock shared, waiting up to `PROBE_SECONDS` for a writer; returns the open
+    descriptor holding it, or None when the run cannot be locked (a folder this process cannot
+    write: no one writes it through this path either).
+
+    Raises:
+        UsageError: a writer holds the lock (names it).
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+    deadline = time.monotonic() + PROBE_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise UsageError(f"{what} is in use by {_who(holder(run_dir))}; wait for it "
+                                 "to finish (or stop it) first.") from None
+            time.sleep(0.05)
+        except OSError:
+            os.close(fd)
+            return None
+
+
 def require_free(run_dir: str | Path, member: int | None = None) -> None:
-    """Refuse to read a run (or member) another process is writing.
+    """Refuse to read a run (or member) another process is writing: a shared probe of its
+    lock (readers never refuse each other).
 
     A run directory this process cannot write (read-only, shared) cannot be locked by anyone
     else either through this path; it passes.
 
     Raises:
-        UsageError: the lock is held by another process (names it).
+        UsageError: the lock is held by a writer (names it).
     """
     if member is None and delegated(run_dir):
         return
     path = _paths(Path(run_dir), member)[0]
     if not path.parent.is_dir():
         return
-    lock = FileLock(path)
+    what = f"Run {run_dir}" if member is None else f"Member {member} of run {run_dir}"
+    fd = _shared(path, what, run_dir)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor releases its flock
+
+
+@contextmanager
+def reading(run_dir: str | Path) -> Iterator[None]:
+    """Hold the run's lock shared for the block (see the module docstring): no writer changes
+    the run while this process reads its manifest and files. A no-op for the holder's
+    delegates and for a folder that is not there or cannot be locked.
+
+    Raises:
+        UsageError: a writer holds the run (names it).
+    """
+    path = _paths(Path(run_dir), None)[0]
+    fd = None
+    if not delegated(run_dir) and path.parent.is_dir():
+        fd = _shared(path, f"Run {run_dir}", run_dir)
     try:
-        lock.acquire(timeout=PROBE_SECONDS)
-    except Timeout:
-        what = f"Run {run_dir}" if member is None else f"Member {member} of run {run_dir}"
-        raise UsageError(f"{what} is in use by {_who(holder(run_dir, member))}; wait for it "
-                         "to finish (or stop it) first.") from None
-    except OSError:
-        return
-    lock.release()
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def is_held(run_dir: str | Path) -> bool:

@@ -145,7 +145,7 @@ def drop_hint(name: str, expected) -> str:
 
 def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
     y = np.asarray(col.to_numpy(zero_copy_only=False))
-    y = y.astype(str) if y.dtype.kind in "OUSb" else y
+    y = y.astype(str) if y.dtype.kind in "OUS" else y  # booleans stay booleans
     if y.dtype.kind == "f":
         if not np.all(np.isfinite(y)):  # regression (`ensemble.runs.prepare.resolve_task`)
             problems.append(f"target column {target!r} holds NaN or inf; expected class "

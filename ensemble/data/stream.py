@@ -31,6 +31,7 @@ from ensemble.core import hooks
 from ensemble.data import whole_input
 from ensemble.data import sources as data
 from ensemble.core.labels import encode
+from ensemble.core.outputs import ForwardSink, table_format, writes_through
 from ensemble.data.containers import Batch
 from ensemble.core.errors import UsageError
 from ensemble.data.preprocessing import Preprocessing
@@ -325,7 +326,8 @@ def prefetch(batches: Iterable[Batch]) -> Iterator[Batch]:
 
 class PredictionWriter:
     """Append prediction tables to `out` with one `ParquetWriter` (page checksums), or one
-    `pyarrow.csv.CSVWriter` when `out` ends in `.csv`; the file
+    `pyarrow.csv.CSVWriter` when `out` ends in `.csv` (or is a FIFO or device without a suffix,
+`ensemble.core.outputs.table_format`); the file
     appears under its name only when the `with` block succeeds. Each table is written in a
     background thread while the caller computes the next (one write in flight at most).
 
@@ -336,6 +338,7 @@ class PredictionWriter:
     def __init__(self, out: str | Path, metadata: dict[str, str] | None = None):
         self.out, self.metadata = Path(out), dict(metadata or {})
         self.rows, self._writer, self._ctx, self._tmp = 0, None, None, None
+        self._sink = None
         self._pool, self._pending = None, None
 
     def __enter__(self) -> "PredictionWriter":
@@ -352,12 +355,16 @@ class PredictionWriter:
         meta = {**(table.schema.metadata or {}),
                 **{k.encode(): v.encode() for k, v in self.metadata.items()}}
         table = table.replace_schema_metadata(meta)
-        if self._writer is None and self.out.suffix == ".csv":
-            import pyarrow.csv as pcsv
+        if self._writer is None:
+            sink = str(self._tmp)
+            if writes_through(self._tmp):  # a FIFO or pipe: pyarrow must not seek it
+                sink = self._sink = ForwardSink(self._tmp)
+            if table_format(self.out) == "csv":
+                import pyarrow.csv as pcsv
 
-            self._writer = pcsv.CSVWriter(str(self._tmp), table.schema)
-        elif self._writer is None:
-            self._writer = pq.ParquetWriter(self._tmp, table.schema, write_page_checksum=True)
+                self._writer = pcsv.CSVWriter(sink, table.schema)
+            else:
+                self._writer = pq.ParquetWriter(sink, table.schema, write_page_checksum=True)
         if self._pending is not None:
             self._pending.result()  # the previous write's error, if any, surfaces here
             # memory flat over any input: give the freed buffers of earlier batches back
@@ -377,6 +384,8 @@ class PredictionWriter:
             self._pool.shutdown()
             if self._writer is not None:
                 self._writer.close()
+            if self._sink is not None:
+                self._sink.close()
         if failed is not None and kind is None:
             kind, value, tb = type(failed), failed, failed.__traceback__
         if kind is None:

@@ -164,14 +164,24 @@ def import_builder(manifest: dict, index: int) -> None:
 
     Raises:
         UsageError: its source file's sha256 differs from the manifest's
-            (`builder_files.check_builder`): it is not imported.
+            (`builder_files.check_builder`), or the manifest records none for a file it
+            names: it is not imported. Code whose sha256 the manifest does not record is
+            never imported.
     """
     from ensemble.models.builder_files import check_builder
 
     h = manifest["members"][index].get("hparams") or {}
     spec = h.get("builder")
     if spec and spec not in builders.BUILTINS:  # never import a changed file (run_checks)
-        check_builder(spec, ((manifest.get("model") or {}).get("builders") or {}).get(spec))
+        recorded = ((manifest.get("model") or {}).get("builders") or {}).get(spec)
+        found = builders.builder_file(spec)
+        if recorded is None and found is not None:  # code nobody vouched for: not run
+            raise UsageError(f"Member {index}'s builder {spec!r} names the file "
+                             f"{str(found)!r}, whose sha256 the manifest does not record; it "
+                             "is not imported (a file added to the run, or an edited manifest).")
+        if recorded is None:  # no file to vouch for: nothing is imported (the load says
+            return  # which custom layer it misses, if any)
+        check_builder(spec, recorded)
     if spec and spec not in builders.BUILTINS and builders.importable(spec):
         try:
             builders.resolve(spec)
@@ -190,7 +200,30 @@ def load_run_member(run_dir, manifest: dict, index: int, device: str | None):
 
     path = artifacts.verify(run_dir, manifest, artifacts.member_model_path(run_dir, index))
     import_builder(manifest, index)
-    return load_member(path, device)
+    model = load_member(path, device)
+    with artifacts.opened(path, "member file"):
+        check_member_shape(model, manifest)
+    return model
+
+
+def check_member_shape(model, manifest: dict) -> None:
+    """Refuse a member whose input shape is not the run's (`dataset.input_shape`), or whose
+    output width is not its number of classes (a run with classes): a file from another run.
+
+    Raises:
+        ValueError: names both shapes.
+    """
+    dataset = manifest.get("dataset") or {}
+    want = dataset.get("input_shape")
+    got = list(model.input_shape[1:]) if not isinstance(model.input_shape, list) else None
+    if want is not None and got is not None and [int(d) if d is not None else None
+                                                 for d in got] != list(want):
+        raise ValueError(f"it takes inputs of shape {got}; the run's members take {want}")
+    classes = dataset.get("classes")  # a run with classes: one output per class
+    width = model.output_shape[-1] if not isinstance(model.output_shape, list) else None
+    if classes and width is not None and width != len(classes):
+        raise ValueError(f"it outputs {width} values per row; the run has {len(classes)} "
+                         "classes")
 
 
 def load_member(path, device: str | None):

@@ -210,27 +210,95 @@ def public_addresses(spec: dict[str, list[str]]) -> list[str]:
     return out
 
 
+def split_address(addr: str) -> tuple[str, int]:
+    """`host:port` (or `[v6]:port`) of a cluster spec as `(host, port)`.
+
+    Raises:
+        UsageError: no port, or a port outside 1-65535 (names the address).
+    """
+    host, _, port = str(addr).rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise UsageError(f"Expected the cluster spec's address to be host:port with a port in "
+                         f"1-65535. Received: {addr!r}")
+    return host.strip("[]"), int(port)
+
+
+def check_port_free(addr: str) -> None:
+    """Refuse a port another process listens on, before TensorFlow tries it (its error is a
+    traceback). TensorFlow's server listens on every interface, so the port is tried there.
+
+    Raises:
+        UsageError: the port is in use (names it).
+    """
+    _, port = split_address(addr)
+    for family, any_host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            probe = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue
+        try:  # SO_REUSEADDR as gRPC sets it: connections of a server that just stopped
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (TIME_WAIT) pass,
+            probe.bind((any_host, port))  # a listening socket does not
+            return
+        except OSError as exc:
+            if family == socket.AF_INET6 and exc.errno not in (98,):  # no IPv6: try IPv4
+                continue
+            raise UsageError(f"Cannot serve at {addr}: port {port} is in use by another "
+                             "process (stop it, or give this task another port in the "
+                             "cluster spec)") from None
+        finally:
+            probe.close()
+
+
+def exposure_warning(addr: str) -> str | None:
+    """The warning for a task whose spec address is narrower than what TensorFlow binds:
+    `tf.distribute.Server` always listens on every interface (`[::]:port`), so a task the spec
+    puts on the loopback or one address is reachable from the network too; None when the spec
+    already names every interface."""
+    host, port = split_address(addr)
+    if host in ("0.0.0.0", "::", ""):
+        return None
+    return (f"WARNING: TensorFlow's gRPC server cannot bind one address: it listens on every "
+            f"interface at port {port}, not only on {host} as the cluster spec names. It has "
+            "no authentication and runs any graph it is sent: block port "
+            f"{port} from other hosts (a firewall) or serve only on an isolated network.")
+
+
 def serve(spec: dict[str, list[str]], task: str) -> int:
     """Start the `tf.distribute.Server` of `task` (`job:index`) and serve until SIGTERM or
     SIGINT; returns exit status 0.
 
+    Its address is checked first: a port outside 1-65535 or in use is refused in one line;
+    the exposure of TensorFlow's bind to every interface is warned about on stderr.
+
     Raises:
-        UsageError: a task that is not in the spec.
+        UsageError: a task that is not in the spec, a bad or busy port.
     """
     job, _, index = task.partition(":")
     if job not in spec or not index.isdigit() or int(index) >= len(spec[job]):
         raise UsageError(f"Expected --task JOB:I from {[f'{j}:{i}' for j, i, _ in tasks(spec)]}. "
                          f"Received: task={task!r}")
+    addr = spec[job][int(index)]
+    check_port_free(addr)
     public = public_addresses(spec)
     if public:
         print(f"WARNING: {', '.join(public)} are outside the loopback and private ranges. "
               "TensorFlow servers have no authentication and run any graph they are sent: "
               "serve only on an isolated network.", file=sys.stderr, flush=True)
+    elif exposure_warning(addr):
+        print(exposure_warning(addr), file=sys.stderr, flush=True)
+    from ensemble.core.tfimport import import_tensorflow_quietly
+
+    import_tensorflow_quietly()
     import tensorflow as tf
 
     tf.config.experimental.enable_op_determinism()
-    server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job,
-                                  task_index=int(index), protocol="grpc", start=True)
+    try:
+        server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job,
+                                      task_index=int(index), protocol="grpc", start=True)
+    except tf.errors.OpError as exc:  # a port taken between the check and the bind
+        raise UsageError(f"Cannot serve {task} at {addr}: "
+                         f"{' '.join(str(exc.message).split())[:200]}") from None
     devices = [d.name for d in tf.config.list_logical_devices()]
     print(f"serving {task} at {spec[job][int(index)]} ({server.target}); devices: "
           f"{', '.join(devices)}", flush=True)

@@ -161,13 +161,20 @@ def format_report(message: protocol.Message, verbose: bool = False) -> str | Non
     return None
 
 
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (OSError, ValueError, AttributeError):  # closed or odd streams are not terminals
+        return False
+
+
 def for_people(verbosity: int = 1, stream: TextIO | None = None) -> list[Callback]:
     """The progress callbacks for a person watching `stream` (default stdout): none when
     `verbosity` is 0, a progress bar on a terminal, log lines elsewhere."""
     stream = stream or sys.stdout
-    if verbosity <= 0:
+    if verbosity <= 0 or stream is None:  # no stdout at all (`pythonw`, a closed descriptor)
         return []
-    if stream.isatty():
+    if _isatty(stream):
         return [TerminalProgress(stream)]
     return [LogProgress(stream, verbose=verbosity >= 2)]
 
@@ -191,7 +198,7 @@ class RowProgress:
         self.last = time.monotonic()
         self.rows, self.bar = 0, None
         out = stream or sys.stdout
-        if verbosity > 0 and out.isatty() and "keras" in sys.modules:  # never load it here
+        if verbosity > 0 and _isatty(out) and "keras" in sys.modules:  # never load it here
             import keras
 
             self.bar = keras.utils.Progbar(total, stateful_metrics=["rows/s"], unit_name="row")

@@ -78,12 +78,46 @@ def check_predictions(run_dir: str | Path, manifest: dict[str, Any], used: list[
     if not path.is_file():
         return
     artifacts.verify(run_dir, manifest, path)
-    have = sorted(pc.unique(pq.read_table(path, columns=["member"]).column("member")
-                            .drop_null()).to_pylist())
+    with artifacts.opened(path, "predictions file"):
+        have = sorted(pc.unique(pq.read_table(path, columns=["member"]).column("member")
+                                .drop_null()).to_pylist())
     if have != sorted(used):
         raise UsageError(f"Run {run_dir}: {artifacts.PREDICTIONS} holds members {have} but the "
                          f"manifest's ensemble is members {sorted(used)}; the run is damaged "
                          "(rerun `ensemble aggregate` if members were removed on purpose).")
+
+
+def check_preprocessing(run_dir: str | Path, manifest: dict[str, Any]) -> None:
+    """Refuse a `preprocessing.json` (verified against its sha256) that does not fit the run:
+    its model input shape or classes differ from the manifest's `dataset`, or its scaler's
+    lengths differ from its features (a file from another run, or edited).
+
+    Raises:
+        UsageError: names the file and the mismatch.
+    """
+    from ensemble.data import kinds
+
+    path = Path(run_dir) / artifacts.PREPROCESSING
+    if not path.is_file():
+        return
+    pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest, path))
+    dataset = manifest.get("dataset") or {}
+    with artifacts.opened(path, "preprocessing file"):
+        shape = tuple(pre.input_shape)
+        want = dataset.get("input_shape")
+        if want is not None and shape != tuple(want):
+            raise ValueError(f"its model input has shape {list(shape)}, the run's members take "
+                             f"{list(want)}")
+        classes = dataset.get("classes")
+        if classes is not None and [str(c) for c in pre.classes.tolist()] != \
+                [str(c) for c in classes]:
+            raise ValueError(f"its classes {pre.classes.tolist()[:10]} differ from the run's "
+                             f"{classes[:10]}")
+        for key in ("mean", "scale"):
+            values = getattr(pre, key, None)
+            if values is not None and len(values) not in (0, shape[0] if shape else 0,
+                                                          len(getattr(pre, "feature_names", ()))):
+                raise ValueError(f"its `{key}` has {len(values)} values for {shape} inputs")
 
 
 def verify_run(run_dir: str | Path, manifest: dict[str, Any], trust_builder: bool = False,
@@ -92,10 +126,12 @@ def verify_run(run_dir: str | Path, manifest: dict[str, Any], trust_builder: boo
     ensemble's member indices.
 
     Raises:
-        UsageError: see `check_builders`, `check_members`, `check_predictions`.
+        UsageError: see `check_builders`, `check_members`, `check_preprocessing`,
+            `check_predictions`.
     """
     check_builders(run_dir, manifest, trust_builder)
     used = check_members(run_dir, manifest)
+    check_preprocessing(run_dir, manifest)
     if predictions:
         check_predictions(run_dir, manifest, used)
     return used

@@ -236,9 +236,73 @@ def build_module(models, pre: Preprocessing, aggregators, params: dict, default:
     return mod, sigs
 
 
+def check_out_dir(out: str | Path) -> Path:
+    """Check that `out` can be TF Serving's model base folder, before any work.
+
+    Raises:
+        UsageError: `out`, or a folder above it, is an existing file (names it).
+    """
+    out = Path(out)
+    try:
+        path = Path(os.path.abspath(out))
+    except OSError:  # a relative path from a working directory that was deleted
+        raise UsageError(f"Cannot resolve --out {str(out)!r}: the working directory no "
+                         "longer exists; give an absolute path.") from None
+    for q in (path, *path.parents):
+        if q.is_dir():
+            break
+        if q.exists() or q.is_symlink():
+            where = "is" if q == path else f"lies under {str(q)!r}, which is"
+            raise UsageError(f"Expected --out to be a folder (TF Serving's model base path). "
+                             f"Received: {str(out)!r}, which {where} a file")
+    return out
+
+
+def _check_version(version) -> None:
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int) or
+                                not 1 <= version <= bounds.VERSION_MAX):
+        raise UsageError(f"Expected `version` to be an integer in 1..{bounds.VERSION_MAX} "
+                         f"(TF Serving's int64). Received: {version!r}")
+
+
+def _free_target(out: Path, version: int | None) -> Path:
+    """`out/<version>` (default: the next free version), refused when it exists."""
+    version = next_version(out) if version is None else version
+    _check_version(version)
+    target = out / str(version)
+    if target.exists():
+        raise UsageError(f"{target} already exists; choose another --version (next free: "
+                         f"{next_version(out)}).")
+    return target
+
+
+def _read_run(run_dir: Path, aggregator: str | None, trust_builder: bool):
+    """The run's members (loaded), preprocessing, aggregators, parameters and default
+    aggregator, all read under the run's shared lock (`runlock.reading`)."""
+    from ensemble.core import runlock
+    from ensemble.models.members import load_run_member
+    from ensemble.runs.posthoc import run_aggregators
+    from ensemble.tasks.choice import default_aggregator
+    from ensemble.tasks.classification.fitted import member_params
+
+    with runlock.reading(run_dir):
+        manifest = artifacts.read_manifest(run_dir)
+        run.require_completed(run_dir, manifest)
+        used = run_checks.verify_run(run_dir, manifest, trust_builder)  # before any import
+        pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
+                                                        run_dir / artifacts.PREPROCESSING))
+        names, fit = run_aggregators(run_dir, manifest)
+        aggregator = default_aggregator(names, fit, aggregator)
+        models = [load_run_member(run_dir, manifest, i, None) for i in used]
+    return models, pre, names, member_params(fit, used), aggregator
+
+
 def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
                aggregator: str | None = None, trust_builder: bool = False) -> Path:
     """Write run `run_dir` as a SavedModel `out/<version>/` for TensorFlow Serving.
+
+    Exports into one `out` at once are serialised by `out/.export.lock` (a `filelock`): each
+    gets its own next free version, or a clear refusal when its `version` was taken first.
 
     Args:
         version: the version folder (an integer >= 1); default: 1 + the largest in `out`.
@@ -251,39 +315,31 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
         The version folder.
 
     Raises:
-        UsageError: the run is not completed or damaged, the
-            aggregator is not one of the run's, or `out/<version>` already exists.
+        UsageError: the run is not completed or damaged, the aggregator is not one of the
+            run's, `out` is a file, or `out/<version>` already exists.
     """
-    from ensemble.tasks.choice import default_aggregator
-    from ensemble.tasks.classification.fitted import member_params
-    from ensemble.runs.posthoc import run_aggregators
+    from filelock import FileLock
 
-    run_dir, out = Path(run_dir), Path(out)
-    manifest = artifacts.read_manifest(run_dir)
-    run.require_completed(run_dir, manifest)
-    used = run_checks.verify_run(run_dir, manifest, trust_builder)  # before any import
-    pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
-                                              run_dir / artifacts.PREPROCESSING))
-    names, fit = run_aggregators(run_dir, manifest)
-    aggregator = default_aggregator(names, fit, aggregator)
-    if version is None:
-        version = next_version(out)
-    if isinstance(version, bool) or not isinstance(version, int) or not (
-            1 <= version <= bounds.VERSION_MAX):
-        raise UsageError(f"Expected `version` to be an integer in 1..{bounds.VERSION_MAX} "
-                         f"(TF Serving's int64). Received: {version!r}")
-    target = out / str(version)
-    if target.exists():
-        raise UsageError(f"{target} already exists; choose another --version (next free: "
-                         f"{next_version(out)}).")
+    run_dir, out = Path(run_dir), check_out_dir(out)
+    _check_version(version)
+    if out.is_dir():
+        _free_target(out, version)  # refused at once, before the members load
+    models, pre, names, params, aggregator = _read_run(run_dir, aggregator, trust_builder)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"Cannot create --out {str(out)!r}: {exc.strerror or exc}") from None
+    with FileLock(out / ".export.lock"):
+        target = _free_target(out, version)
+        staging.sweep(out)  # versions staged by exports that were killed
+        _save(models, pre, names, params, aggregator, target)
+    return target
+
+
+def _save(models, pre, names, params, aggregator, target: Path) -> None:
+    """Trace and save the SavedModel under a staging name beside `target`, then rename it."""
     import tensorflow as tf
 
-    from ensemble.models.members import load_run_member
-
-    params = member_params(fit, used)
-    models = [load_run_member(run_dir, manifest, i, None) for i in used]
-    out.mkdir(parents=True, exist_ok=True)
-    staging.sweep(out)  # versions staged by exports that were killed
     tmp = staging.new_path(target, folder=True)
     try:
         texts = {FEATURES_ASSET: "\n".join(pre.columns) + "\n",
@@ -299,4 +355,3 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
         os.replace(tmp / "model", target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target

@@ -122,6 +122,22 @@ def size_curve(splits: dict[str, SplitMembers], fit: dict[str, Any] | None,
                                       list(greedy["order"])[:n_members] if greedy else None)
 
 
+def _check_fit(fit_: Any, task: str | None) -> None:
+    """Refuse an `aggregators.json` of the wrong shape or naming an aggregator `task` does not
+    have (ValueError, turned into one line naming the file by `artifacts.opened`)."""
+    from ensemble.tasks.regression import aggregators as regression
+
+    known = regression.known_aggregators(task)
+    names = fit_.get("aggregators") if isinstance(fit_, dict) else None
+    if not isinstance(names, list) or not names:
+        raise ValueError("expected an object whose `aggregators` is a non-empty list")
+    for name in names:
+        if name not in known:
+            raise ValueError(f"unknown aggregator {name!r}; expected one of {', '.join(known)}")
+    if not isinstance(fit_.get("params", {}), dict):
+        raise ValueError("expected `params` to be an object")
+
+
 def run_aggregators(run_dir: str | Path, manifest: dict[str, Any]
                     ) -> tuple[list[str], dict[str, Any] | None]:
     """The aggregators a run applies and its fitted parameters: `aggregators.json` (checked
@@ -133,12 +149,14 @@ def run_aggregators(run_dir: str | Path, manifest: dict[str, Any]
     path = Path(run_dir) / fitted.FILENAME
     if path.is_file():
         artifacts.verify(run_dir, manifest, path)
-        fit_ = fitted.read(run_dir)
+        with artifacts.opened(path, "aggregators file"):
+            fit_ = fitted.read(run_dir)
+            _check_fit(fit_, manifest.get("task"))
         return list(fit_["aggregators"]), fit_
     from ensemble.tasks.regression import aggregators as regression
 
     names = regression.task_aggregators(manifest["config"]["aggregation"]["aggregators"],
-                                        manifest.get("task", "classification"))
+                                        manifest.get("task"))
     if set(names) & set(FITTED + regression.FITTED):
         raise UsageError(f"Run {run_dir} names fitted aggregators but has no "
                          f"{fitted.FILENAME}; run `ensemble aggregate --run {run_dir}`.")

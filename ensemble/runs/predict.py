@@ -61,7 +61,13 @@ def check_out(out: Path) -> Path:
         UsageError: not a `.parquet` name, a folder, or a place this process cannot write
         (names the path and the reason).
     """
+    from ensemble.core.outputs import writes_through
+
     out = Path(out)
+    if writes_through(out):  # a FIFO, a device, /dev/stdout: written in place (CSV unless .parquet)
+        if not os.access(out, os.W_OK):
+            raise UsageError(f"Cannot write --out {str(out)!r}: permission denied")
+        return out
     if out.suffix not in (".parquet", ".csv"):
         raise UsageError(f"Expected --out to end in .parquet or .csv. Received: {out}")
     if out.is_dir():
@@ -86,8 +92,12 @@ def manifest_path(out: Path) -> Path:
 
 
 def write_manifest(out: Path, record: dict) -> dict:
-    """Write the prediction's manifest beside `out` (atomically); returns `record`."""
-    artifacts.write_text(manifest_path(out), json.dumps(record, indent=1))
+    """Write the prediction's manifest beside `out` (atomically; not beside a FIFO or device
+    written through, `ensemble.core.outputs`); returns `record`."""
+    from ensemble.core.outputs import writes_through
+
+    if not writes_through(out):
+        artifacts.write_text(manifest_path(out), json.dumps(record, indent=1))
     return record
 
 

@@ -106,6 +106,21 @@ def _nulls_as_nan(value) -> np.ndarray:
     return raw.astype(np.float64) if raw.dtype.kind in "fiu" else raw
 
 
+def _holds_bool(value) -> bool:
+    """Whether nested lists `value` hold a JSON `true` or `false` anywhere (walked without
+    recursion; `numpy.asarray` would take them as 1 and 0 among numbers)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, bool):
+            return True
+        if isinstance(v, list):
+            if any(x is True or x is False for x in v):
+                return True
+            stack.extend(x for x in v if isinstance(x, list))
+    return False
+
+
 def _array(name: str, value, info: TensorInfo) -> np.ndarray:
     """`value` (nested lists, batch first) as an array of `info`'s dtype and shape."""
     try:
@@ -121,6 +136,8 @@ def _array(name: str, value, info: TensorInfo) -> np.ndarray:
                 raw = _nulls_as_nan(value)  # of a run trained with --impute fills
                 kind = raw.dtype.kind
             ok = {"f": "fiu", "c": "fiuc", "i": "iu", "u": "iu", "b": "b"}.get(want, "")
+            if want != "b" and kind in "fiu" and _holds_bool(value):  # numpy makes True 1.0
+                kind = "b"
             if raw.size and kind not in ok:
                 got = {"U": "strings", "O": "objects or nulls", "b": "booleans",
                        "f": "non-integer numbers"}.get(kind, raw.dtype.name)

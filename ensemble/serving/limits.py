@@ -5,6 +5,10 @@ non-finite numbers, large requests run off the event loop and split into batches
   stops reading a chunked body as soon as it passes the limit (`--max-request-bytes`).
 - Rows: `check_rows` answers 400 for a request of more rows than `--max-request-rows`, after
   the JSON is parsed and before any array is built.
+- Framing (RFC 9112 section 6): `framing_error` finds a request with both `Content-Length`
+  and `Transfer-Encoding`, a coding other than `chunked`, or differing lengths; the server
+  answers 400 and closes the connection (`refuse_and_close`), so nothing smuggled behind the
+  request is read. A malformed chunk is refused by the HTTP parser (h11) the same way.
 - Nesting: `parse` answers 400 for JSON nested deeper than `JSON_DEPTH_MAX` (Python's parser
   would raise `RecursionError` a little deeper; that is caught too).
 - Non-finite numbers: `Infinity` and `-Infinity` tokens, and a number beyond the input's dtype
@@ -150,3 +154,31 @@ async def run_split(submit, inputs: dict, batch_rows: int, batchable: bool) -> d
         part = {n: a[lo:lo + batch_rows] for n, a in inputs.items()}
         parts.append(await asyncio.wrap_future(submit(part)))
     return {n: np.concatenate([p[n] for p in parts]) for n in parts[0]}
+
+
+def framing_error(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """What is wrong with a request's message framing (RFC 9112 section 6), or None:
+    `Transfer-Encoding` together with `Content-Length` (section 6.3: "ought to be handled as
+    an error"; a request smuggled behind it must not be read), a transfer coding other than
+    `chunked` alone, or several `Content-Length` values that differ."""
+    names = [(k.lower(), v) for k, v in headers]
+    lengths = {v.strip() for k, v in names if k == b"content-length"}
+    codings = [v for k, v in names if k == b"transfer-encoding"]
+    if codings and lengths:
+        return "both Transfer-Encoding and Content-Length in one request (RFC 9112 6.3)"
+    if codings and b",".join(codings).strip().lower() != b"chunked":
+        return f"unsupported Transfer-Encoding {b','.join(codings)[:40]!r}; expected chunked"
+    if len(lengths) > 1:
+        return "several different Content-Length values in one request"
+    return None
+
+
+async def refuse_and_close(send, message: str) -> None:
+    """Answer 400 with TF Serving's error body and `Connection: close` (uvicorn then closes
+    the connection, dropping anything pipelined behind the request)."""
+    body = json.dumps({"error": message}).encode()
+    await send({"type": "http.response.start", "status": 400,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})

@@ -45,9 +45,14 @@ def fingerprint(folder: Path) -> tuple | None:
     try:
         files = sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
                        for p in folder.rglob("*") if p.is_file())
+        # folders too (`name/`): a copy that keeps old file times (`cp -a`) still changes
+        # the times of the folders it is adding files to
+        files += sorted((f"{p.relative_to(folder)}/", 0, p.stat().st_mtime_ns)
+                        for p in [folder, *folder.rglob("*")] if p.is_dir())
     except OSError:  # a file renamed or removed while listed
         return None
-    names = {Path(f).name for f, _, _ in files if f.startswith("variables")}
+    names = {Path(f).name for f, _, _ in files if f.startswith("variables")
+             and not f.endswith("/")}
     if names:
         shards = [SHARD.match(n) for n in names]
         counts = {int(m.group(2)) for m in shards if m}
@@ -153,7 +158,7 @@ class ModelManager:
         self.poll_seconds, self.settle, self.log, self.on_batch = poll, settle, log, on_batch
         self.states: dict[int, _State] = {}
         self.current: Servable | None = None
-        self._seen: dict[int, tuple] = {}
+        self._seen: dict[int, tuple] = {}  # version -> (fingerprint, since when unchanged)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -165,11 +170,14 @@ class ModelManager:
             if not (p.name.isdigit() and p.is_dir()):
                 continue
             fp = fingerprint(p)
-            v, before = int(p.name), self._seen.get(int(p.name))
-            self._seen[v] = fp
+            v, (before, since) = int(p.name), self._seen.get(int(p.name), (None, now))
+            since = since if fp == before else now  # when its files last changed
+            self._seen[v] = (fp, since)
             if fp is None:
                 continue
-            settled = fp == before or all(now - m / 1e9 >= self.settle for _, _, m in fp)
+            # complete: unchanged for `settle` seconds, or every time older than that
+            settled = now - since >= self.settle or all(now - m / 1e9 >= self.settle
+                                                        for _, _, m in fp)
             if settled:
                 found.append((v, fp))
         return sorted(found, reverse=True)

@@ -22,7 +22,8 @@ NOT_PROBABILITIES = {"vote"}  # vote shares: accuracy and disagreement only
 
 
 def _label_type(classes: np.ndarray) -> pa.DataType:
-    return pa.string() if np.asarray(classes).dtype.kind in "USO" else pa.int64()
+    kind = np.asarray(classes).dtype.kind
+    return pa.string() if kind in "USO" else pa.bool_() if kind == "b" else pa.int64()
 
 
 def classes_metadata(classes: np.ndarray) -> dict[bytes, bytes]:
@@ -118,7 +119,8 @@ def wide_rows(long: pa.Table, aggregator: str, extra: pa.Table | None = None,
     """`ensemble predict`'s default layout: one row per input, the `aggregator`'s rows of a
     long predictions table (`predictions_table`) without `model`, `member`, `aggregator` and
     `split`, after the input's own non-feature columns `extra` (an id, a timestamp: carried
-    through unchanged; a name that collides with ours gets the prefix `input_`) or, for array
+    through unchanged; a name that collides with ours or an earlier one gets the prefix
+    `input_`, as often as needed, so no two columns share a name) or, for array
     inputs, `input` (each row's file path or array index)."""
     import pyarrow.compute as pc
 
@@ -126,12 +128,21 @@ def wide_rows(long: pa.Table, aggregator: str, extra: pa.Table | None = None,
     t = t.drop_columns([c for c in ("model", "member", "aggregator", "split")
                         if c in t.column_names])
     front: list[tuple[str, pa.Array]] = []
+    taken = set(t.column_names)
     if ids is not None:
         front.append(("input", pa.array(np.asarray(ids, dtype=object).tolist(), pa.string())))
+        taken.add("input")
     if extra is not None:
+        ours = set(taken)
+        taken |= set(extra.column_names)  # the input's own names stay when they can
         for name in extra.column_names:
-            front.append((f"input_{name}" if name in t.column_names else name,
-                          extra.column(name)))
+            new = name
+            if name in ours:
+                new = f"input_{name}"
+                while new in taken:  # never two columns of one name (`row`, `input_row`)
+                    new = f"input_{new}"
+                taken.add(new)
+            front.append((new, extra.column(name)))
     for i, (name, col) in enumerate(front):
         t = t.add_column(i, name, col)
     return t.replace_schema_metadata(long.schema.metadata)

@@ -67,7 +67,15 @@ def check_aggregators(names, task: str) -> None:
                          f"takes {', '.join(AGGREGATORS)}. Received: {list(names)}")
 
 
-def task_aggregators(names, task: str) -> list[str]:
+def known_aggregators(task: str | None) -> tuple[str, ...]:
+    """Every aggregator name a run of `task` (its manifest's `task`; None: classification)
+    can apply."""
+    from ensemble.tasks.classification.aggregators import AGGREGATORS as CLASSIFICATION
+
+    return tuple(AGGREGATORS) if task == "regression" else tuple(CLASSIFICATION)
+
+
+def task_aggregators(names, task: str | None) -> list[str]:
     """The aggregators a run of `task` applies: the config's `names`, except that a regression
     run whose config keeps the classification default (`mean`, `vote`) applies
     `REGRESSION_DEFAULT` (`mean` and `std-scaling`, fitted on validation: the mean mixture's
