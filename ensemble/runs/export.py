@@ -55,6 +55,7 @@ from ensemble.data.preprocessing import Preprocessing
 DEFAULT_SIGNATURE = "serving_default"
 FEATURES_ASSET = "feature_names.txt"
 CLASSES_ASSET = "classes.txt"
+EXPORT_LOCK = ".export.lock"  # serialises exports into one base (kept, like a run's locks)
 
 
 def next_version(out: Path) -> int:
@@ -329,7 +330,7 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"Cannot create --out {str(out)!r}: {exc.strerror or exc}") from None
-    with FileLock(out / ".export.lock"):
+    with FileLock(out / EXPORT_LOCK):
         target = _free_target(out, version)
         staging.sweep(out)  # versions staged by exports that were killed
         _save(models, pre, names, params, aggregator, target)
