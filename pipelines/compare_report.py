@@ -17,7 +17,7 @@ MEASURES = ("wall_seconds", "startup_seconds", "work_seconds", "member_rows_per_
             "peak_rss_bytes")
 DIGITS = {"wall_seconds": 2, "startup_seconds": 2, "work_seconds": 2,
           "member_rows_per_second": 0, "peak_rss_bytes": 0}
-PARITY_BOUND = 1e-5  # what the README promises for members of the two modes
+PARITY_BOUND = 1e-5  # what docs/concepts/parity.md promises for members of the two modes
 
 
 def summarise(runs: list[dict], parities: dict[str, tuple[float, float]],
@@ -76,7 +76,7 @@ def _parity_line(rows: list[dict]) -> str:
                 f"= {found:.2e}); the timings compare runs that computed other numbers")
     if found > PARITY_BOUND:
         return (f"parity on, but NOT met: members' test probabilities differ by {found:.2e} "
-                f"(> {PARITY_BOUND:g}; see the README's \"Same members in both modes\")")
+                f"(> {PARITY_BOUND:g}; see docs/concepts/parity.md)")
     return (f"parity on: the members' test probabilities agree within {found:.2e} "
             f"(<= {PARITY_BOUND:g}): both modes trained the same members")
 

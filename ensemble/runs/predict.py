@@ -85,7 +85,7 @@ def check_out(out: Path) -> Path:
 
 
 def manifest_path(out: Path) -> Path:
-    """`<out>.manifest.json`, as the README names it: `preds.parquet` ->
+    """`<out>.manifest.json`, as docs/reference/run-directory.md names it: `preds.parquet` ->
     `preds.parquet.manifest.json` (a `preds.csv` beside it gets its own)."""
     out = Path(out)
     return out.with_name(out.name + ".manifest.json")
