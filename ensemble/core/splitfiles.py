@@ -76,7 +76,6 @@ class SplitWriter:
             raise RuntimeError(f"split written with {self.pos} of {self.n_rows} rows")
         for array, tmp in zip(self.arrays, self.tmp):
             array.flush()
-            del array
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
         self.arrays = []

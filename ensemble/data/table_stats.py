@@ -103,9 +103,9 @@ class TableStats:
         rows = self.sample[np.argsort(self.keys, kind="stable")]
         return SimpleImputer(strategy=self.impute, keep_empty_features=True).fit(rows).statistics_
 
-    def _categories(self, name: str) -> tuple[list[str], bool, dict[str, int]]:
+    def _categories(self, name: str) -> tuple[list[str], bool, dict[str, int], str | None]:
         """(the column's one-hot categories, whether an infrequent column follows them, the
-        counts after filling missing values)."""
+        counts after filling missing values, the fill category or None)."""
         counts = dict(self.counts[name]) or {"missing": 0}
         fill = None
         if self.impute != "error":
@@ -115,7 +115,7 @@ class TableStats:
         cats = sorted(counts)
         limit = self.max_categories
         if not limit or len(cats) <= limit:
-            return cats, False, counts
+            return cats, False, counts, fill
         order = np.argsort([counts[c] for c in cats], kind="mergesort")  # OneHotEncoder's
         frequent = set(order[len(cats) - (limit - 1):].tolist()) if limit > 1 else set()
         kept = [c for i, c in enumerate(cats) if i in frequent]
@@ -124,7 +124,7 @@ class TableStats:
                f" share one 'infrequent' column; change it with --set data.max_categories=N "
                "(0: every category its own column) or leave the column out with --drop "
                f"{name}")
-        return kept, True, counts
+        return kept, True, counts, fill
 
     def fitted(self, classes, identifiers=()) -> dict:
         """The fitted `preprocessing.Preprocessing`'s fields (`classes`: the sorted class
@@ -139,10 +139,9 @@ class TableStats:
             mean = new_mean
         means, variances, categories, category_fill, infrequent = [mean], [var], {}, {}, []
         for name in self.counts:
-            cats, grouped, counts = self._categories(name)
-            if self.impute != "error":
-                top = max(counts.values())
-                category_fill[name] = min(c for c, k in counts.items() if k == top)
+            cats, grouped, counts, fill_category = self._categories(name)
+            if fill_category is not None:
+                category_fill[name] = fill_category
             categories[name] = cats
             k = np.asarray([counts.get(c, 0) for c in cats], np.float64)
             if grouped:

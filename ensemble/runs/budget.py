@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from ensemble.core import memory
 from ensemble.core.errors import UsageError
+from ensemble.replication.feed import CALL_BYTES  # one traced call's batches
 
 TF_PROCESS = 700 << 20  # resident bytes of a process running TensorFlow and Keras (measured)
-CALL_BYTES = 64 << 20  # `ensemble.replication.feed.CALL_BYTES`
 LONG_ROW = 64  # bytes of one predictions.parquet row besides its outputs (columns, copies)
 
 
