@@ -15,6 +15,14 @@ from ensemble.core.errors import UsageError
 AUTO_CPU_CAP = 8  # logical CPU devices share the cores: more than this only adds overhead
 
 
+def auto_cpu_devices(n_members: int) -> int:
+    """Logical CPU devices of `--devices auto` without a GPU: one per member, at most one per
+    core this process may use (`cpu_count`) and at most `AUTO_CPU_CAP`. More devices than
+    cores only interleave members on the same cores, and each device adds executor work per
+    step (4 members on 2 cores: 1.5x the steps per second on 2 devices as on 4)."""
+    return max(1, min(n_members, cpu_count(), AUTO_CPU_CAP))
+
+
 def parse(spec: str) -> tuple[str, int | list[str]]:
     """Parse a device spec: `("auto", 0)`, `("cpu", N)` or `("list", [names])`.
 
@@ -119,7 +127,7 @@ def resolve(spec: str, n_members: int, cluster: dict | None = None,
     """Resolve a device spec to canonical device names, configuring logical CPUs if needed.
 
     `auto`: every GPU if there is one, otherwise the CPU split into
-    `min(n_members, AUTO_CPU_CAP)` logical devices (or the logical CPUs that an already
+    `auto_cpu_devices(n_members)` logical devices (or the logical CPUs that an already
     initialised TensorFlow has, e.g. in a notebook that trained before). With a `cluster` spec, this client
     connects to it first and `auto` means the devices of its tasks (`cluster.connect`).
 
@@ -134,7 +142,7 @@ def resolve(spec: str, n_members: int, cluster: dict | None = None,
     kind, value = parse(spec)
     if names_only and cluster is None and (kind == "cpu" or
                                            (kind == "auto" and not gpu_possible())):
-        n = value if kind == "cpu" else max(1, min(n_members, AUTO_CPU_CAP))
+        n = value if kind == "cpu" else auto_cpu_devices(n_members)
         return [f"/device:CPU:{i}" for i in range(n)]
     import tensorflow as tf
 
@@ -153,7 +161,7 @@ def resolve(spec: str, n_members: int, cluster: dict | None = None,
         gpus = tf.config.list_physical_devices("GPU")
         if gpus:
             return [f"/device:GPU:{i}" for i in range(len(gpus))]
-        return split_cpu(max(1, min(n_members, AUTO_CPU_CAP)), allow_fewer=True)
+        return split_cpu(auto_cpu_devices(n_members), allow_fewer=True)
     names = [canonical(n) for n in value]
     local = {canonical(d.name) for d in tf.config.list_logical_devices()}
     for name in names:

@@ -99,8 +99,9 @@ def make_steps_fn(models, optimizers, devices, row_shape, x_dtype, client_device
     no condition.
     Each member runs its steps in a `tf.while_loop` of its own (members do not wait for each
     other at every step; the executor runs their loops side by side), calling `train_step`
-    under `tf.device` of its device; slicing the batches and summing run on
-    `client_device`. `replicas` (`[n_members]` lists of device names, replica 0 the member's
+    under `tf.device` of its device, with the loop's counter, condition and running sum on
+    that device too: a member's rows of the call are sent to its device once per call and
+    nothing crosses devices step by step; only stacking the sums runs on `client_device`. `replicas` (`[n_members]` lists of device names, replica 0 the member's
     device; None: one each) makes a member of several replicas take
     `steps.replicated_train_step` instead, data-parallel (the same step for one replica). `adversarial`: None, or `[n_members]` sign steps `[*input_shape]` of
     `adversarial.input_step` (adversarial training).
@@ -119,27 +120,28 @@ def make_steps_fn(models, optimizers, devices, row_shape, x_dtype, client_device
                                   tf.TensorSpec([n], tf.float32),
                                   tf.TensorSpec([n], tf.bool)], autograph=False)
     def run_steps(xb, yb, total, active):
-        rows = tf.cast(tf.shape(yb)[2], tf.float32)
-        n_steps = tf.shape(yb)[0]
+        def member_loop(k):  # member k's steps, a loop of its own on its own device
+            with tf.device(client_device):  # the member's rows of the call, sent once
+                xk, yk, total_k = xb[:, k], yb[:, k], total[k]
+            with tf.device(devices[k]):  # loop counter, condition and sum: no per-step
+                n_steps = tf.shape(yk)[0]  # cross-device traffic, no barrier across members
+                rows = tf.cast(tf.shape(yk)[1], tf.float32)
 
-        def member_loop(k):  # member k's steps, a loop of its own: no barrier across members
-            def body(s, loss_sum):
-                with tf.device(client_device):
-                    xk, yk = xb[s, k], yb[s, k]
-                with tf.device(devices[k]):
-                    loss = replicated_train_step(models[k], optimizers[k], xk, yk, task,
-                                                 groups[k], steps[k])
-                return s + 1, loss_sum + loss * rows
+                def body(s, loss_sum):
+                    loss = replicated_train_step(models[k], optimizers[k], xk[s], yk[s],
+                                                 task, groups[k], steps[k])
+                    return s + 1, loss_sum + loss * rows
 
-            def run():  # the running sum goes on from `total[k]`, step by step
-                _, loss_sum = tf.while_loop(lambda s, _: s < n_steps, body,
-                                            [tf.constant(0), total[k]],
-                                            parallel_iterations=1)
-                return loss_sum
+                def run():  # the running sum goes on from `total[k]`, step by step
+                    _, loss_sum = tf.while_loop(lambda s, _: s < n_steps, body,
+                                                [tf.constant(0), total_k],
+                                                parallel_iterations=1)
+                    return loss_sum
 
-            return tf.cond(active[k], run, lambda: total[k]) if masked else run()
+                return tf.cond(active[k], run, lambda: total_k) if masked else run()
 
+        sums = [member_loop(k) for k in range(n)]
         with tf.device(client_device):
-            return tf.stack([member_loop(k) for k in range(n)])
+            return tf.stack(sums)
 
     return run_steps
