@@ -6,14 +6,16 @@ metrics and artifacts. The pipelines and the CLI live in the `pipelines` package
 The notebook API is re-exported here lazily (module `__getattr__`, PEP 562): `ensemble.train`,
 `ensemble.load_run` and `ensemble.Run` come from `ensemble.runs.api` the first time they are used,
 so `import ensemble` imports neither TensorFlow nor the pipelines (clients and the aggregator
-start lean). `ensemble.DeepEnsembleClassifier`, the scikit-learn estimator, is lazy too (from
-`ensemble.sklearn`, which imports scikit-learn but not TensorFlow).
+start lean). `ensemble.DeepEnsembleClassifier` and `ensemble.DeepEnsembleRegressor`, the
+scikit-learn estimators, are lazy too (from `ensemble.sklearn`, which imports scikit-learn but not
+TensorFlow).
 """
 
 from ensemble.core import VERSION as __version__
 
 _API = ("train", "load_run", "Run")
-__all__ = ["__version__", *_API, "DeepEnsembleClassifier"]
+_ESTIMATORS = ("DeepEnsembleClassifier", "DeepEnsembleRegressor")
+__all__ = ["__version__", *_API, *_ESTIMATORS]
 
 
 def __getattr__(name: str):
@@ -21,12 +23,12 @@ def __getattr__(name: str):
         from ensemble.runs import api
 
         return getattr(api, name)
-    if name == "DeepEnsembleClassifier":
-        from ensemble.sklearn import DeepEnsembleClassifier
+    if name in _ESTIMATORS:
+        from ensemble import sklearn
 
-        return DeepEnsembleClassifier
+        return getattr(sklearn, name)
     raise AttributeError(f"module 'ensemble' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted([*globals(), *_API, "DeepEnsembleClassifier"])
+    return sorted([*globals(), *_API, *_ESTIMATORS])

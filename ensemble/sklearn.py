@@ -1,4 +1,4 @@
-"""The scikit-learn estimators' public import path: `from ensemble.sklearn import DeepEnsembleClassifier`.
+"""The scikit-learn estimators' public import path (`DeepEnsembleClassifier`, `DeepEnsembleRegressor`).
 
 The estimators live in `ensemble.runs.sklearn` (the shared base and the classifier) and
 `ensemble.runs.sklearn_regressor`.

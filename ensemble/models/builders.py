@@ -323,7 +323,7 @@ def builder_file(spec: str) -> Path | None:
 
 def source_sha256(spec: str) -> str | None:
     """sha256 of the file builder `spec` names (`path/file.py`, or the module of
-    `package.module:function`: the file importing it runs, the one `run_checks` verifies
+    `package.module:function`: the file importing it runs, the one `runs.preflight` verifies
     before a run is used); else of the file that defines it; None for a built-in or when the
     source cannot be found."""
     if spec in BUILTINS:

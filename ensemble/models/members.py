@@ -172,7 +172,7 @@ def import_builder(manifest: dict, index: int) -> None:
 
     h = manifest["members"][index].get("hparams") or {}
     spec = h.get("builder")
-    if spec and spec not in builders.BUILTINS:  # never import a changed file (run_checks)
+    if spec and spec not in builders.BUILTINS:  # never import a changed file (runs.preflight)
         recorded = ((manifest.get("model") or {}).get("builders") or {}).get(spec)
         found = builders.builder_file(spec)
         if recorded is None and found is not None:  # code nobody vouched for: not run

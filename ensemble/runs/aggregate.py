@@ -87,7 +87,7 @@ def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
             config's).
         min_members: between-graph: aggregate a partial ensemble of at least this many members;
             the manifest and the predictions' metadata record which were used.
-        trust_builder: accept a builder file whose sha256 changed (`run_checks`).
+        trust_builder: accept a builder file whose sha256 changed (`runs.preflight`).
 
     Returns:
         The final manifest.
@@ -110,11 +110,11 @@ def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
 
 def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: int | None,
                trust_builder: bool = False) -> dict:
-    from ensemble.runs import checks as run_checks
+    from ensemble.runs import preflight
 
     start = time.perf_counter()
     manifest = artifacts.read_manifest(run_dir)
-    run_checks.check_builders(run_dir, manifest, trust_builder)  # a run's files before use
+    preflight.check_builders(run_dir, manifest, trust_builder)  # a run's files before use
     cfg = config.from_dict(manifest["config"])
     settings = dataclasses.asdict(cfg.aggregation)
     if aggregators is None:
@@ -130,8 +130,8 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
     elif manifest.get("failed_by") != "aggregate":  # a fault in aggregate: it may redo it
         run.require_completed(run_dir, manifest)
     if not between:
-        run_checks.check_predictions(run_dir, manifest,
-                                     run_checks.check_members(run_dir, manifest))
+        preflight.check_predictions(run_dir, manifest,
+                                    preflight.check_members(run_dir, manifest))
         preds = artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS)
         members = posthoc.member_rows(artifacts.read_parquet(preds))
     classes = np.asarray(manifest["dataset"]["classes"])

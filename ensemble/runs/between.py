@@ -288,7 +288,7 @@ def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | N
     from ensemble.runs.posthoc import run_aggregators
     from ensemble.replication.progress import RowProgress
     from ensemble.data.stream import DEFAULT_BATCH_ROWS
-    from ensemble.runs.checks import ensemble_members
+    from ensemble.runs.preflight import ensemble_members
 
     check_out(out)
     batch_size = batch_size or DEFAULT_BATCH_ROWS

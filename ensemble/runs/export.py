@@ -46,7 +46,7 @@ import numpy as np
 from ensemble.core import artifacts, hooks
 from ensemble.config import bounds
 from ensemble.runs import prepare as run
-from ensemble.runs import checks as run_checks
+from ensemble.runs import preflight
 from ensemble.core import staging
 from ensemble.core.errors import UsageError
 from ensemble.data import kinds
@@ -289,7 +289,7 @@ def _read_run(run_dir: Path, aggregator: str | None, trust_builder: bool):
     with runlock.reading(run_dir):
         manifest = artifacts.read_manifest(run_dir)
         run.require_completed(run_dir, manifest)
-        used = run_checks.verify_run(run_dir, manifest, trust_builder)  # before any import
+        used = preflight.verify_run(run_dir, manifest, trust_builder)  # before any import
         pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
                                                         run_dir / artifacts.PREPROCESSING))
         names, fit = run_aggregators(run_dir, manifest)
@@ -310,7 +310,7 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
         aggregator: the aggregator of `serving_default` (default: the run's best on
             validation NLL, `ensemble.tasks.choice.default_aggregator`).
         trust_builder: accept a builder file whose sha256 changed since training and record
-            the new one (`run_checks.verify_run`; refused otherwise).
+            the new one (`preflight.verify_run`; refused otherwise).
 
     Returns:
         The version folder.

@@ -36,18 +36,18 @@ def open_input(run_dir: Path, source: str, target: str | None, strict: bool = Fa
     Returns:
         (manifest, preprocessing, stream).
 
-    The run's files are verified first (`run_checks.verify_run`: builder files, members,
+    The run's files are verified first (`preflight.verify_run`: builder files, members,
     predictions; `trust_builder` accepts a changed builder file and records its sha256).
 
     Raises:
         UsageError: the run is not completed or damaged, or the source cannot be read.
     """
-    from ensemble.runs import checks as run_checks
+    from ensemble.runs import preflight
 
     manifest = artifacts.read_manifest(run_dir)
     runlock.require_free(run_dir)
     run.require_completed(run_dir, manifest)
-    run_checks.verify_run(run_dir, manifest, trust_builder)
+    preflight.verify_run(run_dir, manifest, trust_builder)
     pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
                                               Path(run_dir) / artifacts.PREPROCESSING))
     target = target or manifest["dataset"].get("target", "target")
@@ -144,7 +144,7 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
     from ensemble.replication.progress import RowProgress
     from ensemble.data.stream import PredictionWriter
 
-    from ensemble.runs.checks import ensemble_members
+    from ensemble.runs.preflight import ensemble_members
 
     check_out(out)
     manifest, pre, stream = open_input(run_dir, source, target, strict_columns, batch_size,
