@@ -102,8 +102,3 @@ def check(epoch: int | None = None, epochs: int | None = None) -> None:
     """Raise `Interrupted` if a signal was recorded (`epoch`: 1-based epoch in progress)."""
     if _state["signal"] is not None:
         raise Interrupted(_state["signal"], epoch, epochs)
-
-
-def resume_hint(run_dir) -> str:
-    """The one line printed when a training run is interrupted, without the epoch part."""
-    return f"continue with: ensemble train --resume --run-dir {run_dir}"

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import numpy as np
 
-EPSILON_MAX = 1.0  # a perturbation of the whole input range: beyond it the examples are noise
-
 
 def _scaling_layer(model):
     for layer in getattr(model, "layers", []):

@@ -79,9 +79,3 @@ def local_replica_devices(groups: Sequence[Sequence[str]], visible: str | None =
         out.append(names[at:at + len(g)])
         at += len(g)
     return env, out, len(cpus)
-
-
-def local_device(device: str) -> tuple[dict[str, str], str]:
-    """`local_devices` of one device: (environment variables, device name in the client)."""
-    env, names = local_devices([device])
-    return env, names[0]

@@ -111,9 +111,6 @@ def predictions_table(member_probs: dict[int, np.ndarray], split: str, rows: np.
     return pa.concat_tables(parts).replace_schema_metadata(classes_metadata(classes))
 
 
-LAYOUTS = ("wide", "long")
-
-
 def wide_rows(long: pa.Table, aggregator: str, extra: pa.Table | None = None,
               ids: np.ndarray | None = None) -> pa.Table:
     """`ensemble predict`'s default layout: one row per input, the `aggregator`'s rows of a

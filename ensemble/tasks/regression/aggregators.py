@@ -30,7 +30,6 @@ from ensemble.core.errors import UsageError
 AGGREGATORS = ("mean", "weighted", "greedy", "std-scaling")
 FITTED = ("weighted", "greedy", "std-scaling")
 REGRESSION_DEFAULT = ("mean", "std-scaling")  # a regression run's aggregators by default
-CLASSIFICATION_ONLY = ("vote", "geometric", "stacking", "temperature")
 VARIANCE_FLOOR = 1e-6  # added to softplus(raw) in the head: sigma^2 = softplus(raw) + 1e-6
 
 
