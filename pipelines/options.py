@@ -19,37 +19,11 @@ from pipelines.guide import add as _add
 from pipelines.guide import nonneg as _nonneg
 from pipelines.guide import positive as _positive
 from pipelines.guide import unknown_options
+from pipelines.option_values import (BATCH_ROWS, DEVICES, JOBS, bounded, member_list, replicas,
+                                     replicas_value)
 from pipelines.settings import add_options as add_settings
 
 IMPUTE = ("error", "median", "most_frequent")
-
-
-def _bounded(check: Callable, *args) -> Callable:
-    """An argparse `type` from a `bounds` check (its UsageError becomes argparse's error:
-    one line, exit 2, the same in every command)."""
-    def parse(text: str):
-        try:
-            return check(text, *args)
-        except UsageError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    parse.__name__ = getattr(check, "__name__", "value")
-    return parse
-
-
-def _replicas(flag: str) -> Callable:
-    """`auto` or an integer in 1..`REPLICAS_MAX` (kept as text, as predict and serve take
-    it)."""
-    def check(text: str) -> str:
-        text = text.strip()
-        return text if text == "auto" else str(B.check_int(text, flag, 1, B.REPLICAS_MAX))
-
-    return _bounded(check)
-
-
-DEVICES = _bounded(B.check_devices, "--devices")
-JOBS = _bounded(B.check_int, "--jobs", 1, B.JOBS_MAX)
-BATCH_ROWS = _bounded(B.check_int, "--batch-size", 1, B.BATCH_ROWS_MAX)
 
 
 def _trust_builder(parser) -> None:
@@ -57,14 +31,6 @@ def _trust_builder(parser) -> None:
          help="accept a builder file whose sha256 changed since training and record the new "
               "one in the manifest (by default such a run is refused and the file not "
               "imported)")
-
-
-def member_list(text: str) -> list[int]:
-    parts = text.split(",")
-    if not all(p.strip().isdigit() for p in parts):
-        raise argparse.ArgumentTypeError(
-            f"expected member indices I or I,J,... (integers >= 0), received {text!r}")
-    return [int(p) for p in parts]
 
 
 DESCRIPTION = """\
@@ -122,237 +88,267 @@ def _common_run_options(parser, what: str) -> None:
     add_settings(parser)
 
 
-def replicas_value(text: str) -> int | str:
-    """`--replicas` of train: `auto` or a positive integer (checked with the config; at most
-    `bounds.REPLICAS_MAX`, as in every command)."""
-    value = int(text) if text.strip().lstrip("-").isdigit() else text.strip()
-    if isinstance(value, int) and value > B.REPLICAS_MAX:
-        raise argparse.ArgumentTypeError(f"Expected `--replicas` to be auto or an integer in "
-                                          f"1..{B.REPLICAS_MAX}. Received: {text!r}")
-    return value
+def _train(p) -> None:
+    """`ensemble train`'s options."""
+    _common_run_options(p, "to train")
+    _add(p, "--mode", choices=MODES,
+         help="in-graph: one process, one graph holding every member; between-graph: one "
+              "client process per device (default: in-graph; on --resume: the run's)")
+    _add(p, "--seed", type=_nonneg, metavar="N", help="run seed (default: the config's, 0)")
+    _add(p, "--jobs", type=JOBS, metavar="N",
+         help="between-graph only: concurrent client processes "
+              "(default: as many as members, GPUs or cores allow)")
+    _add(p, "--replicas", type=replicas_value, metavar="auto|N",
+         help="data parallelism: replicas of each member on distinct devices, each batch "
+              "split across them and the gradients averaged; auto: devices // members "
+              "(default: the config's [placement] replicas, 1)")
+    _add(p, "--run-dir", metavar="PATH", help="output folder (default: artifacts/<run_id>)")
+    _add(p, "--overwrite", action="store_true", help="replace a run already in --run-dir")
+    _add(p, "--resume", action="store_true",
+         help="continue the interrupted run in --run-dir from its checkpoints")
+    _add(p, "--prepare-only", action="store_true",
+         help="between-graph only: prepare the run for separately launched clients")
+    _add(p, "--tensorboard", action="store_true",
+         help="write tf.summary scalars under RUN/tensorboard/ (default: the config's "
+              "[training] tensorboard, false)")
+    _add(p, "--log-device-placement", action="store_true",
+         help="print where every member's ops ran (TensorFlow's placement log, filtered to "
+              "the members; kept under RUN/placement/)")
+    loud = p.add_mutually_exclusive_group()
+    _add(loud, "--quiet", action="store_true", help="no progress output")
+    _add(loud, "--verbose", action="store_true",
+         help="more progress: a line per member and epoch, lines within long epochs")
+
+
+def _predict(p) -> None:
+    """`ensemble predict`'s options."""
+    _add(p, "--run", required=True, metavar="PATH", help="the run directory to predict with")
+    _add(p, "--data", required=True, metavar="SOURCE",
+         help="built-in data set name, a .csv/.parquet file or folder of them (columns "
+              "matched by name), a .npz file, or a folder of images")
+    _add(p, "--target", metavar="COL",
+         help="label column, used for y_true when present (default: the run's)")
+    _add(p, "--out", required=True, metavar="FILE.parquet|FILE.csv",
+         help="where the predictions go (Parquet, or CSV by the name's ending)")
+    _add(p, "--layout", choices=("wide", "long"), default="wide",
+         help="wide: one row per input (its non-feature columns such as an id, then the "
+              "--aggregator's prediction and probabilities); long: one row per model "
+              "and input (every member and aggregator)")
+    _add(p, "--aggregator", metavar="NAME",
+         help="aggregator of the wide layout (default: the run's best on validation NLL)")
+    _add(p, "--mode", choices=MODES, default="in-graph",
+         help="in-graph: one process; between-graph: one client per member")
+    _add(p, "--devices", metavar="SPEC", type=DEVICES,
+         help="in-graph only: devices to predict on (default: auto)")
+    _add(p, "--jobs", type=JOBS, metavar="N",
+         help="between-graph only: concurrent client processes (default: as many as allowed)")
+    _add(p, "--cluster", metavar="FILE", help="cluster spec FILE.json to predict on "
+                                              "(default: none)")
+    _add(p, "--batch-size", type=BATCH_ROWS, metavar="ROWS", default=65536,
+         help="rows read, predicted and written at a time (memory stays flat)")
+    _add(p, "--replicas", metavar="auto|N", type=replicas("--replicas"),
+         help="in-graph only: replicas of each member over the devices, each batch's rows "
+              "split across them; auto: devices // members (default: auto)")
+    _add(p, "--quiet", action="store_true", help="no progress and no output path on stdout "
+         "(notices still go to stderr)")
+    _add(p, "--strict-columns", action="store_true",
+         help="refuse columns the run was not trained on (by default they are ignored, "
+              "named in a notice)")
+    _trust_builder(p)
+    _add(p, "--json", action="store_true",
+         help="print a machine-readable report (rows, timings, peak memory) as the last line")
+
+
+def _export(p) -> None:
+    """`ensemble export`'s options."""
+    _add(p, "--run", required=True, metavar="PATH", help="the run directory to export")
+    _add(p, "--out", required=True, metavar="DIR", help="model base folder of TF Serving")
+    _add(p, "--version", type=bounded(B.check_int, "--version", 1, B.VERSION_MAX),
+         metavar="N",
+         help="version folder DIR/N (default: 1 + the largest version in DIR)")
+    _add(p, "--aggregator", metavar="NAME",
+         help="aggregator of the serving_default signature (default: the run's best on "
+              "validation NLL); "
+              "every aggregator of the run gets its own signature too")
+    _trust_builder(p)
+
+
+def _serve(p) -> None:
+    """`ensemble serve`'s options."""
+    _add(p, "--model", required=True, metavar="DIR",
+         help="export folder DIR/<version>/ as `ensemble export` writes it; the newest "
+              "version is served and new ones are picked up while serving")
+    _add(p, "--name", metavar="NAME", help="model name in the URLs (default: DIR's base name)")
+    _add(p, "--host", default="127.0.0.1", metavar="ADDR",
+         help="address to listen on (0.0.0.0: every interface)")
+    _add(p, "--port", type=bounded(B.check_int, "--port", 0, B.PORT_MAX), default=8501,
+         metavar="N",
+         help="TCP port (0: any free port, printed on stderr)")
+    _add(p, "--replicas", default="auto", metavar="auto|N", type=replicas("--replicas"),
+         help="copies of the model, one per device; auto: every GPU, else the CPU split "
+              "into logical devices (at most the cores)")
+    _add(p, "--devices", metavar="SPEC", type=DEVICES,
+         help="auto, cpu:N or device names such as /GPU:0,/GPU:1 (default: auto)")
+    _add(p, "--max-batch-size", type=bounded(B.check_int, "--max-batch-size", 1,
+                                               B.SERVE_BATCH_MAX), default=64, metavar="N",
+         help="dynamic batching: requests merged into calls of at most N rows (1: off)")
+    _add(p, "--batch-timeout-ms", type=bounded(B.check_float, "--batch-timeout-ms", 0.0,
+                                                 B.BATCH_TIMEOUT_MS_MAX),
+         default=0.0, metavar="MS",
+         help="how long a batch waits for more requests when a replica is idle (0: only "
+              "what is queued while every replica is busy)")
+    _add(p, "--max-request-bytes", type=bounded(B.check_int, "--max-request-bytes", 1,
+                                                  B.REQUEST_BYTES_MAX),
+         default=B.REQUEST_BYTES_DEFAULT, metavar="BYTES",
+         help="larger request bodies are answered 413 before they are read")
+    _add(p, "--max-request-rows", type=bounded(B.check_int, "--max-request-rows", 1,
+                                                 B.REQUEST_ROWS_MAX),
+         default=B.REQUEST_ROWS_DEFAULT, metavar="N",
+         help="requests of more rows are answered 400 before their arrays are built")
+    _add(p, "--verbose", action="store_true", help="one access-log line per request (stderr)")
+
+
+def _evaluate(p) -> None:
+    """`ensemble evaluate`'s options."""
+    _add(p, "--run", metavar="PATH", help="a run directory (default: none; or --predictions)")
+    _add(p, "--predictions", metavar="FILE.parquet",
+         help="a predictions Parquet file (default: the run's)")
+    _add(p, "--plots", action="store_true",
+         help="also write PNGs beside the metrics: reliability, ensemble size, members "
+              "(needs matplotlib)")
+    _add(p, "--ood", metavar="SOURCE",
+         help="out-of-distribution inputs (a table, .npz or image folder the run takes, or a "
+              "long-layout predictions .parquet): AUROC/AUPR of telling the test split from "
+              "them, written to ood.parquet in the run (default: none)")
+    _add(p, "--shift", action="store_true",
+         help="the test split under corruptions at severities 1-5, written to shift.parquet "
+              "in the run")
+
+
+def _aggregate(p) -> None:
+    """`ensemble aggregate`'s options."""
+    _add(p, "--run", required=True, metavar="PATH", help="a run directory of either mode")
+    _add(p, "--aggregators", metavar="LIST",
+         help="comma-separated, from mean,vote,geometric,weighted,greedy,stacking,temperature; "
+              "fitted ones fit on the validation split (default: the run's)")
+    _add(p, "--min-members", type=_positive, metavar="K",
+         help="aggregate a partial ensemble of at least K members (default: all members)")
+    _trust_builder(p)
+
+
+def _compare(p) -> None:
+    """`ensemble compare`'s options."""
+    _common_run_options(p, "in each mode")
+    _add(p, "--run-dir", metavar="PATH", help="output folder (default: artifacts/compare)")
+    _add(p, "--repeats", type=bounded(B.check_int, "--repeats", 1, 1000), metavar="N",
+         default=3,
+         help="runs of each phase of each mode, order alternated")
+    _add(p, "--overwrite", action="store_true", help="replace an existing comparison folder")
+
+
+def _search(p) -> None:
+    """`ensemble search`'s options."""
+    _add(p, "--config", required=True, metavar="PATH",
+         help="TOML config with a [search] table (see configs/search.toml)")
+    _add(p, "--candidates", required=True, type=_positive, metavar="N",
+         help="candidate members sampled from the [search] space and trained")
+    _add(p, "--select", required=True, type=_positive, metavar="K",
+         help="greedy selection (on validation NLL, repeats allowed) of at most K candidates")
+    _add(p, "--stratify", type=_nonneg, metavar="S", default=0,
+         help="train every selected configuration again with S new seeds, then select again")
+    _add(p, "--mode", choices=MODES, default="in-graph",
+         help="in-graph: one graph holding every candidate; between-graph: client processes")
+    _add(p, "--epochs", type=_positive, metavar="N",
+         help="training epochs of every candidate (default: the config's)")
+    _add(p, "--devices", metavar="SPEC", type=DEVICES,
+         help="auto, cpu:N or device names (default: the config's)")
+    _add(p, "--jobs", type=JOBS, metavar="N",
+         help="between-graph only: concurrent client processes (default: as many as allowed)")
+    _add(p, "--run-dir", metavar="PATH", help="output folder (default: artifacts/<run_id>)")
+    _add(p, "--overwrite", action="store_true", help="replace a run already in --run-dir")
+    _add(p, "--resume", action="store_true",
+         help="continue an interrupted search in --run-dir: only unfinished candidates train")
+    _add(p, "--quiet", action="store_true", help="no progress output")
+    add_settings(p)
+
+
+def _client(p) -> None:
+    """`ensemble client`'s options."""
+    _add(p, "--run", required=True, metavar="PATH", help="the prepared run directory")
+    _add(p, "--member", required=True, type=member_list, metavar="I[,J,...]",
+         help="member index, or a queue of members trained one after another")
+    _add(p, "--progress", choices=("log", "report", "none"), default="log",
+         help="log: lines on stdout; report: machine-readable lines on stderr for a launcher")
+    _add(p, "--threads", type=bounded(B.check_int, "--threads", 1, B.JOBS_MAX), metavar="N",
+         help="TensorFlow inter-op threads, and intra-op ones when the run's "
+         "training.intra_op_threads is 0 (default: TensorFlow's)")
+    _add(p, "--predict", metavar="X.npz|SOURCE",
+         help="predict this input instead of training: scaled X.npz, or a data source "
+              "streamed in batches (default: train)")
+    _add(p, "--batch-size", type=BATCH_ROWS, metavar="ROWS",
+         help="with --predict SOURCE: rows per batch (default: 65536)")
+    _add(p, "--target", metavar="COL", help="with --predict SOURCE: label column "
+                                           "(default: the run's)")
+    _add(p, "--out", metavar="FILE.parquet",
+         help="with --predict: the member's predictions (default: none)")
+    _add(p, "--device", metavar="NAME[,NAME...]",
+         help="with --predict: run the members here, one device per member "
+              "(default: their training devices)")
+    _add(p, "--cluster", metavar="FILE", help="with --predict: cluster spec FILE.json "
+                                             "(default: none)")
+
+
+def _devices(p) -> None:
+    """`ensemble devices`'s options."""
+    _add(p, "--config", metavar="PATH",
+         help="TOML config whose [placement] memory settings apply (default: built-in)")
+    _add(p, "--devices", metavar="SPEC", type=DEVICES,
+         help="split the CPU first with cpu:N (default: the config's, auto)")
+    _add(p, "--memory-limit-mb", type=_nonneg, metavar="MB",
+         help="cap each GPU at MB MiB (default: the config's [placement] memory_limit_mb, 0)")
+
+
+def _server(p) -> None:
+    """`ensemble server`'s options."""
+    _add(p, "--cluster", metavar="FILE", help="cluster spec FILE.json (default: TF_CONFIG)")
+    _add(p, "--task", required=True, metavar="JOB:I", help="the task to serve, e.g. worker:0")
+
+
+COMMAND_OPTIONS = (  # (name, one-line help, the builder of its options), in the help's order
+    ("train", "train an ensemble and write a run directory", _train),
+    ("predict", "predict a data set with a trained run", _predict),
+    ("export", "write a run as a SavedModel for TensorFlow Serving (DIR/<version>/)", _export),
+    ("serve", "serve an export folder with TF Serving's REST API (predict, "
+     "status, metadata, Prometheus metrics)", _serve),
+    ("evaluate", "print the ensemble against its members, validation and test", _evaluate),
+    ("aggregate", "recompute a run's ensemble from its stored member predictions "
+     "(no TensorFlow)", _aggregate),
+    ("compare", "train and predict in both modes; measure which is faster here", _compare),
+    ("search", "hyperparameter ensemble: sample candidates from the config's "
+     "[search] space, train them as one run, keep a greedy selection", _search),
+    ("client", "train (or predict) members of a prepared between-graph run", _client),
+    ("devices", "list the physical and logical devices TensorFlow sees, with "
+     "their memory", _devices),
+    ("server", "serve one task of a TensorFlow cluster", _server),
+)
 
 
 def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
-    """The `ensemble` parser; `commands` maps each command name to its function (`cli.cmd_*`)."""
+    """The `ensemble` parser; `commands` maps each command name to its function (`cli.cmd_*`).
+
+    Each command's options come from its own builder (`COMMAND_OPTIONS`); `parser.commands`
+    maps a command's name to its sub-parser.
+    """
     p = _Parser(prog="ensemble", description=DESCRIPTION, epilog=EXAMPLES,
                 formatter_class=_HelpFormatter)
     sub = p.add_subparsers(dest="command", title="commands", metavar="COMMAND",
                            parser_class=_Parser)
     p.commands = sub.choices
-
-    def command(name: str, text: str):
+    for name, text, add_options in COMMAND_OPTIONS:
         cp = sub.add_parser(name, help=text, description=f"ensemble {name}: {text}.",
                             formatter_class=_HelpFormatter)
         cp.set_defaults(func=commands[name])
-        return cp
-
-    t = command("train", "train an ensemble and write a run directory")
-    _common_run_options(t, "to train")
-    _add(t, "--mode", choices=MODES,
-         help="in-graph: one process, one graph holding every member; between-graph: one "
-              "client process per device (default: in-graph; on --resume: the run's)")
-    _add(t, "--seed", type=_nonneg, metavar="N", help="run seed (default: the config's, 0)")
-    _add(t, "--jobs", type=JOBS, metavar="N",
-         help="between-graph only: concurrent client processes "
-              "(default: as many as members, GPUs or cores allow)")
-    _add(t, "--replicas", type=replicas_value, metavar="auto|N",
-         help="data parallelism: replicas of each member on distinct devices, each batch "
-              "split across them and the gradients averaged; auto: devices // members "
-              "(default: the config's [placement] replicas, 1)")
-    _add(t, "--run-dir", metavar="PATH", help="output folder (default: artifacts/<run_id>)")
-    _add(t, "--overwrite", action="store_true", help="replace a run already in --run-dir")
-    _add(t, "--resume", action="store_true",
-         help="continue the interrupted run in --run-dir from its checkpoints")
-    _add(t, "--prepare-only", action="store_true",
-         help="between-graph only: prepare the run for separately launched clients")
-    _add(t, "--tensorboard", action="store_true",
-         help="write tf.summary scalars under RUN/tensorboard/ (default: the config's "
-              "[training] tensorboard, false)")
-    _add(t, "--log-device-placement", action="store_true",
-         help="print where every member's ops ran (TensorFlow's placement log, filtered to "
-              "the members; kept under RUN/placement/)")
-    loud = t.add_mutually_exclusive_group()
-    _add(loud, "--quiet", action="store_true", help="no progress output")
-    _add(loud, "--verbose", action="store_true",
-         help="more progress: a line per member and epoch, lines within long epochs")
-
-    pr = command("predict", "predict a data set with a trained run")
-    _add(pr, "--run", required=True, metavar="PATH", help="the run directory to predict with")
-    _add(pr, "--data", required=True, metavar="SOURCE",
-         help="built-in data set name, a .csv/.parquet file or folder of them (columns "
-              "matched by name), a .npz file, or a folder of images")
-    _add(pr, "--target", metavar="COL",
-         help="label column, used for y_true when present (default: the run's)")
-    _add(pr, "--out", required=True, metavar="FILE.parquet|FILE.csv",
-         help="where the predictions go (Parquet, or CSV by the name's ending)")
-    _add(pr, "--layout", choices=("wide", "long"), default="wide",
-         help="wide: one row per input (its non-feature columns such as an id, then the "
-              "--aggregator's prediction and probabilities); long: one row per model "
-              "and input (every member and aggregator)")
-    _add(pr, "--aggregator", metavar="NAME",
-         help="aggregator of the wide layout (default: the run's best on validation NLL)")
-    _add(pr, "--mode", choices=MODES, default="in-graph",
-         help="in-graph: one process; between-graph: one client per member")
-    _add(pr, "--devices", metavar="SPEC", type=DEVICES,
-         help="in-graph only: devices to predict on (default: auto)")
-    _add(pr, "--jobs", type=JOBS, metavar="N",
-         help="between-graph only: concurrent client processes (default: as many as allowed)")
-    _add(pr, "--cluster", metavar="FILE", help="cluster spec FILE.json to predict on "
-                                                "(default: none)")
-    _add(pr, "--batch-size", type=BATCH_ROWS, metavar="ROWS", default=65536,
-         help="rows read, predicted and written at a time (memory stays flat)")
-    _add(pr, "--replicas", metavar="auto|N", type=_replicas("--replicas"),
-         help="in-graph only: replicas of each member over the devices, each batch's rows "
-              "split across them; auto: devices // members (default: auto)")
-    _add(pr, "--quiet", action="store_true", help="no progress and no output path on stdout "
-         "(notices still go to stderr)")
-    _add(pr, "--strict-columns", action="store_true",
-         help="refuse columns the run was not trained on (by default they are ignored, "
-              "named in a notice)")
-    _trust_builder(pr)
-    _add(pr, "--json", action="store_true",
-         help="print a machine-readable report (rows, timings, peak memory) as the last line")
-
-    x = command("export", "write a run as a SavedModel for TensorFlow Serving (DIR/<version>/)")
-    _add(x, "--run", required=True, metavar="PATH", help="the run directory to export")
-    _add(x, "--out", required=True, metavar="DIR", help="model base folder of TF Serving")
-    _add(x, "--version", type=_bounded(B.check_int, "--version", 1, B.VERSION_MAX),
-         metavar="N",
-         help="version folder DIR/N (default: 1 + the largest version in DIR)")
-    _add(x, "--aggregator", metavar="NAME",
-         help="aggregator of the serving_default signature (default: the run's best on "
-              "validation NLL); "
-              "every aggregator of the run gets its own signature too")
-    _trust_builder(x)
-
-    sv = command("serve", "serve an export folder with TF Serving's REST API (predict, "
-                 "status, metadata, Prometheus metrics)")
-    _add(sv, "--model", required=True, metavar="DIR",
-         help="export folder DIR/<version>/ as `ensemble export` writes it; the newest "
-              "version is served and new ones are picked up while serving")
-    _add(sv, "--name", metavar="NAME", help="model name in the URLs (default: DIR's base name)")
-    _add(sv, "--host", default="127.0.0.1", metavar="ADDR",
-         help="address to listen on (0.0.0.0: every interface)")
-    _add(sv, "--port", type=_bounded(B.check_int, "--port", 0, B.PORT_MAX), default=8501,
-         metavar="N",
-         help="TCP port (0: any free port, printed on stderr)")
-    _add(sv, "--replicas", default="auto", metavar="auto|N", type=_replicas("--replicas"),
-         help="copies of the model, one per device; auto: every GPU, else the CPU split "
-              "into logical devices (at most the cores)")
-    _add(sv, "--devices", metavar="SPEC", type=DEVICES,
-         help="auto, cpu:N or device names such as /GPU:0,/GPU:1 (default: auto)")
-    _add(sv, "--max-batch-size", type=_bounded(B.check_int, "--max-batch-size", 1,
-                                               B.SERVE_BATCH_MAX), default=64, metavar="N",
-         help="dynamic batching: requests merged into calls of at most N rows (1: off)")
-    _add(sv, "--batch-timeout-ms", type=_bounded(B.check_float, "--batch-timeout-ms", 0.0,
-                                                 B.BATCH_TIMEOUT_MS_MAX),
-         default=0.0, metavar="MS",
-         help="how long a batch waits for more requests when a replica is idle (0: only "
-              "what is queued while every replica is busy)")
-    _add(sv, "--max-request-bytes", type=_bounded(B.check_int, "--max-request-bytes", 1,
-                                                  B.REQUEST_BYTES_MAX),
-         default=B.REQUEST_BYTES_DEFAULT, metavar="BYTES",
-         help="larger request bodies are answered 413 before they are read")
-    _add(sv, "--max-request-rows", type=_bounded(B.check_int, "--max-request-rows", 1,
-                                                 B.REQUEST_ROWS_MAX),
-         default=B.REQUEST_ROWS_DEFAULT, metavar="N",
-         help="requests of more rows are answered 400 before their arrays are built")
-    _add(sv, "--verbose", action="store_true", help="one access-log line per request (stderr)")
-
-    e = command("evaluate", "print the ensemble against its members, validation and test")
-    _add(e, "--run", metavar="PATH", help="a run directory (default: none; or --predictions)")
-    _add(e, "--predictions", metavar="FILE.parquet",
-         help="a predictions Parquet file (default: the run's)")
-    _add(e, "--plots", action="store_true",
-         help="also write PNGs beside the metrics: reliability, ensemble size, members "
-              "(needs matplotlib)")
-    _add(e, "--ood", metavar="SOURCE",
-         help="out-of-distribution inputs (a table, .npz or image folder the run takes, or a "
-              "long-layout predictions .parquet): AUROC/AUPR of telling the test split from "
-              "them, written to ood.parquet in the run (default: none)")
-    _add(e, "--shift", action="store_true",
-         help="the test split under corruptions at severities 1-5, written to shift.parquet "
-              "in the run")
-
-    a = command("aggregate", "recompute a run's ensemble from its stored member predictions "
-                "(no TensorFlow)")
-    _add(a, "--run", required=True, metavar="PATH", help="a run directory of either mode")
-    _add(a, "--aggregators", metavar="LIST",
-         help="comma-separated, from mean,vote,geometric,weighted,greedy,stacking,temperature; "
-              "fitted ones fit on the validation split (default: the run's)")
-    _add(a, "--min-members", type=_positive, metavar="K",
-         help="aggregate a partial ensemble of at least K members (default: all members)")
-    _trust_builder(a)
-
-    cmp = command("compare", "train and predict in both modes; measure which is faster here")
-    _common_run_options(cmp, "in each mode")
-    _add(cmp, "--run-dir", metavar="PATH", help="output folder (default: artifacts/compare)")
-    _add(cmp, "--repeats", type=_bounded(B.check_int, "--repeats", 1, 1000), metavar="N",
-         default=3,
-         help="runs of each phase of each mode, order alternated")
-    _add(cmp, "--overwrite", action="store_true", help="replace an existing comparison folder")
-
-    se = command("search", "hyperparameter ensemble: sample candidates from the config's "
-                 "[search] space, train them as one run, keep a greedy selection")
-    _add(se, "--config", required=True, metavar="PATH",
-         help="TOML config with a [search] table (see configs/search.toml)")
-    _add(se, "--candidates", required=True, type=_positive, metavar="N",
-         help="candidate members sampled from the [search] space and trained")
-    _add(se, "--select", required=True, type=_positive, metavar="K",
-         help="greedy selection (on validation NLL, repeats allowed) of at most K candidates")
-    _add(se, "--stratify", type=_nonneg, metavar="S", default=0,
-         help="train every selected configuration again with S new seeds, then select again")
-    _add(se, "--mode", choices=MODES, default="in-graph",
-         help="in-graph: one graph holding every candidate; between-graph: client processes")
-    _add(se, "--epochs", type=_positive, metavar="N",
-         help="training epochs of every candidate (default: the config's)")
-    _add(se, "--devices", metavar="SPEC", type=DEVICES,
-         help="auto, cpu:N or device names (default: the config's)")
-    _add(se, "--jobs", type=JOBS, metavar="N",
-         help="between-graph only: concurrent client processes (default: as many as allowed)")
-    _add(se, "--run-dir", metavar="PATH", help="output folder (default: artifacts/<run_id>)")
-    _add(se, "--overwrite", action="store_true", help="replace a run already in --run-dir")
-    _add(se, "--resume", action="store_true",
-         help="continue an interrupted search in --run-dir: only unfinished candidates train")
-    _add(se, "--quiet", action="store_true", help="no progress output")
-    add_settings(se)
-
-    c = command("client", "train (or predict) members of a prepared between-graph run")
-    _add(c, "--run", required=True, metavar="PATH", help="the prepared run directory")
-    _add(c, "--member", required=True, type=member_list, metavar="I[,J,...]",
-         help="member index, or a queue of members trained one after another")
-    _add(c, "--progress", choices=("log", "report", "none"), default="log",
-         help="log: lines on stdout; report: machine-readable lines on stderr for a launcher")
-    _add(c, "--threads", type=_bounded(B.check_int, "--threads", 1, B.JOBS_MAX), metavar="N",
-         help="TensorFlow inter-op threads, and intra-op ones when the run's "
-         "training.intra_op_threads is 0 (default: TensorFlow's)")
-    _add(c, "--predict", metavar="X.npz|SOURCE",
-         help="predict this input instead of training: scaled X.npz, or a data source "
-              "streamed in batches (default: train)")
-    _add(c, "--batch-size", type=BATCH_ROWS, metavar="ROWS",
-         help="with --predict SOURCE: rows per batch (default: 65536)")
-    _add(c, "--target", metavar="COL", help="with --predict SOURCE: label column "
-                                            "(default: the run's)")
-    _add(c, "--out", metavar="FILE.parquet",
-         help="with --predict: the member's predictions (default: none)")
-    _add(c, "--device", metavar="NAME[,NAME...]",
-         help="with --predict: run the members here, one device per member "
-              "(default: their training devices)")
-    _add(c, "--cluster", metavar="FILE", help="with --predict: cluster spec FILE.json "
-                                               "(default: none)")
-
-    d = command("devices", "list the physical and logical devices TensorFlow sees, with "
-                           "their memory")
-    _add(d, "--config", metavar="PATH",
-         help="TOML config whose [placement] memory settings apply (default: built-in)")
-    _add(d, "--devices", metavar="SPEC", type=DEVICES,
-         help="split the CPU first with cpu:N (default: the config's, auto)")
-    _add(d, "--memory-limit-mb", type=_nonneg, metavar="MB",
-         help="cap each GPU at MB MiB (default: the config's [placement] memory_limit_mb, 0)")
-
-    s = command("server", "serve one task of a TensorFlow cluster")
-    _add(s, "--cluster", metavar="FILE", help="cluster spec FILE.json (default: TF_CONFIG)")
-    _add(s, "--task", required=True, metavar="JOB:I", help="the task to serve, e.g. worker:0")
+        add_options(cp)
     return p
 
 
