@@ -24,6 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ensemble.data import columns
+from ensemble.data.columns import FLOAT32_MAX  # noqa: F401 (`sources.FLOAT32_MAX`)
 from ensemble.data.settings import DataConfig
 from ensemble.core.errors import UsageError
 from ensemble.data.messages import (  # noqa: F401 (`sources.check_*`)
@@ -31,7 +33,6 @@ from ensemble.data.messages import (  # noqa: F401 (`sources.check_*`)
 from ensemble.core.notices import notice  # noqa: F401 (`data.notice`)
 
 BUILTIN = ("digits", "breast_cancer", "wine", "iris", "synthetic", "diabetes")
-FLOAT32_MAX = float(np.finfo(np.float32).max)  # the model's dtype: larger values do not fit
 
 
 @dataclass(frozen=True)
@@ -115,34 +116,6 @@ def _read_table(path: Path) -> pa.Table:
         raise UsageError(f"Cannot read {path} as {kind}: {str(exc).splitlines()[0]}") from None
 
 
-def _is_numeric(tp: pa.DataType) -> bool:
-    return pa.types.is_integer(tp) or pa.types.is_floating(tp)
-
-
-def _is_category_like(tp: pa.DataType) -> bool:
-    return (pa.types.is_string(tp) or pa.types.is_large_string(tp) or pa.types.is_boolean(tp)
-            or pa.types.is_dictionary(tp) or pa.types.is_null(tp))
-
-
-def _not_utf8(name: str, col: pa.ChunkedArray, first_row: int) -> str:
-    """The problem line of a text column holding bytes that are not UTF-8 (its first row)."""
-    for r, v in enumerate(col.to_pylist()):
-        if isinstance(v, bytes):
-            try:
-                v.decode("utf-8")
-            except UnicodeDecodeError:
-                return (f"column {name!r} row {first_row + r} holds text that is not UTF-8 "
-                        f"({v[:20]!r}); expected UTF-8 (re-encode the file, e.g. "
-                        "`iconv -f latin1 -t utf-8`)")
-    return f"column {name!r} holds text that is not UTF-8; expected UTF-8"
-
-
-def drop_hint(name: str, expected) -> str:
-    """` with --drop NAME (or [data] drop)` when training (`expected` None); at predict, where
-    the run's columns decide, ` in the data` (predict has no --drop)."""
-    return f" with --drop {name} (or [data] drop)" if expected is None else " of the data"
-
-
 def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
     y = np.asarray(col.to_numpy(zero_copy_only=False))
     y = y.astype(str) if y.dtype.kind in "OUS" else y  # booleans stay booleans
@@ -194,6 +167,35 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
         raise UsageError(f"Data {name} has no rows; expected at least one.")
     check_unique_columns(table.column_names, name)
     problems: list[str] = []
+    table, y = _split_target(table, name, target, require_target, problems)
+    if expected is not None:
+        table = columns.select_expected(table, name, expected, identifiers, strict, problems)
+    elif detect_identifiers:  # training: identifier-like text columns are not features
+        from ensemble.data.identifiers import split_identifiers
+
+        table, identifiers = split_identifiers(table, name, categorical, notice)
+        if table.num_columns == 0:
+            problems.append(f"no feature columns besides {target!r}")
+    cat_names = columns.categorical_names(table, categorical, expected, problems)
+    numeric, cats, missing_values = columns.features(table, cat_names, first_row, expected,
+                                                     problems)
+    if missing_values and impute == "error":
+        problems.append(columns.missing_problem(missing_values, expected))
+    if problems:
+        raise UsageError(f"{len(problems)} problem{'s' * (len(problems) > 1)} in data {name}: "
+                         + "; ".join(problems) + ".")
+    # columns stacked as rows (contiguous copies), then one transposing float32 copy
+    x = (np.ascontiguousarray(np.vstack([v for _, v in numeric]).T, np.float32) if numeric
+         else np.zeros((table.num_rows, 0), np.float32))
+    return Dataset(name, x, y, tuple(n for n, _ in numeric), cats,
+                   tuple(identifiers) if expected is None else ())
+
+
+def _split_target(table: pa.Table, name: str, target: str, require_target: bool,
+                  problems: list[str]) -> tuple[pa.Table, np.ndarray | None]:
+    """(the table without its target column, the labels or None). Rows without a label are
+    dropped (with a notice) when the target is required; a missing target column is a
+    problem appended to `problems` when it is required."""
     y = None
     if target in table.column_names:
         col = table.column(target)
@@ -211,95 +213,7 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
         problems.append(f"Target column {target!r} not found"
                         f"{did_you_mean(target, table.column_names)} (columns: "
                         f"{', '.join(table.column_names)})")
-    if expected is not None:
-        missing = [c for c in expected if c not in table.column_names]
-        if missing:
-            shown = ", ".join(map(repr, missing[:8])) + (", ..." if len(missing) > 8 else "")
-            problems.append(f"{len(missing)} training column{'s' * (len(missing) > 1)} "
-                            f"{shown} missing from the input (expected {len(expected)})")
-        extra = [c for c in table.column_names if c not in expected and c not in identifiers]
-        if extra and strict:
-            problems.append(f"extra column{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))}"
-                            " (--strict-columns refuses columns the run was not trained on)")
-        elif extra:
-            notice(f"ignoring column{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))} of "
-                   f"{name}: not features of this run")
-        table = table.select([c for c in table.column_names if c in expected])
-    elif detect_identifiers:  # training: identifier-like text columns are not features
-        from ensemble.data.identifiers import split_identifiers
-
-        table, identifiers = split_identifiers(table, name, categorical, notice)
-        if table.num_columns == 0:
-            problems.append(f"no feature columns besides {target!r}")
-    if categorical == "auto":
-        cat_names = [f.name for f in table.schema if _is_category_like(f.type)
-                     and not pa.types.is_null(f.type)]
-    elif categorical == "none":
-        cat_names = []
-    else:
-        unknown = [c for c in categorical if c not in table.column_names and expected is None]
-        if unknown:
-            problems.append(f"categorical column{'s' * (len(unknown) > 1)} "
-                            f"{', '.join(map(repr, unknown))} not found"
-                            f"{did_you_mean(unknown[0], table.column_names)}")
-        cat_names = [c for c in categorical if c in table.column_names]
-    numeric, cats, missing_values = [], {}, []
-    for f in table.schema:
-        col = table.column(f.name)
-        if f.name in cat_names:
-            try:
-                values = pc.cast(col, pa.string()) if not pa.types.is_dictionary(f.type) \
-                    else pc.cast(pc.dictionary_decode(col), pa.string())
-            except pa.ArrowInvalid:  # bytes that are not UTF-8 (a Latin-1 file)
-                problems.append(_not_utf8(f.name, col, first_row))
-                continue
-            cats[f.name] = np.asarray(values.to_numpy(zero_copy_only=False), dtype=object)
-            if col.null_count:
-                missing_values.append((f.name, col.null_count))
-            continue
-        if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type):
-            problems.append(_not_utf8(f.name, col, first_row))
-            continue
-        if pa.types.is_temporal(f.type):
-            problems.append(f"column {f.name!r} holds dates or times ({f.type}); expected "
-                            f"numbers: leave it out{drop_hint(f.name, expected)}, or "
-                            "convert it to a number (days since a date) in the data")
-            continue
-        if not (_is_numeric(f.type) or pa.types.is_boolean(f.type)):
-            problems.append(f"column {f.name!r} is {f.type}; expected numbers (or list it in "
-                            "[data] categorical to one-hot encode it)")
-            continue
-        values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
-        values = np.asarray(values, np.float64)
-        too_big = np.isfinite(values) & (np.abs(values) > FLOAT32_MAX)
-        if too_big.any():
-            r = int(np.flatnonzero(too_big)[0])
-            problems.append(f"column {f.name!r} row {first_row + r} holds {values[r]:.6g}, "
-                            f"beyond float32 (the model's dtype: |x| <= {FLOAT32_MAX:.4g})")
-        if np.isinf(values).any():
-            r = first_row + int(np.flatnonzero(np.isinf(values))[0])
-            problems.append(f"column {f.name!r} holds NaN or inf (inf at row {r}); "
-                            "expected finite numbers")
-        if np.isnan(values).any():
-            missing_values.append((f.name, int(np.isnan(values).sum())))
-        numeric.append((f.name, values))
-    if missing_values and impute == "error":
-        cols = ", ".join(f"{c!r} ({n} row{'s' * (n > 1)})" for c, n in missing_values)
-        one = len(missing_values) == 1
-        fix = ("set [data] impute = \"median\" or \"most_frequent\", or --impute, to fill them"
-               if expected is None else  # predict: the run's setting decides (no --impute)
-               "the run was trained with [data] impute = \"error\", which refuses them: fill "
-               "them in the data; a run trained with impute = \"median\" fills them")
-        problems.append(f"column{'' if one else 's'} {cols} hold{'s' * one} NaN or inf: missing "
-                        f"values ({fix})")
-    if problems:
-        raise UsageError(f"{len(problems)} problem{'s' * (len(problems) > 1)} in data {name}: "
-                         + "; ".join(problems) + ".")
-    # columns stacked as rows (contiguous copies), then one transposing float32 copy
-    x = (np.ascontiguousarray(np.vstack([v for _, v in numeric]).T, np.float32) if numeric
-         else np.zeros((table.num_rows, 0), np.float32))
-    return Dataset(name, x, y, tuple(n for n, _ in numeric), cats,
-                   tuple(identifiers) if expected is None else ())
+    return table, y
 
 
 def load(cfg: DataConfig, require_target: bool = True, expected: Sequence[str] | None = None,

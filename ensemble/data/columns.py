@@ -1,0 +1,169 @@
+"""A table's feature columns checked and converted before they become features: numeric and
+category-like types, text that is not UTF-8, dates, values beyond float32, missing values, and
+the columns a trained run expects.
+
+Each check appends its problem to a list (`problems`) rather than raising, so that
+`ensemble.data.sources.table_to_dataset` reports every problem of a file in one line.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ensemble.core.notices import notice
+from ensemble.data.messages import did_you_mean
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # the model's dtype: larger values do not fit
+
+
+def is_numeric(tp: pa.DataType) -> bool:
+    """An integer or floating-point Arrow type (a numeric feature)."""
+    return pa.types.is_integer(tp) or pa.types.is_floating(tp)
+
+
+def is_category_like(tp: pa.DataType) -> bool:
+    """Text, boolean, dictionary or all-null: one-hot encoded under `categorical = "auto"`."""
+    return (pa.types.is_string(tp) or pa.types.is_large_string(tp) or pa.types.is_boolean(tp)
+            or pa.types.is_dictionary(tp) or pa.types.is_null(tp))
+
+
+def not_utf8(name: str, col: pa.ChunkedArray, first_row: int) -> str:
+    """The problem line of a text column holding bytes that are not UTF-8 (its first row)."""
+    for r, v in enumerate(col.to_pylist()):
+        if isinstance(v, bytes):
+            try:
+                v.decode("utf-8")
+            except UnicodeDecodeError:
+                return (f"column {name!r} row {first_row + r} holds text that is not UTF-8 "
+                        f"({v[:20]!r}); expected UTF-8 (re-encode the file, e.g. "
+                        "`iconv -f latin1 -t utf-8`)")
+    return f"column {name!r} holds text that is not UTF-8; expected UTF-8"
+
+
+def drop_hint(name: str, expected) -> str:
+    """` with --drop NAME (or [data] drop)` when training (`expected` None); at predict, where
+    the run's columns decide, ` in the data` (predict has no --drop)."""
+    return f" with --drop {name} (or [data] drop)" if expected is None else " of the data"
+
+
+def select_expected(table: pa.Table, name: str, expected: Sequence[str],
+                     identifiers: Sequence[str], strict: bool, problems: list[str]) -> pa.Table:
+    """Predict time: the table's columns a trained run needs (`expected`); missing ones are a
+    problem, extra ones a notice (a problem when `strict`), identifiers neither."""
+    missing = [c for c in expected if c not in table.column_names]
+    if missing:
+        shown = ", ".join(map(repr, missing[:8])) + (", ..." if len(missing) > 8 else "")
+        problems.append(f"{len(missing)} training column{'s' * (len(missing) > 1)} "
+                        f"{shown} missing from the input (expected {len(expected)})")
+    extra = [c for c in table.column_names if c not in expected and c not in identifiers]
+    if extra and strict:
+        problems.append(f"extra column{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))}"
+                        " (--strict-columns refuses columns the run was not trained on)")
+    elif extra:
+        notice(f"ignoring column{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))} of "
+               f"{name}: not features of this run")
+    return table.select([c for c in table.column_names if c in expected])
+
+
+def categorical_names(table: pa.Table, categorical: str | Sequence[str],
+                       expected: Sequence[str] | None, problems: list[str]) -> list[str]:
+    """The columns one-hot encoded: `"auto"` (string, boolean and dictionary columns),
+    `"none"`, or the names given (at train time, a name not in the table is a problem)."""
+    if categorical == "auto":
+        return [f.name for f in table.schema if is_category_like(f.type)
+                and not pa.types.is_null(f.type)]
+    if categorical == "none":
+        return []
+    unknown = [c for c in categorical if c not in table.column_names and expected is None]
+    if unknown:
+        problems.append(f"categorical column{'s' * (len(unknown) > 1)} "
+                        f"{', '.join(map(repr, unknown))} not found"
+                        f"{did_you_mean(unknown[0], table.column_names)}")
+    return [c for c in categorical if c in table.column_names]
+
+
+def category_values(f: pa.Field, col, first_row: int, problems: list[str]):
+    """A categorical column's values as text (`[n_rows]` object array, None where missing),
+    or None with a problem appended (bytes that are not UTF-8)."""
+    try:
+        values = pc.cast(col, pa.string()) if not pa.types.is_dictionary(f.type) \
+            else pc.cast(pc.dictionary_decode(col), pa.string())
+    except pa.ArrowInvalid:  # bytes that are not UTF-8 (a Latin-1 file)
+        problems.append(not_utf8(f.name, col, first_row))
+        return None
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=object)
+
+
+def numeric_values(f: pa.Field, col, first_row: int, expected: Sequence[str] | None,
+                    problems: list[str]) -> np.ndarray | None:
+    """A numeric or boolean column as float64 (`[n_rows]`, NaN where missing), or None when
+    its type cannot be a feature; a problem is appended for that, inf, or |x| beyond float32."""
+    if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type):
+        problems.append(not_utf8(f.name, col, first_row))
+        return None
+    if pa.types.is_temporal(f.type):
+        problems.append(f"column {f.name!r} holds dates or times ({f.type}); expected "
+                        f"numbers: leave it out{drop_hint(f.name, expected)}, or "
+                        "convert it to a number (days since a date) in the data")
+        return None
+    if not (is_numeric(f.type) or pa.types.is_boolean(f.type)):
+        problems.append(f"column {f.name!r} is {f.type}; expected numbers (or list it in "
+                        "[data] categorical to one-hot encode it)")
+        return None
+    values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+    values = np.asarray(values, np.float64)
+    too_big = np.isfinite(values) & (np.abs(values) > FLOAT32_MAX)
+    if too_big.any():
+        r = int(np.flatnonzero(too_big)[0])
+        problems.append(f"column {f.name!r} row {first_row + r} holds {values[r]:.6g}, "
+                        f"beyond float32 (the model's dtype: |x| <= {FLOAT32_MAX:.4g})")
+    if np.isinf(values).any():
+        r = first_row + int(np.flatnonzero(np.isinf(values))[0])
+        problems.append(f"column {f.name!r} holds NaN or inf (inf at row {r}); "
+                        "expected finite numbers")
+    return values
+
+
+def missing_problem(missing_values: list[tuple[str, int]],
+                     expected: Sequence[str] | None) -> str:
+    """The problem of missing feature values under `impute = "error"`: `missing_values` is
+    (column, rows missing) per column; the fix named differs at train and predict time."""
+    cols = ", ".join(f"{c!r} ({n} row{'s' * (n > 1)})" for c, n in missing_values)
+    one = len(missing_values) == 1
+    fix = ("set [data] impute = \"median\" or \"most_frequent\", or --impute, to fill them"
+           if expected is None else  # predict: the run's setting decides (no --impute)
+           "the run was trained with [data] impute = \"error\", which refuses them: fill "
+           "them in the data; a run trained with impute = \"median\" fills them")
+    return (f"column{'' if one else 's'} {cols} hold{'s' * one} NaN or inf: missing "
+            f"values ({fix})")
+
+
+def features(table: pa.Table, cat_names: Sequence[str], first_row: int,
+             expected: Sequence[str] | None, problems: list[str]):
+    """Every column of `table` as a feature, in the table's order.
+
+    Returns:
+        (numeric: list of (name, `[n_rows]` float64 values), categorical: name -> `[n_rows]`
+        object array, missing: list of (name, rows missing) per column with missing values);
+        columns that cannot be features are left out with a problem appended.
+    """
+    numeric, cats, missing_values = [], {}, []
+    for f in table.schema:
+        col = table.column(f.name)
+        values = (category_values(f, col, first_row, problems) if f.name in cat_names
+                  else numeric_values(f, col, first_row, expected, problems))
+        if values is None:
+            continue
+        if f.name in cat_names:
+            cats[f.name] = values
+            missing = col.null_count
+        else:
+            numeric.append((f.name, values))
+            missing = int(np.isnan(values).sum())
+        if missing:
+            missing_values.append((f.name, missing))
+    return numeric, cats, missing_values
