@@ -27,18 +27,47 @@ def check_ranges(cfg: Config) -> None:
     Raises:
         UsageError: names the key, what was expected and the value received.
     """
-    def positive(key: str, value: float) -> None:
-        if value <= 0:
-            raise UsageError(f"Expected `{key}` to be positive. Received: {key}={value!r}")
+    _check_counts(cfg)
+    _check_overrides(cfg)
+    _check_training(cfg)
+    _check_placement(cfg)
+    _check_aggregation(cfg)
+    _check_members(cfg)
+    _check_data(cfg)
+    if cfg.data.task not in ("auto", "classification", "regression") and ":" not in cfg.data.task:
+        raise UsageError("Expected `data.task` to be \"auto\", \"classification\", "
+                         "\"regression\" or a task spec (\"module:Class\", "
+                         f"\"file.py:Class\"). Received: {cfg.data.task!r}")
+    if cfg.training.loss not in ("auto", "cross_entropy", "gaussian_nll", "mse"):
+        raise UsageError("Expected `training.loss` to be \"auto\", \"cross_entropy\", "
+                         f"\"gaussian_nll\" or \"mse\". Received: {cfg.training.loss!r}")
+    bad = [a for a in cfg.aggregation.aggregators if a not in AGGREGATORS
+           and a != "std-scaling"]
+    if bad or not cfg.aggregation.aggregators:
+        raise UsageError(
+            f"Expected `aggregation.aggregators` from {', '.join(AGGREGATORS)}, std-scaling. "
+            f"Received: {list(cfg.aggregation.aggregators)}"
+        )
+    from ensemble.config.bounds import check_bounds  # upper bounds, non-finite sums
 
-    positive("members.count", cfg.members.count)
-    positive("training.epochs", cfg.training.epochs)
+    check_bounds(cfg)
+
+
+def _positive(key: str, value: float) -> None:
+    if value <= 0:
+        raise UsageError(f"Expected `{key}` to be positive. Received: {key}={value!r}")
+
+
+def _check_counts(cfg: Config) -> None:
+    """Positive counts, the training loop's integers, the widths of `members.hidden`."""
+    _positive("members.count", cfg.members.count)
+    _positive("training.epochs", cfg.training.epochs)
     if cfg.training.batch_size != "auto":
         if not isinstance(cfg.training.batch_size, int) or cfg.training.batch_size <= 0:
             raise UsageError("Expected `training.batch_size` to be auto or a positive integer. "
                              f"Received: training.batch_size={cfg.training.batch_size!r}")
-    positive("training.learning_rate", cfg.training.learning_rate)
-    positive("training.checkpoint_every", cfg.training.checkpoint_every)
+    _positive("training.learning_rate", cfg.training.learning_rate)
+    _positive("training.checkpoint_every", cfg.training.checkpoint_every)
     if cfg.training.steps_per_execution < 0:
         raise UsageError("Expected `training.steps_per_execution` to be >= 0 (0: automatic). "
                          f"Received: {cfg.training.steps_per_execution}")
@@ -46,7 +75,11 @@ def check_ranges(cfg: Config) -> None:
         raise UsageError("Expected `training.intra_op_threads` to be >= 0 (0: TensorFlow's "
                          f"default). Received: {cfg.training.intra_op_threads}")
     for i, width in enumerate(cfg.members.hidden):
-        positive(f"members.hidden[{i}]", width)
+        _positive(f"members.hidden[{i}]", width)
+
+
+def _check_overrides(cfg: Config) -> None:
+    """`members.override`: distinct member indices, each override's values in its domain."""
     seen = set()
     for k, o in enumerate(cfg.members.override):
         key = f"members.override[{k}]"
@@ -55,9 +88,9 @@ def check_ranges(cfg: Config) -> None:
                              f"0..{cfg.members.count - 1}. Received: index={o.index}")
         seen.add(o.index)
         for i, width in enumerate(o.hidden or ()):
-            positive(f"{key}.hidden[{i}]", width)
+            _positive(f"{key}.hidden[{i}]", width)
         if o.learning_rate is not None:
-            positive(f"{key}.learning_rate", o.learning_rate)
+            _positive(f"{key}.learning_rate", o.learning_rate)
         if o.l2 is not None and o.l2 < 0:
             raise UsageError(f"Expected `{key}.l2` to be >= 0. Received: {o.l2}")
         if o.dropout is not None and not 0.0 <= o.dropout < 1.0:
@@ -65,6 +98,10 @@ def check_ranges(cfg: Config) -> None:
         if o.activation is not None and o.activation not in ACTIVATIONS:
             raise UsageError(f"Expected `{key}.activation` to be one of "
                              f"{', '.join(ACTIVATIONS)}. Received: {o.activation!r}")
+
+
+def _check_training(cfg: Config) -> None:
+    """`training`: optimizer, schedule, early stopping, adversarial step."""
     t = cfg.training
     if not isinstance(t.optimizer, str) or not t.optimizer:
         raise UsageError(f"Expected `training.optimizer` to be an optimizer name such as "
@@ -80,6 +117,10 @@ def check_ranges(cfg: Config) -> None:
         raise UsageError("Expected `training.adversarial_epsilon` in [0, 1] (the sign step in "
                          "units of the scaled input's range; 0: off, the paper's 0.01). "
                          f"Received: {t.adversarial_epsilon!r}")
+
+
+def _check_placement(cfg: Config) -> None:
+    """`placement`, the synthetic source's sizes, the seeds."""
     if cfg.placement.strategy not in ("round-robin", "balanced"):
         raise UsageError("Expected `placement.strategy` to be \"round-robin\" or \"balanced\". "
                          f"Received: {cfg.placement.strategy!r}")
@@ -89,7 +130,7 @@ def check_ranges(cfg: Config) -> None:
                          f"Received: {rep!r}")
     syn = cfg.data.synthetic
     for name in ("rows", "features", "classes"):
-        positive(f"data.synthetic.{name}", getattr(syn, name))
+        _positive(f"data.synthetic.{name}", getattr(syn, name))
     if cfg.placement.memory_limit_mb < 0:
         raise UsageError("Expected `placement.memory_limit_mb` to be >= 0 (0: no limit). "
                          f"Received: {cfg.placement.memory_limit_mb}")
@@ -97,7 +138,11 @@ def check_ranges(cfg: Config) -> None:
         raise UsageError(f"Expected `training.seed` to be >= 0. Received: {cfg.training.seed}")
     if cfg.data.split_seed < 0:
         raise UsageError(f"Expected `data.split_seed` to be >= 0. Received: {cfg.data.split_seed}")
-    positive("aggregation.greedy_rounds", cfg.aggregation.greedy_rounds)
+
+
+def _check_aggregation(cfg: Config) -> None:
+    """`aggregation`: greedy rounds, stacking folds, fixed weights."""
+    _positive("aggregation.greedy_rounds", cfg.aggregation.greedy_rounds)
     if cfg.aggregation.stacking_folds < 2:
         raise UsageError("Expected `aggregation.stacking_folds` >= 2. "
                          f"Received: {cfg.aggregation.stacking_folds}")
@@ -107,6 +152,10 @@ def check_ranges(cfg: Config) -> None:
         raise UsageError(f"Expected `aggregation.weights` to be {cfg.members.count} non-negative "
                          f"numbers (one per member) with a positive sum, or empty (fitted). "
                          f"Received: {list(agg.weights)}")
+
+
+def _check_members(cfg: Config) -> None:
+    """`members`: l2, dropout, activation."""
     if cfg.members.l2 < 0:
         raise UsageError(f"Expected `members.l2` to be >= 0. Received: {cfg.members.l2}")
     if not 0.0 <= cfg.members.dropout < 1.0:
@@ -116,6 +165,10 @@ def check_ranges(cfg: Config) -> None:
             f"Expected `members.activation` to be one of {', '.join(ACTIVATIONS)}. "
             f"Received: {cfg.members.activation!r}"
         )
+
+
+def _check_data(cfg: Config) -> None:
+    """`data`: split fractions, categories, images, imputation."""
     for key in ("test_size", "validation_size"):
         value = getattr(cfg.data, key)
         if not 0.0 < value < 1.0:
@@ -138,20 +191,3 @@ def check_ranges(cfg: Config) -> None:
     if isinstance(cfg.data.categorical, str) and cfg.data.categorical not in CATEGORICAL:
         raise UsageError(f"Expected `data.categorical` to be \"auto\", \"none\" or a list of "
                          f"column names. Received: {cfg.data.categorical!r}")
-    if cfg.data.task not in ("auto", "classification", "regression") and ":" not in cfg.data.task:
-        raise UsageError("Expected `data.task` to be \"auto\", \"classification\", "
-                         "\"regression\" or a task spec (\"module:Class\", "
-                         f"\"file.py:Class\"). Received: {cfg.data.task!r}")
-    if cfg.training.loss not in ("auto", "cross_entropy", "gaussian_nll", "mse"):
-        raise UsageError("Expected `training.loss` to be \"auto\", \"cross_entropy\", "
-                         f"\"gaussian_nll\" or \"mse\". Received: {cfg.training.loss!r}")
-    bad = [a for a in cfg.aggregation.aggregators if a not in AGGREGATORS
-           and a != "std-scaling"]
-    if bad or not cfg.aggregation.aggregators:
-        raise UsageError(
-            f"Expected `aggregation.aggregators` from {', '.join(AGGREGATORS)}, std-scaling. "
-            f"Received: {list(cfg.aggregation.aggregators)}"
-        )
-    from ensemble.config.bounds import check_bounds  # upper bounds, non-finite sums
-
-    check_bounds(cfg)
