@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 
 from ensemble.core.errors import UsageError
+from ensemble.serving import codec, graph_errors, limits
+from ensemble.serving.servables import NotFound, NotReady
 
 EXTRA = 'pip install "ensemble-replication[serve]"'
 GRACE_SECONDS = 10
@@ -123,73 +125,94 @@ def build_app(manager, metrics, verbose: bool = False, max_bytes: int | None = N
         split_rows: a request of more rows runs in parts of this many
             (`limits.run_split`).
     """
-    from ensemble.config import bounds
-    from ensemble.serving import limits
-
-    max_bytes = max_bytes or bounds.REQUEST_BYTES_DEFAULT
-    max_rows = max_rows or bounds.REQUEST_ROWS_DEFAULT
-
-    def parse(body: bytes) -> dict:
-        req = limits.parse(body)
-        limits.check_rows(req, max_rows)
-        return req
-
+    import tensorflow as tf
     from starlette.applications import Starlette
-    from starlette.responses import PlainTextResponse, Response
     from starlette.routing import Route
 
-    from ensemble.serving import codec, graph_errors
-    from ensemble.serving.servables import NotFound, NotReady
+    from ensemble.config import bounds
 
-    def _target(request):
+    api = _Routes(manager, metrics, max_bytes or bounds.REQUEST_BYTES_DEFAULT,
+                  max_rows or bounds.REQUEST_ROWS_DEFAULT, split_rows)
+    routes = [Route("/v1/models/{rest:path}", api.get_model, methods=["GET"]),
+              Route("/v1/models/{rest:path}", api.post_model, methods=["POST"]),
+              Route("/monitoring/prometheus/metrics", api.prometheus, methods=["GET"])]
+    handlers = {cls: api.on_error for cls in (codec.BadRequest, NotFound, NotReady,
+                                              tf.errors.InvalidArgumentError, Exception)}
+    app = Starlette(routes=routes, exception_handlers=handlers)
+    return _Observed(app, manager.name, metrics, verbose)
+
+
+class _Routes:
+    """The REST API's handlers (the routes of the module docstring) over a `ModelManager`:
+    `max_bytes` and `max_rows` are the request limits, `split_rows` the part size."""
+
+    def __init__(self, manager, metrics, max_bytes: int, max_rows: int, split_rows: int):
+        self.manager, self.metrics = manager, metrics
+        self.max_bytes, self.max_rows, self.split_rows = max_bytes, max_rows, split_rows
+
+    def _parse(self, body: bytes) -> dict:
+        req = limits.parse(body)
+        limits.check_rows(req, self.max_rows)
+        return req
+
+    def _target(self, request):
         m = ROUTE.match(request.path_params["rest"])
-        if m is None or m["name"] != manager.name:
+        if m is None or m["name"] != self.manager.name:
             name = m["name"] if m else request.path_params["rest"]
-            raise NotFound(f"model {name!r} not found; this server serves {manager.name!r}")
+            raise NotFound(f"model {name!r} not found; this server serves "
+                           f"{self.manager.name!r}")
         return m, (int(m["version"]) if m["version"] else None)
 
-    async def get_model(request):
+    async def get_model(self, request):
+        from starlette.responses import Response
+
         request.state.api = "GetModelStatus"
-        m, version = _target(request)
+        m, version = self._target(request)
         if m["verb"]:
             raise NotFound(f"GET {request.url.path}: use POST for :{m['verb']}")
         if m["metadata"]:
             request.state.api = "GetModelMetadata"
-            servable = manager.get(version)
+            servable = self.manager.get(version)
             return Response(codec.dumps({
-                "model_spec": {"name": manager.name, "signature_name": "",
+                "model_spec": {"name": self.manager.name, "signature_name": "",
                                "version": str(servable.version)},
                 "metadata": {"signature_def": {"signature_def": servable.defs}}}),
                 media_type="application/json")
-        status = manager.status(version)
+        status = self.manager.status(version)
         if version is None and not any(s["state"] == "AVAILABLE" for s in status):
-            manager.get()  # NotReady: 503 until a version is loaded (readiness)
+            self.manager.get()  # NotReady: 503 until a version is loaded (readiness)
         return Response(codec.dumps({"model_version_status": status}),
                         media_type="application/json")
 
-    async def post_model(request):
+    async def post_model(self, request):
+        from starlette.responses import Response
+
         request.state.api = "predict"
-        m, version = _target(request)
+        m, version = self._target(request)
         if m["verb"] != "predict":
             raise NotFound(f"POST {request.url.path}: this server answers :predict only")
-        body = await limits.read_body(request, max_bytes)  # 413 before reading, if declared
-        req = await limits.off_loop(len(body), parse, body)
+        body = await limits.read_body(request, self.max_bytes)  # 413 before reading, if declared
+        req = await limits.off_loop(len(body), self._parse, body)
         name = codec.signature_name(req)
-        sig = manager.get(version).signatures.get(name)
+        sig = self.manager.get(version).signatures.get(name)
         if sig is None:  # checked again, atomically, on submit
             raise NotFound(f"signature {name!r} not found; signatures: "
-                           + ", ".join(manager.get(version).signatures))
+                           + ", ".join(self.manager.get(version).signatures))
         inputs, row_format = await limits.off_loop(len(body), codec.decode_inputs, req, sig)
-        outputs = await limits.run_split(lambda part: manager.submit(version, name, part),
-                                         inputs, split_rows, sig.batchable)
+        outputs = await limits.run_split(lambda part: self.manager.submit(version, name, part),
+                                         inputs, self.split_rows, sig.batchable)
         content = await limits.off_loop(len(body), lambda: codec.dumps(
             codec.encode_outputs(outputs, row_format)))
         return Response(content, media_type="application/json")
 
-    async def prometheus(request):
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+    async def prometheus(self, request):
+        from starlette.responses import PlainTextResponse
 
-    async def on_error(request, exc):
+        return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def on_error(self, request, exc):
+        import tensorflow as tf
+
         if isinstance(exc, limits.TooLarge):
             return _error(413, str(exc))
         if isinstance(exc, codec.BadRequest):
@@ -203,16 +226,6 @@ def build_app(manager, metrics, verbose: bool = False, max_bytes: int | None = N
         log(f"internal error on {request.method} {request.url.path}: {exc!r}")
         return _error(500, f"internal error: {type(exc).__name__}: {exc}")
 
-    routes = [Route("/v1/models/{rest:path}", get_model, methods=["GET"]),
-              Route("/v1/models/{rest:path}", post_model, methods=["POST"]),
-              Route("/monitoring/prometheus/metrics", prometheus, methods=["GET"])]
-    import tensorflow as tf
-
-    handlers = {cls: on_error for cls in (codec.BadRequest, NotFound, NotReady,
-                                          tf.errors.InvalidArgumentError, Exception)}
-    app = Starlette(routes=routes, exception_handlers=handlers)
-    return _Observed(app, manager.name, metrics, verbose)
-
 
 class _Observed:
     """ASGI middleware: request count and latency metrics, and the access log line."""
@@ -223,8 +236,6 @@ class _Observed:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        from ensemble.serving import limits
-
         bad = limits.framing_error(scope.get("headers") or [])
         if bad is not None:  # RFC 9112 section 6.3: an error, and the connection is closed
             return await limits.refuse_and_close(send, bad)
@@ -330,35 +341,9 @@ def _server_class():
             if self.draining is not None and not self.should_exit:
                 waited = time.monotonic() - self.draining
                 if waited >= GRACE_SECONDS / 2 or (waited >= DRAIN_SECONDS
-                                                   and not self._unread()):
+                                                   and not _unread(self)):
                     self.should_exit = True
             return await super().on_tick(counter)
-
-        def _unread(self) -> bool:
-            """Whether requests were sent that this server has not read yet: connections in
-            the listen backlog (Linux `TCP_INFO` of the listening socket: `tcpi_unacked` is
-            its accept queue) or unread bytes on an idle connection (`FIONREAD`)."""
-            import fcntl
-            import struct
-            import termios
-
-            try:
-                for server in self.servers:
-                    for sock in server.sockets:
-                        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
-                        if struct.unpack_from("I", info, 24)[0]:
-                            return True
-                for conn in list(self.server_state.connections):
-                    cycle = getattr(conn, "cycle", None)
-                    if cycle is not None and not cycle.response_complete:
-                        continue  # in flight: shutdown waits for it
-                    sock = conn.transport.get_extra_info("socket")
-                    if sock is not None and struct.unpack("i", fcntl.ioctl(
-                            sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]:
-                        return True
-            except (OSError, AttributeError, ValueError):  # not Linux: the fixed wait only
-                return False
-            return False
 
         @contextmanager
         def capture_signals(self):
@@ -375,3 +360,30 @@ def _server_class():
                     signal.signal(s, h)
 
     return Server
+
+
+def _unread(server) -> bool:
+    """Whether requests were sent that `server` (our uvicorn Server) has not read yet:
+    connections in the listen backlog (Linux `TCP_INFO` of the listening socket: `tcpi_unacked`
+    is its accept queue) or unread bytes on an idle connection (`FIONREAD`)."""
+    import fcntl
+    import struct
+    import termios
+
+    try:
+        for listener in server.servers:
+            for sock in listener.sockets:
+                info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+                if struct.unpack_from("I", info, 24)[0]:
+                    return True
+        for conn in list(server.server_state.connections):
+            cycle = getattr(conn, "cycle", None)
+            if cycle is not None and not cycle.response_complete:
+                continue  # in flight: shutdown waits for it
+            sock = conn.transport.get_extra_info("socket")
+            if sock is not None and struct.unpack("i", fcntl.ioctl(
+                    sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]:
+                return True
+    except (OSError, AttributeError, ValueError):  # not Linux: the fixed wait only
+        return False
+    return False
