@@ -32,11 +32,11 @@ def _peak_bytes(children: int = 0) -> int:
 
 def _load(run_dir: Path):
     from ensemble.core import artifacts
-    from ensemble.config import schema as config
+    from ensemble.config import schema
 
     manifest = artifacts.read_manifest(run_dir)
     split = {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}
-    return config.from_dict(manifest["config"]), manifest, split
+    return schema.from_dict(manifest["config"]), manifest, split
 
 
 def worker_naive(run_dir: Path) -> dict:

@@ -27,7 +27,7 @@ def worker(variant: str, rows: int, members: int) -> dict:
     devices.split_cpu(members)
     import tensorflow as tf
 
-    from ensemble.config import schema as config
+    from ensemble.config import schema
     from ensemble.data.arrays import ArrayData, ArrayPreprocessing
     from ensemble.replication.in_graph import InGraphEnsemble
     from ensemble.replication.training import Schedule
@@ -39,7 +39,7 @@ def worker(variant: str, rows: int, members: int) -> dict:
                                  np.arange(10))
     if variant == "before":  # the old way: float32 rows
         x = x.astype(np.float32)
-    cfg = config.from_dict({"model": {"builder": "cnn", "params": {"filters": [8],
+    cfg = schema.from_dict({"model": {"builder": "cnn", "params": {"filters": [8],
                                                                     "dense": 16}},
                             "members": {"count": members},
                             "training": {"epochs": 1, "batch_size": 256,

@@ -26,9 +26,9 @@ DATASETS = ("diabetes",)
 
 def protocol_config(source: str, split_seed: int, epochs: int, learning_rate: float):
     """The protocol's `Config` for one split."""
-    from ensemble.config import schema as config
+    from ensemble.config import schema
 
-    return config.from_dict({
+    return schema.from_dict({
         "data": {"source": source, "task": "regression", "test_size": 0.1,
                  "validation_size": 0.09, "split_seed": split_seed},
         "members": {"count": 5, "hidden": [50], "activation": "relu", "dropout": 0.0},

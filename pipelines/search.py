@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from ensemble.core import artifacts
-from ensemble.config import schema as config
+from ensemble.config import schema
 from ensemble.runs import records
-from ensemble.runs import prepare as run
+from ensemble.runs import prepare
 from ensemble.runs.search_report import selected
 from ensemble.config import search as S
 from ensemble.core.errors import UsageError
@@ -44,7 +44,7 @@ class Plan:
     candidates: list[dict[str, Any]]
     select: int
     stratify: int
-    config: config.Config  # the candidates' run
+    config: schema.Config  # the candidates' run
 
 
 def plan(config_path: str | Path, candidates: int, select: int, stratify: int = 0,
@@ -57,20 +57,20 @@ def plan(config_path: str | Path, candidates: int, select: int, stratify: int = 
     seed, space, raw = S.load_space(config_path)
     if stratify < 0:
         raise UsageError(f"Expected --stratify >= 0. Received: {stratify}")
-    base = config.load(config_path, overrides=overrides).to_dict()
+    base = schema.load(config_path, overrides=overrides).to_dict()
     cands = S.sample(space, seed, candidates)
-    cfg = config.from_dict(S.candidate_tables(base, cands, select))
+    cfg = schema.from_dict(S.candidate_tables(base, cands, select))
     return Plan(seed, space, raw, base, cands, select, stratify, cfg)
 
 
-def _train(cfg: config.Config, run_dir: Path, mode: str, resume: bool, overwrite: bool,
+def _train(cfg: schema.Config, run_dir: Path, mode: str, resume: bool, overwrite: bool,
            jobs: int | None, verbosity: int) -> None:
     """One run on the ordinary path; with `resume`, a completed run is kept and an
     unfinished one resumes (only its unfinished members / from its checkpoint)."""
     from ensemble.runs import api
 
     if resume and (run_dir / artifacts.MANIFEST).is_file():
-        if run.effective_status(artifacts.read_manifest(run_dir)) == "completed":
+        if prepare.effective_status(artifacts.read_manifest(run_dir)) == "completed":
             return
         api.train(cfg, mode, run_dir, resume=True, jobs=jobs, verbosity=verbosity)
     else:
@@ -82,7 +82,7 @@ def _record(run_dir: Path, info: dict[str, Any]) -> dict[str, Any]:
     manifest = artifacts.read_manifest(run_dir)
     manifest["search"] = info
     records.write_members(run_dir, manifest)
-    run.finish(run_dir, manifest, "completed")
+    prepare.finish(run_dir, manifest, "completed")
     return manifest
 
 
@@ -99,7 +99,7 @@ def run_search(p: Plan, run_dir: Path, mode: str = "in-graph", resume: bool = Fa
     cand_dir = run_dir / CANDIDATES_DIR if p.stratify else run_dir
     if not resume:
         for d in {run_dir, cand_dir}:
-            run.check_run_dir(d, overwrite)
+            prepare.check_run_dir(d, overwrite)
     info = {"seed": p.seed, "space": p.raw, "candidates": len(p.candidates),
             "select": p.select, "stratify": p.stratify}
     _train(p.config, cand_dir, mode, resume, overwrite, jobs, verbosity)
@@ -110,6 +110,6 @@ def run_search(p: Plan, run_dir: Path, mode: str = "in-graph", resume: bool = Fa
     source = [c for c in chosen for _ in range(p.stratify)]
     tables = S.candidate_tables(p.base, [p.candidates[c] for c in source], p.select,
                                 seed_offset=S.STRATIFY_SEED_OFFSET)
-    _train(config.from_dict(tables), run_dir, mode, resume, overwrite, jobs, verbosity)
+    _train(schema.from_dict(tables), run_dir, mode, resume, overwrite, jobs, verbosity)
     _record(run_dir, {**info, "candidate": source, "candidates_run": CANDIDATES_DIR})
     return run_dir

@@ -119,9 +119,9 @@ def load_config(args, base: dict | None = None):
     count is capped to it with a notice (the extra logical devices would stay idle)."""
     import dataclasses
 
-    from ensemble.config import schema as config
+    from ensemble.config import schema
 
-    cfg = config.load(args.config, base=base, overrides={
+    cfg = schema.load(args.config, base=base, overrides={
         "data.source": args.data, "data.target": args.target, "members.count": args.members,
         "model.builder": getattr(args, "model", None),
         "training.epochs": getattr(args, "epochs", None), "training.seed": getattr(args, "seed", None),

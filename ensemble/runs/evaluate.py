@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from ensemble.core import artifacts
 from ensemble.tasks.classification import fitted
 from ensemble.runs import posthoc
-from ensemble.runs import prepare as run
+from ensemble.runs import prepare
 from ensemble.core import runlock
 from ensemble.runs import search_report
 from ensemble.tasks import tables
@@ -62,7 +62,7 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
     if predictions is None:
         if run_dir is None:
             raise UsageError("Expected --run PATH or --predictions FILE.parquet.")
-        run.require_completed(run_dir, manifest)
+        prepare.require_completed(run_dir, manifest)
         predictions = artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS)
         out = run_dir / artifacts.METRICS
     else:

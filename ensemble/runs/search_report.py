@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ensemble.tasks.classification import aggregators as aggregate
+from ensemble.tasks.classification import aggregators
 from ensemble.core import artifacts
 from ensemble.tasks.classification import metrics
 from ensemble.runs import posthoc
@@ -63,9 +63,9 @@ def comparison(run_dir: str | Path) -> list[dict[str, Any]]:
         w = [weights.get(i, 0.0) for i in s.members]
         firsts = [j for j, i in enumerate(c.members) if i < k]
         models = [(f"selected (greedy, {n} of {len(s.members)})", n,
-                   aggregate.weighted(s.probs, w)),
+                   aggregators.weighted(s.probs, w)),
                   (f"mean of first {k} candidates", k,
-                   aggregate.soft_vote(c.probs[firsts])),
+                   aggregators.soft_vote(c.probs[firsts])),
                   (f"best candidate (member-{best})", 1, c.probs[c.members.index(best)])]
         out += [{"split": split, "model": name, "n_members": k, **metrics.all_metrics(s.y, p)}
                 for name, k, p in models]
