@@ -61,6 +61,22 @@ def _predict(run_dir: Path, source: Path, out: Path, mode: str, batch_size: int)
             "jobs": report.get("jobs")}
 
 
+def _print_summary(results: list[dict], summary: dict) -> None:
+    """The runs as a Markdown table, then the summary's ratios in one line."""
+    print("| mode | rows | wall s | loop s | GFLOP/s (process) | GFLOP/s (loop) | "
+          "peak MiB |\n|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['mode']} | {r['rows']:,} | {r['wall_seconds']:.1f} | "
+              f"{r['predict_seconds']:.1f} | {r['gflops_process']:.1f} | "
+              f"{r['gflops_loop']:.1f} | {r['peak_rss_bytes'] / 2**20:.0f} |")
+    print(f"numpy float32 GEMM: {summary['gemm_gflops']:.1f} GFLOP/s; in-graph = "
+          f"{summary['in_graph_of_gemm_process']:.0%} of it over the whole process, "
+          f"{summary['in_graph_of_gemm_loop']:.0%} over the prediction loop; peak memory at "
+          f"{summary['big_rows']:,} rows = {summary['peak_ratio_big_vs_rows']:.2f}x the peak "
+          f"at {summary['rows']:,}; between-graph wall = "
+          f"{summary['between_vs_in_graph_wall']:.2f}x in-graph")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--http" in argv:  # `ensemble serve` over HTTP: pipelines.http_bench
@@ -110,18 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         "between_vs_in_graph_wall": results[1]["wall_seconds"] / ig["wall_seconds"],
         "runs": results}
     artifacts.write_text(out / "results.json", json.dumps(summary, indent=1))
-    print("| mode | rows | wall s | loop s | GFLOP/s (process) | GFLOP/s (loop) | "
-          "peak MiB |\n|---|---|---|---|---|---|---|")
-    for r in results:
-        print(f"| {r['mode']} | {r['rows']:,} | {r['wall_seconds']:.1f} | "
-              f"{r['predict_seconds']:.1f} | {r['gflops_process']:.1f} | "
-              f"{r['gflops_loop']:.1f} | {r['peak_rss_bytes'] / 2**20:.0f} |")
-    print(f"numpy float32 GEMM: {gemm / 1e9:.1f} GFLOP/s; in-graph = "
-          f"{summary['in_graph_of_gemm_process']:.0%} of it over the whole process, "
-          f"{summary['in_graph_of_gemm_loop']:.0%} over the prediction loop; peak memory at "
-          f"{args.big_rows:,} rows = {summary['peak_ratio_big_vs_rows']:.2f}x the peak at "
-          f"{args.rows:,}; between-graph wall = {summary['between_vs_in_graph_wall']:.2f}x "
-          "in-graph")
+    _print_summary(results, summary)
     return 0
 
 

@@ -29,7 +29,6 @@ LONG = {  # "path:qualname": lines today (to shrink)
     "ensemble/runs/between.py:predict_between_graph": 64,
     "ensemble/tasks/regression/tables.py:metrics_table": 62,
     "ensemble/replication/client.py:run_client": 62,
-    "pipelines/serve_bench.py:main": 62,
 }
 
 PARAMS_EXEMPT = {  # scikit-learn estimators and Keras builders: their hyperparameters
