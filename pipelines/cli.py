@@ -27,7 +27,7 @@ from ensemble.core.tfimport import import_tensorflow_quietly  # noqa: E402
 from pipelines.guide import (environment_line, fault_line, interrupted_line,  # noqa: E402
                             refuse_inapplicable, report, uses_tensorflow)
 from pipelines.options import parse  # noqa: E402
-from pipelines.settings import load_config  # noqa: E402
+from pipelines.flags import load_config  # noqa: E402
 
 
 def _cluster(args):
@@ -90,13 +90,13 @@ def _train(args) -> int:
 
 
 def cmd_search(args) -> int:
-    from pipelines import search, settings
+    from pipelines import flags, search
 
     if args.resume and not args.run_dir:
         raise UsageError("--resume needs --run-dir PATH of the search to continue")
     plan = search.plan(args.config, args.candidates, args.select, args.stratify, overrides={
         "training.epochs": args.epochs, "placement.devices": args.devices,
-        **settings.overrides(args)})
+        **flags.overrides(args)})
     if not args.resume:  # every space and data problem before TensorFlow loads
         from ensemble.runs.prepare import check_data
 

@@ -21,7 +21,7 @@ from pipelines.guide import positive as _positive
 from pipelines.guide import unknown_options
 from pipelines.option_values import (BATCH_ROWS, DEVICES, JOBS, bounded, member_list, replicas,
                                      replicas_value)
-from pipelines.settings import add_options as add_settings
+from pipelines.flags import add_options as add_flags
 
 IMPUTE = ("error", "median", "most_frequent")
 
@@ -85,7 +85,7 @@ def _common_run_options(parser, what: str) -> None:
               "config's, auto)")
     _add(parser, "--cluster", metavar="FILE",
          help="TensorFlow cluster spec FILE.json (default: TF_CONFIG, if set)")
-    add_settings(parser)
+    add_flags(parser)
 
 
 def _train(p) -> None:
@@ -269,7 +269,7 @@ def _search(p) -> None:
     _add(p, "--resume", action="store_true",
          help="continue an interrupted search in --run-dir: only unfinished candidates train")
     _add(p, "--quiet", action="store_true", help="no progress output")
-    add_settings(p)
+    add_flags(p)
 
 
 def _client(p) -> None:
@@ -367,7 +367,7 @@ def parse(argv: list[str] | None, commands: dict[str, Callable]):
         first = next((x for x in extra if x.startswith("--")), None)
         if first and "--set" in parser.commands[args.command]._option_string_actions \
                 and "did you mean" not in str(error):
-            from pipelines.settings import key_hint
+            from pipelines.flags import key_hint
 
             error = UsageError(f"{error}{key_hint(first)}")
         raise error

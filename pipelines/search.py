@@ -1,7 +1,7 @@
 """`ensemble search`: a hyperparameter ensemble (Wenzel et al. 2020) by random search and
 greedy ensemble selection, on the ordinary training path.
 
-1. N candidates are sampled from the config's `[search]` space (`ensemble.config.search`) and become
+1. N candidates are sampled from the config's `[search]` space (`ensemble.config.search_space`) and become
    the `[[members.override]]` of ONE run, trained by `api.train` in either replication mode
    across the devices (no second trainer: resume, faults, placement and records are the
    run's).
@@ -27,7 +27,7 @@ from ensemble.config import schema
 from ensemble.runs import records
 from ensemble.runs import prepare
 from ensemble.runs.search_report import selected
-from ensemble.config import search as S
+from ensemble.config import search_space as S
 from ensemble.core.errors import UsageError
 
 CANDIDATES_DIR = "candidates"

@@ -295,7 +295,7 @@ def run(args) -> int:
 def _serve(args, base: Path, name: str, sock: socket.socket) -> int:
     import uvicorn
 
-    from ensemble.serving.metrics import Metrics
+    from ensemble.serving.prometheus import Metrics
     from ensemble.serving.servables import ModelManager
 
     devices = serving_devices(args.devices, args.replicas)

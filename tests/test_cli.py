@@ -262,7 +262,7 @@ def test_cli_guides_abbreviations_typos_and_inapplicable_options(argv, needle, c
 
 def test_cpu_devices_beyond_the_members_are_capped_with_a_notice(capsys):
     from pipelines.cli import COMMANDS
-    from pipelines.settings import load_config
+    from pipelines.flags import load_config
     from pipelines.options import parse
 
     _, args = parse(["train", "--members", "3", "--devices", "cpu:100"], COMMANDS)

@@ -141,7 +141,7 @@ def test_bad_set_exits_2_with_one_line(tmp_path, capsys, argv, expected):
 def test_compare_and_search_take_the_training_options():
     from pipelines.cli import COMMANDS
     from pipelines.options import parse
-    from pipelines.settings import overrides
+    from pipelines.flags import overrides
 
     _, args = parse(["compare", "--learning-rate", "0.1", "--batch-size", "16", "--set",
                      "members.hidden=[4]"], COMMANDS)

@@ -10,7 +10,7 @@ import pytest
 from conftest import run_cli, set_status
 
 from ensemble.core import artifacts
-from ensemble.config import search
+from ensemble.config import search_space
 from ensemble.core.errors import UsageError
 
 SPACE = {"seed": 3, "hidden": [[16], [24, 8]], "activation": ["relu", "tanh"],
@@ -36,20 +36,20 @@ learning_rate = { low = 1e-3, high = 1e-2, log = true }
 
 
 def test_sampling_is_deterministic_and_prefix_stable():
-    seed, space = search.parse_space(SPACE)
-    a, b = search.sample(space, seed, 8), search.sample(space, seed, 8)
+    seed, space = search_space.parse_space(SPACE)
+    a, b = search_space.sample(space, seed, 8), search_space.sample(space, seed, 8)
     assert a == b
-    assert search.sample(space, seed, 5) == a[:5]  # candidate i depends on (seed, i) only
-    assert search.sample(space, seed + 1, 8) != a
+    assert search_space.sample(space, seed, 5) == a[:5]  # candidate i depends on (seed, i) only
+    assert search_space.sample(space, seed + 1, 8) != a
     for c in a:
         assert c["hidden"] in ([16], [24, 8]) and c["activation"] in ("relu", "tanh")
         assert 0.0 <= c["dropout"] <= 0.2 and 1e-3 <= c["learning_rate"] <= 1e-2
 
 
 def test_log_and_integer_ranges_draw_their_distributions():
-    _, space = search.parse_space({"learning_rate": {"low": 1e-4, "high": 1.0, "log": True},
-                                   "hidden": {"low": 2, "high": 4, "integer": True}})
-    draws = search.sample(space, 0, 400)
+    _, space = search_space.parse_space({"learning_rate": {"low": 1e-4, "high": 1.0, "log": True},
+                                         "hidden": {"low": 2, "high": 4, "integer": True}})
+    draws = search_space.sample(space, 0, 400)
     lr = np.array([d["learning_rate"] for d in draws])
     # log-uniform over 4 decades: half the draws below 1e-2 (a uniform range: 1%)
     assert 0.4 < np.mean(lr < 1e-2) < 0.6
@@ -88,7 +88,7 @@ def test_bad_spaces_exit_2_with_one_line_naming_the_key_before_tensorflow(
 
 def test_a_config_without_search_table_is_refused(tmp_path, tiny_config):
     with pytest.raises(UsageError, match=r"no \[search\] table"):
-        search.load_space(tiny_config)
+        search_space.load_space(tiny_config)
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +104,8 @@ def searched(tmp_path_factory):
 
 def test_search_trains_the_sampled_candidates_and_records_them(searched):
     _, run_dir = searched
-    seed, space = search.parse_space(SPACE)
-    expected = search.sample(space, seed, 4)
+    seed, space = search_space.parse_space(SPACE)
+    expected = search_space.sample(space, seed, 4)
     manifest = artifacts.read_manifest(run_dir)
     assert manifest["status"] == "completed" and manifest["search"]["candidates"] == 4
     table = pq.read_table(run_dir / "members.parquet").to_pandas()

@@ -5,7 +5,7 @@ out; a test keeps the two equal), so an installed `ensemble train` needs no file
 
 A config has six tables: `[data]`, `[model]`, `[members]`, `[training]`, `[placement]`,
 `[aggregation]` (plus the optional `[data.synthetic]` and `[model.params]`; a `[search]` table is `ensemble search`'s, read and
-checked by `ensemble.config.search`, and left out of the run config here). Unknown keys and wrong
+checked by `ensemble.config.search_space`, and left out of the run config here). Unknown keys and wrong
 types are rejected with a `UsageError` that names the key and the expected type.
 """
 
@@ -274,7 +274,7 @@ def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"Config file {path} is not valid TOML: {exc}") from None
     if path is not None:
-        table.pop("search", None)  # ensemble search's space (ensemble.config.search), not the run's
+        table.pop("search", None)  # ensemble search's space (ensemble.config.search_space), not the run's
         _resolve_source(table, path)
         _resolve_builders(table, path.resolve().parent)
     before = (table.get("model") or {}).get("builder", "mlp") \
