@@ -32,8 +32,8 @@ class Adam:
     `m += (g - m)(1 - b1)`, `v += (g^2 - v)(1 - b2)`,
     `var -= lr sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)`; with `total_steps`, `lr`
     follows `cosine` over the steps. `weight_decay` > 0 makes it AdamW (Loshchilov & Hutter
-    2019): `var -= lr * weight_decay * var` before each step, as Keras's `weight_decay`. Create it under `tf.device` of the member: its slots live
-    beside the variables.
+    2019): `var -= lr * weight_decay * var` before each step, as Keras's `weight_decay`.
+    Create it under `tf.device` of the member: its slots live beside the variables.
     """
 
     def __init__(self, variables, learning_rate: float, beta_1: float = 0.9,
