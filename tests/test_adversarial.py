@@ -60,10 +60,10 @@ def test_step_is_in_units_of_the_scaled_range():
 
 @pytest.mark.parametrize("value", [-0.1, 1.5])
 def test_epsilon_out_of_range_is_refused(value):
-    from ensemble.config import schema as config
+    from ensemble.config import schema
 
     with pytest.raises(UsageError, match="adversarial_epsilon"):
-        config.load(overrides={"training.adversarial_epsilon": value})
+        schema.load(overrides={"training.adversarial_epsilon": value})
 
 
 def test_evaluate_ood_gives_the_same_table_for_both_modes(runs):

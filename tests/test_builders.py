@@ -217,24 +217,24 @@ def test_bad_builder_in_a_fresh_process_is_one_line(user, tmp_path):
 
 
 def test_unknown_builder_param_names_it():
-    from ensemble.config import schema as config
+    from ensemble.config import schema
     from ensemble.core.errors import UsageError
 
     with pytest.raises(UsageError, match=r"`members.override\[index=1\].params.depth`.*hidden"):
-        config.from_dict({"model": {"builder": "mlp"}, "members": {
+        schema.from_dict({"model": {"builder": "mlp"}, "members": {
             "count": 2, "override": [{"index": 1, "params": {"depth": 3}}]}})
 
 
 def test_mixed_architectures_in_one_ensemble():
-    from ensemble.config import schema as config
+    from ensemble.config import schema
 
-    cfg = config.from_dict({"model": {"builder": "mlp", "params": {"hidden": [8]}},
+    cfg = schema.from_dict({"model": {"builder": "mlp", "params": {"hidden": [8]}},
                             "members": {"count": 2, "override": [
                                 {"index": 1, "builder": "cnn", "params": {"filters": [4]}}]}})
-    assert config.member_hparams(cfg, 0) == {"builder": "mlp", "learning_rate": 0.001,
+    assert schema.member_hparams(cfg, 0) == {"builder": "mlp", "learning_rate": 0.001,
                                              "params": {"hidden": [8], "activation": "relu",
                                                         "dropout": 0.1, "l2": 0.0}}
-    assert config.member_hparams(cfg, 1) == {"builder": "cnn", "learning_rate": 0.001,
+    assert schema.member_hparams(cfg, 1) == {"builder": "cnn", "learning_rate": 0.001,
                                              "params": {"filters": [4]}}
 
 

@@ -6,14 +6,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ensemble.config import schema as config
+from ensemble.config import schema
 from ensemble.tasks import tables
 from pipelines import compare
 
 
 def test_resolved_config_round_trips_through_toml():
-    cfg = config.load(overrides={"members.hidden": [8, 4], "data.synthetic.rows": 99})
-    assert config.from_dict(tomllib.loads(compare._to_toml(cfg.to_dict()))) == cfg
+    cfg = schema.load(overrides={"members.hidden": [8, 4], "data.synthetic.rows": 99})
+    assert schema.from_dict(tomllib.loads(compare._to_toml(cfg.to_dict()))) == cfg
 
 
 def _preds(p):
@@ -71,9 +71,9 @@ def test_one_repeat_shows_the_sample_and_calls_no_mode_faster():
 def test_verdict_says_when_parity_is_off_or_not_met():
     walls = {(m, ph): [1.0, 1.2] for m in ("in-graph", "between-graph")
              for ph in ("train", "predict")}
-    cfg = config.load(overrides={"training.intra_op_threads": 0})
+    cfg = schema.load(overrides={"training.intra_op_threads": 0})
     assert compare.parity_setting(cfg).startswith("off: training.intra_op_threads = 0")
-    assert compare.parity_setting(config.load()) == "on"
+    assert compare.parity_setting(schema.load()) == "on"
     off = compare.summarise(_runs(walls), {"train": (3e-4, 1.0), "predict": (1e-4, 1.0)},
                             compare.parity_setting(cfg))
     text = compare.verdict(pa.Table.from_pylist(off))

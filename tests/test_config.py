@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from ensemble.config import schema as config
+from ensemble.config import schema
 from ensemble.core.errors import UsageError
 
 
@@ -10,24 +10,24 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 def test_builtin_defaults_equal_configs_digits_toml():
-    cfg = config.load()
+    cfg = schema.load()
     assert cfg.data.source == "digits"
     assert cfg.aggregation.aggregators == ("mean", "vote")
-    assert config.load(CONFIGS / "digits.toml") == cfg
+    assert schema.load(CONFIGS / "digits.toml") == cfg
 
 
 def test_every_shipped_config_loads():
     paths = sorted(CONFIGS.glob("*.toml"))
     assert len(paths) >= 2
     for path in paths:
-        config.load(path)
+        schema.load(path)
 
 
 def test_overrides_win_and_none_is_ignored():
-    cfg = config.load(overrides={"members.count": 7, "training.epochs": None,
+    cfg = schema.load(overrides={"members.count": 7, "training.epochs": None,
                                  "data.synthetic.rows": 100})
     assert cfg.members.count == 7
-    assert cfg.training.epochs == config.load().training.epochs
+    assert cfg.training.epochs == schema.load().training.epochs
     assert cfg.data.synthetic.rows == 100
 
 
@@ -59,25 +59,25 @@ def test_overrides_win_and_none_is_ignored():
 ])
 def test_bad_values_name_the_key(table, match):
     with pytest.raises(UsageError, match=match):
-        config.from_dict(table)
+        schema.from_dict(table)
 
 
 def test_int_is_accepted_for_float():
-    assert config.from_dict({"training": {"learning_rate": 1}}).training.learning_rate == 1.0
+    assert schema.from_dict({"training": {"learning_rate": 1}}).training.learning_rate == 1.0
 
 
 def test_file_errors(tmp_path):
     with pytest.raises(UsageError, match="not found"):
-        config.load(tmp_path / "missing.toml")
+        schema.load(tmp_path / "missing.toml")
     bad = tmp_path / "bad.toml"
     bad.write_text("[members\ncount = ")
     with pytest.raises(UsageError, match="not valid TOML"):
-        config.load(bad)
+        schema.load(bad)
 
 
 def test_sha256_changes_with_content():
-    a, b = config.from_dict({}), config.from_dict({"training": {"seed": 1}})
-    assert a.sha256() == config.from_dict({}).sha256() != b.sha256()
+    a, b = schema.from_dict({}), schema.from_dict({"training": {"seed": 1}})
+    assert a.sha256() == schema.from_dict({}).sha256() != b.sha256()
 
 
 def test_auto_batch_size_and_early_stopping_follow_the_rows():
@@ -85,7 +85,7 @@ def test_auto_batch_size_and_early_stopping_follow_the_rows():
     the config only; a value the user set is kept and not listed as chosen."""
     from ensemble.config import auto
 
-    cfg = config.load()
+    cfg = schema.load()
     assert cfg.training.batch_size == "auto" and cfg.training.early_stopping == "auto"
     sizes = {n: auto.resolve(cfg, n, 100)[0].training.batch_size
              for n in (50, 2047, 2048, 8192, 229_000, 10 ** 7)}
@@ -94,7 +94,7 @@ def test_auto_batch_size_and_early_stopping_follow_the_rows():
     assert concrete.training.early_stopping == 6  # max(5, 30 // 5)
     assert set(chosen) == {"training.batch_size", "training.early_stopping"}
     assert auto.resolve(cfg, 5000, 0)[0].training.early_stopping == 0  # no validation rows
-    mine = config.load(overrides={"training.batch_size": 16, "training.early_stopping": 0})
+    mine = schema.load(overrides={"training.batch_size": 16, "training.early_stopping": 0})
     assert auto.resolve(mine, 5000, 500) == (mine, {})
     with pytest.raises(UsageError, match="batch_size` to be auto or a positive integer"):
-        config.load(overrides={"training.batch_size": "big"})
+        schema.load(overrides={"training.batch_size": "big"})

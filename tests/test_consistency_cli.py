@@ -93,13 +93,13 @@ def test_identifier_column_is_carried_not_a_feature(trained, table, tmp_path, ca
 def test_identifier_rule_and_explicit_categorical(table):
     import pyarrow as pa
 
-    from ensemble.data import sources as data
+    from ensemble.data import sources
     from ensemble.config.schema import DataConfig
     from ensemble.data.identifiers import is_identifier
 
-    kept = data.load(DataConfig(source=str(table), categorical=("clinic", "name")))
+    kept = sources.load(DataConfig(source=str(table), categorical=("clinic", "name")))
     assert "name" in kept.categorical and kept.identifiers == ()
-    auto = data.load(DataConfig(source=str(table)))
+    auto = sources.load(DataConfig(source=str(table)))
     assert "name" not in auto.categorical and auto.identifiers == ("name",)
     col = pa.chunked_array  # the rule: > 50 distinct values and >= 90% of the known rows
     assert is_identifier(col([[f"r{i}" for i in range(51)]]))[0]

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ensemble.data import kinds
-from ensemble.data import sources as data
+from ensemble.data import sources
 from ensemble.core.labels import encode
 from ensemble.data.settings import DataConfig, SyntheticConfig
 from ensemble.core.errors import UsageError
@@ -20,39 +20,39 @@ from ensemble.data.preprocessing import Preprocessing
     ("iris", 150, 4, 3),
 ])
 def test_builtin_sources(name, rows, features, classes):
-    ds = data.load(DataConfig(source=name))
+    ds = sources.load(DataConfig(source=name))
     assert ds.x.shape == (rows, features) and ds.x.dtype == np.float32
     assert len(np.unique(ds.y)) == classes
 
 
 def test_synthetic_source_follows_config():
-    ds = data.load(DataConfig(source="synthetic",
+    ds = sources.load(DataConfig(source="synthetic",
                               synthetic=SyntheticConfig(rows=500, features=8, classes=3)))
     assert ds.x.shape == (500, 8) and set(np.unique(ds.y)) == {0, 1, 2}
 
 
 def test_split_is_stratified_disjoint_and_seeded():
     cfg = DataConfig()
-    ds = data.load(cfg)
-    rows, classes = data.split(ds, cfg, seed=0)
+    ds = sources.load(cfg)
+    rows, classes = sources.split(ds, cfg, seed=0)
     all_rows = np.concatenate(list(rows.values()))
     assert len(all_rows) == len(np.unique(all_rows)) == len(ds.y)
     assert len(rows["test"]) == 360 and len(rows["validation"]) == 180
     for part in rows.values():  # every class in every split, in proportion
         share = np.bincount(ds.y[part], minlength=10) / len(part)
         np.testing.assert_allclose(share, np.bincount(ds.y) / len(ds.y), atol=0.02)
-    again, _ = data.split(ds, cfg, seed=0)
-    other, _ = data.split(ds, cfg, seed=1)
+    again, _ = sources.split(ds, cfg, seed=0)
+    other, _ = sources.split(ds, cfg, seed=1)
     assert np.array_equal(again["test"], rows["test"])
     assert not np.array_equal(other["test"], rows["test"])
 
 
 def test_scaler_fit_on_train_only_and_columns_matched_by_name(tmp_path):
-    ds = data.load(DataConfig(source="iris"))
+    ds = sources.load(DataConfig(source="iris"))
     train = np.arange(0, 150, 2)
     pre = Preprocessing.fit(ds, train, np.unique(ds.y))
     np.testing.assert_allclose(pre.mean, ds.x[train].mean(axis=0), rtol=1e-6)
-    shuffled = data.Dataset("s", ds.x[:, ::-1], None, ds.feature_names[::-1])
+    shuffled = sources.Dataset("s", ds.x[:, ::-1], None, ds.feature_names[::-1])
     np.testing.assert_array_equal(pre.transform(shuffled), pre.transform(ds))
     path = tmp_path / "pre.json"
     path.write_text(pre.to_json())
@@ -75,7 +75,7 @@ GOOD = {"a": [1.0, 2.0, 3.0, 4.0], "b": [0, 1, 0, 1], "label": ["x", "y", "x", "
 
 @pytest.mark.parametrize("ext", ["csv", "parquet"])
 def test_file_source_with_string_labels(tmp_path, ext):
-    ds = data.load(DataConfig(source=_write(tmp_path, pa.table(GOOD), f"d.{ext}"),
+    ds = sources.load(DataConfig(source=_write(tmp_path, pa.table(GOOD), f"d.{ext}"),
                               target="label"))
     assert ds.feature_names == ("a", "b")
     assert ds.y.tolist() == ["x", "y", "x", "y"]
@@ -92,7 +92,7 @@ def test_file_source_with_string_labels(tmp_path, ext):
 def test_bad_data(tmp_path, columns, target, match):
     path = _write(tmp_path, pa.table(columns), "d.parquet")
     with pytest.raises(UsageError, match=match):  # strings are numbers' problem without encoding
-        data.load(DataConfig(source=path, target=target, categorical="none"))
+        sources.load(DataConfig(source=path, target=target, categorical="none"))
 
 
 def test_one_class_is_refused_with_the_task(tmp_path):
@@ -100,30 +100,30 @@ def test_one_class_is_refused_with_the_task(tmp_path):
     from ensemble.runs.prepare import check_data
 
     path = _write(tmp_path, pa.table({**GOOD, "label": ["x"] * 4}), "d.parquet")
-    data.load(DataConfig(source=path, target="label"))  # a readable table...
+    sources.load(DataConfig(source=path, target="label"))  # a readable table...
     with pytest.raises(UsageError, match="fewer than two classes"):  # ...but no task
         check_data(from_dict({"data": {"source": path, "target": "label"}}))
 
 
 def test_bad_files(tmp_path):
     with pytest.raises(UsageError, match="not found"):
-        data.load(DataConfig(source=str(tmp_path / "none.csv")))
+        sources.load(DataConfig(source=str(tmp_path / "none.csv")))
     empty = tmp_path / "empty.csv"
     empty.write_text("")
     with pytest.raises(UsageError, match="empty"):
-        data.load(DataConfig(source=str(empty)))
+        sources.load(DataConfig(source=str(empty)))
     fake = tmp_path / "fake.parquet"
     fake.write_text("not parquet at all")
     with pytest.raises(UsageError, match="Cannot read .* as Parquet"):
-        data.load(DataConfig(source=str(fake)))
+        sources.load(DataConfig(source=str(fake)))
     with pytest.raises(UsageError, match="Unknown data source 'mnist'"):
-        data.load(DataConfig(source="mnist"))
+        sources.load(DataConfig(source="mnist"))
 
 
 def test_missing_feature_at_predict_time():
-    ds = data.load(DataConfig(source="iris"))
+    ds = sources.load(DataConfig(source="iris"))
     pre = Preprocessing.fit(ds, np.arange(150), np.unique(ds.y))
-    fewer = data.Dataset("f", ds.x[:, 1:], None, ds.feature_names[1:])
+    fewer = sources.Dataset("f", ds.x[:, 1:], None, ds.feature_names[1:])
     with pytest.raises(UsageError, match=re.escape(f"{ds.feature_names[0]!r} missing")):
         pre.transform(fewer)
 
@@ -154,7 +154,7 @@ def test_every_data_problem_in_one_message_without_tensorflow(tmp_path):
     path = tmp_path / "traits.csv"
     path.write_text(TRAITS)
     with pytest.raises(UsageError) as err:
-        data.load(DataConfig(source=str(path), target="species", categorical="none"))
+        sources.load(DataConfig(source=str(path), target="species", categorical="none"))
     msg = str(err.value)
     assert len(msg.splitlines()) == 1
     for col in ("'island'", "'sex'", "'bill'", "'mass'"):  # all at once (booleans are 0/1)
@@ -172,7 +172,7 @@ def test_every_data_problem_in_one_message_without_tensorflow(tmp_path):
 def test_categorical_and_imputation_fitted_on_train_rows_only(tmp_path, capsys):
     path = tmp_path / "traits.csv"
     path.write_text(TRAITS)
-    ds = data.load(DataConfig(source=str(path), target="species", impute="median"))
+    ds = sources.load(DataConfig(source=str(path), target="species", impute="median"))
     assert "dropped 1 rows" in capsys.readouterr().err  # the row with no label
     assert ds.feature_names == ("bill", "mass") and set(ds.categorical) == {"island", "sex",
                                                                              "tagged"}
@@ -203,7 +203,7 @@ def test_categorical_and_imputation_fitted_on_train_rows_only(tmp_path, capsys):
 def test_input_columns_matched_by_name_extra_ignored_or_refused(tmp_path, capsys):
     path = tmp_path / "traits.csv"
     path.write_text(TRAITS)
-    ds = data.load(DataConfig(source=str(path), target="species", impute="median"))
+    ds = sources.load(DataConfig(source=str(path), target="species", impute="median"))
     pre = Preprocessing.fit(ds, np.arange(len(ds.y)), np.unique(ds.y), impute="median")
     lines = TRAITS.splitlines()
     with_id = tmp_path / "with_id.csv"  # an id column first, the columns in another order
@@ -228,11 +228,11 @@ def test_input_columns_matched_by_name_extra_ignored_or_refused(tmp_path, capsys
 
 
 def test_relative_source_resolves_against_the_config_folder(tmp_path, monkeypatch):
-    from ensemble.config import schema as config
+    from ensemble.config import schema
 
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "c.toml").write_text('[data]\nsource = "t.csv"\n')
     monkeypatch.chdir(tmp_path)
-    cfg = config.load("sub/c.toml")
+    cfg = schema.load("sub/c.toml")
     assert Path(cfg.data.source) == (tmp_path / "sub" / "t.csv").resolve()
-    assert config.load("sub/c.toml", {"data.source": "x.csv"}).data.source == "x.csv"
+    assert schema.load("sub/c.toml", {"data.source": "x.csv"}).data.source == "x.csv"

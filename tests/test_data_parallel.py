@@ -12,9 +12,9 @@ import pytest
 from conftest import run_cli
 
 from ensemble.core import artifacts
-from ensemble.config import schema as config
+from ensemble.config import schema
 from ensemble.replication import placement_log
-from ensemble.runs import prepare as run
+from ensemble.runs import prepare
 
 CONFIG = """
 [data]
@@ -94,7 +94,7 @@ def test_between_graph_clients_train_replicated_members(plain, cfg_path, capsys)
 def _group(devs, replicas=None, dropout=0.0):
     from ensemble.replication.in_graph import InGraphEnsemble
 
-    cfg = config.from_dict({"members": {"count": 2, "hidden": [16], "dropout": dropout},
+    cfg = schema.from_dict({"members": {"count": 2, "hidden": [16], "dropout": dropout},
                             "training": {"epochs": 1, "batch_size": 64, "seed": 5,
                                          "early_stopping": 0}})
     ens = InGraphEnsemble.build(cfg, 64, 10, devs, list(range(len(devs))), aggregators=())
@@ -210,12 +210,12 @@ class _StopAfter:
 def test_resume_of_a_replicated_run_is_exact(replicated, cfg_path, tmp_path):
     from ensemble.runs.train import train_in_graph
 
-    cfg = config.load(cfg_path, overrides={"placement.devices": "cpu:4",
+    cfg = schema.load(cfg_path, overrides={"placement.devices": "cpu:4",
                                            "placement.replicas": 2})
     run_dir = tmp_path / "run"
     with pytest.raises(RuntimeError, match="stop here"):
         train_in_graph(cfg, run_dir, verbosity=0, callbacks=[_StopAfter(0)])
-    assert run.effective_status(artifacts.read_manifest(run_dir), run_dir) == "failed"
+    assert prepare.effective_status(artifacts.read_manifest(run_dir), run_dir) == "failed"
     assert run_cli("train", "--resume", "--run-dir", run_dir, "--quiet") == 0
     _same_members(run_dir, replicated, atol=1e-6)
 

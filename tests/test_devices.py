@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT, N_LOGICAL_CPUS, run_cli
 from ensemble.core import artifacts
-from ensemble.config import schema as config
+from ensemble.config import schema
 from ensemble.replication import devices
 from ensemble.replication import placement_log
 from ensemble.core.errors import UsageError
@@ -55,7 +55,7 @@ def test_train_with_memory_limit_on_cpu_prints_notice_and_trains(tmp_path, tiny_
 
 def test_negative_memory_limit_is_a_usage_error():
     with pytest.raises(UsageError, match="memory_limit_mb"):
-        config.from_dict({"placement": {"memory_limit_mb": -1}})
+        schema.from_dict({"placement": {"memory_limit_mb": -1}})
 
 
 def test_devices_lists_the_logical_cpus_in_process(capsys):

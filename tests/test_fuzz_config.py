@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ensemble.config import bounds
-from ensemble.config import schema as C
+from ensemble.config import schema
 from ensemble.core.errors import UsageError
 
 
-def _keys(cls=C.Config, prefix=()):
+def _keys(cls=schema.Config, prefix=()):
     """Every leaf key of the config tree as a path of names (nested tables walked)."""
     hints = get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -27,7 +27,7 @@ def _keys(cls=C.Config, prefix=()):
 
 
 KEYS = sorted(_keys())
-OVERRIDE_KEYS = [f.name for f in dataclasses.fields(C.MemberOverride)]
+OVERRIDE_KEYS = [f.name for f in dataclasses.fields(schema.MemberOverride)]
 
 EXTREME_FLOATS = [math.nan, math.inf, -math.inf, 1e308, -1e308, 5e-324, -0.0, 3.5e38, 1e-300]
 EXTREME_INTS = [0, -1, 1, 2 ** 31, 2 ** 32, 2 ** 63 - 1, 2 ** 63, -2 ** 63, 10 ** 30, -10 ** 30]
@@ -65,7 +65,7 @@ def _numbers(obj):
 
 def _check(table):
     try:
-        cfg = C.from_dict(table)
+        cfg = schema.from_dict(table)
     except UsageError as exc:
         text = str(exc)
         assert "\n" not in text and text, text
@@ -79,10 +79,10 @@ def _check(table):
     assert 0 < cfg.training.learning_rate <= bounds.UPPER["training.learning_rate"]
     assert 0 <= cfg.training.seed <= bounds.SEED_MAX and 0 <= cfg.data.split_seed <= bounds.SEED_MAX
     for i in range(cfg.members.count):  # every member resolves
-        hp = C.member_hparams(cfg, i)
+        hp = schema.member_hparams(cfg, i)
         assert math.isfinite(hp["learning_rate"])
         assert 0 <= hp["params"].get("dropout", 0) < 1 or hp["builder"] != "mlp"
-    assert C.from_dict(d) == cfg  # what a run records reloads to the same config
+    assert schema.from_dict(d) == cfg  # what a run records reloads to the same config
 
 
 def _flatten(table, prefix=()):
@@ -115,7 +115,7 @@ def test_every_key_is_covered():
     for path in KEYS:  # non-finite numbers are refused wherever a number goes
         for bad in (math.nan, math.inf):
             try:
-                C.from_dict(_table([(path, bad)]))
+                schema.from_dict(_table([(path, bad)]))
             except UsageError as exc:
                 assert path[-1] in str(exc)
             else:

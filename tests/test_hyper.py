@@ -6,7 +6,7 @@ import pytest
 from conftest import run_cli
 
 from ensemble.core import artifacts
-from ensemble.config import schema as config
+from ensemble.config import schema
 from ensemble.core.errors import UsageError
 
 HETERO = """
@@ -47,15 +47,15 @@ def hetero(tmp_path_factory):
 
 
 def test_overrides_resolve_per_member(hetero):
-    cfg = config.load(hetero[0])
-    assert config.member_hparams(cfg, 0) == {
+    cfg = schema.load(hetero[0])
+    assert schema.member_hparams(cfg, 0) == {
         "builder": "mlp", "learning_rate": 0.001,
         "params": {"hidden": [32], "activation": "relu", "dropout": 0.1, "l2": 0.0}}
-    assert config.member_hparams(cfg, 1) == {
+    assert schema.member_hparams(cfg, 1) == {
         "builder": "mlp", "learning_rate": 0.003,
         "params": {"hidden": [48, 16], "activation": "tanh", "dropout": 0.1, "l2": 0.0}}
-    assert config.member_hparams(cfg, 2)["params"]["dropout"] == 0.0
-    assert config.member_hparams(cfg, 2)["params"]["l2"] == 0.001
+    assert schema.member_hparams(cfg, 2)["params"]["dropout"] == 0.0
+    assert schema.member_hparams(cfg, 2)["params"]["l2"] == 0.001
 
 
 def test_heterogeneous_members_same_in_both_modes(hetero):
@@ -80,7 +80,7 @@ def test_heterogeneous_members_on_their_devices_in_the_traced_graph(hetero):
 
     from ensemble.replication.in_graph import InGraphEnsemble
 
-    cfg = config.load(hetero[0], overrides={"training.early_stopping": 0})  # unmasked steps
+    cfg = schema.load(hetero[0], overrides={"training.early_stopping": 0})  # unmasked steps
     devs = ["/device:CPU:1", "/device:CPU:0", "/device:CPU:1"]
     ens = InGraphEnsemble.build(cfg, 64, 10, devs)
     # the builder's network (dense+dropout per layer, logits) under the softmax head
@@ -126,4 +126,4 @@ def test_l2_penalty_is_added_to_the_step_loss():
 ])
 def test_bad_overrides(override, match):
     with pytest.raises(UsageError, match=match):
-        config.from_dict({"members": {"count": 2, "override": [override]}})
+        schema.from_dict({"members": {"count": 2, "override": [override]}})

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from ensemble.core import artifacts
-from ensemble.config import schema as config
+from ensemble.config import schema
 from ensemble.replication import devices
-from ensemble.runs import prepare as run
+from ensemble.runs import prepare
 from ensemble.replication.placement import place
 
-CFG = config.from_dict({"members": {"count": 4, "hidden": [16], "dropout": 0.1},
+CFG = schema.from_dict({"members": {"count": 4, "hidden": [16], "dropout": 0.1},
                         "training": {"epochs": 2, "batch_size": 64, "seed": 5,
                                      "early_stopping": 0}})
 
@@ -20,7 +20,7 @@ CFG = config.from_dict({"members": {"count": 4, "hidden": [16], "dropout": 0.1},
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("prepared")
-    run.prepare(CFG, run_dir, "in-graph", ["/device:CPU:0"])
+    prepare.prepare(CFG, run_dir, "in-graph", ["/device:CPU:0"])
     return {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}
 
 

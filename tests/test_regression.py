@@ -200,9 +200,9 @@ def test_whole_number_target_is_regression_or_refused_naming_task_regression(tmp
     path = tmp_path / "diabetes.csv"
     d.to_csv(path, index=False)
     from ensemble.runs.prepare import check_data
-    from ensemble.config import schema as config
+    from ensemble.config import schema
 
-    check_data(config.load(overrides={"data.source": str(path)}))
+    check_data(schema.load(overrides={"data.source": str(path)}))
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "trained as regression" in err[0], err
     assert "--task classification" in err[0]

@@ -15,7 +15,7 @@ import pytest
 from conftest import run_cli, start_held
 
 from ensemble.core import artifacts
-from ensemble.runs import prepare as run
+from ensemble.runs import prepare
 from ensemble.core import runlock
 from ensemble.replication.client import local_devices
 from ensemble.core.errors import UsageError
@@ -154,7 +154,7 @@ def test_a_killed_launcher_leaves_no_client_behind(tiny_config, tmp_path):
         marker.unlink(missing_ok=True)
         _end(proc)
     manifest = artifacts.read_manifest(run_dir)
-    assert run.effective_status(manifest, run_dir) == "interrupted"  # its lock died with it
+    assert prepare.effective_status(manifest, run_dir) == "interrupted"  # its lock died with it
 
 
 def test_manifest_updates_lose_nothing_under_concurrency(tmp_path):

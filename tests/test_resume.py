@@ -14,7 +14,7 @@ import pytest
 from conftest import run_cli, set_status, start_held
 
 from ensemble.core import artifacts
-from ensemble.runs import prepare as run
+from ensemble.runs import prepare
 
 
 def _probs(path):
@@ -55,7 +55,7 @@ def test_in_graph_killed_mid_epoch_resumes_to_the_same_predictions(clean, tiny_c
                            hold_at="1:5")  # epoch 1, after step 5: mid-epoch
     assert code == -signal.SIGKILL
     manifest = artifacts.read_manifest(run_dir)
-    assert manifest["status"] == "running" and run.effective_status(manifest) == "interrupted"
+    assert manifest["status"] == "running" and prepare.effective_status(manifest) == "interrupted"
     assert not (run_dir / "predictions.parquet").exists()
     assert run_cli("evaluate", "--run", run_dir) == 2
     assert "interrupted" in capsys.readouterr().err
