@@ -296,12 +296,12 @@ def _serve(args, base: Path, name: str, sock: socket.socket) -> int:
     import uvicorn
 
     from ensemble.serving.prometheus import Metrics
-    from ensemble.serving.servables import ModelManager
+    from ensemble.serving.servables import Batching, ModelManager
 
     devices = serving_devices(args.devices, args.replicas)
     metrics = Metrics()
-    manager = ModelManager(base, name, devices, args.max_batch_size,
-                           args.batch_timeout_ms / 1000, log=log, on_batch=metrics.batch)
+    manager = ModelManager(base, name, devices, Batching(
+        args.max_batch_size, args.batch_timeout_ms / 1000, metrics.batch), log=log)
     if not any(p.name.isdigit() for p in base.iterdir()):
         log(f"no version in {base} yet; waiting for one (status answers 503 until then)")
     manager.start()

@@ -57,7 +57,6 @@ MANY_PARAMS = {  # "path:qualname": parameters today (to shrink to at most 5 ent
     "ensemble/replication/client.py:predict_client": 9,
     "ensemble/runs/between.py:train_between_graph": 9,
     "ensemble/runs/predict.py:record": 9,
-    "ensemble/serving/servables.py:ModelManager.__init__": 9,
     "ensemble/tasks/tables.py:predictions_table": 9,
     "ensemble/models/members.py:build_member": 8,
     "ensemble/replication/client.py:_train_member": 8,

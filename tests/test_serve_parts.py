@@ -143,15 +143,15 @@ def _save_regression(path: Path, scale: float):
 
 
 def test_model_manager_serves_a_generic_signature_and_keeps_it_over_a_broken_one(tmp_path):
-    from ensemble.serving.servables import ModelManager, NotFound, fingerprint
+    from ensemble.serving.servables import ModelManager, NotFound, Watch, fingerprint
 
     _save_regression(tmp_path / "1", 2.0)
     assert fingerprint(tmp_path / "1") is not None
     (tmp_path / "2" / "variables").mkdir(parents=True)  # half-written: no saved_model.pb
     assert fingerprint(tmp_path / "2") is None
     lines = []
-    mgr = ModelManager(tmp_path, "m", ["/device:CPU:0", "/device:CPU:1"], poll=0.1,
-                       settle=0.0, log=lines.append)
+    mgr = ModelManager(tmp_path, "m", ["/device:CPU:0", "/device:CPU:1"],
+                       watch=Watch(poll=0.1, settle=0.0), log=lines.append)
     mgr.start()
     try:
         served = mgr.get()

@@ -88,6 +88,30 @@ def signature_defs(folder: Path) -> dict:
             for name, sig in sm.meta_graphs[0].signature_def.items()}
 
 
+@dataclass(frozen=True)
+class Batching:
+    """Dynamic batching of a servable's calls (`ensemble.serving.batching.Batcher`).
+
+    Attributes:
+        max_batch_size: requests merged into calls of at most this many rows (1: off).
+        batch_timeout: seconds a batch waits for more requests while a replica is idle.
+        on_batch: called with each call's row count (the metrics), or None.
+    """
+
+    max_batch_size: int = 64
+    batch_timeout: float = 0.0
+    on_batch: Callable[[int], None] | None = None
+
+
+@dataclass(frozen=True)
+class Watch:
+    """How the export folder is watched: `poll` seconds between scans; files unchanged for
+    `settle` seconds count as complete even without a second scan."""
+
+    poll: float = 1.0
+    settle: float = 2.0
+
+
 class Servable:
     """One loaded version: a replica of the SavedModel on each device, behind a `Batcher`.
 
@@ -95,7 +119,7 @@ class Servable:
     """
 
     def __init__(self, folder: Path, version: int, devices: list[str],
-                 max_batch_size: int, batch_timeout: float, on_batch=None):
+                 batching: Batching = Batching()):
         import tensorflow as tf
 
         self.folder, self.version = folder, version
@@ -107,7 +131,8 @@ class Servable:
             replicas.append(self._runner(loaded, device))
         first = loaded.signatures
         self.signatures = {n: signature_info(first[n]) for n in sorted(first)}
-        self.batcher = Batcher(replicas, max_batch_size, batch_timeout, on_batch)
+        self.batcher = Batcher(replicas, batching.max_batch_size, batching.batch_timeout,
+                               batching.on_batch)
 
     @staticmethod
     def _runner(loaded, device: str) -> Callable:
@@ -145,17 +170,17 @@ class ModelManager:
     Args:
         base: the export folder (`base/<version>/`).
         devices: one replica per entry (a device may repeat).
+        batching: each version's dynamic batching.
+        watch: how often `base` is scanned, when a version's files count as complete.
         log: receives one line per load, swap and failure.
-        poll: seconds between scans of `base`; settle: seconds after which unchanged files
-            count as complete even without a second scan.
     """
 
-    def __init__(self, base: Path, name: str, devices: list[str], max_batch_size: int = 64,
-                 batch_timeout: float = 0.0, poll: float = 1.0, settle: float = 2.0,
-                 log: Callable[[str], None] = print, on_batch=None):
+    def __init__(self, base: Path, name: str, devices: list[str],
+                 batching: Batching = Batching(), watch: Watch = Watch(),
+                 log: Callable[[str], None] = print):
         self.base, self.name, self.devices = Path(base), name, list(devices)
-        self.max_batch_size, self.batch_timeout = max_batch_size, batch_timeout
-        self.poll_seconds, self.settle, self.log, self.on_batch = poll, settle, log, on_batch
+        self.batching, self.log = batching, log
+        self.poll_seconds, self.settle = watch.poll, watch.settle
         self.states: dict[int, _State] = {}
         self.current: Servable | None = None
         self._seen: dict[int, tuple] = {}  # version -> (fingerprint, since when unchanged)
@@ -200,7 +225,7 @@ class ModelManager:
         start = time.perf_counter()
         try:
             servable = Servable(self.base / str(version), version, self.devices,
-                                self.max_batch_size, self.batch_timeout, self.on_batch)
+                                self.batching)
         except Exception as exc:  # a damaged export must not stop the server
             text = " ".join(str(exc).split())[:300] or type(exc).__name__
             self.states[version] = _State("END", f"failed to load: {text}", fp)
