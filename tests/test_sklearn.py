@@ -39,6 +39,7 @@ def fitted(iris):
 
 def test_import_ensemble_stays_light():
     code = ("import sys, ensemble; ensemble.DeepEnsembleClassifier; "
+            "ensemble.DeepEnsembleRegressor; "
             "print('tensorflow' in sys.modules, 'pipelines' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
