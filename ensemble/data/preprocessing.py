@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ensemble.data import sources as data
+from ensemble.data import sources
 from ensemble.data.settings import DataConfig
 from ensemble.data.sources import Dataset
 from ensemble.core.errors import UsageError
@@ -42,8 +42,8 @@ def _notice_id_columns(names, x: np.ndarray) -> None:
         col = col[np.isfinite(col)]
         if len(col) == len(x) and np.all(col == np.round(col)) and \
                 len(np.unique(col)) == len(col):
-            data.notice(f"column {name!r} holds a different whole number on every training row "
-                        f"(an id?): it is used as a feature; leave it out with --drop {name}")
+            sources.notice(f"column {name!r} holds a different whole number on every training row "
+                           f"(an id?): it is used as a feature; leave it out with --drop {name}")
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ class Preprocessing:
         """
         x, unknown = self.encode_scaled(ds)
         if unknown:
-            data.notice("unknown categories ignored (all-zero encoding): " + ", ".join(
+            sources.notice("unknown categories ignored (all-zero encoding): " + ", ".join(
                 f"{n} rows in {c!r}" for c, n in unknown.items()))
         return x
 
@@ -186,7 +186,7 @@ class Preprocessing:
     def _check_fits(self, z: np.ndarray, x: np.ndarray, name: str, first_row: int) -> None:
         """Raises UsageError for the first scaled value `z` beyond float32 (the model's dtype):
         it would become inf and the members' probabilities NaN."""
-        bad = ~(np.abs(z) <= data.FLOAT32_MAX)
+        bad = ~(np.abs(z) <= sources.FLOAT32_MAX)
         if not bad.any():
             return
         r, j = (int(v[0]) for v in np.nonzero(bad))
@@ -206,8 +206,8 @@ class Preprocessing:
         """
         cfg = DataConfig(source=source, target=target,
                          categorical=tuple(self.categories) or "none", impute=self.impute)
-        return data.load(cfg, require_target=False, expected=self.columns, strict=strict,
-                         identifiers=self.identifiers)
+        return sources.load(cfg, require_target=False, expected=self.columns, strict=strict,
+                            identifiers=self.identifiers)
 
     def to_json(self) -> str:
         return json.dumps({

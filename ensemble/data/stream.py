@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from ensemble.core import hooks
 from ensemble.data import whole_input
-from ensemble.data import sources as data
+from ensemble.data import sources
 from ensemble.core.labels import encode
 from ensemble.core.outputs import ForwardSink, table_format, writes_through
 from ensemble.data.containers import Batch
@@ -54,7 +54,7 @@ def _files(source: str) -> tuple[list[str], str]:
         return [str(p) for p in files], files[0].suffix[1:]
     if path.suffix not in FORMATS:
         raise UsageError(f"Unknown data source {source!r}; expected one of "
-                         f"{', '.join(data.BUILTIN)}, a .parquet or .csv file, or a folder "
+                         f"{', '.join(sources.BUILTIN)}, a .parquet or .csv file, or a folder "
                          "of them.")
     if not path.is_file():
         raise UsageError(f"Data file not found: {source}")
@@ -86,7 +86,7 @@ class InputStream:
         self.passthrough = False  # carry the non-feature columns (an id) in `Batch.extra`
         self._dataset = None
         self._labels: bool | None = None  # labels used for `y`: decided once (`labels_used`)
-        if self.source not in data.BUILTIN:
+        if self.source not in sources.BUILTIN:
             import pyarrow.dataset as ds
 
             files, fmt = _files(self.source)
@@ -111,9 +111,9 @@ class InputStream:
                             names = pq.read_schema(f).names
                         except (pa.ArrowInvalid, OSError):
                             continue
-                        data.check_unique_columns(names, f)
+                        sources.check_unique_columns(names, f)
                 raise UsageError(f"Cannot read {self.source}: {str(exc).splitlines()[0]}") from None
-            data.check_unique_columns(self._dataset.schema.names, self.source)
+            sources.check_unique_columns(self._dataset.schema.names, self.source)
 
     @property
     def n_rows(self) -> int | None:
@@ -138,20 +138,20 @@ class InputStream:
                                                        self.batch_rows)
             self._labels = missing == 0
             if missing and not self.quiet:
-                data.notice(f"target column {self.target!r} of {self.source} has {missing:,} "
-                            f"missing label{'s' * (missing > 1)} in {rows:,} rows: labels not "
-                            "used (y_true is null on every row)", once=True)
+                sources.notice(f"target column {self.target!r} of {self.source} has {missing:,} "
+                               f"missing label{'s' * (missing > 1)} in {rows:,} rows: labels not "
+                               "used (y_true is null on every row)", once=True)
         return self._labels
 
     def _to_dataset(self, table: pa.Table, name: str, strict: bool,
-                    first_row: int = 0) -> data.Dataset:
+                    first_row: int = 0) -> sources.Dataset:
         pre = self.pre
         if self.target in table.column_names and not self.labels_used():
             table = table.drop_columns([self.target])  # decided once: no notice per batch
-        return data.table_to_dataset(table, name, self.target, require_target=False,
-                                     categorical=tuple(pre.categories) or "none",
-                                     impute=pre.impute, expected=pre.columns, strict=strict,
-                                     first_row=first_row, identifiers=pre.identifiers)
+        return sources.table_to_dataset(table, name, self.target, require_target=False,
+                                        categorical=tuple(pre.categories) or "none",
+                                        impute=pre.impute, expected=pre.columns, strict=strict,
+                                        first_row=first_row, identifiers=pre.identifiers)
 
     def check(self) -> None:
         """Check the columns (missing, extra, types) and the first batch's values; prints the
@@ -222,11 +222,11 @@ class InputStream:
         if self._dataset is None:
             whole = self.pre.read_input(self.source, self.target, self.strict)
             for lo in range(0, len(whole.x), self.batch_rows):
-                part = data.Dataset(whole.name, whole.x[lo:lo + self.batch_rows],
-                                    None if whole.y is None else whole.y[lo:lo + self.batch_rows],
-                                    whole.feature_names,
-                                    {k: v[lo:lo + self.batch_rows]
-                                     for k, v in whole.categorical.items()})
+                span = slice(lo, lo + self.batch_rows)
+                part = sources.Dataset(whole.name, whole.x[span],
+                                       None if whole.y is None else whole.y[span],
+                                       whole.feature_names,
+                                       {k: v[span] for k, v in whole.categorical.items()})
                 yield self._batch(part, lo)  # a built-in set has no columns beyond features
             self._notice_unknown()
             return
@@ -240,7 +240,7 @@ class InputStream:
             raise UsageError(f"Data {self.source} has no rows; expected at least one.")
         self._notice_unknown()
 
-    def _validated(self, passthrough: bool) -> Iterator[tuple[data.Dataset, int, pa.Table]]:
+    def _validated(self, passthrough: bool) -> Iterator[tuple[sources.Dataset, int, pa.Table]]:
         """`(checked rows, their first row, their non-feature columns)` per batch of the input
         (without `passthrough`: the batch's table of features and target instead); the first
         bad batch raises with the bad rows counted over the whole input
@@ -273,7 +273,7 @@ class InputStream:
         for table in self._tables(all_columns=True):
             yield table.select(keep), None
 
-    def _batch(self, part: data.Dataset, first: int) -> Batch:
+    def _batch(self, part: sources.Dataset, first: int) -> Batch:
         x, unknown = self.pre.encode_scaled(part, first)
         for col, n in unknown.items():
             self.unknown[col] = self.unknown.get(col, 0) + n
@@ -282,7 +282,7 @@ class InputStream:
 
     def _notice_unknown(self) -> None:
         if self.unknown and not self.quiet:
-            data.notice("unknown categories ignored (all-zero encoding): " + ", ".join(
+            sources.notice("unknown categories ignored (all-zero encoding): " + ", ".join(
                 f"{n} rows in {c!r}" for c, n in self.unknown.items()))
 
 
