@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from ensemble.core import artifacts
-from ensemble.config import schema as config
+from ensemble.config.schema import from_dict, member_hparams
 from ensemble.tasks.classification import fitted
 from ensemble.runs import posthoc
 from ensemble.tasks import heads as tasks
@@ -45,7 +45,7 @@ def _of(value, kind):
 def _hparams(entry: dict, cfg) -> dict:
     """A member's `{"builder", "params", "learning_rate"}`: its manifest entry's, or for
     runs from before builders (flat MLP keys), or without any, from the config."""
-    h = entry.get("hparams") or config.member_hparams(cfg, entry["index"])
+    h = entry.get("hparams") or member_hparams(cfg, entry["index"])
     if "builder" not in h:
         h = {"builder": "mlp", "learning_rate": h["learning_rate"],
              "params": {k: v for k, v in h.items() if k != "learning_rate"}}
@@ -87,7 +87,7 @@ def members_table(run_dir: str | Path, manifest: dict[str, Any],
     task = tasks.for_run(manifest)
     n_out = task.n_outputs(n_classes)
     source = (manifest.get("search") or {}).get("candidate")
-    cfg = config.from_dict(manifest["config"])
+    cfg = from_dict(manifest["config"])
     rows = []
     for m in manifest["members"]:
         i = m["index"]
