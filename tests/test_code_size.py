@@ -30,6 +30,7 @@ LONG = {  # "path:qualname": lines today (to shrink)
     "ensemble/runs/between.py:predict_between_graph": 64,
     "ensemble/tasks/regression/tables.py:metrics_table": 62,
     "ensemble/replication/client.py:run_client": 62,
+    "ensemble/replication/steps.py:make_steps_fn": 61,
 }
 
 PARAMS_EXEMPT = {  # Keras builders: their parameters are the network's hyperparameters
