@@ -21,6 +21,9 @@ from ensemble.core.errors import UsageError
 from ensemble.core.staging import fsync_dir
 
 ARRAYS = ("x", "y", "row")
+# bytes written between flushes: a memory cgroup counts dirty pages, which cannot be reclaimed
+# before they are written back, so a split larger than the cgroup is flushed as it goes
+FLUSH_BYTES = 64 << 20
 
 
 def path(run_dir: str | Path, split: str, array: str) -> Path:
@@ -61,7 +64,7 @@ class SplitWriter:
         except BaseException:
             self.abort()
             raise
-        self.n_rows, self.pos = n_rows, 0
+        self.n_rows, self.pos, self.unflushed = n_rows, 0, 0
 
     def write(self, x: np.ndarray, y: np.ndarray, row: np.ndarray) -> None:
         """Append rows: `x` `[m, *row_shape]`, `y` `[m]`, `row` `[m]`."""
@@ -69,6 +72,11 @@ class SplitWriter:
         for array, values in zip(self.arrays, (x, y, row)):
             array[self.pos:end] = values
         self.pos = end
+        self.unflushed += sum(a.itemsize * a[:1].size for a in self.arrays) * len(x)
+        if self.unflushed >= FLUSH_BYTES:  # keep dirty pages bounded (see FLUSH_BYTES)
+            for array in self.arrays:
+                array.flush()
+            self.unflushed = 0
 
     def commit(self) -> None:
         """Flush the files to disk and rename them into place (the folder flushed too)."""
