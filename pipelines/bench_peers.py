@@ -43,7 +43,7 @@ def worker_naive(run_dir: Path) -> dict:
     """Members built and trained one after another with `model.fit`, then averaged."""
     import keras
 
-    from ensemble.tasks import heads as tasks
+    from ensemble import tasks
     from ensemble.config.schema import member_hparams
     from ensemble.models.members import build_member, member_seed
 

@@ -47,6 +47,7 @@ from ensemble.tasks import tables
 from ensemble.config.schema import MODES, Config
 from ensemble.core.errors import UsageError
 from ensemble.core.notices import notice
+from ensemble.data.settings import names_a_path
 from ensemble.runs.between import checked, last_report, run_process
 from ensemble.runs.prepare import check_data
 from pipelines import compare_chart
@@ -84,7 +85,7 @@ def test_metrics(run_dir: Path, manifest: dict) -> dict[str, float | None]:
     `metrics.parquet`; None where the table lacks one."""
     from ensemble.runs.posthoc import run_aggregators
     from ensemble.tasks.choice import default_aggregator
-    from ensemble.tasks.heads import for_run
+    from ensemble.tasks.registry import for_run
 
     names = [n.removeprefix("val_") for n in for_run(manifest).member_score_names]
     answer = default_aggregator(*run_aggregators(run_dir, manifest))
@@ -197,7 +198,7 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
     check_data(cfg)  # every data problem now, before any process starts
     table = cfg.to_dict()
     source = Path(cfg.data.source)
-    if source.suffix in (".csv", ".parquet"):  # the config is written elsewhere: absolute path
+    if names_a_path(cfg.data.source):  # the config is written elsewhere: absolute path
         table["data"]["source"] = str(source.resolve())
     base.mkdir(parents=True, exist_ok=True)
     cfg_file = base / "config.toml"

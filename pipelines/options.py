@@ -13,6 +13,7 @@ from typing import Callable
 from ensemble.config import bounds as B
 from ensemble.config.schema import MODES
 from ensemble.core.errors import UsageError
+from ensemble.tasks import TASKS
 from pipelines.guide import HelpFormatter as _HelpFormatter
 from pipelines.guide import Parser as _Parser
 from pipelines.guide import add as _add
@@ -64,7 +65,7 @@ def _common_run_options(parser, what: str) -> None:
     _add(parser, "--categorical", metavar="COL[,COL]",
          help="columns to one-hot encode (default: the config's [data] categorical, auto: "
               "string, boolean and dictionary columns)")
-    _add(parser, "--task", choices=("auto", "classification", "regression"),
+    _add(parser, "--task", choices=("auto", *TASKS),
          help="what the target is: auto (text or few whole numbers: classification; "
               "non-integer numbers: regression), classification, regression "
               "(default: the config's, auto)")

@@ -83,7 +83,7 @@ def test_default_graph_has_no_adversarial_op():
     import keras
     import tensorflow as tf
 
-    from ensemble.tasks import heads as tasks
+    from ensemble import tasks
     from ensemble.replication.steps import make_steps_fn
 
     x = np.random.default_rng(0).random((32, 4)).astype(np.float32)
@@ -108,7 +108,7 @@ def test_replicas_take_the_same_adversarial_step():
     import keras
     import tensorflow as tf
 
-    from ensemble.tasks import heads as tasks
+    from ensemble import tasks
     from ensemble.replication.steps import replicated_train_step
     from ensemble.replication.training import train_step
 

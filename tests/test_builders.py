@@ -239,7 +239,7 @@ def test_mixed_architectures_in_one_ensemble():
 
 
 def test_flops_of_the_built_mlp_equal_the_formula():
-    from ensemble.tasks import heads as tasks
+    from ensemble import tasks
     from ensemble.models.cost import count_flops
     from ensemble.models.members import build_member
     from ensemble.models.cost import mlp_flops

@@ -150,7 +150,7 @@ def test_uneven_batches_are_weighted_by_rows(digits, rows, n_replicas):
     import keras
     import tensorflow as tf
 
-    from ensemble.tasks import heads as tasks
+    from ensemble import tasks
     from ensemble.replication.steps import replicated_train_step
     from ensemble.replication.training import train_step
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from ensemble.tasks.classification import aggregators as A
+from ensemble import tasks
 from ensemble.tasks.classification import fitted
 from ensemble.runs import posthoc
 from ensemble.tasks import tables
@@ -121,7 +122,7 @@ def _fit_random(n_members=4, n_rows=120, n_classes=5, seed=0):
     rng = np.random.default_rng(seed)
     probs = rng.dirichlet(np.ones(n_classes) * 0.5, size=(n_members, n_rows)).astype(np.float32)
     y = np.tile(np.arange(n_classes), n_rows // n_classes)
-    fit = fitted.fit(probs, y, A.AGGREGATORS, list(range(n_members)))
+    fit = tasks.get().fit_aggregators(probs, y, A.AGGREGATORS, list(range(n_members)))
     return probs, y, fit
 
 
@@ -154,7 +155,8 @@ def test_no_fitted_aggregator_reads_a_test_row():
     poisoned = posthoc.by_split(_member_table({"validation": probs, "test": poisoned_p},
                                               {"validation": y, "test": (test_y + 1) % 5}))
     names = A.AGGREGATORS
-    assert posthoc.fit(clean, names) == posthoc.fit(poisoned, names)
+    task = tasks.get()
+    assert posthoc.fit(task, clean, names) == posthoc.fit(task, poisoned, names)
     # ... while the test rows themselves do change
     assert not np.allclose(clean["test"].probs, poisoned["test"].probs)
 
@@ -174,3 +176,29 @@ def test_run_predictions_rebuilt_with_uncertainty_columns():
     assert row["best_member"] == fit["best_member"]
     member_nll = np.mean([r["nll"] for r in metrics if r["member"] is not None])
     assert row["gain_vs_mean_nll"] == pytest.approx(member_nll - row["nll"])
+
+
+def test_every_task_declares_each_aggregator_with_its_twin_and_fit():
+    from ensemble.core.errors import UsageError
+    from ensemble.tasks import base, registry
+
+    for task_class in registry.REGISTRY.values():
+        task = task_class()
+        assert set(task.default_aggregators) <= set(task.aggregators)
+        for name, agg in task.aggregators.items():
+            assert callable(base._resolve(agg.twin)), (task.name, name)
+            assert agg.fitted == (agg.fit is not None and callable(base._resolve(agg.fit)))
+            if agg.fitted:
+                with pytest.raises(UsageError, match="parameters are missing"):
+                    task.aggregate(np.full((2, 3, 2), 0.5), name)
+    assert registry.AGGREGATOR_NAMES[-1] == "std-scaling"  # config's list: every task's
+
+
+def test_a_task_spec_that_is_not_a_task_is_refused(tmp_path):
+    from ensemble.core.errors import UsageError
+    from ensemble.tasks import registry
+
+    (tmp_path / "duck.py").write_text("class Duck:\n    def head(self, logits):\n"
+                                      "        return logits\n")
+    with pytest.raises(UsageError, match="lacks .*n_outputs.*subclass ensemble.tasks"):
+        registry.get(f"{tmp_path / 'duck.py'}:Duck")

@@ -93,7 +93,7 @@ def test_l2_penalty_is_added_to_the_step_loss():
     import numpy as np
     import tensorflow as tf
 
-    from ensemble.tasks import heads as tasks
+    from ensemble import tasks
     from ensemble.models.members import build_member
     from ensemble.models.optimizer import build_optimizer
     from ensemble.replication.training import train_step

@@ -14,6 +14,7 @@ from scipy import integrate, stats
 
 from conftest import run_cli
 from ensemble.tasks.regression import aggregators as R
+from ensemble import tasks
 from ensemble.tasks.regression import fitted as RF
 from ensemble.tasks.regression import metrics as RM
 from ensemble.core.errors import UsageError
@@ -130,7 +131,8 @@ def test_tf_twins_agree_with_numpy():
     from ensemble.tasks.regression.tf_ops import aggregate_tf
 
     out, y = _members()
-    params = RF.fit(out, y, ["weighted", "greedy", "std-scaling"], [0, 1, 2])["params"]
+    params = tasks.get("regression").fit_aggregators(
+        out, y, ["weighted", "greedy", "std-scaling"], [0, 1, 2])["params"]
     for name in R.AGGREGATORS:
         want = R.aggregate(out, name, params.get(name))
         got = aggregate_tf(out.astype(np.float32), name, params.get(name)).numpy()
@@ -162,17 +164,19 @@ def test_weighted_and_greedy_do_not_worsen_validation_nll():
 
 
 def test_classification_aggregators_are_refused_for_regression():
+    regression, classification = tasks.get("regression"), tasks.get("classification")
     with pytest.raises(UsageError, match="'vote' is for classification"):
-        R.check_aggregators(["mean", "vote"], "regression")
-    assert R.task_aggregators(["mean", "vote"], "regression") == ["mean", "std-scaling"]
+        regression.check_aggregators(["mean", "vote"])
+    assert regression.applied_aggregators(["mean", "vote"]) == ["mean", "std-scaling"]
+    assert classification.applied_aggregators(["mean", "vote"]) == ["mean", "vote"]
     with pytest.raises(UsageError, match="std-scaling"):
-        R.check_aggregators(["std-scaling"], "classification")
+        classification.check_aggregators(["std-scaling"])
 
 
 # --- task resolution ----------------------------------------------------------------------
 
 def test_task_resolution():
-    from ensemble.tasks.heads import resolve
+    from ensemble.tasks.registry import resolve
 
     assert resolve(np.array([0.5, 1.25, 3.0]), "auto") == "regression"
     assert resolve(np.array([0, 1, 2] * 20), "auto") == "classification"

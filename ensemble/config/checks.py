@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ensemble.tasks.classification.aggregators import AGGREGATORS
+from ensemble.tasks.registry import AGGREGATOR_NAMES, LOSSES, TASKS
 from ensemble.models.builders import ACTIVATIONS
 from ensemble.core.errors import UsageError
 
@@ -34,20 +34,7 @@ def check_ranges(cfg: Config) -> None:
     _check_aggregation(cfg)
     _check_members(cfg)
     _check_data(cfg)
-    if cfg.data.task not in ("auto", "classification", "regression") and ":" not in cfg.data.task:
-        raise UsageError("Expected `data.task` to be \"auto\", \"classification\", "
-                         "\"regression\" or a task spec (\"module:Class\", "
-                         f"\"file.py:Class\"). Received: {cfg.data.task!r}")
-    if cfg.training.loss not in ("auto", "cross_entropy", "gaussian_nll", "mse"):
-        raise UsageError("Expected `training.loss` to be \"auto\", \"cross_entropy\", "
-                         f"\"gaussian_nll\" or \"mse\". Received: {cfg.training.loss!r}")
-    bad = [a for a in cfg.aggregation.aggregators if a not in AGGREGATORS
-           and a != "std-scaling"]
-    if bad or not cfg.aggregation.aggregators:
-        raise UsageError(
-            f"Expected `aggregation.aggregators` from {', '.join(AGGREGATORS)}, std-scaling. "
-            f"Received: {list(cfg.aggregation.aggregators)}"
-        )
+    _check_names(cfg)
     from ensemble.config.bounds import check_bounds  # upper bounds, non-finite sums
 
     check_bounds(cfg)
@@ -191,3 +178,30 @@ def _check_data(cfg: Config) -> None:
     if isinstance(cfg.data.categorical, str) and cfg.data.categorical not in CATEGORICAL:
         raise UsageError(f"Expected `data.categorical` to be \"auto\", \"none\" or a list of "
                          f"column names. Received: {cfg.data.categorical!r}")
+
+
+def _check_names(cfg: Config) -> None:
+    """Task, loss and aggregator names: the task registry's (`ensemble.tasks`)."""
+    if cfg.data.task not in ("auto", *TASKS) and ":" not in cfg.data.task:
+        names = ", ".join(_quoted(("auto", *TASKS)))
+        raise UsageError(f"Expected `data.task` to be {names} or a task spec "
+                         f"(\"module:Class\", \"file.py:Class\"). Received: {cfg.data.task!r}")
+    if cfg.training.loss not in LOSSES:
+        raise UsageError(f"Expected `training.loss` to be {_either(LOSSES)}. "
+                         f"Received: {cfg.training.loss!r}")
+    bad = [a for a in cfg.aggregation.aggregators if a not in AGGREGATOR_NAMES]
+    if bad or not cfg.aggregation.aggregators:
+        raise UsageError(
+            f"Expected `aggregation.aggregators` from {', '.join(AGGREGATOR_NAMES)}. "
+            f"Received: {list(cfg.aggregation.aggregators)}"
+        )
+
+
+def _quoted(names) -> list[str]:
+    return [f'"{n}"' for n in names]
+
+
+def _either(names) -> str:
+    """`"a", "b" or "c"`."""
+    quoted = _quoted(names)
+    return ", ".join(quoted[:-1]) + " or " + quoted[-1]

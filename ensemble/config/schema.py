@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from ensemble.config import bounds, values
 from ensemble.config.checks import check_ranges
 from ensemble.core.errors import UsageError
-from ensemble.data.settings import DataConfig
+from ensemble.data.settings import DataConfig, names_a_path
 from ensemble.models import builders
 from ensemble.tasks.settings import AggregationConfig
 
@@ -223,8 +223,7 @@ def _resolve_source(table: dict[str, Any], path: Path) -> None:
     if not isinstance(data, dict) or not isinstance(data.get("source"), str):
         return
     source = Path(data["source"])
-    if (source.suffix in (".csv", ".parquet", ".npz") or "/" in data["source"]) \
-            and not source.is_absolute():
+    if names_a_path(data["source"]) and not source.is_absolute():
         data["source"] = str((path.resolve().parent / source))
 
 

@@ -36,10 +36,15 @@ NPZ_KEYS = ("x", "y")
 KERAS_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 
+def is_npz(path) -> bool:
+    """`path` names an `.npz` file (by its suffix)."""
+    return str(path).endswith(".npz")
+
+
 def is_array_source(source: str) -> bool:
     """An `.npz` file, `digits_images`, or a folder (of images; a folder holding `.parquet`
     files is a table's shards)."""
-    if source == "digits_images" or source.endswith(".npz"):
+    if source == "digits_images" or is_npz(source):
         return True
     folder = Path(source)
     return folder.is_dir() and next(folder.rglob("*.parquet"), None) is None

@@ -9,49 +9,62 @@ adapter per input kind the same way). A new input kind is a new `Source` in `KIN
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Protocol
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
 
 import numpy as np
 
 from ensemble.core.errors import UsageError
-from ensemble.data import arrays, sources, stream
+from ensemble.data import arrays, export_inputs, sources, stream
 from ensemble.data.array_scan import ArrayScan
 from ensemble.data.table_scan import TableScan
 from ensemble.data.preprocessing import Preprocessing
 from ensemble.data.settings import DataConfig
 
 
-class Source(Protocol):
-    """An input kind."""
+class Source(ABC):
+    """An input kind (subclasses: `Arrays`, `Tables`)."""
 
     name: str  # as stored in `preprocessing.json`'s `kind`
 
+    @abstractmethod
     def reads(self, source: str) -> bool:
         """This kind reads `source` (a built-in name, a file or a folder)."""
 
+    @abstractmethod
     def load(self, cfg: DataConfig, require_target: bool, **table: Any):
         """The rows of `cfg.source`: a `sources.Dataset` or `ArrayData`."""
 
+    @abstractmethod
     def fit(self, ds, train_rows: np.ndarray, classes: np.ndarray, impute: str,
             cfg: DataConfig | None):
         """The preprocessing fitted on `ds`'s rows `train_rows` only."""
 
+    @abstractmethod
     def from_dict(self, d: dict):
         """The preprocessing stored in a run's `preprocessing.json`."""
 
+    @abstractmethod
     def scan(self, cfg: DataConfig):
         """`cfg.source` read for training a chunk at a time: labels `y`, `chunks()`,
         `fit(train_rows, classes)`, `sha256()`, `file_rows(rows)` (`TableScan`,
         `ArrayScan`)."""
 
+    @abstractmethod
     def stream(self, pre, source: str, target: str, strict: bool, batch_rows: int,
                quiet: bool):
         """New rows for a trained run, in batches (`stream.Batch`)."""
 
+    @abstractmethod
+    def export_inputs(self, pre):
+        """An exported signature's inputs and the graph from them to the members' input:
+        `(TensorSpec or {name: TensorSpec}, function, doc)` (`ensemble.data.export_inputs`)."""
 
-class Arrays:
+
+class Arrays(Source):
     """`.npz` files, image folders, `digits_images` (`ensemble.data.arrays`)."""
 
     name = "arrays"
@@ -70,6 +83,9 @@ class Arrays:
     def from_dict(self, d):
         return arrays.ArrayPreprocessing.from_dict(d)
 
+    def export_inputs(self, pre):
+        return export_inputs.array_inputs(pre)
+
     def scan(self, cfg):
         return ArrayScan(cfg)
 
@@ -77,7 +93,7 @@ class Arrays:
         return arrays.ArrayStream(pre, source, batch_rows)
 
 
-class Tables:
+class Tables(Source):
     """Built-in data sets and `.csv`/`.parquet` files (`ensemble.data.sources`)."""
 
     name = "table"
@@ -93,6 +109,9 @@ class Tables:
 
     def from_dict(self, d):
         return Preprocessing.from_dict(d)
+
+    def export_inputs(self, pre):
+        return export_inputs.table_inputs(pre)
 
     def scan(self, cfg):
         return TableScan(cfg)
@@ -133,6 +152,23 @@ def fit_preprocessing(ds, train_rows: np.ndarray, classes: np.ndarray, impute: s
     return _named(ds.kind).fit(ds, train_rows, classes, impute, cfg)
 
 
+def fit_in_memory(x: np.ndarray, y: np.ndarray, classes: np.ndarray, names: Sequence[str]):
+    """The preprocessing of in-memory rows `x` `[n_rows, ...]` fitted on all of them (the
+    scikit-learn estimators): a table's standardisation for `[n_rows, n_features]` with
+    column names `names`; rows of more dimensions (images for a CNN) fed as they are
+    (`ArrayPreprocessing.identity`)."""
+    if x.ndim > 2:
+        return arrays.ArrayPreprocessing.identity(x.shape[1:], classes)
+    ds = dataclasses.replace(in_memory_rows(x, names), y=y)
+    return fit_preprocessing(ds, np.arange(len(x)), classes)
+
+
+def in_memory_rows(x: np.ndarray, names: Sequence[str]):
+    """`x` `[n_rows, n_features]` as an unlabelled table `Dataset` with column names `names`."""
+    return sources.Dataset("arrays", np.asarray(x, np.float32), None,
+                           tuple(str(n) for n in names))
+
+
 def read_preprocessing(path: str | Path):
     """A run's `preprocessing.json` (`kind` names its input kind; none: a table).
 
@@ -158,6 +194,12 @@ def run_preprocessing(run_dir: str | Path, manifest: dict):
 
     return read_preprocessing(artifacts.verify(run_dir, manifest,
                                                Path(run_dir) / artifacts.PREPROCESSING))
+
+
+def export_inputs_of(pre):
+    """An exported signature's inputs for a run whose preprocessing is `pre`, by its kind
+    (`Source.export_inputs`)."""
+    return _named(pre.kind).export_inputs(pre)
 
 
 def input_stream(pre, source: str, target: str, strict: bool = False,

@@ -5,6 +5,7 @@ Owned by the data package (the input concept); `ensemble.config` composes it int
 """
 from __future__ import annotations
 
+from pathlib import Path
 from dataclasses import dataclass, field
 
 
@@ -47,5 +48,11 @@ class DataConfig:
     max_categories: int = 64
     image_size: tuple[int, ...] = ()
     color_mode: str = "auto"
-    task: str = "auto"  # auto | classification | regression (ensemble.tasks.heads.resolve)
+    task: str = "auto"  # auto | classification | regression (ensemble.tasks.registry.resolve)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+def names_a_path(source: str) -> bool:
+    """`data.source` names a file or folder (a `.csv`, `.parquet` or `.npz` file, or anything
+    with a `/`), not a built-in data set: a config written elsewhere must make it absolute."""
+    return Path(source).suffix in (".csv", ".parquet", ".npz") or "/" in source

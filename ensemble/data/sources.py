@@ -262,8 +262,10 @@ def _load_file(cfg: DataConfig, _stat_key, require_target: bool,
                             identifiers=identifiers)
 
 
-def split(ds: Dataset, cfg: DataConfig, seed: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Stratified train/validation/test row indices from `seed` (scikit-learn).
+def split(ds: Dataset, cfg: DataConfig, seed: int, stratify: bool = True
+          ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Train/validation/test row indices from `seed` (scikit-learn), stratified by class
+    unless `stratify` is False (the run's `Task.stratified`: numeric targets, no classes).
 
     Returns:
         (`{"train": idx, "validation": idx, "test": idx}`, the sorted class labels).
@@ -274,7 +276,7 @@ def split(ds: Dataset, cfg: DataConfig, seed: int) -> tuple[dict[str, np.ndarray
     from sklearn.model_selection import train_test_split
 
     idx = np.arange(len(ds.y))
-    if cfg.task == "regression":  # resolved by the caller (`ensemble.runs.prepare.resolve_task`)
+    if not stratify:  # no classes (`ensemble.tasks.Task.stratified`)
         rest, test = train_test_split(idx, test_size=cfg.test_size, random_state=seed)
         train, val = train_test_split(rest, test_size=cfg.validation_size
                                       / (1.0 - cfg.test_size), random_state=seed)

@@ -5,7 +5,7 @@ A builder is any callable
     build(input_shape, n_outputs, *, seed, **params) -> keras.Model
 
 mapping `[batch, *input_shape]` to `[batch, n_outputs]` **logits** (no softmax: the task owns
-the head, `ensemble.tasks.heads`). It is named in the config as `"mlp"` or `"cnn"` (built in, below),
+the head, `ensemble.tasks.base`). It is named in the config as `"mlp"` or `"cnn"` (built in, below),
 `"package.module:function"` (resolved with `pkgutil.resolve_name`) or
 `"path/to/file.py:function"` (a relative path is resolved against the config file's folder).
 Between-graph clients import it by that name, so it must be a module-level function there.

@@ -109,7 +109,7 @@ def build_member(spec: str, params: dict[str, Any], input_shape: Sequence[int],
     """A member: builder `spec`'s network (`build_network`) with `task`'s head, as one Keras
     model `[batch, *input_shape] -> ` the task's outputs (classification: `[batch,
     n_classes]` probabilities). `scaling` (a Keras layer, e.g. the input's
-    `ArrayPreprocessing.scaling_layer()`) comes first when given, so the member takes raw
+    array preprocessing's `scaling_layer()`) comes first when given, so the member takes raw
     rows (image pixels).
 
     Call it under `tf.device(...)` so its variables live on the member's device.

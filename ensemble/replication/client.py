@@ -23,10 +23,11 @@ from ensemble.core import artifacts
 from ensemble.core import interrupt
 from ensemble.core import runlock
 from ensemble.tasks import tables
-from ensemble.tasks import heads as tasks
+from ensemble import tasks
 from ensemble.replication.cluster import naming_unreachable_tasks
 from ensemble.core.labels import encode
 from ensemble.core.errors import UsageError
+from ensemble.data.arrays import is_npz
 from ensemble.replication.visible import local_devices, local_replica_devices  # noqa: F401
 
 
@@ -235,7 +236,7 @@ def predict_client(run_dir: Path, indices: int | Sequence[int], x_path: Path, ou
     for index in indices:
         _member_entry(manifest, index)
     runlock.require_free(run_dir)
-    npz = str(x_path).endswith(".npz")
+    npz = is_npz(x_path)  # scaled rows (`_read_npz`), else a source streamed by its kind
     if npz:
         x, y = _read_npz(Path(x_path), len(manifest["dataset"]["feature_names"]))
         if (len(indices) > 1 or not str(out).endswith(".parquet")) and Path(out).is_file():
@@ -300,10 +301,10 @@ def _predict_stream(run_dir: Path, manifest: dict, groups: dict, source: str, ou
     stream = kinds.input_stream(pre, source, target or manifest["dataset"].get("target", "target"),
                          batch_rows=batch_rows or DEFAULT_BATCH_ROWS, quiet=True)
     paths = {i: out / f"member-{i}.parquet" for i in groups}
+    ytype = tasks.for_run(manifest).target_type()  # the y_true column's type
     with contextlib.ExitStack() as stack:
         writers = {i: stack.enter_context(PredictionWriter(p)) for i, p in paths.items()}
         for b in prefetch(stream):
-            ytype = pa.int32() if len(pre.classes) else pa.float64()  # regression: targets
             y = pa.array(b.y, ytype) if b.y is not None else pa.nulls(len(b.x), ytype)
             for i, group in groups.items():
                 probs = group.predict(b.x)[0][0]

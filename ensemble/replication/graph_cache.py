@@ -65,11 +65,9 @@ def get(cfg: Config, input_shape, n_classes: int, devices: Sequence[str],
 def _task(cfg: Config, n_classes: int):
     """No classes: regression on a target the caller standardised (`loc` 0, `scale` 1;
     `ensemble.runs.sklearn_regressor`); else classification."""
-    from ensemble.tasks import heads as tasks
+    from ensemble import tasks
 
-    if n_classes == 0:
-        return tasks.get("regression", loss=cfg.training.loss)
-    return tasks.get()
+    return tasks.for_classes(range(n_classes), cfg.training.loss)
 
 
 class TracedEnsemble:

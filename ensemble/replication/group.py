@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from ensemble.tasks import heads as tasks
+from ensemble import tasks
 from ensemble.config.schema import Config, member_hparams
 from ensemble.models.members import build_member, member_seed
 from ensemble.models.optimizer import build_optimizer

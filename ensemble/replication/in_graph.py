@@ -23,7 +23,7 @@ class InGraphEnsemble(MemberGroup):
     Args:
         models: the members' Keras models, built (or loaded) under their device.
         devices: `[n_members]` device names, e.g. from `RoundRobinPlacement.assign`.
-        aggregators: aggregator names computed in the graph (`ensemble.tasks.classification.aggregators.AGGREGATORS`).
+        aggregators: aggregator names computed in the graph (the task's `aggregators`).
         params: fitted aggregators' parameters `{name: params}` (`aggregators.json`).
         indices: the members' indices in the run (default `0..n_members-1`).
         client_device: where the aggregation ops run.
@@ -49,8 +49,6 @@ class InGraphEnsemble(MemberGroup):
 
     def _predict_graph(self, x):
         stacked = self._member_probs(x)
-        fn = aggregate_tf
-        if self.task.gaussian:  # [n_rows, 3]: mean, aleatoric, epistemic variance
-            from ensemble.tasks.regression.tf_ops import aggregate_tf as fn
-        with tf.device(self.client_device):
-            return stacked, {a: fn(stacked, a, self.params.get(a)) for a in self.aggregators}
+        with tf.device(self.client_device):  # the task's TF twins (`Task.aggregate_tf`)
+            return stacked, {a: self.task.aggregate_tf(stacked, a, self.params.get(a))
+                             for a in self.aggregators}

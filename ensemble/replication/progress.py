@@ -28,19 +28,22 @@ LOG_EVERY_SECONDS = 5.0
 
 
 def _score(r: dict) -> str:
-    """The record's second validation score: `val_accuracy`, or `val_rmse` (regression)."""
-    return "val_rmse" if "val_rmse" in r else "val_accuracy"
+    """The record's second validation score (its task's `score_names[1]`: `val_accuracy`,
+    `val_rmse`, ...): its first `val_` entry besides `val_loss`."""
+    return next(k for k in r if k.startswith("val_") and k != "val_loss")
 
 
 def _member_line(r: dict) -> str:
-    """`loss L - val_loss V - val_accuracy A`; for regression the units are named, since the
-    training loss is on the standardised target while the validation scores are in the
-    target's units (a negative loss beside a larger val_loss is not overfitting)."""
-    if _score(r) == "val_rmse":
-        return (f"loss {r['loss']:.4f} (standardised target) - val_loss {r['val_loss']:.4f} "
-                f"- val_rmse {r['val_rmse']:.4f} (target units)")
-    return (f"loss {r['loss']:.4f} - val_loss {r['val_loss']:.4f} - "
-            f"{_score(r)} {r[_score(r)]:.4f}")
+    """`loss L - val_loss V - val_accuracy A`, with the units the task names for its scores
+    (`Task.score_units`: regression's loss is on the standardised target while its validation
+    scores are in the target's units, so a negative loss beside a larger val_loss is not
+    overfitting)."""
+    from ensemble.tasks.registry import score_units
+
+    score = _score(r)
+    loss_unit, score_unit = score_units().get(score, ("", ""))
+    return (f"loss {r['loss']:.4f}{loss_unit} - val_loss {r['val_loss']:.4f} - "
+            f"{score} {r[score]:.4f}{score_unit}")
 
 
 class TerminalProgress(Callback):

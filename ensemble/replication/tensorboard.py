@@ -21,8 +21,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ensemble.tasks.classification import metrics as M
-from ensemble.tasks.classification.aggregators import disagreement
 from ensemble.replication.training import Callback
 
 SUBDIR = "tensorboard"
@@ -78,77 +76,34 @@ class MemberScalars(Callback):
                                               if k not in ("member", "epoch", "seconds")}, epoch)
 
 
-def ensemble_scalars(y: np.ndarray, member_probs: np.ndarray,
-                     ensemble_probs: dict[str, np.ndarray]) -> dict[str, float]:
-    """The ensemble's validation scalars.
-
-    Args:
-        y: `[n_rows]` class indices.
-        member_probs: `[n_members, n_rows, n_classes]` probabilities.
-        ensemble_probs: aggregator name -> `[n_rows, n_classes]` (vote shares for `vote`, whose
-            NLL, Brier and ECE are not defined and therefore not written).
-    """
-    out = {"val_disagreement": disagreement(member_probs)}
-    for name, p in ensemble_probs.items():
-        out[f"{name}/val_accuracy"] = M.accuracy(y, p)
-        if name != "vote":
-            for m in ("nll", "brier", "ece"):
-                out[f"{name}/val_{m}"] = getattr(M, m)(y, p)
-    return out
-
-
 class EnsembleScalars(Callback):
     """Per epoch, the ensemble's validation metrics under `RUN/tensorboard/ensemble/`.
 
-    The aggregators that need no fitting (`mean`, `vote`, `geometric`) are applied to the
-    members' validation probabilities after every epoch (`aggregate.aggregate`, the numpy
-    twins of the graph's); the fitted ones are fitted on validation after training only, so
-    they have no per-epoch curve.
+    The aggregators that need no fitting are applied to the members' validation outputs after
+    every epoch (the task's `epoch_scalars`, numpy twins of the graph's); the fitted ones are
+    fitted on validation after training only, so they have no per-epoch curve.
 
     Args:
-        predict_val: returns the members' validation probabilities
-            `[n_members, n_val, n_classes]` (e.g. `InGraphEnsemble.predict(x_val)[0]`).
-        y_val: `[n_val]` validation class indices.
+        predict_val: returns the members' validation outputs `[n_members, n_val, k]` (e.g.
+            `InGraphEnsemble.predict(x_val)[0]`).
+        y_val: `[n_val]` validation targets.
         aggregators: aggregator names of the run.
-        gaussian: the task's outputs are per-row Gaussians `[n_members, n_val, 2]` (mean,
-            variance; `tasks.heads.Task.gaussian`): the `mean` mixture's RMSE and NLL instead.
+        task: the run's task (`ensemble.tasks.Task`).
     """
 
     def __init__(self, run_dir: str | Path, predict_val: Callable[[], np.ndarray],
-                 y_val: np.ndarray, aggregators: Sequence[str], gaussian: bool = False):
-        from ensemble.tasks.classification.aggregators import FITTED
-
+                 y_val: np.ndarray, aggregators: Sequence[str], task):
         self.root, self.predict_val, self.y_val = log_dir(run_dir), predict_val, y_val
-        self.aggregators = [a for a in aggregators if a not in FITTED
-                            and a not in ("weighted", "greedy", "std-scaling")]
-        self.gaussian, self.writer = gaussian, None
+        self.aggregators, self.task, self.writer = list(aggregators), task, None
 
     def on_epoch_end(self, epoch: int, records: list[dict]) -> None:
         import tensorflow as tf
 
-        from ensemble.tasks.classification.aggregators import aggregate
-
         if self.writer is None:
             self.writer = tf.summary.create_file_writer(str(self.root / "ensemble"))
-        member_p = np.asarray(self.predict_val())
-        if self.gaussian:  # the task's outputs are per-row Gaussians (`tasks.heads.Task`)
-            _write(self.writer, regression_scalars(self.y_val, member_p), epoch)
-            return
-        ens_p = {a: aggregate(member_p, a) for a in self.aggregators}
-        _write(self.writer, ensemble_scalars(self.y_val, member_p, ens_p), epoch)
-
-
-def regression_scalars(y: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
-    """The regression ensemble's validation scalars: the `mean` mixture's RMSE and Gaussian
-    NLL (target units) and the members' spread, from `outputs` `[n_members, n_rows, 2]`
-    (mean, variance) and targets `y` `[n_rows]`."""
-    from ensemble.tasks.regression import aggregators as regression
-    from ensemble.tasks.regression import metrics as R
-
-    mix = regression.aggregate(outputs, "mean")
-    std = regression.std_of(mix)[0]
-    return {"mean/val_rmse": R.rmse(y, mix[:, 0]), "mean/val_nll": R.nll(y, mix[:, 0], std),
-            "val_disagreement": regression.disagreement(outputs)}
+        outputs = np.asarray(self.predict_val())
+        _write(self.writer, self.task.epoch_scalars(self.y_val, outputs, self.aggregators),
+               epoch)
 
 
 def write_ensemble_metrics(run_dir: str | Path, metrics_rows: list[dict], step: int) -> None:

@@ -25,11 +25,10 @@ from ensemble.core import faults
 from ensemble.tasks.classification import fitted
 from ensemble.runs import posthoc
 from ensemble.runs import records
-from ensemble.tasks.regression import aggregators as regression
 from ensemble.runs import prepare as run
 from ensemble.core import runlock
 from ensemble.tasks import tables
-from ensemble.tasks.classification.aggregators import AGGREGATORS
+from ensemble import tasks
 from ensemble.core.errors import UsageError
 
 
@@ -42,11 +41,10 @@ def parse_aggregators(text: str | None) -> list[str] | None:
     if text is None:
         return None
     names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in AGGREGATORS and n != "std-scaling"]
+    bad = [n for n in names if n not in tasks.AGGREGATOR_NAMES]
     if bad or not names or len(set(names)) != len(names):
-        raise UsageError(f"Expected --aggregators as distinct names from {','.join(AGGREGATORS)}"
-                         ",std-scaling. "
-                         f"Received: {text!r}")
+        raise UsageError("Expected --aggregators as distinct names from "
+                         f"{','.join(tasks.AGGREGATOR_NAMES)}. Received: {text!r}")
     return names
 
 
@@ -117,13 +115,14 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
     preflight.check_builders(run_dir, manifest, trust_builder)  # a run's files before use
     cfg = config.from_dict(manifest["config"])
     settings = dataclasses.asdict(cfg.aggregation)
+    task = tasks.for_run(manifest)
     if aggregators is None:
         path = run_dir / fitted.FILENAME
         old = fitted.read(artifacts.verify(run_dir, manifest, path).parent) \
             if path.is_file() else None
-        aggregators = old["aggregators"] if old else regression.task_aggregators(
-            cfg.aggregation.aggregators, manifest.get("task", "classification"))
-    regression.check_aggregators(aggregators, manifest.get("task", "classification"))
+        aggregators = old["aggregators"] if old else task.applied_aggregators(
+            cfg.aggregation.aggregators)
+    task.check_aggregators(aggregators)
     between = manifest["mode"] == "between-graph"
     if between:
         members = _between_graph_members(run_dir, manifest, min_members)
@@ -137,12 +136,12 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
     classes = np.asarray(manifest["dataset"]["classes"])
     members = members.replace_schema_metadata(tables.classes_metadata(classes))
     splits = posthoc.by_split(members)
-    fit = posthoc.fit(splits, aggregators, settings)
+    fit = posthoc.fit(task, splits, aggregators, settings)
     preds = posthoc.rebuild(splits, classes, aggregators, fit["params"])
     used = splits["validation"].members
     preds = preds.replace_schema_metadata({**preds.schema.metadata,
                                            b"members": json.dumps(used).encode()})
-    posthoc.write_fit(run_dir, fit, splits, settings)
+    posthoc.write_fit(run_dir, task, fit, splits, settings)
     if between:
         history = [r for i in used
                    for r in artifacts.read_parquet(artifacts.verify(

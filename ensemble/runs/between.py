@@ -364,8 +364,8 @@ def aggregate_stream(paths: list[Path], members: list[int], out: Path, classes, 
     with PredictionWriter(out, meta) as writer:
         for parts in zip(*(f.iter_batches(batch_size=batch_rows) for f in files)):
             n = parts[0].num_rows
-            probs = {m: np.column_stack([rb.column(f"c{k}").to_numpy()
-                                         for k in range(len(classes) or 2)])  # regression: 2
+            probs = {m: np.column_stack([rb.column(c).to_numpy() for c in rb.schema.names
+                                         if c[:1] == "c" and c[1:].isdigit()])  # c0.. outputs
                      for m, rb in zip(members, parts)}
             y = parts[0].column("y")
             y = None if y.null_count else y.to_numpy()

@@ -25,7 +25,7 @@ from ensemble.core.errors import UsageError
 from ensemble.tasks.classification.evaluation import _line
 from ensemble.tasks.classification.metrics import METRICS
 from ensemble.tasks import confidence, plots_ood
-from ensemble.tasks.heads import format_table, of_metrics
+from ensemble.tasks.registry import format_table, of_metrics
 from ensemble.tasks.report import number
 
 def evaluate(run_dir: Path | None, predictions: Path | None = None,

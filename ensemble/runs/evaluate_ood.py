@@ -46,13 +46,13 @@ class Context:
 
     def __init__(self, run_dir: Path):
         from ensemble.runs import prepare as run
-        from ensemble.tasks import heads as tasks
+        from ensemble import tasks
 
         self.run_dir = Path(run_dir)
         self.manifest = artifacts.read_manifest(self.run_dir)
         runlock.require_free(self.run_dir)
         run.require_completed(self.run_dir, self.manifest)
-        self.regression = tasks.for_run(self.manifest).gaussian  # (mean, variance) outputs
+        self.task = tasks.for_run(self.manifest)
         preds = artifacts.read_parquet(artifacts.verify(
             self.run_dir, self.manifest, self.run_dir / artifacts.PREDICTIONS))
         splits = posthoc.by_split(posthoc.member_rows(preds))
@@ -64,14 +64,13 @@ class Context:
         self._group = None
 
     def scores(self, outputs: np.ndarray) -> list[dict]:
-        return ood.uncertainty_scores(outputs, self.aggregators, self.params, self.regression,
+        return ood.uncertainty_scores(outputs, self.aggregators, self.params, self.task,
                                       self.members)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Member outputs `[n_members, n_rows, n_classes | 2]` float64 of scaled rows `x`."""
         if self._group is None:
             from ensemble.replication import devices
-            from ensemble.tasks import heads as tasks
             from ensemble.replication.group import MemberGroup
             from ensemble.models.members import load_run_member
 
@@ -80,7 +79,7 @@ class Context:
             models = [load_run_member(self.run_dir, self.manifest, i, d)
                       for i, d in zip(self.members, placed)]
             self._group = MemberGroup(models, placed, self.members,
-                                      task=tasks.for_run(self.manifest))
+                                      task=self.task)
         return np.asarray(self._group.predict(np.asarray(x, np.float32))[0], np.float64)
 
 
@@ -152,7 +151,7 @@ def evaluate_ood(run_dir: str | Path, source: str, plots: bool = False,
 
         plots_ood._pyplot()  # refuse before writing anything when matplotlib is missing
         plot = lambda: plots_ood.entropy_histograms(  # noqa: E731
-            ctx.run_dir, s_in, s_out, ctx.fit, ctx.regression)
+            ctx.run_dir, s_in, s_out, ctx.fit, ctx.task)
     written = _write(ctx.run_dir, ctx.run_dir / OOD_FILE, table, plot, "ensemble evaluate --ood")
     return table, text + "".join(f"\nplot: {p}" for p in written[1:])
 
@@ -200,17 +199,6 @@ def format_ood(table: pa.Table) -> str:
     return "\n".join(lines)
 
 
-def _metrics(y, out, regression: bool) -> dict:
-    from ensemble.tasks.classification import metrics as M
-    from ensemble.tasks.regression import metrics as RM
-
-    if regression:
-        mu, sigma = out[:, 0], np.sqrt(out[:, 1] + (out[:, 2] if out.shape[1] == 3 else 0))
-        return {"rmse": RM.rmse(y, mu), "nll": RM.nll(y, mu, sigma),
-                "coverage_90": RM.coverage(y, mu, sigma, 0.9)[0]}
-    return M.all_metrics(y, out)
-
-
 def shift_table(ctx: Context, x: np.ndarray, y: np.ndarray, seed: int = 0) -> pa.Table:
     """The rows of `shift.parquet` for the split `(x, y)` (the model's inputs) of `ctx`."""
     image = x.ndim >= 3
@@ -231,11 +219,11 @@ def shift_table(ctx: Context, x: np.ndarray, y: np.ndarray, seed: int = 0) -> pa
             else:
                 xc = corruptions.corrupt_table(x, name, sev, rng, std, median)
             out = ctx.predict(xc)
-            ens = ood.ensemble_outputs(out, ctx.aggregators, ctx.params, ctx.regression)
+            ens = ood.ensemble_outputs(out, ctx.aggregators, ctx.params, ctx.task)
             models = [(f"member-{i}", i, None, o) for i, o in zip(ctx.members, out)]
             models += [(f"ensemble-{a}", None, a, e) for a, e in ens.items()]
             for model, member, agg, o in models:
-                m = _metrics(y, o, ctx.regression)
+                m = ood.split_metrics(y, o, ctx.task)
                 if agg == "vote":
                     m.update(nll=None, brier=None, ece=None)
                 recs.append({"model": model, "member": member, "aggregator": agg,
@@ -271,7 +259,7 @@ def evaluate_shift(run_dir: str | Path, plots: bool = False, seed: int = 0
         from ensemble.tasks import plots_ood
 
         plots_ood._pyplot()
-        plot = lambda: plots_ood.shift_plot(ctx.run_dir, table, ctx.regression)  # noqa: E731
+        plot = lambda: plots_ood.shift_plot(ctx.run_dir, table, ctx.task)  # noqa: E731
     written = _write(ctx.run_dir, ctx.run_dir / SHIFT_FILE, table, plot,
                      "ensemble evaluate --shift")
     return table, text + "".join(f"\nplot: {p}" for p in written[1:])

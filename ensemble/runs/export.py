@@ -19,13 +19,13 @@ ensemble's probabilities and the original class labels back, with no Python of t
   `expected_entropy`, `mutual_information` `[batch]` (not for `vote`). A regression run's
   return `mean`, `std`, `aleatoric_std`, `epistemic_std` `[batch]` and `member_mean`,
   `member_std` `[batch, n_members]` (target units).
-- Bad values are refused in the graph as `predict` refuses them (`ensemble.runs.export_graph`):
+- Bad values are refused in the graph as `predict` refuses them (`ensemble.data.export_graph`):
   NaN without imputation, inf (or beyond float32), a value that does not fit float32 once
   standardised; the signature fails with `InvalidArgumentError` naming the input.
 - In the graph: imputation (the fill values of `preprocessing.json`, when the run imputes),
   one-hot encoding, standardisation in float64 as `Preprocessing.transform` (array runs: the
   members' own first layer scales), every member, and the aggregator's TensorFlow twin
-  (`ensemble.tasks.classification.aggregators_tf`) with the parameters of `aggregators.json`.
+  (`ensemble.tasks.Task.aggregate_tf`) with the parameters of `aggregators.json`.
 - No device is hard-wired: members are loaded and the signatures traced under no `tf.device`,
   and TensorFlow's default variable policy saves no device, so the export loads on any machine.
 
@@ -50,6 +50,8 @@ from ensemble.runs import preflight
 from ensemble.core import staging
 from ensemble.core.errors import UsageError
 from ensemble.data import kinds
+from ensemble import tasks
+from ensemble.data.export_inputs import input_names  # noqa: F401 (re-exported)
 from ensemble.data.preprocessing import Preprocessing
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -62,118 +64,6 @@ def next_version(out: Path) -> int:
     """1 + the largest integer version folder in `out` (1 when there is none)."""
     found = [int(p.name) for p in Path(out).glob("*") if p.is_dir() and p.name.isdigit()]
     return max(found, default=0) + 1
-
-
-def _input_graph(pre):
-    """The signature's input and the graph from it to the members' input: `(TensorSpec,
-    function, doc)`. Table rows `[batch, n_features]` are imputed and standardised in
-    float64 as `Preprocessing.transform`; array rows `[batch, *input_shape]` (raw pixels) go to
-    the members as they are (their first layer scales them)."""
-    import tensorflow as tf
-
-    from ensemble.runs import export_graph as G
-
-    shape = list(pre.input_shape)
-    if not hasattr(pre, "scale"):  # arrays: ensemble.data.arrays.ArrayPreprocessing
-        doc = f"features: [batch, {', '.join(map(str, shape))}] float32, raw values (pixels)"
-
-        def to_pixels(f):  # ensemble.data.arrays refuses NaN and inf at predict
-            with tf.control_dependencies(G.refuse_missing(f, "features")
-                                         + G.refuse_nonfinite(f, "features")):
-                return tf.cast(f, tf.float32)
-
-        return tf.TensorSpec([None, *shape], tf.float32, name="features"), to_pixels, doc
-    names = list(pre.feature_names)
-    mean, scale = tf.constant(pre.mean, tf.float64), tf.constant(pre.scale, tf.float64)
-    fill = tf.constant(pre.fill, tf.float64) if len(pre.fill) else None
-    if pre.categories:
-        return _columnar_graph(pre, mean, scale, fill)
-
-    def to_x(features):
-        checks = G.refuse_nonfinite(features, "features", names)
-        if fill is None:
-            checks += G.refuse_missing(features, "features", names)
-        with tf.control_dependencies(checks):
-            x = tf.cast(features, tf.float64)
-        if fill is not None:
-            x = tf.where(tf.math.is_nan(x), fill, x)
-        return _scaled(tf.cast((x - mean) / scale, tf.float32), pre, "features")
-
-    doc = (f"features: [batch, {len(names)}] float32, raw (unscaled) columns in this order: "
-           + ", ".join(names))
-    return tf.TensorSpec([None, len(names)], tf.float32, name="features"), to_x, doc
-
-
-def _scaled(z, pre, name: str | None):
-    """`z` `[batch, n_outputs]` after the check that it fits float32 (`export_graph`)."""
-    import tensorflow as tf
-
-    from ensemble.runs import export_graph as G
-
-    with tf.control_dependencies(G.refuse_unfit(z, name, pre.output_names)):
-        return tf.identity(z)
-
-
-def input_names(columns) -> dict[str, str]:
-    """Column -> signature input name: the column name with characters TensorFlow refuses in
-    a tensor name replaced by `_` (and `_<k>` added when two names would collide)."""
-    import re
-
-    out, used = {}, set()
-    for c in columns:
-        name = re.sub(r"[^A-Za-z0-9_.\-/]", "_", str(c))
-        if not name or not re.match(r"[A-Za-z0-9.]", name):
-            name = f"c{name}"
-        base, k = name, 1
-        while name in used:
-            name, k = f"{base}_{k}", k + 1
-        used.add(name)
-        out[c] = name
-    return out
-
-
-def _columnar_graph(pre, mean, scale, fill):
-    """One named input per original column (TF Serving's columnar `inputs`): numeric columns
-    float32 `[batch]` (NaN where missing), categorical columns string `[batch]` (`""` where
-    missing); imputation, one-hot encoding and standardisation as `Preprocessing.transform`
-    (an unknown category is an all-zero block)."""
-    import tensorflow as tf
-
-    from ensemble.runs import export_graph as G
-
-    key = input_names(pre.columns)
-    specs = {key[n]: tf.TensorSpec([None], tf.float32, name=key[n]) for n in pre.feature_names}
-    specs.update({key[c]: tf.TensorSpec([None], tf.string, name=key[c])
-                  for c in pre.categories})
-
-    def to_x(inputs):
-        first = inputs[next(iter(specs))]
-        checks = []
-        for n in pre.feature_names:
-            checks += G.refuse_nonfinite(inputs[key[n]], key[n])
-            if fill is None:
-                checks += G.refuse_missing(inputs[key[n]], key[n])
-        checks += [c for n in pre.categories if n not in pre.category_fill
-                   for c in G.refuse_empty(inputs[key[n]], key[n])]
-        with tf.control_dependencies(checks):
-            num = [tf.cast(inputs[key[n]], tf.float64) for n in pre.feature_names]
-        x = tf.stack(num, axis=1) if num else tf.zeros([tf.shape(first)[0], 0], tf.float64)
-        if fill is not None:
-            x = tf.where(tf.math.is_nan(x), fill, x)
-        blocks = [x]
-        for c, cats in pre.categories.items():
-            col = inputs[key[c]]
-            if c in pre.category_fill:
-                col = tf.where(tf.equal(col, ""), pre.category_fill[c], col)
-            blocks.append(tf.cast(tf.equal(col[:, None], tf.constant(cats)[None, :]),
-                                  tf.float64))
-        return _scaled(tf.cast((tf.concat(blocks, axis=1) - mean) / scale, tf.float32), pre,
-                       None)
-
-    doc = ("one input per column: " + ", ".join(
-        f"{key[n]} float32 [batch]" for n in pre.feature_names) + ", " + ", ".join(
-        f"{key[c]} string [batch]" for c in pre.categories))
-    return specs, to_x, doc
 
 
 def build_module(models, pre: Preprocessing, aggregators, params: dict, default: str):
@@ -190,11 +80,6 @@ def build_module(models, pre: Preprocessing, aggregators, params: dict, default:
     """
     import tensorflow as tf
 
-    from ensemble.runs import export_graph as G
-    from ensemble.tasks.classification.aggregators import member_weights
-    from ensemble.tasks.classification.aggregators_tf import aggregate_tf
-    from ensemble.tasks.tables import NOT_PROBABILITIES
-
     names = list(pre.columns)
     mod = tf.Module()
     mod.members = list(models)
@@ -204,28 +89,15 @@ def build_module(models, pre: Preprocessing, aggregators, params: dict, default:
     classes = pre.classes
     mod.classes = tf.Variable(classes.astype(str) if classes.dtype.kind in "OUS"
                               else classes.astype(np.int64), trainable=False, name="classes")
-    spec, to_x, doc = _input_graph(pre)
+    spec, to_x, doc = kinds.export_inputs_of(pre)
+    task = tasks.for_classes(pre.classes)  # its outputs: `Task.serving_outputs`
 
     def make(aggregator: str):
         def serve(features):
             x = to_x(features)
             stacked = tf.stack([m(x, training=False) for m in mod.members])
-            if not len(pre.classes):  # regression: ensemble.tasks.regression.tf_ops, target units
-                from ensemble.tasks.regression import tf_ops as RT
-
-                ens = RT.aggregate_tf(stacked, aggregator, params.get(aggregator))
-                return {"mean": ens[:, 0], **G.regression_uncertainty(ens),
-                        "member_mean": tf.transpose(stacked[..., 0]),
-                        "member_std": tf.transpose(tf.sqrt(stacked[..., 1]))}
-            probs = aggregate_tf(stacked, aggregator, params.get(aggregator))
-            index = tf.argmax(probs, axis=1)
-            out = {"probabilities": probs, "labels": tf.gather(mod.classes, index),
-                   "class_index": index,
-                   "member_probabilities": tf.transpose(stacked, [1, 0, 2])}
-            if aggregator not in NOT_PROBABILITIES:  # vote shares: no entropy (as predict)
-                out.update(G.classification_uncertainty(stacked, probs, member_weights(
-                    aggregator, len(mod.members), params.get(aggregator))))
-            return out
+            return task.serving_outputs(stacked, aggregator, params.get(aggregator),
+                                        mod.classes)
 
         serve.__doc__ = f"Ensemble ({aggregator}) prediction. {doc}"
         return tf.function(serve, input_signature=[spec]).get_concrete_function()

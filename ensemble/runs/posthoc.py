@@ -20,7 +20,6 @@ import pyarrow.compute as pc
 from ensemble.core import artifacts
 from ensemble.tasks.classification import fitted
 from ensemble.tasks import tables
-from ensemble.tasks.classification.aggregators import FITTED
 from ensemble.core.labels import encode
 from ensemble.core.errors import UsageError
 
@@ -72,10 +71,10 @@ def by_split(members_table: pa.Table) -> dict[str, SplitMembers]:
     return out
 
 
-def fit(splits: dict[str, SplitMembers], names: Sequence[str],
+def fit(task, splits: dict[str, SplitMembers], names: Sequence[str],
         settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Fit the fitted aggregators of `names` on the `validation` split only (see
-    `ensemble.tasks.classification.fitted.fit`); returns the content of `aggregators.json`.
+    """Fit the fitted aggregators of `names` on the `validation` split only (the run's `task`,
+    `ensemble.tasks.base.Task.fit_aggregators`); returns the content of `aggregators.json`.
 
     Raises:
         UsageError: no labelled validation split.
@@ -84,11 +83,7 @@ def fit(splits: dict[str, SplitMembers], names: Sequence[str],
     if val is None or val.y is None:
         raise UsageError("Fitting aggregators needs the members' labelled validation "
                          "predictions; this run has none.")
-    if val.y.dtype.kind == "f":  # regression targets
-        from ensemble.tasks.regression import fitted as regression_fit
-
-        return regression_fit.fit(val.probs, val.y, names, val.members, settings)
-    return fitted.fit(val.probs, val.y, names, val.members, settings)
+    return task.fit_aggregators(val.probs, val.y, names, val.members, settings)
 
 
 def rebuild(splits: dict[str, SplitMembers], classes: np.ndarray, names: Sequence[str],
@@ -100,21 +95,17 @@ def rebuild(splits: dict[str, SplitMembers], classes: np.ndarray, names: Sequenc
     return pa.concat_tables(parts).replace_schema_metadata(parts[0].schema.metadata)
 
 
-def size_curve(splits: dict[str, SplitMembers], fit: dict[str, Any] | None,
+def size_curve(task, splits: dict[str, SplitMembers], fit: dict[str, Any] | None,
                settings: dict[str, Any] | None = None) -> pa.Table:
     """`ensemble_size.parquet`: the curve of `tables.ensemble_size_table` on every labelled
-    split, the greedy order from `fit` (or greedy selection run on validation for it); both
-    curves stop at the run's member count (greedy's later picks, with repeats, are left out,
-    so k never exceeds the members there are)."""
+    split, the greedy order from `fit` (or the `task`'s greedy selection run on validation for
+    it); both curves stop at the run's member count (greedy's later picks, with repeats, are
+    left out, so k never exceeds the members there are)."""
     greedy = (fit or {}).get("params", {}).get("greedy")
     val = splits.get("validation")
     if greedy is None and val is not None and val.y is not None:
         rounds = int((settings or {}).get("greedy_rounds", 20))
-        if val.y.dtype.kind == "f":  # regression
-            from ensemble.tasks.regression.fitted import greedy_selection
-        else:
-            greedy_selection = fitted.greedy_selection
-        greedy = greedy_selection(val.probs, val.y, rounds)
+        greedy = task.aggregators["greedy"].fit_on(val.probs, val.y, {"greedy_rounds": rounds})
     labelled = {k: s for k, s in splits.items() if s.y is not None}
     n_members = max((len(s.probs) for s in labelled.values()), default=0)
     return tables.ensemble_size_table({k: s.probs for k, s in labelled.items()},
@@ -122,12 +113,10 @@ def size_curve(splits: dict[str, SplitMembers], fit: dict[str, Any] | None,
                                       list(greedy["order"])[:n_members] if greedy else None)
 
 
-def _check_fit(fit_: Any, task: str | None) -> None:
+def _check_fit(fit_: Any, task) -> None:
     """Refuse an `aggregators.json` of the wrong shape or naming an aggregator `task` does not
     have (ValueError, turned into one line naming the file by `artifacts.opened`)."""
-    from ensemble.tasks.regression import aggregators as regression
-
-    known = regression.known_aggregators(task)
+    known = tuple(task.aggregators)
     names = fit_.get("aggregators") if isinstance(fit_, dict) else None
     if not isinstance(names, list) or not names:
         raise ValueError("expected an object whose `aggregators` is a non-empty list")
@@ -146,25 +135,25 @@ def run_aggregators(run_dir: str | Path, manifest: dict[str, Any]
     Returns:
         (aggregator names, the `aggregators.json` content or None).
     """
+    from ensemble import tasks
+
+    task = tasks.for_run(manifest)
     path = Path(run_dir) / fitted.FILENAME
     if path.is_file():
         artifacts.verify(run_dir, manifest, path)
         with artifacts.opened(path, "aggregators file"):
             fit_ = fitted.read(run_dir)
-            _check_fit(fit_, manifest.get("task"))
+            _check_fit(fit_, task)
         return list(fit_["aggregators"]), fit_
-    from ensemble.tasks.regression import aggregators as regression
-
-    names = regression.task_aggregators(manifest["config"]["aggregation"]["aggregators"],
-                                        manifest.get("task"))
-    if set(names) & set(FITTED + regression.FITTED):
+    names = task.applied_aggregators(manifest["config"]["aggregation"]["aggregators"])
+    if task.fitted_names(names):
         raise UsageError(f"Run {run_dir} names fitted aggregators but has no "
                          f"{fitted.FILENAME}; run `ensemble aggregate --run {run_dir}`.")
     return names, None
 
 
-def write_fit(run_dir: str | Path, fit_: dict[str, Any], splits: dict[str, SplitMembers],
+def write_fit(run_dir: str | Path, task, fit_: dict[str, Any], splits: dict[str, SplitMembers],
               settings: dict[str, Any] | None = None) -> None:
-    """Write `aggregators.json` and `ensemble_size.parquet` of a run (atomically)."""
+    """Write `aggregators.json` and `ensemble_size.parquet` of a run of `task` (atomically)."""
     fitted.write(run_dir, fit_)
-    artifacts.write_parquet(Path(run_dir) / SIZE_CURVE, size_curve(splits, fit_, settings))
+    artifacts.write_parquet(Path(run_dir) / SIZE_CURVE, size_curve(task, splits, fit_, settings))

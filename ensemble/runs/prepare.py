@@ -7,7 +7,6 @@ places the members and writes the first manifest (status `running`). Builders th
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import platform
 import shutil
@@ -25,7 +24,7 @@ from ensemble.data import kinds
 from ensemble.data import sources as data
 from ensemble.core import runlock
 from ensemble.core import staging
-from ensemble.tasks import heads as tasks
+from ensemble import tasks
 from ensemble.config.schema import Config, member_hparams
 from ensemble.replication.devices import build_info
 from ensemble.core.errors import UsageError
@@ -198,8 +197,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     check_run_dir(run_dir, overwrite)
     scan = kinds.scan(cfg.data)  # labels now, feature rows a chunk at a time below
     task, target = resolve_task(cfg, scan.y)
-    rows, classes = data.split(scan, dataclasses.replace(cfg.data, task=task.name),
-                               cfg.data.split_seed)
+    rows, classes = data.split(scan, cfg.data, cfg.data.split_seed, task.stratified)
     cfg, chosen = auto.resolve(cfg, len(rows["train"]), len(rows["validation"]))
     pre = scan.fit(rows["train"], classes)
     budget.check_run(cfg, mode, devices, {s: len(r) for s, r in rows.items()},
@@ -258,7 +256,7 @@ def new_manifest(cfg: Config, mode: str, devices: list[str], pre: Preprocessing,
     sha256 of each builder's source file, None for a built-in), members placed on `devices`
     by `placement.strategy` with their seeds, hyperparameters and FLOPs per row (from the
     built model: `cost.member_costs`, which also checks the builders), versions. Shared by
-    `prepare` and runs built from arrays (`ensemble.runs.arrays`).
+    `prepare` and runs built from arrays (`ensemble.runs.fit_arrays`).
 
     Raises:
         UsageError: a bad builder or optimiser.

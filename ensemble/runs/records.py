@@ -17,7 +17,7 @@ from ensemble.core import artifacts
 from ensemble.config.schema import from_dict, member_hparams
 from ensemble.tasks.classification import fitted
 from ensemble.runs import posthoc
-from ensemble.tasks import heads as tasks
+from ensemble import tasks
 from ensemble.models.cost import mlp_flops
 
 MEMBERS_TABLE = "members.parquet"

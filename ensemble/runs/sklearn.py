@@ -33,7 +33,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ensemble.config import auto
 from ensemble.models import builders
 from ensemble.config import schema as config
-from ensemble.runs import arrays as run_arrays
+from ensemble.runs import fit_arrays as run_arrays
 from ensemble.runs import sklearn_tables
 from ensemble.tasks.classification.aggregators import FITTED
 from ensemble.config.schema import MODES

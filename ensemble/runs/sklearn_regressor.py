@@ -10,7 +10,7 @@ trains on the Gaussian NLL of the target standardised on the training rows (`los
 point members); `predict` returns the mixture's mean, `return_std` its standard deviation,
 both in the target's units. The parameters, modes, builders (`model=`, `model__<name>`) and
 the persistence are those of `DeepEnsembleClassifier` (both are `DeepEnsembleBase`); the
-training itself runs through the same blocks (`ensemble.runs.arrays`).
+training itself runs through the same blocks (`ensemble.runs.fit_arrays`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ensemble.tasks.regression import aggregators as regression
-from ensemble.runs import arrays as run_arrays
+from ensemble.runs import fit_arrays as run_arrays
 from ensemble.runs import sklearn_tables
 from ensemble.runs.sklearn import DeepEnsembleBase
 
-FITTED = ("weighted", "greedy", "std-scaling")
+FITTED = regression.FITTED
 
 
 class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):

@@ -168,7 +168,7 @@ def scaled(est, X) -> np.ndarray:
     """New rows for a fitted estimator, by the path it was fitted on (table or array)."""
     from sklearn.utils.validation import check_is_fitted, validate_data
 
-    from ensemble.runs import arrays as run_arrays
+    from ensemble.runs import fit_arrays as run_arrays
 
     check_is_fitted(est)
     if getattr(est, "table_input_", False):

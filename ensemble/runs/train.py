@@ -91,8 +91,7 @@ class _FirstEpoch:
 def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequence) -> None:
     """Build, train (with per-epoch checkpoints), save the members, predict the evaluation
     splits and write the run's tables; updates `manifest` and finishes the run."""
-    from ensemble.tasks.regression import aggregators as regression
-    from ensemble.tasks import heads as tasks
+    from ensemble import tasks
     from ensemble.replication.in_graph import InGraphEnsemble
     from ensemble.models.members import save_member
     from ensemble.replication.training import Schedule, SteadyState
@@ -115,7 +114,7 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
 
         callbacks = [*callbacks, MemberScalars(run_dir),
                      EnsembleScalars(run_dir, lambda: ens.predict(x_val)[0], y_val,
-                                     cfg.aggregation.aggregators, task.gaussian)]
+                                     cfg.aggregation.aggregators, task)]
     steady, first = SteadyState(cfg.training.batch_size, len(x_tr)), _FirstEpoch()
     history = ens.fit(x_tr, y_tr, x_val, y_val, Schedule.of(cfg.training),
                       run_dir / "checkpoints" / "in-graph", [*callbacks, steady, first])
@@ -141,11 +140,11 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     start = time.perf_counter()
     # the fitted aggregators fit on the validation members' predictions, then the graph
     # applies them with the TensorFlow twins
-    names = regression.task_aggregators(cfg.aggregation.aggregators, task.name)
+    names = task.applied_aggregators(cfg.aggregation.aggregators)
     settings = dataclasses.asdict(cfg.aggregation)
     members = posthoc.SplitMembers(ens.indices, ens.predict(x_val)[0], split["validation"][2],
                                    y_val)
-    fit = posthoc.fit({"validation": members}, names, settings)
+    fit = posthoc.fit(task, {"validation": members}, names, settings)
     graph = InGraphEnsemble(ens.models, placed, names, ens.indices, params=fit["params"],
                             task=task)
     parts, splits = [], {}
@@ -155,7 +154,7 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
         splits[s] = posthoc.SplitMembers(ens.indices, member_p, rows, y)
         parts.append(tables.predictions_table(dict(zip(ens.indices, member_p)), s, rows, y,
                                               classes, names, ens_p, fit["params"]))
-    posthoc.write_fit(run_dir, fit, splits, settings)
+    posthoc.write_fit(run_dir, task, fit, splits, settings)
     tables.write_outputs(run_dir, pa.concat_tables(parts), tables.history_table(history))
     records.write_members(run_dir, manifest, splits["validation"])
     run.finish(run_dir, manifest, "completed", train_seconds=train_seconds,

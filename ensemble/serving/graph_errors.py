@@ -1,6 +1,6 @@
 """What `ensemble serve` answers when the model's graph refuses a request (HTTP 400).
 
-An export refuses bad input values inside its graph (`ensemble.runs.export_graph`): the signature
+An export refuses bad input values inside its graph (`ensemble.data.export_graph`): the signature
 fails with TensorFlow's `InvalidArgumentError`, whose message wraps the refusal
 ("assertion failed: [input `bp`: a missing value ...]") in graph details (node names, the
 traced function's name). The client gets the refusal alone; any other graph error gets its

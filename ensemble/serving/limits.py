@@ -14,7 +14,7 @@ non-finite numbers, large requests run off the event loop and split into batches
 - Non-finite numbers: `Infinity` and `-Infinity` tokens, and a number beyond the input's dtype
   (it overflows to one), are refused by `codec._array`, naming the input; `null` and `NaN` are
   a missing value, as in a table `predict` reads: the export of a run that imputes fills it,
-  any other export refuses it naming the column (`ensemble.runs.export_graph`).
+  any other export refuses it naming the column (`ensemble.data.export_graph`).
 - Fairness: bodies above `OFF_LOOP_BYTES` are parsed and decoded in a worker thread, and a
   request of more rows than the batch size is cut into batches submitted one after another
   (`run_split`), so requests that arrive meanwhile join the queue between its batches instead

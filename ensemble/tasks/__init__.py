@@ -1,1 +1,28 @@
-"""Tasks: what a member's outputs mean and everything that follows from it (head, loss, scores, metrics, aggregators, tables, evaluation); `classification` and `regression` implement the `Task` protocol."""
+"""Tasks: what a member's outputs mean and everything that follows from it (head, loss, scores, metrics, aggregators, tables, evaluation); `classification` and `regression` subclass the `Task` base.
+
+`Task`, `Aggregator`, `Classification`, `Regression` and the registry's functions (`get`,
+`for_run`, `resolve`, ...) are re-exported here lazily (module `__getattr__`, PEP 562), so that
+importing one task module does not import every task.
+"""
+
+_BASE = ("Task", "Aggregator")
+_REGISTRY = ("Classification", "Regression", "REGISTRY", "TASKS", "LOSSES", "AGGREGATOR_NAMES",
+             "resolve", "get", "for_run", "of_model", "for_target", "for_classes", "of_metrics",
+             "format_table")
+__all__ = [*_BASE, *_REGISTRY]
+
+
+def __getattr__(name: str):
+    if name in _BASE:
+        from ensemble.tasks import base
+
+        return getattr(base, name)
+    if name in _REGISTRY:
+        from ensemble.tasks import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module 'ensemble.tasks' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *__all__])

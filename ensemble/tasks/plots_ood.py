@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from ensemble.tasks.base import is_gaussian
 from ensemble.tasks.report import pyplot as _pyplot, save_figure
 
 
@@ -24,6 +25,7 @@ def entropy_histograms(folder: Path, scores_in: list[dict], scores_out: list[dic
                        fit: dict | None, regression: bool) -> Path:
     """`folder/ood_entropy.png` from `ensemble.tasks.ood.uncertainty_scores` of both sets."""
     plt = _pyplot()
+    regression = is_gaussian(regression)  # the run's Task, or a flag
     key = "std" if regression else "entropy"
     best = (fit or {}).get("best_member")
     member = next((k for k, r in enumerate(scores_in) if r["member"] == best), 0)
@@ -72,7 +74,7 @@ def shift_plot(folder: Path, table: pa.Table, regression: bool) -> Path:
     """`folder/shift.png` from a `shift.parquet` table."""
     plt = _pyplot()
     rows = table.to_pylist()
-    keys = ("nll", "rmse") if regression else ("nll", "ece")
+    keys = ("nll", "rmse") if is_gaussian(regression) else ("nll", "ece")
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     sev = sorted({r["severity"] for r in rows})
     for ax, k in zip(axes, keys):

@@ -71,6 +71,43 @@ def split_block(split: str, rows: list[dict], references, columns, fmt, line) ->
     return out
 
 
+def rows_and_splits(metrics) -> tuple[list[dict], list[str], str]:
+    """A `metrics.parquet` table's rows, its splits in `SPLIT_ORDER` and the split of the
+    gains and the closing sentence (`test`, else the last).
+
+    Raises:
+        UsageError: the metrics hold no row.
+    """
+    rows = metrics.to_pylist()
+    if not rows:
+        raise UsageError("No labelled rows; cannot evaluate.")
+    splits = sorted({r["split"] for r in rows}, key=SPLIT_ORDER.index)
+    return rows, splits, "test" if "test" in splits else splits[-1]
+
+
+def fitted_lines(fit: dict | None, describe) -> list[str]:
+    """The fitted aggregators' parameters of `fit` (an `aggregators.json`), one line each:
+    member weights for `weighted`/`greedy` (with `describe(name, params)` after them), the
+    line `describe(name, params)` gives for the task's other fitted aggregators."""
+    if not fit or not fit.get("params"):
+        return []
+    names = [f"member-{i}" for i in fit["members"]]
+    out = [f"fitted on the validation split ({fit['n_rows']} rows):"]
+    for name, p in fit["params"].items():
+        if name in ("weighted", "greedy"):
+            ws = ", ".join(f"{n} {w:.2f}" for n, w in zip(names, p["weights"]) if w > 0)
+            out.append(f"  {name}: weights {ws}{describe(name, p) or ''}")
+        elif describe(name, p):
+            out.append(f"  {name}: {describe(name, p)}")
+    return out
+
+
+def plotted_split(metrics) -> tuple[str, list[dict]]:
+    """The split the plots show (`test`, else the metrics' first) and its metrics rows."""
+    rows = metrics.to_pylist()
+    split = "test" if any(r["split"] == "test" for r in rows) else rows[0]["split"]
+    return split, [r for r in rows if r["split"] == split]
+
 
 def pyplot():
     """matplotlib's pyplot on the Agg backend (files only).

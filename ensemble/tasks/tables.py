@@ -14,11 +14,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ensemble.tasks.classification import metrics as M
-from ensemble.tasks.classification.aggregators import aggregate, disagreement, member_weights
+from ensemble.tasks.classification.aggregators import (REGISTRY, aggregate, disagreement,
+                                                      member_weights)
 from ensemble.core.labels import encode
 
 UNCERTAINTY = ("entropy", "expected_entropy", "mutual_information")
-NOT_PROBABILITIES = {"vote"}  # vote shares: accuracy and disagreement only
+NOT_PROBABILITIES = {n for n, a in REGISTRY.items() if not a.probabilities}  # vote shares
 
 
 def _label_type(classes: np.ndarray) -> pa.DataType:

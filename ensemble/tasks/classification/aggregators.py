@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 
 from ensemble.core.errors import UsageError
+from ensemble.tasks.base import Aggregator, check_weights, registry
 
-AGGREGATORS = ("mean", "vote", "geometric", "weighted", "greedy", "stacking", "temperature")
-FITTED = ("weighted", "greedy", "stacking", "temperature")
 LOG_CLIP = 1e-12  # as the NLL of docs/reference/run-directory.md
 
 
@@ -77,19 +76,6 @@ def geometric(probs: np.ndarray) -> np.ndarray:
     return softmax(logp.mean(axis=0)).astype(np.float32)
 
 
-def check_weights(weights: Any, n_members: int) -> np.ndarray:
-    """Member weights as a float64 vector summing to 1.
-
-    Raises:
-        UsageError: not `n_members` non-negative numbers with a positive sum.
-    """
-    w = np.asarray(weights, dtype=np.float64)
-    if w.shape != (n_members,) or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-        raise UsageError(f"Expected {n_members} non-negative member weights with a positive sum. "
-                         f"Received: weights={np.asarray(weights).tolist()}")
-    return w / w.sum()
-
-
 def weighted(probs: np.ndarray, weights: Any) -> np.ndarray:
     """Weighted soft voting: `sum_m w_m p_m` with `w` normalised to sum 1.
 
@@ -140,8 +126,27 @@ def temperature_scaled(probs: np.ndarray, temperature: float) -> np.ndarray:
     return softmax(np.log(mean) / float(temperature)).astype(np.float32)
 
 
+_TF = "ensemble.tasks.classification.aggregators_tf:"
+_FIT = "ensemble.tasks.classification.fitted:"
+REGISTRY = registry(  # the classification task's aggregators (`ensemble.tasks.base.Aggregator`)
+    Aggregator("mean", lambda p, _: soft_vote(p), _TF + "mean"),
+    Aggregator("vote", lambda p, _: hard_vote(p), _TF + "vote", probabilities=False),
+    Aggregator("geometric", lambda p, _: geometric(p), _TF + "geometric"),
+    Aggregator("weighted", lambda p, q: weighted(p, q["weights"]), _TF + "weighted",
+               _FIT + "fit_weighted"),
+    Aggregator("greedy", lambda p, q: weighted(p, q["weights"]), _TF + "weighted",
+               _FIT + "fit_greedy"),
+    Aggregator("stacking", lambda p, q: stacked(p, q["coef"], q["intercept"]),
+               _TF + "stacking", _FIT + "fit_stacking_on"),
+    Aggregator("temperature", lambda p, q: temperature_scaled(p, q["temperature"]),
+               _TF + "temperature", _FIT + "fit_temperature_on"),
+)
+AGGREGATORS = tuple(REGISTRY)
+FITTED = tuple(a.name for a in REGISTRY.values() if a.fitted)
+
+
 def aggregate(probs: np.ndarray, name: str, params: dict | None = None) -> np.ndarray:
-    """Apply the aggregator `name` to `[n_members, n_rows, n_classes]`.
+    """Apply the aggregator `name` of `REGISTRY` to `[n_members, n_rows, n_classes]`.
 
     Args:
         params: the fitted parameters of a fitted aggregator (one entry of
@@ -151,24 +156,16 @@ def aggregate(probs: np.ndarray, name: str, params: dict | None = None) -> np.nd
     Raises:
         UsageError: unknown aggregator name, or a fitted one without parameters.
     """
-    if name not in AGGREGATORS:
-        raise UsageError(
-            f"Expected an aggregator from {', '.join(AGGREGATORS)}. Received: aggregator={name!r}"
-        )
-    if name == "mean":
-        return soft_vote(probs)
-    if name == "vote":
-        return hard_vote(probs)
-    if name == "geometric":
-        return geometric(probs)
-    if not params:
-        raise UsageError(f"Aggregator {name!r} is fitted on the validation split; "
-                         "its parameters are missing (run `ensemble aggregate`).")
-    if name in ("weighted", "greedy"):
-        return weighted(probs, params["weights"])
-    if name == "stacking":
-        return stacked(probs, params["coef"], params["intercept"])
-    return temperature_scaled(probs, params["temperature"])
+    if name not in REGISTRY:
+        raise UsageError(unknown(name))
+    return REGISTRY[name](probs, params)
+
+
+def unknown(name: str) -> str:
+    """The message refusing an aggregator name classification does not have."""
+    if name == "std-scaling":
+        return "Aggregator 'std-scaling' is for regression runs; classification has 'temperature'."
+    return f"Expected an aggregator from {', '.join(AGGREGATORS)}. Received: aggregator={name!r}"
 
 
 def member_weights(name: str, n_members: int, params: dict | None) -> np.ndarray:

@@ -9,9 +9,9 @@ import textwrap
 
 import pyarrow as pa
 
-from ensemble.core.errors import UsageError
 from ensemble.tasks.classification.metrics import LOWER_IS_BETTER, METRICS
-from ensemble.tasks.report import SPLIT_ORDER, members_and_best, number, split_block
+from ensemble.tasks.report import (fitted_lines, members_and_best, number, rows_and_splits,
+                                   split_block)
 
 NAME_WIDTH, COL = 35, 16  # 35 + 4 * 16 = 99 columns; a cell holds at most 15 characters
 
@@ -95,24 +95,17 @@ def verdict(metrics: pa.Table, split: str = "test") -> str:
         f"{'best' if best is not None else 'mean'} member."
 
 
-def _fitted_lines(fit: dict | None) -> list[str]:
-    """The fitted aggregators' parameters, one line each."""
-    if not fit or not fit.get("params"):
-        return []
-    names = [f"member-{i}" for i in fit["members"]]
-    out = [f"fitted on the validation split ({fit['n_rows']} rows):"]
-    for name, p in fit["params"].items():
-        if name in ("weighted", "greedy"):
-            ws = ", ".join(f"{n} {w:.2f}" for n, w in zip(names, p["weights"]) if w > 0)
-            extra = (f" ({p['size']} of {len(p['order'])} rounds kept)" if name == "greedy"
-                     else f" ({p.get('source', 'fitted')})")
-            out.append(f"  {name}: weights {ws}{extra}")
-        elif name == "stacking":
-            out.append(f"  stacking: logistic regression, C = {p['C']:.3g} "
-                       f"({p['folds']}-fold cross-validation)")
-        elif name == "temperature":
-            out.append(f"  temperature: T = {p['temperature']:.3f}")
-    return out
+def _describe(name: str, p: dict) -> str | None:
+    """The text of a fitted aggregator's parameters (`report.fitted_lines`)."""
+    if name == "greedy":
+        return f" ({p['size']} of {len(p['order'])} rounds kept)"
+    if name == "weighted":
+        return f" ({p.get('source', 'fitted')})"
+    if name == "stacking":
+        return f"logistic regression, C = {p['C']:.3g} ({p['folds']}-fold cross-validation)"
+    if name == "temperature":
+        return f"T = {p['temperature']:.3f}"
+    return None
 
 
 def format_table(metrics: pa.Table, fit: dict | None = None, extra=()) -> str:
@@ -122,17 +115,13 @@ def format_table(metrics: pa.Table, fit: dict | None = None, extra=()) -> str:
     Raises:
         UsageError: the metrics hold no row.
     """
-    rows = metrics.to_pylist()
-    if not rows:
-        raise UsageError("No labelled rows; cannot evaluate.")
-    splits = sorted({r["split"] for r in rows}, key=SPLIT_ORDER.index)
+    rows, splits, last = rows_and_splits(metrics)
     better = ["higher" if m not in LOWER_IS_BETTER else "lower" for m in METRICS]
     lines = [_line("model", list(METRICS)), _line("(better)", better)]
     for s in splits:
         lines += _split_block(s, [r for r in rows if r["split"] == s])
-    last = "test" if "test" in splits else splits[-1]
     lines += _gain_block(last, [r for r in rows if r["split"] == last])
-    lines += _fitted_lines(fit)
+    lines += fitted_lines(fit, _describe)
     if any(r["aggregator"] == "vote" for r in rows):
         lines.append("ensemble-vote: vote shares are not probabilities, so NLL, Brier and ECE "
                      "are n/a")

@@ -31,6 +31,7 @@ import numpy as np
 from ensemble.tasks.classification import aggregators as A
 from ensemble.tasks.classification import metrics as M
 from ensemble.core.errors import UsageError
+from ensemble.tasks.base import fit_member_weights
 
 FILENAME = "aggregators.json"
 MISSING_CLASS_LOGIT = -50.0  # a class absent from the validation labels gets no mass
@@ -147,47 +148,34 @@ def fit_temperature(probs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     return {"temperature": float(np.exp(res.x))}
 
 
-def fit(probs: np.ndarray, y: np.ndarray, names: Sequence[str], members: Sequence[int],
-        settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Fit every fitted aggregator of `names` on validation predictions.
+def fit_weighted(probs: np.ndarray, y: np.ndarray, settings: dict) -> dict[str, Any]:
+    """`weighted`: the config's weights, else `fit_weights` (`ensemble.tasks.base`)."""
+    return fit_member_weights(fit_weights, probs, y, settings)
 
-    Args:
-        probs: `[n_members, n_rows, n_classes]` validation probabilities, members in the order
-            of `members` (their indices in the run).
-        y: `[n_rows]` validation class indices.
-        settings: the config's `[aggregation]` table (`weights`, `greedy_rounds`,
-            `stacking_folds`); defaults when None.
 
-    Returns:
-        The content of `aggregators.json`: `{"fitted_on": "validation", "n_rows", "members",
-        "aggregators": [...], "best_member": index of the member with the lowest validation
-        NLL, "params": {name: params}, "validation_nll": {name: NLL}}`.
+def fit_greedy(probs: np.ndarray, y: np.ndarray, settings: dict) -> dict[str, Any]:
+    """`greedy`: `greedy_selection` for `settings["greedy_rounds"]` rounds."""
+    return greedy_selection(probs, y, int(settings["greedy_rounds"]))
+
+
+def fit_stacking_on(probs: np.ndarray, y: np.ndarray, settings: dict) -> dict[str, Any]:
+    """`stacking`: `fit_stacking` with `settings["stacking_folds"]` folds."""
+    return fit_stacking(probs, y, int(settings["stacking_folds"]))
+
+
+def fit_temperature_on(probs: np.ndarray, y: np.ndarray, settings: dict) -> dict[str, Any]:
+    """`temperature`: `fit_temperature` (no setting)."""
+    return fit_temperature(probs, y)
+
+
+def member_losses(probs: np.ndarray, y: np.ndarray) -> list[float]:
+    """Per member of `[n_members, n_rows, n_classes]`, its validation NLL.
+
+    Raises:
+        UsageError: `y` not `[n_rows]` labels.
     """
-    from ensemble.tasks.settings import AggregationConfig
-
     probs, y = _check(probs, y)
-    cfg = dict(AggregationConfig().__dict__, **(settings or {}))
-    params: dict[str, Any] = {}
-    for name in names:
-        if name == "weighted" and cfg["weights"]:
-            params[name] = {"weights": A.check_weights(cfg["weights"], len(probs)).tolist(),
-                            "source": "config"}
-        elif name == "weighted":
-            params[name] = {**fit_weights(probs, y), "source": "fitted"}
-        elif name == "greedy":
-            params[name] = greedy_selection(probs, y, int(cfg["greedy_rounds"]))
-        elif name == "stacking":
-            params[name] = fit_stacking(probs, y, int(cfg["stacking_folds"]))
-        elif name == "temperature":
-            params[name] = fit_temperature(probs, y)
-    member_nll = [M.nll(y, p) for p in probs]
-    return {"fitted_on": "validation", "n_rows": int(len(y)), "members": list(members),
-            "aggregators": list(names),
-            "best_member": int(list(members)[int(np.argmin(member_nll))]),
-            "params": params,
-            "validation_nll": {a: (None if a == "vote" else
-                                   M.nll(y, A.aggregate(probs, a, params.get(a))))
-                               for a in names}}
+    return [M.nll(y, p) for p in probs]
 
 
 def member_params(fitted: dict[str, Any] | None, members: Sequence[int]) -> dict[str, Any]:

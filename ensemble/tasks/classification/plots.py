@@ -16,7 +16,8 @@ import pyarrow.compute as pc
 
 from ensemble.core import artifacts
 from ensemble.tasks import tables
-from ensemble.tasks.report import ANSWER, answering, members_and_best, pyplot, save_figure
+from ensemble.tasks.report import (ANSWER, answering, members_and_best, plotted_split, pyplot,
+                                   save_figure)
 from ensemble.tasks.classification.metrics import ECE_BINS, LOWER_IS_BETTER, METRICS
 
 
@@ -49,9 +50,7 @@ def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path 
         UsageError: matplotlib is not installed (names the extra to install).
     """
     plt = pyplot()
-    rows = metrics.to_pylist()
-    split = "test" if any(r["split"] == "test" for r in rows) else rows[0]["split"]
-    rows = [r for r in rows if r["split"] == split]
+    split, rows = plotted_split(metrics)
     members = [r for r in rows if r["member"] is not None]
     ensembles = [r for r in rows if r["aggregator"] is not None and r["nll"] is not None]
     written = []

@@ -26,9 +26,8 @@ from typing import Any
 import numpy as np
 
 from ensemble.core.errors import UsageError
+from ensemble.tasks.base import Aggregator, check_weights, registry
 
-AGGREGATORS = ("mean", "weighted", "greedy", "std-scaling")
-FITTED = ("weighted", "greedy", "std-scaling")
 REGRESSION_DEFAULT = ("mean", "std-scaling")  # a regression run's aggregators by default
 VARIANCE_FLOOR = 1e-6  # added to softplus(raw) in the head: sigma^2 = softplus(raw) + 1e-6
 
@@ -46,52 +45,6 @@ def check_members(outputs: np.ndarray) -> np.ndarray:
     if np.any(out[..., 1] < 0):
         raise UsageError("Expected non-negative member variances.")
     return out
-
-
-def check_aggregators(names, task: str) -> None:
-    """Refuse aggregators that do not apply to `task`.
-
-    Raises:
-        UsageError: one line naming the aggregator and the ones the task offers.
-    """
-    if task != "regression":
-        bad = [a for a in names if a == "std-scaling"]
-        if bad:
-            raise UsageError("Aggregator 'std-scaling' is for regression runs; classification "
-                             "has 'temperature'.")
-        return
-    bad = [a for a in names if a not in AGGREGATORS]
-    if bad:
-        raise UsageError(f"Aggregator {bad[0]!r} is for classification; a regression run "
-                         f"takes {', '.join(AGGREGATORS)}. Received: {list(names)}")
-
-
-def known_aggregators(task: str | None) -> tuple[str, ...]:
-    """Every aggregator name a run of `task` (its manifest's `task`; None: classification)
-    can apply."""
-    from ensemble.tasks.classification.aggregators import AGGREGATORS as CLASSIFICATION
-
-    return tuple(AGGREGATORS) if task == "regression" else tuple(CLASSIFICATION)
-
-
-def task_aggregators(names, task: str | None) -> list[str]:
-    """The aggregators a run of `task` applies: the config's `names`, except that a regression
-    run whose config keeps the classification default (`mean`, `vote`) applies
-    `REGRESSION_DEFAULT` (`mean` and `std-scaling`, fitted on validation: the mean mixture's
-    intervals are often too wide or too narrow, and the one fitted factor fixes that)."""
-    from ensemble.tasks.settings import DEFAULT_AGGREGATORS
-
-    if task == "regression" and tuple(names) == tuple(DEFAULT_AGGREGATORS):
-        return list(REGRESSION_DEFAULT)
-    return list(names)
-
-
-def check_weights(weights: Any, n_members: int) -> np.ndarray:
-    """Member weights as float64 `[n_members]` summing to 1 (see
-    `ensemble.tasks.classification.aggregators.check_weights`)."""
-    from ensemble.tasks.classification.aggregators import check_weights as check
-
-    return check(weights, n_members)
 
 
 def mixture(outputs: np.ndarray, weights: Any = None, scale: float = 1.0) -> np.ndarray:
@@ -124,8 +77,36 @@ def member_weights(name: str, n_members: int, params: dict | None) -> np.ndarray
     return np.full(n_members, 1.0 / n_members)
 
 
+def _scaled(outputs: np.ndarray, params: dict) -> np.ndarray:
+    s = float(params["scale"])
+    if not s > 0:
+        raise UsageError(f"Expected a positive std scale. Received: scale={s}")
+    return mixture(outputs, scale=s)
+
+
+_TF = "ensemble.tasks.regression.tf_ops:"
+_FIT = "ensemble.tasks.regression.fitted:"
+REGISTRY = registry(  # the regression task's aggregators (`ensemble.tasks.base.Aggregator`)
+    Aggregator("mean", lambda o, _: mixture(o), _TF + "mean"),
+    Aggregator("weighted", lambda o, q: mixture(o, weights=q["weights"]), _TF + "weighted",
+               _FIT + "fit_weighted"),
+    Aggregator("greedy", lambda o, q: mixture(o, weights=q["weights"]), _TF + "weighted",
+               _FIT + "fit_greedy"),
+    Aggregator("std-scaling", _scaled, _TF + "std_scaling", _FIT + "fit_std_scale_on"),
+)
+AGGREGATORS = tuple(REGISTRY)
+FITTED = tuple(a.name for a in REGISTRY.values() if a.fitted)
+
+
+def unknown(name: str, names=None) -> str:
+    """The message refusing an aggregator regression does not have (in `names`)."""
+    return (f"Aggregator {name!r} is for classification; a regression run "
+            f"takes {', '.join(AGGREGATORS)}. Received: {list(names or [name])}")
+
+
 def aggregate(outputs: np.ndarray, name: str, params: dict | None = None) -> np.ndarray:
-    """Apply the regression aggregator `name` to `[n_members, n_rows, 2]` member outputs.
+    """Apply the regression aggregator `name` of `REGISTRY` to `[n_members, n_rows, 2]`
+    member outputs.
 
     Args:
         params: a fitted aggregator's parameters (`aggregators.json`): `weights` for
@@ -138,18 +119,9 @@ def aggregate(outputs: np.ndarray, name: str, params: dict | None = None) -> np.
         UsageError: an aggregator that is not for regression, or a fitted one without its
             parameters.
     """
-    check_aggregators([name], "regression")
-    if name == "mean":
-        return mixture(outputs)
-    if not params:
-        raise UsageError(f"Aggregator {name!r} is fitted on the validation split; "
-                         "its parameters are missing (run `ensemble aggregate`).")
-    if name == "std-scaling":
-        s = float(params["scale"])
-        if not s > 0:
-            raise UsageError(f"Expected a positive std scale. Received: scale={s}")
-        return mixture(outputs, scale=s)
-    return mixture(outputs, weights=params["weights"])
+    if name not in REGISTRY:
+        raise UsageError(unknown(name))
+    return REGISTRY[name](outputs, params)
 
 
 def components(outputs: np.ndarray, name: str, params: dict | None = None

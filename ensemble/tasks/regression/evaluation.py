@@ -8,9 +8,8 @@ import textwrap
 
 import pyarrow as pa
 
-from ensemble.core.errors import UsageError
 from ensemble.tasks.regression.metrics import LOWER_IS_BETTER
-from ensemble.tasks.report import SPLIT_ORDER, members_and_best, split_block
+from ensemble.tasks.report import fitted_lines, members_and_best, rows_and_splits, split_block
 
 COLUMNS = ("rmse", "mae", "nll", "mixture_nll", "crps", "coverage_90", "coverage_95",
            "calibration_error", "r2")
@@ -67,18 +66,9 @@ def _gains(split: str, rows: list[dict]) -> list[str]:
     return out
 
 
-def _fitted(fit: dict | None) -> list[str]:
-    if not fit or not fit.get("params"):
-        return []
-    names = [f"member-{i}" for i in fit["members"]]
-    out = [f"fitted on the validation split ({fit['n_rows']} rows):"]
-    for name, p in fit["params"].items():
-        if name in ("weighted", "greedy"):
-            ws = ", ".join(f"{n} {w:.2f}" for n, w in zip(names, p["weights"]) if w > 0)
-            out.append(f"  {name}: weights {ws}")
-        elif name == "std-scaling":
-            out.append(f"  std-scaling: s = {p['scale']:.3f} (predictive std x s)")
-    return out
+def _describe(name: str, p: dict) -> str | None:
+    """The text of a fitted aggregator's parameters (`report.fitted_lines`)."""
+    return f"s = {p['scale']:.3f} (predictive std x s)" if name == "std-scaling" else None
 
 
 def verdict(rows: list[dict], split: str, validation_nll: dict | None = None) -> str:
@@ -111,18 +101,14 @@ def format_table(metrics: pa.Table, fit: dict | None = None, extra=()) -> str:
     Raises:
         UsageError: the metrics hold no row.
     """
-    rows = metrics.to_pylist()
-    if not rows:
-        raise UsageError("No labelled rows; cannot evaluate.")
-    splits = sorted({r["split"] for r in rows}, key=SPLIT_ORDER.index)
+    rows, splits, last = rows_and_splits(metrics)
     better = ["lower" if m in LOWER_IS_BETTER else "higher" if m == "r2" else "~nom"
               for m in COLUMNS]
     lines = [_line("model", HEADERS), _line("(better)", better)]
     for s in splits:
         lines += _block(s, [r for r in rows if r["split"] == s])
-    last = "test" if "test" in splits else splits[-1]
     lines += _gains(last, [r for r in rows if r["split"] == last])
-    lines += _fitted(fit)
+    lines += fitted_lines(fit, _describe)
     lines += ["cov_90/cov_95: share of rows inside the central 90%/95% interval (nominal "
               "0.90/0.95);", "cal_err: mean |p - observed| over quantile levels 0.05..0.95"]
     lines += list(extra)

@@ -16,13 +16,14 @@ the `nll` of `metrics.parquet`. Parameters are plain JSON in the run's `aggregat
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from ensemble.tasks.regression import aggregators as R
 from ensemble.tasks.regression import metrics as RM
 from ensemble.core.errors import UsageError
+from ensemble.tasks.base import fit_member_weights
 
 
 def _check(outputs, y) -> tuple[np.ndarray, np.ndarray]:
@@ -114,40 +115,26 @@ def fit_std_scale(outputs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     return {"scale": s if s > 0 else 1.0}
 
 
-def fit(outputs: np.ndarray, y: np.ndarray, names: Sequence[str], members: Sequence[int],
-        settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Fit every regression aggregator of `names` on validation outputs; the content of
-    `aggregators.json` (same keys as `ensemble.tasks.classification.fitted.fit`: `fitted_on`, `n_rows`, `members`,
-    `aggregators`, `best_member` (lowest validation Gaussian NLL, else RMSE), `params`,
-    `validation_nll`), plus `"task": "regression"`.
+def fit_weighted(outputs: np.ndarray, y: np.ndarray, settings: dict) -> dict[str, Any]:
+    """`weighted`: the config's weights, else `fit_weights` (`ensemble.tasks.base`)."""
+    return fit_member_weights(fit_weights, outputs, y, settings)
 
-    Raises:
-        UsageError: a classification-only aggregator among `names`.
-    """
-    from ensemble.tasks.settings import AggregationConfig
 
-    R.check_aggregators(names, "regression")
+def fit_greedy(outputs: np.ndarray, y: np.ndarray, settings: dict) -> dict[str, Any]:
+    """`greedy`: `greedy_selection` for `settings["greedy_rounds"]` rounds."""
+    return greedy_selection(outputs, y, int(settings["greedy_rounds"]))
+
+
+def fit_std_scale_on(outputs: np.ndarray, y: np.ndarray, settings: dict) -> dict[str, Any]:
+    """`std-scaling`: `fit_std_scale` (no setting)."""
+    return fit_std_scale(outputs, y)
+
+
+def member_losses(outputs: np.ndarray, y: np.ndarray) -> list[float]:
+    """Per member, its validation Gaussian NLL (inf where undefined); the RMSE of the means
+    when no member has an NLL (point members)."""
     out, y = _check(outputs, y)
-    cfg = dict(AggregationConfig().__dict__, **(settings or {}))
-    params: dict[str, Any] = {}
-    for name in names:
-        if name == "weighted" and cfg["weights"]:
-            params[name] = {"weights": R.check_weights(cfg["weights"], len(out)).tolist(),
-                            "source": "config"}
-        elif name == "weighted":
-            params[name] = {**fit_weights(out, y), "source": "fitted"}
-        elif name == "greedy":
-            params[name] = greedy_selection(out, y, int(cfg["greedy_rounds"]))
-        elif name == "std-scaling":
-            params[name] = fit_std_scale(out, y)
-    member_nll = [RM.nll(y, o[:, 0], np.sqrt(o[:, 1])) for o in out]
-    key = ([v if v is not None else np.inf for v in member_nll] if any(
-        v is not None for v in member_nll) else [RM.rmse(y, o[:, 0]) for o in out])
-    val = {}
-    for a in names:
-        e = R.aggregate(out, a, params.get(a))
-        val[a] = RM.nll(y, e[:, 0], np.sqrt(e[:, 1] + e[:, 2]))
-    return {"fitted_on": "validation", "task": "regression", "n_rows": int(len(y)),
-            "members": list(members), "aggregators": list(names),
-            "best_member": int(list(members)[int(np.argmin(key))]), "params": params,
-            "validation_nll": val}
+    nll = [RM.nll(y, o[:, 0], np.sqrt(o[:, 1])) for o in out]
+    if any(v is not None for v in nll):
+        return [v if v is not None else np.inf for v in nll]
+    return [RM.rmse(y, o[:, 0]) for o in out]

@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from scipy.stats import norm
 
-from ensemble.tasks.report import ANSWER, answering, members_and_best, pyplot, save_figure
+from ensemble.tasks.report import (ANSWER, answering, members_and_best, plotted_split, pyplot,
+                                   save_figure)
 
 LEVELS = np.linspace(0.05, 0.95, 19)
 
@@ -65,11 +66,9 @@ def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path 
         UsageError: matplotlib is not installed (names the extra to install).
     """
     plt = pyplot()
-    rows = metrics.to_pylist()
-    split = "test" if any(r["split"] == "test" for r in rows) else rows[0]["split"]
+    split, rows = plotted_split(metrics)
     shown = [(r["model"] + (" (best member)" if r["member"] is not None else ANSWER),
-              _rows(preds, r["model"], split))
-             for r in _shown([r for r in rows if r["split"] == split], run_dir)]
+              _rows(preds, r["model"], split)) for r in _shown(rows, run_dir)]
     written = []
 
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from ensemble.tasks.regression.aggregators import AGGREGATORS, VARIANCE_FLOOR, check_weights
+from ensemble.tasks.base import check_weights
+from ensemble.tasks.regression.aggregators import REGISTRY, VARIANCE_FLOOR, unknown
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -63,6 +63,40 @@ def mse(y, outputs, loc: float, scale: float):
     return tf.reduce_mean(tf.square(y - (outputs[:, 0] - loc) / scale))
 
 
+def mixture_tf(member_outputs, weights=None, scale: float = 1.0) -> tf.Tensor:
+    """TensorFlow twin of `ensemble.tasks.regression.aggregators.mixture`: `[n_members, n_rows,
+    2]` (mean, variance) -> `[n_rows, 3]` float32 (mean, aleatoric and epistemic variance,
+    both times `scale^2`), float64 inside; `weights` `[n_members]` or None (uniform)."""
+    p = tf.cast(tf.convert_to_tensor(member_outputs, tf.float32), tf.float64)
+    mu_m, var_m = p[..., 0], p[..., 1]
+    if weights is None:
+        mu = tf.reduce_mean(mu_m, axis=0)
+        ale = tf.reduce_mean(var_m, axis=0)
+        epi = tf.reduce_mean(tf.square(mu_m - mu), axis=0)
+    else:
+        w = tf.constant(check_weights(weights, int(p.shape[0])), tf.float64)
+        mu = tf.tensordot(w, mu_m, axes=1)
+        ale = tf.tensordot(w, var_m, axes=1)
+        epi = tf.tensordot(w, tf.square(mu_m - mu), axes=1)
+    s2 = float(scale) ** 2
+    return tf.cast(tf.stack([mu, ale * s2, epi * s2], axis=1), tf.float32)
+
+
+def mean(member_outputs, params=None) -> tf.Tensor:
+    """The `mean` mixture (uniform weights)."""
+    return mixture_tf(member_outputs)
+
+
+def weighted(member_outputs, params: dict) -> tf.Tensor:
+    """`weighted` and `greedy`: the mixture with the fitted weights (`n_members` static)."""
+    return mixture_tf(member_outputs, params["weights"])
+
+
+def std_scaling(member_outputs, params: dict) -> tf.Tensor:
+    """`std-scaling`: the mean mixture with both variances times `scale^2`."""
+    return mixture_tf(member_outputs, scale=float(params["scale"]))
+
+
 def aggregate_tf(member_outputs, name: str, params: dict | None = None) -> tf.Tensor:
     """TensorFlow twin of `ensemble.tasks.regression.aggregators.aggregate`.
 
@@ -78,38 +112,26 @@ def aggregate_tf(member_outputs, name: str, params: dict | None = None) -> tf.Te
     Raises:
         ValueError: an aggregator that is not for regression, or missing parameters.
     """
-    p = tf.cast(tf.convert_to_tensor(member_outputs, tf.float32), tf.float64)
-    if name not in AGGREGATORS:
-        raise ValueError(f"Expected a regression aggregator from {', '.join(AGGREGATORS)}. "
-                         f"Received: aggregator={name!r}")
-    s2 = 1.0
-    if name == "mean":
-        w = None
-    elif not params:
-        raise ValueError(f"Aggregator {name!r} needs its fitted parameters (aggregators.json).")
-    elif name == "std-scaling":
-        w, s2 = None, float(params["scale"]) ** 2
-    else:
-        w = tf.constant(check_weights(params["weights"], int(p.shape[0])), tf.float64)
-    mu_m, var_m = p[..., 0], p[..., 1]
-    if w is None:
-        mu = tf.reduce_mean(mu_m, axis=0)
-        ale = tf.reduce_mean(var_m, axis=0)
-        epi = tf.reduce_mean(tf.square(mu_m - mu), axis=0)
-    else:
-        mu = tf.tensordot(w, mu_m, axes=1)
-        ale = tf.tensordot(w, var_m, axes=1)
-        epi = tf.tensordot(w, tf.square(mu_m - mu), axes=1)
-    return tf.cast(tf.stack([mu, ale * s2, epi * s2], axis=1), tf.float32)
+    if name not in REGISTRY:
+        raise ValueError(unknown(name))
+    return REGISTRY[name].apply_tf(member_outputs, params)
 
 
-def mean_std(ensemble) -> tuple[tf.Tensor, tf.Tensor]:
-    """(mean `[n_rows]`, predictive std `[n_rows]`) of an aggregator's `[n_rows, 3]`."""
-    e = tf.convert_to_tensor(ensemble)
-    return e[:, 0], tf.sqrt(e[:, 1] + e[:, 2])
+def uncertainty_tf(ensemble) -> dict:
+    """`{"std", "aleatoric_std", "epistemic_std"}` `[batch]` (target units) of an aggregator's
+    `[batch, 3]` (mean, aleatoric variance, epistemic variance): TF twin of
+    `ensemble.tasks.regression.aggregators.std_of`."""
+    e = tf.cast(ensemble, tf.float64)
+    return {"std": tf.cast(tf.sqrt(e[:, 1] + e[:, 2]), tf.float32),
+            "aleatoric_std": tf.cast(tf.sqrt(e[:, 1]), tf.float32),
+            "epistemic_std": tf.cast(tf.sqrt(e[:, 2]), tf.float32)}
 
 
-def as_numpy_params(params: dict | None) -> dict:
-    """A copy of `params` with numpy arrays turned to lists (JSON-like)."""
-    return {k: (np.asarray(v).tolist() if isinstance(v, np.ndarray) else v)
-            for k, v in (params or {}).items()}
+def serving_outputs(stacked, name: str, params: dict | None, classes=None) -> dict:
+    """An exported signature's outputs of aggregator `name` over `stacked` `[n_members, batch,
+    2]` (mean, variance): `mean`, `std`, `aleatoric_std`, `epistemic_std` `[batch]` and
+    `member_mean`, `member_std` `[batch, n_members]`, target units."""
+    ens = aggregate_tf(stacked, name, params)
+    return {"mean": ens[:, 0], **uncertainty_tf(ens),
+            "member_mean": tf.transpose(stacked[..., 0]),
+            "member_std": tf.transpose(tf.sqrt(stacked[..., 1]))}

@@ -27,7 +27,7 @@ from ensemble.core import artifacts
 from ensemble.tasks.classification import fitted
 from ensemble.runs import prepare as run
 from ensemble.tasks import tables
-from ensemble.tasks.classification.aggregators import FITTED
+from ensemble import tasks
 from ensemble.config.schema import Config, from_dict
 from ensemble.data.sources import Dataset
 from ensemble.core.errors import UsageError
@@ -39,20 +39,13 @@ from ensemble.data.preprocessing import Preprocessing
 
 def dataset(x: np.ndarray, names: Sequence[str]) -> Dataset:
     """`x` `[n_rows, n_features]` as an unlabelled `Dataset` with column names `names`."""
-    return Dataset("arrays", np.asarray(x, np.float32), None, tuple(str(n) for n in names))
+    return kinds.in_memory_rows(x, names)
 
 
 def fit_preprocessing(x: np.ndarray, y: np.ndarray, classes: np.ndarray,
                       names: Sequence[str]) -> Preprocessing:
-    """The standardisation of `ensemble train`, fitted on all rows of `x` `[n_rows,
-    n_features]`; rows of more dimensions (images for a CNN) are fed as they are
-    (`ArrayPreprocessing.identity`)."""
-    if x.ndim > 2:
-        from ensemble.data.arrays import ArrayPreprocessing
-
-        return ArrayPreprocessing.identity(x.shape[1:], classes)
-    ds = dataclasses.replace(dataset(x, names), y=y)
-    return kinds.fit_preprocessing(ds, np.arange(len(x)), classes)
+    """The preprocessing of `ensemble train`, fitted on all rows of `x` (`kinds.fit_in_memory`)."""
+    return kinds.fit_in_memory(x, y, classes, names)
 
 
 def _configure(cfg: Config) -> list[str]:
@@ -100,12 +93,9 @@ def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preproce
         weights = entry.weights()
         aggs = None
         name = cfg.aggregation.aggregators[0]
-        if name in FITTED or name == "std-scaling":
-            fit_fn = fitted.fit
-            if name == "std-scaling" or not len(pre.classes):  # regression
-                from ensemble.tasks.regression.fitted import fit as fit_fn
-            aggs = fit_fn(group.predict(val[0])[0], val[1], [name], group.indices,
-                          dataclasses.asdict(cfg.aggregation))
+        if group.task.fitted_names([name]):
+            aggs = group.task.fit_aggregators(group.predict(val[0])[0], val[1], [name],
+                                              group.indices, dataclasses.asdict(cfg.aggregation))
     return {"devices": devs, "weights": weights, "aggregators": aggs,
             "history": tables.history_table(records).to_pandas()}
 
@@ -139,8 +129,8 @@ def train_between_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Pre
         history = artifacts.read_parquet(path / artifacts.HISTORY).to_pandas()
         if val is None:
             history[[c for c in history.columns if c.startswith("val_")]] = np.nan  # train rows
-        aggs = fitted.read(path) if cfg.aggregation.aggregators[0] in (
-            *FITTED, "std-scaling") else None
+        aggs = fitted.read(path) if _task(cfg, pre).fitted_names(
+            cfg.aggregation.aggregators[:1]) else None
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -183,8 +173,6 @@ def manifest_for(cfg: Config, mode: str, pre: Preprocessing, rows: dict[str, int
 
 def _task(cfg: Config, pre: Preprocessing):
     """A run from arrays without classes is a regression on the standardised target."""
-    from ensemble.tasks import heads as tasks
-
     return tasks.for_classes(pre.classes, cfg.training.loss)
 
 
@@ -251,11 +239,12 @@ def load(cls, path: Path):
         est.categorical, est.impute = tuple(pre.categories) or "none", pre.impute
     est.seed_, est.devices_ = t.seed, [e["device"] for e in manifest["members"]]
     est.member_weights_, est.aggregator_ = weights, names[0]
-    if manifest.get("task") == "regression":  # members trained on the standardised target
-        est.target_loc_ = manifest["dataset"].get("target_loc", 0.0)
-        est.target_scale_ = manifest["dataset"].get("target_scale", 1.0)
+    task = tasks.for_run(manifest)
+    for key, value in task.target_entries().items():  # members trained on the scaled target
+        setattr(est, f"{key}_", value)
+    if task.target_entries():  # a regressor has no classes
         del est.classes_
-    est.aggregators_ = fit_ if names[0] in (*FITTED, "std-scaling") else None
+    est.aggregators_ = fit_ if task.fitted_names(names[:1]) else None
     est.n_rows_ = dict(manifest["dataset"]["rows"])
     hist = path / artifacts.HISTORY
     est.history_ = artifacts.read_parquet(hist).to_pandas() if hist.is_file() else None

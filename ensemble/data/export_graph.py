@@ -1,4 +1,4 @@
-"""The refusals and the per-row uncertainty outputs inside an exported signature.
+"""The refusals inside an exported signature.
 
 `ensemble.runs.export` calls these while it traces each signature, so that the SavedModel itself
 answers as `ensemble predict` does, under plain TensorFlow Serving too:
@@ -11,9 +11,8 @@ answers as `ensemble predict` does, under plain TensorFlow Serving too:
   imputation, an infinite value (a JSON number beyond float32, such as `1e39`, arrives as
   inf once cast to the input's float32), and a value that the run's standardisation scales
   beyond float32. A run that imputes fills NaN and `""` as before, and still refuses inf.
-- Uncertainty (`classification_uncertainty`, `regression_uncertainty`): the per-row columns of
-  `predictions.parquet` (docs/reference/run-directory.md) computed in the graph from the
-  members' outputs, TF twins of `ensemble.tasks.classification.metrics.uncertainty` and `ensemble.tasks.regression.aggregators.std_of`.
+- The outputs themselves, with their per-row uncertainty, are the task's
+  (`ensemble.tasks.Task.serving_outputs`).
 
 `ensemble serve` turns the refusal into HTTP 400 with its message
 (`ensemble.serving.graph_errors`).
@@ -75,41 +74,3 @@ def refuse_unfit(z, name: str | None, columns) -> list:
                     "a value that does not fit float32 (the model's dtype) once scaled by the "
                     "run's standardisation; expected values within the range the run was "
                     "trained on", list(columns))]
-
-
-def entropy_tf(p):
-    """Shannon entropy (nats) over the last axis of `p` (float64), `0 log 0 = 0`: the TF twin
-    of `ensemble.tasks.classification.metrics.entropy`."""
-    safe = tf.where(p > 0, p, tf.ones_like(p))
-    return -tf.reduce_sum(tf.where(p > 0, p * tf.math.log(safe), tf.zeros_like(p)), axis=-1)
-
-
-def classification_uncertainty(member_probs, ensemble_probs, weights) -> dict:
-    """Per-row uncertainty of an ensemble row, TF twin of `ensemble.tasks.classification.metrics.uncertainty`.
-
-    Args:
-        member_probs: `[n_members, batch, n_classes]` float32 probabilities.
-        ensemble_probs: `[batch, n_classes]` float32, the aggregator's output.
-        weights: `[n_members]` weights of the expected member entropy
-            (`ensemble.tasks.classification.aggregators.member_weights`).
-
-    Returns:
-        `{"entropy", "expected_entropy", "mutual_information"}`, each `[batch]` float32 (float64
-        inside): H(ensemble), sum_m w_m H(p_m) and their difference (Depeweg et al. 2018).
-    """
-    member_h = entropy_tf(tf.cast(member_probs, tf.float64))  # [n_members, batch]
-    h = entropy_tf(tf.cast(ensemble_probs, tf.float64))
-    expected = tf.tensordot(tf.constant(np.asarray(weights, np.float64)), member_h, axes=1)
-    return {"entropy": tf.cast(h, tf.float32),
-            "expected_entropy": tf.cast(expected, tf.float32),
-            "mutual_information": tf.cast(h - expected, tf.float32)}
-
-
-def regression_uncertainty(ensemble) -> dict:
-    """`{"std", "aleatoric_std", "epistemic_std"}` `[batch]` (target units) of an aggregator's
-    `[batch, 3]` (mean, aleatoric variance, epistemic variance): TF twin of
-    `ensemble.tasks.regression.aggregators.std_of`."""
-    e = tf.cast(ensemble, tf.float64)
-    return {"std": tf.cast(tf.sqrt(e[:, 1] + e[:, 2]), tf.float32),
-            "aleatoric_std": tf.cast(tf.sqrt(e[:, 1]), tf.float32),
-            "epistemic_std": tf.cast(tf.sqrt(e[:, 2]), tf.float32)}

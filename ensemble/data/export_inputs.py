@@ -1,0 +1,133 @@
+"""The inputs of an exported signature, per input kind (`ensemble.data.kinds.export_inputs`).
+
+A table run takes `features` `[batch, n_features]` float32 raw columns (or, with categorical
+columns, one named input per column: TF Serving's columnar `inputs`) and the graph imputes,
+encodes and standardises them in float64 as `Preprocessing.transform`; an array run takes its
+raw values `[batch, *input_shape]` (the members' first layer scales them). Bad values are
+refused in the graph (`ensemble.data.export_graph`). TensorFlow is imported inside the
+functions: this module is imported by `kinds` without it.
+"""
+
+from __future__ import annotations
+
+
+def array_inputs(pre):
+    """The export signature's input of an array run (`ArrayPreprocessing`): `features`
+    `[batch, *input_shape]` raw values (pixels) go to the members as they are (their first
+    layer scales them). Returns `(TensorSpec, function, doc)`."""
+    import tensorflow as tf
+
+    from ensemble.data import export_graph as G
+
+    shape = list(pre.input_shape)
+    doc = f"features: [batch, {', '.join(map(str, shape))}] float32, raw values (pixels)"
+
+    def to_pixels(f):  # ensemble.data.arrays refuses NaN and inf at predict
+        with tf.control_dependencies(G.refuse_missing(f, "features")
+                                     + G.refuse_nonfinite(f, "features")):
+            return tf.cast(f, tf.float32)
+
+    return tf.TensorSpec([None, *shape], tf.float32, name="features"), to_pixels, doc
+
+
+def table_inputs(pre):
+    """The export signature's inputs of a table run (`Preprocessing`) and the graph from them
+    to the members' input: `(TensorSpec or {name: TensorSpec}, function, doc)`. Rows
+    `[batch, n_features]` are imputed and standardised in float64 as
+    `Preprocessing.transform`; with categorical columns, one input per column
+    (`_columnar_graph`)."""
+    import tensorflow as tf
+
+    from ensemble.data import export_graph as G
+
+    names = list(pre.feature_names)
+    mean, scale = tf.constant(pre.mean, tf.float64), tf.constant(pre.scale, tf.float64)
+    fill = tf.constant(pre.fill, tf.float64) if len(pre.fill) else None
+    if pre.categories:
+        return _columnar_graph(pre, mean, scale, fill)
+
+    def to_x(features):
+        checks = G.refuse_nonfinite(features, "features", names)
+        if fill is None:
+            checks += G.refuse_missing(features, "features", names)
+        with tf.control_dependencies(checks):
+            x = tf.cast(features, tf.float64)
+        if fill is not None:
+            x = tf.where(tf.math.is_nan(x), fill, x)
+        return _scaled(tf.cast((x - mean) / scale, tf.float32), pre, "features")
+
+    doc = (f"features: [batch, {len(names)}] float32, raw (unscaled) columns in this order: "
+           + ", ".join(names))
+    return tf.TensorSpec([None, len(names)], tf.float32, name="features"), to_x, doc
+
+
+def _scaled(z, pre, name: str | None):
+    """`z` `[batch, n_outputs]` after the check that it fits float32 (`export_graph`)."""
+    import tensorflow as tf
+
+    from ensemble.data import export_graph as G
+
+    with tf.control_dependencies(G.refuse_unfit(z, name, pre.output_names)):
+        return tf.identity(z)
+
+
+def input_names(columns) -> dict[str, str]:
+    """Column -> signature input name: the column name with characters TensorFlow refuses in
+    a tensor name replaced by `_` (and `_<k>` added when two names would collide)."""
+    import re
+
+    out, used = {}, set()
+    for c in columns:
+        name = re.sub(r"[^A-Za-z0-9_.\-/]", "_", str(c))
+        if not name or not re.match(r"[A-Za-z0-9.]", name):
+            name = f"c{name}"
+        base, k = name, 1
+        while name in used:
+            name, k = f"{base}_{k}", k + 1
+        used.add(name)
+        out[c] = name
+    return out
+
+
+def _columnar_graph(pre, mean, scale, fill):
+    """One named input per original column (TF Serving's columnar `inputs`): numeric columns
+    float32 `[batch]` (NaN where missing), categorical columns string `[batch]` (`""` where
+    missing); imputation, one-hot encoding and standardisation as `Preprocessing.transform`
+    (an unknown category is an all-zero block)."""
+    import tensorflow as tf
+
+    from ensemble.data import export_graph as G
+
+    key = input_names(pre.columns)
+    specs = {key[n]: tf.TensorSpec([None], tf.float32, name=key[n]) for n in pre.feature_names}
+    specs.update({key[c]: tf.TensorSpec([None], tf.string, name=key[c])
+                  for c in pre.categories})
+
+    def to_x(inputs):
+        first = inputs[next(iter(specs))]
+        checks = []
+        for n in pre.feature_names:
+            checks += G.refuse_nonfinite(inputs[key[n]], key[n])
+            if fill is None:
+                checks += G.refuse_missing(inputs[key[n]], key[n])
+        checks += [c for n in pre.categories if n not in pre.category_fill
+                   for c in G.refuse_empty(inputs[key[n]], key[n])]
+        with tf.control_dependencies(checks):
+            num = [tf.cast(inputs[key[n]], tf.float64) for n in pre.feature_names]
+        x = tf.stack(num, axis=1) if num else tf.zeros([tf.shape(first)[0], 0], tf.float64)
+        if fill is not None:
+            x = tf.where(tf.math.is_nan(x), fill, x)
+        blocks = [x]
+        for c, cats in pre.categories.items():
+            col = inputs[key[c]]
+            if c in pre.category_fill:
+                col = tf.where(tf.equal(col, ""), pre.category_fill[c], col)
+            blocks.append(tf.cast(tf.equal(col[:, None], tf.constant(cats)[None, :]),
+                                  tf.float64))
+        return _scaled(tf.cast((tf.concat(blocks, axis=1) - mean) / scale, tf.float32), pre,
+                       None)
+
+    doc = ("one input per column: " + ", ".join(
+        f"{key[n]} float32 [batch]" for n in pre.feature_names) + ", " + ", ".join(
+        f"{key[c]} string [batch]" for c in pre.categories))
+    return specs, to_x, doc

@@ -1,0 +1,269 @@
+"""The Task base: what a run's task decides, and its aggregators as a registry of objects.
+
+A task (`ensemble.tasks.classification.task.Classification`,
+`ensemble.tasks.regression.task.Regression`, or a class of the user's named by a spec)
+subclasses `Task`. Code outside `ensemble/tasks/` never asks which task a run has: it calls
+these methods. A builder returns logits `[batch, n_outputs]`; the task puts its head on them,
+gives the training loss and the validation scores, and owns aggregation: every `Aggregator`
+holds its numpy function, the name of its TensorFlow twin (imported only when a graph needs
+it, so `ensemble aggregate` runs without TensorFlow) and, for a fitted one, its fit on the
+validation split.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ensemble.core.errors import UsageError
+
+
+def _resolve(ref: str) -> Callable:
+    """The function named `module:function` (imported on first use)."""
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class Aggregator:
+    """One aggregator of a task.
+
+    Args:
+        name: its name in configs, `aggregators.json` and the `aggregator` column.
+        apply: numpy function `(outputs [n_members, n_rows, k], params | None) -> [n_rows, j]`.
+        twin: `module:function` of its TensorFlow twin, same arguments and result (tensors).
+        fit: `module:function` of its fit `(outputs, y [n_rows], settings) -> params` on the
+            validation split (JSON-able), or None when nothing is fitted.
+        probabilities: its rows are probabilities (False for `vote`'s vote shares).
+    """
+
+    name: str
+    apply: Callable[[np.ndarray, Any], np.ndarray]
+    twin: str
+    fit: str | None = None
+    probabilities: bool = True
+
+    @property
+    def fitted(self) -> bool:
+        return self.fit is not None
+
+    def __call__(self, outputs: np.ndarray, params: dict | None = None) -> np.ndarray:
+        """The numpy ensemble rows of `outputs`.
+
+        Raises:
+            UsageError: a fitted aggregator without its parameters.
+        """
+        if self.fitted and not params:
+            raise UsageError(f"Aggregator {self.name!r} is fitted on the validation split; "
+                             "its parameters are missing (run `ensemble aggregate`).")
+        return self.apply(outputs, params)
+
+    def apply_tf(self, outputs, params: dict | None = None):
+        """The TensorFlow twin's rows (imports TensorFlow).
+
+        Raises:
+            ValueError: a fitted aggregator without its parameters.
+        """
+        if self.fitted and not params:
+            raise ValueError(f"Aggregator {self.name!r} needs its fitted parameters "
+                             "(aggregators.json).")
+        return _resolve(self.twin)(outputs, params)
+
+    def fit_on(self, outputs: np.ndarray, y: np.ndarray, settings: dict) -> dict:
+        """Its parameters fitted on validation `outputs` and targets `y` (`settings`: the
+        config's `[aggregation]` table)."""
+        return _resolve(self.fit)(outputs, y, settings)
+
+
+def registry(*aggregators: Aggregator) -> dict[str, Aggregator]:
+    """`{name: aggregator}` in declaration order."""
+    return {a.name: a for a in aggregators}
+
+
+def check_weights(weights: Any, n_members: int) -> np.ndarray:
+    """Member weights as a float64 vector `[n_members]` summing to 1.
+
+    Raises:
+        UsageError: not `n_members` non-negative numbers with a positive sum.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (n_members,) or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+        raise UsageError(f"Expected {n_members} non-negative member weights with a positive sum. "
+                         f"Received: weights={np.asarray(weights).tolist()}")
+    return w / w.sum()
+
+
+def fit_member_weights(fit_weights: Callable, outputs: np.ndarray, y: np.ndarray,
+                       settings: dict) -> dict[str, Any]:
+    """`weighted`: the config's `aggregation.weights` (normalised) when given, else the weights
+    `fit_weights(outputs, y)` fits on validation; `source` says which."""
+    if settings.get("weights"):
+        return {"weights": check_weights(settings["weights"], len(outputs)).tolist(),
+                "source": "config"}
+    return {**fit_weights(outputs, y), "source": "fitted"}
+
+
+class Task(ABC):
+    """What a run's task decides. Subclasses set the class attributes and implement the
+    abstract methods; aggregation is shared here over `aggregators`."""
+
+    name: str
+    spec: str  # how the manifest and `get` name it: a built-in name or `module:Class`
+    gaussian: bool  # outputs are per-row Gaussians (mean, variance), else probabilities
+    target_dtype: Any  # numpy dtype of the encoded targets
+    stratified: bool  # its train/validation/test split is stratified by class
+    losses: tuple[str, ...]  # `training.loss` values the task trains with (besides `auto`)
+    score_names: tuple[str, ...]  # history columns of `validation_scores`
+    member_score_names: tuple[str, ...]  # members.parquet columns of `member_scores`
+    aggregators: dict[str, Aggregator]  # the task's registry, in the order names are listed
+    default_aggregators: tuple[str, ...]  # applied when the config keeps the default list
+    fit_entries: dict[str, str] = {}  # extra entries of its `aggregators.json`
+    tf_module: str  # the module of its TensorFlow side (twins, `serving_outputs`)
+    score_units: tuple[str, str] = ("", "")  # progress lines: after the loss, after the score
+
+    @abstractmethod
+    def n_outputs(self, n_classes: int) -> int:
+        """Outputs the builder returns (`[batch, n_outputs]` logits)."""
+
+    @abstractmethod
+    def head(self, logits, name: str = ...):
+        """The Keras layers on the builder's logits: the member's outputs."""
+
+    @abstractmethod
+    def loss(self, y, outputs):
+        """The scalar float32 training loss of a batch (TensorFlow)."""
+
+    @abstractmethod
+    def validation_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
+        """`val_loss` and the task's other scores of one member, each epoch."""
+
+    @abstractmethod
+    def member_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float | None]:
+        """`members.parquet`'s scores of a trained member on validation."""
+
+    @abstractmethod
+    def fit_target(self, y_train: np.ndarray) -> tuple["Task", dict[str, float]]:
+        """The task fitted to the training targets, and the manifest `dataset` entries it adds."""
+
+    @abstractmethod
+    def with_target(self, loc: float, scale: float) -> "Task":
+        """The task for members trained on targets standardised by `loc`, `scale`."""
+
+    @abstractmethod
+    def target_entries(self) -> dict[str, float]:
+        """The manifest's `dataset` entries of the task."""
+
+    @abstractmethod
+    def format_table(self, metrics_table, fit: dict | None = None, extra=()) -> str:
+        """The `ensemble evaluate` table (`extra` lines before its closing sentence)."""
+
+    @abstractmethod
+    def write_plots(self, folder, preds, metrics_table, run_dir) -> list:
+        """`ensemble evaluate --plots`: writes PNGs, returns their paths."""
+
+    @abstractmethod
+    def member_losses(self, y: np.ndarray, outputs: np.ndarray) -> list[float]:
+        """Per member of `outputs` `[n_members, n_rows, k]`, the validation loss that picks
+        the best member (lowest)."""
+
+    @abstractmethod
+    def ensemble_nll(self, y: np.ndarray, rows: np.ndarray, name: str) -> float | None:
+        """The validation NLL of aggregator `name`'s rows (None where it has none)."""
+
+    @abstractmethod
+    def epoch_scalars(self, y: np.ndarray, outputs: np.ndarray,
+                      names: Sequence[str]) -> dict[str, float]:
+        """The ensemble's validation scalars after an epoch (TensorBoard tags -> values) of
+        member `outputs` `[n_members, n_rows, k]`, for the run's aggregators `names`."""
+
+    @abstractmethod
+    def refusal(self, name: str, names: Sequence[str]) -> str:
+        """The one-line message refusing aggregator `name` (not this task's) in `names`."""
+
+    def target_type(self):
+        """The Arrow type of the `y_true` column of a member's prediction file."""
+        import pyarrow as pa
+
+        return pa.from_numpy_dtype(np.dtype(self.target_dtype))
+
+    def applied_aggregators(self, names: Sequence[str]) -> list[str]:
+        """The aggregators a run of this task applies: the config's `names`, or the task's
+        `default_aggregators` when the config keeps the default list (`mean`, `vote`)."""
+        from ensemble.tasks.settings import DEFAULT_AGGREGATORS
+
+        if tuple(names) == tuple(DEFAULT_AGGREGATORS):
+            return list(self.default_aggregators)
+        return list(names)
+
+    def check_aggregators(self, names: Sequence[str]) -> None:
+        """Raises UsageError (one line) on an aggregator of `names` the task does not have."""
+        bad = [a for a in names if a not in self.aggregators]
+        if bad:
+            raise UsageError(self.refusal(bad[0], names))
+
+    def fitted_names(self, names: Sequence[str]) -> list[str]:
+        """The fitted aggregators among `names`."""
+        return [a for a in names if a in self.aggregators and self.aggregators[a].fitted]
+
+    def epoch_aggregators(self, names: Sequence[str]) -> list[str]:
+        """The aggregators of `names` applied after every epoch: those not fitted."""
+        return [a for a in names if a in self.aggregators and not self.aggregators[a].fitted]
+
+    def aggregate(self, outputs: np.ndarray, name: str, params: dict | None = None):
+        """The numpy ensemble rows of aggregator `name` over `outputs` `[n_members, n_rows, k]`.
+
+        Raises:
+            UsageError: an aggregator of another task, or a fitted one without parameters.
+        """
+        self.check_aggregators([name])
+        return self.aggregators[name](outputs, params)
+
+    def aggregate_tf(self, outputs, name: str, params: dict | None = None):
+        """The TensorFlow twin of `aggregate` (tensors in, a tensor out)."""
+        if name not in self.aggregators:
+            raise ValueError(self.refusal(name, [name]))
+        return self.aggregators[name].apply_tf(outputs, params)
+
+    def serving_outputs(self, stacked, name: str, params: dict | None, classes) -> dict:
+        """An exported signature's outputs (TensorFlow) of aggregator `name` over the members'
+        `stacked` outputs `[n_members, batch, k]`; `classes`: the module's class variable.
+        The `serving_outputs` of the task's `tf_module`."""
+        return _resolve(f"{self.tf_module}:serving_outputs")(stacked, name, params, classes)
+
+    def fit_aggregators(self, outputs: np.ndarray, y: np.ndarray, names: Sequence[str],
+                        members: Sequence[int], settings: dict | None = None) -> dict[str, Any]:
+        """Fit every fitted aggregator of `names` on validation `outputs` `[n_members, n_rows,
+        k]` and targets `y` `[n_rows]`, members in the order of `members` (their indices in
+        the run); `settings`: the config's `[aggregation]` table (defaults when None).
+
+        Returns:
+            The content of `aggregators.json`: `fitted_on`, the task's `fit_entries`, `n_rows`,
+            `members`, `aggregators`, `best_member` (lowest `member_losses`), `params`
+            `{name: params}` and `validation_nll` `{name: NLL or None}`.
+        """
+        from ensemble.tasks.settings import AggregationConfig
+
+        self.check_aggregators(names)
+        cfg = dict(AggregationConfig().__dict__, **(settings or {}))
+        best = int(np.argmin(self.member_losses(y, outputs)))  # checks the shapes first
+        params = {a: self.aggregators[a].fit_on(outputs, y, cfg) for a in self.fitted_names(names)}
+        nll = {a: self.ensemble_nll(y, self.aggregate(outputs, a, params.get(a)), a)
+               for a in names}
+        return {"fitted_on": "validation", **self.fit_entries, "n_rows": int(len(y)),
+                "members": list(members), "aggregators": list(names),
+                "best_member": int(list(members)[best]), "params": params,
+                "validation_nll": nll}
+
+
+def all_aggregator_names(tasks: Sequence[Task]) -> tuple[str, ...]:
+    """Every aggregator name of `tasks`, each once, in declaration order."""
+    return tuple(dict.fromkeys(a for t in tasks for a in t.aggregators))
+
+
+def is_gaussian(task) -> bool:
+    """Whether `task` (a `Task`, or a flag: True for regression) has per-row Gaussian outputs."""
+    return bool(getattr(task, "gaussian", task))

@@ -1,0 +1,116 @@
+"""The classification task: probabilities over `n_classes` classes from the builder's logits.
+
+`n_classes` logits, a softmax head (members output probabilities), mean sparse categorical
+cross-entropy (natural log) as the loss, NLL and accuracy on validation; its aggregators are
+`ensemble.tasks.classification.aggregators.REGISTRY`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ensemble.tasks.base import Task
+from ensemble.tasks.classification import aggregators as A
+from ensemble.tasks.classification import metrics
+from ensemble.tasks.settings import DEFAULT_AGGREGATORS
+
+
+class Classification(Task):
+    """Probabilities over `n_classes` classes from the builder's logits."""
+
+    name = spec = "classification"  # `spec`: how the manifest names the task
+    gaussian = False  # outputs are probabilities, not per-row Gaussians
+    target_dtype = np.int32  # class indices
+    tf_module = "ensemble.tasks.classification.aggregators_tf"
+    stratified = True  # its splits are stratified by class
+    losses = ("cross_entropy",)
+    score_names = ("val_loss", "val_accuracy")
+    member_score_names = ("val_nll", "val_accuracy")
+    aggregators = A.REGISTRY
+    default_aggregators = tuple(DEFAULT_AGGREGATORS)
+
+    def n_outputs(self, n_classes: int) -> int:
+        """Logits the builder must return: one per class."""
+        return n_classes
+
+    def head(self, logits, name: str = "probabilities"):
+        """Softmax over the last axis: `[batch, n_classes]` logits -> probabilities."""
+        import keras
+
+        return keras.layers.Softmax(name=name)(logits)
+
+    def loss(self, y, outputs):
+        """Mean sparse categorical cross-entropy (natural log) of `outputs` `[batch,
+        n_classes]` probabilities against `y` `[batch]` int32 class indices (a scalar
+        float32 tensor)."""
+        import keras
+        import tensorflow as tf
+
+        return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, outputs))
+
+    def validation_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
+        """`{"val_loss": NLL, "val_accuracy": accuracy}` of one member's `[n_rows, n_classes]`
+        probabilities against `y` `[n_rows]` class indices."""
+        return {"val_loss": metrics.nll(y, outputs), "val_accuracy": metrics.accuracy(y, outputs)}
+
+    def fit_target(self, y_train: np.ndarray) -> tuple["Classification", dict[str, float]]:
+        """The task fitted to the training targets, and the manifest's `dataset` entries it
+        adds: nothing to fit for class indices."""
+        return self, {}
+
+    def with_target(self, loc: float, scale: float) -> "Classification":
+        """The task for members trained on targets standardised by `loc`, `scale`: itself."""
+        return self
+
+    def target_entries(self) -> dict[str, float]:
+        """The manifest's `dataset` entries of the task: none."""
+        return {}
+
+    def member_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float | None]:
+        """`members.parquet`'s scores of a trained member on validation: NLL and accuracy of
+        its `[n_rows, n_classes]` probabilities against `y` `[n_rows]` class indices."""
+        return {"val_nll": metrics.nll(y, outputs), "val_accuracy": metrics.accuracy(y, outputs)}
+
+    def format_table(self, metrics_table, fit: dict | None = None, extra=()) -> str:
+        """The `ensemble evaluate` table of a classification run's `metrics.parquet` table;
+        `extra` lines go before its closing sentence."""
+        from ensemble.tasks.classification import evaluation
+
+        return evaluation.format_table(metrics_table, fit, extra)
+
+    def write_plots(self, folder, preds, metrics_table, run_dir) -> list:
+        """`evaluate --plots`: reliability diagram, ensemble-size curve, members (PNG paths)."""
+        from ensemble.tasks.classification import plots
+
+        return plots.write_plots(folder, preds, metrics_table, run_dir)
+
+    def member_losses(self, y: np.ndarray, outputs: np.ndarray) -> list[float]:
+        """Each member's validation NLL (`[n_members, n_rows, n_classes]` probabilities)."""
+        from ensemble.tasks.classification import fitted
+
+        return fitted.member_losses(outputs, y)
+
+    def ensemble_nll(self, y: np.ndarray, rows: np.ndarray, name: str) -> float | None:
+        """The NLL of an aggregator's `[n_rows, n_classes]` probabilities; None for vote
+        shares."""
+        return metrics.nll(y, rows) if self.aggregators[name].probabilities else None
+
+    def epoch_scalars(self, y: np.ndarray, outputs: np.ndarray,
+                      names: Sequence[str]) -> dict[str, float]:
+        """`val_disagreement` and, per aggregator of `names` that needs no fitting,
+        `<name>/val_accuracy` and (for probabilities) `val_nll`, `val_brier`, `val_ece` of
+        `[n_members, n_rows, n_classes]` probabilities against class indices `y`."""
+        out = {"val_disagreement": A.disagreement(outputs)}
+        for name in self.epoch_aggregators(names):
+            p = self.aggregate(outputs, name)
+            out[f"{name}/val_accuracy"] = metrics.accuracy(y, p)
+            if self.aggregators[name].probabilities:
+                for m in ("nll", "brier", "ece"):
+                    out[f"{name}/val_{m}"] = getattr(metrics, m)(y, p)
+        return out
+
+    def refusal(self, name: str, names: Sequence[str]) -> str:
+        """`std-scaling` is regression's; other names are unknown."""
+        return A.unknown(name)

@@ -1,0 +1,187 @@
+"""The tasks a run can have: the registry of built-in tasks, `resolve` (the task of a target
+under `[data] task = "auto"`) and `get` / `for_run` (the task object of a name or a run).
+
+A task of the user's is named by a spec (`[data] task = "package.module:Class"` or
+`"path/to/file.py:Class"`, as builders are): `get` imports it in every process of the run (a
+between-graph client too), and the manifest records the spec. Such a task subclasses
+`ensemble.tasks.Task`, usually through `Classification` or `Regression`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ensemble.core import specs
+from ensemble.tasks.base import Task, all_aggregator_names
+from ensemble.tasks.classification.task import Classification
+from ensemble.tasks.regression.task import Regression
+
+REGISTRY: dict[str, type[Task]] = {"classification": Classification, "regression": Regression}
+TASKS = tuple(REGISTRY)
+LOSSES = ("auto", *dict.fromkeys(loss for t in REGISTRY.values() for loss in t.losses))
+AGGREGATOR_NAMES = all_aggregator_names(list(REGISTRY.values()))  # every task's, each once
+BUILTIN_TASKS = {"diabetes": "regression"}  # built-in sources whose task `auto` knows
+MANY_VALUES = 10  # `auto`: integer targets with more distinct values may be regression
+MIN_CLASS_ROWS = 3  # rows a class needs to appear in each of the stratified train/val/test
+RARE_SHARE = 0.1  # `auto`: more than this share of distinct whole numbers that rare: regression
+
+
+def score_units() -> dict[str, tuple[str, str]]:
+    """`{second validation score: (unit after the loss, unit after the score)}` of every
+    built-in task (`Task.score_units`), for progress lines."""
+    return {t.score_names[1]: t.score_units for t in REGISTRY.values()}
+
+
+def resolve(y: np.ndarray | None, requested: str = "auto", source: str = "") -> str:
+    """The task of a target `y` `[n_rows]` under `[data] task = requested`.
+
+    `auto`: text labels and integer labels with few distinct values are classification;
+    non-integer numbers are regression; whole numbers with more than `MANY_VALUES` distinct
+    values of which more than `RARE_SHARE` occur on fewer than `MIN_CLASS_ROWS` rows (too
+    rare for a stratified split: prices, counts) are regression, with a notice naming
+    `--task classification`. Built-in sources of `BUILTIN_TASKS` have their known task.
+
+    Raises:
+        UsageError: a text target asked to be regression, or a non-integer one asked to be
+            classification.
+    """
+    from ensemble.core.errors import UsageError
+
+    if specs.is_spec(requested):
+        get(requested)  # importable, and a task
+        return requested
+    if requested not in ("auto", *TASKS):
+        raise UsageError(f"Expected `data.task` to be auto, classification, regression or a "
+                         f"task spec (module:Class). Received: {requested!r}")
+    if y is None:
+        return "classification" if requested == "auto" else requested
+    y = np.asarray(y)
+    text = y.dtype.kind in "USOb"
+    whole = not text and bool(np.all(np.isfinite(y)) and np.all(y == np.round(y)))
+    if requested == "regression":
+        if text:
+            raise UsageError(f"Target of {source or 'the data'} holds text labels; "
+                             "--task regression needs numbers.")
+        return requested
+    if requested == "classification":
+        if not text and not whole:
+            raise UsageError(f"Target of {source or 'the data'} holds non-integer numbers; "
+                             "--task classification needs class labels (or use --task "
+                             "regression).")
+        return requested
+    if source in BUILTIN_TASKS:
+        return BUILTIN_TASKS[source]
+    if text:
+        return "classification"
+    if not whole:
+        return "regression"
+    _, counts = np.unique(y, return_counts=True)
+    rare = float(np.mean(counts < MIN_CLASS_ROWS))
+    if len(counts) > MANY_VALUES and rare > RARE_SHARE:
+        from ensemble.core.notices import notice
+
+        notice(f"the target of {source or 'the data'} holds {len(counts):,} distinct whole "
+               f"numbers, {rare:.0%} of them on fewer than {MIN_CLASS_ROWS} rows: trained as "
+               "regression (--task classification to take them as classes)", once=True)
+        return "regression"
+    return "classification"
+
+
+def get(name: str = "classification", **options) -> Task:
+    """The task object of `name` (a key of `REGISTRY` or a spec); `options` go to the task's
+    class (`Regression`: `loc`, `scale`, `loss`; `loss = "auto"` is every task's default).
+
+    Raises:
+        ValueError: an unknown task name.
+        UsageError: a spec that does not name a `Task` with every method.
+    """
+    if specs.is_spec(name):
+        return _user_task(name)
+    if name not in REGISTRY:
+        raise ValueError(f"Expected a task in {', '.join(TASKS)}. Received: {name!r}")
+    if options.get("loss") in ("auto", None) or options.get("loss") not in REGISTRY[name].losses:
+        options.pop("loss", None)
+    return REGISTRY[name](**options)
+
+
+def _user_task(spec: str) -> Task:
+    """The task a spec names (a `Task` subclass or instance), with its `spec` set."""
+    from ensemble.core.errors import UsageError
+
+    task = specs.load(spec, "task")
+    task = task() if isinstance(task, type) else task
+    if not isinstance(task, Task):
+        missing = sorted(m for m in Task.__abstractmethods__
+                         if not callable(getattr(task, m, None)))
+        raise UsageError(f"Task {spec!r} lacks {', '.join(missing) or 'the Task base'}; "
+                         "subclass ensemble.tasks.Classification or Regression.")
+    task.spec = spec
+    return task
+
+
+def for_run(manifest: dict) -> Task:
+    """The task of a run from its manifest (`task`, the target's standardisation in
+    `dataset.target_loc` / `target_scale`, `config.training.loss`)."""
+    task = get(manifest.get("task", "classification"),
+               loss=manifest.get("config", {}).get("training", {}).get("loss", "auto"))
+    d = manifest.get("dataset", {})
+    return task.with_target(d.get("target_loc", 0.0), d.get("target_scale", 1.0))
+
+
+def of_model(model) -> Task:
+    """The task of a built or loaded member: regression when its last layer is the Gaussian
+    head (`ensemble.tasks.regression.tf_ops.GaussianHead`), else classification."""
+    last = model.layers[-1] if getattr(model, "layers", None) else None
+    if type(last).__name__ == "GaussianHead":
+        return Regression(last.loc, last.scale, "mse" if last.point else "gaussian_nll")
+    return Classification()
+
+
+def for_target(y: np.ndarray | None, requested: str = "auto", source: str = "",
+               loss: str = "auto", aggregators=("mean",)) -> Task:
+    """The task of a run's targets `y` `[n_rows]` under `[data] task = requested` (`resolve`),
+    checked against the run's `training.loss` and `aggregation.aggregators`.
+
+    Raises:
+        UsageError: an ambiguous target, a single class, an aggregator or loss of another task
+            (one line).
+    """
+    from ensemble.core.errors import UsageError
+
+    name = resolve(y, requested, source)
+    task = get(name, loss=loss)
+    if not task.gaussian and y is not None and len(np.unique(y)) < 2:
+        raise UsageError(f"Data {source} has fewer than two classes; expected at least two.")
+    task.check_aggregators(task.applied_aggregators(aggregators))
+    if loss != "auto" and loss not in task.losses:
+        raise UsageError(f"`training.loss = \"{loss}\"` does not fit a {name} run; expected "
+                         + (" or ".join(task.losses) + "." if task.gaussian else
+                            f"{' or '.join(task.losses)} (or auto)."))
+    return task
+
+
+def for_classes(classes, loss: str = "auto") -> Task:
+    """The task of a run with `classes` (an empty class list: regression, trained with
+    `loss`)."""
+    return get("regression", loss=loss) if is_regression(classes) else get()
+
+
+def of_metrics(metrics_table) -> Task:
+    """The task whose metrics `metrics_table` (a `metrics.parquet` table) holds: regression
+    when it has an `rmse` column."""
+    return Regression() if "rmse" in metrics_table.column_names else Classification()
+
+
+def format_table(metrics_table, fit: dict | None = None, extra=()) -> str:
+    """The `ensemble evaluate` table of `metrics_table` by its task; `fit` is the run's
+    `aggregators.json` content (or None); `extra` lines go before the closing sentence.
+
+    Raises:
+        UsageError: the metrics hold no row.
+    """
+    return of_metrics(metrics_table).format_table(metrics_table, fit, extra)
+
+
+def is_regression(classes) -> bool:
+    """A run's class list is empty exactly when its task is regression."""
+    return classes is not None and len(classes) == 0

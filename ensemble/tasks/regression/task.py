@@ -1,0 +1,157 @@
+"""The regression task: a Gaussian per row (mean, variance; target units) from the builder.
+
+2 outputs (mean, raw variance; 1 for point members trained with `mse`), the Gaussian head of
+`ensemble.tasks.regression.tf_ops` (members output (mean, variance) in the target's units),
+Gaussian NLL as the loss on the standardised target, NLL and RMSE on validation; its
+aggregators are the mixtures of `ensemble.tasks.regression.aggregators.REGISTRY`, `mean` and
+`std-scaling` by default.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Sequence
+
+import numpy as np
+
+from ensemble.tasks.base import Task
+from ensemble.tasks.regression import aggregators as R
+
+
+class Regression(Task):
+    """A Gaussian per row (mean, variance; target units) from the builder's outputs.
+
+    Args:
+        loc, scale: the training target's mean and standard deviation (the standardisation
+            the losses apply and the head undoes).
+        loss: `"gaussian_nll"` (default) or `"mse"` (point members: variance 0).
+    """
+
+    name = spec = "regression"
+    gaussian = True  # outputs are per-row Gaussians: (mean, variance), target units
+    target_dtype = np.float32
+    tf_module = "ensemble.tasks.regression.tf_ops"
+    stratified = False  # its splits are stratified by class
+    losses = ("gaussian_nll", "mse")
+    score_names = ("val_loss", "val_rmse")
+    member_score_names = ("val_nll", "val_rmse")
+    aggregators = R.REGISTRY
+    default_aggregators = R.REGRESSION_DEFAULT
+    fit_entries = {"task": "regression"}
+    score_units = (" (standardised target)", " (target units)")
+
+    def __init__(self, loc: float = 0.0, scale: float = 1.0, loss: str = "gaussian_nll"):
+        self.loc, self.scale = float(loc), float(scale) if scale > 0 else 1.0
+        self.loss_name = "gaussian_nll" if loss in ("auto", None) else loss
+        if self.loss_name not in self.losses:
+            raise ValueError(f"Expected a regression loss, gaussian_nll or mse. "
+                             f"Received: {loss!r}")
+
+    @property
+    def point(self) -> bool:
+        return self.loss_name == "mse"
+
+    def n_outputs(self, n_classes: int = 0) -> int:
+        """Outputs the builder must return: mean and raw variance (1 for point members)."""
+        return 1 if self.point else 2
+
+    def head(self, logits, name: str = "gaussian"):
+        """`ensemble.tasks.regression.tf_ops.GaussianHead`: `[batch, n_outputs]` -> `[batch,
+        2]` (mean, variance), target units."""
+        from ensemble.tasks.regression.tf_ops import GaussianHead
+
+        return GaussianHead(self.loc, self.scale, self.point, name=name)(logits)
+
+    def loss(self, y, outputs):
+        """Mean Gaussian NLL (or MSE) of `y` `[batch]` float32 targets under `outputs`
+        `[batch, 2]`, on the standardised target (`ensemble.tasks.regression.tf_ops`)."""
+        from ensemble.tasks.regression import tf_ops as RT
+
+        fn = RT.mse if self.point else RT.gaussian_nll
+        return fn(y, outputs, self.loc, self.scale)
+
+    def validation_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
+        """`{"val_loss": Gaussian NLL (target units; MSE for point members), "val_rmse"}` of
+        one member's `[n_rows, 2]` outputs against `y` `[n_rows]`."""
+        from ensemble.tasks.regression import metrics as RM
+
+        y, out = np.asarray(y, np.float64), np.asarray(outputs, np.float64)
+        rmse = RM.rmse(y, out[:, 0])
+        loss = rmse ** 2 if self.point else RM.nll(y, out[:, 0], np.sqrt(out[:, 1]))
+        return {"val_loss": float("inf") if loss is None else loss, "val_rmse": rmse}
+
+    def fit_target(self, y_train: np.ndarray) -> tuple["Regression", dict[str, float]]:
+        """The task on targets standardised by the training split's mean and std (`y_train`
+        `[n_train]`, target units), and the manifest's `dataset` entries `target_loc`,
+        `target_scale`."""
+        loc = float(np.mean(y_train))
+        scale = float(np.std(y_train)) or 1.0
+        task = self.with_target(loc, scale)
+        return task, task.target_entries()
+
+    def with_target(self, loc: float, scale: float) -> "Regression":
+        """The task for members trained on targets standardised by `loc`, `scale` (a copy:
+        a subclass of the user's, named by a spec, stays itself)."""
+        task = copy.copy(self)
+        task.loc, task.scale = float(loc), float(scale) if scale > 0 else 1.0
+        return task
+
+    def target_entries(self) -> dict[str, float]:
+        """The manifest's `dataset` entries: the target's standardisation."""
+        return {"target_loc": self.loc, "target_scale": self.scale}
+
+    def member_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float | None]:
+        """`members.parquet`'s scores of a trained member on validation: Gaussian NLL (target
+        units; None for a point member) and RMSE of its `[n_rows, 2]` (mean, variance)."""
+        from ensemble.tasks.regression import metrics as RM
+
+        y, out = np.asarray(y, np.float64), np.asarray(outputs, np.float64)
+        return {"val_nll": None if self.point else RM.nll(y, out[:, 0], np.sqrt(out[:, 1])),
+                "val_rmse": RM.rmse(y, out[:, 0])}
+
+    def format_table(self, metrics_table, fit: dict | None = None, extra=()) -> str:
+        """The `ensemble evaluate` table of a regression run's `metrics.parquet` table;
+        `extra` lines go before its closing sentence."""
+        from ensemble.tasks.regression import evaluation
+
+        return evaluation.format_table(metrics_table, fit, extra)
+
+    def write_plots(self, folder, preds, metrics_table, run_dir) -> list:
+        """`evaluate --plots`: PIT histogram, interval coverage, error against predicted std
+        (PNG paths)."""
+        from ensemble.tasks.regression import plots
+
+        return plots.write_plots(folder, preds, metrics_table, run_dir)
+
+    def member_losses(self, y: np.ndarray, outputs: np.ndarray) -> list[float]:
+        """Each member's validation Gaussian NLL (RMSE when no member has one)."""
+        from ensemble.tasks.regression import fitted
+
+        return fitted.member_losses(outputs, y)
+
+    def ensemble_nll(self, y: np.ndarray, rows: np.ndarray, name: str) -> float | None:
+        """The Gaussian NLL (target units) of a mixture's `[n_rows, 3]` rows."""
+        from ensemble.tasks.regression import metrics as RM
+
+        return RM.nll(y, rows[:, 0], np.sqrt(rows[:, 1] + rows[:, 2]))
+
+    def target_type(self):
+        """Targets are float64 in a member's prediction file."""
+        import pyarrow as pa
+
+        return pa.float64()
+
+    def epoch_scalars(self, y: np.ndarray, outputs: np.ndarray,
+                      names: Sequence[str]) -> dict[str, float]:
+        """The `mean` mixture's RMSE and Gaussian NLL (target units) and the members' spread,
+        from `outputs` `[n_members, n_rows, 2]` (mean, variance) and targets `y` `[n_rows]`."""
+        from ensemble.tasks.regression import metrics as RM
+
+        mix = R.aggregate(outputs, "mean")
+        std = R.std_of(mix)[0]
+        return {"mean/val_rmse": RM.rmse(y, mix[:, 0]), "mean/val_nll": RM.nll(y, mix[:, 0], std),
+                "val_disagreement": R.disagreement(outputs)}
+
+    def refusal(self, name: str, names: Sequence[str]) -> str:
+        """A classification aggregator in a regression run."""
+        return R.unknown(name, names)
