@@ -144,7 +144,7 @@ class TableScan:
         if col.null_count:
             valid = np.asarray(pc.is_valid(col))
             sources.notice(f"dropped {col.null_count} rows of {self.name} whose label "
-                           f"{target!r} is missing")
+                           f"{target!r} is missing", once=True)  # checked, then prepared
             col = col.filter(pc.is_valid(col))
         problems: list[str] = []
         y = sources._labels(col, target, self.name, problems)
