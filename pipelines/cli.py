@@ -24,6 +24,7 @@ from ensemble.replication.devices import peak_rss_bytes  # noqa: E402
 from ensemble.core.errors import UsageError  # noqa: E402
 from ensemble.core.notices import one_line  # noqa: E402
 from ensemble.core.tfimport import import_tensorflow_quietly  # noqa: E402
+from ensemble.replication import modes  # noqa: E402
 from pipelines.guide import (environment_line, fault_line, interrupted_line,  # noqa: E402
                             refuse_inapplicable, report, uses_tensorflow)
 from pipelines.options import parse  # noqa: E402
@@ -60,8 +61,9 @@ def _train(args) -> int:
         from ensemble.runs.prepare import check_data
 
         check_data(cfg)
-    if args.mode == "in-graph" or args.cluster or os.environ.get("TF_CONFIG"):  # not a
-        import_tensorflow_quietly()  # between-graph launcher: its clients load TensorFlow
+    if modes.get(args.mode).launcher_loads_tensorflow or args.cluster or \
+            os.environ.get("TF_CONFIG"):  # a launcher of clients leaves TensorFlow to them
+        import_tensorflow_quietly()
     from ensemble.runs import api
 
     ready = time.time()
@@ -101,7 +103,7 @@ def cmd_search(args) -> int:
         from ensemble.runs.prepare import check_data
 
         check_data(plan.config)
-    if args.mode == "in-graph":  # a between-graph launcher leaves TensorFlow to its clients
+    if modes.get(args.mode).launcher_loads_tensorflow:  # a launcher of clients: they load it
         import_tensorflow_quietly()
     from ensemble.runs import evaluate
     from ensemble.runs import train
@@ -164,28 +166,17 @@ def _predict(args) -> int:
 
     check_out(Path(args.out))
     _check_input_early(args)
-    if args.mode == "in-graph":  # a between-graph launcher never loads TensorFlow
+    mode = modes.get(args.mode)
+    if mode.launcher_loads_tensorflow:  # a launcher of clients never loads TensorFlow
         import_tensorflow_quietly()
-    from ensemble.runs import predict
+    from ensemble.runs import operations  # noqa: F401 (the built-in modes' operations)
 
-    ready, measured = time.time(), {}
-    verbosity = 0 if args.quiet else 1
-    if args.mode == "in-graph":
-        rec = predict.predict_in_graph(Path(args.run), args.data, Path(args.out), args.target,
-                                       args.devices or "auto", args.batch_size,
-                                       cluster=_cluster(args), strict_columns=args.strict_columns,
-                                       replicas=args.replicas or "auto",
-                                       verbosity=verbosity, layout=args.layout,
-                                       trust_builder=args.trust_builder,
-                                       aggregator=args.aggregator)
-    else:
-        from ensemble.runs import between
-
-        rec, measured = between.predict_between_graph(
-            Path(args.run), args.data, Path(args.out), args.target, jobs=args.jobs,
-            cluster_file=args.cluster, strict_columns=args.strict_columns,
-            batch_size=args.batch_size, verbosity=verbosity, layout=args.layout,
-            trust_builder=args.trust_builder, aggregator=args.aggregator)
+    ready = time.time()
+    rec, measured = mode.predict(modes.PredictRequest(
+        Path(args.run), args.data, Path(args.out), args.target, args.devices or "auto",
+        args.batch_size, args.cluster, _cluster(args), strict_columns=args.strict_columns,
+        replicas=args.replicas or "auto", jobs=args.jobs, verbosity=0 if args.quiet else 1,
+        layout=args.layout, trust_builder=args.trust_builder, aggregator=args.aggregator))
     if not args.quiet:  # the file is the answer: --quiet leaves stdout empty (or to --json)
         print(f"predictions: {args.out}")
     report({"out": args.out, "rows": rec["rows"], "ready_unix": ready,

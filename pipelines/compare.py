@@ -44,7 +44,8 @@ import pyarrow.compute as pc
 from ensemble.core import artifacts
 from ensemble.replication import devices
 from ensemble.tasks import tables
-from ensemble.config.schema import MODES, Config
+from ensemble.config.schema import Config
+from ensemble.replication import modes
 from ensemble.core.errors import UsageError
 from ensemble.core.notices import notice
 from ensemble.data.settings import names_a_path
@@ -174,7 +175,7 @@ def check_folder(base: Path, overwrite: bool) -> None:
         if not overwrite:
             raise UsageError(f"Comparison folder {base} already exists; pass --overwrite to "
                              "replace it or choose another --run-dir.")
-        for mode in MODES:
+        for mode in modes.names():
             shutil.rmtree(base / mode, ignore_errors=True)
         (base / PREDICT_INPUT).unlink(missing_ok=True)  # written again when needed
 
@@ -218,15 +219,14 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
                                                               "position": position})
                 res = checked(run_process(["predict", "--run", str(run_dir), "--data",
                                           predict_source, "--mode", mode, "--out", str(out),
-                                          *on, *([] if on or mode != "in-graph"
-                                                 else ["--devices", cfg.placement.devices])]),
+                                          *on, *_predict_devices(mode, cfg, on)]),
                               f"{mode} prediction")
                 runs.append(_predict_row(mode, res, cfg.members.count, runs[-1]["devices"])
                             | {"repeat": repeat, "position": position})
             preds[mode] = (artifacts.read_parquet(run_dir / artifacts.PREDICTIONS),
                            artifacts.read_parquet(out))
-    parities = {ph: parity(*(members_test(preds[m][k]) if ph == "train" else preds[m][k]
-                             for m in MODES)) for k, ph in enumerate(PHASES)}
+    parities = {ph: worst_parity([members_test(p[k]) if ph == "train" else p[k]
+                                  for p in preds.values()]) for k, ph in enumerate(PHASES)}
     summary = summarise(runs, parities, parity_setting(cfg))
     runs_table = _runs_table(runs)
     context = {"data": Path(cfg.data.source).name, "members": cfg.members.count,
@@ -290,7 +290,7 @@ def _keeping(runs: list[dict], base: Path, mode: str, predict_source: str):
     try:
         yield
     except (UsageError, RuntimeError) as exc:
-        kept = [str(base / m) for m in MODES if (base / m / artifacts.MANIFEST).is_file()]
+        kept = [str(base / m) for m in modes.names() if (base / m / artifacts.MANIFEST).is_file()]
         if runs:
             artifacts.write_parquet(base / "runs.parquet", _runs_table(runs))
         text = (f"{exc} Kept: {len(runs)} finished phase{'s' * (len(runs) != 1)} in "
@@ -304,9 +304,26 @@ def _keeping(runs: list[dict], base: Path, mode: str, predict_source: str):
 
 
 def mode_order(repeat: int) -> tuple[str, ...]:
-    """The order the two modes run in at `repeat` (0-based): in-graph first on even repeats,
-    between-graph first on odd ones, so neither mode always meets a warm or a cold machine."""
-    return MODES if repeat % 2 == 0 else MODES[::-1]
+    """The order the registered modes (`ensemble.replication.modes.names`) run in at `repeat`
+    (0-based): as registered (in-graph first) on even repeats, reversed on odd ones, so no
+    mode always meets a warm or a cold machine."""
+    names = modes.names()
+    return names if repeat % 2 == 0 else names[::-1]
+
+
+def _predict_devices(mode: str, cfg: Config, cluster_args: list[str]) -> list[str]:
+    """`--devices` of a mode's predict phase: the config's devices, unless on a cluster or the
+    mode refuses the option (its clients predict on the members' devices)."""
+    if cluster_args or modes.get(mode).refusal("predict", ["devices"]):
+        return []
+    return ["--devices", cfg.placement.devices]
+
+
+def worst_parity(tables_: list[pa.Table]) -> tuple[float, float]:
+    """`parity` of every mode's table against the first mode's (in-graph): the largest
+    difference and the smallest share of identical labels."""
+    pairs = [parity(tables_[0], t) for t in tables_[1:]] or [(0.0, 1.0)]
+    return max(p[0] for p in pairs), min(p[1] for p in pairs)
 
 
 def _to_toml(d: dict, prefix: str = "") -> str:

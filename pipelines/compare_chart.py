@@ -8,11 +8,18 @@ from pathlib import Path
 
 import numpy as np
 
-from ensemble.config.schema import MODES
+from ensemble.replication import modes
 from ensemble.core import artifacts
 from pipelines import compare_cost as cost
 
-COLORS = {MODES[0]: "tab:blue", MODES[1]: "tab:orange"}
+PALETTE = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+
+
+def colour(mode: str) -> str:
+    """A mode's colour: the registry's order (`ensemble.replication.modes.names`) over
+    `PALETTE`, in-graph blue and between-graph orange."""
+    known = modes.names()
+    return PALETTE[(known.index(mode) if mode in known else len(known)) % len(PALETTE)]
 
 
 def _walls(ax, rows: list[dict]) -> None:
@@ -22,7 +29,7 @@ def _walls(ax, rows: list[dict]) -> None:
     med = np.array([r["wall_seconds_median"] for r in rows])
     err = np.array([[m - r["wall_seconds_min"], r["wall_seconds_max"] - m]
                     for m, r in zip(med, rows)]).T
-    bars = ax.bar(labels, med, color=[COLORS[r["mode"]] for r in rows], yerr=err, capsize=4)
+    bars = ax.bar(labels, med, color=[colour(r["mode"]) for r in rows], yerr=err, capsize=4)
     base = [r["fixed_seconds_median"] if r.get("fixed_seconds_median") is not None
             else r["startup_seconds_median"] for r in rows]
     ax.bar(labels, base, color="none", hatch="//", edgecolor="black", linewidth=0,
@@ -49,7 +56,7 @@ def _lines(ax, rows: list[dict], epochs: int) -> None:
     grid = np.linspace(0, top, 50)
     for r in train:
         ax.plot(grid, r["fixed_seconds_median"] + grid * r["epoch_seconds_median"],
-                color=COLORS[r["mode"]], label=r["mode"])
+                color=colour(r["mode"]), label=r["mode"])
     ax.axvline(epochs, color="grey", linestyle=":", label=f"configured ({epochs})")
     if e:
         ax.axvline(e, color="black", linestyle="--", label=f"crossover ({e:.1f})")
@@ -81,7 +88,7 @@ def chart(rows: list[dict], context: dict, path: Path) -> None:
     mem = np.array([r["peak_rss_bytes_median"] for r in rows]) / 2**20
     err = np.array([[m - r["peak_rss_bytes_min"] / 2**20, r["peak_rss_bytes_max"] / 2**20 - m]
                     for m, r in zip(mem, rows)]).T
-    bars = axes[2].bar(labels, mem, color=[COLORS[r["mode"]] for r in rows], yerr=err,
+    bars = axes[2].bar(labels, mem, color=[colour(r["mode"]) for r in rows], yerr=err,
                        capsize=4)
     axes[2].bar_label(bars, labels=[f"{v:.0f}" for v in mem], fontsize=8, padding=2)
     axes[2].set_ylabel("peak resident MiB (median; whiskers: min-max)")

@@ -22,27 +22,12 @@ sample can be carried to the user's epochs and rows.
 
 from __future__ import annotations
 
-import statistics
 from typing import Sequence
+
+from ensemble.replication import modes
 
 COST_MEASURES = ("fixed_seconds", "epoch_seconds", "row_epoch_us")
 COST_DIGITS = {"fixed_seconds": 2, "epoch_seconds": 4, "row_epoch_us": 3}
-
-
-def _epochs_after_first(history: Sequence[dict], member: int | None = None) -> list[float]:
-    """Seconds of the epochs after each member's first (`member`: that member's only)."""
-    rows = [r for r in history if member is None or r["member"] == member]
-    first = min((r["epoch"] for r in rows), default=0)
-    by_epoch = {}
-    for r in rows:  # in-graph: every member's record of an epoch holds the same seconds
-        if r["epoch"] > first:
-            by_epoch[r["epoch"]] = max(by_epoch.get(r["epoch"], 0.0), float(r["seconds"]))
-    return list(by_epoch.values())
-
-
-def _steady_epoch(rows: float, seconds: float, n_train: int) -> float | None:
-    """Seconds of one epoch at a steady rate of `rows` rows in `seconds` (None without rows)."""
-    return n_train * seconds / rows if rows else None
 
 
 def epoch_seconds(mode: str, history: Sequence[dict], timings: dict, n_train: int
@@ -50,7 +35,7 @@ def epoch_seconds(mode: str, history: Sequence[dict], timings: dict, n_train: in
     """The marginal seconds of one epoch of a training run and the epochs it trained.
 
     Args:
-        mode: `in-graph` or `between-graph`.
+        mode: a registered mode's name (`ensemble.replication.modes`; its `epoch_seconds`).
         history: the run's `history.parquet` rows (`member`, `epoch`, `seconds`).
         timings: the manifest's `timings` (`steady_rows`, `steady_seconds`; between-graph:
             `clients`, member index (str) -> `{"client": queue, "steady": {member: [rows,
@@ -62,27 +47,7 @@ def epoch_seconds(mode: str, history: Sequence[dict], timings: dict, n_train: in
         measured; epochs trained: the most any member trained).
     """
     epochs = len({r["epoch"] for r in history})
-    if mode == "in-graph":
-        later = _epochs_after_first(history)
-        if later:
-            return statistics.median(later), epochs
-        return _steady_epoch(timings.get("steady_rows", 0), timings.get("steady_seconds", 0.0),
-                             n_train), epochs
-    clients = timings.get("clients") or {}
-    queues: dict = {}
-    for member in sorted({r["member"] for r in history}):
-        entry = clients.get(str(member), {})
-        later = _epochs_after_first(history, member)
-        if later:
-            cost = statistics.median(later)
-        else:
-            rows, secs = (entry.get("steady") or {}).get(str(member), (0, 0.0))
-            cost = _steady_epoch(rows, secs, n_train)
-        if cost is None:
-            return None, epochs
-        queue = entry.get("client", member)
-        queues[queue] = queues.get(queue, 0.0) + cost
-    return (max(queues.values()) if queues else None), epochs
+    return modes.get(mode).epoch_seconds(history, timings, n_train), epochs
 
 
 def split_cost(wall: float, per_epoch: float | None, epochs: int, n_train: int) -> dict:

@@ -13,7 +13,7 @@ import sys
 import re
 
 from ensemble.core.errors import UsageError
-from ensemble.replication import protocol
+from ensemble.replication import modes, protocol
 
 
 def suggest(word: str, known) -> str:
@@ -138,18 +138,12 @@ def fault_line(exc: Exception, args) -> str | None:
 def refuse_inapplicable(args) -> None:
     """Options that do not apply to the chosen mode are refused, with the reason."""
     mode = getattr(args, "mode", None)
-    if args.command in ("train", "predict", "search") and mode == "in-graph" and args.jobs:
-        raise UsageError("--jobs applies to --mode between-graph only: in-graph replication "
-                         "runs every member in one process")
-    if args.command == "train" and mode == "in-graph" and args.prepare_only:
-        raise UsageError("--prepare-only is for --mode between-graph: it writes the run "
-                         "directory for clients started by hand or by a scheduler")
-    if args.command == "predict" and mode == "between-graph" and args.devices:
-        raise UsageError("--devices applies to --mode in-graph only: between-graph clients "
-                         "predict on the members' own devices (or --cluster's)")
-    if args.command == "predict" and mode == "between-graph" and args.replicas:
-        raise UsageError("--replicas applies to --mode in-graph only: a between-graph client "
-                         "runs one graph per member on its own device")
+    if mode is not None:
+        given = [o for o in ("jobs", "prepare_only", "devices", "replicas")
+                 if getattr(args, o, None)]
+        reason = modes.get(mode).refusal(args.command, given)
+        if reason:
+            raise UsageError(reason)
     if args.command == "predict" and args.replicas and args.replicas != "auto" and \
             not (args.replicas.isdigit() and int(args.replicas) >= 1):
         raise UsageError(f"Expected --replicas to be auto or a positive integer. "

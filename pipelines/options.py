@@ -11,7 +11,7 @@ import argparse
 from typing import Callable
 
 from ensemble.config import bounds as B
-from ensemble.config.schema import MODES
+from ensemble.replication import modes
 from ensemble.core.errors import UsageError
 from ensemble.tasks import TASKS
 from pipelines.guide import HelpFormatter as _HelpFormatter
@@ -92,7 +92,7 @@ def _common_run_options(parser, what: str) -> None:
 def _train(p) -> None:
     """`ensemble train`'s options."""
     _common_run_options(p, "to train")
-    _add(p, "--mode", choices=MODES,
+    _add(p, "--mode", choices=modes.names(),
          help="in-graph: one process, one graph holding every member; between-graph: one "
               "client process per device (default: in-graph; on --resume: the run's)")
     _add(p, "--seed", type=_nonneg, metavar="N", help="run seed (default: the config's, 0)")
@@ -137,7 +137,7 @@ def _predict(p) -> None:
               "and input (every member and aggregator)")
     _add(p, "--aggregator", metavar="NAME",
          help="aggregator of the wide layout (default: the run's best on validation NLL)")
-    _add(p, "--mode", choices=MODES, default="in-graph",
+    _add(p, "--mode", choices=modes.names(), default="in-graph",
          help="in-graph: one process; between-graph: one client per member")
     _add(p, "--devices", metavar="SPEC", type=DEVICES,
          help="in-graph only: devices to predict on (default: auto)")
@@ -257,7 +257,7 @@ def _search(p) -> None:
          help="greedy selection (on validation NLL, repeats allowed) of at most K candidates")
     _add(p, "--stratify", type=_nonneg, metavar="S", default=0,
          help="train every selected configuration again with S new seeds, then select again")
-    _add(p, "--mode", choices=MODES, default="in-graph",
+    _add(p, "--mode", choices=modes.names(), default="in-graph",
          help="in-graph: one graph holding every candidate; between-graph: client processes")
     _add(p, "--epochs", type=_positive, metavar="N",
          help="training epochs of every candidate (default: the config's)")

@@ -43,11 +43,12 @@ def run_split(source: str, split_seed: int, root: Path, epochs: int, lr: float) 
     `std-scaling`."""
     import pyarrow.parquet as pq
 
+    from ensemble.replication.modes import TrainRequest
     from ensemble.runs.train import train_in_graph
 
     cfg = protocol_config(source, split_seed, epochs, lr)
     run_dir = root / f"{source}-{split_seed}"
-    train_in_graph(cfg, run_dir, overwrite=True, verbosity=0)
+    train_in_graph(TrainRequest(cfg, run_dir, overwrite=True, verbosity=0))
     m = pq.read_table(run_dir / "metrics.parquet").to_pandas()
     test = m[m["split"] == "test"]
     members = test[test["member"].notna()]

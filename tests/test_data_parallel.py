@@ -208,13 +208,14 @@ class _StopAfter:
 
 
 def test_resume_of_a_replicated_run_is_exact(replicated, cfg_path, tmp_path):
+    from ensemble.replication.modes import TrainRequest
     from ensemble.runs.train import train_in_graph
 
     cfg = schema.load(cfg_path, overrides={"placement.devices": "cpu:4",
                                            "placement.replicas": 2})
     run_dir = tmp_path / "run"
     with pytest.raises(RuntimeError, match="stop here"):
-        train_in_graph(cfg, run_dir, verbosity=0, callbacks=[_StopAfter(0)])
+        train_in_graph(TrainRequest(cfg, run_dir, verbosity=0), callbacks=[_StopAfter(0)])
     assert prepare.effective_status(artifacts.read_manifest(run_dir), run_dir) == "failed"
     assert run_cli("train", "--resume", "--run-dir", run_dir, "--quiet") == 0
     _same_members(run_dir, replicated, atol=1e-6)

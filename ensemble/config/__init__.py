@@ -3,6 +3,6 @@ and bounds, search spaces.
 
 The public face re-exports the schema's main names: `from ensemble.config import Config, load`.
 """
-from ensemble.config.schema import MODES, Config, from_dict, load
+from ensemble.config.schema import Config, from_dict, load
 
-__all__ = ["MODES", "Config", "from_dict", "load"]
+__all__ = ["Config", "from_dict", "load"]

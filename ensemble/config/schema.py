@@ -26,8 +26,6 @@ from ensemble.data.settings import DataConfig, names_a_path
 from ensemble.models import builders
 from ensemble.tasks.settings import AggregationConfig
 
-MODES = ("in-graph", "between-graph")  # the replication modes, in-graph the default
-
 MLP_KEYS = ("hidden", "activation", "dropout", "l2")  # [members] keys: the mlp builder's params
 
 

@@ -14,6 +14,8 @@ A run whose every member diverged fails (`AllDiverged`, a one-line error).
 
 from __future__ import annotations
 
+import sys
+
 from typing import Sequence
 
 import numpy as np
@@ -103,6 +105,15 @@ def all_diverged(epochs: dict[int, int]) -> AllDiverged:
                        "the targets' scale, then train again with --overwrite.")
 
 
-def excluded(manifest: dict) -> set[int]:
-    """The indices of the members a run's manifest records as diverged."""
-    return {m["index"] for m in manifest.get("members", []) if m.get("status") == STATUS}
+def settle(epochs: dict[int, int], n_members: int, run_dir) -> None:
+    """What a run does once its members' divergence is known (`epochs`: member -> the epoch it
+    diverged in, of `n_members`): fail when every member diverged, else warn (`notice`, on
+    stderr) when some did.
+
+    Raises:
+        AllDiverged: every member diverged.
+    """
+    if len(epochs) == n_members:
+        raise all_diverged(epochs)
+    if epochs:
+        print(notice(epochs, n_members, run_dir), file=sys.stderr, flush=True)

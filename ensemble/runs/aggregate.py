@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
+from ensemble.replication import modes
 from ensemble.core import artifacts
 from ensemble.config import schema as config
 from ensemble.replication import divergence
@@ -123,7 +124,7 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
         aggregators = old["aggregators"] if old else task.applied_aggregators(
             cfg.aggregation.aggregators)
     task.check_aggregators(aggregators)
-    between = manifest["mode"] == "between-graph"
+    between = modes.get(manifest["mode"]).member_files  # the clients' files, not the run's
     if between:
         members = _between_graph_members(run_dir, manifest, min_members)
     elif manifest.get("failed_by") != "aggregate":  # a fault in aggregate: it may redo it

@@ -28,9 +28,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from ensemble.core import artifacts
-from ensemble.config.schema import MODES, Config
+from ensemble.config.schema import Config
 from ensemble.core.errors import UsageError
-from ensemble.replication import placement_log
+from ensemble.replication import modes, placement_log
+from ensemble.runs import operations  # noqa: F401 (supplies the built-in modes' operations)
 
 
 
@@ -106,8 +107,9 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
 
     Args:
         config: see `as_config`; `overrides` are dotted keys applied on top.
-        mode: `in-graph` (one process, one graph) or `between-graph` (one client process per
-            device, then the aggregator process).
+        mode: a registered mode (`ensemble.replication.modes`): `in-graph` (one process, one
+            graph) or `between-graph` (one client process per device, then the aggregator
+            process).
         run_dir: output folder (default `artifacts/<run_id>`).
         resume: continue the interrupted run in `run_dir` (its config is the base).
         jobs, prepare_only: between-graph only (see `ensemble train --help`).
@@ -127,11 +129,34 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
         UsageError: bad config, data, mode or run directory.
     """
     from ensemble.replication import devices
-    from ensemble.core.tfimport import import_tensorflow_quietly
+    from ensemble.runs import train as T
 
-    if mode not in MODES:
-        raise UsageError(f"Expected `mode` to be one of {', '.join(MODES)}. Received: "
-                         f"mode={mode!r}")
+    strategy = modes.get(mode)
+    cfg = _train_config(config, overrides, resume, run_dir, tensorboard)
+    if model is not None:
+        cfg = as_config(cfg, {"model.builder": _builder_spec(model, strategy)})
+    for text in devices.configure_gpus(cfg.placement.memory_growth, cfg.placement.memory_limit_mb):
+        _notice(text)
+    run_dir = Path(run_dir) if run_dir is not None else T.default_run_dir(cfg)
+    for option, given in (("prepare_only", prepare_only), ("jobs", jobs)):
+        reason = strategy.refusal("train", [option] if given else [])
+        if reason:
+            raise UsageError(reason.replace("--prepare-only", "prepare_only")
+                             .replace("--jobs", "jobs").replace("--mode ", "mode "))
+    request = modes.TrainRequest(cfg, run_dir, overwrite, resume, jobs, cluster, prepare_only,
+                                 verbosity)
+    with placement_log.logging(run_dir, mode, log_device_placement and not prepare_only):
+        strategy.train(request)
+    return Run(run_dir)
+
+
+def _train_config(config, overrides, resume: bool, run_dir, tensorboard) -> Config:
+    """`train`'s resolved config: `config` (on resume, by default the run's own) with
+    `overrides` and `tensorboard` applied.
+
+    Raises:
+        UsageError: resume without `run_dir`, or a bad config.
+    """
     if resume:
         if run_dir is None:
             raise UsageError("resume needs the run_dir of the run to continue")
@@ -141,43 +166,25 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
         cfg = as_config(config, overrides)
     if tensorboard is not None:
         cfg = as_config(cfg, {"training.tensorboard": bool(tensorboard)})
-    if model is not None:
-        from ensemble.models import builders
+    return cfg
 
-        spec = model if isinstance(model, str) else \
-            _builder_names({"model": model})["model"]["builder"]
-        if mode == "between-graph" and not builders.importable(spec):
-            raise UsageError(f"mode between-graph trains in client processes, which import the "
-                             f"builder by name; {model!r} is not importable: define it at "
-                             "module level, or pass 'package.module:function'.")
-        cfg = as_config(cfg, {"model.builder": spec})
-    for text in devices.configure_gpus(cfg.placement.memory_growth, cfg.placement.memory_limit_mb):
-        _notice(text)
-    from ensemble.runs import train as T
 
-    run_dir = Path(run_dir) if run_dir is not None else T.default_run_dir(cfg)
-    if prepare_only and mode != "between-graph":
-        raise UsageError("prepare_only is for mode between-graph")
-    if mode == "in-graph" and jobs:
-        raise UsageError("jobs applies to mode between-graph only: in-graph replication runs "
-                         "every member in one process")
-    with placement_log.logging(run_dir, mode, log_device_placement and not prepare_only):
-        if mode == "in-graph":
-            import_tensorflow_quietly()
-            T.train_in_graph(cfg, run_dir, overwrite=overwrite, resume=resume, cluster=cluster,
-                             verbosity=verbosity)
-        else:
-            from ensemble.runs import between
+def _builder_spec(model, strategy: modes.Mode) -> str:
+    """The builder name of `model` (a name or a function), checked importable by name when
+    the mode's members train in processes of their own.
 
-            between.train_between_graph(cfg, run_dir, jobs=jobs, overwrite=overwrite,
-                                        prepare_only=prepare_only, resume=resume,
-                                        cluster=cluster, verbosity=verbosity)
-    if mode == "between-graph" and cfg.training.tensorboard and not prepare_only:
-        from ensemble.replication.tensorboard import write_ensemble_metrics
+    Raises:
+        UsageError: a function those processes cannot import.
+    """
+    from ensemble.models import builders
 
-        metrics = artifacts.read_parquet(run_dir / artifacts.METRICS)  # the aggregator's
-        write_ensemble_metrics(run_dir, metrics.to_pylist(), cfg.training.epochs - 1)
-    return Run(run_dir)
+    spec = model if isinstance(model, str) else \
+        _builder_names({"model": model})["model"]["builder"]
+    if strategy.member_processes and not builders.importable(spec):
+        raise UsageError(f"mode {strategy.name} trains in client processes, which import the "
+                         f"builder by name; {model!r} is not importable: define it at "
+                         "module level, or pass 'package.module:function'.")
+    return spec
 
 
 def load_run(path: str | Path) -> "Run":
@@ -319,7 +326,8 @@ class Run:
         with self._as_parquet(data) as src:
             out = src.with_name("predictions.parquet")
             with named(src.parent, "the DataFrame"), named(src, "the DataFrame"):
-                predict_in_graph(self.path, str(src), out, target, devices, layout=layout)
+                predict_in_graph(modes.PredictRequest(self.path, str(src), out, target, devices,
+                                                      layout=layout))
             return to_pandas(artifacts.read_parquet(out))
 
     @contextlib.contextmanager

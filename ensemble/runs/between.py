@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -28,13 +27,13 @@ from ensemble.core import faults
 from ensemble.core import interrupt
 from ensemble.runs import prepare as run
 from ensemble.core import runlock
-from ensemble.config.schema import Config
 from ensemble.core.errors import UsageError
 from ensemble.replication.placement import place
 from ensemble.replication import processes, protocol
 from ensemble.replication.processes import checked, last_error, last_report, run_process
+from ensemble.replication.modes import PredictRequest, TrainRequest
 
-__all__ = ["aggregate_run", "checked", "client_queues", "default_jobs", "last_report",
+__all__ = ["checked", "client_queues", "default_jobs", "last_report",
            "predict_between_graph", "run_clients", "run_process", "train_between_graph"]
 
 
@@ -172,27 +171,17 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
             for q, queue in enumerate(queues) for i in queue}
 
 
-def aggregate_run(run_dir: Path, min_members: int | None = None) -> dict:
-    """The aggregator step of a between-graph run: `ensemble.runs.aggregate.aggregate_run`."""
-    from ensemble.runs.aggregate import aggregate_run as run_aggregator
-
-    return run_aggregator(run_dir, min_members=min_members)
-
-
-def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
-                        overwrite: bool = False, prepare_only: bool = False,
-                        resume: bool = False, cluster: dict | None = None,
-                        verbosity: int = 1, prepared: dict | None = None) -> dict:
+def train_between_graph(request: TrainRequest, prepared: dict | None = None) -> dict:
     """Prepare the run, train every member in its own client process, then aggregate.
 
     Args:
-        prepare_only: stop after preparing the run directory, so that a scheduler can launch
-            `ensemble client --run RUN --member I` for each member and then `ensemble aggregate`.
-        resume: continue an interrupted or failed run: only members not completed run, each
-            from its own newest checkpoint.
-        cluster: a cluster spec: members go round robin over its tasks' devices; each client
-            connects to the cluster and runs its members on its task.
-        verbosity: 0 quiet, 1 a line per member and epoch, 2 also within epochs.
+        request: `request.prepare_only` stops after preparing the run directory, so that a
+            scheduler can launch `ensemble client --run RUN --member I` for each member and
+            then `ensemble aggregate`; `request.resume` continues an interrupted or failed
+            run: only members not completed run, each from its own newest checkpoint;
+            `request.cluster`: members go round robin over its tasks' devices, each client
+            connects to it; `request.verbosity`: 0 quiet, 1 a line per member and epoch, 2
+            also within epochs.
         prepared: the manifest of a run directory the caller prepared itself (its `data/`
             splits, `preprocessing.json` and placement written, as `DeepEnsembleClassifier`
             does from arrays); training starts from it instead of `run.prepare`.
@@ -204,23 +193,28 @@ def train_between_graph(cfg: Config, run_dir: Path, jobs: int | None = None,
         RuntimeError / UsageError: a client failed; the members that finished are kept and
         recorded as completed, the failed ones as failed.
     """
-    if resume:
-        cluster = cluster or artifacts.read_manifest(run_dir).get("cluster")
-    devs = devices.resolve(cfg.placement.devices, cfg.members.count, cluster, names_only=True)
-    with run.writing(run_dir, "ensemble train --mode between-graph"):
-        if resume:
-            manifest = run.reopen(run_dir, cfg, "between-graph")
-        elif prepared is not None:
-            manifest = prepared
-        else:
-            manifest = run.prepare(cfg, run_dir, "between-graph", devs, overwrite, cluster)
-            if verbosity:
-                print(auto.describe(run.run_config(cfg, manifest), manifest.get("defaults") or {}),
-                      flush=True)
-        if prepare_only:  # the clients, started by hand or a scheduler, take over
-            return run.set_status(run_dir, "prepared")
-        with run.recording_outcome(run_dir):
-            return _launch(run_dir, manifest, devs, jobs, verbosity)
+    from ensemble.runs.train import open_run, run_cluster
+
+    r = request
+    cluster = run_cluster(r)
+    devs = devices.resolve(r.cfg.placement.devices, r.cfg.members.count, cluster,
+                           names_only=True)
+    with run.writing(r.run_dir, "ensemble train --mode between-graph"):
+        manifest = prepared if prepared is not None and not r.resume else \
+            open_run(r, "between-graph", devs, cluster)
+        if not r.resume and prepared is None and r.verbosity:
+            print(auto.describe(run.run_config(r.cfg, manifest), manifest.get("defaults") or {}),
+                  flush=True)
+        if r.prepare_only:  # the clients, started by hand or a scheduler, take over
+            return run.set_status(r.run_dir, "prepared")
+        with run.recording_outcome(r.run_dir):
+            final = _launch(r.run_dir, manifest, devs, r.jobs, r.verbosity)
+    if r.cfg.training.tensorboard:
+        from ensemble.replication.tensorboard import write_ensemble_metrics
+
+        metrics = artifacts.read_parquet(r.run_dir / artifacts.METRICS)  # the aggregator's
+        write_ensemble_metrics(r.run_dir, metrics.to_pylist(), r.cfg.training.epochs - 1)
+    return final
 
 
 def _launch(run_dir: Path, manifest: dict, devs: list[str], jobs: int | None,
@@ -256,91 +250,63 @@ def _launch(run_dir: Path, manifest: dict, devs: list[str], jobs: int | None,
     diverged = {m["index"]: m.get("diverged_epoch", 0)
                 for m in runlock.update_manifest(run_dir, timings)["members"]
                 if m.get("status") == divergence.STATUS}
-    if len(diverged) == len(manifest["members"]):
-        raise divergence.all_diverged(diverged)
+    divergence.settle(diverged, len(manifest["members"]), run_dir)
     res = checked(run_process(["aggregate", "--run", str(run_dir)]), "aggregator")
-    if diverged:
-        print(divergence.notice(diverged, len(manifest["members"]), run_dir),
-              file=sys.stderr, flush=True)
     return runlock.update_manifest(run_dir, lambda m: m["timings"].update(
         aggregator_peak_rss_bytes=last_report(res)["peak_rss_bytes"]))
 
 
-def predict_between_graph(run_dir: Path, source: str, out: Path, target: str | None = None,
-                          jobs: int | None = None, cluster_file: str | None = None,
-                          strict_columns: bool = False, batch_size: int | None = None,
-                          verbosity: int = 0, layout: str = "wide",
-                          trust_builder: bool = False, aggregator: str | None = None):
-    """One client process per member (queue) streams `source` and writes its members'
-    probabilities; then the aggregator streams those files, batch by batch, into `out`. With
-    `cluster_file`, members go round robin over that cluster's devices instead of the devices
-    they were trained on. `aggregator`: that of the `wide` layout (default: the run's best on
-    validation NLL, `ensemble.tasks.choice.default_aggregator`).
+def predict_between_graph(request: PredictRequest) -> tuple[dict, dict]:
+    """One client process per member (queue) streams `request.source` and writes its members'
+    outputs; then the aggregator streams those files, batch by batch, into `request.out`.
+    With `request.cluster_file`, members go round robin over that cluster's devices instead
+    of the devices they were trained on.
 
     Returns:
         (the prediction's manifest, also written to `<out>.manifest.json`;
         `{"jobs": N, "clients": run_clients' measurements}`).
     """
-    from ensemble.runs.predict import check_out, open_input, record, write_manifest
-
-    from ensemble.tasks.choice import default_aggregator
-    from ensemble.tasks.classification.fitted import member_params
-    from ensemble.runs.posthoc import run_aggregators
+    from ensemble.runs.predict import open_prediction
     from ensemble.replication.progress import RowProgress
-    from ensemble.data.stream import DEFAULT_BATCH_ROWS
-    from ensemble.runs.preflight import ensemble_members
 
-    check_out(out)
-    batch_size = batch_size or DEFAULT_BATCH_ROWS
-    manifest, pre, stream = open_input(run_dir, source, target, strict_columns, batch_size,
-                                       trust_builder=trust_builder)
-    names, fit = run_aggregators(run_dir, manifest)
-    answer = default_aggregator(names, fit, aggregator)
-    stream.survey()  # the whole input checked once, notices once: clients stream it quietly
-    used = set(ensemble_members(manifest))  # diverged members left out
-    member_devs = {m["index"]: m["device"] for m in manifest["members"] if m["index"] in used}
-    extra = ["--batch-size", str(batch_size)] + (["--target", target] if target else [])
-    if cluster_file is not None:
+    r = request
+    job = open_prediction(r)
+    job.stream.survey()  # the whole input checked once, notices once: clients stream it quietly
+    member_devs = {m["index"]: m["device"] for m in job.manifest["members"]
+                   if m["index"] in job.used}
+    extra = ["--batch-size", str(job.batch_rows)] + (["--target", r.target] if r.target else [])
+    if r.cluster_file is not None:
         from ensemble.replication.cluster import load_spec
 
-        devs = devices.resolve("auto", len(member_devs), load_spec(cluster_file))
-        member_devs = dict(enumerate(place(len(member_devs), devs)))
-        extra += ["--cluster", str(cluster_file)]
+        devs = devices.resolve("auto", len(member_devs), load_spec(r.cluster_file))
+        member_devs = dict(zip(job.used, place(len(member_devs), devs)))
+        extra += ["--cluster", str(r.cluster_file)]
     start = time.monotonic()  # the prediction's wall time: clients and aggregation
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".ensemble-predict-", dir=Path(out).parent) as tmp:
-        paths = {i: Path(tmp) / f"member-{i}.parquet" for i in member_devs}
-        jobs = jobs or default_jobs(len(member_devs), list(member_devs.values()))
-        queues = client_queues(member_devs, jobs)
-        clients = run_clients(run_dir, queues, lambda q: [
-            "client", "--run", str(run_dir), "--member", ",".join(map(str, q)), "--predict",
-            str(Path(source).resolve()) if Path(source).exists() else source, "--out", tmp,
-            "--device", ",".join(member_devs[i] for i in q), *extra],
+    Path(r.out).parent.mkdir(parents=True, exist_ok=True)
+    source = str(Path(r.source).resolve()) if Path(r.source).exists() else r.source
+    with tempfile.TemporaryDirectory(prefix=".ensemble-predict-", dir=Path(r.out).parent) as tmp:
+        queues = client_queues(member_devs, r.jobs or default_jobs(
+            len(member_devs), list(member_devs.values())))
+        clients = run_clients(r.run_dir, queues, lambda q: [
+            "client", "--run", str(r.run_dir), "--member", ",".join(map(str, q)), "--predict",
+            source, "--out", tmp, "--device", ",".join(member_devs[i] for i in q), *extra],
             member_devs, verbosity=0)
-        progress = RowProgress(None, verbosity=verbosity, start=start)
-        rows = aggregate_stream([paths[i] for i in sorted(member_devs)], sorted(member_devs),
-                                out, pre.classes, names,
-                                member_params(fit, sorted(member_devs)), batch_size,
-                                progress.update, layout, stream.passthrough_batches(), answer)
+        progress = RowProgress(None, verbosity=r.verbosity, start=start)
+        rows = aggregate_stream(job, {i: Path(tmp) / f"member-{i}.parquet"
+                                      for i in sorted(member_devs)}, progress.update)
         seconds = progress.end()
     for c in clients.values():
         c.pop("tensorflow_build", None)
-    placed = {i: [d] for i, d in member_devs.items()}
-    rec = record(run_dir, manifest, source, out, "between-graph", rows, seconds, batch_size,
-                 placed)
-    return write_manifest(out, rec), {"jobs": len(queues),
-                                      "clients": {str(i): c for i, c in clients.items()}}
+    rec = job.finish("between-graph", rows, seconds, {i: [d] for i, d in member_devs.items()})
+    return rec, {"jobs": len(queues), "clients": {str(i): c for i, c in clients.items()}}
 
 
-def aggregate_stream(paths: list[Path], members: list[int], out: Path, classes, names,
-                     params: dict, batch_rows: int, on_rows=None, layout: str = "long",
-                     passthrough=None, aggregator: str | None = None) -> int:
-    """The aggregator of a streamed between-graph prediction: read the members' probability
-    files (`ensemble.replication.client.predict_client`) batch by batch in lockstep and write
-    member and ensemble rows (numpy aggregators, fitted ones with `params`) to `out`, in
-    `layout` (`tables.wide_rows` or the long layout); `passthrough` yields each batch's
-    `(non-feature columns, ids)` of the input (`InputStream.passthrough_batches`);
-    `aggregator` is the `wide` layout's (default: the first of `names`).
+def aggregate_stream(job, paths: dict[int, Path], on_rows=None) -> int:
+    """The aggregator of a streamed between-graph prediction: read the members' output files
+    (`paths`, member -> its file of `ensemble.replication.client.predict_client`) batch by
+    batch in lockstep and write member and ensemble rows (numpy aggregators, fitted ones with
+    the job's parameters) through `job.write` (`ensemble.runs.predict.Prediction`), each
+    batch with the input's non-feature columns and ids (`InputStream.passthrough_batches`).
 
     Returns:
         The number of input rows.
@@ -348,35 +314,33 @@ def aggregate_stream(paths: list[Path], members: list[int], out: Path, classes, 
     Raises:
         UsageError: a member file is missing or its row count differs from the others'.
     """
+    import types
+
     import pyarrow.parquet as pq
 
-    from ensemble.tasks import tables
     from ensemble.data.stream import PredictionWriter
 
-    for path in paths:
+    for path in paths.values():
         if not Path(path).is_file():
             raise UsageError(f"Member predictions missing: {path}")
-    files = [pq.ParquetFile(p) for p in paths]
+    files = [pq.ParquetFile(p) for p in paths.values()]
     if len({f.metadata.num_rows for f in files}) != 1:
-        raise UsageError(f"Member predictions of {', '.join(map(str, paths))} differ in rows.")
+        raise UsageError(f"Member predictions of {', '.join(map(str, paths.values()))} differ "
+                         "in rows.")
     first = 0
-    meta = {"prediction": json.dumps({"mode": "between-graph"})}
-    with PredictionWriter(out, meta) as writer:
-        for parts in zip(*(f.iter_batches(batch_size=batch_rows) for f in files)):
+    passthrough = job.stream.passthrough_batches()
+    with PredictionWriter(job.request.out,
+                          {"prediction": json.dumps({"mode": "between-graph"})}) as writer:
+        for parts in zip(*(f.iter_batches(batch_size=job.batch_rows) for f in files)):
             n = parts[0].num_rows
             probs = {m: np.column_stack([rb.column(c).to_numpy() for c in rb.schema.names
                                          if c[:1] == "c" and c[1:].isdigit()])  # c0.. outputs
-                     for m, rb in zip(members, parts)}
+                     for m, rb in zip(paths, parts)}
             y = parts[0].column("y")
-            y = None if y.null_count else y.to_numpy()
-            rows = np.arange(first, first + n, dtype=np.int64)
-            long = tables.predictions_table(probs, "predict", rows, y, classes, names,
-                                            params=params, first_row=first)
-            extra, ids = next(passthrough, (None, None)) if passthrough is not None \
-                else (None, None)
-            writer.write(tables.wide_rows(long, aggregator or names[0], extra, ids)
-                         if layout == "wide"
-                         else tables.with_ids(long, ids))
+            extra, ids = next(passthrough, (None, None))
+            job.write(writer, probs, None, types.SimpleNamespace(
+                rows=np.arange(first, first + n, dtype=np.int64), first_row=first,
+                y=None if y.null_count else y.to_numpy(), extra=extra, ids=ids))
             first += n
             if on_rows is not None:
                 on_rows(n)

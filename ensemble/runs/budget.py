@@ -14,6 +14,7 @@ from __future__ import annotations
 from ensemble.core import memory
 from ensemble.core.errors import UsageError
 from ensemble.replication.feed import CALL_BYTES  # one traced call's batches
+from ensemble.replication import modes
 
 TF_PROCESS = 700 << 20  # resident bytes of a process running TensorFlow and Keras (measured)
 LONG_ROW = 64  # bytes of one predictions.parquet row besides its outputs (columns, copies)
@@ -73,5 +74,5 @@ def check_run(cfg, mode: str, devices: list[str], rows: dict[str, int], n_output
         UsageError: the estimate exceeds the memory available (one line).
     """
     members = cfg.members.count
-    clients = 1 if mode == "in-graph" else max(1, min(members, len(set(devices))))
+    clients = modes.get(mode).processes(members, devices)
     check(rows, n_outputs, members, len(cfg.aggregation.aggregators), clients)

@@ -105,6 +105,7 @@ def train_between_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Pre
     """Train every member in its own client process through a run directory (`run_dir`, or
     a temporary one removed afterwards); same arguments and result as `train_in_graph`."""
     from ensemble.models.members import load_member
+    from ensemble.replication.modes import TrainRequest
     from ensemble.runs.between import train_between_graph as launch  # client processes
 
     tmp = Path(tempfile.mkdtemp(prefix="ensemble-sklearn-")) if run_dir is None else None
@@ -122,7 +123,7 @@ def train_between_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Pre
                                 {k: len(v) for k, v in rows.items()}, devs)
         manifest["artifacts"] = artifacts.artifact_hashes(path)  # clients verify the splits
         artifacts.write_manifest(path, manifest)
-        launch(cfg, path, prepared=manifest, verbosity=0)
+        launch(TrainRequest(cfg, path, verbosity=0), prepared=manifest)
         n = cfg.members.count
         weights = [load_member(artifacts.member_model_path(path, i), "/device:CPU:0")
                    .get_weights() for i in range(n)]

@@ -11,9 +11,11 @@ rows, the timing and member -> devices.
 from __future__ import annotations
 
 import json
-import time
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ensemble.core import artifacts
 from ensemble.replication import devices
@@ -23,6 +25,7 @@ from ensemble.tasks import tables
 from ensemble.core.errors import UsageError
 from ensemble.data import kinds
 from ensemble.data.stream import DEFAULT_BATCH_ROWS, flat_heap, prefetch
+from ensemble.replication.modes import PredictRequest
 
 GRAPH_BATCH_ROWS = 16384  # rows per traced call: bounds the members' activations in memory
 
@@ -110,24 +113,73 @@ def record(run_dir: Path, manifest: dict, source: str, out: Path, mode: str, row
             "members": [{"index": i, "devices": d} for i, d in sorted(member_devices.items())]}
 
 
-def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None = None,
-                     device_spec: str = "auto", batch_size: int = DEFAULT_BATCH_ROWS,
-                     cluster: dict | None = None, strict_columns: bool = False,
-                     replicas: int | str = "auto", verbosity: int = 0,
-                     layout: str = "wide", trust_builder: bool = False,
-                     aggregator: str | None = None) -> dict:
-    """Rebuild the in-graph inference graph on this machine's (or `cluster`'s) devices and
-    predict `source` batch by batch into `out` (split `predict`).
+@dataclass
+class Prediction:
+    """What both modes' prediction drivers share (`open_prediction`): the run's manifest and
+    preprocessing, the input stream, the aggregator names and fit (`posthoc.run_aggregators`),
+    the wide layout's aggregator (`answer`), the members used (diverged ones left out) and
+    their fitted aggregators' parameters."""
 
-    Args:
-        batch_size: rows read, predicted and written at a time.
-        replicas: replicas per member, `auto` (`devices // members`) or an integer
-            (`ensemble.replication.placement.replica_devices`); each batch's rows are split across them.
-        verbosity: 0 quiet, 1 progress (`ensemble.replication.progress.RowProgress`).
-        layout: `wide` (one row per input: its non-feature columns, the prediction of
-            `aggregator`; `tables.wide_rows`) or `long` (a row per model and input).
-        aggregator: the aggregator of the `wide` layout (default: the run's best on
-            validation NLL, `ensemble.tasks.choice.default_aggregator`).
+    request: PredictRequest
+    manifest: dict
+    pre: Any
+    stream: Any
+    names: list
+    answer: str
+    used: list[int]
+    params: dict
+
+    def write(self, writer, member_p: dict, ens_p, batch) -> None:
+        """Write one batch's member (`{member: [n_rows, n_outputs]}`) and ensemble rows
+        (`ens_p`: the graph's aggregates, or None: numpy aggregators) to `writer` in the
+        request's layout; `batch` has `rows`, `y`, `first_row`, `extra`, `ids`."""
+        long = tables.predictions_table(member_p, "predict", batch.rows, batch.y,
+                                        self.pre.classes, self.names, ens_p, self.params,
+                                        first_row=batch.first_row)
+        writer.write(tables.wide_rows(long, self.answer, batch.extra, batch.ids)
+                     if self.request.layout == "wide" else tables.with_ids(long, batch.ids))
+
+    def finish(self, mode: str, rows: int, seconds: float, placed: dict) -> dict:
+        """The prediction's manifest (`record`), written beside the output."""
+        r = self.request
+        return write_manifest(r.out, record(r.run_dir, self.manifest, r.source, r.out, mode,
+                                            rows, seconds, self.batch_rows, placed))
+
+    @property
+    def batch_rows(self) -> int:
+        return self.request.batch_size or DEFAULT_BATCH_ROWS
+
+
+def open_prediction(request: PredictRequest) -> Prediction:
+    """The preamble of a prediction in any mode: check the output name, open the run and its
+    input, its aggregators and the wide layout's answer, the members used.
+
+    Raises:
+        UsageError: bad run, input, output name or aggregator; nothing written yet.
+    """
+    from ensemble.runs.preflight import ensemble_members
+    from ensemble.runs.posthoc import run_aggregators
+    from ensemble.tasks.choice import default_aggregator
+    from ensemble.tasks.classification.fitted import member_params
+
+    r = request
+    check_out(r.out)
+    manifest, pre, stream = open_input(r.run_dir, r.source, r.target, r.strict_columns,
+                                       r.batch_size or DEFAULT_BATCH_ROWS,
+                                       trust_builder=r.trust_builder)
+    names, fit = run_aggregators(r.run_dir, manifest)
+    answer = default_aggregator(names, fit, r.aggregator)
+    used = list(ensemble_members(manifest))  # diverged members left out
+    return Prediction(r, manifest, pre, stream, names, answer, used, member_params(fit, used))
+
+
+def predict_in_graph(request: PredictRequest) -> dict:
+    """Rebuild the in-graph inference graph on this machine's (or the cluster's) devices and
+    predict `request.source` batch by batch into `request.out` (split `predict`).
+
+    `request.replicas`: replicas per member, `auto` (`devices // members`) or an integer
+    (`ensemble.replication.placement.replica_devices`); each batch's rows are split across
+    them. `request.verbosity`: 0 quiet, 1 progress (`progress.RowProgress`).
 
     Returns:
         The prediction's manifest (also written to `<out>.manifest.json`).
@@ -136,52 +188,47 @@ def predict_in_graph(run_dir: Path, source: str, out: Path, target: str | None =
         UsageError: bad run, input, output name, `replicas` or `aggregator`; nothing is left
             under `out`.
     """
-    from ensemble.tasks.choice import default_aggregator
-    from ensemble.tasks.classification.fitted import member_params
-    from ensemble.models.members import load_run_member
-    from ensemble.replication.placement import replica_devices
-    from ensemble.runs.posthoc import run_aggregators
-    from ensemble.replication.progress import RowProgress
     from ensemble.data.stream import PredictionWriter
+    from ensemble.replication.progress import RowProgress
 
-    from ensemble.runs.preflight import ensemble_members
-
-    check_out(out)
-    manifest, pre, stream = open_input(run_dir, source, target, strict_columns, batch_size,
-                                       trust_builder=trust_builder)
-    aggs, fit = run_aggregators(run_dir, manifest)
-    answer = default_aggregator(aggs, fit, aggregator)
-    stream.check()
-    stream.passthrough = layout == "wide"
+    job = open_prediction(request)
+    job.stream.check()
+    job.stream.passthrough = request.layout == "wide"
     flat_heap()  # peak memory flat however many batches (see ensemble.data.stream.flat_heap)
     start = time.monotonic()  # the prediction's wall time: loading the members included
-    used = ensemble_members(manifest)  # diverged members left out
-    n = len(used)
-    # the run's threads of one op, as its clients use (before resolving initialises TF)
-    devices.set_op_threads(manifest["config"]["training"].get("intra_op_threads", 1))
-    groups = replica_devices(n, devices.resolve(device_spec, n, cluster), replicas)
-    from ensemble.replication.in_graph import InGraphEnsemble
-
-    copies = []
-    for i, group in zip(used, groups):
-        copies.append([(load_run_member(run_dir, manifest, i, d), d) for d in group])
-    params = member_params(fit, used)
-    ens = InGraphEnsemble([c[0][0] for c in copies], [g[0] for g in groups], aggs,
-                          indices=used, params=params)
-    ens.set_replicas(dict(enumerate(copies)))
-    placed = dict(zip(used, groups))
-    progress = RowProgress(stream.n_rows, verbosity=verbosity, start=start)
+    ens, placed = _in_graph_ensemble(job)
+    progress = RowProgress(job.stream.n_rows, verbosity=request.verbosity, start=start)
     meta = {"prediction": json.dumps({"mode": "in-graph", "members": {str(i): g for i, g in
                                                                        placed.items()}})}
-    with PredictionWriter(out, meta) as writer:
-        for b in prefetch(stream):
-            member_p, ens_p = ens.predict(b.x, min(batch_size, GRAPH_BATCH_ROWS))
-            long = tables.predictions_table(dict(zip(used, member_p)), "predict", b.rows,
-                                            b.y, pre.classes, aggs, ens_p, params,
-                                            first_row=b.first_row)
-            writer.write(tables.wide_rows(long, answer, b.extra, b.ids) if layout == "wide"
-                         else tables.with_ids(long, b.ids))
+    with PredictionWriter(request.out, meta) as writer:
+        for b in prefetch(job.stream):
+            member_p, ens_p = ens.predict(b.x, min(job.batch_rows, GRAPH_BATCH_ROWS))
+            job.write(writer, dict(zip(job.used, member_p)), ens_p, b)
             progress.update(len(b.x))
     seconds = progress.end()
-    return write_manifest(out, record(run_dir, manifest, source, out, "in-graph",
-                                      progress.rows, seconds, batch_size, placed))
+    return job.finish("in-graph", progress.rows, seconds, placed)
+
+
+def _in_graph_ensemble(job: Prediction):
+    """The members of `job` loaded onto their devices (replicas included) as one inference
+    graph; returns (the `InGraphEnsemble`, member -> its devices)."""
+    from ensemble.models.members import load_run_member
+    from ensemble.replication.in_graph import InGraphEnsemble
+    from ensemble.replication.placement import replica_devices
+
+    r, n = job.request, len(job.used)
+    cluster = r.cluster
+    if cluster is None and r.cluster_file is not None:
+        from ensemble.replication.cluster import load_spec
+
+        cluster = load_spec(r.cluster_file)
+    # the run's threads of one op, as its clients use (before resolving initialises TF)
+    devices.set_op_threads(job.manifest["config"]["training"].get("intra_op_threads", 1))
+    groups = replica_devices(n, devices.resolve(r.devices or "auto", n, cluster),
+                             r.replicas or "auto")
+    copies = [[(load_run_member(r.run_dir, job.manifest, i, d), d) for d in group]
+              for i, group in zip(job.used, groups)]
+    ens = InGraphEnsemble([c[0][0] for c in copies], [g[0] for g in groups], job.names,
+                          indices=job.used, params=job.params)
+    ens.set_replicas(dict(enumerate(copies)))
+    return ens, dict(zip(job.used, groups))

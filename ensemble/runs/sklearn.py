@@ -36,7 +36,8 @@ from ensemble.config import schema as config
 from ensemble.runs import fit_arrays as run_arrays
 from ensemble.runs import sklearn_tables
 from ensemble.tasks.classification.aggregators import FITTED
-from ensemble.config.schema import MODES
+from ensemble.replication import modes
+from ensemble.runs import operations  # noqa: F401 (the built-in modes' operations)
 from ensemble.core.errors import UsageError
 
 # estimator parameter -> config key (messages of config validation name the parameter)
@@ -91,6 +92,19 @@ class DeepEnsembleBase(BaseEstimator):
         self.aggregator = aggregator
         self.run_dir = run_dir
 
+    def _mode(self) -> modes.Mode:
+        """The estimator's replication mode (`ensemble.replication.modes`); raises ValueError
+        naming the parameter for an unknown mode or one without array training."""
+        try:
+            mode = modes.get(self.mode) if isinstance(self.mode, str) else None
+        except UsageError:
+            mode = None
+        if mode is None or not mode.trains_arrays():
+            known = [n for n in modes.names() if modes.get(n).trains_arrays()]
+            raise ValueError(f"Expected `mode` to be one of {', '.join(known)}. "
+                             f"Received: mode={self.mode!r}")
+        return mode
+
     def _builder(self) -> str:
         if getattr(self, "_unexpected", None):
             raise ValueError(f"{type(self).__name__} got an unexpected keyword argument "
@@ -100,8 +114,8 @@ class DeepEnsembleBase(BaseEstimator):
             spec = builders.spec_of(self.model)
         except UsageError as exc:
             raise ValueError(str(exc)) from None
-        if self.mode == "between-graph" and not builders.importable(spec):
-            raise ValueError(f"mode='between-graph' trains in client processes, which import "
+        if self._mode().member_processes and not builders.importable(spec):
+            raise ValueError(f"mode={self.mode!r} trains in client processes, which import "
                              f"the builder by name; model={self.model!r} is not importable "
                              "(define it at module level in an importable module or file, or "
                              "pass 'package.module:function').")
@@ -116,9 +130,7 @@ class DeepEnsembleBase(BaseEstimator):
 
     def _config(self, seed: int) -> config.Config:
         """The run's `Config`; raises ValueError naming the estimator parameter."""
-        if self.mode not in MODES:
-            raise ValueError(f"Expected `mode` to be one of {', '.join(MODES)}. "
-                             f"Received: mode={self.mode!r}")
+        self._mode()
         builder = self._builder()
         if not isinstance(self.aggregator, str):
             raise ValueError(f"Expected `aggregator` to be one aggregator name. "
@@ -163,8 +175,7 @@ class DeepEnsembleBase(BaseEstimator):
             if val is not None:
                 val = (pre.transform(run_arrays.dataset(val[0], names)), val[1])
         cfg = auto.resolve(cfg, len(x), 0 if val is None else len(val[0]))[0]
-        fitted = (run_arrays.train_between_graph if self.mode == "between-graph"
-                  else run_arrays.train_in_graph)(cfg, x, y_train, val, pre, self.run_dir)
+        fitted = self._mode().train_arrays(cfg, x, y_train, val, pre, self.run_dir)
         self.table_input_ = table
         self.preprocessing_, self.config_ = pre, cfg
         self.seed_, self.aggregator_ = cfg.training.seed, self.aggregator
@@ -293,7 +304,7 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
                              "pass fit(X, y, validation_data=(X_val, y_val))")
         self._fit_members(cfg, X, (y_idx, classes), y_idx, val, table)
         self.classes_ = classes
-        if self.run_dir is not None and self.mode == "in-graph":
+        if self.run_dir is not None and self._mode().trains_in_memory:
             self.save(self.run_dir, overwrite=True)
         return self
 

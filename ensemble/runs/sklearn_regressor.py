@@ -128,7 +128,7 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
             if col in self.history_:
                 self.history_[col] = self.history_[col] * (scale if col == "val_rmse" else 1.0) \
                     + (np.log(scale) if col == "val_loss" and self.loss != "mse" else 0.0)
-        if self.run_dir is not None and self.mode == "in-graph":
+        if self.run_dir is not None and self._mode().trains_in_memory:
             self.save(self.run_dir, overwrite=True)
         return self
 

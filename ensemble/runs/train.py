@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from pathlib import Path
 from typing import Sequence
@@ -22,25 +21,38 @@ from ensemble.runs import prepare as run
 from ensemble.tasks import tables
 from ensemble.replication.cluster import naming_unreachable_tasks
 from ensemble.config.schema import Config
+from ensemble.replication.modes import TrainRequest
 
 
 def default_run_dir(cfg: Config) -> Path:
     return Path("artifacts") / run.new_run_id(cfg)
 
 
-def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
-                   resume: bool = False, cluster: dict | None = None, verbosity: int = 1,
-                   callbacks: Sequence = ()) -> dict:
+def run_cluster(request: TrainRequest) -> dict | None:
+    """The cluster spec a run trains on: the request's, or on resume the run's own."""
+    if request.cluster is None and request.resume:
+        return artifacts.read_manifest(request.run_dir).get("cluster")
+    return request.cluster
+
+
+def open_run(request: TrainRequest, mode: str, devs: list[str], cluster: dict | None) -> dict:
+    """The manifest a `mode` run starts from, under the run's writer lock (`run.writing`):
+    the interrupted run reopened (`request.resume`), or a new run prepared on `devs`."""
+    if request.resume:
+        return run.reopen(request.run_dir, request.cfg, mode)
+    return run.prepare(request.cfg, request.run_dir, mode, devs, request.overwrite, cluster)
+
+
+def train_in_graph(request: TrainRequest, callbacks: Sequence = ()) -> dict:
     """Train every member in one graph (in-graph replication) and write the run directory.
 
     A checkpoint of the whole graph (all members at the same epoch) is saved after every
-    epoch; `resume` continues an interrupted run from the newest one.
-
-    With a `cluster` spec, members are placed on the devices of its tasks and the
+    epoch; `request.resume` continues an interrupted run from the newest one. With a
+    `request.cluster` spec, members are placed on the devices of its tasks and the
     aggregation stays on this client.
 
-    Progress goes to stdout (`progress.for_people(verbosity)`); `callbacks` are further
-    `training.Callback`s (per call and per epoch).
+    Progress goes to stdout (`progress.for_people(request.verbosity)`); `callbacks` are
+    further `training.Callback`s (per call and per epoch).
 
     Returns:
         The final manifest.
@@ -51,22 +63,20 @@ def train_in_graph(cfg: Config, run_dir: Path, overwrite: bool = False,
             after the current call, the run is marked `interrupted` (`.run_dir` set).
         UsageError: another process holds the run (`runlock`), or bad input.
     """
-    if resume:
-        cluster = cluster or artifacts.read_manifest(run_dir).get("cluster")
-    devices.configure(cfg)  # threads first: resolving named devices initialises TensorFlow
-    devs = devices.resolve(cfg.placement.devices, cfg.members.count, cluster)
-    with run.writing(run_dir, "ensemble train --mode in-graph"):
-        if resume:
-            manifest = run.reopen(run_dir, cfg, "in-graph")
+    r = request
+    cluster = run_cluster(r)
+    devices.configure(r.cfg)  # threads first: resolving named devices initialises TensorFlow
+    devs = devices.resolve(r.cfg.placement.devices, r.cfg.members.count, cluster)
+    with run.writing(r.run_dir, "ensemble train --mode in-graph"):
+        manifest = open_run(r, "in-graph", devs, cluster)
+        if r.resume:
             callbacks = [progress.ResumeNotice(), *callbacks]
-        else:
-            manifest = run.prepare(cfg, run_dir, "in-graph", devs, overwrite, cluster)
-        cfg = run.run_config(cfg, manifest)  # "auto" batch size and early stopping resolved
-        if verbosity:
+        cfg = run.run_config(r.cfg, manifest)  # "auto" batch size and early stopping resolved
+        if r.verbosity:
             print(auto.describe(cfg, manifest.get("defaults") or {}), flush=True)
-        with run.recording_outcome(run_dir), naming_unreachable_tasks(cluster):
-            _train_and_write(cfg, run_dir, manifest,
-                             [*progress.for_people(verbosity), *callbacks])
+        with run.recording_outcome(r.run_dir), naming_unreachable_tasks(cluster):
+            _train_and_write(cfg, r.run_dir, manifest,
+                             [*progress.for_people(r.verbosity), *callbacks])
     return manifest
 
 
@@ -122,17 +132,13 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     manifest["timings"].update(steady_rows=steady.rows, steady_seconds=steady.seconds,
                                first_epoch_end_unix=first.unix)
     diverged = ens.divergence.epochs  # {member: epoch}: left out of everything below
-    if len(diverged) == len(ens.models):
-        raise divergence.all_diverged(diverged)
+    divergence.settle(diverged, len(ens.models), run_dir)
     keep = [k for k, i in enumerate(ens.indices) if i not in diverged]
     used = [ens.indices[k] for k in keep]
     for k in keep:
         save_member(ens.models[k], artifacts.member_model_path(run_dir, ens.indices[k]))
         manifest["members"][ens.indices[k]]["status"] = "completed"
     ens.divergence.record(manifest["members"])
-    if diverged:
-        print(divergence.notice(diverged, len(ens.models), run_dir), file=sys.stderr,
-              flush=True)
     if len(keep) < len(ens.models):  # the healthy members only, in one graph
         ens = InGraphEnsemble([ens.models[k] for k in keep], [placed[k] for k in keep], (),
                               used, task=task)
