@@ -255,62 +255,14 @@ def cmd_aggregate(args) -> int:
 
 
 def cmd_client(args) -> int:
-    from ensemble.replication import client as between_graph
-    from ensemble.core import interrupt
-    from ensemble.replication import progress, protocol
+    """`ensemble client`: the client process started by hand (`ensemble.replication.client`)."""
+    from ensemble.replication import client
+    from ensemble.replication.protocol import ClientRequest
 
-    ready = time.time()  # TensorFlow is imported (main) and the arguments are parsed
-    start = time.perf_counter()
-    steady: dict = {}  # training: member -> its steady-state rate (`training.SteadyState`)
-    if args.predict:
-        if not args.out:
-            raise UsageError("client: --predict needs --out FILE.parquet (or a folder)")
-        devs = args.device.split(",") if args.device else None
-        if devs is not None and len(devs) != len(args.member):
-            raise UsageError(f"client: --device names {len(devs)} devices for "
-                             f"{len(args.member)} members; expected one per member")
-        between_graph.predict_client(Path(args.run), args.member, Path(args.predict),
-                                     Path(args.out), threads=args.threads, devices_=devs,
-                                     cluster=_cluster(args), batch_rows=args.batch_size,
-                                     target=args.target)
-    else:
-        from ensemble.core import artifacts
-        from ensemble.replication.training import SteadyState
-
-        m = artifacts.read_manifest(Path(args.run))
-
-        def callbacks(index: int):
-            steady[index] = SteadyState(m["config"]["training"]["batch_size"],
-                                        m["dataset"]["rows"]["train"])
-            if args.progress == "report":
-                return [progress.ReportProgress([index]), steady[index]]
-            if args.progress == "log":
-                return [progress.LogProgress(sys.stdout, prefix=f"member {index}: "),
-                        steady[index]]
-            return [steady[index]]
-
-        def done(index: int, seconds: float) -> None:
-            if args.progress == "report":  # the launcher records the member as completed
-                protocol.send(protocol.MemberDone(index, seconds))
-            elif args.progress == "log":
-                print(f"member {index}: trained in {seconds:.2f} s", flush=True)
-
-        try:
-            between_graph.run_client(Path(args.run), args.member, threads=args.threads,
-                                     callbacks=callbacks, on_member_done=done)
-        except interrupt.Interrupted as exc:
-            if args.progress == "report" and getattr(exc, "member", None) is not None:
-                protocol.send(protocol.Interrupted(exc.member, exc.epoch, exc.epochs))
-            exc.resume = (f"ensemble client --run {args.run} --member "
-                          f"{','.join(map(str, args.member))}")
-            raise
-    # read by the launcher ($ENSEMBLE_REPORT): when the client was ready, its work time, memory
-    from ensemble.replication.devices import build_info
-
-    report({"members": args.member, "ready_unix": ready,
-            "steady": {str(i): [st.rows, st.seconds] for i, st in steady.items()},
-            "work_seconds": time.perf_counter() - start, "peak_rss_bytes": peak_rss_bytes(),
-            "tensorflow_build": build_info()})
+    report(client.serve(ClientRequest(
+        args.run, args.member, args.threads, args.progress, args.predict, args.out,
+        args.device.split(",") if args.device else None, args.cluster, args.batch_size,
+        args.target)))
     return 0
 
 
@@ -354,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.command != "train":  # train: once its mode is known (--resume: the run's)
                 refuse_inapplicable(args)
             resources.check(args.command, uses_tensorflow(args))
-            if args.command in ("client", "devices"):  # server: once its address is checked
+            if args.command == "devices":  # server: once its address is checked; client: its own
                 import_tensorflow_quietly()
             return args.func(args)
     except interrupt.Interrupted as exc:

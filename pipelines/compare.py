@@ -56,6 +56,7 @@ from pipelines import compare_cost as cost
 from pipelines.compare_report import (  # noqa: F401 (the module's public names)
     DIGITS, MEASURES, PARITY_BOUND, PHASES, summarise, verdict)
 
+CLI = "pipelines.cli"  # every phase runs as its own `ensemble` process
 PREDICT_INPUT = "predict-input.parquet"  # the rows training used, when the file has others
 
 
@@ -213,14 +214,14 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
             out = base / f"{mode}.predictions.parquet"
             with _keeping(runs, base, mode, predict_source):
                 res = checked(run_process(["train", "--config", str(cfg_file), "--mode", mode,
-                                          "--run-dir", str(run_dir), "--overwrite", *on]),
-                              f"{mode} training")
+                                          "--run-dir", str(run_dir), "--overwrite", *on],
+                                          module=CLI), f"{mode} training")
                 runs.append(_train_row(mode, run_dir, res) | {"repeat": repeat,
                                                               "position": position})
                 res = checked(run_process(["predict", "--run", str(run_dir), "--data",
                                           predict_source, "--mode", mode, "--out", str(out),
-                                          *on, *_predict_devices(mode, cfg, on)]),
-                              f"{mode} prediction")
+                                          *on, *_predict_devices(mode, cfg, on)],
+                                          module=CLI), f"{mode} prediction")
                 runs.append(_predict_row(mode, res, cfg.members.count, runs[-1]["devices"])
                             | {"repeat": repeat, "position": position})
             preds[mode] = (artifacts.read_parquet(run_dir / artifacts.PREDICTIONS),

@@ -86,15 +86,12 @@ def nonneg(text: str) -> int:
     return int(text)
 
 
-HEAVY = ("tensorflow", "keras", "sklearn", "scipy", "pandas", "matplotlib")
-
-
 def report(payload: dict, args=None) -> None:
     """A machine-readable report for the process that launched this one: written as JSON to the
     file named by `$ENSEMBLE_REPORT` (set by `ensemble.runs.between.run_process`), never to the
     user's stdout; printed as the last stdout line only when the user asks with `--json`.
     `loaded` lists which of the heavy libraries this process imported (start-up cost)."""
-    payload = protocol.Report(payload).write([m for m in HEAVY if m in sys.modules])
+    payload = protocol.Report(payload).write([m for m in protocol.HEAVY if m in sys.modules])
     if getattr(args, "json", False):
         print(json.dumps(payload))
 
@@ -148,11 +145,6 @@ def refuse_inapplicable(args) -> None:
             not (args.replicas.isdigit() and int(args.replicas) >= 1):
         raise UsageError(f"Expected --replicas to be auto or a positive integer. "
                          f"Received: {args.replicas!r}")
-    if args.command == "client" and not args.predict:
-        for flag in ("out", "device", "cluster", "batch_size", "target"):
-            if getattr(args, flag):
-                raise UsageError(f"client: --{flag.replace('_', '-')} applies with --predict "
-                                 "only")
 
 
 def uses_tensorflow(args) -> bool:

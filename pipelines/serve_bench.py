@@ -51,7 +51,8 @@ def _predict(run_dir: Path, source: Path, out: Path, mode: str, batch_size: int)
 
     res = checked(run_process(["predict", "--run", str(run_dir), "--data", str(source),
                                "--out", str(out), "--mode", mode, "--batch-size",
-                               str(batch_size), "--quiet"]), f"predict {mode}")
+                               str(batch_size), "--quiet"], module="pipelines.cli"),
+                  f"predict {mode}")
     report = last_report(res)
     clients = client_processes(report.get("clients") or {})  # one entry per process
     peak = concurrent_peak(report["peak_rss_bytes"], clients, report.get("jobs") or 1)
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.run) if args.run else out / "wide-run"
     if not args.run and not (run_dir / artifacts.MANIFEST).is_file():
         checked(run_process(["train", "--config", WIDE, "--run-dir", str(run_dir),
-                             "--overwrite", "--quiet"]), "train wide")
+                             "--overwrite", "--quiet"], module="pipelines.cli"), "train wide")
     manifest = artifacts.read_manifest(run_dir)
     names = list(manifest["dataset"]["feature_names"])
     flops_per_row = float(sum(m["flops_per_row"] for m in manifest["members"]))

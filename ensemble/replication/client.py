@@ -1,347 +1,151 @@
-"""Between-graph replication: one graph per member, trained by long-lived client processes.
+"""The client process of between-graph replication: `python -m ensemble.replication.client
+--request JSON` (a `protocol.ClientRequest`; `ensemble client --run RUN --member I` is the same
+client started by hand).
 
-A client is a long-lived process pinned to its device(s): it reads a prepared run directory
-(config, scaled splits, placement) and trains its queue of members one after another, each in
-its own graph (a `group.MemberGroup` of one member, the same per-member step as in-graph), and
-writes each member's model, history and predictions as soon as that member is done: a member,
-not a process, is the unit of work, failure and resume. The aggregator combines the members'
-prediction files, never their models.
+A launcher (`ensemble.runs.between`) starts one client per queue of members; the client trains
+(or predicts) them one after another (`client_work`), sends its progress as
+`protocol` messages on stderr and, at exit, its `protocol.Report` (when it was ready, its work
+seconds, peak memory, each member's steady-state training rate). Both halves of the protocol
+live in this package; the client imports nothing from `ensemble.runs` or `pipelines` (an
+import-linter contract in pyproject.toml).
 """
 
 from __future__ import annotations
 
 import os
-import time
-from pathlib import Path
-from typing import Callable, Sequence
+import sys
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
+if __name__ == "__main__":  # the process: before NumPy and TensorFlow load
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from ensemble.core import resources
 
-from ensemble.core import artifacts
-from ensemble.core import interrupt
-from ensemble.core import runlock
-from ensemble.tasks import tables
-from ensemble import tasks
-from ensemble.replication.cluster import naming_unreachable_tasks
-from ensemble.core.labels import encode
-from ensemble.core.errors import UsageError
-from ensemble.data.arrays import is_npz
-from ensemble.replication.visible import local_devices, local_replica_devices  # noqa: F401
+    resources.bound_threads()  # OpenBLAS starts its threads when NumPy loads
 
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from ensemble.core.errors import UsageError  # noqa: E402
+from ensemble.replication import processes, protocol  # noqa: E402
+from ensemble.replication.protocol import ClientRequest  # noqa: E402
+
+PREDICT_ONLY = {"out": "out", "devices": "device", "cluster": "cluster",
+                "batch_size": "batch-size", "target": "target"}  # field -> its `ensemble client` flag
 
 
-def _member_entry(manifest: dict, index: int) -> dict:
-    members = manifest["members"]
-    if not 0 <= index < len(members):
-        raise UsageError(
-            f"Expected `--member` in 0..{len(members) - 1}. Received: member={index}")
-    return members[index]
-
-
-def _start_client(manifest: dict, indices: Sequence[int], threads: int | None,
-                  devices_: Sequence[str] | None = None, cluster: dict | None = None):
-    """Configure this process's TensorFlow for its members; return (cfg, local device names,
-    cluster).
-
-    The members' devices are `devices_` or the manifest's; on a cluster (`cluster` or the
-    manifest's) the client connects to it and uses the remote devices as they are.
-    """
-    from ensemble.config import schema as config
-    from ensemble.replication import devices
-    from ensemble.replication.cluster import connect, task_of
-
-    cfg = config.from_dict(manifest["config"])
-    cluster = cluster or manifest.get("cluster")
-    wanted = list(devices_) if devices_ else [_member_entry(manifest, i)["device"]
-                                               for i in indices]
-    groups = None if devices_ else [_member_entry(manifest, i).get("replicas") or [d]
-                                    for i, d in zip(indices, wanted)]
-    if groups is not None and any(len(g) > 1 for g in groups):  # data-parallel members
-        env, groups, n_cpus = local_replica_devices(groups)
-        local = [g[0] for g in groups]
-    else:
-        (env, local), groups, n_cpus = local_devices(wanted), None, 0
-    os.environ.update(env)
-    # inter-op: the client's share of the cores; intra-op (the threads of one op): the run's
-    # `training.intra_op_threads`, as in-graph (members equal across modes), or the share
-    devices.set_threads(cfg.training.intra_op_threads or threads, threads)
-    if n_cpus > 1:
-        devices.split_cpu(n_cpus)
-    devices.configure(cfg)
-    if cluster is not None:
-        spans = groups is not None and len({d.split("/device:")[0] for g in groups
-                                            for d in g}) > 1
-        cluster = cluster if spans else task_of(cluster, local[0])  # replicas on other tasks
-        connect(cluster)
-    return cfg, local, cluster, groups
-
-
-def run_client(run_dir: Path, indices: int | Sequence[int], threads: int | None = None,
-               callbacks: Callable[[int], Sequence] | None = None,
-               on_member_done: Callable[[int, float], None] | None = None) -> list[Path]:
-    """Train members `indices` of a prepared run one after another, each in its own graph,
-    and write each one's files atomically as soon as it is done.
-
-    Writes `members/member-<i>.keras`, `.history.parquet` and `.predictions.parquet`
-    (validation and test rows, the columns of docs/reference/run-directory.md). Saves
-    checkpoints under
-    `checkpoints/member-<i>/` (every `training.checkpoint_every` epochs) and resumes from them
-    when they exist.
-
-    Args:
-        threads: TensorFlow inter-op threads for this client, and intra-op ones when
-            `training.intra_op_threads` is 0 (None: TF's default).
-        callbacks: member index -> its `training.Callback`s (progress).
-        on_member_done: called with (member index, its work seconds) after its files are
-            written.
-
-    Returns:
-        The members' predictions paths.
-
-    Holds each member's lock (`runlock`) while it runs and records each member's status and
-    its files' sha256 in the manifest as soon as it ends.
+def check(request: ClientRequest) -> ClientRequest:
+    """`request`, checked before TensorFlow loads.
 
     Raises:
-        UsageError: not a prepared run, an index out of range, or the run (or a member) held
-            by another process.
-        cluster.ClusterError: on a cluster, a member's task is unreachable.
-        interrupt.Interrupted: SIGINT/SIGTERM; the member is recorded as interrupted.
+        UsageError: a prediction option without `predict`, `predict` without `out`, or
+            `devices` not one per member (names the flag of `ensemble client`).
     """
-    indices = [indices] if isinstance(indices, int) else list(indices)
-    manifest = artifacts.read_manifest(run_dir)
-    for index in indices:
-        _member_entry(manifest, index)
-    runlock.require_free(run_dir)  # no writer but the launcher that started this client
-    with runlock.member_locks(run_dir, indices):
-        cfg, local, cluster, groups = _start_client(manifest, indices, threads)
-        split = {s: artifacts.read_split(run_dir, s, manifest) for s in artifacts.SPLITS}
-        out = []
-        with naming_unreachable_tasks(cluster):
-            for k, (index, device) in enumerate(zip(indices, local)):
-                start = time.perf_counter()
-                cbs = callbacks(index) if callbacks is not None else ()
-                try:
-                    with _placement_log(run_dir, index):
-                        path = _train_member(run_dir, manifest, cfg, split, index, device,
-                                             cbs, groups[k] if groups else None)
-                    if isinstance(path, int):  # diverged in that epoch: no files
-                        _record_member(run_dir, index, "diverged", path)
-                        continue
-                    out.append(path)
-                except BaseException as exc:
-                    stopped = isinstance(exc, interrupt.Interrupted)
-                    if stopped:
-                        exc.member = index
-                    _record_member(run_dir, index, "interrupted" if stopped else "failed")
-                    raise
-                _record_member(run_dir, index, "completed")
-                if on_member_done is not None:
-                    on_member_done(index, time.perf_counter() - start)
-    return out
+    if request.predict is None:
+        for field, flag in PREDICT_ONLY.items():
+            if getattr(request, field):
+                raise UsageError(f"client: --{flag} applies with --predict only")
+        return request
+    if not request.out:
+        raise UsageError("client: --predict needs --out FILE.parquet (or a folder)")
+    if request.devices is not None and len(request.devices) != len(request.members):
+        raise UsageError(f"client: --device names {len(request.devices)} devices for "
+                         f"{len(request.members)} members; expected one per member")
+    return request
 
 
-def _record_member(run_dir: Path, index: int, status: str, epoch: int | None = None) -> None:
-    """Record a member's status in the manifest, with its files' sha256 when completed (the
-    client's own record, which the aggregator verifies); read-modify-write under the lock."""
-    from ensemble.core.artifacts import member_files
-
-    hashes = ({os.path.relpath(p, run_dir): artifacts.sha256_file(p)
-               for p in member_files(run_dir, index)} if status == "completed" else None)
-
-    def change(manifest: dict) -> None:
-        entry = manifest["members"][index]
-        entry["status"] = status
-        entry.pop("diverged_epoch", None)
-        if epoch is not None:  # `divergence.STATUS`: the epoch its values turned non-finite
-            entry["diverged_epoch"] = epoch
-        if hashes is not None:
-            entry["sha256"] = hashes
-
-    runlock.update_manifest(run_dir, change)
-
-
-def _placement_log(run_dir: Path, index: int):
-    """TensorFlow's placement log of member `index` to `RUN/placement/member-<i>.log` when the
-    launcher asks for it (`--log-device-placement`), else nothing."""
-    import contextlib
-
-    from ensemble.replication import placement_log
-
-    if os.environ.get(placement_log.ENV) != "1":
-        return contextlib.nullcontext()
-    return placement_log.capture(Path(run_dir) / "placement" / f"member-{index}.log")
-
-
-def _train_member(run_dir: Path, manifest: dict, cfg, split: dict, index: int, device: str,
-                  callbacks: Sequence, replicas: Sequence[str] | None = None) -> Path | int:
-    """Train member `index` and write its files; returns its predictions path, or the epoch
-    in which it diverged (`ensemble.replication.divergence`: nothing written)."""
-    from ensemble.replication.group import MemberGroup
-    from ensemble.models.members import save_member
-    from ensemble.replication.training import Schedule
-
-    classes = np.asarray(manifest["dataset"]["classes"])
-    (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
-    from ensemble.data import kinds
-
-    member = MemberGroup.build(cfg, x_tr.shape[1:], len(classes), [device], [index],
-                               n_train=len(x_tr), pre=kinds.run_preprocessing(run_dir, manifest),
-                               task=tasks.for_run(manifest))
-    if replicas is not None and len(replicas) > 1:  # data parallelism over the client's devices
-        member.train_replicas = [list(replicas)]
-    if cfg.training.tensorboard:
-        from ensemble.replication.tensorboard import MemberScalars
-
-        callbacks = [*callbacks, MemberScalars(run_dir)]
-    history = member.fit(x_tr, y_tr, x_val, y_val, Schedule.of(cfg.training),
-                         run_dir / "checkpoints" / f"member-{index}", callbacks)
-    if member.divergence.epochs:
-        return member.divergence.epochs[index]
-    parts = [tables.predictions_table({index: member.predict(split[s][0])[0][0]}, s,
-                                      split[s][2], split[s][1], classes, ())
-             for s in artifacts.EVAL_SPLITS]
-    save_member(member.models[0], artifacts.member_model_path(run_dir, index))
-    artifacts.write_parquet(artifacts.member_history_path(run_dir, index),
-                            tables.history_table(history))
-    out = artifacts.member_predictions_path(run_dir, index)
-    artifacts.write_parquet(out, pa.concat_tables(parts))
-    return out
-
-
-def predict_client(run_dir: Path, indices: int | Sequence[int], x_path: Path, out: Path,
-                   threads: int | None = None, devices_: Sequence[str] | None = None,
-                   cluster: dict | None = None, batch_rows: int | None = None,
-                   target: str | None = None) -> list[Path]:
-    """Predict the rows of `x_path` with members `indices`, each in its own graph on its
-    device (`devices_`, default: the member's device in the run).
-
-    `x_path` is either a `.npz` (`x` `[n_rows, n_features]` float32 scaled, optional `y` class
-    indices): each member's prediction rows go to `out` (a `.parquet` file for one member) or
-    `out/member-<i>.parquet`; or a data source (`.parquet` / `.csv` file or folder), streamed
-    in batches of `batch_rows` (`ensemble.data.stream.InputStream`): the input is read once and
-    every batch goes through each member; `out/member-<i>.parquet` then holds only its
-    probabilities (`c<k>` float32 per class index) and `y` (class index, null when unknown),
-    one row per input row in order, for `ensemble.runs.between.aggregate_stream`.
+def serve(request: ClientRequest) -> dict:
+    """Do what `request` asks (train its members, or predict with them) in this process.
 
     Returns:
-        The written paths, one per member.
-    """
-    from ensemble.replication.group import MemberGroup
-    from ensemble.models.members import load_run_member
-
-    indices = [indices] if isinstance(indices, int) else list(indices)
-    manifest = artifacts.read_manifest(run_dir)
-    for index in indices:
-        _member_entry(manifest, index)
-    runlock.require_free(run_dir)
-    npz = is_npz(x_path)  # scaled rows (`_read_npz`), else a source streamed by its kind
-    if npz:
-        x, y = _read_npz(Path(x_path), len(manifest["dataset"]["feature_names"]))
-        if (len(indices) > 1 or not str(out).endswith(".parquet")) and Path(out).is_file():
-            raise UsageError(f"client: --out {out} is a file; expected a folder for the "
-                             f"members' files")
-    _, local, cluster, _ = _start_client(manifest, indices, threads, devices_, cluster)
-    groups = {}
-    for index, device in zip(indices, local):
-        groups[index] = MemberGroup([load_run_member(run_dir, manifest, index, device)],
-                                    [device], [index])
-    if not npz:
-        return _predict_stream(run_dir, manifest, groups, str(x_path), Path(out), batch_rows,
-                               target)
-    classes = np.asarray(manifest["dataset"]["classes"])
-    paths = []
-    for index, group in groups.items():
-        probs = group.predict(x)[0][0]
-        table = tables.predictions_table({index: probs}, "predict", np.arange(len(x)), y,
-                                         classes, ())
-        target_path = (Path(out) if len(indices) == 1 and str(out).endswith(".parquet")
-                       else Path(out) / f"member-{index}.parquet")
-        artifacts.write_parquet(target_path, table)
-        paths.append(target_path)
-    return paths
-
-
-def _read_npz(path: Path, n_features: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """`(x [n_rows, n_features] float32, y [n_rows] class indices or None)` of a client's
-    `--predict X.npz` (no pickle).
+        The client's report payload: `members`, `ready_unix` (TensorFlow loaded),
+        `work_seconds`, `peak_rss_bytes`, `tensorflow_build`, and `steady` (training: member
+        -> [rows, seconds] of its steady-state training calls).
 
     Raises:
-        UsageError: missing, unreadable or not `.npz`, no `x`, or `x` of another shape.
+        UsageError: a bad request, run or input; interrupt.Interrupted: SIGINT/SIGTERM (its
+            `resume` is the command that continues).
     """
-    import zipfile
+    from ensemble.core.tfimport import import_tensorflow_quietly
+    from ensemble.replication.devices import build_info, peak_rss_bytes
+
+    check(request)
+    import_tensorflow_quietly()
+    ready, start = time.time(), time.perf_counter()
+    steady = _predict(request) if request.predict else _train(request)
+    return {"members": request.members, "ready_unix": ready,
+            "steady": {str(i): [st.rows, st.seconds] for i, st in steady.items()},
+            "work_seconds": time.perf_counter() - start, "peak_rss_bytes": peak_rss_bytes(),
+            "tensorflow_build": build_info()}
+
+
+def _predict(request: ClientRequest) -> dict:
+    from ensemble.replication.client_work import predict_client
+    from ensemble.replication.cluster import load_spec
+
+    predict_client(Path(request.run), request.members, Path(request.predict),
+                   Path(request.out), threads=request.threads, devices_=request.devices,
+                   cluster=load_spec(request.cluster), batch_rows=request.batch_size,
+                   target=request.target)
+    return {}
+
+
+def _train(request: ClientRequest) -> dict:
+    """Train the request's members; returns member -> its `training.SteadyState`."""
+    from ensemble.core import artifacts, interrupt
+    from ensemble.replication import progress
+    from ensemble.replication.client_work import run_client
+    from ensemble.replication.training import SteadyState
+
+    manifest = artifacts.read_manifest(Path(request.run))
+    steady: dict = {}
+
+    def callbacks(index: int) -> list:
+        steady[index] = SteadyState(manifest["config"]["training"]["batch_size"],
+                                    manifest["dataset"]["rows"]["train"])
+        shown = {"report": [progress.ReportProgress([index])],
+                 "log": [progress.LogProgress(sys.stdout, prefix=f"member {index}: ")]}
+        return [*shown.get(request.progress, []), steady[index]]
+
+    def done(index: int, seconds: float) -> None:
+        if request.progress == "report":  # the launcher records the member as completed
+            protocol.send(protocol.MemberDone(index, seconds))
+        elif request.progress == "log":
+            print(f"member {index}: trained in {seconds:.2f} s", flush=True)
 
     try:
-        with np.load(path, allow_pickle=False) as z:
-            if not hasattr(z, "files") or "x" not in z.files:
-                raise UsageError(f"client: --predict {path} holds no array `x`; expected an "
-                                 ".npz with x [n_rows, n_features] and optional y.")
-            x, y = z["x"], (z["y"] if "y" in z.files else None)
-    except UsageError:
+        run_client(Path(request.run), request.members, threads=request.threads,
+                   callbacks=callbacks, on_member_done=done)
+    except interrupt.Interrupted as exc:
+        if request.progress == "report" and getattr(exc, "member", None) is not None:
+            protocol.send(protocol.Interrupted(exc.member, exc.epoch, exc.epochs))
+        exc.resume = (f"ensemble client --run {request.run} --member "
+                      f"{','.join(map(str, request.members))}")
         raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise UsageError(f"client: cannot read --predict {path} as .npz: "
-                         f"{getattr(exc, 'strerror', None) or exc}") from None
-    if x.ndim != 2 or x.shape[1] != n_features:
-        raise UsageError(f"client: expected --predict x of shape [n_rows, {n_features}]. "
-                         f"Received: {list(x.shape)}")
-    return x.astype(np.float32, copy=False), y
+    return steady
 
 
-def _predict_stream(run_dir: Path, manifest: dict, groups: dict, source: str, out: Path,
-                    batch_rows: int | None, target: str | None) -> list[Path]:
-    import contextlib
+def main(argv: list[str] | None = None) -> int:
+    """The client process: `--request JSON` (`ClientRequest.argv`); returns the exit status
+    (`processes.entry`)."""
+    import argparse
 
-    from ensemble.data import kinds
-    from ensemble.data.stream import DEFAULT_BATCH_ROWS, PredictionWriter, prefetch
+    parser = argparse.ArgumentParser(prog=f"python -m {protocol.CLIENT_MODULE}",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--request", required=True,
+                        help="the client request as JSON (protocol.ClientRequest)")
+    args = parser.parse_args(argv)
 
-    pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
-                                              Path(run_dir) / artifacts.PREPROCESSING))
-    stream = kinds.input_stream(pre, source, target or manifest["dataset"].get("target", "target"),
-                         batch_rows=batch_rows or DEFAULT_BATCH_ROWS, quiet=True)
-    paths = {i: out / f"member-{i}.parquet" for i in groups}
-    ytype = tasks.for_run(manifest).target_type()  # the y_true column's type
-    with contextlib.ExitStack() as stack:
-        writers = {i: stack.enter_context(PredictionWriter(p)) for i, p in paths.items()}
-        for b in prefetch(stream):
-            y = pa.array(b.y, ytype) if b.y is not None else pa.nulls(len(b.x), ytype)
-            for i, group in groups.items():
-                probs = group.predict(b.x)[0][0]
-                cols = {f"c{k}": pa.array(probs[:, k]) for k in range(probs.shape[1])}
-                writers[i].write(pa.table({**cols, "y": y}))
-    return list(paths.values())
+    def body() -> dict:
+        from ensemble.core import resources
+
+        resources.check("client", True)
+        try:
+            request = ClientRequest.from_json(args.request)
+        except ValueError as exc:
+            raise UsageError(f"client: {exc}") from None
+        return serve(request)
+
+    return processes.entry(body)
 
 
-def aggregate_files(paths: Sequence[Path], aggregators: Sequence[str],
-                    params: dict | None = None) -> pa.Table:
-    """The aggregator: combine member prediction files into the full predictions table.
-
-    Reads only the files; per split, applies the numpy aggregators to the stacked member
-    probabilities `[n_members, n_rows, n_classes]`, fitted ones with `params` (`{name:
-    params}` of `aggregators.json`).
-
-    Raises:
-        UsageError: a missing member file (named), or files whose rows do not line up.
-    """
-    for path in paths:
-        if not Path(path).is_file():
-            raise UsageError(f"Member predictions missing: {path}; run that member's client "
-                             "(`ensemble client --run RUN --member I`) first.")
-    member_tables = [artifacts.read_parquet(p) for p in paths]
-    classes = tables.classes_from(member_tables[0])
-    parts = []
-    for split in dict.fromkeys(member_tables[0].column("split").to_pylist()):
-        probs, first = {}, None
-        for path, t in zip(paths, member_tables):
-            t = t.filter(pc.equal(t.column("split"), split))
-            if first is None:
-                first = t
-            elif t.column("source_row") != first.column("source_row"):
-                raise UsageError(f"Rows of {path} do not match the other members' rows.")
-            probs[t.column("member")[0].as_py()] = tables.probabilities(t, classes)
-        y = first.column("y_true")
-        y = None if y.null_count else encode(y.to_numpy(zero_copy_only=False), classes)
-        parts.append(tables.predictions_table(probs, split, first.column("source_row").to_numpy(),
-                                              y, classes, aggregators, params=params))
-    return pa.concat_tables(parts)
+if __name__ == "__main__":
+    sys.exit(main())

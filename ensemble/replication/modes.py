@@ -299,6 +299,21 @@ def register(cls: type[Mode]) -> type[Mode]:
     return cls
 
 
+def unregister(name: str) -> None:
+    """Remove mode `name` from the registry (and its file from `$ENSEMBLE_MODE_FILES` when no
+    other registered mode comes from it); an unknown name is ignored."""
+    cls = _registry.pop(name, None)
+    path = getattr(sys.modules.get(getattr(cls, "__module__", "")), "__file__", None)
+    if path is None or any(c.__module__ == cls.__module__ for c in _registry.values()):
+        return
+    files = [f for f in os.environ.get(FILES_ENV, "").split(os.pathsep)
+             if f and f != str(Path(path).resolve())]
+    if files:
+        os.environ[FILES_ENV] = os.pathsep.join(files)
+    else:
+        os.environ.pop(FILES_ENV, None)
+
+
 def _load_files() -> None:
     """Import the files of modes registered by a parent process (once each)."""
     for k, path in enumerate(f for f in os.environ.get(FILES_ENV, "").split(os.pathsep) if f):

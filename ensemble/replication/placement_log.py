@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from ensemble.replication import modes
+
 LINE = re.compile(r"^(?P<op>\S.*?): \((?P<type>[A-Za-z0-9_]+)\): (?P<device>/\S+)$")
 MEMBER = re.compile(r"(?:^|/)member_(\d+)(?:_\d+)?/")  # Keras may suffix a scope: member_0_1
 ENV = "ENSEMBLE_LOG_DEVICE_PLACEMENT"  # set for between-graph clients: "1" to log
@@ -123,7 +125,7 @@ def logging(run_dir: Path, mode: str, enabled: bool):
         yield
         return
     path = run_dir / "placement" / "in-graph.log"
-    if mode == "in-graph":
+    if modes.get(mode).launcher_loads_tensorflow:  # the members train in this process
         with capture(path):
             yield
     else:

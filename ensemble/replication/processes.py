@@ -1,5 +1,5 @@
-"""Launching and measuring `ensemble` processes (clients, the aggregator, compare's phases,
-the benchmark's workers).
+"""Launching and measuring processes (clients, the aggregator, compare's phases, the benchmark's
+workers), and the frame of a process `ensemble` starts (`entry`).
 
 A measured process writes its JSON report to the file named by `$ENSEMBLE_REPORT`, which
 `run_process` sets to a fresh temporary file (so the user's stdout never carries it; benchmark
@@ -76,9 +76,10 @@ def kill_children() -> None:
         proc.wait()
 
 
-def run_process(argv: list[str], env: dict | None = None, module: str = "pipelines.cli",
+def run_process(argv: list[str], env: dict | None = None, *, module: str,
                 on_stderr_line: Callable[[str], bool] | None = None) -> dict:
-    """Run `python -m MODULE ARGV...` (default: the `ensemble` CLI) and measure it.
+    """Run `python -m MODULE ARGV...` and measure it (`ensemble` starts only its own modules:
+    the client, `protocol.CLIENT_MODULE`, and the aggregator; `pipelines` passes its CLI).
 
     Args:
         on_stderr_line: called with each stderr line (without its newline) as it arrives;
@@ -155,3 +156,40 @@ def checked(res: dict, what: str) -> dict:
         err = UsageError if res["returncode"] == 2 else RuntimeError
         raise err(f"{what} failed (exit {res['returncode']}): {last_error(res)}")
     return res
+
+
+def entry(body: Callable[[], dict]) -> int:
+    """The frame of a process `ensemble` starts (a client, the aggregator): dies with its
+    parent, stops after the current call on SIGINT/SIGTERM, runs `body` and writes its
+    payload as the process's `protocol.Report`; failures are one line on stderr.
+
+    Returns:
+        The exit status: 0, 2 bad input (`UsageError`), 1 a resource fault or an unreachable
+        cluster task, 130 / 143 interrupted (the line says how to continue: the exception's
+        `resume`).
+    """
+    from ensemble.core import faults, interrupt
+    from ensemble.core.notices import one_line
+    from ensemble.replication.cluster import ClusterError
+
+    die_with_parent()
+    try:
+        with interrupt.handling_signals():
+            payload = body()
+        protocol.Report(payload).write([m for m in protocol.HEAVY if m in sys.modules])
+        return 0
+    except interrupt.Interrupted as exc:
+        at = f" at epoch {exc.epoch} of {exc.epochs}" if exc.epoch else ""
+        resume = getattr(exc, "resume", None)
+        line = f"interrupted{at}; continue with: {resume}" if resume else f"interrupted ({exc})"
+        print(one_line(line), file=sys.stderr, flush=True)
+        return exc.exit_status
+    except UsageError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
+        return 2
+    except Exception as exc:
+        line = faults.describe(exc)
+        if line is None and not isinstance(exc, ClusterError):
+            raise
+        print(f"error: {one_line(line or exc)}", file=sys.stderr, flush=True)
+        return 1

@@ -24,6 +24,46 @@ from typing import Any, ClassVar, TextIO
 
 PREFIX = "ensemble-progress "
 REPORT_ENV = "ENSEMBLE_REPORT"
+HEAVY = ("tensorflow", "keras", "sklearn", "scipy", "pandas", "matplotlib")  # a Report's `loaded`
+CLIENT_MODULE = "ensemble.replication.client"  # python -m CLIENT_MODULE --request JSON
+
+
+@dataclass(frozen=True)
+class ClientRequest:
+    """What a launcher asks of a client process (`python -m ensemble.replication.client
+    --request JSON`, `argv`), or a user of `ensemble client`: members `members` of the prepared
+    run `run`, trained one after another, or with `predict` (a scaled `.npz` or a data source,
+    streamed in batches of `batch_size` rows, label column `target`) predicted into `out` on
+    `devices` (one per member; default their training devices) of cluster spec file `cluster`.
+    `threads`: TensorFlow inter-op threads (None: TensorFlow's); `progress`: `report` (these
+    messages on stderr), `log` (lines on stdout) or `none`."""
+
+    run: str
+    members: list[int]
+    threads: int | None = None
+    progress: str = "log"
+    predict: str | None = None
+    out: str | None = None
+    devices: list[str] | None = None
+    cluster: str | None = None
+    batch_size: int | None = None
+    target: str | None = None
+
+    def argv(self) -> list[str]:
+        """The client process's arguments (after `python -m CLIENT_MODULE`)."""
+        return ["--request", json.dumps(dataclasses.asdict(self))]
+
+    @classmethod
+    def from_json(cls, text: str) -> "ClientRequest":
+        """The request of `argv`'s JSON.
+
+        Raises:
+            ValueError: not a request's JSON (unknown or missing fields).
+        """
+        try:
+            return cls(**json.loads(text))
+        except TypeError as exc:
+            raise ValueError(f"not a client request: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,16 @@
 """Between-graph pipelines: the launcher, the aggregator run and between-graph prediction.
 
 The launcher prepares the run directory once (data split, preprocessing, placement), then starts
-at most `--jobs` long-lived `ensemble client` processes, each pinned to its device(s) with its
-share of the cores and its queue of members (each member in its own graph), and finally the
-aggregator. Process launching and measuring lives in `ensemble.replication.processes`.
+at most `--jobs` long-lived client processes (`python -m ensemble.replication.client`), each
+pinned to its device(s) with its share of the cores and its queue of members (each member in its
+own graph), and finally the aggregator (`python -m ensemble.runs.aggregator`). Process launching
+and measuring lives in `ensemble.replication.processes`; no process started here runs a
+`pipelines` module.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -32,6 +35,8 @@ from ensemble.replication.placement import place
 from ensemble.replication import processes, protocol
 from ensemble.replication.processes import checked, last_error, last_report, run_process
 from ensemble.replication.modes import PredictRequest, TrainRequest
+from ensemble.replication.protocol import ClientRequest
+from ensemble.runs import aggregator
 
 __all__ = ["checked", "client_queues", "default_jobs", "last_report",
            "predict_between_graph", "run_clients", "run_process", "train_between_graph"]
@@ -71,7 +76,7 @@ def client_queues(devs: dict[int, str], jobs: int) -> list[list[int]]:
     return [ordered[q::n] for q in range(n)]
 
 
-def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[int]], list[str]],
+def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[int]], ClientRequest],
                 devs: dict[int, str], on_member=None, verbosity: int = 1) -> dict[int, dict]:
     """Run one long-lived client process per queue, all at once; each trains (or predicts)
     its members one after another. A failed client does not stop the others: every client
@@ -80,7 +85,8 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
 
     Args:
         queues: member indices per client (`client_queues`).
-        command: a queue -> the `ensemble` CLI arguments of its client (without `--threads`).
+        command: a queue -> its client's `protocol.ClientRequest` (`threads` and `progress`
+            are set here).
         devs: member index -> the member's device in the run (the client pins itself to
             its members' devices, `between_graph.local_devices`).
         on_member: optional callback `on_member(index, ok)` when a member is done (ok) or its
@@ -133,8 +139,9 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
                         print(text, flush=True)
             return True
 
-        res = run_process([*command(queue), "--threads", str(threads), "--progress", "report"],
-                          env, on_stderr_line=on_line)
+        request = dataclasses.replace(command(queue), threads=threads, progress="report")
+        res = run_process(request.argv(), env, module=protocol.CLIENT_MODULE,
+                          on_stderr_line=on_line)
         if res["returncode"] != 0:
             for i in queue:
                 if i not in done and on_member is not None:
@@ -236,8 +243,7 @@ def _launch(run_dir: Path, manifest: dict, devs: list[str], jobs: int | None,
 
     start = time.perf_counter()
     queues = client_queues(todo, jobs)
-    clients = run_clients(run_dir, queues, lambda q: ["client", "--run", str(run_dir),
-                                                      "--member", ",".join(map(str, q))],
+    clients = run_clients(run_dir, queues, lambda q: ClientRequest(str(run_dir), q),
                           todo, record, verbosity)
     builds = [c.pop("tensorflow_build", None) for c in clients.values()]
 
@@ -251,7 +257,7 @@ def _launch(run_dir: Path, manifest: dict, devs: list[str], jobs: int | None,
                 for m in runlock.update_manifest(run_dir, timings)["members"]
                 if m.get("status") == divergence.STATUS}
     divergence.settle(diverged, len(manifest["members"]), run_dir)
-    res = checked(run_process(["aggregate", "--run", str(run_dir)]), "aggregator")
+    res = checked(run_process([str(run_dir)], module=aggregator.MODULE), "aggregator")
     return runlock.update_manifest(run_dir, lambda m: m["timings"].update(
         aggregator_peak_rss_bytes=last_report(res)["peak_rss_bytes"]))
 
@@ -274,23 +280,21 @@ def predict_between_graph(request: PredictRequest) -> tuple[dict, dict]:
     job.stream.survey()  # the whole input checked once, notices once: clients stream it quietly
     member_devs = {m["index"]: m["device"] for m in job.manifest["members"]
                    if m["index"] in job.used}
-    extra = ["--batch-size", str(job.batch_rows)] + (["--target", r.target] if r.target else [])
     if r.cluster_file is not None:
         from ensemble.replication.cluster import load_spec
 
         devs = devices.resolve("auto", len(member_devs), load_spec(r.cluster_file))
         member_devs = dict(zip(job.used, place(len(member_devs), devs)))
-        extra += ["--cluster", str(r.cluster_file)]
     start = time.monotonic()  # the prediction's wall time: clients and aggregation
     Path(r.out).parent.mkdir(parents=True, exist_ok=True)
     source = str(Path(r.source).resolve()) if Path(r.source).exists() else r.source
     with tempfile.TemporaryDirectory(prefix=".ensemble-predict-", dir=Path(r.out).parent) as tmp:
         queues = client_queues(member_devs, r.jobs or default_jobs(
             len(member_devs), list(member_devs.values())))
-        clients = run_clients(r.run_dir, queues, lambda q: [
-            "client", "--run", str(r.run_dir), "--member", ",".join(map(str, q)), "--predict",
-            source, "--out", tmp, "--device", ",".join(member_devs[i] for i in q), *extra],
-            member_devs, verbosity=0)
+        clients = run_clients(r.run_dir, queues, lambda q: ClientRequest(
+            str(r.run_dir), q, predict=source, out=tmp, devices=[member_devs[i] for i in q],
+            cluster=r.cluster_file and str(r.cluster_file), batch_size=job.batch_rows,
+            target=r.target), member_devs, verbosity=0)
         progress = RowProgress(None, verbosity=r.verbosity, start=start)
         rows = aggregate_stream(job, {i: Path(tmp) / f"member-{i}.parquet"
                                       for i in sorted(member_devs)}, progress.update)

@@ -15,9 +15,7 @@ def _train_in_graph(request: TrainRequest) -> dict:
     from ensemble.runs.train import train_in_graph
 
     import_tensorflow_quietly()
-    return train_in_graph(request.cfg, request.run_dir, overwrite=request.overwrite,
-                          resume=request.resume, cluster=request.cluster,
-                          verbosity=request.verbosity)
+    return train_in_graph(request)
 
 
 def _train_between_graph(request: TrainRequest) -> dict:

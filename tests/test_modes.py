@@ -1,0 +1,110 @@
+"""A third replication mode defined here alone: `sequential` trains the members one after
+another in this one process (each in its own graph, as a user without this project would train
+them by hand), registers itself, and trains, predicts and is timed by `ensemble compare` like
+the built-in modes, with members identical to in-graph's."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pyarrow.compute as pc
+import pytest
+
+from ensemble.replication import modes
+
+
+class Sequential(modes.Mode):
+    """Members one after another in this process, each in its own graph; each writes its own
+    files (`member_files`), which the aggregator combines."""
+
+    name = "sequential"
+    member_files = True
+
+    def train(self, request: modes.TrainRequest) -> dict:
+        from ensemble.config import schema
+        from ensemble.core import artifacts
+        from ensemble.replication import client, devices
+        from ensemble.runs import prepare as run
+        from ensemble.runs.aggregate import aggregate_run
+        from ensemble.runs.train import open_run
+
+        r = request
+        devices.configure(r.cfg)
+        devs = devices.resolve(r.cfg.placement.devices, r.cfg.members.count)
+        with run.writing(r.run_dir, "ensemble train --mode sequential"):
+            manifest = open_run(r, self.name, devs, None)
+            cfg = schema.from_dict(manifest["config"])
+            split = {s: artifacts.read_split(r.run_dir, s, manifest) for s in artifacts.SPLITS}
+            with run.recording_outcome(r.run_dir):
+                for m in manifest["members"]:
+                    client.train_member(r.run_dir, manifest, cfg, split, m["index"],
+                                        m["device"], ())
+                    client.record_member(r.run_dir, m["index"], "completed")
+        return aggregate_run(r.run_dir)
+
+    def predict(self, request: modes.PredictRequest) -> tuple[dict, dict]:
+        from ensemble.data.stream import PredictionWriter, prefetch
+        from ensemble.models.members import load_run_member
+        from ensemble.replication import devices
+        from ensemble.replication.group import MemberGroup
+        from ensemble.replication.placement import place
+        from ensemble.runs.predict import open_prediction
+
+        job = open_prediction(request)
+        job.stream.check()
+        job.stream.passthrough = request.layout == "wide"
+        start, rows = time.monotonic(), 0
+        devs = place(len(job.used), devices.resolve(request.devices or "auto", len(job.used)))
+        members = {i: MemberGroup([load_run_member(request.run_dir, job.manifest, i, d)], [d],
+                                  [i]) for i, d in zip(job.used, devs)}
+        meta = {"prediction": json.dumps({"mode": self.name})}
+        with PredictionWriter(request.out, meta) as writer:
+            for b in prefetch(job.stream):
+                job.write(writer, {i: g.predict(b.x)[0][0] for i, g in members.items()}, None, b)
+                rows += len(b.x)
+        placed = {i: [d] for i, d in zip(job.used, devs)}
+        return job.finish(self.name, rows, time.monotonic() - start, placed), {}
+
+
+if __name__.startswith("_ensemble_mode_"):  # loaded by a process that compare started
+    modes.register(Sequential)
+
+
+@pytest.fixture
+def sequential():
+    modes.register(Sequential)
+    yield
+    modes.unregister(Sequential.name)
+
+
+def test_registry_refuses_what_is_not_a_mode():
+    with pytest.raises(TypeError, match="Mode subclass"):
+        modes.register(dict)
+    assert "sequential" not in modes.names()
+
+
+def test_compare_times_a_third_mode_with_members_identical_to_in_graph(
+        sequential, tiny_config, tmp_path):
+    from ensemble.config import schema
+    from ensemble.core import artifacts
+    from pipelines import compare
+
+    cfg = schema.load(tiny_config, overrides={"members.count": 2, "training.epochs": 1})
+    summary, runs = compare.compare(cfg, tmp_path, repeats=1)
+    assert set(summary.column("mode").to_pylist()) == {"in-graph", "between-graph",
+                                                       "sequential"}
+    assert all(w > 0 for w in runs.column("wall_seconds").to_pylist())
+    assert artifacts.read_manifest(tmp_path / "sequential")["mode"] == "sequential"
+    ig, sq = (compare.members_test(artifacts.read_parquet(tmp_path / m / artifacts.PREDICTIONS))
+              for m in ("in-graph", "sequential"))
+    assert ig.num_rows == sq.num_rows > 0
+    assert compare.parity(ig, sq)[0] <= 1e-5  # the same members, trained another way
+    ig, sq = (artifacts.read_parquet(tmp_path / f"{m}.predictions.parquet")
+              for m in ("in-graph", "sequential"))
+    assert pc.equal(ig.column("y_pred"), sq.column("y_pred")).to_numpy().all()
+    probs = [np.column_stack([t.column(c).to_numpy() for c in t.column_names
+                              if c.startswith("p_")]) for t in (ig, sq)]
+    assert np.abs(probs[0] - probs[1]).max() <= 1e-5
+    assert "sequential" in compare.verdict(summary)
