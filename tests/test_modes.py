@@ -25,7 +25,7 @@ class Sequential(modes.Mode):
     def train(self, request: modes.TrainRequest) -> dict:
         from ensemble.config import schema
         from ensemble.core import artifacts
-        from ensemble.replication import client, devices
+        from ensemble.replication import client_work, devices
         from ensemble.runs import prepare as run
         from ensemble.runs.aggregate import aggregate_run
         from ensemble.runs.train import open_run
@@ -39,9 +39,9 @@ class Sequential(modes.Mode):
             split = {s: artifacts.read_split(r.run_dir, s, manifest) for s in artifacts.SPLITS}
             with run.recording_outcome(r.run_dir):
                 for m in manifest["members"]:
-                    client.train_member(r.run_dir, manifest, cfg, split, m["index"],
-                                        m["device"], ())
-                    client.record_member(r.run_dir, m["index"], "completed")
+                    client_work.train_member(r.run_dir, manifest, cfg, split, m["index"],
+                                             m["device"], ())
+                    client_work.record_member(r.run_dir, m["index"], "completed")
         return aggregate_run(r.run_dir)
 
     def predict(self, request: modes.PredictRequest) -> tuple[dict, dict]:
