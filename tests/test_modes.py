@@ -24,7 +24,6 @@ class Sequential(modes.Mode):
 
     def train(self, request: modes.TrainRequest) -> dict:
         from ensemble.config import schema
-        from ensemble.core import artifacts
         from ensemble.replication import client_work, devices
         from ensemble.runs import prepare as run
         from ensemble.runs.aggregate import aggregate_run
@@ -35,12 +34,11 @@ class Sequential(modes.Mode):
         devs = devices.resolve(r.cfg.placement.devices, r.cfg.members.count)
         with run.writing(r.run_dir, "ensemble train --mode sequential"):
             manifest = open_run(r, self.name, devs, None)
-            cfg = schema.from_dict(manifest["config"])
-            split = {s: artifacts.read_split(r.run_dir, s, manifest) for s in artifacts.SPLITS}
+            work = client_work.MemberWork.open(r.run_dir, manifest,
+                                               schema.from_dict(manifest["config"]))
             with run.recording_outcome(r.run_dir):
-                for m in manifest["members"]:
-                    client_work.train_member(r.run_dir, manifest, cfg, split, m["index"],
-                                             m["device"], ())
+                for m in manifest["members"]:  # one after another, each in its own graph
+                    client_work.train_member(work, m["index"], m["device"])
                     client_work.record_member(r.run_dir, m["index"], "completed")
         return aggregate_run(r.run_dir)
 

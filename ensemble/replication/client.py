@@ -81,10 +81,7 @@ def _predict(request: ClientRequest) -> dict:
     from ensemble.replication.client_work import predict_client
     from ensemble.replication.cluster import load_spec
 
-    predict_client(Path(request.run), request.members, Path(request.predict),
-                   Path(request.out), threads=request.threads, devices_=request.devices,
-                   cluster=load_spec(request.cluster), batch_rows=request.batch_size,
-                   target=request.target)
+    predict_client(request, load_spec(request.cluster))
     return {}
 
 

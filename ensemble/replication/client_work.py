@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +28,7 @@ from ensemble import tasks
 from ensemble.replication.cluster import naming_unreachable_tasks
 from ensemble.core.errors import UsageError
 from ensemble.data.arrays import is_npz
+from ensemble.replication.protocol import ClientRequest
 from ensemble.replication.visible import local_devices, local_replica_devices  # noqa: F401
 
 
@@ -115,30 +117,40 @@ def run_client(run_dir: Path, indices: int | Sequence[int], threads: int | None 
     runlock.require_free(run_dir)  # no writer but the launcher that started this client
     with runlock.member_locks(run_dir, indices):
         cfg, local, cluster, groups = _start_client(manifest, indices, threads)
-        split = {s: artifacts.read_split(run_dir, s, manifest) for s in artifacts.SPLITS}
+        work = MemberWork.open(run_dir, manifest, cfg)
         out = []
         with naming_unreachable_tasks(cluster):
             for k, (index, device) in enumerate(zip(indices, local)):
                 start = time.perf_counter()
-                cbs = callbacks(index) if callbacks is not None else ()
-                try:
-                    with _placement_log(run_dir, index):
-                        path = train_member(run_dir, manifest, cfg, split, index, device,
-                                             cbs, groups[k] if groups else None)
-                    if isinstance(path, int):  # diverged in that epoch: no files
-                        record_member(run_dir, index, "diverged", path)
-                        continue
-                    out.append(path)
-                except BaseException as exc:
-                    stopped = isinstance(exc, interrupt.Interrupted)
-                    if stopped:
-                        exc.member = index
-                    record_member(run_dir, index, "interrupted" if stopped else "failed")
-                    raise
-                record_member(run_dir, index, "completed")
+                path = _run_member(work, index, device,
+                                   callbacks(index) if callbacks is not None else (),
+                                   groups[k] if groups else None)
+                if path is None:  # diverged: no files
+                    continue
+                out.append(path)
                 if on_member_done is not None:
                     on_member_done(index, time.perf_counter() - start)
     return out
+
+
+def _run_member(work: "MemberWork", index: int, device: str, callbacks: Sequence,
+                replicas: Sequence[str] | None) -> Path | None:
+    """Train member `index` and record its outcome (completed, diverged: None, interrupted
+    or failed: re-raised with `member` set on an `Interrupted`)."""
+    try:
+        with _placement_log(work.run_dir, index):
+            path = train_member(work, index, device, callbacks, replicas)
+    except BaseException as exc:
+        stopped = isinstance(exc, interrupt.Interrupted)
+        if stopped:
+            exc.member = index
+        record_member(work.run_dir, index, "interrupted" if stopped else "failed")
+        raise
+    if isinstance(path, int):  # diverged in that epoch
+        record_member(work.run_dir, index, "diverged", path)
+        return None
+    record_member(work.run_dir, index, "completed")
+    return path
 
 
 def record_member(run_dir: Path, index: int, status: str, epoch: int | None = None) -> None:
@@ -173,13 +185,35 @@ def _placement_log(run_dir: Path, index: int):
     return placement_log.capture(Path(run_dir) / "placement" / f"member-{index}.log")
 
 
-def train_member(run_dir: Path, manifest: dict, cfg, split: dict, index: int, device: str,
-                  callbacks: Sequence, replicas: Sequence[str] | None = None) -> Path | int:
-    """Train member `index` and write its files; returns its predictions path, or the epoch
-    in which it diverged (`ensemble.replication.divergence`: nothing written)."""
+@dataclass(frozen=True)
+class MemberWork:
+    """A prepared run as its members are trained one after another (`train_member`): its
+    folder, manifest, resolved config (`schema.Config`) and splits (`split` -> `(x, y,
+    rows)`, `artifacts.read_split`), read once for every member."""
+
+    run_dir: Path
+    manifest: dict
+    cfg: Any
+    split: dict
+
+    @classmethod
+    def open(cls, run_dir: Path, manifest: dict, cfg) -> "MemberWork":
+        return cls(Path(run_dir), manifest, cfg,
+                   {s: artifacts.read_split(run_dir, s, manifest) for s in artifacts.SPLITS})
+
+
+def train_member(work: MemberWork, index: int, device: str, callbacks: Sequence = (),
+                 replicas: Sequence[str] | None = None) -> Path | int:
+    """Train member `index` of `work` on `device` (data parallel over `replicas` when more
+    than one) and write its files (`members/member-<i>.keras`, `.history.parquet`,
+    `.predictions.parquet`); returns its predictions path, or the epoch in which it diverged
+    (`ensemble.replication.divergence`: nothing written). `callbacks`: its
+    `training.Callback`s."""
     from ensemble.replication.group import MemberGroup
     from ensemble.models.members import save_member
     from ensemble.replication.training import Schedule
+
+    run_dir, manifest, cfg, split = work.run_dir, work.manifest, work.cfg, work.split
 
     classes = np.asarray(manifest["dataset"]["classes"])
     (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
@@ -209,19 +243,17 @@ def train_member(run_dir: Path, manifest: dict, cfg, split: dict, index: int, de
     return out
 
 
-def predict_client(run_dir: Path, indices: int | Sequence[int], x_path: Path, out: Path,
-                   threads: int | None = None, devices_: Sequence[str] | None = None,
-                   cluster: dict | None = None, batch_rows: int | None = None,
-                   target: str | None = None) -> list[Path]:
-    """Predict the rows of `x_path` with members `indices`, each in its own graph on its
-    device (`devices_`, default: the member's device in the run).
+def predict_client(request: ClientRequest, cluster: dict | None = None) -> list[Path]:
+    """Predict the rows of `request.predict` with members `request.members`, each in its own
+    graph on its device (`request.devices`, default: the member's device in the run; on
+    `cluster`, a loaded spec).
 
-    `x_path` is either a `.npz` (`x` `[n_rows, n_features]` float32 scaled, optional `y` class
-    indices): each member's prediction rows go to `out` (a `.parquet` file for one member) or
-    `out/member-<i>.parquet`; or a data source (`.parquet` / `.csv` file or folder), streamed
-    in batches of `batch_rows` (`ensemble.data.stream.InputStream`): the input is read once and
-    every batch goes through each member; `out/member-<i>.parquet` then holds only its
-    probabilities (`c<k>` float32 per class index) and `y` (class index, null when unknown),
+    `request.predict` is either a `.npz` (`x` `[n_rows, n_features]` float32 scaled, optional
+    `y` class indices): each member's prediction rows go to `request.out` (a `.parquet` file
+    for one member) or `out/member-<i>.parquet`; or a data source (`.parquet` / `.csv` file or
+    folder), streamed in batches of `request.batch_size` rows (`InputStream`): the input is
+    read once and every batch goes through each member; `out/member-<i>.parquet` then holds
+    only its outputs (`c<k>` float32 per output) and `y` (class index, null when unknown),
     one row per input row in order, for `ensemble.runs.between.aggregate_stream`.
 
     Returns:
@@ -230,25 +262,23 @@ def predict_client(run_dir: Path, indices: int | Sequence[int], x_path: Path, ou
     from ensemble.replication.group import MemberGroup
     from ensemble.models.members import load_run_member
 
-    indices = [indices] if isinstance(indices, int) else list(indices)
+    run_dir, indices, out = Path(request.run), list(request.members), Path(request.out)
     manifest = artifacts.read_manifest(run_dir)
     for index in indices:
         _member_entry(manifest, index)
     runlock.require_free(run_dir)
-    npz = is_npz(x_path)  # scaled rows (`_read_npz`), else a source streamed by its kind
+    npz = is_npz(request.predict)  # scaled rows (`_read_npz`), else a source streamed by its kind
     if npz:
-        x, y = _read_npz(Path(x_path), len(manifest["dataset"]["feature_names"]))
-        if (len(indices) > 1 or not str(out).endswith(".parquet")) and Path(out).is_file():
+        x, y = _read_npz(Path(request.predict), len(manifest["dataset"]["feature_names"]))
+        if (len(indices) > 1 or not str(out).endswith(".parquet")) and out.is_file():
             raise UsageError(f"client: --out {out} is a file; expected a folder for the "
                              f"members' files")
-    _, local, cluster, _ = _start_client(manifest, indices, threads, devices_, cluster)
-    groups = {}
-    for index, device in zip(indices, local):
-        groups[index] = MemberGroup([load_run_member(run_dir, manifest, index, device)],
-                                    [device], [index])
+    _, local, cluster, _ = _start_client(manifest, indices, request.threads, request.devices,
+                                         cluster)
+    groups = {index: MemberGroup([load_run_member(run_dir, manifest, index, device)],
+                                 [device], [index]) for index, device in zip(indices, local)}
     if not npz:
-        return _predict_stream(run_dir, manifest, groups, str(x_path), Path(out), batch_rows,
-                               target)
+        return _predict_stream(request, manifest, groups)
     classes = np.asarray(manifest["dataset"]["classes"])
     paths = []
     for index, group in groups.items():
@@ -288,18 +318,21 @@ def _read_npz(path: Path, n_features: int) -> tuple[np.ndarray, np.ndarray | Non
     return x.astype(np.float32, copy=False), y
 
 
-def _predict_stream(run_dir: Path, manifest: dict, groups: dict, source: str, out: Path,
-                    batch_rows: int | None, target: str | None) -> list[Path]:
+def _predict_stream(request: ClientRequest, manifest: dict, groups: dict) -> list[Path]:
+    """`predict_client` of a streamed source: `groups` (member -> its `MemberGroup`) write
+    `out/member-<i>.parquet` batch by batch."""
     import contextlib
 
     from ensemble.data import kinds
     from ensemble.data.stream import DEFAULT_BATCH_ROWS, PredictionWriter, prefetch
 
+    run_dir = Path(request.run)
     pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
-                                              Path(run_dir) / artifacts.PREPROCESSING))
-    stream = kinds.input_stream(pre, source, target or manifest["dataset"].get("target", "target"),
-                         batch_rows=batch_rows or DEFAULT_BATCH_ROWS, quiet=True)
-    paths = {i: out / f"member-{i}.parquet" for i in groups}
+                                                    run_dir / artifacts.PREPROCESSING))
+    target = request.target or manifest["dataset"].get("target", "target")
+    stream = kinds.input_stream(pre, request.predict, target, quiet=True,
+                                batch_rows=request.batch_size or DEFAULT_BATCH_ROWS)
+    paths = {i: Path(request.out) / f"member-{i}.parquet" for i in groups}
     ytype = tasks.for_run(manifest).target_type()  # the y_true column's type
     with contextlib.ExitStack() as stack:
         writers = {i: stack.enter_context(PredictionWriter(p)) for i, p in paths.items()}

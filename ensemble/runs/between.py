@@ -76,6 +76,76 @@ def client_queues(devs: dict[int, str], jobs: int) -> list[list[int]]:
     return [ordered[q::n] for q in range(n)]
 
 
+class _Listener:
+    """What a launcher hears from its clients (`protocol` messages on their stderr, from
+    several threads): members done (`done`: member -> work seconds), members interrupted
+    (`stopped`: member -> (epoch in progress, epochs)), progress printed when `verbosity`."""
+
+    def __init__(self, on_member, verbosity: int):
+        self.on_member, self.verbosity = on_member, verbosity
+        self.lock = threading.Lock()
+        self.done: dict[int, float] = {}
+        self.stopped: dict[int, tuple[int, int]] = {}
+
+    def __call__(self, line: str) -> bool:
+        """Take `line` if it is a message (True), else leave it as the client's output."""
+        from ensemble.replication.progress import format_report
+
+        message = protocol.decode(line)
+        if message is None:
+            return False
+        if isinstance(message, protocol.Interrupted):
+            with self.lock:
+                self.stopped[message.member] = (message.epoch, message.epochs)
+        elif isinstance(message, protocol.MemberDone):
+            with self.lock:
+                self.done[message.member] = message.work_seconds
+            if self.on_member is not None:
+                self.on_member(message.member, True)
+        elif self.verbosity > 0:
+            text = format_report(message, verbose=self.verbosity >= 2)
+            if text:
+                with self.lock:
+                    print(text, flush=True)
+        return True
+
+
+def _run_client(request: ClientRequest, listener: _Listener) -> dict:
+    """Run one client process (`python -m ensemble.replication.client`) to its end; returns
+    its measurements, or `{"returncode", "error"}` when it failed (its unfinished members
+    reported to `listener.on_member` as not ok)."""
+    env = dict(os.environ)  # the client maps its GPUs onto this CUDA_VISIBLE_DEVICES
+    res = run_process(request.argv(), env, module=protocol.CLIENT_MODULE,
+                      on_stderr_line=listener)
+    if res["returncode"] != 0:
+        for i in request.members:
+            if i not in listener.done and listener.on_member is not None:
+                listener.on_member(i, False)
+        return {"returncode": res["returncode"], "error": last_error(res)}
+    report = last_report(res)
+    return {"seconds": res["seconds"], "peak_rss_bytes": report["peak_rss_bytes"],
+            "startup_seconds": report["ready_unix"] - res["spawned_unix"],
+            "tensorflow_build": report.get("tensorflow_build"),
+            # member -> [rows, seconds] of its steady-state training calls
+            **({"steady": report["steady"]} if report.get("steady") else {})}
+
+
+def _raise_failures(queues: list[list[int]], results: dict[int, dict], done: dict) -> None:
+    """Raise for the failed clients among `results` (queue -> `_run_client`'s), naming their
+    unfinished members and last error lines: UsageError when every one failed on bad input
+    (exit 2), `faults.ResourceFault` when each hit a resource fault, else RuntimeError."""
+    failed = {q: r for q, r in results.items() if "error" in r}
+    if not failed:
+        return
+    text = "; ".join(
+        f"client of members {[i for i in queues[q] if i not in done]} failed "
+        f"(exit {r['returncode']}): {r['error']}" for q, r in sorted(failed.items()))
+    usage = all(r["returncode"] == 2 for r in failed.values())
+    if not usage and all(faults.is_fault_line(r["error"]) for r in failed.values()):
+        raise faults.ResourceFault(text)  # a full disk in the clients: one line, exit 1
+    raise (UsageError if usage else RuntimeError)(text)
+
+
 def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[int]], ClientRequest],
                 devs: dict[int, str], on_member=None, verbosity: int = 1) -> dict[int, dict]:
     """Run one long-lived client process per queue, all at once; each trains (or predicts)
@@ -109,50 +179,12 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
         interrupt.Interrupted: this process got SIGINT/SIGTERM (`epoch`: the lowest epoch in
             progress among the interrupted members).
     """
-    from ensemble.replication.progress import format_report
-
     threads = max(1, devices.cpu_count() // max(1, len(queues)))
-    lock = threading.Lock()
-    done: dict[int, float] = {}
-    stopped: dict[int, tuple[int, int]] = {}  # member -> (epoch in progress, epochs)
+    listener = _Listener(on_member, verbosity)
 
     def launch(q: int) -> tuple[int, dict]:
-        queue = queues[q]
-        env = dict(os.environ)  # the client maps its GPUs onto this CUDA_VISIBLE_DEVICES
-
-        def on_line(line: str) -> bool:
-            message = protocol.decode(line)
-            if message is None:
-                return False
-            if isinstance(message, protocol.Interrupted):
-                with lock:
-                    stopped[message.member] = (message.epoch, message.epochs)
-            elif isinstance(message, protocol.MemberDone):
-                with lock:
-                    done[message.member] = message.work_seconds
-                if on_member is not None:
-                    on_member(message.member, True)
-            elif verbosity > 0:
-                text = format_report(message, verbose=verbosity >= 2)
-                if text:
-                    with lock:
-                        print(text, flush=True)
-            return True
-
-        request = dataclasses.replace(command(queue), threads=threads, progress="report")
-        res = run_process(request.argv(), env, module=protocol.CLIENT_MODULE,
-                          on_stderr_line=on_line)
-        if res["returncode"] != 0:
-            for i in queue:
-                if i not in done and on_member is not None:
-                    on_member(i, False)
-            return q, {"returncode": res["returncode"], "error": last_error(res)}
-        report = last_report(res)
-        return q, {"seconds": res["seconds"], "peak_rss_bytes": report["peak_rss_bytes"],
-                   "startup_seconds": report["ready_unix"] - res["spawned_unix"],
-                   "tensorflow_build": report.get("tensorflow_build"),
-                   # member -> [rows, seconds] of its steady-state training calls
-                   **({"steady": report["steady"]} if report.get("steady") else {})}
+        request = dataclasses.replace(command(queues[q]), threads=threads, progress="report")
+        return q, _run_client(request, listener)
 
     pool = ThreadPoolExecutor(max_workers=max(1, len(queues)))
     try:
@@ -162,18 +194,11 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
         processes.kill_children()
         pool.shutdown(wait=True)
     if interrupt.requested() is not None:
-        epochs = [e for e in stopped.values() if e[0] is not None]  # None: before training
+        epochs = [e for e in listener.stopped.values() if e[0] is not None]  # None: untrained
         raise interrupt.Interrupted(interrupt.requested(), *(min(epochs) if epochs else
                                                               (None, None)))
-    failed = {q: r for q, r in results.items() if "error" in r}
-    if failed:
-        text = "; ".join(
-            f"client of members {[i for i in queues[q] if i not in done]} failed "
-            f"(exit {r['returncode']}): {r['error']}" for q, r in sorted(failed.items()))
-        usage = all(r["returncode"] == 2 for r in failed.values())
-        if not usage and all(faults.is_fault_line(r["error"]) for r in failed.values()):
-            raise faults.ResourceFault(text)  # a full disk in the clients: one line, exit 1
-        raise (UsageError if usage else RuntimeError)(text)
+    _raise_failures(queues, results, listener.done)
+    done = listener.done
     return {i: {"client": q, "work_seconds": done.get(i), **results[q]}
             for q, queue in enumerate(queues) for i in queue}
 

@@ -104,15 +104,6 @@ def write_manifest(out: Path, record: dict) -> dict:
     return record
 
 
-def record(run_dir: Path, manifest: dict, source: str, out: Path, mode: str, rows: int,
-           seconds: float, batch_rows: int, member_devices: dict[int, list[str]]) -> dict:
-    """The prediction's manifest: run, input, output, rows, seconds, member -> devices."""
-    return {"run": str(run_dir), "run_id": manifest.get("run_id"), "source": str(source),
-            "out": str(out), "mode": mode, "rows": rows, "batch_size": batch_rows,
-            "seconds": seconds, "rows_per_second": rows / max(seconds, 1e-9),
-            "members": [{"index": i, "devices": d} for i, d in sorted(member_devices.items())]}
-
-
 @dataclass
 class Prediction:
     """What both modes' prediction drivers share (`open_prediction`): the run's manifest and
@@ -139,11 +130,17 @@ class Prediction:
         writer.write(tables.wide_rows(long, self.answer, batch.extra, batch.ids)
                      if self.request.layout == "wide" else tables.with_ids(long, batch.ids))
 
-    def finish(self, mode: str, rows: int, seconds: float, placed: dict) -> dict:
-        """The prediction's manifest (`record`), written beside the output."""
+    def finish(self, mode: str, rows: int, seconds: float, placed: dict[int, list[str]]
+               ) -> dict:
+        """The prediction's manifest (run, input, output, `rows`, `seconds`, member ->
+        `placed` devices), written beside the output (`write_manifest`)."""
         r = self.request
-        return write_manifest(r.out, record(r.run_dir, self.manifest, r.source, r.out, mode,
-                                            rows, seconds, self.batch_rows, placed))
+        return write_manifest(r.out, {
+            "run": str(r.run_dir), "run_id": self.manifest.get("run_id"),
+            "source": str(r.source), "out": str(r.out), "mode": mode, "rows": rows,
+            "batch_size": self.batch_rows, "seconds": seconds,
+            "rows_per_second": rows / max(seconds, 1e-9),
+            "members": [{"index": i, "devices": d} for i, d in sorted(placed.items())]})
 
     @property
     def batch_rows(self) -> int:

@@ -98,12 +98,31 @@ class _FirstEpoch:
             self.unix = time.time()
 
 
+def _keep_healthy(ens, placed: list[str], run_dir: Path, manifest: dict, task):
+    """Save the members that did not diverge (`divergence.settle`: fails when none is left)
+    and record every member's status; returns (their `InGraphEnsemble`, their devices)."""
+    from ensemble.models.members import save_member
+    from ensemble.replication.in_graph import InGraphEnsemble
+
+    diverged = ens.divergence.epochs  # {member: epoch}: left out of everything after
+    divergence.settle(diverged, len(ens.models), run_dir)
+    keep = [k for k, i in enumerate(ens.indices) if i not in diverged]
+    for k in keep:
+        save_member(ens.models[k], artifacts.member_model_path(run_dir, ens.indices[k]))
+        manifest["members"][ens.indices[k]]["status"] = "completed"
+    ens.divergence.record(manifest["members"])
+    if len(keep) == len(ens.models):
+        return ens, placed
+    return (InGraphEnsemble([ens.models[k] for k in keep], [placed[k] for k in keep], (),
+                            [ens.indices[k] for k in keep], task=task),
+            [placed[k] for k in keep])
+
+
 def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequence) -> None:
     """Build, train (with per-epoch checkpoints), save the members, predict the evaluation
     splits and write the run's tables; updates `manifest` and finishes the run."""
     from ensemble import tasks
     from ensemble.replication.in_graph import InGraphEnsemble
-    from ensemble.models.members import save_member
     from ensemble.replication.training import Schedule, SteadyState
 
     split = {s: artifacts.read_split(run_dir, s, manifest) for s in artifacts.SPLITS}
@@ -131,18 +150,7 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     train_seconds = time.perf_counter() - start
     manifest["timings"].update(steady_rows=steady.rows, steady_seconds=steady.seconds,
                                first_epoch_end_unix=first.unix)
-    diverged = ens.divergence.epochs  # {member: epoch}: left out of everything below
-    divergence.settle(diverged, len(ens.models), run_dir)
-    keep = [k for k, i in enumerate(ens.indices) if i not in diverged]
-    used = [ens.indices[k] for k in keep]
-    for k in keep:
-        save_member(ens.models[k], artifacts.member_model_path(run_dir, ens.indices[k]))
-        manifest["members"][ens.indices[k]]["status"] = "completed"
-    ens.divergence.record(manifest["members"])
-    if len(keep) < len(ens.models):  # the healthy members only, in one graph
-        ens = InGraphEnsemble([ens.models[k] for k in keep], [placed[k] for k in keep], (),
-                              used, task=task)
-        placed = [placed[k] for k in keep]
+    ens, placed = _keep_healthy(ens, placed, run_dir, manifest, task)
     start = time.perf_counter()
     # the fitted aggregators fit on the validation members' predictions, then the graph
     # applies them with the TensorFlow twins
