@@ -17,7 +17,7 @@ from conftest import run_cli, start_held
 from ensemble.core import artifacts
 from ensemble.runs import prepare
 from ensemble.core import runlock
-from ensemble.replication.client import local_devices
+from ensemble.replication.visible import local_devices
 from ensemble.core.errors import UsageError
 
 

@@ -29,7 +29,7 @@ from ensemble.replication.cluster import naming_unreachable_tasks
 from ensemble.core.errors import UsageError
 from ensemble.data.arrays import is_npz
 from ensemble.replication.protocol import ClientRequest
-from ensemble.replication.visible import local_devices, local_replica_devices  # noqa: F401
+from ensemble.replication.visible import local_devices, local_replica_devices
 
 
 

@@ -158,7 +158,7 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
         command: a queue -> its client's `protocol.ClientRequest` (`threads` and `progress`
             are set here).
         devs: member index -> the member's device in the run (the client pins itself to
-            its members' devices, `between_graph.local_devices`).
+            its members' devices, `visible.local_devices`).
         on_member: optional callback `on_member(index, ok)` when a member is done (ok) or its
             client ended without finishing it.
 
