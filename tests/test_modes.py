@@ -34,7 +34,7 @@ class Sequential(modes.Mode):
 
         r = request
         devices.configure(r.cfg)
-        devs = devices.resolve(r.cfg.placement.devices, r.cfg.members.count)
+        devs = self.devices(r.cfg)
         with run.writing(r.run_dir, "ensemble train --mode sequential"):
             manifest = open_run(r, self.name, devs, None)
             work = client_work.MemberWork.open(r.run_dir, manifest,

@@ -147,6 +147,19 @@ class Mode(ABC):
                 return reason
         return None
 
+    def devices(self, cfg, cluster: dict | None = None) -> list[str]:
+        """The devices a run of `cfg` (`schema.Config`) places its members on
+        (`devices.resolve` of `placement.devices`, on `cluster`'s tasks with a spec); names
+        only, without loading TensorFlow, when the launcher leaves it to its clients.
+
+        Raises:
+            UsageError: a bad device spec or one this machine does not have.
+        """
+        from ensemble.replication import devices
+
+        return devices.resolve(cfg.placement.devices, cfg.members.count, cluster,
+                               names_only=not self.launcher_loads_tensorflow)
+
     def processes(self, members: int, devices: Sequence[str]) -> int:
         """TensorFlow processes of a run of `members` on `devices` at once (the memory
         budget's count): 1 by default."""

@@ -34,6 +34,7 @@ from ensemble.core.errors import UsageError
 from ensemble.replication.placement import place
 from ensemble.replication import processes, protocol
 from ensemble.replication.processes import checked, last_error, last_report, run_process
+from ensemble.replication import modes
 from ensemble.replication.modes import PredictRequest, TrainRequest
 from ensemble.replication.protocol import ClientRequest
 from ensemble.runs import aggregator
@@ -229,8 +230,7 @@ def train_between_graph(request: TrainRequest, prepared: dict | None = None) -> 
 
     r = request
     cluster = run_cluster(r)
-    devs = devices.resolve(r.cfg.placement.devices, r.cfg.members.count, cluster,
-                           names_only=True)
+    devs = modes.get("between-graph").devices(r.cfg, cluster)
     with run.writing(r.run_dir, "ensemble train --mode between-graph"):
         manifest = prepared if prepared is not None and not r.resume else \
             open_run(r, "between-graph", devs, cluster)

@@ -21,6 +21,7 @@ from ensemble.runs import prepare as run
 from ensemble.tasks import tables
 from ensemble.replication.cluster import naming_unreachable_tasks
 from ensemble.config.schema import Config
+from ensemble.replication import modes
 from ensemble.replication.modes import TrainRequest
 
 
@@ -66,7 +67,7 @@ def train_in_graph(request: TrainRequest, callbacks: Sequence = ()) -> dict:
     r = request
     cluster = run_cluster(r)
     devices.configure(r.cfg)  # threads first: resolving named devices initialises TensorFlow
-    devs = devices.resolve(r.cfg.placement.devices, r.cfg.members.count, cluster)
+    devs = modes.get("in-graph").devices(r.cfg, cluster)
     with run.writing(r.run_dir, "ensemble train --mode in-graph"):
         manifest = open_run(r, "in-graph", devs, cluster)
         if r.resume:
