@@ -49,7 +49,8 @@ def _alive(pid: int) -> bool:
 
 
 def _client_pids(run_dir) -> list[int]:
-    """Pids of the `ensemble client` processes working on `run_dir`."""
+    """Pids of the client processes (`python -m ensemble.replication.client --request JSON`)
+    working on `run_dir`."""
     pids = []
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
@@ -57,7 +58,8 @@ def _client_pids(run_dir) -> list[int]:
                 cmd = (p / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"client" in cmd and str(run_dir).encode() in cmd:
+            if b"ensemble.replication.client" in cmd and any(
+                    str(run_dir).encode() in c for c in cmd):
                 pids.append(int(p.name))
     return pids
 
