@@ -28,8 +28,8 @@ from ensemble.core.errors import UsageError  # noqa: E402
 from ensemble.replication import processes, protocol  # noqa: E402
 from ensemble.replication.protocol import ClientRequest  # noqa: E402
 
-PREDICT_ONLY = {"out": "out", "devices": "device", "cluster": "cluster",
-                "batch_size": "batch-size", "target": "target"}  # field -> its `ensemble client` flag
+PREDICT_ONLY = {"out": "out", "devices": "device", "cluster": "cluster",  # field -> the flag
+                "batch_size": "batch-size", "target": "target"}  # of `ensemble client`
 
 
 def check(request: ClientRequest) -> ClientRequest:

@@ -267,7 +267,7 @@ def predict_client(request: ClientRequest, cluster: dict | None = None) -> list[
     for index in indices:
         _member_entry(manifest, index)
     runlock.require_free(run_dir)
-    npz = is_npz(request.predict)  # scaled rows (`_read_npz`), else a source streamed by its kind
+    npz = is_npz(request.predict)  # scaled rows (`_read_npz`), else a source by its kind
     if npz:
         x, y = _read_npz(Path(request.predict), len(manifest["dataset"]["feature_names"]))
         if (len(indices) > 1 or not str(out).endswith(".parquet")) and out.is_file():
