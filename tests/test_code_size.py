@@ -22,14 +22,8 @@ MAX_LINES = 60
 MAX_PARAMS = 6
 
 LONG = {  # "path:qualname": lines today (to shrink)
-    "ensemble/runs/between.py:run_clients": 98,
-    "ensemble/runs/api.py:train": 82,
-    "ensemble/runs/predict.py:predict_in_graph": 75,
-    "ensemble/runs/train.py:_train_and_write": 72,
     "ensemble/runs/records.py:members_table": 72,
-    "ensemble/runs/between.py:predict_between_graph": 64,
     "ensemble/tasks/regression/tables.py:metrics_table": 62,
-    "ensemble/replication/client.py:run_client": 62,
     "ensemble/replication/steps.py:make_steps_fn": 61,
 }
 
@@ -47,31 +41,22 @@ def _exempt(key: str) -> bool:
 MANY_PARAMS = {  # "path:qualname": parameters today (to shrink to at most 5 entries)
     "ensemble/replication/training.py:train_loop": 13,
     "ensemble/runs/api.py:train": 13,
-    "ensemble/runs/predict.py:predict_in_graph": 13,
     "ensemble/replication/training.py:_Loop.__init__": 12,
-    "ensemble/runs/between.py:predict_between_graph": 12,
     "ensemble/data/sources.py:table_to_dataset": 11,
-    "ensemble/runs/between.py:aggregate_stream": 11,
     "ensemble/replication/in_graph.py:InGraphEnsemble.build": 10,
     "ensemble/replication/steps.py:make_steps_fn": 10,
     "ensemble/tasks/tables.py:model_rows": 10,
-    "ensemble/replication/client.py:predict_client": 9,
-    "ensemble/runs/between.py:train_between_graph": 9,
-    "ensemble/runs/predict.py:record": 9,
     "ensemble/tasks/tables.py:predictions_table": 9,
     "ensemble/models/members.py:build_member": 8,
-    "ensemble/replication/client.py:_train_member": 8,
     "ensemble/replication/group.py:MemberGroup.build": 8,
     "ensemble/tasks/regression/tables.py:model_rows": 8,
     "ensemble/tasks/regression/tables.py:predictions_table": 8,
     "ensemble/models/optimizer.py:Adam.__init__": 7,
-    "ensemble/replication/client.py:_predict_stream": 7,
     "ensemble/replication/group.py:MemberGroup.fit": 7,
     "ensemble/replication/in_graph.py:InGraphEnsemble.__init__": 7,
     "ensemble/replication/steps.py:replicated_train_step": 7,
     "ensemble/runs/predict.py:open_input": 7,
     "ensemble/runs/prepare.py:new_manifest": 7,
-    "ensemble/runs/train.py:train_in_graph": 7,
     "pipelines/search.py:_train": 7,
     "pipelines/search.py:run_search": 7,
 }
