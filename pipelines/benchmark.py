@@ -58,7 +58,8 @@ WORKLOADS = {
 }
 REPLICATED = {"in-graph-r2": 2, "in-graph-r4": 4}  # in-graph, --replicas N on cpu:2N
 METHODS = ("in-graph", "between-graph", "naive", "sklearn", "predict-1m", *REPLICATED)
-PEERS = ("naive", "sklearn")  # what a user would reach for instead (`x fastest peer`)
+PEERS = ("naive", "sklearn")
+REFERENCE = "in-graph"  # the method every other's wall time is compared with (`x in-graph`)  # what a user would reach for instead (`x fastest peer`)
 
 
 def gemm_rate(n: int = 2048, repeats: int = 5) -> float:
@@ -174,7 +175,7 @@ def run_workload(workload: str, out: Path, repeats: int, methods: list[str]) -> 
         for position, method in enumerate(order):
             if method in ("in-graph", "between-graph", *REPLICATED):
                 row = _run_mode(method, base, cfg_args, r)
-                if method == "in-graph":
+                if method == REFERENCE:  # predict-1m predicts with in-graph's run
                     trained = Path(row["run_dir"])
             else:
                 row = _run_worker(method, prepared, trained)
@@ -190,8 +191,8 @@ def summarise(runs: list[dict]) -> list[dict]:
     out = []
     for w in dict.fromkeys(r["workload"] for r in runs):
         mine = [r for r in runs if r["workload"] == w]
-        ig_wall = statistics.median(r["wall_seconds"] for r in mine if r["method"] == "in-graph") \
-            if any(r["method"] == "in-graph" for r in mine) else None
+        ig_wall = statistics.median(r["wall_seconds"] for r in mine if r["method"] == REFERENCE) \
+            if any(r["method"] == REFERENCE for r in mine) else None
         peer = min((statistics.median(r["wall_seconds"] for r in mine if r["method"] == m)
                     for m in PEERS if any(r["method"] == m for r in mine)), default=None)
         for method in dict.fromkeys(r["method"] for r in mine):

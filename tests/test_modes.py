@@ -112,8 +112,6 @@ def test_compare_times_a_third_mode_with_members_identical_to_in_graph(
 
 
 ROOT = Path(__file__).resolve().parents[1]
-# the lead's benchmarks (methods named after the modes; scale_bench's branch goes with its rework)
-UNTOUCHED = {"pipelines/scale_bench.py", "pipelines/benchmark.py"}
 MODE_BRANCH = re.compile(r'(==|!=)\s*"(in-graph|between-graph)"'
                          r'|"(in-graph|between-graph)"\s*(==|!=)')
 
@@ -123,7 +121,6 @@ def test_no_mode_string_branches_outside_replication():
     hits = [f"{p.relative_to(ROOT)}:{n}" for p in [*ROOT.glob("ensemble/**/*.py"),
                                                     *ROOT.glob("pipelines/**/*.py")]
             if not str(p.relative_to(ROOT)).startswith("ensemble/replication/")
-            and str(p.relative_to(ROOT)) not in UNTOUCHED
             for n, line in enumerate(p.read_text().splitlines(), 1) if MODE_BRANCH.search(line)]
     assert hits == []
 
