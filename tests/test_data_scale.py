@@ -224,3 +224,56 @@ def test_cgroup_limit_is_read_from_the_process_cgroup(tmp_path, monkeypatch):
     assert memory.cgroup_limit() == 1610612736
     (tmp_path / "proc").write_text("0::/x\n")
     assert memory.cgroup_limit() is None
+
+
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_streamed_evaluation_tables_equal_the_whole_table_ones(tmp_path, monkeypatch, task):
+    """`eval_writer.write` (rows written a few at a time, metrics from the arrays) gives the
+    predictions and metrics that building the whole long table gives (`predictions_table`,
+    `write_outputs`)."""
+    from ensemble.core import artifacts
+    from ensemble.tasks import eval_writer, tables
+
+    rng = np.random.default_rng(3)
+    n, k = 53, 3
+    if task == "classification":
+        classes = np.array(["ant", "bee", "cat"])
+        members = {i: rng.dirichlet(np.ones(3), n).astype(np.float32) for i in (0, 2, 5)}
+        aggs = ("mean", "vote", "geometric")
+        y = {s: rng.integers(0, 3, n) for s in ("validation", "test")}
+        ens = None
+    else:
+        classes = np.array([])
+        members = {i: np.column_stack([rng.normal(size=n), rng.uniform(0.1, 2, n)])
+                   .astype(np.float32) for i in range(k)}
+        aggs = ("mean", "std-scaling")
+        y = {s: rng.normal(size=n) for s in ("validation", "test")}
+    params = {"std-scaling": {"scale": 1.3}} if task == "regression" else {}
+    rows = np.arange(100, 100 + n, dtype=np.int64)
+    whole, splits = [], {}
+    for s in ("validation", "test"):
+        t = tables.predictions_table(members, s, rows, y[s], classes, aggs, None, params)
+        whole.append(t)
+        stacked = np.stack([members[i] for i in sorted(members)])
+        if task == "classification":
+            from ensemble.tasks.classification.aggregators import aggregate
+        else:
+            from ensemble.tasks.regression.aggregators import aggregate
+        ens = {a: aggregate(stacked, a, params.get(a)) for a in aggs}
+        splits[s] = eval_writer.SplitPredictions(members, ens, rows, y[s])
+    history = tables.history_table([])
+    tables.write_outputs(tmp_path / "whole", pa.concat_tables(whole), history)
+    monkeypatch.setattr(eval_writer, "CHUNK_ROWS", 7)  # 8 chunks per model and split
+    eval_writer.write(tmp_path / "streamed", splits, classes, aggs, params, history)
+    for name in (artifacts.PREDICTIONS, artifacts.METRICS):
+        a = artifacts.read_parquet(tmp_path / "whole" / name)
+        b = artifacts.read_parquet(tmp_path / "streamed" / name)
+        assert a.schema.equals(b.schema, check_metadata=True), name
+        assert a.num_rows == b.num_rows and a.num_rows > 0
+        for col in a.column_names:
+            x, z = a.column(col).to_pylist(), b.column(col).to_pylist()
+            if a.schema.field(col).type in (pa.float32(), pa.float64()):
+                np.testing.assert_allclose(np.array(x, float), np.array(z, float),
+                                           rtol=1e-12, atol=0, err_msg=f"{name} {col}")
+            else:
+                assert x == z, f"{name} {col}"

@@ -21,6 +21,16 @@ from ensemble.replication.steps import make_steps_fn
 from ensemble.replication.training import EarlyStopping, Schedule, train_loop
 
 CLIENT_DEVICE = "/device:CPU:0"
+PREDICT_ROWS = 16384  # rows per prediction call, at most
+PREDICT_BYTES = 8 << 20  # float32 input bytes per prediction call, at most
+
+
+def predict_rows(row_shape) -> int:
+    """Rows per prediction call for rows of `row_shape`: `PREDICT_ROWS`, fewer for wide rows so
+    that a call's input stays within `PREDICT_BYTES` (a convolution's activations are a
+    multiple of its input: 3,000 64x64x3 images in one call held 2.6 GB)."""
+    row_bytes = 4 * int(np.prod(row_shape, dtype=np.int64))
+    return int(max(1, min(PREDICT_ROWS, PREDICT_BYTES // max(1, row_bytes))))
 
 
 class MemberGroup:
@@ -143,14 +153,15 @@ class MemberGroup:
     def _predict_graph(self, x):
         return self._member_probs(x), {}
 
-    def predict(self, x: np.ndarray, batch_size: int = 16384):
+    def predict(self, x: np.ndarray, batch_size: int | None = None):
         """Member (and, for subclasses, ensemble) probabilities of `x` `[n_rows, *input_shape]`,
-        in batches of `batch_size` rows.
+        in batches of `batch_size` rows (None: `predict_rows`, bounded by bytes).
 
         Returns:
             (`[n_members, n_rows, n_classes]` float32, `{aggregator: [n_rows, n_classes]}`).
         """
         members, ens = [], {}
+        batch_size = batch_size or predict_rows(x.shape[1:])
         for lo in range(0, len(x), batch_size):
             m, e = self.predict_fn(tf.constant(x[lo:lo + batch_size], tf.float32))
             members.append(m.numpy())

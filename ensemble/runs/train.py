@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import pyarrow as pa
 
 from ensemble.config import auto
 from ensemble.core import artifacts
@@ -18,7 +17,7 @@ from ensemble.runs import posthoc
 from ensemble.replication import progress
 from ensemble.runs import records
 from ensemble.runs import prepare as run
-from ensemble.tasks import tables
+from ensemble.tasks import eval_writer, tables
 from ensemble.replication.cluster import naming_unreachable_tasks
 from ensemble.config.schema import Config
 from ensemble.replication import modes
@@ -162,15 +161,16 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     fit = posthoc.fit(task, {"validation": members}, names, settings)
     graph = InGraphEnsemble(ens.models, placed, names, ens.indices, params=fit["params"],
                             task=task)
-    parts, splits = [], {}
+    predicted, splits = {}, {}
     for s in artifacts.EVAL_SPLITS:
         x, y, rows = split[s]
         member_p, ens_p = graph.predict(x)
         splits[s] = posthoc.SplitMembers(ens.indices, member_p, rows, y)
-        parts.append(tables.predictions_table(dict(zip(ens.indices, member_p)), s, rows, y,
-                                              classes, names, ens_p, fit["params"]))
+        predicted[s] = eval_writer.SplitPredictions(dict(zip(ens.indices, member_p)), ens_p,
+                                                    rows, y)
     posthoc.write_fit(run_dir, task, fit, splits, settings)
-    tables.write_outputs(run_dir, pa.concat_tables(parts), tables.history_table(history))
+    eval_writer.write(run_dir, predicted, classes, names, fit["params"],
+                      tables.history_table(history))
     records.write_members(run_dir, manifest, splits["validation"])
     run.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
                predict_seconds=time.perf_counter() - start)

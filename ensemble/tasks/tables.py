@@ -7,7 +7,7 @@ whichever mode wrote them.
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +17,7 @@ from ensemble.tasks.classification import metrics as M
 from ensemble.tasks.classification.aggregators import (REGISTRY, aggregate, disagreement,
                                                       member_weights)
 from ensemble.core.labels import encode
+from ensemble.tasks.predicted import SplitPredictions
 
 UNCERTAINTY = ("entropy", "expected_entropy", "mutual_information")
 NOT_PROBABILITIES = {n for n, a in REGISTRY.items() if not a.probabilities}  # vote shares
@@ -98,18 +99,40 @@ def predictions_table(member_probs: dict[int, np.ndarray], split: str, rows: np.
         return regression_tables.predictions_table(member_probs, split, rows, y_true,
                                                    aggregators, ensemble_probs, params,
                                                    first_row)
+    parts = prediction_chunks(split, SplitPredictions(member_probs, ensemble_probs, rows,
+                                                      y_true, first_row),
+                              classes, aggregators, params, max(1, len(rows)))
+    return pa.concat_tables(parts).replace_schema_metadata(classes_metadata(classes))
+
+
+def prediction_chunks(split: str, pred: SplitPredictions, classes: np.ndarray,
+                      aggregators: Sequence[str], params: dict | None = None,
+                      chunk_rows: int = 65536) -> Iterator[pa.Table]:
+    """`predictions_table`'s rows of `pred` as tables of at most `chunk_rows` rows, model by
+    model (members in index order, then `aggregators`), each model's rows in order: the same
+    rows in the same order as `predictions_table`, never more than one chunk of them built at
+    once (a split of any size is written with flat memory)."""
+    member_probs, ensemble_probs, rows, y_true, first_row = pred
     params = params or {}
-    parts = [model_rows(f"member-{i}", i, None, split, rows, y_true, p, classes,
-                        first_row=first_row) for i, p in sorted(member_probs.items())]
     stacked = np.stack([p for _, p in sorted(member_probs.items())]) if member_probs else None
     if ensemble_probs is None:
         ensemble_probs = {a: aggregate(stacked, a, params.get(a)) for a in aggregators}
+    spans = [(lo, min(len(rows), lo + chunk_rows)) for lo in range(0, len(rows), chunk_rows)]
+
+    def y(lo, hi):
+        return None if y_true is None else y_true[lo:hi]
+
+    for i, p in sorted(member_probs.items()):
+        for lo, hi in spans or [(0, 0)]:
+            yield model_rows(f"member-{i}", i, None, split, rows[lo:hi], y(lo, hi), p[lo:hi],
+                             classes, first_row=first_row + lo)
     for a in aggregators:
-        unc = None if a in NOT_PROBABILITIES else M.uncertainty(
-            stacked, ensemble_probs[a], member_weights(a, len(stacked), params.get(a)))
-        parts.append(model_rows(f"ensemble-{a}", None, a, split, rows, y_true,
-                                ensemble_probs[a], classes, unc, first_row))
-    return pa.concat_tables(parts).replace_schema_metadata(classes_metadata(classes))
+        weights = member_weights(a, len(stacked), params.get(a))
+        for lo, hi in spans or [(0, 0)]:
+            unc = None if a in NOT_PROBABILITIES else M.uncertainty(
+                stacked[:, lo:hi], ensemble_probs[a][lo:hi], weights)
+            yield model_rows(f"ensemble-{a}", None, a, split, rows[lo:hi], y(lo, hi),
+                             ensemble_probs[a][lo:hi], classes, unc, first_row + lo)
 
 
 def wide_rows(long: pa.Table, aggregator: str, extra: pa.Table | None = None,
@@ -208,27 +231,81 @@ def metrics_table(predictions: pa.Table, best_member: int | None = None) -> pa.T
         from ensemble.tasks.regression import tables as regression_tables
 
         return regression_tables.metrics_table(predictions, best_member)
-    out = []
     labelled = predictions.filter(pc.is_valid(predictions.column("y_true")))
     has_mi = "mutual_information" in predictions.column_names
+    outputs = {}
     for split in sorted(set(labelled.column("split").to_pylist())):
         part = labelled.filter(pc.equal(labelled.column("split"), split))
-        models = list(dict.fromkeys(part.column("model").to_pylist()))
-        member_p, first = {}, len(out)
-        for model in models:
+        outputs[split] = []
+        for model in dict.fromkeys(part.column("model").to_pylist()):
             t = part.filter(pc.equal(part.column("model"), model))
-            p = probabilities(t, classes)
-            y = encode(t.column("y_true").to_numpy(zero_copy_only=False), classes)
             member, agg = t.column("member")[0].as_py(), t.column("aggregator")[0].as_py()
-            if member is not None:
-                member_p[member] = p
-            row = {"model": model, "member": member, "aggregator": agg, "split": split,
-                   "n": len(y), **M.all_metrics(y, p)}
-            if agg in NOT_PROBABILITIES:
-                row.update(nll=None, brier=None, ece=None)
             mi = t.column("mutual_information") if has_mi and agg is not None else None
-            row["mean_mutual_information"] = (None if mi is None or mi.null_count
-                                              else float(np.mean(mi.to_numpy())))
+            outputs[split].append(ModelOutput(
+                model, member, agg, encode(t.column("y_true").to_numpy(zero_copy_only=False),
+                                           classes), probabilities(t, classes),
+                None if mi is None or mi.null_count else float(np.mean(mi.to_numpy()))))
+    return metrics_of(outputs, best_member)
+
+
+class ModelOutput(NamedTuple):
+    """One model's labelled rows of one split, what its metrics row is computed from.
+
+    Attributes:
+        model, member, aggregator: as the predictions table's columns.
+        y: `[n_rows]` class indices; p: `[n_rows, n_classes]` float32 probabilities (vote
+            shares for `vote`).
+        mean_mutual_information: the ensemble rows' mean mutual information, None for
+            members and vote.
+    """
+
+    model: str
+    member: int | None
+    aggregator: str | None
+    y: np.ndarray
+    p: np.ndarray
+    mean_mutual_information: float | None = None
+
+
+def split_outputs(member_probs: dict[int, np.ndarray], y: np.ndarray,
+                  aggregators: Sequence[str], ensemble_probs: dict[str, np.ndarray],
+                  params: dict | None = None) -> list[ModelOutput]:
+    """The `ModelOutput`s of one labelled split from the arrays a run predicted (what
+    `metrics_table` reads back from `predictions_table`'s rows, without building them).
+
+    Args:
+        member_probs: member index -> `[n_rows, n_classes]`; y: `[n_rows]` class indices;
+        ensemble_probs: aggregator -> `[n_rows, n_classes]`; params: fitted aggregators'.
+    """
+    params = params or {}
+    stacked = np.stack([p for _, p in sorted(member_probs.items())])
+    out = [ModelOutput(f"member-{i}", i, None, y, np.asarray(p, np.float32))
+           for i, p in sorted(member_probs.items())]
+    for a in aggregators:
+        mi = None
+        if a not in NOT_PROBABILITIES and len(y):
+            mi = float(np.mean(M.uncertainty(
+                stacked, ensemble_probs[a],
+                member_weights(a, len(stacked), params.get(a)))["mutual_information"]))
+        out.append(ModelOutput(f"ensemble-{a}", None, a, y,
+                               np.asarray(ensemble_probs[a], np.float32), mi))
+    return out
+
+
+def metrics_of(outputs: dict[str, list[ModelOutput]], best_member: int | None = None
+               ) -> pa.Table:
+    """`metrics_table`'s rows from each split's `ModelOutput`s (members and ensembles)."""
+    out = []
+    for split, models in sorted(outputs.items()):
+        member_p, first = {}, len(out)
+        for o in models:
+            if o.member is not None:
+                member_p[o.member] = o.p
+            row = {"model": o.model, "member": o.member, "aggregator": o.aggregator,
+                   "split": split, "n": len(o.y), **M.all_metrics(o.y, o.p),
+                   "mean_mutual_information": o.mean_mutual_information}
+            if o.aggregator in NOT_PROBABILITIES:
+                row.update(nll=None, brier=None, ece=None)
             out.append(row)
         stacked = np.stack([p for _, p in sorted(member_p.items())]) if member_p else None
         for row in out[first:]:

@@ -13,7 +13,7 @@ scale, so the exact mixture behind an ensemble row can be rebuilt from the file 
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from ensemble.tasks.regression import aggregators as R
 from ensemble.tasks.regression import metrics as RM
+from ensemble.tasks.predicted import SplitPredictions
 
 COLUMNS = ("y_true", "y_pred", "std", "aleatoric_std", "epistemic_std")
 
@@ -74,16 +75,32 @@ def predictions_table(member_outputs: dict[int, np.ndarray], split: str, rows: n
     regression): `member_outputs` index -> `[n_rows, 2]`; `ensemble_outputs` aggregator ->
     `[n_rows, 3]`, computed with `ensemble.tasks.regression.aggregators.aggregate` when None."""
     params = params or {}
-    parts = [model_rows(f"member-{i}", i, None, split, rows, y_true, o, first_row)
-             for i, o in sorted(member_outputs.items())]
-    stacked = np.stack([o for _, o in sorted(member_outputs.items())])
-    if ensemble_outputs is None:
-        ensemble_outputs = {a: R.aggregate(stacked, a, params.get(a)) for a in aggregators}
-    for a in aggregators:
-        parts.append(model_rows(f"ensemble-{a}", None, a, split, rows, y_true,
-                                ensemble_outputs[a], first_row))
+    parts = prediction_chunks(split, SplitPredictions(member_outputs, ensemble_outputs, rows,
+                                                      y_true, first_row),
+                              aggregators, params, max(1, len(rows)))
     return pa.concat_tables(parts).replace_schema_metadata(
-        metadata(params, aggregators, len(stacked)))
+        metadata(params, aggregators, len(member_outputs)))
+
+
+def prediction_chunks(split: str, pred: SplitPredictions, aggregators: Sequence[str],
+                      params: dict | None = None, chunk_rows: int = 65536
+                      ) -> Iterator[pa.Table]:
+    """`predictions_table`'s rows of `pred` as tables of at most `chunk_rows` rows, model by
+    model, in its order (`ensemble.tasks.tables.prediction_chunks` for regression)."""
+    member_outputs, ensemble_outputs, rows, y_true, first_row = pred
+    params = params or {}
+    if ensemble_outputs is None:
+        stacked = np.stack([o for _, o in sorted(member_outputs.items())])
+        ensemble_outputs = {a: R.aggregate(stacked, a, params.get(a)) for a in aggregators}
+    spans = [(lo, min(len(rows), lo + chunk_rows))
+             for lo in range(0, len(rows), chunk_rows)] or [(0, 0)]
+    models = [(f"member-{i}", i, None, o) for i, o in sorted(member_outputs.items())]
+    models += [(f"ensemble-{a}", None, a, ensemble_outputs[a]) for a in aggregators]
+    for model, member, agg, out in models:
+        for lo, hi in spans:
+            yield model_rows(model, member, agg, split, rows[lo:hi],
+                             None if y_true is None else y_true[lo:hi], out[lo:hi],
+                             first_row + lo)
 
 
 def outputs(table: pa.Table) -> np.ndarray:
@@ -125,56 +142,101 @@ def metrics_table(predictions: pa.Table, best_member: int | None = None) -> pa.T
     meta = predictions.schema.metadata or {}
     mix = json.loads(meta.get(b"mixture", b"{}"))
     labelled = predictions.filter(pc.is_valid(predictions.column("y_true")))
-    out = []
+    outputs = {}
     for split in sorted(set(labelled.column("split").to_pylist())):
         part = labelled.filter(pc.equal(labelled.column("split"), split))
-        members, first = {}, len(out)
+        outputs[split] = []
         for model in dict.fromkeys(part.column("model").to_pylist()):
             t = part.filter(pc.equal(part.column("model"), model))
             t = t.take(pc.sort_indices(t.column("row")))
             member, agg = t.column("member")[0].as_py(), t.column("aggregator")[0].as_py()
             y, mu, sd = (t.column(c).to_numpy() for c in ("y_true", "y_pred", "std"))
-            row = {"model": model, "member": member, "aggregator": agg, "split": split,
-                   "n": len(y), "_y": y, "_mu": mu, "_sd": sd}
-            if member is not None:
-                members[member] = outputs(t)
-            out.append(row)
-        stacked = np.stack([o for _, o in sorted(members.items())]) if members else None
+            epi = (None if agg is None
+                   else float(np.mean(t.column("epistemic_std").to_numpy())))
+            outputs[split].append(ModelOutput(model, member, agg, y, mu, sd, epi))
+    return metrics_of(outputs, mix, best_member)
+
+
+class ModelOutput(NamedTuple):
+    """One model's labelled rows of one split, in row order: `y`, `mu` (the predictive mean)
+    and `sd` (its std) `[n_rows]` float64, target units; `mean_epistemic_std` for ensemble
+    rows (None for members)."""
+
+    model: str
+    member: int | None
+    aggregator: str | None
+    y: np.ndarray
+    mu: np.ndarray
+    sd: np.ndarray
+    mean_epistemic_std: float | None = None
+
+
+def split_outputs(member_outputs: dict[int, np.ndarray], y: np.ndarray,
+                  aggregators: Sequence[str], ensemble_outputs: dict[str, np.ndarray]
+                  ) -> list[ModelOutput]:
+    """The `ModelOutput`s of one labelled split from the arrays a run predicted: members'
+    `[n_rows, 2]` (mean, variance), aggregators' `[n_rows, 3]` (as `model_rows` stores them,
+    without building the rows)."""
+    y = np.asarray(y, np.float64)
+    out = []
+    for i, o in sorted(member_outputs.items()):
+        o = np.asarray(o, np.float64)
+        out.append(ModelOutput(f"member-{i}", i, None, y, o[:, 0], np.sqrt(o[:, 1])))
+    for a in aggregators:
+        e = np.asarray(ensemble_outputs[a], np.float64)
+        std, _, epi = R.std_of(e)
+        out.append(ModelOutput(f"ensemble-{a}", None, a, y, e[:, 0], std,
+                               float(np.mean(epi))))
+    return out
+
+
+def metrics_of(outputs: dict[str, list[ModelOutput]], mix: dict,
+               best_member: int | None = None) -> pa.Table:
+    """`metrics_table`'s rows from each split's `ModelOutput`s; `mix`: the `mixture` metadata
+    (`metadata`: each aggregator's member weights and std scale)."""
+    out = []
+    for split, models in sorted(outputs.items()):
+        members, first = {}, len(out)
+        for o in models:
+            if o.member is not None:  # (mean, variance) as the table stores them
+                members[o.member] = np.column_stack([o.mu, o.sd ** 2])
+            out.append({"model": o.model, "member": o.member, "aggregator": o.aggregator,
+                        "split": split, "n": len(o.y), "_o": o,
+                        "mean_epistemic_std": o.mean_epistemic_std})
+        stacked = np.stack([v for _, v in sorted(members.items())]) if members else None
         for row in out[first:]:
-            y, mu, sd = row.pop("_y"), row.pop("_mu"), row.pop("_sd")
-            agg = row["aggregator"]
+            o, agg = row.pop("_o"), row["aggregator"]
             if agg is None or stacked is None:
-                row.update(RM.all_metrics(y, mu, sd))
+                row.update(RM.all_metrics(o.y, o.mu, o.sd))
                 continue
             m = mix.get(agg, {"weights": None, "scale": 1.0})
-            params = {"weights": m["weights"], "scale": m["scale"]}
-            mu_m, var_m, w = R.components(stacked, agg, params)
-            row.update(RM.all_metrics(y, mu, sd, mu_m, var_m, w))
+            mu_m, var_m, w = R.components(stacked, agg, {"weights": m["weights"],
+                                                         "scale": m["scale"]})
+            row.update(RM.all_metrics(o.y, o.mu, o.sd, mu_m, var_m, w))
             row["disagreement"] = R.disagreement(stacked)
-    for row in out:  # mean epistemic std of ensemble rows
-        if row["aggregator"] is not None:
-            t = labelled.filter(pc.and_(pc.equal(labelled.column("split"), row["split"]),
-                                        pc.equal(labelled.column("model"), row["model"])))
-            row["mean_epistemic_std"] = float(np.mean(t.column("epistemic_std").to_numpy()))
     for split in {r["split"] for r in out}:
-        rows = [r for r in out if r["split"] == split]
-        members = {r["member"]: r for r in rows if r["member"] is not None}
-        if not members:
-            continue
-        val = [r for r in out if r["member"] is not None and r["split"] == "validation"]
-        best = best_member if best_member in members else (
-            min(val, key=_key)["member"] if val else None)
-        best = best if best in members else min(members.values(), key=_key)["member"]
-        for r in rows:
-            if r["aggregator"] is None:
-                continue
-            r["best_member"] = best
-            for m in RM.GAIN_METRICS:
-                values = [x[m] for x in members.values()]
-                mean = None if any(v is None for v in values) else float(np.mean(values))
-                r[f"gain_vs_mean_{m}"] = gain(r[m], mean, m)
-                r[f"gain_vs_best_{m}"] = gain(r[m], members[best][m], m)
+        _gains([r for r in out if r["split"] == split], out, best_member)
     return pa.Table.from_pylist(out, schema=METRICS_SCHEMA)
+
+
+def _gains(rows: list[dict], out: list[dict], best_member: int | None) -> None:
+    """Set `best_member` and the gains of one split's ensemble `rows` (all splits' `out`)."""
+    members = {r["member"]: r for r in rows if r["member"] is not None}
+    if not members:
+        return
+    val = [r for r in out if r["member"] is not None and r["split"] == "validation"]
+    best = best_member if best_member in members else (
+        min(val, key=_key)["member"] if val else None)
+    best = best if best in members else min(members.values(), key=_key)["member"]
+    for r in rows:
+        if r["aggregator"] is None:
+            continue
+        r["best_member"] = best
+        for m in RM.GAIN_METRICS:
+            values = [x[m] for x in members.values()]
+            mean = None if any(v is None for v in values) else float(np.mean(values))
+            r[f"gain_vs_mean_{m}"] = gain(r[m], mean, m)
+            r[f"gain_vs_best_{m}"] = gain(r[m], members[best][m], m)
 
 
 def ensemble_size_table(member_outputs: dict[str, np.ndarray], y: dict[str, np.ndarray],
