@@ -2,8 +2,10 @@
 
 The prepared splits live on disk (memory-mapped), so what grows with the data is what a run
 keeps in memory besides them: the `[n_rows]` label and index arrays of preparing, and the
-validation and test predictions (the members' `[n_members, n_rows, n_outputs]` outputs and
-the long `predictions.parquet` table, one row per model and row). Each TensorFlow process adds
+validation and test predictions: the members' and aggregators' `[n_rows, n_outputs]` outputs
+(an in-graph run writes `predictions.parquet` from them a chunk of rows at a time,
+`ensemble.tasks.eval_writer`), and for between-graph's aggregator the long table itself, one
+row per model and row, which it builds from the members' files. Each TensorFlow process adds
 its runtime (`TF_PROCESS`) and the batches of its traced calls (`feed.CALL_BYTES`, three in
 flight). The figures are deliberately round upper estimates: a run refused here would have
 been ended by the kernel's out-of-memory killer minutes later.
@@ -21,13 +23,16 @@ LONG_ROW = 64  # bytes of one predictions.parquet row besides its outputs (colum
 
 
 def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: int,
-             clients: int) -> dict[str, int]:
+             clients: int, long_table: bool = True) -> dict[str, int]:
     """Bytes the largest process of a run holds, by part.
 
     Args:
         rows: `{split: rows}`; n_outputs: outputs per row (classes, or 2 for a Gaussian);
         n_members, n_aggregators: models whose predictions are kept;
         clients: TensorFlow processes at once (1 in-graph; between-graph clients).
+        long_table: the predictions table is built whole (between-graph's aggregator);
+            False: only the output arrays are held (float32, plus float64 temporaries of
+            the uncertainty and metrics).
 
     Returns:
         `{"tensorflow", "labels", "predictions", "total"}` in bytes.
@@ -38,23 +43,25 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
     parts = {
         "tensorflow": clients * (TF_PROCESS + 3 * CALL_BYTES),
         "labels": 32 * n_rows,
-        # the long table (twice: built and concatenated) and the members' output arrays
+        # the long table (twice: built and concatenated) and the members' output arrays,
+        # or the output arrays alone and their float64 temporaries
         "predictions": n_eval * models * (LONG_ROW + 8 * n_outputs) * 2
-                       + 3 * n_eval * n_members * n_outputs * 4,
+                       + 3 * n_eval * n_members * n_outputs * 4 if long_table
+                       else n_eval * (3 * models * n_outputs * 4 + 3 * n_members * n_outputs * 8),
     }
     parts["total"] = sum(parts.values())
     return parts
 
 
 def check(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: int,
-          clients: int) -> None:
+          clients: int, long_table: bool = True) -> None:
     """Refuse a run whose `estimate` exceeds the memory it may use (`core.memory.available`).
 
     Raises:
         UsageError: one line naming the estimate, the memory available and the levers.
     """
     have, what = memory.available()
-    need = estimate(rows, n_outputs, n_members, n_aggregators, clients)
+    need = estimate(rows, n_outputs, n_members, n_aggregators, clients, long_table)
     if have is None or need["total"] <= have:
         return
     n = sum(rows.values())
@@ -73,6 +80,6 @@ def check_run(cfg, mode: str, devices: list[str], rows: dict[str, int], n_output
     Raises:
         UsageError: the estimate exceeds the memory available (one line).
     """
-    members = cfg.members.count
-    clients = modes.get(mode).processes(members, devices)
-    check(rows, n_outputs, members, len(cfg.aggregation.aggregators), clients)
+    members, mode = cfg.members.count, modes.get(mode)
+    check(rows, n_outputs, members, len(cfg.aggregation.aggregators),
+          mode.processes(members, devices), long_table=mode.member_files)
