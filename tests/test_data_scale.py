@@ -264,7 +264,7 @@ def test_streamed_evaluation_tables_equal_the_whole_table_ones(tmp_path, monkeyp
     history = tables.history_table([])
     tables.write_outputs(tmp_path / "whole", pa.concat_tables(whole), history)
     monkeypatch.setattr(eval_writer, "CHUNK_ROWS", 7)  # 8 chunks per model and split
-    eval_writer.write(tmp_path / "streamed", splits, classes, aggs, params, history)
+    eval_writer.write(tmp_path / "streamed", splits, classes, aggs, params)
     for name in (artifacts.PREDICTIONS, artifacts.METRICS):
         a = artifacts.read_parquet(tmp_path / "whole" / name)
         b = artifacts.read_parquet(tmp_path / "streamed" / name)

@@ -28,7 +28,8 @@ from ensemble.runs import posthoc
 from ensemble.runs import records
 from ensemble.runs import prepare as run
 from ensemble.core import runlock
-from ensemble.tasks import tables
+from ensemble.tasks import eval_writer, tables
+from ensemble.tasks.predicted import SplitPredictions
 from ensemble import tasks
 from ensemble.core.errors import UsageError
 
@@ -137,21 +138,27 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
     classes = np.asarray(manifest["dataset"]["classes"])
     members = members.replace_schema_metadata(tables.classes_metadata(classes))
     splits = posthoc.by_split(members)
+    del members  # the arrays of `splits` hold them
     fit = posthoc.fit(task, splits, aggregators, settings)
-    preds = posthoc.rebuild(splits, classes, aggregators, fit["params"])
     used = splits["validation"].members
-    preds = preds.replace_schema_metadata({**preds.schema.metadata,
-                                           b"members": json.dumps(used).encode()})
     posthoc.write_fit(run_dir, task, fit, splits, settings)
-    if between:
+    if between:  # streamed from the arrays (`eval_writer`): flat memory at any size
+        eval_writer.write(run_dir, {k: SplitPredictions(dict(zip(s.members, s.probs)), None,
+                                                        s.rows, s.y)
+                                    for k, s in splits.items()},
+                          classes, aggregators, fit["params"],
+                          {b"members": json.dumps(used).encode()})
         history = [r for i in used
                    for r in artifacts.read_parquet(artifacts.verify(
                        run_dir, manifest, artifacts.member_history_path(run_dir, i))).to_pylist()]
-        tables.write_outputs(run_dir, preds, tables.history_table(history))
+        artifacts.write_parquet(run_dir / artifacts.HISTORY, tables.history_table(history))
         for i in used:
             manifest["members"][i]["status"] = "completed"
         manifest["aggregated_members"] = used
     else:
+        preds = posthoc.rebuild(splits, classes, aggregators, fit["params"])
+        preds = preds.replace_schema_metadata({**preds.schema.metadata,
+                                               b"members": json.dumps(used).encode()})
         table = tables.metrics_table(preds, fit["best_member"])
         artifacts.write_parquet(run_dir / artifacts.PREDICTIONS, preds)
         artifacts.write_parquet(run_dir / artifacts.METRICS, table)

@@ -169,8 +169,8 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
         predicted[s] = eval_writer.SplitPredictions(dict(zip(ens.indices, member_p)), ens_p,
                                                     rows, y)
     posthoc.write_fit(run_dir, task, fit, splits, settings)
-    eval_writer.write(run_dir, predicted, classes, names, fit["params"],
-                      tables.history_table(history))
+    eval_writer.write(run_dir, predicted, classes, names, fit["params"])
+    artifacts.write_parquet(run_dir / artifacts.HISTORY, tables.history_table(history))
     records.write_members(run_dir, manifest, splits["validation"])
     run.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
                predict_seconds=time.perf_counter() - start)

@@ -26,14 +26,18 @@ __all__ = ["CHUNK_ROWS", "SplitPredictions", "write"]
 
 
 def write(run_dir: str | Path, splits: dict[str, SplitPredictions], classes: np.ndarray,
-          aggregators: Sequence[str], params: dict | None, history: pa.Table) -> pa.Table:
-    """Write `predictions.parquet` (streamed), `metrics.parquet` and `history.parquet` of a run,
-    each atomically; returns the metrics table (`tables.metrics_table`'s rows).
+          aggregators: Sequence[str], params: dict | None, meta: dict | None = None
+          ) -> pa.Table:
+    """Write `predictions.parquet` (streamed) and `metrics.parquet` of a run, each atomically;
+    returns the metrics table (`tables.metrics_table`'s rows).
 
     Args:
+        splits: split -> its predictions; `ensembles` None: the numpy aggregators' outputs
+            of the members, computed here.
         classes: `[n_classes]` class labels; empty for regression.
         aggregators: the aggregators whose rows the tables hold, in order.
         params: the fitted aggregators' parameters (`aggregators.json`).
+        meta: more key-value metadata of `predictions.parquet` (bytes to bytes).
 
     Raises:
         OSError: a file cannot be written (nothing under the final names changes).
@@ -41,16 +45,18 @@ def write(run_dir: str | Path, splits: dict[str, SplitPredictions], classes: np.
     from ensemble.core import artifacts
 
     run_dir = Path(run_dir)
-    chunks, meta, metrics = _task_tables(splits, classes, aggregators, params)
+    chunks, task_meta, metrics = _task_tables(splits, classes, aggregators, params)
     with artifacts.atomic_path(run_dir / artifacts.PREDICTIONS) as tmp:
-        _write_chunks(tmp, chunks, meta)
+        _write_chunks(tmp, chunks, {**task_meta, **(meta or {})})
     artifacts.write_parquet(run_dir / artifacts.METRICS, metrics)
-    artifacts.write_parquet(run_dir / artifacts.HISTORY, history)
     return metrics
 
 
 def _task_tables(splits, classes, aggregators, params):
     """(the prediction chunks, the file's metadata, the metrics table) of the run's task."""
+    splits = {s: p if p.ensembles is not None else p._replace(
+        ensembles=_aggregated(p.members, classes, aggregators, params))
+        for s, p in splits.items()}
     if len(classes):
         from ensemble.tasks import tables as T
 
@@ -70,6 +76,16 @@ def _task_tables(splits, classes, aggregators, params):
     metrics = R.metrics_of({s: R.split_outputs(p.members, p.y, aggregators, p.ensembles)
                             for s, p in splits.items()}, json.loads(meta[b"mixture"]))
     return chunks, meta, metrics
+
+
+def _aggregated(members: dict, classes, aggregators, params) -> dict:
+    """The numpy aggregators' outputs `{name: [n_rows, n_outputs]}` of `members`."""
+    if len(classes):
+        from ensemble.tasks.classification.aggregators import aggregate
+    else:
+        from ensemble.tasks.regression.aggregators import aggregate
+    stacked = np.stack([o for _, o in sorted(members.items())])
+    return {a: aggregate(stacked, a, (params or {}).get(a)) for a in aggregators}
 
 
 def _write_chunks(path: Path, chunks, meta: dict) -> None:
