@@ -6,8 +6,9 @@ validation and test predictions: the members' and aggregators' `[n_rows, n_outpu
 (an in-graph run writes `predictions.parquet` from them a chunk of rows at a time,
 `ensemble.tasks.eval_writer`), and for between-graph's aggregator the long table itself, one
 row per model and row, which it builds from the members' files. Each TensorFlow process adds
-its runtime (`TF_PROCESS`) and the batches of its traced calls (`feed.CALL_BYTES`, three in
-flight). The figures are deliberately round upper estimates: a run refused here would have
+its runtime (`TF_PROCESS`) and, while it trains, the batches of its traced calls
+(`feed.CALL_BYTES`, three in flight), which are gone before the predictions are made. The
+figures are deliberately round upper estimates: a run refused here would have
 been ended by the kernel's out-of-memory killer minutes later.
 """
 
@@ -40,8 +41,8 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
     n_eval = rows.get("validation", 0) + rows.get("test", 0)
     n_rows = sum(rows.values())
     models = n_members + n_aggregators
-    parts = {
-        "tensorflow": clients * (TF_PROCESS + 3 * CALL_BYTES),
+    parts = {  # the traced calls' batches (training) and the predictions (after) never
+        "tensorflow": clients * TF_PROCESS,  # coexist: the larger of the two counts
         "labels": 32 * n_rows,
         # the long table (twice: built and concatenated) and the members' output arrays,
         # or the output arrays alone and their float64 temporaries
@@ -49,7 +50,8 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
                        + 3 * n_eval * n_members * n_outputs * 4 if long_table
                        else n_eval * (3 * models * n_outputs * 4 + 3 * n_members * n_outputs * 8),
     }
-    parts["total"] = sum(parts.values())
+    parts["total"] = (parts["tensorflow"] + parts["labels"]
+                      + max(clients * 3 * CALL_BYTES, parts["predictions"]))
     return parts
 
 
