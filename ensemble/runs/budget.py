@@ -2,10 +2,10 @@
 
 The prepared splits live on disk (memory-mapped), so what grows with the data is what a run
 keeps in memory besides them: the `[n_rows]` label and index arrays of preparing, and the
-validation and test predictions: the members' and aggregators' `[n_rows, n_outputs]` outputs
-(an in-graph run writes `predictions.parquet` from them a chunk of rows at a time,
-`ensemble.tasks.eval_writer`), and for between-graph's aggregator the long table itself, one
-row per model and row, which it builds from the members' files. Each TensorFlow process adds
+validation and test predictions: the members' and aggregators' `[n_rows, n_outputs]` outputs,
+from which `predictions.parquet` is written a chunk of rows at a time
+(`ensemble.tasks.eval_writer`), and for between-graph's aggregator the members' own prediction
+rows, which it reads from their files. Each TensorFlow process adds
 its runtime (`TF_PROCESS`) and, while it trains, the batches of its traced calls
 (`feed.CALL_BYTES`, three in flight), which are gone before the predictions are made. The
 figures are deliberately round upper estimates: a run refused here would have
@@ -24,16 +24,16 @@ LONG_ROW = 64  # bytes of one predictions.parquet row besides its outputs (colum
 
 
 def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: int,
-             clients: int, long_table: bool = True) -> dict[str, int]:
+             clients: int, member_rows: bool = True) -> dict[str, int]:
     """Bytes the largest process of a run holds, by part.
 
     Args:
         rows: `{split: rows}`; n_outputs: outputs per row (classes, or 2 for a Gaussian);
         n_members, n_aggregators: models whose predictions are kept;
         clients: TensorFlow processes at once (1 in-graph; between-graph clients).
-        long_table: the predictions table is built whole (between-graph's aggregator);
-            False: only the output arrays are held (float32, plus float64 temporaries of
-            the uncertainty and metrics).
+        member_rows: the members' prediction rows are read whole (between-graph's
+            aggregator); always held: the output arrays (float32, plus float64 temporaries
+            of the uncertainty and metrics).
 
     Returns:
         `{"tensorflow", "labels", "predictions", "total"}` in bytes.
@@ -44,11 +44,10 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
     parts = {  # the traced calls' batches (training) and the predictions (after) never
         "tensorflow": clients * TF_PROCESS,  # coexist: the larger of the two counts
         "labels": 32 * n_rows,
-        # the long table (twice: built and concatenated) and the members' output arrays,
-        # or the output arrays alone and their float64 temporaries
-        "predictions": n_eval * models * (LONG_ROW + 8 * n_outputs) * 2
-                       + 3 * n_eval * n_members * n_outputs * 4 if long_table
-                       else n_eval * (3 * models * n_outputs * 4 + 3 * n_members * n_outputs * 8),
+        # the output arrays and their float64 temporaries, and the members' rows read
+        "predictions": n_eval * (3 * models * n_outputs * 4 + 3 * n_members * n_outputs * 8)
+                       + (n_eval * n_members * (LONG_ROW + 8 * n_outputs) * 2
+                          if member_rows else 0),
     }
     parts["total"] = (parts["tensorflow"] + parts["labels"]
                       + max(clients * 3 * CALL_BYTES, parts["predictions"]))
@@ -56,14 +55,14 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
 
 
 def check(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: int,
-          clients: int, long_table: bool = True) -> None:
+          clients: int, member_rows: bool = True) -> None:
     """Refuse a run whose `estimate` exceeds the memory it may use (`core.memory.available`).
 
     Raises:
         UsageError: one line naming the estimate, the memory available and the levers.
     """
     have, what = memory.available()
-    need = estimate(rows, n_outputs, n_members, n_aggregators, clients, long_table)
+    need = estimate(rows, n_outputs, n_members, n_aggregators, clients, member_rows)
     if have is None or need["total"] <= have:
         return
     n = sum(rows.values())
@@ -84,4 +83,4 @@ def check_run(cfg, mode: str, devices: list[str], rows: dict[str, int], n_output
     """
     members, mode = cfg.members.count, modes.get(mode)
     check(rows, n_outputs, members, len(cfg.aggregation.aggregators),
-          mode.processes(members, devices), long_table=mode.member_files)
+          mode.processes(members, devices), member_rows=mode.member_files)
