@@ -56,7 +56,11 @@ class Gather:
 
     def __call__(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         flat = np.asarray(idx).reshape(-1)
-        xb = np.asarray(self.x[flat], self.x_dtype)  # one gather (a memmap reads its pages)
+        # one gather, in file order: a memory map larger than the page cache is then read
+        # in one forward sweep (readahead works) instead of one random page per row
+        order = np.argsort(flat, kind="stable")
+        xb = np.empty((len(flat), *self.row_shape), self.x_dtype)
+        xb[order] = self.x[flat[order]]
         yb = self.y[flat].astype(self.y_dtype, copy=False)
         return (xb.reshape(*idx.shape, *self.row_shape), yb.reshape(idx.shape))
 
