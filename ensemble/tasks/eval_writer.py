@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
+from ensemble.core import artifacts
 from ensemble.tasks.predicted import SplitPredictions
 
 CHUNK_ROWS = 65536  # rows of one model built and written at a time
@@ -42,8 +43,6 @@ def write(run_dir: str | Path, splits: dict[str, SplitPredictions], classes: np.
     Raises:
         OSError: a file cannot be written (nothing under the final names changes).
     """
-    from ensemble.core import artifacts
-
     run_dir = Path(run_dir)
     chunks, task_meta, metrics = _task_tables(splits, classes, aggregators, params)
     with artifacts.atomic_path(run_dir / artifacts.PREDICTIONS) as tmp:
