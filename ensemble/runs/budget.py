@@ -25,7 +25,7 @@ LONG_ROW = 64  # bytes of one predictions.parquet row besides its outputs (colum
 
 def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: int,
              clients: int, member_rows: bool = True) -> dict[str, int]:
-    """Bytes the largest process of a run holds, by part.
+    """Bytes a run holds at its largest (all its processes at once), by part.
 
     Args:
         rows: `{split: rows}`; n_outputs: outputs per row (classes, or 2 for a Gaussian);
@@ -41,16 +41,19 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
     n_eval = rows.get("validation", 0) + rows.get("test", 0)
     n_rows = sum(rows.values())
     models = n_members + n_aggregators
-    parts = {  # the traced calls' batches (training) and the predictions (after) never
-        "tensorflow": clients * TF_PROCESS,  # coexist: the larger of the two counts
+    parts = {
+        "tensorflow": clients * TF_PROCESS,
         "labels": 32 * n_rows,
         # the output arrays and their float64 temporaries, and the members' rows read
         "predictions": n_eval * (3 * models * n_outputs * 4 + 3 * n_members * n_outputs * 8)
                        + (n_eval * n_members * (LONG_ROW + 8 * n_outputs) * 2
                           if member_rows else 0),
     }
-    parts["total"] = (parts["tensorflow"] + parts["labels"]
-                      + max(clients * 3 * CALL_BYTES, parts["predictions"]))
+    # training (the traced calls' batches) and evaluation never coexist, and between-graph's
+    # aggregator runs after its clients, without TensorFlow: the larger phase counts
+    training = parts["tensorflow"] + clients * 3 * CALL_BYTES
+    evaluation = parts["predictions"] + (0 if member_rows else TF_PROCESS)
+    parts["total"] = parts["labels"] + max(training, evaluation)
     return parts
 
 
