@@ -277,3 +277,20 @@ def test_streamed_evaluation_tables_equal_the_whole_table_ones(tmp_path, monkeyp
                                            rtol=1e-12, atol=0, err_msg=f"{name} {col}")
             else:
                 assert x == z, f"{name} {col}"
+
+
+def test_confidence_block_read_from_the_file_equals_the_whole_table_one(tmp_path):
+    """The train summary's accuracy-against-confidence block, read from the file's test rows
+    and needed columns only, is the block of the whole predictions table."""
+    from ensemble.core import artifacts
+    from ensemble.tasks import confidence, tables
+
+    rng = np.random.default_rng(5)
+    n, classes = 40, np.array([0, 1, 2])
+    members = {i: rng.dirichlet(np.ones(3), n).astype(np.float32) for i in range(3)}
+    whole = pa.concat_tables([tables.predictions_table(
+        members, s, np.arange(n), rng.integers(0, 3, n), classes, ("mean", "vote"))
+        for s in ("validation", "test")])
+    artifacts.write_parquet(tmp_path / "p.parquet", whole)
+    lines = confidence.block_of_file(tmp_path / "p.parquet")
+    assert lines == confidence.block(whole) and "on test" in lines[0]

@@ -286,10 +286,9 @@ class Run:
         if not path.is_file():
             return evaluate(self.path)[1]
         artifacts.verify(self.path, self.manifest, path)
-        preds = artifacts.read_parquet(artifacts.verify(
-            self.path, self.manifest, self.path / artifacts.PREDICTIONS))
+        preds = artifacts.verify(self.path, self.manifest, self.path / artifacts.PREDICTIONS)
         return format_table(artifacts.read_parquet(path), fitted.read(self.path),
-                            confidence.block(preds))
+                            confidence.block_of_file(preds))
 
     def predict(self, data, target: str | None = None, devices: str = "auto",
                 layout: str = "wide"):

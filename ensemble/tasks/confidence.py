@@ -84,3 +84,25 @@ def block(preds: pa.Table) -> list[str]:
 
 def _line(name: str, cells) -> str:
     return f"{name:<{NAME_WIDTH}}" + "".join(f"{c:>{COL}}" for c in cells)
+
+
+def block_of_file(path) -> list[str]:
+    """`block` of a predictions file, reading only the rows of the split it reports (test,
+    else validation) and the columns it needs: a run's `predictions.parquet` holds every
+    model's rows of both splits, several times what this needs.
+
+    Raises:
+        pyarrow.ArrowInvalid, OSError: a damaged file (callers verify its hash first).
+    """
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)
+    columns = [c for c in schema.names if c.startswith("p_")
+               or c in ("model", "split", "row", "y_true", "y_pred", "std")]
+    for split in ("test", "validation"):
+        part = pq.read_table(path, columns=columns, filters=[("split", "==", split)],
+                             page_checksum_verification=True)
+        if part.num_rows:
+            return block(part.replace_schema_metadata(schema.metadata))
+    return []
+
