@@ -162,7 +162,7 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
         table = tables.metrics_table(preds, fit["best_member"])
         artifacts.write_parquet(run_dir / artifacts.PREDICTIONS, preds)
         artifacts.write_parquet(run_dir / artifacts.METRICS, table)
-    records.write_members(run_dir, manifest)
+    records.write_members(run_dir, manifest, splits.get("validation"))  # held: not read back
     manifest.pop("failed_by", None)
     run.finish(run_dir, manifest, "completed", aggregate_seconds=time.perf_counter() - start)
     return manifest
