@@ -5,6 +5,8 @@ predictive std)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -58,8 +60,12 @@ def block(preds: pa.Table) -> list[str]:
     if not splits:
         return []
     split = splits[0]
-    regression = len(tables.classes_from(preds)) == 0
-    rows = list(_models(preds, split))
+    return _lines(split, len(tables.classes_from(preds)) == 0, _models(preds, split))
+
+
+def _lines(split: str, regression: bool, models) -> list[str]:
+    """`block`'s lines from `(model, y, p)` of each model of `split` (`_models`)."""
+    rows = list(models)
     if not rows:
         return []
     if regression:
@@ -99,10 +105,17 @@ def block_of_file(path) -> list[str]:
     schema = pq.read_schema(path)
     columns = [c for c in schema.names if c.startswith("p_")
                or c in ("model", "split", "row", "y_true", "y_pred", "std")]
-    for split in ("test", "validation"):
-        part = pq.read_table(path, columns=columns, filters=[("split", "==", split)],
-                             page_checksum_verification=True)
-        if part.num_rows:
-            return block(part.replace_schema_metadata(schema.metadata))
-    return []
 
+    def read(*filters):  # only these rows and columns
+        return pq.read_table(path, columns=columns, filters=list(filters),
+                             page_checksum_verification=True
+                             ).replace_schema_metadata(schema.metadata)
+
+    regression = len(json.loads(schema.metadata[b"classes"])) == 0
+    for split in ("test", "validation"):
+        names = pq.read_table(path, columns=["model"], filters=[("split", "==", split)])
+        if names.num_rows:  # one model's rows at a time
+            models = dict.fromkeys(names.column("model").to_pylist())
+            return _lines(split, regression, (m for model in models for m in _models(
+                read(("split", "==", split), ("model", "==", model)), split)))
+    return []
