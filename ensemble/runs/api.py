@@ -34,9 +34,7 @@ from ensemble.config.schema import Config
 from ensemble.core.errors import UsageError
 from ensemble.replication import modes, placement_log
 from ensemble.runs import operations  # noqa: F401 (supplies the built-in modes' operations)
-from ensemble.runs import record
-from ensemble.runs.record import Manifest
-
+from ensemble.runs.record import Manifest, record_process
 
 
 def as_config(config: Config | Mapping | str | Path | None = None,
@@ -135,7 +133,7 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
     from ensemble.replication import devices
     from ensemble.runs import train as T
 
-    ready = time.time()  # the process is ready to work (`record.record_process`)
+    ready = time.time()  # the process is ready to work (`record_process`)
     strategy = modes.get(mode)
     cfg = _train_config(config, overrides, resume, run_dir, tensorboard)
     if model is not None:
@@ -153,7 +151,7 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
     with placement_log.logging(run_dir, mode, log_device_placement and not prepare_only):
         strategy.train(request)
     if not prepare_only:
-        record.record_process(run_dir, ready)
+        record_process(run_dir, ready)
     return Run(run_dir)
 
 
@@ -332,7 +330,6 @@ class Run:
         from ensemble.core.tfimport import import_tensorflow_quietly
 
         import_tensorflow_quietly()
-
         with self._as_parquet(data) as src:
             out = src.with_name("predictions.parquet")
             with named(src.parent, "the DataFrame"), named(src, "the DataFrame"):
