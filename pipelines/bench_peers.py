@@ -32,11 +32,11 @@ def _peak_bytes(children: int = 0) -> int:
 
 def _load(run_dir: Path):
     from ensemble.core import artifacts
-    from ensemble.config import schema
+    from ensemble.runs.record import Manifest, config_of
 
-    manifest = artifacts.read_manifest(run_dir)
+    manifest = Manifest.load(run_dir)
     split = {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}
-    return schema.from_dict(manifest["config"]), manifest, split
+    return config_of(manifest), manifest, split
 
 
 def worker_naive(run_dir: Path) -> dict:
@@ -49,7 +49,7 @@ def worker_naive(run_dir: Path) -> dict:
 
     cfg, manifest, split = _load(run_dir)
     (x, y, _), (xt, yt, _) = split["train"], split["test"]
-    n_classes = len(manifest["dataset"]["classes"])
+    n_classes = len(manifest.dataset.classes)
     epoch_seconds: list[list[float]] = []
 
     class EpochTimes(keras.callbacks.Callback):
@@ -119,7 +119,7 @@ def worker_predict_1m(run_dir: Path) -> dict:
     from ensemble.replication.placement import place
 
     cfg, manifest, split = _load(run_dir)
-    n = len(manifest["members"])
+    n = len(manifest.members)
     devs = place(n, devices.resolve("auto", n))
     models = [load_member(artifacts.member_model_path(run_dir, i), d) for i, d in enumerate(devs)]
     ens = InGraphEnsemble(models, devs, cfg.aggregation.aggregators)

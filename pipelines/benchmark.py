@@ -35,10 +35,14 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipelines.bench_peers import WORKERS, _timed
+
+if TYPE_CHECKING:
+    from ensemble.runs.record import Manifest
 
 WIDE = "configs/wide.toml"
 # workload -> (config file or None for the built-in default, dotted overrides, default methods)
@@ -87,18 +91,18 @@ def _measured(argv: list[str], module: str = "pipelines.cli") -> dict:
     return checked(run_process(argv, module=module), " ".join(argv))
 
 
-def _train_flops_per_row(manifest: dict) -> float:
+def _train_flops_per_row(manifest: Manifest) -> float:
     """Training FLOPs of one row through every member: 3x the forward FLOPs."""
-    return 3.0 * sum(m["flops_per_row"] for m in manifest["members"])
+    return 3.0 * sum(m.flops_per_row for m in manifest.members)
 
 
-def _clients_steady(manifest: dict, clients: list[dict]) -> dict:
+def _clients_steady(manifest: Manifest, clients: list[dict]) -> dict:
     """Between-graph's steady state as in-graph's fields: each client trains its members one
     after another, so its rate is its members' steady FLOPs over their steady seconds; the
     clients run at once, so the mode's rate is the sum of theirs (an upper bound when they do
     not overlap fully). Returned as `steady_rows` (rows per member, over all members' FLOPs per
     row) in `steady_seconds` = 1 s; {} when no client reported a steady state."""
-    flops = {i: 3.0 * m["flops_per_row"] for i, m in enumerate(manifest["members"])}
+    flops = {i: 3.0 * m.flops_per_row for i, m in enumerate(manifest.members)}
     rate = 0.0
     for c in clients:
         steady = {int(i): v for i, v in (c.get("steady") or {}).items()}
@@ -110,6 +114,7 @@ def _clients_steady(manifest: dict, clients: list[dict]) -> dict:
 
 def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int) -> dict:
     from ensemble.core import artifacts
+    from ensemble.runs.record import Manifest
     from pipelines.compare import client_processes, concurrent_peak
 
     run_dir = base / f"{mode}-{repeat}"
@@ -119,8 +124,8 @@ def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int) -> dict:
         mode = "in-graph"
     res = _measured(["train", *cfg_args, "--mode", mode, "--run-dir", str(run_dir),
                      "--overwrite", "--quiet"])
-    m = artifacts.read_manifest(run_dir)
-    t = m["timings"]
+    m = Manifest.load(run_dir)
+    t = m.timings
     metrics = artifacts.read_parquet(run_dir / artifacts.METRICS).to_pylist()
     acc = next(r["accuracy"] for r in metrics
                if r["model"] == "ensemble-mean" and r["split"] == "test")
@@ -139,12 +144,12 @@ def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int) -> dict:
 def _run_worker(name: str, prepared: Path, trained: Path | None) -> dict:
     from ensemble.replication.processes import last_report
 
-    from ensemble.core import artifacts
+    from ensemble.runs.record import Manifest
 
     res = _measured([name, str(trained if name == "predict-1m" else prepared)],
                     module="pipelines.benchmark")
     out = last_report(res)
-    m = artifacts.read_manifest(prepared)
+    m = Manifest.load(prepared)
     row = {"wall_seconds": res["seconds"], "train_seconds": out.get("train_seconds"),
            "predict_seconds": out.get("predict_seconds"), "rows": out.get("rows"),
            "steady_rows": out.get("steady_rows"), "steady_seconds": out.get("steady_seconds"),

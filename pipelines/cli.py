@@ -46,13 +46,13 @@ def cmd_train(args) -> int:
 
 def _train(args) -> int:
     if args.resume:
-        from ensemble.core import artifacts
+        from ensemble.runs.record import Manifest
 
         if not args.run_dir:
             raise UsageError("--resume needs --run-dir PATH of the run to continue")
-        manifest = artifacts.read_manifest(args.run_dir)
-        args.mode = args.mode or manifest["mode"]
-        cfg = load_config(args, base=manifest["config"])
+        manifest = Manifest.load(args.run_dir)
+        args.mode = args.mode or manifest.mode
+        cfg = load_config(args, base=manifest.config)
     else:
         cfg = load_config(args)
     args.mode = args.mode or "in-graph"
@@ -66,7 +66,6 @@ def _train(args) -> int:
         import_tensorflow_quietly()
     from ensemble.runs import api
 
-    ready = time.time()
     verbosity = 0 if args.quiet else 2 if args.verbose else 1
     trained = api.train(cfg, args.mode, args.run_dir, overwrite=args.overwrite,
                         resume=args.resume, jobs=args.jobs, cluster=_cluster(args),
@@ -76,14 +75,10 @@ def _train(args) -> int:
     run_dir = trained.path
     if args.prepare_only:
         print(f"prepared run directory: {run_dir}; now run, on any machine that sees it:")
-        for m in trained.manifest["members"]:
-            print(f"  ensemble client --run {run_dir} --member {m['index']}")
+        for m in trained.record.members:
+            print(f"  ensemble client --run {run_dir} --member {m.index}")
         print(f"then: ensemble aggregate --run {run_dir}")
         return 0
-    from ensemble.core import runlock
-
-    runlock.update_manifest(run_dir, lambda m: m["timings"].update(  # when it was ready to work
-        process_ready_unix=ready, process_peak_rss_bytes=peak_rss_bytes()))
     print(f"run directory: {run_dir}")
     if trained.config.training.tensorboard:
         print(f"tensorboard: tensorboard --logdir {run_dir / 'tensorboard'}")
@@ -140,13 +135,14 @@ def _check_input_early(args) -> None:
     follows)."""
     from ensemble.core import artifacts
     from ensemble.data import kinds
+    from ensemble.runs.record import Manifest
 
     try:
-        manifest = artifacts.read_manifest(Path(args.run))
+        manifest = Manifest.load(Path(args.run))
         pre = kinds.read_preprocessing(Path(args.run) / artifacts.PREPROCESSING)
     except (UsageError, OSError):
         return
-    target = args.target or manifest.get("dataset", {}).get("target", "target")
+    target = args.target or manifest.dataset.target_or("target")
     kinds.input_stream(pre, args.data, target, args.strict_columns, args.batch_size).check()
 
 

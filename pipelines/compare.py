@@ -51,6 +51,7 @@ from ensemble.core.notices import notice
 from ensemble.data.settings import names_a_path
 from ensemble.runs.between import checked, last_report, run_process
 from ensemble.runs.prepare import check_data
+from ensemble.runs.record import Manifest, config_of
 from pipelines import compare_chart
 from pipelines import compare_cost as cost
 from pipelines.compare_report import (  # noqa: F401 (the module's public names)
@@ -80,7 +81,7 @@ def _first_client_startup(clients: list[dict]) -> float:
     return min((c["startup_seconds"] for c in clients), default=0.0)
 
 
-def test_metrics(run_dir: Path, manifest: dict) -> dict[str, float | None]:
+def test_metrics(run_dir: Path, manifest: Manifest) -> dict[str, float | None]:
     """`{"test_<metric>": value}` of a run's answer on the test split: the metrics its task
     names (`member_score_names` without `val_`: nll and accuracy, nll and rmse), of the
     ensemble row of its default aggregator (`tasks.choice.default_aggregator`) in
@@ -98,13 +99,13 @@ def test_metrics(run_dir: Path, manifest: dict) -> dict[str, float | None]:
 
 
 def _train_row(mode: str, run_dir: Path, res: dict) -> dict:
-    m = artifacts.read_manifest(run_dir)
-    t, cfg = m["timings"], m["config"]
+    m = Manifest.load(run_dir)
+    t, cfg = m.timings, config_of(m)
     clients = client_processes(t.get("clients", {}))
     startup = (t["process_ready_unix"] - res["spawned_unix"] + t.get("prepare_seconds", 0.0)
                + _first_client_startup(clients))
-    n_train = m["dataset"]["rows"]["train"]
-    rows = n_train * cfg["training"]["epochs"] * cfg["members"]["count"]
+    n_train = m.dataset.rows["train"]
+    rows = n_train * cfg.training.epochs * cfg.members.count
     history = artifacts.read_parquet(run_dir / artifacts.HISTORY).to_pylist()
     per_epoch, epochs = cost.epoch_seconds(mode, history, t, n_train)
     return {"mode": mode, "phase": "train", "wall_seconds": res["seconds"],
@@ -112,7 +113,7 @@ def _train_row(mode: str, run_dir: Path, res: dict) -> dict:
             "member_rows_per_second": rows / res["seconds"],
             "peak_rss_bytes": concurrent_peak(t["process_peak_rss_bytes"], clients, t.get("jobs", 1)),
             "processes": 1 + len(clients) + bool(clients),
-            "devices": len(set(x["device"] for x in m["members"])),
+            "devices": len(set(x.device for x in m.members)),
             "train_rows": n_train, "epochs": epochs,
             **cost.split_cost(res["seconds"], per_epoch, epochs, n_train),
             **test_metrics(run_dir, m)}

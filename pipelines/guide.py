@@ -112,8 +112,8 @@ def interrupted_line(exc, args) -> str:
 def fault_line(exc: Exception, args) -> str | None:
     """The one line for a resource fault (full disk, quota, read-only, file-size limit), with
     the run's state when it was training; None for any other exception."""
-    from ensemble.core import artifacts
     from ensemble.core import faults
+    from ensemble.runs.record import Manifest
 
     line = faults.describe(exc)
     run_dir = getattr(args, "run_dir", None) or getattr(args, "run", None)
@@ -121,7 +121,7 @@ def fault_line(exc: Exception, args) -> str | None:
             or not run_dir:
         return line
     try:
-        status = artifacts.read_manifest(run_dir).get("status")
+        status = Manifest.load(run_dir).status
     except Exception:  # noqa: BLE001 (no manifest: nothing was kept)
         return line
     if status == "failed":

@@ -16,7 +16,6 @@ PNGs trains the built-in `cnn` too. Prints one table; never run by the tests.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -104,8 +103,9 @@ def train(data: str, run_dir: Path, mode: str, limit: int, extra=()) -> dict:
     code, wall, peak = run(argv, limit)
     out = {"mode": mode, "code": code, "wall_s": wall, "peak_gib": peak / (1 << 30)}
     if code == 0:
-        m = json.loads((run_dir / "manifest.json").read_text())
-        out["prepare_s"] = m["timings"].get("prepare_seconds")
+        from ensemble.runs.record import Manifest
+
+        out["prepare_s"] = Manifest.load(run_dir).timings.get("prepare_seconds")
     return out
 
 

@@ -24,8 +24,9 @@ from typing import Any
 
 from ensemble.core import artifacts
 from ensemble.config import schema
-from ensemble.runs import records
 from ensemble.runs import prepare
+from ensemble.runs import search_report
+from ensemble.runs.record import Manifest
 from ensemble.runs.search_report import selected
 from ensemble.config import search_space as S
 from ensemble.core.errors import UsageError
@@ -70,20 +71,17 @@ def _train(cfg: schema.Config, run_dir: Path, mode: str, resume: bool, overwrite
     from ensemble.runs import api
 
     if resume and (run_dir / artifacts.MANIFEST).is_file():
-        if prepare.effective_status(artifacts.read_manifest(run_dir)) == "completed":
+        if prepare.effective_status(Manifest.load(run_dir)) == "completed":
             return
         api.train(cfg, mode, run_dir, resume=True, jobs=jobs, verbosity=verbosity)
     else:
         api.train(cfg, mode, run_dir, overwrite=overwrite, jobs=jobs, verbosity=verbosity)
 
 
-def _record(run_dir: Path, info: dict[str, Any]) -> dict[str, Any]:
-    """Add the search to the run's manifest, write `members.parquet`, refresh the hashes."""
-    manifest = artifacts.read_manifest(run_dir)
-    manifest["search"] = info
-    records.write_members(run_dir, manifest)
-    prepare.finish(run_dir, manifest, "completed")
-    return manifest
+def _record(run_dir: Path, info: dict[str, Any]) -> Manifest:
+    """Add the search to the run's manifest, write `members.parquet`, refresh the hashes
+    (`search_report.record_search`)."""
+    return search_report.record_search(run_dir, info)
 
 
 def run_search(p: Plan, run_dir: Path, mode: str = "in-graph", resume: bool = False,

@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="artifacts/serve_bench")
     args = p.parse_args(argv)
     from ensemble.core import artifacts
+    from ensemble.runs.record import Manifest
     from pipelines.benchmark import gemm_rate
     from ensemble.replication.processes import checked, run_process
 
@@ -102,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.run and not (run_dir / artifacts.MANIFEST).is_file():
         checked(run_process(["train", "--config", WIDE, "--run-dir", str(run_dir),
                              "--overwrite", "--quiet"], module="pipelines.cli"), "train wide")
-    manifest = artifacts.read_manifest(run_dir)
-    names = list(manifest["dataset"]["feature_names"])
-    flops_per_row = float(sum(m["flops_per_row"] for m in manifest["members"]))
+    manifest = Manifest.load(run_dir)
+    names = list(manifest.dataset.feature_names)
+    flops_per_row = float(sum(m.flops_per_row for m in manifest.members))
     gemm = gemm_rate()
     results = []
     for rows, modes in ((args.rows, ("in-graph", "between-graph")),
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(r), flush=True)
     ig = results[0]
     summary = {
-        "gemm_gflops": gemm / 1e9, "members": len(manifest["members"]),
+        "gemm_gflops": gemm / 1e9, "members": len(manifest.members),
         "flops_per_row": flops_per_row, "rows": args.rows, "big_rows": args.big_rows,
         "in_graph_of_gemm_process": ig["gflops_process"] * 1e9 / gemm,
         "in_graph_of_gemm_loop": ig["gflops_loop"] * 1e9 / gemm,

@@ -105,8 +105,10 @@ def ensemble_figures(run: Path, task: str) -> dict:
     chosen = default_aggregator(fit["aggregators"], fit)
     m = pq.read_table(run / "metrics.parquet").to_pandas()
     row = m[(m.split == "test") & (m.model == f"ensemble-{chosen}")].iloc[0]
-    manifest = json.loads((run / "manifest.json").read_text())
-    out = {"aggregator": chosen, "fit_s": manifest["timings"].get("train_seconds", math.nan)}
+    from ensemble.runs.record import Manifest
+
+    timings = Manifest.load(run).timings
+    out = {"aggregator": chosen, "fit_s": timings.get("train_seconds", math.nan)}
     if task == CLS:
         return {**out, "accuracy": float(row.accuracy), "nll": float(row.nll)}
     return {**out, "rmse": float(row.rmse), "nll": float(row.nll),

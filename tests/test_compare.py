@@ -213,16 +213,17 @@ def test_a_failed_phase_keeps_the_finished_runs_and_says_how_to_continue(tmp_pat
 
 def test_test_metrics_are_the_tasks_on_the_default_aggregator(tmp_path):
     from ensemble.core import artifacts
+    from ensemble.core.record import Manifest
 
-    manifest = {"task": "classification", "dataset": {}, "config": {"aggregation": {
-        "aggregators": ["vote", "mean"]}}}
+    manifest = Manifest(task="classification", config={"aggregation": {
+        "aggregators": ["vote", "mean"]}})
     rows = [{"model": m, "split": sp, "accuracy": acc, "nll": nll}
             for m, sp, acc, nll in (("ensemble-vote", "test", 0.5, None),
                                     ("ensemble-vote", "validation", 0.4, None),
                                     ("member-0", "test", 0.7, 0.6))]
     artifacts.write_parquet(tmp_path / artifacts.METRICS, pa.Table.from_pylist(rows))
     assert compare.test_metrics(tmp_path, manifest) == {"test_nll": None, "test_accuracy": 0.5}
-    manifest["task"] = "regression"
+    manifest.task = "regression"
     assert compare.test_metrics(tmp_path, manifest) == {"test_nll": None, "test_rmse": None}
 
 

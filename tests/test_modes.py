@@ -38,11 +38,11 @@ class Sequential(modes.Mode):
         with run.writing(r.run_dir, "ensemble train --mode sequential"):
             manifest = open_run(r, self.name, devs, None)
             work = client_work.MemberWork.open(r.run_dir, manifest,
-                                               schema.from_dict(manifest["config"]))
+                                               schema.from_dict(manifest.config))
             with run.recording_outcome(r.run_dir):
-                for m in manifest["members"]:  # one after another, each in its own graph
-                    client_work.train_member(work, m["index"], m["device"])
-                    client_work.record_member(r.run_dir, m["index"], "completed")
+                for m in manifest.members:  # one after another, each in its own graph
+                    client_work.train_member(work, m.index, m.device)
+                    client_work.record_member(r.run_dir, m.index, "completed")
         return aggregate_run(r.run_dir)
 
     def predict(self, request: modes.PredictRequest) -> tuple[dict, dict]:

@@ -15,6 +15,7 @@ import pytest
 from conftest import run_cli, start_held
 
 from ensemble.core import artifacts
+from ensemble.core.record import Manifest
 from ensemble.runs import prepare
 from ensemble.core import runlock
 from ensemble.replication.visible import local_devices
@@ -155,7 +156,7 @@ def test_a_killed_launcher_leaves_no_client_behind(tiny_config, tmp_path):
     finally:
         marker.unlink(missing_ok=True)
         _end(proc)
-    manifest = artifacts.read_manifest(run_dir)
+    manifest = Manifest.load(run_dir)
     assert prepare.effective_status(manifest, run_dir) == "interrupted"  # its lock died with it
 
 

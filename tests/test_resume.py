@@ -14,6 +14,7 @@ import pytest
 from conftest import run_cli, set_status, start_held
 
 from ensemble.core import artifacts
+from ensemble.core.record import Manifest
 from ensemble.runs import prepare
 
 
@@ -54,8 +55,8 @@ def test_in_graph_killed_mid_epoch_resumes_to_the_same_predictions(clean, tiny_c
     code = _start_and_kill(["train", "--config", tiny_config, "--run-dir", run_dir], tmp_path,
                            hold_at="1:5")  # epoch 1, after step 5: mid-epoch
     assert code == -signal.SIGKILL
-    manifest = artifacts.read_manifest(run_dir)
-    assert manifest["status"] == "running" and prepare.effective_status(manifest) == "interrupted"
+    manifest = Manifest.load(run_dir)
+    assert manifest.status == "running" and prepare.effective_status(manifest) == "interrupted"
     assert not (run_dir / "predictions.parquet").exists()
     assert run_cli("evaluate", "--run", run_dir) == 2
     assert "interrupted" in capsys.readouterr().err

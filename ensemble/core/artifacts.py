@@ -165,7 +165,7 @@ def write_splits(run_dir: Path, x: dict[str, np.ndarray], y: dict[str, np.ndarra
         splitfiles.write(run_dir, name, x[name], y[name], rows[name])
 
 
-def read_split(run_dir: Path, name: str, manifest: dict[str, Any] | None = None
+def read_split(run_dir: Path, name: str, manifest=None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A prepared split `(x [n, *row_shape] read-only memory map, y [n], row [n] int64)`
     (`splitfiles.read`), its files verified against `manifest`'s sha256 when given.
@@ -215,16 +215,20 @@ def artifact_hashes(run_dir: str | Path) -> dict[str, str]:
     }
 
 
-def recorded_hashes(manifest: dict[str, Any]) -> dict[str, str]:
-    """Every sha256 the manifest records: the run's artifacts and each member's files."""
+def recorded_hashes(manifest) -> dict[str, str]:
+    """Every sha256 the manifest records: the run's artifacts and each member's files.
+
+    `manifest`: a `ensemble.core.record.Manifest` (its `hashes()`) or the manifest's JSON."""
+    if hasattr(manifest, "hashes"):
+        return manifest.hashes()
     out = dict(manifest.get("artifacts", {}))
     for m in manifest.get("members", []):
         out.update(m.get("sha256", {}))
     return out
 
 
-def verify(run_dir: str | Path, manifest: dict[str, Any], path: str | Path) -> Path:
-    """Check a run file against the sha256 the manifest records for it.
+def verify(run_dir: str | Path, manifest, path: str | Path) -> Path:
+    """Check a run file against the sha256 the manifest (a `Manifest` or its JSON) records for it.
 
     Returns:
         The path.
@@ -245,13 +249,6 @@ def verify(run_dir: str | Path, manifest: dict[str, Any], path: str | Path) -> P
     if sha256_file(path) != expected:
         raise UsageError(f"Damaged artifact {path}: its sha256 does not match the manifest.")
     return path
-
-
-def record_hashes(manifest: dict[str, Any], run_dir: str | Path, paths) -> None:
-    """Record the sha256 of `paths` (run files) in `manifest["artifacts"]` (in place)."""
-    hashes = manifest.setdefault("artifacts", {})
-    for p in paths:
-        hashes[os.path.relpath(p, run_dir)] = sha256_file(p)
 
 
 def member_files(run_dir: Path, index: int) -> list[Path]:

@@ -92,18 +92,16 @@ def failing_run_on_fault(run_dir: str | Path, by: str) -> Iterator[None]:
 
 
 def _fail_if_changed(run_dir: Path, by: str) -> None:
-    from ensemble.core import artifacts
-    from ensemble.core import runlock
+    from ensemble.core import artifacts, record
 
-    def change(manifest: dict) -> None:
-        hashes = artifacts.recorded_hashes(manifest)
-        changed = [rel for rel, digest in hashes.items() if (run_dir / rel).is_file()
+    def change(manifest: record.Manifest) -> None:
+        changed = [rel for rel, digest in manifest.hashes().items() if (run_dir / rel).is_file()
                    and artifacts.sha256_file(run_dir / rel) != digest]
         if changed:
-            manifest.update(status="failed", failed_by=by)
-            artifacts.record_hashes(manifest, run_dir, [run_dir / rel for rel in changed])
+            manifest.status, manifest.failed_by = "failed", by
+            manifest.record_hashes(run_dir, [run_dir / rel for rel in changed])
 
     try:
-        runlock.update_manifest(run_dir, change)
+        record.update(run_dir, change)
     except Exception:  # noqa: BLE001 (the fault being reported matters more)
         return

@@ -30,6 +30,7 @@ _MEMBER = {"type": "object", "required": ["index"], "properties": {
 SCHEMA: dict[str, Any] = {
     "type": "object",  # no field is required: a command says which one it misses
     "properties": {
+        "schema_version": {"type": "integer"},
         "run_id": {"type": ["string", "null"]},
         "mode": {"type": "string"},
         "status": {"type": "string"},

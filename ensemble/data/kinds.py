@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ensemble.core.errors import UsageError
+from ensemble.core.record import Manifest
 from ensemble.data import arrays, export_inputs, sources, stream
 from ensemble.data.array_scan import ArrayScan
 from ensemble.data.table_scan import TableScan
@@ -184,7 +185,7 @@ def read_preprocessing(path: str | Path):
         raise UsageError(f"Preprocessing file {path} is malformed: {exc!r}") from None
 
 
-def run_preprocessing(run_dir: str | Path, manifest: dict):
+def run_preprocessing(run_dir: str | Path, manifest: Manifest):
     """A run's `preprocessing.json`, verified against its manifest's sha256 first.
 
     Raises:

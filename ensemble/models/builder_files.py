@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
 
 from ensemble.core.errors import UsageError
+from ensemble.core.record import Manifest
 from ensemble.models.builders import builder_file
 
 
-def check_builders(run_dir: str | Path, manifest: dict[str, Any], trust: bool = False) -> None:
+def check_builders(run_dir: str | Path, manifest: Manifest, trust: bool = False) -> None:
     """Refuse a run whose user builder file changed since training (sha256, see the module
     docstring); with `trust`, record the new sha256 in the manifest instead (under its lock).
 
@@ -23,22 +23,22 @@ def check_builders(run_dir: str | Path, manifest: dict[str, Any], trust: bool = 
         UsageError: a builder file recorded with a sha256 that is now missing or differs
             (names the file and `--trust-builder`).
     """
-    recorded = (manifest.get("model") or {}).get("builders") or {}
+    recorded = manifest.model.builders if manifest.model is not None else {}
     changed = {}
     for spec, expected in recorded.items():
         now = check_builder(spec, expected, trust)
         if now != expected:
             changed[spec] = now
     if changed:
-        from ensemble.core import runlock
+        from ensemble.core import record
 
-        def change(m: dict) -> None:
-            old = m["model"].setdefault("builders_trusted", {})
+        def change(m: Manifest) -> None:
+            old = m.model.builders_trusted = m.model.builders_trusted or {}
             for spec, sha in changed.items():
-                old.setdefault(spec, []).append(m["model"]["builders"][spec])
-                m["model"]["builders"][spec] = sha
+                old.setdefault(spec, []).append(m.model.builders[spec])
+                m.model.builders[spec] = sha
 
-        manifest["model"] = runlock.update_manifest(run_dir, change)["model"]
+        manifest.model = record.update(run_dir, change).model
 
 
 def check_builder(spec: str, expected: str | None, trust: bool = False) -> str | None:

@@ -14,6 +14,7 @@ import numpy as np
 
 from ensemble.models import builders
 from ensemble.core.errors import UsageError
+from ensemble.core.record import Manifest
 
 
 def member_seed(run_seed: int, index: int) -> int:
@@ -157,7 +158,7 @@ def save_member(model, path) -> None:
         model.save(tmp)
 
 
-def import_builder(manifest: dict, index: int) -> None:
+def import_builder(manifest: Manifest, index: int) -> None:
     """Import member `index`'s builder module, as its saved model may need the custom layers
     the module registers (`keras.saving.register_keras_serializable`). Best effort: a builder
     that no longer imports leaves the load to say which layer is unknown.
@@ -170,10 +171,9 @@ def import_builder(manifest: dict, index: int) -> None:
     """
     from ensemble.models.builder_files import check_builder
 
-    h = manifest["members"][index].get("hparams") or {}
-    spec = h.get("builder")
+    spec = (manifest.member(index).hparams or {}).get("builder")
     if spec and spec not in builders.BUILTINS:  # never import a changed file (runs.preflight)
-        recorded = ((manifest.get("model") or {}).get("builders") or {}).get(spec)
+        recorded = manifest.builder_sha256(spec)
         found = builders.builder_file(spec)
         if recorded is None and found is not None:  # code nobody vouched for: not run
             raise UsageError(f"Member {index}'s builder {spec!r} names the file "
@@ -189,7 +189,7 @@ def import_builder(manifest: dict, index: int) -> None:
             pass
 
 
-def load_run_member(run_dir, manifest: dict, index: int, device: str | None):
+def load_run_member(run_dir, manifest: Manifest, index: int, device: str | None):
     """Member `index` of a run: its file verified against the manifest's sha256
     (`artifacts.verify`), its builder imported (`import_builder`), loaded by `load_member`.
 
@@ -206,20 +206,19 @@ def load_run_member(run_dir, manifest: dict, index: int, device: str | None):
     return model
 
 
-def check_member_shape(model, manifest: dict) -> None:
+def check_member_shape(model, manifest: Manifest) -> None:
     """Refuse a member whose input shape is not the run's (`dataset.input_shape`), or whose
     output width is not its number of classes (a run with classes): a file from another run.
 
     Raises:
         ValueError: names both shapes.
     """
-    dataset = manifest.get("dataset") or {}
-    want = dataset.get("input_shape")
+    want = manifest.dataset.input_shape
     got = list(model.input_shape[1:]) if not isinstance(model.input_shape, list) else None
     if want is not None and got is not None and [int(d) if d is not None else None
                                                  for d in got] != list(want):
         raise ValueError(f"it takes inputs of shape {got}; the run's members take {want}")
-    classes = dataset.get("classes")  # a run with classes: one output per class
+    classes = manifest.dataset.classes  # a run with classes: one output per class
     width = model.output_shape[-1] if not isinstance(model.output_shape, list) else None
     if classes and width is not None and width != len(classes):
         raise ValueError(f"it outputs {width} values per row; the run has {len(classes)} "

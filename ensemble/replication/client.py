@@ -87,17 +87,18 @@ def _predict(request: ClientRequest) -> dict:
 
 def _train(request: ClientRequest) -> dict:
     """Train the request's members; returns member -> its `training.SteadyState`."""
-    from ensemble.core import artifacts, interrupt
+    from ensemble.core import interrupt
+    from ensemble.core.record import Manifest
     from ensemble.replication import progress
     from ensemble.replication.client_work import run_client
     from ensemble.replication.training import SteadyState
 
-    manifest = artifacts.read_manifest(Path(request.run))
+    manifest = Manifest.load(Path(request.run))
     steady: dict = {}
 
     def callbacks(index: int) -> list:
-        steady[index] = SteadyState(manifest["config"]["training"]["batch_size"],
-                                    manifest["dataset"]["rows"]["train"])
+        steady[index] = SteadyState(manifest.config["training"]["batch_size"],
+                                    manifest.dataset.rows["train"])
         shown = {"report": [progress.ReportProgress([index])],
                  "log": [progress.LogProgress(sys.stdout, prefix=f"member {index}: ")]}
         return [*shown.get(request.progress, []), steady[index]]

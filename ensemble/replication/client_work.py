@@ -22,7 +22,8 @@ import pyarrow as pa
 
 from ensemble.core import artifacts
 from ensemble.core import interrupt
-from ensemble.core import runlock
+from ensemble.core import record, runlock
+from ensemble.core.record import Manifest, MemberRecord
 from ensemble.tasks import tables
 from ensemble import tasks
 from ensemble.replication.cluster import naming_unreachable_tasks
@@ -33,15 +34,15 @@ from ensemble.replication.visible import local_devices, local_replica_devices
 
 
 
-def _member_entry(manifest: dict, index: int) -> dict:
-    members = manifest["members"]
+def _member_entry(manifest: Manifest, index: int) -> MemberRecord:
+    members = manifest.members
     if not 0 <= index < len(members):
         raise UsageError(
             f"Expected `--member` in 0..{len(members) - 1}. Received: member={index}")
     return members[index]
 
 
-def _start_client(manifest: dict, indices: Sequence[int], threads: int | None,
+def _start_client(manifest: Manifest, indices: Sequence[int], threads: int | None,
                   devices_: Sequence[str] | None = None, cluster: dict | None = None):
     """Configure this process's TensorFlow for its members; return (cfg, local device names,
     cluster).
@@ -53,11 +54,11 @@ def _start_client(manifest: dict, indices: Sequence[int], threads: int | None,
     from ensemble.replication import devices
     from ensemble.replication.cluster import connect, task_of
 
-    cfg = config.from_dict(manifest["config"])
-    cluster = cluster or manifest.get("cluster")
-    wanted = list(devices_) if devices_ else [_member_entry(manifest, i)["device"]
+    cfg = config.from_dict(manifest.config)
+    cluster = cluster or manifest.cluster
+    wanted = list(devices_) if devices_ else [_member_entry(manifest, i).device
                                                for i in indices]
-    groups = None if devices_ else [_member_entry(manifest, i).get("replicas") or [d]
+    groups = None if devices_ else [_member_entry(manifest, i).replicas or [d]
                                     for i, d in zip(indices, wanted)]
     if groups is not None and any(len(g) > 1 for g in groups):  # data-parallel members
         env, groups, n_cpus = local_replica_devices(groups)
@@ -111,7 +112,7 @@ def run_client(run_dir: Path, indices: int | Sequence[int], threads: int | None 
         interrupt.Interrupted: SIGINT/SIGTERM; the member is recorded as interrupted.
     """
     indices = [indices] if isinstance(indices, int) else list(indices)
-    manifest = artifacts.read_manifest(run_dir)
+    manifest = Manifest.load(run_dir)
     for index in indices:
         _member_entry(manifest, index)
     runlock.require_free(run_dir)  # no writer but the launcher that started this client
@@ -161,16 +162,15 @@ def record_member(run_dir: Path, index: int, status: str, epoch: int | None = No
     hashes = ({os.path.relpath(p, run_dir): artifacts.sha256_file(p)
                for p in member_files(run_dir, index)} if status == "completed" else None)
 
-    def change(manifest: dict) -> None:
-        entry = manifest["members"][index]
-        entry["status"] = status
-        entry.pop("diverged_epoch", None)
-        if epoch is not None:  # `divergence.STATUS`: the epoch its values turned non-finite
-            entry["diverged_epoch"] = epoch
+    def change(manifest: Manifest) -> None:
+        entry = manifest.members[index]
+        entry.status = status
+        # `divergence.STATUS`: the epoch its values turned non-finite (None: not diverged)
+        entry.diverged_epoch = epoch
         if hashes is not None:
-            entry["sha256"] = hashes
+            entry.sha256 = hashes
 
-    runlock.update_manifest(run_dir, change)
+    record.update(run_dir, change)
 
 
 def _placement_log(run_dir: Path, index: int):
@@ -192,12 +192,12 @@ class MemberWork:
     rows)`, `artifacts.read_split`), read once for every member."""
 
     run_dir: Path
-    manifest: dict
+    manifest: Manifest
     cfg: Any
     split: dict
 
     @classmethod
-    def open(cls, run_dir: Path, manifest: dict, cfg) -> "MemberWork":
+    def open(cls, run_dir: Path, manifest: Manifest, cfg) -> "MemberWork":
         return cls(Path(run_dir), manifest, cfg,
                    {s: artifacts.read_split(run_dir, s, manifest) for s in artifacts.SPLITS})
 
@@ -215,7 +215,7 @@ def train_member(work: MemberWork, index: int, device: str, callbacks: Sequence 
 
     run_dir, manifest, cfg, split = work.run_dir, work.manifest, work.cfg, work.split
 
-    classes = np.asarray(manifest["dataset"]["classes"])
+    classes = np.asarray(manifest.dataset.classes)
     (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
     from ensemble.data import kinds
 
@@ -263,13 +263,13 @@ def predict_client(request: ClientRequest, cluster: dict | None = None) -> list[
     from ensemble.models.members import load_run_member
 
     run_dir, indices, out = Path(request.run), list(request.members), Path(request.out)
-    manifest = artifacts.read_manifest(run_dir)
+    manifest = Manifest.load(run_dir)
     for index in indices:
         _member_entry(manifest, index)
     runlock.require_free(run_dir)
     npz = is_npz(request.predict)  # scaled rows (`_read_npz`), else a source by its kind
     if npz:
-        x, y = _read_npz(Path(request.predict), len(manifest["dataset"]["feature_names"]))
+        x, y = _read_npz(Path(request.predict), len(manifest.dataset.feature_names))
         if (len(indices) > 1 or not str(out).endswith(".parquet")) and out.is_file():
             raise UsageError(f"client: --out {out} is a file; expected a folder for the "
                              f"members' files")
@@ -279,7 +279,7 @@ def predict_client(request: ClientRequest, cluster: dict | None = None) -> list[
                                  [device], [index]) for index, device in zip(indices, local)}
     if not npz:
         return _predict_stream(request, manifest, groups)
-    classes = np.asarray(manifest["dataset"]["classes"])
+    classes = np.asarray(manifest.dataset.classes)
     paths = []
     for index, group in groups.items():
         probs = group.predict(x)[0][0]
@@ -318,7 +318,7 @@ def _read_npz(path: Path, n_features: int) -> tuple[np.ndarray, np.ndarray | Non
     return x.astype(np.float32, copy=False), y
 
 
-def _predict_stream(request: ClientRequest, manifest: dict, groups: dict) -> list[Path]:
+def _predict_stream(request: ClientRequest, manifest: Manifest, groups: dict) -> list[Path]:
     """`predict_client` of a streamed source: `groups` (member -> its `MemberGroup`) write
     `out/member-<i>.parquet` batch by batch."""
     import contextlib
@@ -329,7 +329,7 @@ def _predict_stream(request: ClientRequest, manifest: dict, groups: dict) -> lis
     run_dir = Path(request.run)
     pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
                                                     run_dir / artifacts.PREPROCESSING))
-    target = request.target or manifest["dataset"].get("target", "target")
+    target = request.target or manifest.dataset.target_or("target")
     stream = kinds.input_stream(pre, request.predict, target, quiet=True,
                                 batch_rows=request.batch_size or DEFAULT_BATCH_ROWS)
     paths = {i: Path(request.out) / f"member-{i}.parquet" for i in groups}

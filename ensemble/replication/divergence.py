@@ -73,12 +73,12 @@ class Divergence:
         bad = active & ~np.isfinite(flat).all(axis=1) if flat.shape[1] else active & False
         return any([self._mark(int(k), epoch, "outputs") for k in np.flatnonzero(bad)])
 
-    def record(self, members: list[dict]) -> None:
-        """Set `status` and `diverged_epoch` of the diverged members' manifest entries
-        (`members`: the manifest's member list, changed in place)."""
+    def record(self, members: list) -> None:
+        """Set `status` and `diverged_epoch` of the diverged members' records
+        (`members`: the manifest's `MemberRecord`s, changed in place)."""
         for i, epoch in self.epochs.items():
-            members[i]["status"] = STATUS
-            members[i]["diverged_epoch"] = epoch
+            members[i].status = STATUS
+            members[i].diverged_epoch = epoch
 
 
 def describe(epochs: dict[int, int]) -> str:

@@ -26,6 +26,7 @@ from ensemble.core import faults
 from ensemble.tasks.classification import fitted
 from ensemble.runs import posthoc
 from ensemble.runs import records
+from ensemble.runs.record import Manifest
 from ensemble.runs import prepare as run
 from ensemble.core import runlock
 from ensemble.tasks import eval_writer, tables
@@ -50,16 +51,15 @@ def parse_aggregators(text: str | None) -> list[str] | None:
     return names
 
 
-def _between_graph_members(run_dir: Path, manifest: dict, min_members: int | None) -> pa.Table:
+def _between_graph_members(run_dir: Path, manifest: Manifest, min_members: int | None) -> pa.Table:
     """The clients' member files of a between-graph run, checked and concatenated; also
     records the history. Raises UsageError naming missing members."""
-    indices = [m["index"] for m in manifest["members"]
-               if m.get("status") != divergence.STATUS]  # left out of every aggregate
+    indices = [m.index for m in manifest.members
+               if m.status != divergence.STATUS]  # left out of every aggregate
     if not indices:
-        raise divergence.all_diverged({m["index"]: m.get("diverged_epoch", 0)
-                                       for m in manifest["members"]})
+        raise divergence.all_diverged(manifest.diverged())
     have = [i for i in indices if artifacts.member_predictions_path(run_dir, i).is_file()
-            and manifest["members"][i].get("status") != "failed"]
+            and manifest.member(i).status != "failed"]
     missing = sorted(set(indices) - set(have))
     if missing and (min_members is None or len(have) < min_members):
         need = f"at least {min_members}" if min_members else "all"
@@ -77,7 +77,7 @@ def _between_graph_members(run_dir: Path, manifest: dict, min_members: int | Non
 
 
 def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
-                  min_members: int | None = None, trust_builder: bool = False) -> dict:
+                  min_members: int | None = None, trust_builder: bool = False) -> Manifest:
     """Recompute a run's ensemble from its member predictions and write `predictions.parquet`,
     `metrics.parquet`, `aggregators.json`, `ensemble_size.parquet` and `members.parquet`
     (between-graph: also `history.parquet`, and the run is marked completed).
@@ -98,8 +98,8 @@ def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
         that is not completed, or a run (or member) another process holds (`runlock`).
     """
     run_dir = Path(run_dir)
-    manifest = artifacts.read_manifest(run_dir)  # a run directory, before its lock file is made
-    n = len(manifest.get("members", []))
+    manifest = Manifest.load(run_dir)  # a run directory, before its lock file is made
+    n = len(manifest.members)
     if min_members is not None and not 1 <= min_members <= n:
         raise UsageError(f"Expected --min-members in 1..{n} (run {run_dir} has {n} members). "
                          f"Received: {min_members}")
@@ -109,13 +109,13 @@ def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
 
 
 def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: int | None,
-               trust_builder: bool = False) -> dict:
+               trust_builder: bool = False) -> Manifest:
     from ensemble.runs import preflight
 
     start = time.perf_counter()
-    manifest = artifacts.read_manifest(run_dir)
+    manifest = Manifest.load(run_dir)
     preflight.check_builders(run_dir, manifest, trust_builder)  # a run's files before use
-    cfg = config.from_dict(manifest["config"])
+    cfg = config.from_dict(manifest.config)
     settings = dataclasses.asdict(cfg.aggregation)
     task = tasks.for_run(manifest)
     if aggregators is None:
@@ -125,17 +125,17 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
         aggregators = old["aggregators"] if old else task.applied_aggregators(
             cfg.aggregation.aggregators)
     task.check_aggregators(aggregators)
-    between = modes.get(manifest["mode"]).member_files  # the clients' files, not the run's
+    between = modes.get(manifest.mode).member_files  # the clients' files, not the run's
     if between:
         members = _between_graph_members(run_dir, manifest, min_members)
-    elif manifest.get("failed_by") != "aggregate":  # a fault in aggregate: it may redo it
+    elif manifest.failed_by != "aggregate":  # a fault in aggregate: it may redo it
         run.require_completed(run_dir, manifest)
     if not between:
         preflight.check_predictions(run_dir, manifest,
                                     preflight.check_members(run_dir, manifest))
         preds = artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS)
         members = posthoc.member_rows(artifacts.read_parquet(preds))
-    classes = np.asarray(manifest["dataset"]["classes"])
+    classes = np.asarray(manifest.dataset.classes)
     members = members.replace_schema_metadata(tables.classes_metadata(classes))
     splits = posthoc.by_split(members)
     del members  # the arrays of `splits` hold them
@@ -153,8 +153,8 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
                        run_dir, manifest, artifacts.member_history_path(run_dir, i))).to_pylist()]
         artifacts.write_parquet(run_dir / artifacts.HISTORY, tables.history_table(history))
         for i in used:
-            manifest["members"][i]["status"] = "completed"
-        manifest["aggregated_members"] = used
+            manifest.member(i).status = "completed"
+        manifest.aggregated_members = used
     else:
         preds = posthoc.rebuild(splits, classes, aggregators, fit["params"])
         preds = preds.replace_schema_metadata({**preds.schema.metadata,
@@ -163,6 +163,6 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
         artifacts.write_parquet(run_dir / artifacts.PREDICTIONS, preds)
         artifacts.write_parquet(run_dir / artifacts.METRICS, table)
     records.write_members(run_dir, manifest, splits.get("validation"))  # held: not read back
-    manifest.pop("failed_by", None)
+    manifest.failed_by = None
     run.finish(run_dir, manifest, "completed", aggregate_seconds=time.perf_counter() - start)
     return manifest

@@ -20,8 +20,10 @@ only place the block package names this module, and only when a user asks for th
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -32,7 +34,7 @@ from ensemble.config.schema import Config
 from ensemble.core.errors import UsageError
 from ensemble.replication import modes, placement_log
 from ensemble.runs import operations  # noqa: F401 (supplies the built-in modes' operations)
-
+from ensemble.runs.record import Manifest, record_process
 
 
 def as_config(config: Config | Mapping | str | Path | None = None,
@@ -131,6 +133,7 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
     from ensemble.replication import devices
     from ensemble.runs import train as T
 
+    ready = time.time()  # the process is ready to work (`record_process`)
     strategy = modes.get(mode)
     cfg = _train_config(config, overrides, resume, run_dir, tensorboard)
     if model is not None:
@@ -147,6 +150,8 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
                                  verbosity)
     with placement_log.logging(run_dir, mode, log_device_placement and not prepare_only):
         strategy.train(request)
+    if not prepare_only:
+        record_process(run_dir, ready)
     return Run(run_dir)
 
 
@@ -160,7 +165,7 @@ def _train_config(config, overrides, resume: bool, run_dir, tensorboard) -> Conf
     if resume:
         if run_dir is None:
             raise UsageError("resume needs the run_dir of the run to continue")
-        base = artifacts.read_manifest(run_dir)["config"]
+        base = Manifest.load(run_dir).config
         cfg = as_config(config if config is not None else base, overrides)
     else:
         cfg = as_config(config, overrides)
@@ -202,47 +207,51 @@ class Run:
 
     Attributes:
         path: the run directory.
-        manifest: `manifest.json` as a dict (re-read by `refresh`).
+        record: the typed manifest (`ensemble.runs.record.Manifest`; re-read by `refresh`).
     """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.manifest = artifacts.read_manifest(self.path)
+        self.record = Manifest.load(self.path)
 
     def __repr__(self) -> str:
         return (f"Run({str(self.path)!r}, mode={self.mode!r}, status={self.status!r}, "
-                f"members={len(self.manifest['members'])})")
+                f"members={len(self.record.members)})")
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """`manifest.json` as a dict (a deep copy of `record`'s JSON)."""
+        return copy.deepcopy(self.record.to_dict())
 
     def refresh(self) -> "Run":
         """Re-read the manifest (after another process changed the run)."""
-        self.manifest = artifacts.read_manifest(self.path)
+        self.record = Manifest.load(self.path)
         return self
 
     @property
     def mode(self) -> str:
-        return self.manifest["mode"]
+        return self.record.mode
 
     @property
     def status(self) -> str:
         """`completed`, `running`, `interrupted`, `failed`, ... (`run.effective_status`)."""
         from ensemble.runs.prepare import effective_status
 
-        return effective_status(self.manifest)
+        return effective_status(self.record)
 
     @property
     def config(self) -> Config:
         """The run's resolved `Config`."""
-        return as_config(self.manifest["config"])
+        return as_config(self.record.config)
 
     @property
     def classes(self) -> list:
-        return list(self.manifest["dataset"]["classes"])
+        return list(self.record.dataset.classes)
 
     @property
     def feature_names(self) -> list[str]:
         """The input columns a data set must have (before one-hot encoding)."""
-        return list(self.manifest["dataset"].get("columns")
-                    or self.manifest["dataset"]["feature_names"])
+        return list(self.record.dataset.columns or self.record.dataset.feature_names)
 
     def _table(self, name: str):
         return to_pandas(artifacts.read_parquet(self.path / name))
@@ -285,8 +294,8 @@ class Run:
         path = self.path / artifacts.METRICS
         if not path.is_file():
             return evaluate(self.path)[1]
-        artifacts.verify(self.path, self.manifest, path)
-        preds = artifacts.verify(self.path, self.manifest, self.path / artifacts.PREDICTIONS)
+        artifacts.verify(self.path, self.record, path)
+        preds = artifacts.verify(self.path, self.record, self.path / artifacts.PREDICTIONS)
         return format_table(artifacts.read_parquet(path), fitted.read(self.path),
                             confidence.block_of_file(preds))
 
@@ -321,7 +330,6 @@ class Run:
         from ensemble.core.tfimport import import_tensorflow_quietly
 
         import_tensorflow_quietly()
-
         with self._as_parquet(data) as src:
             out = src.with_name("predictions.parquet")
             with named(src.parent, "the DataFrame"), named(src, "the DataFrame"):

@@ -29,7 +29,7 @@ from ensemble.replication import divergence
 from ensemble.core import faults
 from ensemble.core import interrupt
 from ensemble.runs import prepare as run
-from ensemble.core import runlock
+from ensemble.runs.record import Manifest
 from ensemble.core.errors import UsageError
 from ensemble.replication.placement import place
 from ensemble.replication import processes, protocol
@@ -204,7 +204,7 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
             for q, queue in enumerate(queues) for i in queue}
 
 
-def train_between_graph(request: TrainRequest, prepared: dict | None = None) -> dict:
+def train_between_graph(request: TrainRequest, prepared: Manifest | None = None) -> Manifest:
     """Prepare the run, train every member in its own client process, then aggregate.
 
     Args:
@@ -235,7 +235,7 @@ def train_between_graph(request: TrainRequest, prepared: dict | None = None) -> 
         manifest = prepared if prepared is not None and not r.resume else \
             open_run(r, "between-graph", devs, cluster)
         if not r.resume and prepared is None and r.verbosity:
-            print(auto.describe(run.run_config(r.cfg, manifest), manifest.get("defaults") or {}),
+            print(auto.describe(run.run_config(r.cfg, manifest), manifest.defaults or {}),
                   flush=True)
         if r.prepare_only:  # the clients, started by hand or a scheduler, take over
             return run.set_status(r.run_dir, "prepared")
@@ -249,22 +249,22 @@ def train_between_graph(request: TrainRequest, prepared: dict | None = None) -> 
     return final
 
 
-def _launch(run_dir: Path, manifest: dict, devs: list[str], jobs: int | None,
-            verbosity: int) -> dict:
+def _launch(run_dir: Path, manifest: Manifest, devs: list[str], jobs: int | None,
+            verbosity: int) -> Manifest:
     """Run the clients of the members not completed, then the aggregator; the manifest is
     changed by read-modify-write only (clients record their members themselves)."""
-    todo = {m["index"]: m["device"] for m in manifest["members"]
-            if m["status"] != divergence.STATUS and (
-                m["status"] != "completed"
-                or not all(p.is_file() for p in artifacts.member_files(run_dir, m["index"])))}
+    todo = {m.index: m.device for m in manifest.members
+            if m.status != divergence.STATUS and (
+                m.status != "completed"
+                or not all(p.is_file() for p in artifacts.member_files(run_dir, m.index)))}
     jobs = jobs or default_jobs(max(1, len(todo)), devs)
 
     def record(index: int, ok: bool) -> None:  # a client ended without finishing `index`
         if not ok:
-            def change(m: dict) -> None:
-                if m["members"][index]["status"] != "interrupted":
-                    m["members"][index]["status"] = "failed"
-            runlock.update_manifest(run_dir, change)
+            def change(m: Manifest) -> None:
+                if m.member(index).status != "interrupted":
+                    m.member(index).status = "failed"
+            Manifest.update(run_dir, change)
 
     start = time.perf_counter()
     queues = client_queues(todo, jobs)
@@ -272,18 +272,15 @@ def _launch(run_dir: Path, manifest: dict, devs: list[str], jobs: int | None,
                           todo, record, verbosity)
     builds = [c.pop("tensorflow_build", None) for c in clients.values()]
 
-    def timings(m: dict) -> None:  # the launcher never loads TensorFlow: the clients tell
-        m["tensorflow_build"] = m.get("tensorflow_build") or next((b for b in builds if b),
-                                                                  None)
-        m["timings"].update(train_seconds=time.perf_counter() - start, jobs=len(queues),
-                            clients={str(i): c for i, c in clients.items()})
+    def timings(m: Manifest) -> None:  # the launcher never loads TensorFlow: the clients tell
+        m.tensorflow_build = m.tensorflow_build or next((b for b in builds if b), None)
+        m.timings.update(train_seconds=time.perf_counter() - start, jobs=len(queues),
+                         clients={str(i): c for i, c in clients.items()})
 
-    diverged = {m["index"]: m.get("diverged_epoch", 0)
-                for m in runlock.update_manifest(run_dir, timings)["members"]
-                if m.get("status") == divergence.STATUS}
-    divergence.settle(diverged, len(manifest["members"]), run_dir)
+    diverged = Manifest.update(run_dir, timings).diverged()
+    divergence.settle(diverged, len(manifest.members), run_dir)
     res = checked(run_process([str(run_dir)], module=aggregator.MODULE), "aggregator")
-    return runlock.update_manifest(run_dir, lambda m: m["timings"].update(
+    return Manifest.update(run_dir, lambda m: m.timings.update(
         aggregator_peak_rss_bytes=last_report(res)["peak_rss_bytes"]))
 
 
@@ -303,8 +300,7 @@ def predict_between_graph(request: PredictRequest) -> tuple[dict, dict]:
     r = request
     job = open_prediction(r)
     job.stream.survey()  # the whole input checked once, notices once: clients stream it quietly
-    member_devs = {m["index"]: m["device"] for m in job.manifest["members"]
-                   if m["index"] in job.used}
+    member_devs = {m.index: m.device for m in job.manifest.members if m.index in job.used}
     if r.cluster_file is not None:
         from ensemble.replication.cluster import load_spec
 

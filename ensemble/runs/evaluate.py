@@ -19,6 +19,7 @@ from ensemble.tasks.classification import fitted
 from ensemble.runs import posthoc
 from ensemble.runs import prepare
 from ensemble.core import runlock
+from ensemble.core.record import Manifest
 from ensemble.runs import search_report
 from ensemble.tasks import tables
 from ensemble.core.errors import UsageError
@@ -55,7 +56,7 @@ def evaluate(run_dir: Path | None, predictions: Path | None = None,
 
 def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
               ) -> tuple[pa.Table, str]:
-    manifest = artifacts.read_manifest(run_dir) if run_dir is not None else None
+    manifest = Manifest.load(run_dir) if run_dir is not None else None
     fit = None
     if manifest is not None and (run_dir / fitted.FILENAME).is_file():
         fit = fitted.read(artifacts.verify(run_dir, manifest, run_dir / fitted.FILENAME).parent)
@@ -102,7 +103,7 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
     inside = [p for p in written if run_dir is not None
               and Path(os.path.abspath(p)).is_relative_to(os.path.abspath(run_dir))]
     if inside:  # a hashed artifact is never rewritten without its new hash
-        runlock.update_manifest(run_dir, lambda m: artifacts.record_hashes(m, run_dir, inside))
+        Manifest.update(run_dir, lambda m: m.record_hashes(run_dir, inside))
     return table, text
 
 
@@ -125,7 +126,7 @@ def comparison_lines(run_dir: str | Path) -> list[str]:
     rows = search_report.comparison(run_dir)
     if not rows:
         return []
-    info = artifacts.read_manifest(run_dir)["search"]
+    info = Manifest.load(run_dir).search
     strat = (f", stratified: {info['stratify']} seeds per selected configuration"
              if info.get("stratify") else "")
     out = [f"hyperparameter search: {info['candidates']} candidates, greedy selection of at "

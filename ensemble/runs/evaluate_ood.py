@@ -28,6 +28,7 @@ from ensemble.data import corruptions
 from ensemble.tasks import ood
 from ensemble.runs import posthoc
 from ensemble.core import runlock
+from ensemble.core.record import Manifest
 from ensemble.core.errors import UsageError
 from ensemble.tasks.classification.fitted import member_params
 
@@ -49,7 +50,7 @@ class Context:
         from ensemble import tasks
 
         self.run_dir = Path(run_dir)
-        self.manifest = artifacts.read_manifest(self.run_dir)
+        self.manifest = Manifest.load(self.run_dir)
         runlock.require_free(self.run_dir)
         run.require_completed(self.run_dir, self.manifest)
         self.task = tasks.for_run(self.manifest)
@@ -162,8 +163,7 @@ def _write(run_dir: Path, path: Path, table: pa.Table, plot, command: str) -> li
     with runlock.writing(run_dir, command):
         artifacts.write_parquet(path, table)
         written = [path] + ([plot()] if plot is not None else [])
-        runlock.update_manifest(run_dir,
-                                lambda m: artifacts.record_hashes(m, run_dir, written))
+        Manifest.update(run_dir, lambda m: m.record_hashes(run_dir, written))
     return written
 
 

@@ -48,6 +48,7 @@ from ensemble.config import bounds
 from ensemble.runs import prepare as run
 from ensemble.runs import preflight
 from ensemble.core import staging
+from ensemble.core.record import Manifest
 from ensemble.core.errors import UsageError
 from ensemble.data import kinds
 from ensemble import tasks
@@ -159,7 +160,7 @@ def _read_run(run_dir: Path, aggregator: str | None, trust_builder: bool):
     from ensemble.tasks.classification.fitted import member_params
 
     with runlock.reading(run_dir):
-        manifest = artifacts.read_manifest(run_dir)
+        manifest = Manifest.load(run_dir)
         run.require_completed(run_dir, manifest)
         used = preflight.verify_run(run_dir, manifest, trust_builder)  # before any import
         pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,

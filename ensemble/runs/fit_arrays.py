@@ -26,6 +26,7 @@ import numpy as np
 from ensemble.core import artifacts
 from ensemble.tasks.classification import fitted
 from ensemble.runs import prepare as run
+from ensemble.runs.record import Manifest
 from ensemble.tasks import tables
 from ensemble import tasks
 from ensemble.config.schema import Config, from_dict
@@ -121,8 +122,8 @@ def train_between_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Pre
         artifacts.write_text(path / artifacts.PREPROCESSING, pre.to_json())
         manifest = manifest_for(cfg, "between-graph", pre,
                                 {k: len(v) for k, v in rows.items()}, devs)
-        manifest["artifacts"] = artifacts.artifact_hashes(path)  # clients verify the splits
-        artifacts.write_manifest(path, manifest)
+        manifest.artifacts = artifacts.artifact_hashes(path)  # clients verify the splits
+        manifest.save(path)
         launch(TrainRequest(cfg, path, verbosity=0), prepared=manifest)
         n = cfg.members.count
         weights = [load_member(artifacts.member_model_path(path, i), "/device:CPU:0")
@@ -161,7 +162,7 @@ def predict(est, x: np.ndarray, members: bool = False) -> np.ndarray:
 
 
 def manifest_for(cfg: Config, mode: str, pre: Preprocessing, rows: dict[str, int],
-                 devs: Sequence[str], named: bool = False) -> dict[str, Any]:
+                 devs: Sequence[str], named: bool = False) -> Manifest:
     """The first manifest (`run.new_manifest`, status `running`) of a run from arrays, its
     members placed as `devs` `[n_members]`; `named`: the columns came with names (a
     DataFrame), else they are `x0..`."""
@@ -190,7 +191,7 @@ def save(est, path: Path, overwrite: bool = False) -> Path:
                             hasattr(est, "feature_names_in_"))
     task = _task(cfg, pre).with_target(float(getattr(est, "target_loc_", 0.0)),
                                        float(getattr(est, "target_scale_", 1.0)))
-    manifest["dataset"].update(task.target_entries())  # members predict in target units
+    manifest.dataset.update(task.target_entries())  # members predict in target units
     for i, weights in enumerate(est.member_weights_):
         h = member_hparams(cfg, i)
         model = build_member(h["builder"], h["params"], pre.input_shape,
@@ -198,7 +199,7 @@ def save(est, path: Path, overwrite: bool = False) -> Path:
                              f"member_{i}", task, pre.scaling_layer())
         model.set_weights(weights)
         save_member(model, artifacts.member_model_path(path, i))
-        manifest["members"][i]["status"] = "completed"
+        manifest.member(i).status = "completed"
     artifacts.write_text(path / artifacts.PREPROCESSING, pre.to_json())
     if est.aggregators_:
         fitted.write(path, est.aggregators_)
@@ -213,24 +214,25 @@ def load(cls, path: Path):
     from ensemble.models.members import load_run_member
     from ensemble.runs.posthoc import run_aggregators
 
-    manifest = artifacts.read_manifest(path)
+    manifest = Manifest.load(path)
     run.require_completed(path, manifest)
-    cfg = from_dict(manifest["config"])
+    cfg = from_dict(manifest.config)
     pre = kinds.read_preprocessing(artifacts.verify(path, manifest, path / artifacts.PREPROCESSING))
     table = bool(getattr(pre, "categories", None) or getattr(pre, "identifiers", ())
                  or getattr(pre, "impute", "error") != "error")
-    n = len(manifest["members"])
+    n = len(manifest.members)
     weights = [load_run_member(path, manifest, i, "/device:CPU:0").get_weights()
                for i in range(n)]
     names, fit_ = run_aggregators(path, manifest)
     m, t = cfg.members, cfg.training
     est = cls(n_members=m.count, hidden=tuple(m.hidden), activation=m.activation,
               dropout=m.dropout, epochs=t.epochs, batch_size=t.batch_size,
-              learning_rate=t.learning_rate, random_state=t.seed, mode=manifest["mode"],
+              learning_rate=t.learning_rate, random_state=t.seed, mode=manifest.mode,
               devices=cfg.placement.devices, aggregator=names[0])
     est.classes_, est.preprocessing_, est.config_ = pre.classes, pre, cfg
     est.n_features_in_ = len(pre.feature_names)
-    if manifest["dataset"].get("named_columns", manifest["dataset"]["name"] != "arrays"):
+    named = manifest.dataset.named_columns
+    if manifest.dataset.name != "arrays" if named is None else named:
         est.feature_names_in_ = np.asarray(pre.feature_names, dtype=object)
     # a DataFrame, prepared as the run's table, columns matched by name (sklearn_tables)
     est.table_input_ = "by-name" if table else False
@@ -238,7 +240,7 @@ def load(cls, path: Path):
         est.feature_names_in_ = np.asarray(pre.columns, dtype=object)
         est.n_features_in_ = len(est.feature_names_in_)
         est.categorical, est.impute = tuple(pre.categories) or "none", pre.impute
-    est.seed_, est.devices_ = t.seed, [e["device"] for e in manifest["members"]]
+    est.seed_, est.devices_ = t.seed, [e.device for e in manifest.members]
     est.member_weights_, est.aggregator_ = weights, names[0]
     task = tasks.for_run(manifest)
     for key, value in task.target_entries().items():  # members trained on the scaled target
@@ -246,7 +248,7 @@ def load(cls, path: Path):
     if task.target_entries():  # a regressor has no classes
         del est.classes_
     est.aggregators_ = fit_ if task.fitted_names(names[:1]) else None
-    est.n_rows_ = dict(manifest["dataset"]["rows"])
+    est.n_rows_ = dict(manifest.dataset.rows)
     hist = path / artifacts.HISTORY
     est.history_ = artifacts.read_parquet(hist).to_pandas() if hist.is_file() else None
     return est

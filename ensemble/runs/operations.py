@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from ensemble.replication import modes
 from ensemble.replication.modes import PredictRequest, TrainRequest
+from ensemble.runs.record import Manifest
 
 
-def _train_in_graph(request: TrainRequest) -> dict:
+def _train_in_graph(request: TrainRequest) -> Manifest:
     from ensemble.core.tfimport import import_tensorflow_quietly
     from ensemble.runs.train import train_in_graph
 
@@ -18,7 +19,7 @@ def _train_in_graph(request: TrainRequest) -> dict:
     return train_in_graph(request)
 
 
-def _train_between_graph(request: TrainRequest) -> dict:
+def _train_between_graph(request: TrainRequest) -> Manifest:
     from ensemble.runs.between import train_between_graph
 
     return train_between_graph(request)

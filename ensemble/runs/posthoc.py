@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ensemble.core import artifacts
+from ensemble.core.record import Manifest
 from ensemble.tasks.classification import fitted
 from ensemble.tasks import tables
 from ensemble.core.labels import encode
@@ -127,7 +128,7 @@ def _check_fit(fit_: Any, task) -> None:
         raise ValueError("expected `params` to be an object")
 
 
-def run_aggregators(run_dir: str | Path, manifest: dict[str, Any]
+def run_aggregators(run_dir: str | Path, manifest: Manifest
                     ) -> tuple[list[str], dict[str, Any] | None]:
     """The aggregators a run applies and its fitted parameters: `aggregators.json` (checked
     against the manifest's sha256) when the run has one, else the config's list.
@@ -145,7 +146,7 @@ def run_aggregators(run_dir: str | Path, manifest: dict[str, Any]
             fit_ = fitted.read(run_dir)
             _check_fit(fit_, task)
         return list(fit_["aggregators"]), fit_
-    names = task.applied_aggregators(manifest["config"]["aggregation"]["aggregators"])
+    names = task.applied_aggregators(manifest.config["aggregation"]["aggregators"])
     if task.fitted_names(names):
         raise UsageError(f"Run {run_dir} names fitted aggregators but has no "
                          f"{fitted.FILENAME}; run `ensemble aggregate --run {run_dir}`.")

@@ -20,6 +20,7 @@ from typing import Any
 from ensemble.core import artifacts
 from ensemble.replication import devices
 from ensemble.runs import prepare as run
+from ensemble.runs.record import Manifest, config_of
 from ensemble.core import runlock
 from ensemble.tasks import tables
 from ensemble.core.errors import UsageError
@@ -47,13 +48,13 @@ def open_input(run_dir: Path, source: str, target: str | None, strict: bool = Fa
     """
     from ensemble.runs import preflight
 
-    manifest = artifacts.read_manifest(run_dir)
+    manifest = Manifest.load(run_dir)
     runlock.require_free(run_dir)
     run.require_completed(run_dir, manifest)
     preflight.verify_run(run_dir, manifest, trust_builder)
     pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
                                               Path(run_dir) / artifacts.PREPROCESSING))
-    target = target or manifest["dataset"].get("target", "target")
+    target = target or manifest.dataset.target_or("target")
     return manifest, pre, kinds.input_stream(pre, source, target, strict, batch_rows, quiet)
 
 
@@ -112,7 +113,7 @@ class Prediction:
     their fitted aggregators' parameters."""
 
     request: PredictRequest
-    manifest: dict
+    manifest: Manifest
     pre: Any
     stream: Any
     names: list
@@ -136,7 +137,7 @@ class Prediction:
         `placed` devices), written beside the output (`write_manifest`)."""
         r = self.request
         return write_manifest(r.out, {
-            "run": str(r.run_dir), "run_id": self.manifest.get("run_id"),
+            "run": str(r.run_dir), "run_id": self.manifest.run_id,
             "source": str(r.source), "out": str(r.out), "mode": mode, "rows": rows,
             "batch_size": self.batch_rows, "seconds": seconds,
             "rows_per_second": rows / max(seconds, 1e-9),
@@ -220,7 +221,7 @@ def _in_graph_ensemble(job: Prediction):
 
         cluster = load_spec(r.cluster_file)
     # the run's threads of one op, as its clients use (before resolving initialises TF)
-    devices.set_op_threads(job.manifest["config"]["training"].get("intra_op_threads", 1))
+    devices.set_op_threads(config_of(job.manifest).training.intra_op_threads)
     groups = replica_devices(n, devices.resolve(r.devices or "auto", n, cluster),
                              r.replicas or "auto")
     copies = [[(load_run_member(r.run_dir, job.manifest, i, d), d) for d in group]

@@ -20,26 +20,25 @@ Every failure is a `UsageError` (one line, exit status 2 at the CLI).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
 from ensemble.core import artifacts
+from ensemble.core.record import Manifest
 from ensemble.models.builder_files import check_builders
 from ensemble.replication.divergence import STATUS as DIVERGED
 from ensemble.core.errors import UsageError
 
 
-def ensemble_members(manifest: dict[str, Any]) -> list[int]:
+def ensemble_members(manifest: Manifest) -> list[int]:
     """The indices of the members a run's ensemble stacks, in order: every member the
     manifest lists except the diverged ones (`ensemble.replication.divergence`), restricted to
     `aggregated_members` when a partial between-graph aggregation recorded them."""
-    used = [m["index"] for m in manifest.get("members", []) if m.get("status") != DIVERGED]
-    if manifest.get("aggregated_members") is not None:
-        chosen = set(manifest["aggregated_members"])
+    used = [m.index for m in manifest.members if m.status != DIVERGED]
+    if manifest.aggregated_members is not None:
+        chosen = set(manifest.aggregated_members)
         used = [i for i in used if i in chosen]
     return used
 
 
-def check_members(run_dir: str | Path, manifest: dict[str, Any]) -> list[int]:
+def check_members(run_dir: str | Path, manifest: Manifest) -> list[int]:
     """Check the run's member list and every ensemble member's model file (see the module
     docstring); returns `ensemble_members(manifest)`.
 
@@ -47,14 +46,14 @@ def check_members(run_dir: str | Path, manifest: dict[str, Any]) -> list[int]:
         UsageError: a member list that disagrees with the config, a member file missing or
             changed (named), no member left.
     """
-    members = manifest.get("members", [])
-    count = ((manifest.get("config") or {}).get("members") or {}).get("count")
+    members = manifest.members
+    count = (manifest.config.get("members") or {}).get("count")
     if count is not None and count != len(members):
         raise UsageError(f"Run {run_dir}: its manifest lists {len(members)} members but its "
                          f"config trained {count}; the run is damaged.")
-    if [m.get("index") for m in members] != list(range(len(members))):
+    if [m.index for m in members] != list(range(len(members))):
         raise UsageError(f"Run {run_dir}: its manifest's member indices are "
-                         f"{[m.get('index') for m in members]}; expected 0..{len(members) - 1}"
+                         f"{[m.index for m in members]}; expected 0..{len(members) - 1}"
                          "; the run is damaged.")
     used = ensemble_members(manifest)
     if not used:
@@ -64,7 +63,7 @@ def check_members(run_dir: str | Path, manifest: dict[str, Any]) -> list[int]:
     return used
 
 
-def check_predictions(run_dir: str | Path, manifest: dict[str, Any], used: list[int]) -> None:
+def check_predictions(run_dir: str | Path, manifest: Manifest, used: list[int]) -> None:
     """Refuse a run whose `predictions.parquet` (when it has one; verified against its
     sha256) holds other members than `used`.
 
@@ -87,7 +86,7 @@ def check_predictions(run_dir: str | Path, manifest: dict[str, Any], used: list[
                          "(rerun `ensemble aggregate` if members were removed on purpose).")
 
 
-def check_preprocessing(run_dir: str | Path, manifest: dict[str, Any]) -> None:
+def check_preprocessing(run_dir: str | Path, manifest: Manifest) -> None:
     """Refuse a `preprocessing.json` (verified against its sha256) that does not fit the run:
     its model input shape or classes differ from the manifest's `dataset`, or its scaler's
     lengths differ from its features (a file from another run, or edited).
@@ -101,14 +100,14 @@ def check_preprocessing(run_dir: str | Path, manifest: dict[str, Any]) -> None:
     if not path.is_file():
         return
     pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest, path))
-    dataset = manifest.get("dataset") or {}
+    dataset = manifest.dataset
     with artifacts.opened(path, "preprocessing file"):
         shape = tuple(pre.input_shape)
-        want = dataset.get("input_shape")
+        want = dataset.input_shape
         if want is not None and shape != tuple(want):
             raise ValueError(f"its model input has shape {list(shape)}, the run's members take "
                              f"{list(want)}")
-        classes = dataset.get("classes")
+        classes = dataset.classes
         if classes is not None and [str(c) for c in pre.classes.tolist()] != \
                 [str(c) for c in classes]:
             raise ValueError(f"its classes {pre.classes.tolist()[:10]} differ from the run's "
@@ -120,7 +119,7 @@ def check_preprocessing(run_dir: str | Path, manifest: dict[str, Any]) -> None:
                 raise ValueError(f"its `{key}` has {len(values)} values for {shape} inputs")
 
 
-def verify_run(run_dir: str | Path, manifest: dict[str, Any], trust_builder: bool = False,
+def verify_run(run_dir: str | Path, manifest: Manifest, trust_builder: bool = False,
                predictions: bool = True) -> list[int]:
     """All of the checks above, builders first (before anything imports them); returns the
     ensemble's member indices.

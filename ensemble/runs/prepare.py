@@ -23,7 +23,8 @@ from ensemble.core import artifacts
 from ensemble.data import kinds
 from ensemble.data import sources as data
 from ensemble.core import runlock
-from ensemble.core import staging
+from ensemble.core import record, staging
+from ensemble.core.record import Manifest
 from ensemble import tasks
 from ensemble.config.schema import Config, member_hparams
 from ensemble.replication.devices import build_info
@@ -63,7 +64,7 @@ def check_run_dir(run_dir: Path, overwrite: bool) -> None:
         return
     if not overwrite:
         try:
-            status = effective_status(artifacts.read_manifest(run_dir), run_dir)
+            status = effective_status(Manifest.load(run_dir), run_dir)
         except UsageError:
             status = "damaged"
         if status in ("interrupted", "failed", "prepared"):
@@ -108,15 +109,15 @@ def writing(run_dir: Path, command: str) -> Iterator[None]:
         raise
 
 
-def set_status(run_dir: Path, status: str, members: dict[int, str] | None = None) -> dict:
+def set_status(run_dir: Path, status: str, members: dict[int, str] | None = None) -> Manifest:
     """Record the run's `status` (and members' statuses `{index: status}`) by a
     read-modify-write of the manifest under its lock; returns the manifest."""
-    def change(m: dict) -> None:
-        m["status"] = status
+    def change(m: Manifest) -> None:
+        m.status = status
         for i, st in (members or {}).items():
-            m["members"][i]["status"] = st
+            m.member(i).status = st
 
-    return runlock.update_manifest(run_dir, change)
+    return record.update(run_dir, change)
 
 
 @contextmanager
@@ -172,7 +173,7 @@ def versions() -> dict[str, str | None]:
 
 
 def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
-            overwrite: bool = False, cluster: dict | None = None) -> dict[str, Any]:
+            overwrite: bool = False, cluster: dict | None = None) -> Manifest:
     """Create the run directory up to training: data splits, preprocessing, placement.
 
     The source is read a chunk at a time (`kinds.scan`): labels, split, preprocessing fitted
@@ -216,11 +217,11 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
         "name": scan.name, "source": cfg.data.source, "target": cfg.data.target,
         "rows": {s: int(len(r)) for s, r in rows.items()}, "columns": list(scan.columns),
         "sha256": scan.sha256(), **target}, cluster, task)
-    manifest["run_id"] = run_id_for(run_dir, cfg)  # the folder's name for a default run dir
-    manifest["defaults"] = chosen  # the "auto" keys and the values chosen (ensemble.config.auto)
-    manifest["timings"]["prepare_seconds"] = time.perf_counter() - start
-    manifest["artifacts"] = artifacts.artifact_hashes(run_dir)  # the splits, preprocessing
-    artifacts.write_manifest(run_dir, manifest)
+    manifest.run_id = run_id_for(run_dir, cfg)  # the folder's name for a default run dir
+    manifest.defaults = chosen  # the "auto" keys and the values chosen (ensemble.config.auto)
+    manifest.timings["prepare_seconds"] = time.perf_counter() - start
+    manifest.artifacts = artifacts.artifact_hashes(run_dir)  # the splits, preprocessing
+    manifest.save(run_dir)
     return manifest
 
 
@@ -250,7 +251,7 @@ def resolve_task(cfg: Config, y) -> tuple[Any, dict[str, Any]]:
 
 def new_manifest(cfg: Config, mode: str, devices: list[str], pre: Preprocessing,
                  dataset: dict[str, Any], cluster: dict | None = None,
-                 task=None) -> dict[str, Any]:
+                 task=None) -> Manifest:
     """The first manifest of a run (status `running`): config, `dataset` (plus the feature
     names, classes and input shape of `pre`), the task, the model (builder, params and the
     sha256 of each builder's source file, None for a built-in), members placed on `devices`
@@ -273,7 +274,7 @@ def new_manifest(cfg: Config, mode: str, devices: list[str], pre: Preprocessing,
     model = {"builder": cfg.model.builder, "params": cfg.model.params,
              "builders": {b: builders.source_sha256(b)
                           for b in dict.fromkeys(h["builder"] for h in hparams)}}
-    return {
+    return Manifest.from_dict({
         "run_id": new_run_id(cfg), "mode": mode, "status": "running",
         "pid": os.getpid(), "host": socket.gethostname(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -293,7 +294,7 @@ def new_manifest(cfg: Config, mode: str, devices: list[str], pre: Preprocessing,
         # (in-graph), else from the first between-graph client's report
         "tensorflow_build": build_info() if "tensorflow" in sys.modules else None,
         "timings": {},
-    }
+    })
 
 
 def _placement(cfg: Config, devices: list[str], flops: list) -> tuple[list[str], list[list[str]]]:
@@ -316,32 +317,36 @@ def _placement(cfg: Config, devices: list[str], flops: list) -> tuple[list[str],
     return [g[0] for g in groups], groups
 
 
-def finish(run_dir: Path, manifest: dict[str, Any], status: str, **timings: float) -> None:
+def finish(run_dir: Path, manifest: Manifest, status: str, **timings: float) -> None:
     """Record the final status, timings (seconds) and every artifact's sha256."""
-    manifest["status"] = status
-    manifest["timings"].update(timings)
-    manifest["artifacts"] = artifacts.artifact_hashes(run_dir)
-    artifacts.write_manifest(run_dir, manifest)
+    manifest.status = status
+    manifest.timings.update(timings)
+    manifest.artifacts = artifacts.artifact_hashes(run_dir)
+    manifest.save(run_dir)
 
 
-def effective_status(manifest: dict[str, Any], run_dir: str | Path | None = None) -> str:
+def effective_status(manifest: Manifest, run_dir: str | Path | None = None) -> str:
     """The run status, with `running` turned into `interrupted` when no process holds the
     run's lock (`run_dir` given) or the recorded driver process (on this host) is gone."""
-    status = manifest.get("status", "unknown")
+    status = manifest.status or "unknown"
     if status != "running":
         return status
     if run_dir is not None and not runlock.is_held(run_dir):
         return "interrupted"
-    if manifest.get("host") == socket.gethostname() and not staging.is_alive(int(manifest.get("pid", -1))):
+    if manifest.host == socket.gethostname() and not staging.is_alive(int(_or(manifest.pid, -1))):
         return "interrupted"
     return status
 
 
-def run_config(cfg: Config, manifest: dict[str, Any]) -> Config:
+def run_config(cfg: Config, manifest: Manifest) -> Config:
     """The concrete config a run of `manifest` trains with: `cfg` with its `"auto"` keys
     resolved for the run's rows, as `prepare` recorded them (`ensemble.config.auto`)."""
-    rows = manifest["dataset"]["rows"]
+    rows = manifest.dataset.rows
     return auto.resolve(cfg, rows["train"], rows.get("validation", 0))[0]
+
+
+def _or(value, default):
+    return default if value is None else value
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -357,7 +362,7 @@ def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -
     return out
 
 
-def reopen(run_dir: Path, cfg: Config, mode: str) -> dict[str, Any]:
+def reopen(run_dir: Path, cfg: Config, mode: str) -> Manifest:
     """Reopen an interrupted, failed or prepared run for `--resume`; marks it running again.
     Call it holding the run lock: a `running` status then means its driver died.
 
@@ -365,23 +370,23 @@ def reopen(run_dir: Path, cfg: Config, mode: str) -> dict[str, Any]:
         UsageError: not a run, another mode, completed, or a config whose sha256 differs from
         the run's (names the changed keys).
     """
-    manifest = artifacts.read_manifest(run_dir)
-    if manifest["mode"] != mode:
-        raise UsageError(f"Run {run_dir} was trained with --mode {manifest['mode']}; "
+    manifest = Manifest.load(run_dir)
+    if manifest.mode != mode:
+        raise UsageError(f"Run {run_dir} was trained with --mode {manifest.mode}; "
                          f"resume it with that mode, not {mode}.")
-    if manifest.get("status") == "completed":
+    if manifest.status == "completed":
         raise UsageError(f"Run {run_dir} is already completed; nothing to resume.")
     cfg = run_config(cfg, manifest)  # "auto" keys as `prepare` resolved them
-    if cfg.sha256() != manifest["config_sha256"]:
-        changes = config_changes(manifest["config"], cfg.to_dict())
+    if cfg.sha256() != manifest.config_sha256:
+        changes = config_changes(manifest.config, cfg.to_dict())
         raise UsageError(f"Config changed since run {run_dir} started ({'; '.join(changes)}); "
                          "resume needs the same config.")
-    manifest.update(status="running", pid=os.getpid(), host=socket.gethostname())
-    artifacts.write_manifest(run_dir, manifest)
+    manifest.status, manifest.pid, manifest.host = "running", os.getpid(), socket.gethostname()
+    manifest.save(run_dir)
     return manifest
 
 
-def require_completed(run_dir: Path, manifest: dict[str, Any]) -> None:
+def require_completed(run_dir: Path, manifest: Manifest) -> None:
     """Raises UsageError unless the run is completed (names its status and the fix)."""
     status = effective_status(manifest, run_dir)
     if status != "completed":

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 
 from ensemble.core import artifacts
+from ensemble.core.record import Manifest, MemberRecord
 from ensemble.config.schema import from_dict, member_hparams
 from ensemble.tasks.classification import fitted
 from ensemble.runs import posthoc
@@ -42,17 +42,17 @@ def _of(value, kind):
     return value if isinstance(value, kind) else None
 
 
-def _hparams(entry: dict, cfg) -> dict:
+def _hparams(entry: MemberRecord, cfg) -> dict:
     """A member's `{"builder", "params", "learning_rate"}`: its manifest entry's, or for
     runs from before builders (flat MLP keys), or without any, from the config."""
-    h = entry.get("hparams") or member_hparams(cfg, entry["index"])
+    h = entry.hparams or member_hparams(cfg, entry.index)
     if "builder" not in h:
         h = {"builder": "mlp", "learning_rate": h["learning_rate"],
              "params": {k: v for k, v in h.items() if k != "learning_rate"}}
     return h
 
 
-def members_table(run_dir: str | Path, manifest: dict[str, Any],
+def members_table(run_dir: str | Path, manifest: Manifest,
                   val: "posthoc.SplitMembers | None" = None) -> pa.Table:
     """The members table of a run whose predictions, history and aggregators are written.
 
@@ -82,37 +82,42 @@ def members_table(run_dir: str | Path, manifest: dict[str, Any],
     fit = fitted.read(run_dir) or {}
     greedy = fit.get("params", {}).get("greedy")
     weights = dict(zip(fit.get("members", []), greedy["weights"])) if greedy else {}
-    n_features = len(manifest["dataset"]["feature_names"])
-    n_classes = len(manifest["dataset"]["classes"])
+    n_features = len(manifest.dataset.feature_names)
+    n_classes = len(manifest.dataset.classes)
     task = tasks.for_run(manifest)
     n_out = task.n_outputs(n_classes)
-    source = (manifest.get("search") or {}).get("candidate")
-    cfg = from_dict(manifest["config"])
+    source = (manifest.search or {}).get("candidate")
+    cfg = from_dict(manifest.config)
     rows = []
-    for m in manifest["members"]:
-        i = m["index"]
+    for m in manifest.members:
+        i = m.index
         h = _hparams(m, cfg)
         p, mlp = h["params"], h["builder"] == "mlp"
         pos = val.members.index(i) if val is not None and i in val.members else None
         hidden = _of(p.get("hidden", () if mlp else None), list)
-        row = {"member": i, "seed": m["seed"], "builder": h["builder"],
+        row = {"member": i, "seed": m.seed, "builder": h["builder"],
                "params": json.dumps(p, sort_keys=True), "hidden": hidden,
                "activation": _of(p.get("activation"), str),
                "dropout": _of(p.get("dropout"), float),
                "learning_rate": h["learning_rate"],
                "l2": _of(p.get("l2", 0.0 if mlp else None), float),
-               "flops_per_row": m.get("flops_per_row",
-                                      mlp_flops(n_features, hidden, n_out) if mlp else None),
+               "flops_per_row": m.flops_per_row if m.flops_per_row is not None
+               else mlp_flops(n_features, hidden, n_out) if mlp else None,
                "parameters": parameter_count(n_features, hidden, n_out) if mlp else None,
-               "device": m["device"],
+               "device": m.device,
                "train_seconds": sum(r["seconds"] for r in history if r["member"] == i),
                **(dict.fromkeys(task.member_score_names) if pos is None
                   else task.member_scores(val.y, val.probs[pos])),
                "weight": weights.get(i, 0.0) if greedy else None,
-               "status": m.get("status"), "diverged_epoch": m.get("diverged_epoch")}
+               "status": m.status, "diverged_epoch": m.diverged_epoch}
         if source is not None:
             row["candidate"] = source[i]
         rows.append(row)
+    return pa.Table.from_pylist(rows, schema=_schema(task, source is not None))
+
+
+def _schema(task, search: bool) -> pa.Schema:
+    """The members table's columns (`members_table`); `search`: with `candidate`."""
     schema = [("member", pa.int32()), ("seed", pa.int64()), ("builder", pa.string()),
               ("params", pa.string()), ("hidden", pa.list_(pa.int64())),
               ("activation", pa.string()), ("dropout", pa.float64()),
@@ -121,12 +126,12 @@ def members_table(run_dir: str | Path, manifest: dict[str, Any],
               ("train_seconds", pa.float64()),
               *((name, pa.float64()) for name in task.member_score_names),
               ("weight", pa.float64()), ("status", pa.string()), ("diverged_epoch", pa.int32())]
-    if source is not None:
+    if search:
         schema.append(("candidate", pa.int32()))
-    return pa.Table.from_pylist(rows, schema=pa.schema(schema))
+    return pa.schema(schema)
 
 
-def write_members(run_dir: str | Path, manifest: dict[str, Any],
+def write_members(run_dir: str | Path, manifest: Manifest,
                   val: "posthoc.SplitMembers | None" = None) -> Path:
     """Write the run's `members.parquet` (atomically; `val` as in `members_table`). Returns
     its path."""

@@ -11,8 +11,9 @@ import numpy as np
 
 from ensemble.tasks.classification import aggregators
 from ensemble.core import artifacts
+from ensemble.core.record import Manifest
 from ensemble.tasks.classification import metrics
-from ensemble.runs import posthoc
+from ensemble.runs import posthoc, prepare, records
 from ensemble.core.errors import UsageError
 
 
@@ -28,7 +29,7 @@ def selected(run_dir: Path) -> dict[int, float]:
 
 
 def _split_probs(run_dir: Path) -> dict[str, posthoc.SplitMembers]:
-    manifest = artifacts.read_manifest(run_dir)
+    manifest = Manifest.load(run_dir)
     preds = artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS)
     return posthoc.by_split(posthoc.member_rows(artifacts.read_parquet(preds)))
 
@@ -44,7 +45,7 @@ def comparison(run_dir: str | Path) -> list[dict[str, Any]]:
         not a search.
     """
     run_dir = Path(run_dir)
-    info = artifacts.read_manifest(run_dir).get("search")
+    info = Manifest.load(run_dir).search
     if not info:
         return []
     weights = selected(run_dir)
@@ -70,3 +71,14 @@ def comparison(run_dir: str | Path) -> list[dict[str, Any]]:
         out += [{"split": split, "model": name, "n_members": k, **metrics.all_metrics(s.y, p)}
                 for name, k, p in models]
     return out
+
+
+def record_search(run_dir: str | Path, info: dict[str, Any]) -> Manifest:
+    """Record search `info` (seed, space, candidates, select, stratify) in the run's manifest,
+    write `members.parquet` and finish the run (`completed`, every artifact's sha256);
+    returns the manifest. Call it holding the run (the search's driver)."""
+    manifest = Manifest.load(run_dir)
+    manifest.search = info
+    records.write_members(run_dir, manifest)
+    prepare.finish(Path(run_dir), manifest, "completed")
+    return manifest

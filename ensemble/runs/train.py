@@ -16,6 +16,7 @@ from ensemble.replication import divergence
 from ensemble.runs import posthoc
 from ensemble.replication import progress
 from ensemble.runs import records
+from ensemble.runs.record import Manifest
 from ensemble.runs import prepare as run
 from ensemble.tasks import eval_writer, tables
 from ensemble.replication.cluster import naming_unreachable_tasks
@@ -31,11 +32,12 @@ def default_run_dir(cfg: Config) -> Path:
 def run_cluster(request: TrainRequest) -> dict | None:
     """The cluster spec a run trains on: the request's, or on resume the run's own."""
     if request.cluster is None and request.resume:
-        return artifacts.read_manifest(request.run_dir).get("cluster")
+        return Manifest.load(request.run_dir).cluster
     return request.cluster
 
 
-def open_run(request: TrainRequest, mode: str, devs: list[str], cluster: dict | None) -> dict:
+def open_run(request: TrainRequest, mode: str, devs: list[str],
+             cluster: dict | None) -> Manifest:
     """The manifest a `mode` run starts from, under the run's writer lock (`run.writing`):
     the interrupted run reopened (`request.resume`), or a new run prepared on `devs`."""
     if request.resume:
@@ -43,7 +45,7 @@ def open_run(request: TrainRequest, mode: str, devs: list[str], cluster: dict | 
     return run.prepare(request.cfg, request.run_dir, mode, devs, request.overwrite, cluster)
 
 
-def train_in_graph(request: TrainRequest, callbacks: Sequence = ()) -> dict:
+def train_in_graph(request: TrainRequest, callbacks: Sequence = ()) -> Manifest:
     """Train every member in one graph (in-graph replication) and write the run directory.
 
     A checkpoint of the whole graph (all members at the same epoch) is saved after every
@@ -73,7 +75,7 @@ def train_in_graph(request: TrainRequest, callbacks: Sequence = ()) -> dict:
             callbacks = [progress.ResumeNotice(), *callbacks]
         cfg = run.run_config(r.cfg, manifest)  # "auto" batch size and early stopping resolved
         if r.verbosity:
-            print(auto.describe(cfg, manifest.get("defaults") or {}), flush=True)
+            print(auto.describe(cfg, manifest.defaults or {}), flush=True)
         with run.recording_outcome(r.run_dir), naming_unreachable_tasks(cluster):
             _train_and_write(cfg, r.run_dir, manifest,
                              [*progress.for_people(r.verbosity), *callbacks])
@@ -98,7 +100,7 @@ class _FirstEpoch:
             self.unix = time.time()
 
 
-def _keep_healthy(ens, placed: list[str], run_dir: Path, manifest: dict, task):
+def _keep_healthy(ens, placed: list[str], run_dir: Path, manifest: Manifest, task):
     """Save the members that did not diverge (`divergence.settle`: fails when none is left)
     and record every member's status; returns (their `InGraphEnsemble`, their devices)."""
     from ensemble.models.members import save_member
@@ -109,8 +111,8 @@ def _keep_healthy(ens, placed: list[str], run_dir: Path, manifest: dict, task):
     keep = [k for k, i in enumerate(ens.indices) if i not in diverged]
     for k in keep:
         save_member(ens.models[k], artifacts.member_model_path(run_dir, ens.indices[k]))
-        manifest["members"][ens.indices[k]]["status"] = "completed"
-    ens.divergence.record(manifest["members"])
+        manifest.member(ens.indices[k]).status = "completed"
+    ens.divergence.record(manifest.members)
     if len(keep) == len(ens.models):
         return ens, placed
     return (InGraphEnsemble([ens.models[k] for k in keep], [placed[k] for k in keep], (),
@@ -118,7 +120,7 @@ def _keep_healthy(ens, placed: list[str], run_dir: Path, manifest: dict, task):
             [placed[k] for k in keep])
 
 
-def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequence) -> None:
+def _train_and_write(cfg: Config, run_dir: Path, manifest: Manifest, callbacks: Sequence) -> None:
     """Build, train (with per-epoch checkpoints), save the members, predict the evaluation
     splits and write the run's tables; updates `manifest` and finishes the run."""
     from ensemble import tasks
@@ -126,9 +128,9 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     from ensemble.replication.training import Schedule, SteadyState
 
     split = {s: artifacts.read_split(run_dir, s, manifest) for s in artifacts.SPLITS}
-    classes = np.asarray(manifest["dataset"]["classes"])
+    classes = np.asarray(manifest.dataset.classes)
     (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
-    placed = [m["device"] for m in manifest["members"]]
+    placed = [m.device for m in manifest.members]
     start = time.perf_counter()
     from ensemble.data import kinds
 
@@ -136,8 +138,8 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     ens = InGraphEnsemble.build(cfg, x_tr.shape[1:], len(classes), placed, aggregators=(),
                                 n_train=len(x_tr), pre=kinds.run_preprocessing(run_dir, manifest),
                                 task=task)
-    if any(len(m.get("replicas", ())) > 1 for m in manifest["members"]):  # data parallelism
-        ens.train_replicas = [m["replicas"] for m in manifest["members"]]
+    if any(len(m.replicas or ()) > 1 for m in manifest.members):  # data parallelism
+        ens.train_replicas = [m.replicas for m in manifest.members]
     if cfg.training.tensorboard:  # member scalars, and the in-graph ensemble's per epoch
         from ensemble.replication.tensorboard import EnsembleScalars, MemberScalars
 
@@ -148,8 +150,8 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: dict, callbacks: Sequ
     history = ens.fit(x_tr, y_tr, x_val, y_val, Schedule.of(cfg.training),
                       run_dir / "checkpoints" / "in-graph", [*callbacks, steady, first])
     train_seconds = time.perf_counter() - start
-    manifest["timings"].update(steady_rows=steady.rows, steady_seconds=steady.seconds,
-                               first_epoch_end_unix=first.unix)
+    manifest.timings.update(steady_rows=steady.rows, steady_seconds=steady.seconds,
+                            first_epoch_end_unix=first.unix)
     ens, placed = _keep_healthy(ens, placed, run_dir, manifest, task)
     start = time.perf_counter()
     # the fitted aggregators fit on the validation members' predictions, then the graph

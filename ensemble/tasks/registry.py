@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ensemble.core import specs
+from ensemble.core.record import Manifest
 from ensemble.tasks.base import Task, all_aggregator_names
 from ensemble.tasks.classification.task import Classification
 from ensemble.tasks.regression.task import Regression
@@ -119,13 +120,17 @@ def _user_task(spec: str) -> Task:
     return task
 
 
-def for_run(manifest: dict) -> Task:
+def for_run(manifest: Manifest) -> Task:
     """The task of a run from its manifest (`task`, the target's standardisation in
     `dataset.target_loc` / `target_scale`, `config.training.loss`)."""
-    task = get(manifest.get("task", "classification"),
-               loss=manifest.get("config", {}).get("training", {}).get("loss", "auto"))
-    d = manifest.get("dataset", {})
-    return task.with_target(d.get("target_loc", 0.0), d.get("target_scale", 1.0))
+    options = {} if manifest.task is None else {"name": manifest.task}
+    task = get(**options, loss=manifest.config.get("training", {}).get("loss", "auto"))
+    d = manifest.dataset
+    return task.with_target(_or(d.target_loc, 0.0), _or(d.target_scale, 1.0))
+
+
+def _or(value, default):
+    return default if value is None else value
 
 
 def of_model(model) -> Task:
