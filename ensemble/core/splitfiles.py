@@ -12,6 +12,7 @@ cache and no process holds a split in memory.
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,11 @@ from ensemble.core.staging import fsync_dir
 
 ARRAYS = ("x", "y", "row")
 # bytes written between flushes: a memory cgroup counts dirty pages, which cannot be reclaimed
-# before they are written back, so a split larger than the cgroup is flushed as it goes
+# before they are written back, so a split larger than the cgroup is flushed as it goes; the
+# flush runs in a background thread (`os.fdatasync` releases the GIL) while the next rows are
+# prepared, and waits for the one before it, so at most 2 x FLUSH_BYTES are dirty at a time
 FLUSH_BYTES = 64 << 20
+_datasync = getattr(os, "fdatasync", os.fsync)  # (macOS has no fdatasync)
 
 
 def path(run_dir: str | Path, split: str, array: str) -> Path:
@@ -43,6 +47,8 @@ class SplitWriter:
 
     Use `write` in row order, then `commit` (flush, fsync, rename all three into place); on
     an error `abort` removes the temporary files. Also a context manager doing just that.
+    Every `FLUSH_BYTES` written, the files are synced to disk in a background thread (the
+    writes to a shared memory map are the file's page cache, which `fdatasync` writes back).
 
     Raises:
         OSError: the files cannot be created (a full disk).
@@ -52,6 +58,8 @@ class SplitWriter:
                  y_dtype):
         from numpy.lib.format import open_memmap
 
+        self._syncing: Future | None = None
+        self._pool: ThreadPoolExecutor | None = None
         self.final = [path(run_dir, split, a) for a in ARRAYS]
         self.final[0].parent.mkdir(parents=True, exist_ok=True)
         self.tmp = [p.with_name(f".{p.name}.{os.getpid()}.tmp") for p in self.final]
@@ -74,18 +82,42 @@ class SplitWriter:
         self.pos = end
         self.unflushed += sum(a.itemsize * a[:1].size for a in self.arrays) * len(x)
         if self.unflushed >= FLUSH_BYTES:  # keep dirty pages bounded (see FLUSH_BYTES)
-            for array in self.arrays:
-                array.flush()
+            self._wait()
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="ensemble-sync")
+            self._syncing = self._pool.submit(self._sync, _datasync)
             self.unflushed = 0
+
+    def _sync(self, how) -> None:
+        for tmp in self.tmp:
+            fd = os.open(tmp, os.O_RDWR)
+            try:
+                how(fd)
+            finally:
+                os.close(fd)
+
+    def _wait(self) -> None:
+        """Wait for the background sync (raising its error, such as a full disk)."""
+        syncing, self._syncing = self._syncing, None
+        if syncing is not None:
+            syncing.result()
+
+    def _stop(self) -> None:
+        try:
+            self._wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = None
 
     def commit(self) -> None:
         """Flush the files to disk and rename them into place (the folder flushed too)."""
         if self.pos != self.n_rows:
             raise RuntimeError(f"split written with {self.pos} of {self.n_rows} rows")
-        for array, tmp in zip(self.arrays, self.tmp):
+        self._stop()
+        for array in self.arrays:
             array.flush()
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
+        self._sync(os.fsync)
         self.arrays = []
         for tmp, final in zip(self.tmp, self.final):
             os.replace(tmp, final)
@@ -93,6 +125,10 @@ class SplitWriter:
 
     def abort(self) -> None:
         """Remove the temporary files (nothing under the final names changes)."""
+        try:
+            self._stop()
+        except OSError:
+            pass  # the files go anyway
         self.arrays = []
         for tmp in self.tmp:
             tmp.unlink(missing_ok=True)

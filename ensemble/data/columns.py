@@ -100,8 +100,9 @@ def category_values(f: pa.Field, col, first_row: int, problems: list[str]):
 
 def numeric_values(f: pa.Field, col, first_row: int, expected: Sequence[str] | None,
                     problems: list[str]) -> np.ndarray | None:
-    """A numeric or boolean column as float64 (`[n_rows]`, NaN where missing), or None when
-    its type cannot be a feature; a problem is appended for that, inf, or |x| beyond float32."""
+    """A numeric or boolean column as numbers (`[n_rows]`: an integer or float column in its
+    own numpy dtype, float64 where it has NaN or nulls or is boolean), or None when its type
+    cannot be a feature; a problem is appended for that, inf, or |x| beyond float32."""
     if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type):
         problems.append(not_utf8(f.name, col, first_row))
         return None
@@ -114,8 +115,11 @@ def numeric_values(f: pa.Field, col, first_row: int, expected: Sequence[str] | N
         problems.append(f"column {f.name!r} is {f.type}; expected numbers (or list it in "
                         "[data] categorical to one-hot encode it)")
         return None
-    values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
-    values = np.asarray(values, np.float64)
+    if is_numeric(f.type):  # its own dtype (float64 where nulls are): stacked at once later
+        values = col.to_numpy(zero_copy_only=False)
+        if values.dtype.kind != "f" or (np.abs(values) <= FLOAT32_MAX).all():
+            return values  # the usual case, one pass: no NaN, no inf, nothing too big
+    values = np.asarray(pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False), np.float64)
     too_big = np.isfinite(values) & (np.abs(values) > FLOAT32_MAX)
     if too_big.any():
         r = int(np.flatnonzero(too_big)[0])
@@ -147,9 +151,12 @@ def features(table: pa.Table, cat_names: Sequence[str], first_row: int,
     """Every column of `table` as a feature, in the table's order.
 
     Returns:
-        (numeric: list of (name, `[n_rows]` float64 values), categorical: name -> `[n_rows]`
-        object array, missing: list of (name, rows missing) per column with missing values);
-        columns that cannot be features are left out with a problem appended.
+        (numeric names, `[n_rows, n_numeric]` float32 numeric features (NaN where missing),
+        categorical: name -> `[n_rows]` object array, missing: list of (name, rows missing)
+        per column with missing values); columns that cannot be features are left out with
+        a problem appended. The numeric columns are stacked in their common numpy dtype and
+        cast to float32 once: the same values as each column through float64 (the common
+        dtype of integer and float columns holds both exactly, as float64 does).
     """
     numeric, cats, missing_values = [], {}, []
     for f in table.schema:
@@ -163,7 +170,10 @@ def features(table: pa.Table, cat_names: Sequence[str], first_row: int,
             missing = col.null_count
         else:
             numeric.append((f.name, values))
-            missing = int(np.isnan(values).sum())
+            missing = int(np.isnan(values).sum()) if values.dtype.kind == "f" else 0
         if missing:
             missing_values.append((f.name, missing))
-    return numeric, cats, missing_values
+    with np.errstate(over="ignore"):  # a value beyond float32 is a problem appended above
+        x = (np.stack([v for _, v in numeric], axis=1).astype(np.float32, copy=False)
+             if numeric else np.zeros((table.num_rows, 0), np.float32))
+    return tuple(n for n, _ in numeric), x, cats, missing_values

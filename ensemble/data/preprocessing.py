@@ -180,8 +180,12 @@ class Preprocessing:
         x, unknown = self._encode(ds)
         z = x - self.mean
         z /= self.scale
-        self._check_fits(z, x, ds.name, first_row)
-        return z.astype(np.float32), unknown
+        with np.errstate(over="ignore"):  # beyond float32 becomes inf: found just below
+            z32 = z.astype(np.float32)
+        if len(z32) and z32.size and not (-sources.FLOAT32_MAX <= z32.min()
+                                          and z32.max() <= sources.FLOAT32_MAX):
+            self._check_fits(z, x, ds.name, first_row)  # two reductions, no temporaries
+        return z32, unknown
 
     def _check_fits(self, z: np.ndarray, x: np.ndarray, name: str, first_row: int) -> None:
         """Raises UsageError for the first scaled value `z` beyond float32 (the model's dtype):

@@ -177,17 +177,14 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
         if table.num_columns == 0:
             problems.append(f"no feature columns besides {target!r}")
     cat_names = columns.categorical_names(table, categorical, expected, problems)
-    numeric, cats, missing_values = columns.features(table, cat_names, first_row, expected,
-                                                     problems)
+    names, x, cats, missing_values = columns.features(table, cat_names, first_row, expected,
+                                                      problems)
     if missing_values and impute == "error":
         problems.append(columns.missing_problem(missing_values, expected))
     if problems:
         raise UsageError(f"{len(problems)} problem{'s' * (len(problems) > 1)} in data {name}: "
                          + "; ".join(problems) + ".")
-    # columns stacked as rows (contiguous copies), then one transposing float32 copy
-    x = (np.ascontiguousarray(np.vstack([v for _, v in numeric]).T, np.float32) if numeric
-         else np.zeros((table.num_rows, 0), np.float32))
-    return Dataset(name, x, y, tuple(n for n, _ in numeric), cats,
+    return Dataset(name, x, y, names, cats,
                    tuple(identifiers) if expected is None else ())
 
 

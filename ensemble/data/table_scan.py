@@ -139,7 +139,7 @@ class TableScan:
         """(`[n]` labels of the labelled rows, `[n_source]` bool: rows with a label, or None
         when every row has one)."""
         target = self.cfg.target
-        col = pa.chunked_array([t.column(target) for t in self._batches([target], 1 << 20)])
+        col = pa.concat_tables(self._batches([target], 1 << 20)).column(target)
         valid = None
         if col.null_count:
             valid = np.asarray(pc.is_valid(col))

@@ -12,11 +12,12 @@ import platform
 import shutil
 import socket
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ensemble.config import auto
 from ensemble.core import artifacts
@@ -197,6 +198,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     start = time.perf_counter()
     check_run_dir(run_dir, overwrite)
     scan = kinds.scan(cfg.data)  # labels now, feature rows a chunk at a time below
+    sha256 = _in_background(scan.sha256)  # the source's bytes hashed beside the passes
     task, target = resolve_task(cfg, scan.y)
     rows, classes = data.split(scan, cfg.data, cfg.data.split_seed, task.stratified)
     cfg, chosen = auto.resolve(cfg, len(rows["train"]), len(rows["validation"]))
@@ -216,13 +218,36 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     manifest = new_manifest(cfg, mode, devices, pre, {
         "name": scan.name, "source": cfg.data.source, "target": cfg.data.target,
         "rows": {s: int(len(r)) for s, r in rows.items()}, "columns": list(scan.columns),
-        "sha256": scan.sha256(), **target}, cluster, task)
+        "sha256": sha256(), **target}, cluster, task)
     manifest.run_id = run_id_for(run_dir, cfg)  # the folder's name for a default run dir
     manifest.defaults = chosen  # the "auto" keys and the values chosen (ensemble.config.auto)
     manifest.timings["prepare_seconds"] = time.perf_counter() - start
     manifest.artifacts = artifacts.artifact_hashes(run_dir)  # the splits, preprocessing
     manifest.save(run_dir)
     return manifest
+
+
+def _in_background(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """Start `fn()` in a daemon thread (one that does not hold up the process's exit, on
+    Ctrl-C say); returns a function that waits for its result (or raises its exception)."""
+    out: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # handed to the caller
+            out["error"] = exc
+
+    thread = threading.Thread(target=work, name="ensemble-background", daemon=True)
+    thread.start()
+
+    def result() -> Any:
+        thread.join()
+        if "error" in out:
+            raise out["error"]
+        return out["value"]
+
+    return result
 
 
 def check_data(cfg: Config) -> None:
