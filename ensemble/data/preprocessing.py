@@ -142,7 +142,7 @@ class Preprocessing:
             elif other.any():
                 unknown[name] = int(other.sum())
             blocks.append(onehot)
-        return np.concatenate(blocks, axis=1), unknown
+        return (np.concatenate(blocks, axis=1) if len(blocks) > 1 else x), unknown
 
     def transform(self, ds: Dataset) -> np.ndarray:
         """Impute, encode and scale `ds` after matching its columns to the training columns by
@@ -177,14 +177,14 @@ class Preprocessing:
         extra = sorted(set(ds.columns) - set(self.columns))
         if extra:
             raise UsageError(f"Unexpected column {extra[0]!r} in {ds.name}; not a training feature.")
-        x, unknown = self._encode(ds)
-        z = x - self.mean
+        z, unknown = self._encode(ds)  # a new float64 array: scaled in place
+        z -= self.mean
         z /= self.scale
         with np.errstate(over="ignore"):  # beyond float32 becomes inf: found just below
             z32 = z.astype(np.float32)
-        if len(z32) and z32.size and not (-sources.FLOAT32_MAX <= z32.min()
-                                          and z32.max() <= sources.FLOAT32_MAX):
-            self._check_fits(z, x, ds.name, first_row)  # two reductions, no temporaries
+        if z32.size and not (-sources.FLOAT32_MAX <= z32.min()
+                             and z32.max() <= sources.FLOAT32_MAX):  # two reductions
+            self._check_fits(z, self._encode(ds)[0], ds.name, first_row)
         return z32, unknown
 
     def _check_fits(self, z: np.ndarray, x: np.ndarray, name: str, first_row: int) -> None:
