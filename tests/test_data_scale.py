@@ -92,6 +92,47 @@ def test_chunked_prepare_equals_one_chunk(tmp_path, monkeypatch):
         np.testing.assert_array_equal(ra, rb)
 
 
+def test_one_pass_over_a_numeric_table_equals_fit_then_write(tmp_path, monkeypatch):
+    """A table without categorical columns is read once (rows written as read, then scaled
+    in place in the split files): the same preprocessing and the same bytes as fitting first
+    and encoding in a second pass; rows without a label keep their file positions."""
+    import pyarrow.parquet as pq
+
+    from ensemble.config import schema
+    from ensemble.core import artifacts
+    from ensemble.core.labels import encode
+    from ensemble.data import kinds, prepared, sources, table_scan
+
+    monkeypatch.setattr(table_scan, "CHUNK_ROWS", 64)
+    x, _, y = _table()
+    label = y.astype(np.float64)
+    label[::50] = np.nan  # unlabelled rows: dropped
+    pq.write_table(pa.table({"a": x[:, 0], "b": x[:, 1].astype(np.float32),
+                             "c": np.arange(len(x)) % 7,
+                             "label": pa.array(label, from_pandas=True)}), tmp_path / "n.parquet")
+    cfg = schema.from_dict({"data": {"source": str(tmp_path / "n.parquet"), "target": "label",
+                                     "impute": "median"}})
+    fitted = {}
+    for name in ("one", "two"):
+        scan = kinds.scan(cfg.data)
+        assert scan.numeric_only
+        rows, classes = sources.split(scan, cfg.data, 0, True)
+        codes = encode(scan.y, classes)
+        if name == "one":
+            fitted[name] = prepared.prepare_splits(tmp_path / name, scan, rows, codes, classes)
+        else:
+            fitted[name] = scan.fit(rows["train"], classes)
+            prepared.write_splits(tmp_path / name, scan, fitted[name], rows, codes)
+    assert fitted["one"].to_json() == fitted["two"].to_json()
+    for split in artifacts.SPLITS:
+        one, two = (artifacts.read_split(tmp_path / n, split) for n in ("one", "two"))
+        for a, b in zip(one, two):
+            np.testing.assert_array_equal(a, b)
+        assert not np.isin(one[2], np.arange(0, len(x), 50)).any()  # file rows, labelled
+    assert sum(len(artifacts.read_split(tmp_path / "one", s)[2])
+               for s in artifacts.SPLITS) == len(x) - 12
+
+
 def test_high_cardinality_column_is_grouped_with_a_notice(tmp_path, monkeypatch, capsys):
     source = _write_csv(tmp_path / "t.csv")
     run = _prepare(tmp_path, "r", source, 1 << 20, monkeypatch, max_categories=5)

@@ -80,7 +80,26 @@ class SplitWriter:
         for array, values in zip(self.arrays, (x, y, row)):
             array[self.pos:end] = values
         self.pos = end
-        self.unflushed += sum(a.itemsize * a[:1].size for a in self.arrays) * len(x)
+        self._written(sum(a.itemsize * a[:1].size for a in self.arrays) * len(x))
+
+    @property
+    def x(self) -> np.ndarray:
+        """The `[n_rows, *row_shape]` rows written so far (a writable memory map)."""
+        return self.arrays[0]
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The `[n_rows]` source positions written so far (`row`)."""
+        return self.arrays[2]
+
+    def rewrite(self, lo: int, x: np.ndarray) -> None:
+        """Replace the rows `lo .. lo + len(x)` of `x` (a pass over the written rows, such as
+        scaling them in place)."""
+        self.arrays[0][lo:lo + len(x)] = x
+        self._written(x.nbytes)
+
+    def _written(self, nbytes: int) -> None:
+        self.unflushed += nbytes
         if self.unflushed >= FLUSH_BYTES:  # keep dirty pages bounded (see FLUSH_BYTES)
             self._wait()
             if self._pool is None:

@@ -15,8 +15,78 @@ import numpy as np
 
 from ensemble.core import splitfiles
 from ensemble.core.notices import notice
+from ensemble.data.sources import Dataset
 
 SPLITS = ("train", "validation", "test")
+
+
+def prepare_splits(run_dir, scan, rows: dict[str, np.ndarray], y: np.ndarray,
+                   classes: np.ndarray):
+    """Fit the run's preprocessing on the training rows and write every split's files;
+    returns the fitted preprocessing (`scan.fit`'s).
+
+    A table without categorical columns (`scan.numeric_only`) is read once: each chunk's rows
+    are written as read (float32, the values the encoding starts from) while the statistics
+    are gathered, then every split is scaled in place, a chunk at a time, from its files in
+    the page cache; the same float32 rows as `write_splits` after `scan.fit`, which reads the
+    source twice and is used otherwise (categorical columns, image folders, arrays).
+
+    Args:
+        rows, y: as `write_splits`; classes: the sorted class labels (`scan.fit`).
+
+    Raises:
+        UsageError: as `write_splits`; nothing is left under the final names then.
+    """
+    if not getattr(scan, "numeric_only", False):
+        pre = scan.fit(rows["train"], classes)
+        write_splits(run_dir, scan, pre, rows, y)
+        return pre
+    with _Splits(run_dir, scan, rows, y) as splits:
+        pre = scan.fit(rows["train"], classes, each=lambda start, chunk: splits.write(
+            start, chunk.x))
+        for w in splits.writers.values():
+            for lo in range(0, w.n_rows, scan.chunk_rows):
+                part = np.asarray(w.x[lo:lo + scan.chunk_rows])
+                z, _ = pre.encode_scaled(Dataset(scan.name, part, None, pre.feature_names),
+                                         w.rows[lo:lo + len(part)])
+                w.rewrite(lo, z)
+    return pre
+
+
+class _Splits:
+    """The three splits' writers, fed a chunk of rows at a time in source order; committed
+    together on a clean exit, all removed on an error."""
+
+    def __init__(self, run_dir, scan, rows: dict[str, np.ndarray], y: np.ndarray):
+        self.run_dir, self.scan, self.rows, self.y = run_dir, scan, rows, y
+        self.which = np.full(len(y), -1, np.int8)
+        for i, s in enumerate(SPLITS):
+            self.which[rows[s]] = i
+        self.writers: dict[str, splitfiles.SplitWriter] = {}
+
+    def write(self, start: int, x: np.ndarray) -> None:
+        """Route the rows `start .. start + len(x)` (positions of y) to their splits."""
+        if not self.writers:
+            self.writers = {s: splitfiles.SplitWriter(self.run_dir, s, len(self.rows[s]),
+                                                      x.shape[1:], x.dtype, self.y.dtype)
+                            for s in SPLITS}
+        part = self.which[start:start + len(x)]
+        for i, s in enumerate(SPLITS):
+            take = np.flatnonzero(part == i)
+            if len(take):
+                self.writers[s].write(x[take], self.y[start + take],
+                                      self.scan.file_rows(start + take))
+
+    def __enter__(self) -> "_Splits":
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        if kind is None:
+            for w in self.writers.values():
+                w.commit()
+        else:
+            for w in self.writers.values():
+                w.abort()
 
 
 def write_splits(run_dir, scan, pre, rows: dict[str, np.ndarray], y: np.ndarray) -> None:
@@ -33,29 +103,12 @@ def write_splits(run_dir, scan, pre, rows: dict[str, np.ndarray], y: np.ndarray)
         UsageError: a chunk the preprocessing refuses (named row); nothing is left under
             the final names then.
     """
-    which = np.full(len(y), -1, np.int8)
-    for i, s in enumerate(SPLITS):
-        which[rows[s]] = i
-    writers: dict[str, splitfiles.SplitWriter] = {}
     unknown: Counter = Counter()
-    try:
+    with _Splits(run_dir, scan, rows, y) as splits:
         for start, chunk in scan.chunks():
             x, unk = pre.encode_scaled(chunk, start)
             unknown.update(unk)
-            if not writers:
-                writers = {s: splitfiles.SplitWriter(run_dir, s, len(rows[s]), x.shape[1:],
-                                                     x.dtype, y.dtype) for s in SPLITS}
-            part = which[start:start + len(x)]
-            for i, s in enumerate(SPLITS):
-                take = np.flatnonzero(part == i)
-                if len(take):
-                    writers[s].write(x[take], y[start + take], scan.file_rows(start + take))
-        for w in writers.values():
-            w.commit()
-    except BaseException:
-        for w in writers.values():
-            w.abort()
-        raise
+            splits.write(start, x)
     if unknown:
         notice("unknown categories ignored (all-zero encoding): " + ", ".join(
             f"{n} rows in {c!r}" for c, n in unknown.items()))

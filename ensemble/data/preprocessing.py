@@ -161,10 +161,11 @@ class Preprocessing:
                 f"{n} rows in {c!r}" for c, n in unknown.items()))
         return x
 
-    def encode_scaled(self, ds: Dataset, first_row: int = 0
+    def encode_scaled(self, ds: Dataset, first_row: int | np.ndarray = 0
                       ) -> tuple[np.ndarray, dict[str, int]]:
         """`transform` without the notice, for a batch of a streamed input (its first row is
-        row `first_row` of the source, for messages).
+        row `first_row` of the source, for messages; or `first_row` is `[n_rows]`, each
+        row's position in the source).
 
         Returns:
             (`[n_rows, n_outputs]` float32, {categorical column: rows with an unknown
@@ -187,15 +188,17 @@ class Preprocessing:
             self._check_fits(z, self._encode(ds)[0], ds.name, first_row)
         return z32, unknown
 
-    def _check_fits(self, z: np.ndarray, x: np.ndarray, name: str, first_row: int) -> None:
+    def _check_fits(self, z: np.ndarray, x: np.ndarray, name: str,
+                    first_row: int | np.ndarray) -> None:
         """Raises UsageError for the first scaled value `z` beyond float32 (the model's dtype):
         it would become inf and the members' probabilities NaN."""
         bad = ~(np.abs(z) <= sources.FLOAT32_MAX)
         if not bad.any():
             return
         r, j = (int(v[0]) for v in np.nonzero(bad))
+        row = int(first_row[r]) if np.ndim(first_row) else first_row + r
         raise UsageError(
-            f"Value {x[r, j]:.6g} of column {self.output_names[j]!r} at row {first_row + r} of "
+            f"Value {x[r, j]:.6g} of column {self.output_names[j]!r} at row {row} of "
             f"{name} does not fit float32 (the model's dtype) once scaled by the run's "
             f"standardisation (mean {self.mean[j]:.4g}, scale {self.scale[j]:.4g}); expected "
             f"values within the range the run was trained on.")

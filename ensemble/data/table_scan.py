@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -186,9 +186,18 @@ class TableScan:
         rows = np.asarray(rows, np.int64)
         return rows if self._valid is None else self._positions[rows]
 
-    def fit(self, train_rows: np.ndarray, classes: np.ndarray):
+    @property
+    def numeric_only(self) -> bool:
+        """No categorical column: a chunk's `x` (float32, before scaling) is every input of
+        the encoding, so the rows can be written as read and scaled in place afterwards
+        (`prepared.prepare_splits`)."""
+        return not self._categorical
+
+    def fit(self, train_rows: np.ndarray, classes: np.ndarray,
+            each: Callable[[int, sources.Dataset], None] | None = None):
         """The `Preprocessing` fitted on the rows `train_rows` (positions of `y`) in one pass
-        over the chunks (`table_stats.TableStats`)."""
+        over the chunks (`table_stats.TableStats`); `each(first row, chunk)` is called with
+        every chunk of the pass too (None: nothing)."""
         from ensemble.data.preprocessing import Preprocessing, _notice_id_columns
         from ensemble.data.table_stats import TableStats
 
@@ -202,6 +211,8 @@ class TableScan:
             if start == 0:  # a whole-number column unique on every row: an id? (first chunk)
                 _notice_id_columns(chunk.feature_names, chunk.x[take])
             stats.update(chunk.rows(take))
+            if each is not None:
+                each(start, chunk)
         return Preprocessing(**stats.fitted(classes, self.identifiers))
 
     def sha256(self) -> str:

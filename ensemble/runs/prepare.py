@@ -177,9 +177,10 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
             overwrite: bool = False, cluster: dict | None = None) -> Manifest:
     """Create the run directory up to training: data splits, preprocessing, placement.
 
-    The source is read a chunk at a time (`kinds.scan`): labels, split, preprocessing fitted
-    in one pass over the training rows, then every split encoded and scaled into its
-    memory-mapped files (`ensemble.data.prepared.write_splits`).
+    The source is read a chunk at a time (`kinds.scan`): labels, split, the memory budget,
+    then the preprocessing fitted on the training rows and every split encoded and scaled
+    into its memory-mapped files (`ensemble.data.prepared.prepare_splits`: one pass over a
+    numeric table, two otherwise).
 
     Args:
         devices: canonical device names; members are placed on them round robin.
@@ -192,7 +193,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     Raises:
         UsageError: bad data or an existing run (see `check_run_dir`).
     """
-    from ensemble.data.prepared import write_splits
+    from ensemble.data.prepared import prepare_splits
     from ensemble.runs import budget
 
     start = time.perf_counter()
@@ -202,7 +203,6 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     task, target = resolve_task(cfg, scan.y)
     rows, classes = data.split(scan, cfg.data, cfg.data.split_seed, task.stratified)
     cfg, chosen = auto.resolve(cfg, len(rows["train"]), len(rows["validation"]))
-    pre = scan.fit(rows["train"], classes)
     budget.check_run(cfg, mode, devices, {s: len(r) for s, r in rows.items()},
                      task.n_outputs(len(classes)))
     y = encode(scan.y, classes)
@@ -213,7 +213,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
         check_target_scale(fitted["target_loc"], fitted["target_scale"], cfg.data.target)
     target.update(fitted)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_splits(run_dir, scan, pre, rows, y)  # `row`: the rows' positions in the file
+    pre = prepare_splits(run_dir, scan, rows, y, classes)  # `row`: positions in the file
     artifacts.write_text(run_dir / artifacts.PREPROCESSING, pre.to_json())
     manifest = new_manifest(cfg, mode, devices, pre, {
         "name": scan.name, "source": cfg.data.source, "target": cfg.data.target,
