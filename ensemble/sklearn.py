@@ -1,9 +1,9 @@
 """The scikit-learn estimators' public import path (`DeepEnsembleClassifier`, `DeepEnsembleRegressor`).
 
-The estimators live in `ensemble.runs.sklearn` (the shared base and the classifier) and
-`ensemble.runs.sklearn_regressor`.
+The estimators live in `ensemble.runs.estimator` (the shared base and the classifier) and
+`ensemble.runs.estimator_regressor`.
 """
-from ensemble.runs.sklearn import DeepEnsembleClassifier
-from ensemble.runs.sklearn_regressor import DeepEnsembleRegressor
+from ensemble.runs.estimator import DeepEnsembleClassifier
+from ensemble.runs.estimator_regressor import DeepEnsembleRegressor
 
 __all__ = ["DeepEnsembleClassifier", "DeepEnsembleRegressor"]

@@ -114,10 +114,10 @@ def cmd_search(args) -> int:
 
 
 def cmd_devices(args) -> int:
-    from ensemble.config import schema as config
+    from ensemble.config import schema
     from ensemble.replication import devices
 
-    cfg = config.load(args.config)
+    cfg = schema.load(args.config)
     spec = args.devices or cfg.placement.devices
     limit = cfg.placement.memory_limit_mb if args.memory_limit_mb is None else args.memory_limit_mb
     for text in devices.configure_gpus(cfg.placement.memory_growth, limit):

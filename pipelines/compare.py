@@ -53,7 +53,7 @@ from ensemble.runs.between import checked, last_report, run_process
 from ensemble.runs.prepare import check_data
 from ensemble.runs.record import Manifest, config_of
 from pipelines import compare_chart
-from pipelines import compare_cost as cost
+from pipelines import compare_cost
 from pipelines.compare_report import (  # noqa: F401 (the module's public names)
     DIGITS, MEASURES, PARITY_BOUND, PHASES, summarise, verdict)
 
@@ -107,7 +107,7 @@ def _train_row(mode: str, run_dir: Path, res: dict) -> dict:
     n_train = m.dataset.rows["train"]
     rows = n_train * cfg.training.epochs * cfg.members.count
     history = artifacts.read_parquet(run_dir / artifacts.HISTORY).to_pylist()
-    per_epoch, epochs = cost.epoch_seconds(mode, history, t, n_train)
+    per_epoch, epochs = compare_cost.epoch_seconds(mode, history, t, n_train)
     return {"mode": mode, "phase": "train", "wall_seconds": res["seconds"],
             "startup_seconds": startup, "work_seconds": res["seconds"] - startup,
             "member_rows_per_second": rows / res["seconds"],
@@ -115,7 +115,7 @@ def _train_row(mode: str, run_dir: Path, res: dict) -> dict:
             "processes": 1 + len(clients) + bool(clients),
             "devices": len(set(x.device for x in m.members)),
             "train_rows": n_train, "epochs": epochs,
-            **cost.split_cost(res["seconds"], per_epoch, epochs, n_train),
+            **compare_cost.split_cost(res["seconds"], per_epoch, epochs, n_train),
             **test_metrics(run_dir, m)}
 
 
@@ -128,7 +128,7 @@ def _predict_row(mode: str, res: dict, n_members: int, n_devices: int) -> dict:
             "member_rows_per_second": n_members * report["rows"] / res["seconds"],
             "peak_rss_bytes": concurrent_peak(report["peak_rss_bytes"], clients, report.get("jobs") or 1),
             "processes": 1 + len(clients), "devices": n_devices, "train_rows": None,
-            "epochs": None, **dict.fromkeys(cost.COST_MEASURES)}
+            "epochs": None, **dict.fromkeys(compare_cost.COST_MEASURES)}
 
 
 def parity_setting(cfg: Config) -> str:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ensemble.replication import modes
 from ensemble.core import artifacts
-from pipelines import compare_cost as cost
+from pipelines import compare_cost
 
 PALETTE = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
 
@@ -50,7 +50,7 @@ def _lines(ax, rows: list[dict], epochs: int) -> None:
         ax.set_axis_off()
         return
     a, b = train
-    e = cost.crossover(a["fixed_seconds_median"], a["epoch_seconds_median"],
+    e = compare_cost.crossover(a["fixed_seconds_median"], a["epoch_seconds_median"],
                        b["fixed_seconds_median"], b["epoch_seconds_median"])
     top = max(2 * epochs, 1.5 * e if e else 0, 2)
     grid = np.linspace(0, top, 50)

@@ -10,7 +10,7 @@ import statistics
 import pyarrow as pa
 
 from ensemble.replication import modes
-from pipelines import compare_cost as cost
+from pipelines import compare_cost
 
 PHASES = ("train", "predict")
 MEASURES = ("wall_seconds", "startup_seconds", "work_seconds", "member_rows_per_second",
@@ -38,7 +38,7 @@ def summarise(runs: list[dict], parities: dict[str, tuple[float, float]],
         for phase in PHASES:
             mine = [r for r in runs if r["mode"] == mode and r["phase"] == phase]
             row = {"mode": mode, "phase": phase, "repeats": len(mine)}
-            for key, digits in (*DIGITS.items(), *cost.COST_DIGITS.items()):
+            for key, digits in (*DIGITS.items(), *compare_cost.COST_DIGITS.items()):
                 values = [r[key] for r in mine if r.get(key) is not None]
                 for stat, f in (("median", statistics.median), ("min", min), ("max", max)):
                     row[f"{key}_{stat}"] = round(float(f(values)), digits) if values else None
@@ -131,6 +131,7 @@ def verdict(table: pa.Table) -> str:
                      f"labels {a['parity_same_labels']:.2%}. Time went to "
                      f"({'one sample' if n == 1 else 'medians'}): {went}")
         if phase == "train" and a.get("epochs"):
-            lines += cost.cost_lines(a, b, a["epochs"], a.get("train_rows") or 0, _spread)
+            lines += compare_cost.cost_lines(a, b, a["epochs"], a.get("train_rows") or 0,
+                                             _spread)
     lines.append(_parity_line(rows))
     return "\n".join(lines)

@@ -23,7 +23,7 @@ SOURCES = sorted([*ROOT.glob("ensemble/**/*.py"), *ROOT.glob("pipelines/**/*.py"
 TASK_BRANCHES = {
     "ensemble/core/labels.py": 1,  # core cannot ask a task: an empty class list = numbers
     "ensemble/data/arrays.py": 1, "ensemble/data/sources.py": 1,  # labels read: numbers or not
-    "ensemble/runs/sklearn_regressor.py": 2,  # the regression estimator's own score names
+    "ensemble/runs/estimator_regressor.py": 2,  # the regression estimator's own score names
     # benchmarks of one named task: they set it in their configs
     "pipelines/defaults_bench.py": 1, "pipelines/regression_bench.py": 3,
     "pipelines/tabular_bench.py": 2,  # HGB's classifier or regressor, accuracy or RMSE

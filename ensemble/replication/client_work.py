@@ -50,11 +50,11 @@ def _start_client(manifest: Manifest, indices: Sequence[int], threads: int | Non
     The members' devices are `devices_` or the manifest's; on a cluster (`cluster` or the
     manifest's) the client connects to it and uses the remote devices as they are.
     """
-    from ensemble.config import schema as config
+    from ensemble.config import schema
     from ensemble.replication import devices
     from ensemble.replication.cluster import connect, task_of
 
-    cfg = config.from_dict(manifest.config)
+    cfg = schema.from_dict(manifest.config)
     cluster = cluster or manifest.cluster
     wanted = list(devices_) if devices_ else [_member_entry(manifest, i).device
                                                for i in indices]

@@ -64,7 +64,7 @@ def get(cfg: Config, input_shape, n_classes: int, devices: Sequence[str],
 
 def _task(cfg: Config, n_classes: int):
     """No classes: regression on a target the caller standardised (`loc` 0, `scale` 1;
-    `ensemble.runs.sklearn_regressor`); else classification."""
+    `ensemble.runs.estimator_regressor`); else classification."""
     from ensemble import tasks
 
     return tasks.for_classes(range(n_classes), cfg.training.loss)

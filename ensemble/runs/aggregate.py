@@ -20,14 +20,14 @@ import pyarrow as pa
 
 from ensemble.replication import modes
 from ensemble.core import artifacts
-from ensemble.config import schema as config
+from ensemble.config import schema
 from ensemble.replication import divergence
 from ensemble.core import faults
 from ensemble.tasks.classification import fitted
 from ensemble.runs import posthoc
 from ensemble.runs import records
 from ensemble.runs.record import Manifest
-from ensemble.runs import prepare as run
+from ensemble.runs import prepare
 from ensemble.core import runlock
 from ensemble.tasks import eval_writer, tables
 from ensemble.tasks.predicted import SplitPredictions
@@ -115,7 +115,7 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
     start = time.perf_counter()
     manifest = Manifest.load(run_dir)
     preflight.check_builders(run_dir, manifest, trust_builder)  # a run's files before use
-    cfg = config.from_dict(manifest.config)
+    cfg = schema.from_dict(manifest.config)
     settings = dataclasses.asdict(cfg.aggregation)
     task = tasks.for_run(manifest)
     if aggregators is None:
@@ -129,7 +129,7 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
     if between:
         members = _between_graph_members(run_dir, manifest, min_members)
     elif manifest.failed_by != "aggregate":  # a fault in aggregate: it may redo it
-        run.require_completed(run_dir, manifest)
+        prepare.require_completed(run_dir, manifest)
     if not between:
         preflight.check_predictions(run_dir, manifest,
                                     preflight.check_members(run_dir, manifest))
@@ -164,5 +164,5 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
         artifacts.write_parquet(run_dir / artifacts.METRICS, table)
     records.write_members(run_dir, manifest, splits.get("validation"))  # held: not read back
     manifest.failed_by = None
-    run.finish(run_dir, manifest, "completed", aggregate_seconds=time.perf_counter() - start)
+    prepare.finish(run_dir, manifest, "completed", aggregate_seconds=time.perf_counter() - start)
     return manifest

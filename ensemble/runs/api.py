@@ -46,14 +46,14 @@ def as_config(config: Config | Mapping | str | Path | None = None,
     Raises:
         UsageError: unknown key, wrong type or value (names the key).
     """
-    from ensemble.config import schema as C
+    from ensemble.config import schema
 
     if isinstance(config, Config):
-        return C.load(base=config.to_dict(), overrides=dict(overrides or {}))
+        return schema.load(base=config.to_dict(), overrides=dict(overrides or {}))
     if isinstance(config, Mapping):
-        return C.load(base=_builder_names(dict(config)), overrides=dict(overrides or {}))
+        return schema.load(base=_builder_names(dict(config)), overrides=dict(overrides or {}))
     if config is None or isinstance(config, (str, Path)):
-        return C.load(config, overrides=dict(overrides or {}))
+        return schema.load(config, overrides=dict(overrides or {}))
     raise UsageError(f"Expected `config` to be a Config, a dict of tables or a TOML path. "
                      f"Received: config={config!r}")
 
@@ -131,7 +131,7 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
         UsageError: bad config, data, mode or run directory.
     """
     from ensemble.replication import devices
-    from ensemble.runs import train as T
+    from ensemble.runs.train import default_run_dir
 
     ready = time.time()  # the process is ready to work (`record_process`)
     strategy = modes.get(mode)
@@ -140,7 +140,7 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
         cfg = as_config(cfg, {"model.builder": _builder_spec(model, strategy)})
     for text in devices.configure_gpus(cfg.placement.memory_growth, cfg.placement.memory_limit_mb):
         _notice(text)
-    run_dir = Path(run_dir) if run_dir is not None else T.default_run_dir(cfg)
+    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     for option, given in (("prepare_only", prepare_only), ("jobs", jobs)):
         reason = strategy.refusal("train", [option] if given else [])
         if reason:

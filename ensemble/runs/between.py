@@ -28,7 +28,7 @@ from ensemble.replication import devices
 from ensemble.replication import divergence
 from ensemble.core import faults
 from ensemble.core import interrupt
-from ensemble.runs import prepare as run
+from ensemble.runs import prepare
 from ensemble.runs.record import Manifest
 from ensemble.core.errors import UsageError
 from ensemble.replication.placement import place
@@ -231,15 +231,15 @@ def train_between_graph(request: TrainRequest, prepared: Manifest | None = None)
     r = request
     cluster = run_cluster(r)
     devs = modes.get("between-graph").devices(r.cfg, cluster)
-    with run.writing(r.run_dir, "ensemble train --mode between-graph"):
+    with prepare.writing(r.run_dir, "ensemble train --mode between-graph"):
         manifest = prepared if prepared is not None and not r.resume else \
             open_run(r, "between-graph", devs, cluster)
         if not r.resume and prepared is None and r.verbosity:
-            print(auto.describe(run.run_config(r.cfg, manifest), manifest.defaults or {}),
+            print(auto.describe(prepare.run_config(r.cfg, manifest), manifest.defaults or {}),
                   flush=True)
         if r.prepare_only:  # the clients, started by hand or a scheduler, take over
-            return run.set_status(r.run_dir, "prepared")
-        with run.recording_outcome(r.run_dir):
+            return prepare.set_status(r.run_dir, "prepared")
+        with prepare.recording_outcome(r.run_dir):
             final = _launch(r.run_dir, manifest, devs, r.jobs, r.verbosity)
     if r.cfg.training.tensorboard:
         from ensemble.replication.tensorboard import write_ensemble_metrics

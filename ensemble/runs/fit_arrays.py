@@ -25,7 +25,7 @@ import numpy as np
 
 from ensemble.core import artifacts
 from ensemble.tasks.classification import fitted
-from ensemble.runs import prepare as run
+from ensemble.runs import prepare
 from ensemble.runs.record import Manifest
 from ensemble.tasks import tables
 from ensemble import tasks
@@ -112,7 +112,7 @@ def train_between_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Pre
     tmp = Path(tempfile.mkdtemp(prefix="ensemble-sklearn-")) if run_dir is None else None
     path = tmp or Path(run_dir)
     try:
-        run.check_run_dir(path, overwrite=True)
+        prepare.check_run_dir(path, overwrite=True)
         devs = _configure(cfg)
         xv, yv = val if val is not None else (x, y)
         rows = {"train": np.arange(len(x)), "validation": np.arange(len(xv)),
@@ -166,7 +166,7 @@ def manifest_for(cfg: Config, mode: str, pre: Preprocessing, rows: dict[str, int
     """The first manifest (`run.new_manifest`, status `running`) of a run from arrays, its
     members placed as `devs` `[n_members]`; `named`: the columns came with names (a
     DataFrame), else they are `x0..`."""
-    return run.new_manifest(cfg, mode, list(dict.fromkeys(devs)), pre, {
+    return prepare.new_manifest(cfg, mode, list(dict.fromkeys(devs)), pre, {
         "name": "arrays", "source": "arrays (DeepEnsembleClassifier.fit)", "target": "target",
         "rows": rows, "columns": list(pre.columns), "named_columns": named,
         "splits": "train: every row given to fit; validation and test: validation_data "
@@ -183,7 +183,7 @@ def save(est, path: Path, overwrite: bool = False) -> Path:
     from ensemble.config.schema import member_hparams
     from ensemble.models.members import build_member, save_member
 
-    run.check_run_dir(path, overwrite)
+    prepare.check_run_dir(path, overwrite)
     path.mkdir(parents=True, exist_ok=True)
     cfg, pre = est.config_, est.preprocessing_
     n_classes = len(pre.classes)
@@ -205,7 +205,7 @@ def save(est, path: Path, overwrite: bool = False) -> Path:
         fitted.write(path, est.aggregators_)
     artifacts.write_parquet(path / artifacts.HISTORY, tables.history_table(
         est.history_.to_dict("records")))
-    run.finish(path, manifest, "completed")
+    prepare.finish(path, manifest, "completed")
     return path
 
 
@@ -215,7 +215,7 @@ def load(cls, path: Path):
     from ensemble.runs.posthoc import run_aggregators
 
     manifest = Manifest.load(path)
-    run.require_completed(path, manifest)
+    prepare.require_completed(path, manifest)
     cfg = from_dict(manifest.config)
     pre = kinds.read_preprocessing(artifacts.verify(path, manifest, path / artifacts.PREPROCESSING))
     table = bool(getattr(pre, "categories", None) or getattr(pre, "identifiers", ())
@@ -234,7 +234,7 @@ def load(cls, path: Path):
     named = manifest.dataset.named_columns
     if manifest.dataset.name != "arrays" if named is None else named:
         est.feature_names_in_ = np.asarray(pre.feature_names, dtype=object)
-    # a DataFrame, prepared as the run's table, columns matched by name (sklearn_tables)
+    # a DataFrame, prepared as the run's table, columns matched by name (estimator_tables)
     est.table_input_ = "by-name" if table else False
     if table:  # its input columns: numeric, then categorical (a file's order is not kept)
         est.feature_names_in_ = np.asarray(pre.columns, dtype=object)

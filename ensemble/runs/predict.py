@@ -19,7 +19,7 @@ from typing import Any
 
 from ensemble.core import artifacts
 from ensemble.replication import devices
-from ensemble.runs import prepare as run
+from ensemble.runs import prepare
 from ensemble.runs.record import Manifest, config_of
 from ensemble.core import runlock
 from ensemble.tasks import tables
@@ -50,7 +50,7 @@ def open_input(run_dir: Path, source: str, target: str | None, strict: bool = Fa
 
     manifest = Manifest.load(run_dir)
     runlock.require_free(run_dir)
-    run.require_completed(run_dir, manifest)
+    prepare.require_completed(run_dir, manifest)
     preflight.verify_run(run_dir, manifest, trust_builder)
     pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
                                               Path(run_dir) / artifacts.PREPROCESSING))

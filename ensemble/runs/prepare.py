@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 from ensemble.config import auto
 from ensemble.core import artifacts
 from ensemble.data import kinds
-from ensemble.data import sources as data
+from ensemble.data import sources
 from ensemble.core import runlock
 from ensemble.core import record, staging
 from ensemble.core.record import Manifest
@@ -201,7 +201,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     scan = kinds.scan(cfg.data)  # labels now, feature rows a chunk at a time below
     sha256 = _in_background(scan.sha256)  # the source's bytes hashed beside the passes
     task, target = resolve_task(cfg, scan.y)
-    rows, classes = data.split(scan, cfg.data, cfg.data.split_seed, task.stratified)
+    rows, classes = sources.split(scan, cfg.data, cfg.data.split_seed, task.stratified)
     cfg, chosen = auto.resolve(cfg, len(rows["train"]), len(rows["validation"]))
     budget.check_run(cfg, mode, devices, {s: len(r) for s, r in rows.items()},
                      task.n_outputs(len(classes)))

@@ -17,7 +17,7 @@ from ensemble.runs import posthoc
 from ensemble.replication import progress
 from ensemble.runs import records
 from ensemble.runs.record import Manifest
-from ensemble.runs import prepare as run
+from ensemble.runs import prepare
 from ensemble.tasks import eval_writer, tables
 from ensemble.replication.cluster import naming_unreachable_tasks
 from ensemble.config.schema import Config
@@ -26,7 +26,7 @@ from ensemble.replication.modes import TrainRequest
 
 
 def default_run_dir(cfg: Config) -> Path:
-    return Path("artifacts") / run.new_run_id(cfg)
+    return Path("artifacts") / prepare.new_run_id(cfg)
 
 
 def run_cluster(request: TrainRequest) -> dict | None:
@@ -41,8 +41,8 @@ def open_run(request: TrainRequest, mode: str, devs: list[str],
     """The manifest a `mode` run starts from, under the run's writer lock (`run.writing`):
     the interrupted run reopened (`request.resume`), or a new run prepared on `devs`."""
     if request.resume:
-        return run.reopen(request.run_dir, request.cfg, mode)
-    return run.prepare(request.cfg, request.run_dir, mode, devs, request.overwrite, cluster)
+        return prepare.reopen(request.run_dir, request.cfg, mode)
+    return prepare.prepare(request.cfg, request.run_dir, mode, devs, request.overwrite, cluster)
 
 
 def train_in_graph(request: TrainRequest, callbacks: Sequence = ()) -> Manifest:
@@ -69,14 +69,14 @@ def train_in_graph(request: TrainRequest, callbacks: Sequence = ()) -> Manifest:
     cluster = run_cluster(r)
     devices.configure(r.cfg)  # threads first: resolving named devices initialises TensorFlow
     devs = modes.get("in-graph").devices(r.cfg, cluster)
-    with run.writing(r.run_dir, "ensemble train --mode in-graph"):
+    with prepare.writing(r.run_dir, "ensemble train --mode in-graph"):
         manifest = open_run(r, "in-graph", devs, cluster)
         if r.resume:
             callbacks = [progress.ResumeNotice(), *callbacks]
-        cfg = run.run_config(r.cfg, manifest)  # "auto" batch size and early stopping resolved
+        cfg = prepare.run_config(r.cfg, manifest)  # "auto" batch size and early stopping resolved
         if r.verbosity:
             print(auto.describe(cfg, manifest.defaults or {}), flush=True)
-        with run.recording_outcome(r.run_dir), naming_unreachable_tasks(cluster):
+        with prepare.recording_outcome(r.run_dir), naming_unreachable_tasks(cluster):
             _train_and_write(cfg, r.run_dir, manifest,
                              [*progress.for_people(r.verbosity), *callbacks])
     return manifest
@@ -174,5 +174,5 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: Manifest, callbacks: 
     eval_writer.write(run_dir, predicted, classes, names, fit["params"])
     artifacts.write_parquet(run_dir / artifacts.HISTORY, tables.history_table(history))
     records.write_members(run_dir, manifest, splits["validation"])
-    run.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
+    prepare.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
                predict_seconds=time.perf_counter() - start)

@@ -66,14 +66,15 @@ def _task_tables(splits, classes, aggregators, params):
         return chunks, T.classes_metadata(classes), metrics
     import json
 
-    from ensemble.tasks.regression import tables as R
+    from ensemble.tasks.regression import tables as regression_tables
 
     n_members = len(next(iter(splits.values())).members) if splits else 0
-    meta = R.metadata(params, aggregators, n_members)
-    chunks = (t for s, p in splits.items() for t in R.prediction_chunks(
+    meta = regression_tables.metadata(params, aggregators, n_members)
+    chunks = (t for s, p in splits.items() for t in regression_tables.prediction_chunks(
         s, p, aggregators, params, CHUNK_ROWS))
-    metrics = R.metrics_of({s: R.split_outputs(p.members, p.y, aggregators, p.ensembles)
-                            for s, p in splits.items()}, json.loads(meta[b"mixture"]))
+    outputs = {s: regression_tables.split_outputs(p.members, p.y, aggregators, p.ensembles)
+               for s, p in splits.items()}
+    metrics = regression_tables.metrics_of(outputs, json.loads(meta[b"mixture"]))
     return chunks, meta, metrics
 
 

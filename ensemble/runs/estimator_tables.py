@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from ensemble.core import notices
-from ensemble.data import sources as data
+from ensemble.data import sources
 from ensemble.data.preprocessing import Preprocessing
 
 NO_TARGET = "\0target"  # a column name no table has: the estimators take y separately
@@ -97,7 +97,7 @@ def _frame(est, X):
     return pd.DataFrame(x, columns=[f"x{i}" for i in range(x.shape[1])])
 
 
-def _dataset(est, X, pre: Preprocessing | None) -> data.Dataset:
+def _dataset(est, X, pre: Preprocessing | None) -> sources.Dataset:
     import pandas as pd
 
     frame = _frame(est, X)
@@ -114,8 +114,8 @@ def _dataset(est, X, pre: Preprocessing | None) -> data.Dataset:
         categorical = est.categorical
         if not isinstance(categorical, str):
             categorical = tuple(str(c) for c in categorical)
-        return data.table_to_dataset(table, "X", NO_TARGET, False, categorical, est.impute)
-    return data.table_to_dataset(table, "X", NO_TARGET, False,
+        return sources.table_to_dataset(table, "X", NO_TARGET, False, categorical, est.impute)
+    return sources.table_to_dataset(table, "X", NO_TARGET, False,
                                  tuple(pre.categories) or "none", pre.impute,
                                  expected=pre.columns, identifiers=pre.identifiers)
 
@@ -168,7 +168,7 @@ def scaled(est, X) -> np.ndarray:
     """New rows for a fitted estimator, by the path it was fitted on (table or array)."""
     from sklearn.utils.validation import check_is_fitted, validate_data
 
-    from ensemble.runs import fit_arrays as run_arrays
+    from ensemble.runs import fit_arrays
 
     check_is_fitted(est)
     if getattr(est, "table_input_", False):
@@ -176,5 +176,5 @@ def scaled(est, X) -> np.ndarray:
             check_input(est, X, reset=False)
         return transform(est, X)
     X = validate_data(est, X, reset=False, dtype=[np.float64, np.float32], allow_nd=True)
-    return est.preprocessing_.transform(run_arrays.dataset(X, list(
+    return est.preprocessing_.transform(fit_arrays.dataset(X, list(
         getattr(est, "feature_names_in_", est.preprocessing_.feature_names))))

@@ -21,12 +21,10 @@ import numpy as np
 from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ensemble.tasks.regression import aggregators as regression
-from ensemble.runs import fit_arrays as run_arrays
-from ensemble.runs import sklearn_tables
-from ensemble.runs.sklearn import DeepEnsembleBase
-
-FITTED = regression.FITTED
+from ensemble.tasks.regression.aggregators import AGGREGATORS, FITTED
+from ensemble.runs import fit_arrays
+from ensemble.runs import estimator_tables
+from ensemble.runs.estimator import DeepEnsembleBase
 
 
 class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
@@ -42,7 +40,7 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
         loss: `gaussian_nll` (members predict a variance) or `mse` (point members: the
             ensemble's std is then the members' spread alone).
         categorical, impute: how a DataFrame with text or missing values is prepared, as
-            `DeepEnsembleClassifier`'s (`ensemble.runs.sklearn_tables`).
+            `DeepEnsembleClassifier`'s (`ensemble.runs.estimator_tables`).
 
     Attributes:
         target_loc_, target_scale_: the training target's mean and std (members train on the
@@ -70,8 +68,8 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
         if self.loss not in ("gaussian_nll", "mse"):
             raise ValueError("Expected `loss` to be 'gaussian_nll' or 'mse'. "
                              f"Received: loss={self.loss!r}")
-        if isinstance(self.aggregator, str) and self.aggregator not in regression.AGGREGATORS:
-            raise ValueError(f"Expected `aggregator` from {', '.join(regression.AGGREGATORS)}. "
+        if isinstance(self.aggregator, str) and self.aggregator not in AGGREGATORS:
+            raise ValueError(f"Expected `aggregator` from {', '.join(AGGREGATORS)}. "
                              f"Received: aggregator={self.aggregator!r}")
         cfg = super()._config(seed)
         return dataclasses.replace(cfg, training=dataclasses.replace(cfg.training,
@@ -92,9 +90,9 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
             ValueError: bad parameters or data, or a fitted aggregator without
                 `validation_data`.
         """
-        table = sklearn_tables.wants_table(self, X)
+        table = estimator_tables.wants_table(self, X)
         if table:
-            X, y = sklearn_tables.check_input(self, X, y)
+            X, y = estimator_tables.check_input(self, X, y)
         else:
             X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], y_numeric=True)
         try:
@@ -111,7 +109,7 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
                 raise ValueError("Expected `validation_data` to be a pair (X_val, y_val).") \
                     from None
             if table:
-                x_val, _ = sklearn_tables.check_input(self, x_val, reset=False)
+                x_val, _ = estimator_tables.check_input(self, x_val, reset=False)
             else:
                 x_val = validate_data(self, x_val, reset=False, dtype=[np.float64, np.float32])
             y_val = np.asarray(y_val, np.float64)
@@ -134,10 +132,10 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
 
     def _scaled(self, X) -> np.ndarray:
         if getattr(self, "table_input_", False):
-            return sklearn_tables.scaled(self, X)
+            return estimator_tables.scaled(self, X)
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
-        return self.preprocessing_.transform(run_arrays.dataset(X, list(
+        return self.preprocessing_.transform(fit_arrays.dataset(X, list(
             getattr(self, "feature_names_in_", self.preprocessing_.feature_names))))
 
     def predict(self, X, return_std: bool = False):
@@ -145,7 +143,7 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
         standard deviation `[n_rows]` (`GaussianProcessRegressor.predict`'s convention)."""
         x = self._scaled(X)
         self._attach_builder()
-        e = np.asarray(run_arrays.predict(self, x), np.float64)
+        e = np.asarray(fit_arrays.predict(self, x), np.float64)
         mean = self.target_loc_ + self.target_scale_ * e[:, 0]
         if not return_std:
             return mean
@@ -155,7 +153,7 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
         """Every member's `[n_members, n_rows, 2]` (mean, variance), target units."""
         x = self._scaled(X)
         self._attach_builder()
-        out = np.asarray(run_arrays.predict(self, x, members=True), np.float64)
+        out = np.asarray(fit_arrays.predict(self, x, members=True), np.float64)
         s = self.target_scale_
         return np.stack([self.target_loc_ + s * out[..., 0], s * s * out[..., 1]], axis=2)
 
@@ -172,12 +170,12 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
         """Write the fitted ensemble as a run directory (see `DeepEnsembleClassifier.save`);
         its members predict in the target's units."""
         check_is_fitted(self)
-        return run_arrays.save(self, Path(path), overwrite)
+        return fit_arrays.save(self, Path(path), overwrite)
 
     @classmethod
     def load(cls, path) -> "DeepEnsembleRegressor":
         """A fitted regressor from a regression run directory (`save` or `ensemble train`)."""
-        est = run_arrays.load(cls, Path(path))
+        est = fit_arrays.load(cls, Path(path))
         est.loss = est.config_.training.loss if est.config_.training.loss != "auto" \
             else "gaussian_nll"
         return est

@@ -32,9 +32,9 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ensemble.config import auto
 from ensemble.models import builders
-from ensemble.config import schema as config
-from ensemble.runs import fit_arrays as run_arrays
-from ensemble.runs import sklearn_tables
+from ensemble.config import schema
+from ensemble.runs import fit_arrays
+from ensemble.runs import estimator_tables
 from ensemble.tasks.classification.aggregators import FITTED
 from ensemble.replication import modes
 from ensemble.runs import operations  # noqa: F401 (the built-in modes' operations)
@@ -128,7 +128,7 @@ class DeepEnsembleBase(BaseEstimator):
         if callable(self.model) and not builders.importable(spec):
             builders.register(spec, self.model)
 
-    def _config(self, seed: int) -> config.Config:
+    def _config(self, seed: int) -> schema.Config:
         """The run's `Config`; raises ValueError naming the estimator parameter."""
         self._mode()
         builder = self._builder()
@@ -145,7 +145,7 @@ class DeepEnsembleBase(BaseEstimator):
                  "aggregation": {"aggregators": [self.aggregator]},
                  "model": {"builder": builder, "params": _plain_dict(self._routed())}}
         try:
-            return config.from_dict(table)
+            return schema.from_dict(table)
         except UsageError as exc:
             text = str(exc)
             for param, key in PARAMS.items():  # `training.epochs`, members.hidden[0]=, ...
@@ -155,7 +155,7 @@ class DeepEnsembleBase(BaseEstimator):
 
     def _fit_members(self, cfg, X, labels, y_train, val, table: bool) -> None:
         """Prepare `X` as `ensemble train` prepares its input (a DataFrame as a table,
-        `ensemble.runs.sklearn_tables`; arrays standardised), the validation rows `val`
+        `ensemble.runs.estimator_tables`; arrays standardised), the validation rows `val`
         (`(X_val, y_val)` or None) the same way, train the members in `self.mode` on `y_train`
         `[n_rows]` and set the fitted attributes both estimators share.
 
@@ -163,17 +163,17 @@ class DeepEnsembleBase(BaseEstimator):
             labels: `(y_idx, classes)` for the preprocessing (`(None, [])` for regression).
         """
         if table:
-            pre, x = sklearn_tables.fit(self, X, *labels)
+            pre, x = estimator_tables.fit(self, X, *labels)
             if val is not None:
                 self.preprocessing_ = pre
-                val = (sklearn_tables.transform(self, val[0]), val[1])
+                val = (estimator_tables.transform(self, val[0]), val[1])
         else:
             names = list(getattr(self, "feature_names_in_",
                                  [f"x{i}" for i in range(X.shape[1])]))
-            pre = run_arrays.fit_preprocessing(X, *labels, names)
-            x = pre.transform(run_arrays.dataset(X, names))
+            pre = fit_arrays.fit_preprocessing(X, *labels, names)
+            x = pre.transform(fit_arrays.dataset(X, names))
             if val is not None:
-                val = (pre.transform(run_arrays.dataset(val[0], names)), val[1])
+                val = (pre.transform(fit_arrays.dataset(val[0], names)), val[1])
         cfg = auto.resolve(cfg, len(x), 0 if val is None else len(val[0]))[0]
         fitted = self._mode().train_arrays(cfg, x, y_train, val, pre, self.run_dir)
         self.table_input_ = table
@@ -251,7 +251,7 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
         run_dir: keep the run directory of each fit here (replaced by the next fit); None:
             in-graph fits write none, between-graph fits use a temporary one.
         categorical, impute: a pandas DataFrame `X` is prepared as `ensemble train` prepares
-            a table (`ensemble.runs.sklearn_tables`): `categorical` is `[data] categorical`
+            a table (`ensemble.runs.estimator_tables`): `categorical` is `[data] categorical`
             (`"auto"`: text, boolean and category columns one-hot encoded; identifier-like
             text columns left out), `impute` is `[data] impute` (`"error"` refuses missing
             values; `"median"`, `"most_frequent"` fill them from the training rows).
@@ -285,9 +285,9 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
             ValueError: bad parameters, data or labels (fewer than 2 classes; validation
                 labels unseen in `y`; a fitted aggregator without `validation_data`).
         """
-        table = sklearn_tables.wants_table(self, X)
+        table = estimator_tables.wants_table(self, X)
         if table:
-            X, y = sklearn_tables.check_input(self, X, y)
+            X, y = estimator_tables.check_input(self, X, y)
         else:
             X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], allow_nd=True)
         check_classification_targets(y)
@@ -314,8 +314,8 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
         except (TypeError, ValueError):
             raise ValueError("Expected `validation_data` to be a pair (X_val, y_val). "
                              f"Received: {type(validation_data).__name__}") from None
-        if table:  # prepared as the training table (`ensemble.runs.sklearn_tables`)
-            x_val, _ = sklearn_tables.check_input(self, x_val, reset=False)
+        if table:  # prepared as the training table (`ensemble.runs.estimator_tables`)
+            x_val, _ = estimator_tables.check_input(self, x_val, reset=False)
         else:
             x_val = validate_data(self, x_val, reset=False, dtype=[np.float64, np.float32],
                                   allow_nd=True)
@@ -332,16 +332,16 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
     def predict_proba(self, X) -> np.ndarray:
         """The aggregator's class probabilities `[n_rows, n_classes]` (float64, rows sum to
         1; for `vote` the share of member votes), columns in the order of `classes_`."""
-        x = sklearn_tables.scaled(self, X)
+        x = estimator_tables.scaled(self, X)
         self._attach_builder()
-        p = run_arrays.predict(self, x).astype(np.float64)
+        p = fit_arrays.predict(self, x).astype(np.float64)
         return p / p.sum(axis=1, keepdims=True)
 
     def predict_members(self, X) -> np.ndarray:
         """Every member's probabilities `[n_members, n_rows, n_classes]` (float32)."""
-        x = sklearn_tables.scaled(self, X)
+        x = estimator_tables.scaled(self, X)
         self._attach_builder()
-        return run_arrays.predict(self, x, members=True)
+        return fit_arrays.predict(self, x, members=True)
 
     def predict(self, X) -> np.ndarray:
         """Labels `[n_rows]` from `classes_`: the most probable class (ties to the first)."""
@@ -365,7 +365,7 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
             ValueError (UsageError): `path` holds a run and not `overwrite`, or is a file.
         """
         check_is_fitted(self)
-        return run_arrays.save(self, Path(path), overwrite)
+        return fit_arrays.save(self, Path(path), overwrite)
 
     @classmethod
     def load(cls, path) -> "DeepEnsembleClassifier":
@@ -376,7 +376,7 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
         Raises:
             ValueError (UsageError): not a completed run, or a damaged artifact.
         """
-        return run_arrays.load(cls, Path(path))
+        return fit_arrays.load(cls, Path(path))
 
 
 __all__ = ["DeepEnsembleBase", "DeepEnsembleClassifier"]
