@@ -12,23 +12,10 @@ TensorFlow).
 """
 
 from ensemble.core import VERSION as __version__
+from ensemble.core import lazy
 
 _API = ("train", "load_run", "Run")
 _ESTIMATORS = ("DeepEnsembleClassifier", "DeepEnsembleRegressor")
 __all__ = ["__version__", *_API, *_ESTIMATORS]
-
-
-def __getattr__(name: str):
-    if name in _API:
-        from ensemble.runs import api
-
-        return getattr(api, name)
-    if name in _ESTIMATORS:
-        from ensemble import sklearn
-
-        return getattr(sklearn, name)
-    raise AttributeError(f"module 'ensemble' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted([*globals(), *_API, *_ESTIMATORS])
+__getattr__, __dir__ = lazy.exports(__name__, {"ensemble.runs.api": _API,
+                                               "ensemble.sklearn": _ESTIMATORS})

@@ -293,7 +293,8 @@ def test_streamed_evaluation_tables_equal_the_whole_table_ones(tmp_path, monkeyp
     rows = np.arange(100, 100 + n, dtype=np.int64)
     whole, splits = [], {}
     for s in ("validation", "test"):
-        t = tables.predictions_table(members, s, rows, y[s], classes, aggs, None, params)
+        t = tables.predictions_table(s, eval_writer.SplitPredictions(members, None, rows, y[s]),
+                                     classes, aggs, params)
         whole.append(t)
         stacked = np.stack([members[i] for i in sorted(members)])
         if task == "classification":
@@ -325,12 +326,13 @@ def test_confidence_block_read_from_the_file_equals_the_whole_table_one(tmp_path
     and needed columns only, is the block of the whole predictions table."""
     from ensemble.core import artifacts
     from ensemble.tasks import confidence, tables
+    from ensemble.tasks.predicted import SplitPredictions
 
     rng = np.random.default_rng(5)
     n, classes = 40, np.array([0, 1, 2])
     members = {i: rng.dirichlet(np.ones(3), n).astype(np.float32) for i in range(3)}
-    whole = pa.concat_tables([tables.predictions_table(
-        members, s, np.arange(n), rng.integers(0, 3, n), classes, ("mean", "vote"))
+    whole = pa.concat_tables([tables.predictions_table(s, SplitPredictions(
+        members, None, np.arange(n), rng.integers(0, 3, n)), classes, ("mean", "vote"))
         for s in ("validation", "test")])
     artifacts.write_parquet(tmp_path / "p.parquet", whole)
     lines = confidence.block_of_file(tmp_path / "p.parquet")

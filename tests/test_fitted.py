@@ -9,6 +9,7 @@ from ensemble import tasks
 from ensemble.tasks.classification import fitted
 from ensemble.runs import posthoc
 from ensemble.tasks import tables
+from ensemble.tasks.predicted import SplitPredictions
 from ensemble.tasks.classification import metrics as M
 from ensemble.core.errors import UsageError
 
@@ -138,8 +139,9 @@ def test_tensorflow_twin_agrees_with_numpy_for_every_aggregator(name):
 
 
 def _member_table(probs_by_split, y_by_split):
-    parts = [tables.predictions_table(dict(enumerate(p)), s, np.arange(p.shape[1]) + 1000 * k,
-                                      y_by_split[s], np.arange(p.shape[2]), ())
+    parts = [tables.predictions_table(s, SplitPredictions(
+        dict(enumerate(p)), None, np.arange(p.shape[1]) + 1000 * k, y_by_split[s]),
+        np.arange(p.shape[2]))
              for k, (s, p) in enumerate(probs_by_split.items())]
     import pyarrow as pa
 

@@ -25,6 +25,7 @@ from ensemble.core import interrupt
 from ensemble.core import record, runlock
 from ensemble.core.record import Manifest, MemberRecord
 from ensemble.tasks import tables
+from ensemble.tasks.predicted import SplitPredictions
 from ensemble import tasks
 from ensemble.replication.cluster import naming_unreachable_tasks
 from ensemble.core.errors import UsageError
@@ -232,8 +233,8 @@ def train_member(work: MemberWork, index: int, device: str, callbacks: Sequence 
                          run_dir / "checkpoints" / f"member-{index}", callbacks)
     if member.divergence.epochs:
         return member.divergence.epochs[index]
-    parts = [tables.predictions_table({index: member.predict(split[s][0])[0][0]}, s,
-                                      split[s][2], split[s][1], classes, ())
+    parts = [tables.predictions_table(s, SplitPredictions(
+        {index: member.predict(split[s][0])[0][0]}, None, split[s][2], split[s][1]), classes)
              for s in artifacts.EVAL_SPLITS]
     save_member(member.models[0], artifacts.member_model_path(run_dir, index))
     artifacts.write_parquet(artifacts.member_history_path(run_dir, index),
@@ -283,8 +284,8 @@ def predict_client(request: ClientRequest, cluster: dict | None = None) -> list[
     paths = []
     for index, group in groups.items():
         probs = group.predict(x)[0][0]
-        table = tables.predictions_table({index: probs}, "predict", np.arange(len(x)), y,
-                                         classes, ())
+        table = tables.predictions_table(
+            "predict", SplitPredictions({index: probs}, None, np.arange(len(x)), y), classes)
         target_path = (Path(out) if len(indices) == 1 and str(out).endswith(".parquet")
                        else Path(out) / f"member-{index}.parquet")
         artifacts.write_parquet(target_path, table)

@@ -21,6 +21,7 @@ from ensemble.core import artifacts
 from ensemble.core.record import Manifest
 from ensemble.tasks.classification import fitted
 from ensemble.tasks import tables
+from ensemble.tasks.predicted import SplitPredictions
 from ensemble.core.labels import encode
 from ensemble.core.errors import UsageError
 
@@ -90,8 +91,9 @@ def fit(task, splits: dict[str, SplitMembers], names: Sequence[str],
 def rebuild(splits: dict[str, SplitMembers], classes: np.ndarray, names: Sequence[str],
             params: dict[str, Any] | None) -> pa.Table:
     """Member rows and the numpy aggregators' ensemble rows of every split."""
-    parts = [tables.predictions_table(dict(zip(s.members, s.probs)), split, s.rows, s.y,
-                                      classes, names, params=params)
+    parts = [tables.predictions_table(split, SplitPredictions(dict(zip(s.members, s.probs)),
+                                                              None, s.rows, s.y),
+                                      classes, names, params)
              for split, s in splits.items()]
     return pa.concat_tables(parts).replace_schema_metadata(parts[0].schema.metadata)
 

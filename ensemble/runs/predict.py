@@ -23,6 +23,7 @@ from ensemble.runs import prepare
 from ensemble.runs.record import Manifest, config_of
 from ensemble.core import runlock
 from ensemble.tasks import tables
+from ensemble.tasks.predicted import SplitPredictions
 from ensemble.core.errors import UsageError
 from ensemble.data import kinds
 from ensemble.data.stream import DEFAULT_BATCH_ROWS, flat_heap, prefetch
@@ -125,9 +126,9 @@ class Prediction:
         """Write one batch's member (`{member: [n_rows, n_outputs]}`) and ensemble rows
         (`ens_p`: the graph's aggregates, or None: numpy aggregators) to `writer` in the
         request's layout; `batch` has `rows`, `y`, `first_row`, `extra`, `ids`."""
-        long = tables.predictions_table(member_p, "predict", batch.rows, batch.y,
-                                        self.pre.classes, self.names, ens_p, self.params,
-                                        first_row=batch.first_row)
+        long = tables.predictions_table(
+            "predict", SplitPredictions(member_p, ens_p, batch.rows, batch.y, batch.first_row),
+            self.pre.classes, self.names, self.params)
         writer.write(tables.wide_rows(long, self.answer, batch.extra, batch.ids)
                      if self.request.layout == "wide" else tables.with_ids(long, batch.ids))
 

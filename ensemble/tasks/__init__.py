@@ -5,24 +5,12 @@
 importing one task module does not import every task.
 """
 
+from ensemble.core import lazy
+
 _BASE = ("Task", "Aggregator")
 _REGISTRY = ("Classification", "Regression", "REGISTRY", "TASKS", "LOSSES", "AGGREGATOR_NAMES",
              "resolve", "get", "for_run", "of_model", "for_target", "for_classes", "of_metrics",
              "format_table")
 __all__ = [*_BASE, *_REGISTRY]
-
-
-def __getattr__(name: str):
-    if name in _BASE:
-        from ensemble.tasks import base
-
-        return getattr(base, name)
-    if name in _REGISTRY:
-        from ensemble.tasks import registry
-
-        return getattr(registry, name)
-    raise AttributeError(f"module 'ensemble.tasks' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy.exports(__name__, {"ensemble.tasks.base": _BASE,
+                                               "ensemble.tasks.registry": _REGISTRY})

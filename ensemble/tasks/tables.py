@@ -18,6 +18,8 @@ from ensemble.tasks.classification.aggregators import (REGISTRY, aggregate, disa
                                                       member_weights)
 from ensemble.core.labels import encode
 from ensemble.tasks.predicted import SplitPredictions
+from ensemble.tasks.table_parts import (ModelRows, chunks, key_columns, metrics_schema,
+                                         size_table, source_row)
 
 UNCERTAINTY = ("entropy", "expected_entropy", "mutual_information")
 NOT_PROBABILITIES = {n for n, a in REGISTRY.items() if not a.probabilities}  # vote shares
@@ -38,38 +40,29 @@ def classes_from(table: pa.Table) -> np.ndarray:
     return np.asarray(json.loads(table.schema.metadata[b"classes"]))
 
 
-def model_rows(model: str, member: int | None, aggregator: str | None, split: str,
-               rows: np.ndarray, y_true: np.ndarray | None, probs: np.ndarray,
-               classes: np.ndarray, uncertainty: dict | None = None,
-               first_row: int = 0) -> pa.Table:
+def model_rows(key: ModelRows, y_true: np.ndarray | None, probs: np.ndarray,
+               classes: np.ndarray, uncertainty: dict | None = None) -> pa.Table:
     """Prediction rows of one model on one split, every column built by Arrow from numpy
     (no Python object per row).
 
     Args:
-        rows: `[n_rows]` int64 row positions in the source data set (column `source_row`);
-            column `row` is the position in the split, `first_row..first_row+n_rows-1` (a
-            batch of a streamed prediction starts at its offset).
+        key: the model, split and rows (`table_parts.ModelRows`: columns `model`, `member`,
+            `aggregator`, `split`, `row` and `source_row`).
         y_true: `[n_rows]` int class indices, or None when the labels are unknown.
         probs: `[n_rows, n_classes]` probabilities.
         classes: `[n_classes]` sorted class labels (int or str).
         uncertainty: ensemble rows: `{"entropy", "expected_entropy", "mutual_information"}`
             arrays `[n_rows]` (`ensemble.tasks.classification.metrics.uncertainty`); null when None.
     """
-    n = len(rows)
+    n = len(key.rows)
     classes = np.asarray(classes)
     label = _label_type(classes)
     labels = pa.array(classes, label)
-    cols = {
-        "model": pa.repeat(pa.scalar(model, pa.string()), n),
-        "member": pa.repeat(pa.scalar(member, pa.int32()), n),
-        "aggregator": pa.repeat(pa.scalar(aggregator, pa.string()), n),
-        "split": pa.repeat(pa.scalar(split, pa.string()), n),
-        "row": pa.array(np.arange(first_row, first_row + n, dtype=np.int64)),
-        "y_true": pa.nulls(n, label) if y_true is None
-        else labels.take(pa.array(np.asarray(y_true, np.int64))),
-        "y_pred": labels.take(pa.array(np.argmax(probs, axis=1).astype(np.int64))),
-        "source_row": pa.array(np.asarray(rows, np.int64)),
-    }
+    cols = key_columns(key)
+    cols["y_true"] = (pa.nulls(n, label) if y_true is None
+                      else labels.take(pa.array(np.asarray(y_true, np.int64))))
+    cols["y_pred"] = labels.take(pa.array(np.argmax(probs, axis=1).astype(np.int64)))
+    cols["source_row"] = source_row(key)
     for c, name in enumerate(classes.tolist()):
         cols[f"p_{name}"] = pa.array(np.asarray(probs[:, c], np.float32))
     for name in UNCERTAINTY:
@@ -78,30 +71,27 @@ def model_rows(model: str, member: int | None, aggregator: str | None, split: st
     return pa.table(cols)
 
 
-def predictions_table(member_probs: dict[int, np.ndarray], split: str, rows: np.ndarray,
-                      y_true: np.ndarray | None, classes: np.ndarray,
-                      aggregators: Sequence[str],
-                      ensemble_probs: dict[str, np.ndarray] | None = None,
-                      params: dict | None = None, first_row: int = 0) -> pa.Table:
+def predictions_table(split: str, pred: SplitPredictions, classes: np.ndarray,
+                      aggregators: Sequence[str] = (), params: dict | None = None) -> pa.Table:
     """Member rows and ensemble rows of one split.
 
     Args:
-        member_probs: member index -> `[n_rows, n_classes]` probabilities.
-        ensemble_probs: aggregator -> `[n_rows, n_classes]`; computed with the numpy
-            aggregators from `member_probs` when None.
+        split: column `split` of every row.
+        pred: the split's predictions (`predicted.SplitPredictions`): member index ->
+            `[n_rows, n_classes]` probabilities; aggregator -> `[n_rows, n_classes]`
+            (computed with the numpy aggregators from the members when None); `[n_rows]`
+            source rows, class indices (None when unknown) and column `row` of the first row.
+        classes: `[n_classes]` class labels (empty: a regression run,
+            `ensemble.tasks.regression.tables.predictions_table`).
+        aggregators: the ensemble rows' aggregators, in order.
         params: fitted aggregators' parameters `{name: params}` (`aggregators.json`), for the
             members in index order.
-        first_row: column `row` of the first row (`model_rows`).
     """
     if len(classes) == 0:  # regression: ensemble.tasks.regression.tables
         from ensemble.tasks.regression import tables as regression_tables
 
-        return regression_tables.predictions_table(member_probs, split, rows, y_true,
-                                                   aggregators, ensemble_probs, params,
-                                                   first_row)
-    parts = prediction_chunks(split, SplitPredictions(member_probs, ensemble_probs, rows,
-                                                      y_true, first_row),
-                              classes, aggregators, params, max(1, len(rows)))
+        return regression_tables.predictions_table(split, pred, aggregators, params)
+    parts = prediction_chunks(split, pred, classes, aggregators, params, max(1, len(pred.rows)))
     return pa.concat_tables(parts).replace_schema_metadata(classes_metadata(classes))
 
 
@@ -112,27 +102,18 @@ def prediction_chunks(split: str, pred: SplitPredictions, classes: np.ndarray,
     model (members in index order, then `aggregators`), each model's rows in order: the same
     rows in the same order as `predictions_table`, never more than one chunk of them built at
     once (a split of any size is written with flat memory)."""
-    member_probs, ensemble_probs, rows, y_true, first_row = pred
     params = params or {}
-    stacked = np.stack([p for _, p in sorted(member_probs.items())]) if member_probs else None
-    if ensemble_probs is None:
-        ensemble_probs = {a: aggregate(stacked, a, params.get(a)) for a in aggregators}
-    spans = [(lo, min(len(rows), lo + chunk_rows)) for lo in range(0, len(rows), chunk_rows)]
-
-    def y(lo, hi):
-        return None if y_true is None else y_true[lo:hi]
-
-    for i, p in sorted(member_probs.items()):
-        for lo, hi in spans or [(0, 0)]:
-            yield model_rows(f"member-{i}", i, None, split, rows[lo:hi], y(lo, hi), p[lo:hi],
-                             classes, first_row=first_row + lo)
-    for a in aggregators:
-        weights = member_weights(a, len(stacked), params.get(a))
-        for lo, hi in spans or [(0, 0)]:
-            unc = None if a in NOT_PROBABILITIES else M.uncertainty(
-                stacked[:, lo:hi], ensemble_probs[a][lo:hi], weights)
-            yield model_rows(f"ensemble-{a}", None, a, split, rows[lo:hi], y(lo, hi),
-                             ensemble_probs[a][lo:hi], classes, unc, first_row + lo)
+    members = pred.members
+    stacked = np.stack([p for _, p in sorted(members.items())]) if members else None
+    ensembles = pred.ensembles
+    if ensembles is None:
+        ensembles = {a: aggregate(stacked, a, params.get(a)) for a in aggregators}
+    weights = {a: member_weights(a, len(stacked), params.get(a)) for a in aggregators}
+    for key, y, p, span in chunks(split, pred, ensembles, aggregators, chunk_rows):
+        a = key.aggregator
+        unc = None if a is None or a in NOT_PROBABILITIES else M.uncertainty(
+            stacked[:, span], p, weights[a])
+        yield model_rows(key, y, p, classes, unc)
 
 
 def wide_rows(long: pa.Table, aggregator: str, extra: pa.Table | None = None,
@@ -189,14 +170,8 @@ def probabilities(table: pa.Table, classes: np.ndarray) -> np.ndarray:
     return np.column_stack([table.column(f"p_{c}").to_numpy() for c in np.asarray(classes).tolist()])
 
 
-GAINS = tuple(f"gain_vs_{ref}_{m}" for ref in ("mean", "best") for m in M.METRICS)
-METRICS_SCHEMA = pa.schema(
-    [("model", pa.string()), ("member", pa.int32()), ("aggregator", pa.string()),
-     ("split", pa.string()), ("n", pa.int64())]
-    + [(m, pa.float64()) for m in M.METRICS]
-    + [("disagreement", pa.float64()), ("mean_pairwise_kl", pa.float64()),
-       ("mean_mutual_information", pa.float64()), ("best_member", pa.int32())]
-    + [(g, pa.float64()) for g in GAINS])
+GAINS, METRICS_SCHEMA = metrics_schema(
+    M.METRICS, ("disagreement", "mean_pairwise_kl", "mean_mutual_information"), M.METRICS)
 
 
 def gain(ensemble: float | None, reference: float | None, metric: str) -> float | None:
@@ -346,22 +321,14 @@ def ensemble_size_table(member_probs: dict[str, np.ndarray], y: dict[str, np.nda
         from ensemble.tasks.regression import tables as regression_tables
 
         return regression_tables.ensemble_size_table(member_probs, y, greedy_order)
-    out = []
-    for split, probs in member_probs.items():
-        probs = np.asarray(probs, np.float64)
-        orders = {"first": list(range(len(probs)))}
-        if greedy_order:
-            orders["greedy"] = list(greedy_order)
-        for name, order in orders.items():
-            total = np.zeros(probs.shape[1:])
-            for k, m in enumerate(order, start=1):
-                total += probs[m]
-                out.append({"order": name, "k": k, "split": split, "member_added": int(m),
-                            **M.all_metrics(y[split], (total / k).astype(np.float32))})
-    schema = pa.schema([("order", pa.string()), ("k", pa.int32()), ("split", pa.string()),
-                        ("member_added", pa.int32())]
-                       + [(m, pa.float64()) for m in M.METRICS])
-    return pa.Table.from_pylist(out, schema=schema)
+
+    def scores(split, probs, order):  # the mean of the first k members, k = 1, 2, ...
+        total = np.zeros(probs.shape[1:])
+        for k, m in enumerate(order, start=1):
+            total += probs[m]
+            yield M.all_metrics(y[split], (total / k).astype(np.float32))
+
+    return size_table(member_probs, greedy_order, scores, M.METRICS)
 
 
 HISTORY_SCHEMA = pa.schema([("member", pa.int32()), ("epoch", pa.int32()),

@@ -22,6 +22,8 @@ import pyarrow.compute as pc
 from ensemble.tasks.regression import aggregators as R
 from ensemble.tasks.regression import metrics as RM
 from ensemble.tasks.predicted import SplitPredictions
+from ensemble.tasks.table_parts import (ModelRows, chunks, key_columns, metrics_schema,
+                                         size_table, source_row)
 
 COLUMNS = ("y_true", "y_pred", "std", "aleatoric_std", "epistemic_std")
 
@@ -35,17 +37,16 @@ def metadata(params: dict | None, aggregators: Sequence[str], n_members: int
     return {b"classes": b"[]", b"task": b"regression", b"mixture": json.dumps(mix).encode()}
 
 
-def model_rows(model: str, member: int | None, aggregator: str | None, split: str,
-               rows: np.ndarray, y_true: np.ndarray | None, outputs: np.ndarray,
-               first_row: int = 0) -> pa.Table:
+def model_rows(key: ModelRows, y_true: np.ndarray | None, outputs: np.ndarray) -> pa.Table:
     """Prediction rows of one model on one split.
 
     Args:
+        key: the model, split and rows (`ensemble.tasks.table_parts.ModelRows`).
+        y_true: `[n_rows]` targets, or None when unknown.
         outputs: a member's `[n_rows, 2]` (mean, variance) or an aggregator's `[n_rows, 3]`
             (mean, aleatoric variance, epistemic variance), target units.
-        rows, first_row: as `ensemble.tasks.tables.model_rows`.
     """
-    n = len(rows)
+    n = len(key.rows)
     out = np.asarray(outputs, np.float64)
     if out.shape[1] == 3:
         std, ale, epi = R.std_of(out)
@@ -53,33 +54,25 @@ def model_rows(model: str, member: int | None, aggregator: str | None, split: st
     else:
         std, ale, epi = np.sqrt(out[:, 1]), pa.nulls(n, pa.float64()), pa.nulls(n, pa.float64())
     return pa.table({
-        "model": pa.repeat(pa.scalar(model, pa.string()), n),
-        "member": pa.repeat(pa.scalar(member, pa.int32()), n),
-        "aggregator": pa.repeat(pa.scalar(aggregator, pa.string()), n),
-        "split": pa.repeat(pa.scalar(split, pa.string()), n),
-        "row": pa.array(np.arange(first_row, first_row + n, dtype=np.int64)),
+        **key_columns(key),
         "y_true": pa.nulls(n, pa.float64()) if y_true is None
         else pa.array(np.asarray(y_true, np.float64)),
         "y_pred": pa.array(out[:, 0]),
         "std": pa.array(std),
         "aleatoric_std": ale, "epistemic_std": epi,
-        "source_row": pa.array(np.asarray(rows, np.int64)),
+        "source_row": source_row(key),
     })
 
 
-def predictions_table(member_outputs: dict[int, np.ndarray], split: str, rows: np.ndarray,
-                      y_true: np.ndarray | None, aggregators: Sequence[str],
-                      ensemble_outputs: dict[str, np.ndarray] | None = None,
-                      params: dict | None = None, first_row: int = 0) -> pa.Table:
+def predictions_table(split: str, pred: SplitPredictions, aggregators: Sequence[str] = (),
+                      params: dict | None = None) -> pa.Table:
     """Member rows and ensemble rows of one split (`ensemble.tasks.tables.predictions_table` for
-    regression): `member_outputs` index -> `[n_rows, 2]`; `ensemble_outputs` aggregator ->
+    regression): `pred.members` index -> `[n_rows, 2]`; `pred.ensembles` aggregator ->
     `[n_rows, 3]`, computed with `ensemble.tasks.regression.aggregators.aggregate` when None."""
     params = params or {}
-    parts = prediction_chunks(split, SplitPredictions(member_outputs, ensemble_outputs, rows,
-                                                      y_true, first_row),
-                              aggregators, params, max(1, len(rows)))
+    parts = prediction_chunks(split, pred, aggregators, params, max(1, len(pred.rows)))
     return pa.concat_tables(parts).replace_schema_metadata(
-        metadata(params, aggregators, len(member_outputs)))
+        metadata(params, aggregators, len(pred.members)))
 
 
 def prediction_chunks(split: str, pred: SplitPredictions, aggregators: Sequence[str],
@@ -87,20 +80,13 @@ def prediction_chunks(split: str, pred: SplitPredictions, aggregators: Sequence[
                       ) -> Iterator[pa.Table]:
     """`predictions_table`'s rows of `pred` as tables of at most `chunk_rows` rows, model by
     model, in its order (`ensemble.tasks.tables.prediction_chunks` for regression)."""
-    member_outputs, ensemble_outputs, rows, y_true, first_row = pred
     params = params or {}
-    if ensemble_outputs is None:
-        stacked = np.stack([o for _, o in sorted(member_outputs.items())])
-        ensemble_outputs = {a: R.aggregate(stacked, a, params.get(a)) for a in aggregators}
-    spans = [(lo, min(len(rows), lo + chunk_rows))
-             for lo in range(0, len(rows), chunk_rows)] or [(0, 0)]
-    models = [(f"member-{i}", i, None, o) for i, o in sorted(member_outputs.items())]
-    models += [(f"ensemble-{a}", None, a, ensemble_outputs[a]) for a in aggregators]
-    for model, member, agg, out in models:
-        for lo, hi in spans:
-            yield model_rows(model, member, agg, split, rows[lo:hi],
-                             None if y_true is None else y_true[lo:hi], out[lo:hi],
-                             first_row + lo)
+    ensembles = pred.ensembles
+    if ensembles is None:
+        stacked = np.stack([o for _, o in sorted(pred.members.items())])
+        ensembles = {a: R.aggregate(stacked, a, params.get(a)) for a in aggregators}
+    for key, y, out, _ in chunks(split, pred, ensembles, aggregators, chunk_rows):
+        yield model_rows(key, y, out)
 
 
 def outputs(table: pa.Table) -> np.ndarray:
@@ -109,14 +95,8 @@ def outputs(table: pa.Table) -> np.ndarray:
                             table.column("std").to_numpy() ** 2])
 
 
-GAINS = tuple(f"gain_vs_{ref}_{m}" for ref in ("mean", "best") for m in RM.GAIN_METRICS)
-METRICS_SCHEMA = pa.schema(
-    [("model", pa.string()), ("member", pa.int32()), ("aggregator", pa.string()),
-     ("split", pa.string()), ("n", pa.int64())]
-    + [(m, pa.float64()) for m in RM.METRICS]
-    + [("disagreement", pa.float64()), ("mean_epistemic_std", pa.float64()),
-       ("best_member", pa.int32())]
-    + [(g, pa.float64()) for g in GAINS])
+GAINS, METRICS_SCHEMA = metrics_schema(RM.METRICS, ("disagreement", "mean_epistemic_std"),
+                                       RM.GAIN_METRICS)
 
 
 def gain(ensemble: float | None, reference: float | None, metric: str) -> float | None:
@@ -243,25 +223,16 @@ def ensemble_size_table(member_outputs: dict[str, np.ndarray], y: dict[str, np.n
                         greedy_order: list[int] | None = None) -> pa.Table:
     """The ensemble-size curve of a regression run (`ensemble.tasks.tables.ensemble_size_table`):
     metrics of the mean mixture of the first k members, and of greedy's first k picks."""
-    out = []
-    for split, stacked in member_outputs.items():
-        stacked = np.asarray(stacked, np.float64)
-        orders = {"first": list(range(len(stacked)))}
-        if greedy_order:
-            orders["greedy"] = list(greedy_order)
-        for name, order in orders.items():
-            for k in range(1, len(order) + 1):
-                picks = np.bincount(order[:k], minlength=len(stacked)) / k
-                e = R.mixture(stacked, picks)
-                mu_m, var_m = stacked[..., 0], stacked[..., 1]
-                out.append({"order": name, "k": k, "split": split,
-                            "member_added": int(order[k - 1]),
-                            **RM.all_metrics(y[split], e[:, 0], np.sqrt(e[:, 1] + e[:, 2]),
-                                             mu_m, var_m, picks)})
-    schema = pa.schema([("order", pa.string()), ("k", pa.int32()), ("split", pa.string()),
-                        ("member_added", pa.int32())]
-                       + [(m, pa.float64()) for m in RM.METRICS])
-    return pa.Table.from_pylist(out, schema=schema)
+
+    def scores(split, stacked, order):  # the mixture of the first k picks, k = 1, 2, ...
+        mu_m, var_m = stacked[..., 0], stacked[..., 1]
+        for k in range(1, len(order) + 1):
+            picks = np.bincount(order[:k], minlength=len(stacked)) / k
+            e = R.mixture(stacked, picks)
+            yield RM.all_metrics(y[split], e[:, 0], np.sqrt(e[:, 1] + e[:, 2]), mu_m, var_m,
+                                 picks)
+
+    return size_table(member_outputs, greedy_order, scores, RM.METRICS)
 
 
 HISTORY_SCHEMA = pa.schema([("member", pa.int32()), ("epoch", pa.int32()),
