@@ -105,8 +105,9 @@ def cmd_search(args) -> int:
 
     run_dir = Path(args.run_dir) if args.run_dir else train.default_run_dir(plan.config)
     verbosity = 0 if args.quiet else 1
-    search.run_search(plan, run_dir, args.mode, resume=args.resume, overwrite=args.overwrite,
-                      jobs=args.jobs, verbosity=verbosity)
+    search.run_search(plan, run_dir, search.SearchOptions(
+        args.mode, resume=args.resume, overwrite=args.overwrite, jobs=args.jobs,
+        verbosity=verbosity))
     print(f"run directory: {run_dir} (members.parquet: every candidate; predict applies the "
           "greedy selection)")
     print(evaluate.evaluate(run_dir)[1])

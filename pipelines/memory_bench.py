@@ -46,7 +46,7 @@ def worker(variant: str, rows: int, members: int) -> dict:
                                          "early_stopping": 0}})
     devs = [d.name for d in tf.config.list_logical_devices("CPU")][:members]
     ens = InGraphEnsemble.build(cfg, x.shape[1:], 10, devs, aggregators=(), pre=pre)
-    ens.fit(x, y, x[:256], y[:256], Schedule.of(cfg.training))
+    ens.fit(x, y, (x[:256], y[:256]), Schedule.of(cfg.training))
     return {"variant": variant, "peak_rss_bytes": devices.peak_rss_bytes(),
             "data_bytes": int(x.nbytes)}
 

@@ -64,18 +64,31 @@ def plan(config_path: str | Path, candidates: int, select: int, stratify: int = 
     return Plan(seed, space, raw, base, cands, select, stratify, cfg)
 
 
-def _train(cfg: schema.Config, run_dir: Path, mode: str, resume: bool, overwrite: bool,
-           jobs: int | None, verbosity: int) -> None:
-    """One run on the ordinary path; with `resume`, a completed run is kept and an
+@dataclass(frozen=True)
+class SearchOptions:
+    """How `run_search` trains its runs: the replication `mode`; `resume` keeps completed
+    runs and resumes unfinished ones; `overwrite` replaces runs already there; `jobs` clients
+    at once (between-graph); `verbosity` 0 quiet, 1 progress lines (`ensemble.train`'s)."""
+
+    mode: str = "in-graph"
+    resume: bool = False
+    overwrite: bool = False
+    jobs: int | None = None
+    verbosity: int = 1
+
+
+def _train(cfg: schema.Config, run_dir: Path, o: SearchOptions) -> None:
+    """One run on the ordinary path; with `o.resume`, a completed run is kept and an
     unfinished one resumes (only its unfinished members / from its checkpoint)."""
     from ensemble.runs import api
 
-    if resume and (run_dir / artifacts.MANIFEST).is_file():
+    if o.resume and (run_dir / artifacts.MANIFEST).is_file():
         if prepare.effective_status(Manifest.load(run_dir)) == "completed":
             return
-        api.train(cfg, mode, run_dir, resume=True, jobs=jobs, verbosity=verbosity)
+        api.train(cfg, o.mode, run_dir, resume=True, jobs=o.jobs, verbosity=o.verbosity)
     else:
-        api.train(cfg, mode, run_dir, overwrite=overwrite, jobs=jobs, verbosity=verbosity)
+        api.train(cfg, o.mode, run_dir, overwrite=o.overwrite, jobs=o.jobs,
+                  verbosity=o.verbosity)
 
 
 def _record(run_dir: Path, info: dict[str, Any]) -> Manifest:
@@ -84,10 +97,10 @@ def _record(run_dir: Path, info: dict[str, Any]) -> Manifest:
     return search_report.record_search(run_dir, info)
 
 
-def run_search(p: Plan, run_dir: Path, mode: str = "in-graph", resume: bool = False,
-               overwrite: bool = False, jobs: int | None = None, verbosity: int = 1) -> Path:
+def run_search(p: Plan, run_dir: Path, options: SearchOptions = SearchOptions()) -> Path:
     """Train the candidates (and, with stratification, the selected ones again) and record
-    the search; returns `run_dir`, the run whose selection `predict` applies.
+    the search, as `options` say; returns `run_dir`, the run whose selection `predict`
+    applies.
 
     Raises:
         UsageError: `run_dir` already holds a run (without `overwrite`/`resume`), or a run
@@ -95,12 +108,12 @@ def run_search(p: Plan, run_dir: Path, mode: str = "in-graph", resume: bool = Fa
     """
     run_dir = Path(run_dir)
     cand_dir = run_dir / CANDIDATES_DIR if p.stratify else run_dir
-    if not resume:
+    if not options.resume:
         for d in {run_dir, cand_dir}:
-            prepare.check_run_dir(d, overwrite)
+            prepare.check_run_dir(d, options.overwrite)
     info = {"seed": p.seed, "space": p.raw, "candidates": len(p.candidates),
             "select": p.select, "stratify": p.stratify}
-    _train(p.config, cand_dir, mode, resume, overwrite, jobs, verbosity)
+    _train(p.config, cand_dir, options)
     _record(cand_dir, info)
     if not p.stratify:
         return run_dir
@@ -108,6 +121,6 @@ def run_search(p: Plan, run_dir: Path, mode: str = "in-graph", resume: bool = Fa
     source = [c for c in chosen for _ in range(p.stratify)]
     tables = S.candidate_tables(p.base, [p.candidates[c] for c in source], p.select,
                                 seed_offset=S.STRATIFY_SEED_OFFSET)
-    _train(schema.from_dict(tables), run_dir, mode, resume, overwrite, jobs, verbosity)
+    _train(schema.from_dict(tables), run_dir, options)
     _record(run_dir, {**info, "candidate": source, "candidates_run": CANDIDATES_DIR})
     return run_dir

@@ -84,7 +84,7 @@ def test_default_graph_has_no_adversarial_op():
     import tensorflow as tf
 
     from ensemble import tasks
-    from ensemble.replication.steps import make_steps_fn
+    from ensemble.replication.steps import StepsSpec, make_steps_fn
 
     x = np.random.default_rng(0).random((32, 4)).astype(np.float32)
     y = np.arange(32, dtype=np.int32) % 3
@@ -93,8 +93,8 @@ def test_default_graph_has_no_adversarial_op():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
         opt = keras.optimizers.SGD(0.1)
         opt.build(model.trainable_variables)
-        fn = make_steps_fn([model], [opt], ["/device:CPU:0"], x.shape[1:], tf.float32,
-                           "/device:CPU:0", tasks.get(), adversarial=adversarial)
+        fn = make_steps_fn(StepsSpec([model], [opt], ["/device:CPU:0"], tasks.get(),
+                                     x.shape[1:], tf.float32, adversarial=adversarial))
         graph = fn.get_concrete_function().graph
         ops = [op for f in [graph, *[g.graph for g in graph._functions.values()
                                      if hasattr(g, "graph")]] for op in f.get_operations()]
@@ -127,7 +127,7 @@ def test_replicas_take_the_same_adversarial_step():
         adv = tf.constant(np.full(8, 0.05, np.float32))
         step = (tf.function(lambda a, b: train_step(model, opt, a, b, task, adv))
                 if len(devs) == 1 else
-                tf.function(lambda a, b: replicated_train_step(model, opt, a, b, task, devs,
+                tf.function(lambda a, b: replicated_train_step(model, opt, (a, b), task, devs,
                                                                adv)))
         out.append((step(xb, yb).numpy(), [w.numpy() for w in model.weights]))
     assert abs(out[0][0] - out[1][0]) <= 1e-5

@@ -21,10 +21,8 @@ PACKAGES = ("ensemble", "pipelines")
 MAX_LINES = 60
 MAX_PARAMS = 6
 
-LONG = {  # "path:qualname": lines today (to shrink)
-    "ensemble/runs/records.py:members_table": 72,
-    "ensemble/replication/steps.py:make_steps_fn": 61,
-}
+LONG: dict[str, int] = {}  # "path:qualname": lines today (to shrink); none left
+
 
 PARAMS_EXEMPT = {  # Keras builders: their parameters are the network's hyperparameters
     "ensemble/models/builders.py:mlp",
@@ -37,27 +35,12 @@ def _exempt(key: str) -> bool:
     return key in PARAMS_EXEMPT or bool(re.search(r":DeepEnsemble\w*\.__init__$", key))
 
 
-MANY_PARAMS = {  # "path:qualname": parameters today (to shrink to at most 5 entries)
-    "ensemble/replication/training.py:train_loop": 13,
-    "ensemble/runs/api.py:train": 13,
-    "ensemble/replication/training.py:_Loop.__init__": 12,
+MANY_PARAMS = {  # "path:qualname": parameters today (at most 5 entries, to shrink)
+    "ensemble/runs/api.py:train": 13,  # the public `ensemble.train` (keyword options)
     "ensemble/data/sources.py:table_to_dataset": 11,
-    "ensemble/replication/in_graph.py:InGraphEnsemble.build": 10,
-    "ensemble/replication/steps.py:make_steps_fn": 10,
-    "ensemble/tasks/tables.py:model_rows": 10,
-    "ensemble/tasks/tables.py:predictions_table": 9,
     "ensemble/models/members.py:build_member": 8,
-    "ensemble/replication/group.py:MemberGroup.build": 8,
-    "ensemble/tasks/regression/tables.py:model_rows": 8,
-    "ensemble/tasks/regression/tables.py:predictions_table": 8,
-    "ensemble/models/optimizer.py:Adam.__init__": 7,
-    "ensemble/replication/group.py:MemberGroup.fit": 7,
-    "ensemble/replication/in_graph.py:InGraphEnsemble.__init__": 7,
-    "ensemble/replication/steps.py:replicated_train_step": 7,
-    "ensemble/runs/predict.py:open_input": 7,
+    "ensemble/models/optimizer.py:Adam.__init__": 7,  # Keras's optimizer hyperparameters
     "ensemble/runs/prepare.py:new_manifest": 7,
-    "pipelines/search.py:_train": 7,
-    "pipelines/search.py:run_search": 7,
 }
 
 
@@ -106,6 +89,7 @@ def test_no_function_over_60_lines_but_the_listed_ones():
 
 
 def test_few_functions_over_6_parameters():
+    assert len(MANY_PARAMS) <= 5  # the target of #43: at most 5 besides the exempt ones
     params = {f"{p}:{q}": k for p, q, _, k in _functions() if not _exempt(f"{p}:{q}")}
     _ratchet(params, MANY_PARAMS, MAX_PARAMS, "parameters")
 

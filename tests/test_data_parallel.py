@@ -168,7 +168,7 @@ def test_uneven_batches_are_weighted_by_rows(digits, rows, n_replicas):
         opt.build(model.trainable_variables)
         step = (tf.function(lambda a, b: train_step(model, opt, a, b, task))
                 if len(devs) == 1 else
-                tf.function(lambda a, b: replicated_train_step(model, opt, a, b, task, devs)))
+                tf.function(lambda a, b: replicated_train_step(model, opt, (a, b), task, devs)))
         loss = step(xb, yb).numpy()
         out.append((loss, [w.numpy() for w in model.weights]))
     assert np.isfinite(out[1][0]) and abs(out[0][0] - out[1][0]) <= 1e-5
@@ -185,7 +185,7 @@ def test_dropout_masks_per_replica_are_deterministic(digits):
     weights = []
     for replicas in (reps, reps, None):
         ens, cfg = _group([CPU.format(0), CPU.format(1)], replicas, dropout=0.3)
-        ens.fit(x, y, xv, yv, Schedule.of(cfg.training))
+        ens.fit(x, y, (xv, yv), Schedule.of(cfg.training))
         weights.append(ens.models[0].get_weights()[0])
     np.testing.assert_array_equal(weights[0], weights[1])
     assert not np.allclose(weights[0], weights[2], atol=1e-4)  # own masks, not today's

@@ -177,8 +177,8 @@ def test_members_from_chunked_mapped_splits_equal_in_memory_members(tmp_path, mo
     devs = ["/device:CPU:0", "/device:CPU:1"]
     ens = InGraphEnsemble.build(cfg, x.shape[1:], len(classes), devs, aggregators=(),
                                 n_train=len(rows["train"]))
-    ens.fit(x[rows["train"]], y[rows["train"]], x[rows["validation"]],
-            y[rows["validation"]], Schedule.of(cfg.training))
+    ens.fit(x[rows["train"]], y[rows["train"]], (x[rows["validation"]],
+            y[rows["validation"]]), Schedule.of(cfg.training))
     for mode, run in runs.items():
         for k, model in enumerate(ens.models):
             saved = keras.models.load_model(artifacts.member_model_path(run.path, k))
@@ -225,7 +225,7 @@ def test_image_folder_decoded_in_chunks_gives_the_members_of_whole_decoding(tmp_
     pre = arrays.ArrayPreprocessing.fit(whole, rows["train"], classes)
     ens = InGraphEnsemble.build(cfg, x.shape[1:], 2, ["/device:CPU:0", "/device:CPU:1"],
                                 aggregators=(), pre=pre)
-    ens.fit(x[rows["train"]], y[rows["train"]], x[rows["validation"]], y[rows["validation"]],
+    ens.fit(x[rows["train"]], y[rows["train"]], (x[rows["validation"]], y[rows["validation"]]),
             Schedule.of(cfg.training))
     for k, model in enumerate(ens.models):
         saved = keras.models.load_model(artifacts.member_model_path(run.path, k))

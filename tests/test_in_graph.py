@@ -87,9 +87,9 @@ def test_member_alone_equals_member_in_ensemble(prepared):
 
     schedule = Schedule.of(CFG.training)
     full = _build(["/device:CPU:0", "/device:CPU:1", "/device:CPU:2", "/device:CPU:3"])
-    full.fit(x, y, xv, yv, schedule)
+    full.fit(x, y, (xv, yv), schedule)
     alone = _build(["/device:CPU:3"], [2])
-    alone.fit(x, y, xv, yv, schedule)
+    alone.fit(x, y, (xv, yv), schedule)
     for a, b in zip(alone.models[0].get_weights(), full.models[2].get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-6)
     other = full.models[1].get_weights()[0]

@@ -229,7 +229,7 @@ def train_member(work: MemberWork, index: int, device: str, callbacks: Sequence 
         from ensemble.replication.tensorboard import MemberScalars
 
         callbacks = [*callbacks, MemberScalars(run_dir)]
-    history = member.fit(x_tr, y_tr, x_val, y_val, Schedule.of(cfg.training),
+    history = member.fit(x_tr, y_tr, (x_val, y_val), Schedule.of(cfg.training),
                          run_dir / "checkpoints" / f"member-{index}", callbacks)
     if member.divergence.epochs:
         return member.divergence.epochs[index]

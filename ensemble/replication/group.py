@@ -17,8 +17,8 @@ from ensemble import tasks
 from ensemble.config.schema import Config, member_hparams
 from ensemble.models.members import build_member, member_seed
 from ensemble.models.optimizer import build_optimizer
-from ensemble.replication.steps import make_steps_fn
-from ensemble.replication.training import EarlyStopping, Schedule, train_loop
+from ensemble.replication.steps import StepsSpec, make_steps_fn
+from ensemble.replication.training import EarlyStopping, LoopSpec, Schedule, train_loop
 
 CLIENT_DEVICE = "/device:CPU:0"
 PREDICT_ROWS = 16384  # rows per prediction call, at most
@@ -69,22 +69,25 @@ class MemberGroup:
 
     @classmethod
     def build(cls, cfg: Config, input_shape: int | Sequence[int], n_classes: int,
-              devices: Sequence[str], indices: Sequence[int] | None = None,
-              client_device: str = CLIENT_DEVICE, n_train: int | None = None, **kwargs):
+              devices: Sequence[str], indices: Sequence[int] | None = None, **kwargs):
         """Build fresh members (builder and params of `config.member_hparams`, the task's
-        head) and their optimisers on `devices`; `kwargs` go to the constructor.
+        head) and their optimisers on `devices`.
 
         Args:
             input_shape: a row's shape (an int: `n_features`).
-            n_train: training rows (the length of a cosine learning-rate schedule; needed
-                with `training.lr_schedule = "cosine"`).
-            pre: the run's preprocessing; its `scaling_layer()` (array inputs) starts every
-                member.
+            n_classes: the run's classes (0 for regression): the head's size follows
+                (`Task.n_outputs`).
+            indices: the members' indices in the run (default `0..len(devices)-1`).
+            kwargs: `n_train`: training rows (the length of a cosine learning-rate schedule;
+                needed with `training.lr_schedule = "cosine"`); `pre`: the run's
+                preprocessing, whose `scaling_layer()` (array inputs) starts every member;
+                `task`: the run's `tasks` object (default `tasks.get()`); the others go to
+                the constructor (`client_device`, a subclass's own).
         """
         indices = list(indices) if indices is not None else list(range(len(devices)))
         shape = (input_shape,) if isinstance(input_shape, int) else tuple(input_shape)
         task = kwargs.pop("task", None) or tasks.get()
-        pre = kwargs.pop("pre", None)
+        pre, n_train = kwargs.pop("pre", None), kwargs.pop("n_train", None)
         t = cfg.training
         total = None if n_train is None else Schedule.of(t).steps_per_epoch(n_train) * t.epochs
         models, optimizers = [], []
@@ -98,8 +101,7 @@ class MemberGroup:
                 optimizers.append(build_optimizer(model, h["learning_rate"], t.optimizer,
                                                   t.optimizer_params, t.lr_schedule, total))
             models.append(model)
-        group = cls(models, devices, indices=indices, client_device=client_device, task=task,
-                    **kwargs)
+        group = cls(models, devices, indices=indices, task=task, **kwargs)
         group.optimizers = optimizers
         group.adversarial_epsilon = float(getattr(t, "adversarial_epsilon", 0.0))
         if t.early_stopping:
@@ -186,9 +188,9 @@ class MemberGroup:
             adversarial = [input_step(m, x_train, self.adversarial_epsilon)
                            for m in self.models]
         x_dtype = tf.uint8 if x_train.dtype == np.uint8 else tf.float32
-        return make_steps_fn(self.models, self.optimizers, self.devices, x_train.shape[1:],
-                             x_dtype, self.client_device, self.task, masked=masked,
-                             replicas=self.train_replicas, adversarial=adversarial)
+        return make_steps_fn(StepsSpec(self.models, self.optimizers, self.devices, self.task,
+                                       x_train.shape[1:], x_dtype, self.client_device, masked,
+                                       self.train_replicas, adversarial))
 
     def early_stopping(self, schedule: Schedule) -> EarlyStopping | None:
         """The `EarlyStopping` of this group under `schedule` (None when it is off)."""
@@ -199,13 +201,14 @@ class MemberGroup:
         return EarlyStopping(schedule.patience, len(self.models), self.save_best,
                              self.restore_best)
 
-    def fit(self, x_train, y_train, x_val, y_val, schedule: Schedule, checkpoint_dir=None,
+    def fit(self, x_train, y_train, validation, schedule: Schedule, checkpoint_dir=None,
             callbacks=()) -> list[dict]:
         """Train every member; returns the history records of `training.train_loop`.
 
         Args:
-            x_train: `[n_train, *input_shape]`; y_train: `[n_train]` targets; x_val, y_val:
-                the validation split (scores per epoch; early stopping's losses).
+            x_train: `[n_train, *input_shape]`; y_train: `[n_train]` targets.
+            validation: `(x_val, y_val)`, the validation split (as Keras's
+                `validation_data`: scores per epoch; early stopping's losses).
             checkpoint_dir: resume from its newest checkpoint and save one every
                 `schedule.checkpoint_every` epochs (and after the last).
             callbacks: `training.Callback`s.
@@ -229,7 +232,8 @@ class MemberGroup:
 
         ckpt = (EpochCheckpoints(checkpoint_dir, self.models, self.optimizers, self._best)
                 if checkpoint_dir is not None else None)
-        return train_loop(run_steps, lambda: self.predict(x_val)[0], self.indices, schedule,
-                          len(x_train), y_val, self.task, ckpt, callbacks, stopping,
-                          self.divergence, gather=gather,
-                          max_steps=gather.max_steps(len(self.models), schedule.batch_size))
+        x_val, y_val = validation
+        return train_loop(LoopSpec(
+            run_steps, self.indices, schedule, len(x_train), self.task,
+            lambda: self.predict(x_val)[0], y_val, ckpt, callbacks, stopping, self.divergence,
+            gather, gather.max_steps(len(self.models), schedule.batch_size)))

@@ -26,26 +26,24 @@ class InGraphEnsemble(MemberGroup):
         aggregators: aggregator names computed in the graph (the task's `aggregators`).
         params: fitted aggregators' parameters `{name: params}` (`aggregators.json`).
         indices: the members' indices in the run (default `0..n_members-1`).
-        client_device: where the aggregation ops run.
+        kwargs: `MemberGroup`'s `client_device` (where the aggregation ops run) and `task`.
     """
 
     def __init__(self, models: Sequence, devices: Sequence[str], aggregators: Sequence[str],
-                 indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE,
-                 params: dict | None = None, task=None):
+                 indices: Sequence[int] | None = None, params: dict | None = None, **kwargs):
         self.aggregators = tuple(aggregators)
         self.params = dict(params or {})
-        super().__init__(models, devices, indices, client_device, task)
+        super().__init__(models, devices, indices, **kwargs)
 
     @classmethod
     def build(cls, cfg, input_shape, n_classes: int, devices: Sequence[str],
-              indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE,
-              aggregators: Sequence[str] | None = None, n_train: int | None = None,
-              pre=None, task=None):
-        """Build fresh members on `devices` (`MemberGroup.build`, with the run's `task` and
-        its preprocessing `pre`); `aggregators` defaults to the config's."""
-        aggs = cfg.aggregation.aggregators if aggregators is None else aggregators
-        return super().build(cfg, input_shape, n_classes, devices, indices, client_device,
-                             n_train=n_train, aggregators=aggs, pre=pre, task=task)
+              indices: Sequence[int] | None = None, **kwargs):
+        """Build fresh members on `devices` (`MemberGroup.build`: `kwargs` `n_train`, `pre`,
+        `task`, `client_device`, `params`); `aggregators` (a keyword too) defaults to the
+        config's."""
+        if kwargs.get("aggregators") is None:
+            kwargs["aggregators"] = cfg.aggregation.aggregators
+        return super().build(cfg, input_shape, n_classes, devices, indices, **kwargs)
 
     def _predict_graph(self, x):
         stacked = self._member_probs(x)

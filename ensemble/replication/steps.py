@@ -22,20 +22,21 @@ masks than the unreplicated one. Batch statistics (batch normalisation) are per 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from ensemble.replication.training import train_step
 
 
-def replicated_train_step(model, optimizer, xb, yb, task, devices: Sequence[str],
+def replicated_train_step(model, optimizer, batch, task, devices: Sequence[str],
                           adversarial=None):
     """THE training step of one member over its replicas (`training.train_step` when
     `len(devices) == 1`).
 
     Args:
         model, optimizer: the member's Keras model (variables on `devices[0]`) and optimiser.
-        xb: `[batch, *input_shape]` the batch's rows (float32, or uint8 images); yb:
-            `[batch]` their targets.
+        batch: `(xb, yb)` (as Keras's `train_step(data)`): `xb` `[batch, *input_shape]` the
+            batch's rows (float32, or uint8 images), `yb` `[batch]` their targets.
         task: the run's `tasks` object (its `loss`).
         devices: `[R]` distinct device names of the member's replicas; replica 0's is the
             member's home device (variables, the average and the update).
@@ -49,7 +50,7 @@ def replicated_train_step(model, optimizer, xb, yb, task, devices: Sequence[str]
     """
     import tensorflow as tf
 
-    home = devices[0]
+    home, (xb, yb) = devices[0], batch
     if len(devices) == 1:
         return train_step(model, optimizer, xb, yb, task, adversarial)
     n = tf.shape(yb)[0]
@@ -84,30 +85,57 @@ def replicated_train_step(model, optimizer, xb, yb, task, devices: Sequence[str]
     return loss
 
 
-def make_steps_fn(models, optimizers, devices, row_shape, x_dtype, client_device: str, task,
-                  masked: bool = False, replicas=None, adversarial=None):
-    """The traced call that trains a group of members for several steps.
+@dataclass(frozen=True)
+class StepsSpec:
+    """The members a traced many-steps call trains, and how (`make_steps_fn`).
 
-    The returned function takes `xb` `[steps, n_members, batch, *row_shape]` (`x_dtype`:
-    float32, or uint8 images) and `yb` `[steps, n_members, batch]` (the task's target dtype):
-    member `k`'s rows of each step, gathered on the host (`feed.Gather`), plus `total`
-    `[n_members]` float32 (the epoch's running loss sum so far) and `active` `[n_members]`
-    bool, and returns `total` plus, step after step, each member's batch-mean loss x batch
-    rows: carrying the running sum through the calls makes it independent of how the steps
-    are split into calls. With `masked` (early stopping), a member whose `active` is false
-    skips its steps (no update, loss 0); without it `active` is ignored, and the graph holds
-    no condition.
+    Attributes:
+        models, optimizers: `[n_members]` the members' Keras models (built under their
+            device) and built optimisers.
+        devices: `[n_members]` device names: member `k`'s variables, loop and steps.
+        task: the run's `tasks` object (its `loss`, `target_dtype`).
+        row_shape: a row's shape; x_dtype: the rows' `tf.DType` (float32, or uint8 images).
+        client_device: where a call's rows arrive and the members' sums are stacked.
+        masked: with early stopping: a member whose `active` is false skips its steps (no
+            update, loss 0); without it `active` is ignored, and the graph holds no condition.
+        replicas: `[n_members]` lists of device names, replica 0 the member's device (None:
+            one each): a member of several replicas takes `replicated_train_step`,
+            data-parallel (the same step for one replica).
+        adversarial: None, or `[n_members]` sign steps `[*input_shape]` of
+            `adversarial.input_step` (adversarial training).
+    """
+
+    models: Sequence
+    optimizers: Sequence
+    devices: Sequence[str]
+    task: object
+    row_shape: tuple
+    x_dtype: object
+    client_device: str = "/device:CPU:0"
+    masked: bool = False
+    replicas: Sequence[Sequence[str]] | None = None
+    adversarial: Sequence | None = None
+
+
+def make_steps_fn(spec: StepsSpec):
+    """The traced call that trains a group of members (`spec`) for several steps.
+
+    The returned function takes `xb` `[steps, n_members, batch, *row_shape]` (`x_dtype`)
+    and `yb` `[steps, n_members, batch]` (the task's target dtype): member `k`'s rows of
+    each step, gathered on the host (`feed.Gather`), plus `total` `[n_members]` float32 (the
+    epoch's running loss sum so far) and `active` `[n_members]` bool, and returns `total`
+    plus, step after step, each member's batch-mean loss x batch rows: carrying the running
+    sum through the calls makes it independent of how the steps are split into calls.
     Each member runs its steps in a `tf.while_loop` of its own (members do not wait for each
     other at every step; the executor runs their loops side by side), calling `train_step`
     under `tf.device` of its device, with the loop's counter, condition and running sum on
     that device too: a member's rows of the call are sent to its device once per call and
-    nothing crosses devices step by step; only stacking the sums runs on `client_device`. `replicas` (`[n_members]` lists of device names, replica 0 the member's
-    device; None: one each) makes a member of several replicas take
-    `steps.replicated_train_step` instead, data-parallel (the same step for one replica). `adversarial`: None, or `[n_members]` sign steps `[*input_shape]` of
-    `adversarial.input_step` (adversarial training).
+    nothing crosses devices step by step; only stacking the sums runs on `client_device`.
     """
     import tensorflow as tf
 
+    models, optimizers, devices, task = spec.models, spec.optimizers, spec.devices, spec.task
+    client_device, replicas, adversarial = spec.client_device, spec.replicas, spec.adversarial
     n = len(models)
     steps = [None] * n
     for k, device in enumerate(devices if adversarial is not None else ()):
@@ -115,7 +143,8 @@ def make_steps_fn(models, optimizers, devices, row_shape, x_dtype, client_device
             steps[k] = tf.constant(adversarial[k], tf.float32)
     groups = [replicas[k] if replicas is not None else [devices[k]] for k in range(n)]
 
-    @tf.function(input_signature=[tf.TensorSpec([None, n, None, *row_shape], x_dtype),
+    @tf.function(input_signature=[tf.TensorSpec([None, n, None, *spec.row_shape],
+                                                spec.x_dtype),
                                   tf.TensorSpec([None, n, None], task.target_dtype),
                                   tf.TensorSpec([n], tf.float32),
                                   tf.TensorSpec([n], tf.bool)], autograph=False)
@@ -128,7 +157,7 @@ def make_steps_fn(models, optimizers, devices, row_shape, x_dtype, client_device
                 rows = tf.cast(tf.shape(yk)[1], tf.float32)
 
                 def body(s, loss_sum):
-                    loss = replicated_train_step(models[k], optimizers[k], xk[s], yk[s],
+                    loss = replicated_train_step(models[k], optimizers[k], (xk[s], yk[s]),
                                                  task, groups[k], steps[k])
                     return s + 1, loss_sum + loss * rows
 
@@ -138,7 +167,7 @@ def make_steps_fn(models, optimizers, devices, row_shape, x_dtype, client_device
                                                 parallel_iterations=1)
                     return loss_sum
 
-                return tf.cond(active[k], run, lambda: total_k) if masked else run()
+                return tf.cond(active[k], run, lambda: total_k) if spec.masked else run()
 
         sums = [member_loop(k) for k in range(n)]
         with tf.device(client_device):

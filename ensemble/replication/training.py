@@ -184,29 +184,22 @@ class EarlyStopping:
                 self.restore(int(k))
 
 
-def train_loop(run_steps: Callable[[object, np.ndarray, np.ndarray], np.ndarray],
-               predict_val: Callable[[], np.ndarray] | None, indices: Sequence[int],
-               schedule: Schedule, n_train: int, y_val: np.ndarray | None, task,
-               checkpoints=None, callbacks: Sequence[Callback] = (),
-               stopping: EarlyStopping | None = None, divergence=None,
-               gather: Callable[[np.ndarray], object] | None = None,
-               max_steps: int | None = None) -> list[dict]:
-    """Run the epochs for the members `indices` and record their history.
+@dataclass
+class LoopSpec:
+    """What `train_loop` trains, on what, and with which hooks.
 
-    Args:
+    Attributes:
         run_steps: takes a call's batches (`gather` of its `[steps, len(indices), batch]`
             int32 batch rows), the running `[len(indices)]` float32 loss sum and the
             `[len(indices)]` bool active mask, runs those steps for those members
             (`make_steps_fn`), returns the new running sum.
-        gather: turns a call's batch rows into what `run_steps` takes (`feed.Gather`: the
-            rows themselves); run one call ahead in a background thread. None: the row
-            indices are passed as they are.
-        max_steps: the most steps one call may take (`feed.Gather.max_steps`: bounds the
-            bytes of a call's batches); None: no bound beyond the epoch.
+        indices: the members' indices in the run.
+        schedule: the epochs, batch size, K, checkpoint period and patience (`Schedule`).
+        n_train: training rows.
+        task: the run's `tasks` object (`validation_scores`).
         predict_val: returns validation outputs `[len(indices), n_val, ...]`; None when there
             is no validation data (the validation scores are then NaN).
         y_val: `[n_val]` validation targets (unused without `predict_val`).
-        task: the run's `tasks` object (`validation_scores`).
         checkpoints: optional `checkpoints.EpochCheckpoints`: training resumes after its
             newest checkpoint and saves one every `schedule.checkpoint_every` epochs and after
             the last.
@@ -216,6 +209,30 @@ def train_loop(run_steps: Callable[[object, np.ndarray, np.ndarray], np.ndarray]
             members whose loss sums (checked after every call) or validation outputs
             (after every epoch) turn non-finite; their steps are masked from then on, like
             a stopped member's, and they get no further history records. None: a new one.
+        gather: turns a call's batch rows into what `run_steps` takes (`feed.Gather`: the
+            rows themselves); run one call ahead in a background thread. None: the row
+            indices are passed as they are.
+        max_steps: the most steps one call may take (`feed.Gather.max_steps`: bounds the
+            bytes of a call's batches); None: no bound beyond the epoch.
+    """
+
+    run_steps: Callable[[object, np.ndarray, np.ndarray], np.ndarray]
+    indices: Sequence[int]
+    schedule: Schedule
+    n_train: int
+    task: object
+    predict_val: Callable[[], np.ndarray] | None = None
+    y_val: np.ndarray | None = None
+    checkpoints: object = None
+    callbacks: Sequence[Callback] = ()
+    stopping: EarlyStopping | None = None
+    divergence: object = None
+    gather: Callable[[np.ndarray], object] | None = None
+    max_steps: int | None = None
+
+
+def train_loop(spec: LoopSpec) -> list[dict]:
+    """Run the epochs for the members `spec.indices` and record their history.
 
     The full-size batches and the ragged last batch go in separate calls (a tensor has one
     batch size).
@@ -228,26 +245,24 @@ def train_loop(run_steps: Callable[[object, np.ndarray, np.ndarray], np.ndarray]
     from ensemble.replication.divergence import Divergence
 
     with interrupt.deferred():
-        loop = _Loop(run_steps, predict_val, list(indices), schedule, n_train, y_val, task,
-                     checkpoints, callbacks, stopping, interrupt.check,
-                     divergence or Divergence(indices))
-        loop.gather, loop.max_steps = gather or (lambda idx: idx), max_steps or loop.n_steps
-        loop.k = min(loop.k, loop.max_steps)
-        return loop.run()
+        return _Loop(spec, interrupt.check, spec.divergence or Divergence(spec.indices)).run()
 
 
 class _Loop:
-    """The epoch loop of `train_loop` (one object instead of a dozen arguments)."""
+    """The epoch loop of `train_loop` (a `LoopSpec`'s fields as attributes, plus its state)."""
 
-    def __init__(self, run_steps, predict_val, indices, schedule, n_train, y_val, task,
-                 checkpoints, callbacks, stopping, check, divergence):
-        self.run_steps, self.predict_val, self.indices = run_steps, predict_val, indices
-        self.s, self.n_train, self.y_val, self.task = schedule, n_train, y_val, task
-        self.checkpoints, self.callbacks, self.stopping = checkpoints, callbacks, stopping
-        self.check = check
-        self.divergence = divergence
-        self.n_steps = schedule.steps_per_epoch(n_train)
-        self.k = schedule.steps_per_call or min(FIRST_CALL_STEPS, self.n_steps)
+    def __init__(self, spec: LoopSpec, check, divergence):
+        self.run_steps, self.predict_val = spec.run_steps, spec.predict_val
+        self.indices = list(spec.indices)
+        self.s, self.n_train, self.y_val, self.task = (spec.schedule, spec.n_train, spec.y_val,
+                                                      spec.task)
+        self.checkpoints, self.callbacks = spec.checkpoints, spec.callbacks
+        self.stopping, self.check, self.divergence = spec.stopping, check, divergence
+        self.gather = spec.gather or (lambda idx: idx)
+        self.n_steps = spec.schedule.steps_per_epoch(spec.n_train)
+        self.max_steps = spec.max_steps or self.n_steps
+        self.k = min(spec.schedule.steps_per_call or min(FIRST_CALL_STEPS, self.n_steps),
+                     self.max_steps)
 
     def run(self) -> list[dict]:
         s = self.s

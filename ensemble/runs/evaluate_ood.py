@@ -115,9 +115,11 @@ def _stored_ood(ctx: Context, source: Path) -> np.ndarray | None:
 
 
 def _predict_source(ctx: Context, source: str) -> np.ndarray:
-    from ensemble.runs.predict import open_input
+    from ensemble.data.kinds import input_stream
+    from ensemble.runs.predict import open_run
 
-    _, _, stream = open_input(ctx.run_dir, source, None, quiet=True)
+    manifest, pre = open_run(ctx.run_dir)
+    stream = input_stream(pre, source, manifest.dataset.target_or("target"), quiet=True)
     stream.check()
     parts = [ctx.predict(b.x) for b in stream]
     if not parts or sum(p.shape[1] for p in parts) == 0:

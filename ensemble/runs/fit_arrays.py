@@ -72,7 +72,7 @@ def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preproce
         content of a fitted aggregator, else None), "history" (DataFrame)}`.
     """
     from ensemble.replication import graph_cache
-    from ensemble.replication.training import Schedule, train_loop
+    from ensemble.replication.training import LoopSpec, Schedule, train_loop
 
     devs = _configure(cfg)
     entry = graph_cache.get(cfg, x.shape[1:], len(pre.classes), devs, len(x))
@@ -84,11 +84,10 @@ def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preproce
         predict_val = None if val is None else (lambda: group.predict(val[0])[0])
         stopping = group.early_stopping(schedule) if val is not None else None
         try:
-            records = train_loop(entry.steps, predict_val, group.indices, schedule, len(x),
-                                 None if val is None else val[1], group.task, None, (),
-                                 stopping, gather=entry.gather,
-                                 max_steps=entry.gather.max_steps(len(group.models),
-                                                                  schedule.batch_size))
+            records = train_loop(LoopSpec(
+                entry.steps, group.indices, schedule, len(x), group.task, predict_val,
+                None if val is None else val[1], stopping=stopping, gather=entry.gather,
+                max_steps=entry.gather.max_steps(len(group.models), schedule.batch_size)))
         finally:
             entry.clear()
         weights = entry.weights()

@@ -32,20 +32,16 @@ from ensemble.replication.modes import PredictRequest
 GRAPH_BATCH_ROWS = 16384  # rows per traced call: bounds the members' activations in memory
 
 
-def open_input(run_dir: Path, source: str, target: str | None, strict: bool = False,
-               batch_rows: int = DEFAULT_BATCH_ROWS, quiet: bool = False,
-               trust_builder: bool = False):
-    """The run's manifest and preprocessing, and the input as an `InputStream` (columns
-    matched by name; extra columns ignored with a notice, or refused when `strict`).
+def open_run(run_dir: Path, trust_builder: bool = False):
+    """The manifest and preprocessing of the completed run `run_dir`, its files verified
+    first (`preflight.verify_run`: builder files, members, predictions; `trust_builder`
+    accepts a changed builder file and records its sha256).
 
     Returns:
-        (manifest, preprocessing, stream).
-
-    The run's files are verified first (`preflight.verify_run`: builder files, members,
-    predictions; `trust_builder` accepts a changed builder file and records its sha256).
+        (manifest, preprocessing).
 
     Raises:
-        UsageError: the run is not completed or damaged, or the source cannot be read.
+        UsageError: the run is not completed or damaged, or another process holds it.
     """
     from ensemble.runs import preflight
 
@@ -55,8 +51,25 @@ def open_input(run_dir: Path, source: str, target: str | None, strict: bool = Fa
     preflight.verify_run(run_dir, manifest, trust_builder)
     pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
                                               Path(run_dir) / artifacts.PREPROCESSING))
-    target = target or manifest.dataset.target_or("target")
-    return manifest, pre, kinds.input_stream(pre, source, target, strict, batch_rows, quiet)
+    return manifest, pre
+
+
+def open_input(request: PredictRequest):
+    """The run's manifest and preprocessing (`open_run`), and `request.source` as an
+    `InputStream` of `request.batch_size` rows a batch (columns matched by name; extra
+    columns ignored with a notice, or refused with `request.strict_columns`).
+
+    Returns:
+        (manifest, preprocessing, stream).
+
+    Raises:
+        UsageError: the run is not completed or damaged, or the source cannot be read.
+    """
+    r = request
+    manifest, pre = open_run(r.run_dir, r.trust_builder)
+    target = r.target or manifest.dataset.target_or("target")
+    return manifest, pre, kinds.input_stream(pre, r.source, target, r.strict_columns,
+                                             r.batch_size or DEFAULT_BATCH_ROWS)
 
 
 def check_out(out: Path) -> Path:
@@ -163,9 +176,7 @@ def open_prediction(request: PredictRequest) -> Prediction:
 
     r = request
     check_out(r.out)
-    manifest, pre, stream = open_input(r.run_dir, r.source, r.target, r.strict_columns,
-                                       r.batch_size or DEFAULT_BATCH_ROWS,
-                                       trust_builder=r.trust_builder)
+    manifest, pre, stream = open_input(r)
     names, fit = run_aggregators(r.run_dir, manifest)
     answer = default_aggregator(names, fit, r.aggregator)
     used = list(ensemble_members(manifest))  # diverged members left out

@@ -82,28 +82,14 @@ def members_table(run_dir: str | Path, manifest: Manifest,
     fit = fitted.read(run_dir) or {}
     greedy = fit.get("params", {}).get("greedy")
     weights = dict(zip(fit.get("members", []), greedy["weights"])) if greedy else {}
-    n_features = len(manifest.dataset.feature_names)
-    n_classes = len(manifest.dataset.classes)
     task = tasks.for_run(manifest)
-    n_out = task.n_outputs(n_classes)
     source = (manifest.search or {}).get("candidate")
     cfg = from_dict(manifest.config)
     rows = []
     for m in manifest.members:
         i = m.index
-        h = _hparams(m, cfg)
-        p, mlp = h["params"], h["builder"] == "mlp"
         pos = val.members.index(i) if val is not None and i in val.members else None
-        hidden = _of(p.get("hidden", () if mlp else None), list)
-        row = {"member": i, "seed": m.seed, "builder": h["builder"],
-               "params": json.dumps(p, sort_keys=True), "hidden": hidden,
-               "activation": _of(p.get("activation"), str),
-               "dropout": _of(p.get("dropout"), float),
-               "learning_rate": h["learning_rate"],
-               "l2": _of(p.get("l2", 0.0 if mlp else None), float),
-               "flops_per_row": m.flops_per_row if m.flops_per_row is not None
-               else mlp_flops(n_features, hidden, n_out) if mlp else None,
-               "parameters": parameter_count(n_features, hidden, n_out) if mlp else None,
+        row = {"member": i, "seed": m.seed, **_hparam_columns(m, cfg, manifest, task),
                "device": m.device,
                "train_seconds": sum(r["seconds"] for r in history if r["member"] == i),
                **(dict.fromkeys(task.member_score_names) if pos is None
@@ -114,6 +100,24 @@ def members_table(run_dir: str | Path, manifest: Manifest,
             row["candidate"] = source[i]
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=_schema(task, source is not None))
+
+
+def _hparam_columns(m, cfg, manifest: Manifest, task) -> dict:
+    """Member `m`'s hyperparameter and size columns of `members_table` (`builder` to
+    `parameters`)."""
+    n_features = len(manifest.dataset.feature_names)
+    n_out = task.n_outputs(len(manifest.dataset.classes))
+    h = _hparams(m, cfg)
+    p, mlp = h["params"], h["builder"] == "mlp"
+    hidden = _of(p.get("hidden", () if mlp else None), list)
+    return {"builder": h["builder"], "params": json.dumps(p, sort_keys=True), "hidden": hidden,
+            "activation": _of(p.get("activation"), str),
+            "dropout": _of(p.get("dropout"), float),
+            "learning_rate": h["learning_rate"],
+            "l2": _of(p.get("l2", 0.0 if mlp else None), float),
+            "flops_per_row": m.flops_per_row if m.flops_per_row is not None
+            else mlp_flops(n_features, hidden, n_out) if mlp else None,
+            "parameters": parameter_count(n_features, hidden, n_out) if mlp else None}
 
 
 def _schema(task, search: bool) -> pa.Schema:

@@ -147,7 +147,7 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: Manifest, callbacks: 
                      EnsembleScalars(run_dir, lambda: ens.predict(x_val)[0], y_val,
                                      cfg.aggregation.aggregators, task)]
     steady, first = SteadyState(cfg.training.batch_size, len(x_tr)), _FirstEpoch()
-    history = ens.fit(x_tr, y_tr, x_val, y_val, Schedule.of(cfg.training),
+    history = ens.fit(x_tr, y_tr, (x_val, y_val), Schedule.of(cfg.training),
                       run_dir / "checkpoints" / "in-graph", [*callbacks, steady, first])
     train_seconds = time.perf_counter() - start
     manifest.timings.update(steady_rows=steady.rows, steady_seconds=steady.seconds,
