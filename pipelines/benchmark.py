@@ -42,7 +42,7 @@ import numpy as np
 from pipelines.bench_peers import WORKERS, _timed
 
 if TYPE_CHECKING:
-    from ensemble.runs.record import Manifest
+    from ensemble.runs.run_record import Manifest
 
 WIDE = "configs/wide.toml"
 # workload -> (config file or None for the built-in default, dotted overrides, default methods)
@@ -114,7 +114,7 @@ def _clients_steady(manifest: Manifest, clients: list[dict]) -> dict:
 
 def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int) -> dict:
     from ensemble.core import artifacts
-    from ensemble.runs.record import Manifest
+    from ensemble.runs.run_record import Manifest
     from pipelines.compare import client_processes, concurrent_peak
 
     run_dir = base / f"{mode}-{repeat}"
@@ -144,7 +144,7 @@ def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int) -> dict:
 def _run_worker(name: str, prepared: Path, trained: Path | None) -> dict:
     from ensemble.replication.processes import last_report
 
-    from ensemble.runs.record import Manifest
+    from ensemble.runs.run_record import Manifest
 
     res = _measured([name, str(trained if name == "predict-1m" else prepared)],
                     module="pipelines.benchmark")

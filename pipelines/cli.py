@@ -46,7 +46,7 @@ def cmd_train(args) -> int:
 
 def _train(args) -> int:
     if args.resume:
-        from ensemble.runs.record import Manifest
+        from ensemble.runs.run_record import Manifest
 
         if not args.run_dir:
             raise UsageError("--resume needs --run-dir PATH of the run to continue")
@@ -136,7 +136,7 @@ def _check_input_early(args) -> None:
     follows)."""
     from ensemble.core import artifacts
     from ensemble.data import kinds
-    from ensemble.runs.record import Manifest
+    from ensemble.runs.run_record import Manifest
 
     try:
         manifest = Manifest.load(Path(args.run))

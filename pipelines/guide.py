@@ -113,7 +113,7 @@ def fault_line(exc: Exception, args) -> str | None:
     """The one line for a resource fault (full disk, quota, read-only, file-size limit), with
     the run's state when it was training; None for any other exception."""
     from ensemble.core import faults
-    from ensemble.runs.record import Manifest
+    from ensemble.runs.run_record import Manifest
 
     line = faults.describe(exc)
     run_dir = getattr(args, "run_dir", None) or getattr(args, "run", None)

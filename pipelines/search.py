@@ -26,7 +26,7 @@ from ensemble.core import artifacts
 from ensemble.config import schema
 from ensemble.runs import prepare
 from ensemble.runs import search_report
-from ensemble.runs.record import Manifest
+from ensemble.runs.run_record import Manifest
 from ensemble.runs.search_report import selected
 from ensemble.config import search_space as S
 from ensemble.core.errors import UsageError

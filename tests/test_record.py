@@ -13,7 +13,7 @@ import pytest
 from ensemble.core import artifacts
 from ensemble.core.errors import UsageError
 from ensemble.core.record import SCHEMA_VERSION, Manifest, MemberRecord, load, update
-from ensemble.runs import record as runs_record
+from ensemble.runs import run_record as runs_record
 
 # a manifest as version 0.1.0 wrote it (before `schema_version`), trimmed
 OLD = {

@@ -24,7 +24,7 @@ from ensemble.config.checks import check_ranges
 from ensemble.core.errors import UsageError
 from ensemble.data.settings import DataConfig, names_a_path
 from ensemble.models import builders
-from ensemble.tasks.settings import AggregationConfig
+from ensemble.tasks.aggregation_config import AggregationConfig
 
 MLP_KEYS = ("hidden", "activation", "dropout", "l2")  # [members] keys: the mlp builder's params
 

@@ -9,7 +9,7 @@ manifest from before `schema_version` (version 0) loads as it is. A manifest wri
 schema than `SCHEMA_VERSION` is refused in one line (its fields may mean something else).
 
 It lives in `ensemble.core` so that every layer that reads a run (models, replication, runs,
-pipelines) can use it; `ensemble.runs.record` re-exports it.
+pipelines) can use it; `ensemble.runs.run_record` re-exports it.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from ensemble.core import faults
 from ensemble.tasks.classification import fitted
 from ensemble.runs import posthoc
 from ensemble.runs import records
-from ensemble.runs.record import Manifest
+from ensemble.runs.run_record import Manifest
 from ensemble.runs import prepare
 from ensemble.core import runlock
 from ensemble.tasks import eval_writer, tables

@@ -34,7 +34,7 @@ from ensemble.config.schema import Config
 from ensemble.core.errors import UsageError
 from ensemble.replication import modes, placement_log
 from ensemble.runs import operations  # noqa: F401 (supplies the built-in modes' operations)
-from ensemble.runs.record import Manifest, record_process
+from ensemble.runs.run_record import Manifest, record_process
 
 
 def as_config(config: Config | Mapping | str | Path | None = None,
@@ -207,7 +207,7 @@ class Run:
 
     Attributes:
         path: the run directory.
-        record: the typed manifest (`ensemble.runs.record.Manifest`; re-read by `refresh`).
+        record: the typed manifest (`ensemble.runs.run_record.Manifest`; re-read by `refresh`).
     """
 
     def __init__(self, path: str | Path):

@@ -29,7 +29,7 @@ from ensemble.replication import divergence
 from ensemble.core import faults
 from ensemble.core import interrupt
 from ensemble.runs import prepare
-from ensemble.runs.record import Manifest
+from ensemble.runs.run_record import Manifest
 from ensemble.core.errors import UsageError
 from ensemble.replication.placement import place
 from ensemble.replication import processes, protocol

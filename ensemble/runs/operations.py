@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ensemble.replication import modes
 from ensemble.replication.modes import PredictRequest, TrainRequest
-from ensemble.runs.record import Manifest
+from ensemble.runs.run_record import Manifest
 
 
 def _train_in_graph(request: TrainRequest) -> Manifest:

@@ -20,7 +20,7 @@ from typing import Any
 from ensemble.core import artifacts
 from ensemble.replication import devices
 from ensemble.runs import prepare
-from ensemble.runs.record import Manifest, config_of
+from ensemble.runs.run_record import Manifest, config_of
 from ensemble.core import runlock
 from ensemble.tasks import tables
 from ensemble.tasks.predicted import SplitPredictions

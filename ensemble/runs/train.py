@@ -16,7 +16,7 @@ from ensemble.replication import divergence
 from ensemble.runs import posthoc
 from ensemble.replication import progress
 from ensemble.runs import records
-from ensemble.runs.record import Manifest
+from ensemble.runs.run_record import Manifest
 from ensemble.runs import prepare
 from ensemble.tasks import eval_writer, tables
 from ensemble.replication.cluster import naming_unreachable_tasks

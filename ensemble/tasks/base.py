@@ -193,7 +193,7 @@ class Task(ABC):
     def applied_aggregators(self, names: Sequence[str]) -> list[str]:
         """The aggregators a run of this task applies: the config's `names`, or the task's
         `default_aggregators` when the config keeps the default list (`mean`, `vote`)."""
-        from ensemble.tasks.settings import DEFAULT_AGGREGATORS
+        from ensemble.tasks.aggregation_config import DEFAULT_AGGREGATORS
 
         if tuple(names) == tuple(DEFAULT_AGGREGATORS):
             return list(self.default_aggregators)
@@ -245,7 +245,7 @@ class Task(ABC):
             `members`, `aggregators`, `best_member` (lowest `member_losses`), `params`
             `{name: params}` and `validation_nll` `{name: NLL or None}`.
         """
-        from ensemble.tasks.settings import AggregationConfig
+        from ensemble.tasks.aggregation_config import AggregationConfig
 
         self.check_aggregators(names)
         cfg = dict(AggregationConfig().__dict__, **(settings or {}))

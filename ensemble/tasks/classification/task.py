@@ -14,7 +14,7 @@ import numpy as np
 from ensemble.tasks.base import Task
 from ensemble.tasks.classification import aggregators as A
 from ensemble.tasks.classification import metrics
-from ensemble.tasks.settings import DEFAULT_AGGREGATORS
+from ensemble.tasks.aggregation_config import DEFAULT_AGGREGATORS
 
 
 class Classification(Task):
