@@ -1,6 +1,7 @@
-"""What the tasks' Parquet tables share: a prediction row's key columns and the ensemble-size
-curve's loop (docs/reference/run-directory.md); each task adds its own value columns and
-metrics (`ensemble.tasks.tables`, `ensemble.tasks.regression.tables`)."""
+"""What the tasks' Parquet tables share: a prediction row's key columns, the chunking of a
+split's rows, the metrics table's schema and the ensemble-size curve's loop
+(docs/reference/run-directory.md); each task adds its own value columns and metrics
+(`ensemble.tasks.tables`, `ensemble.tasks.regression.tables`)."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ class ModelRows(NamedTuple):
 
 def key_columns(key: ModelRows) -> dict[str, pa.Array]:
     """The leading columns of `key`'s rows, in the file's order: `model`, `member`,
-    `aggregator`, `split`, `row` (`source_row`, also built from `key`, comes after the
-    task's value columns: `source_row`)."""
+    `aggregator`, `split`, `row` (`source_row` comes after the task's value columns:
+    `source_row`)."""
     n = len(key.rows)
     return {
         "model": pa.repeat(pa.scalar(key.model, pa.string()), n),
