@@ -337,3 +337,17 @@ def test_confidence_block_read_from_the_file_equals_the_whole_table_one(tmp_path
     artifacts.write_parquet(tmp_path / "p.parquet", whole)
     lines = confidence.block_of_file(tmp_path / "p.parquet")
     assert lines == confidence.block(whole) and "on test" in lines[0]
+
+
+def test_background_work_returns_its_result_or_raises_its_error():
+    import threading
+
+    from ensemble.core import background
+
+    gate = threading.Event()
+    result = background.start(lambda: (gate.wait(5), 42)[1])
+    gate.set()  # the caller went on while the work waited
+    assert result() == 42
+    failing = background.start(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        failing()

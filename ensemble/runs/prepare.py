@@ -12,15 +12,14 @@ import platform
 import shutil
 import socket
 import sys
-import threading
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from ensemble.config import auto
-from ensemble.core import artifacts
+from ensemble.core import artifacts, background
 from ensemble.data import kinds
 from ensemble.data import sources
 from ensemble.core import runlock
@@ -199,7 +198,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     start = time.perf_counter()
     check_run_dir(run_dir, overwrite)
     scan = kinds.scan(cfg.data)  # labels now, feature rows a chunk at a time below
-    sha256 = _in_background(scan.sha256)  # the source's bytes hashed beside the passes
+    sha256 = background.start(scan.sha256)  # the source's bytes hashed beside the passes
     task, target = resolve_task(cfg, scan.y)
     rows, classes = sources.split(scan, cfg.data, cfg.data.split_seed, task.stratified)
     cfg, chosen = auto.resolve(cfg, len(rows["train"]), len(rows["validation"]))
@@ -225,29 +224,6 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     manifest.artifacts = artifacts.artifact_hashes(run_dir)  # the splits, preprocessing
     manifest.save(run_dir)
     return manifest
-
-
-def _in_background(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """Start `fn()` in a daemon thread (one that does not hold up the process's exit, on
-    Ctrl-C say); returns a function that waits for its result (or raises its exception)."""
-    out: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as exc:  # handed to the caller
-            out["error"] = exc
-
-    thread = threading.Thread(target=work, name="ensemble-background", daemon=True)
-    thread.start()
-
-    def result() -> Any:
-        thread.join()
-        if "error" in out:
-            raise out["error"]
-        return out["value"]
-
-    return result
 
 
 def check_data(cfg: Config) -> None:
