@@ -74,7 +74,12 @@ if __name__.startswith("_ensemble_mode_"):  # loaded by a process that compare s
 
 
 @pytest.fixture
-def sequential():
+def sequential_beside_in_graph(monkeypatch):
+    """Only in-graph and sequential registered while the test runs: compare then trains and
+    predicts each once (between-graph in `ensemble compare` is test_compare's end-to-end run;
+    four processes fewer here). The full registry, order included, is restored after."""
+    monkeypatch.setattr(modes, "_registry", {k: v for k, v in modes._registry.items()
+                                             if k != "between-graph"})
     modes.register(Sequential)
     yield
     modes.unregister(Sequential.name)
@@ -87,15 +92,15 @@ def test_registry_refuses_what_is_not_a_mode():
 
 
 def test_compare_times_a_third_mode_with_members_identical_to_in_graph(
-        sequential, tiny_config, tmp_path):
+        sequential_beside_in_graph, tiny_config, tmp_path):
     from ensemble.config import schema
     from ensemble.core import artifacts
     from pipelines import compare
 
     cfg = schema.load(tiny_config, overrides={"members.count": 2, "training.epochs": 1})
     summary, runs = compare.compare(cfg, tmp_path, repeats=1)
-    assert set(summary.column("mode").to_pylist()) == {"in-graph", "between-graph",
-                                                       "sequential"}
+    assert set(summary.column("mode").to_pylist()) == {"in-graph", "sequential"}
+    assert set(runs.column("phase").to_pylist()) == {"train", "predict"}
     assert all(w > 0 for w in runs.column("wall_seconds").to_pylist())
     assert artifacts.read_manifest(tmp_path / "sequential")["mode"] == "sequential"
     ig, sq = (compare.members_test(artifacts.read_parquet(tmp_path / m / artifacts.PREDICTIONS))
