@@ -351,3 +351,27 @@ def test_background_work_returns_its_result_or_raises_its_error():
     failing = background.start(lambda: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         failing()
+
+
+def test_numeric_columns_become_the_float32_of_their_float64_values():
+    """Columns are stacked in their own dtypes: the float32 features must still be each
+    value rounded through float64 (64-bit integers beyond 2**53 round differently when cast
+    to float32 directly), nulls NaN."""
+    from ensemble.data import columns
+
+    big = np.array([2**53 + 2**29 + 1, 2**62 + 2**37 + 1, 16777217, -2**61 - 2**36 - 3])
+    table = pa.table({"i64": big, "u64": big.astype(np.uint64) // 2,
+                      "i32": np.array([1, -7, 2**31 - 1, 5], np.int32),
+                      "f16": np.array([0.5, 1e4, -3, 0], np.float16),
+                      "f64": np.array([1 / 3, 1e30, -2.5, 7.1]),
+                      "n": pa.array([1, None, 3, 4], pa.int64())})
+    names, x, _, missing = columns.features(table, (), 0, None, [])
+    expected = np.stack([np.asarray(table.column(n).to_numpy(zero_copy_only=False), np.float64)
+                         for n in names], axis=1).astype(np.float32)
+    assert names == tuple(table.column_names) and x.dtype == np.float32
+    np.testing.assert_array_equal(x, expected)  # NaN where the null is, in both
+    assert missing == [("n", 1)]
+    assert not np.array_equal(big.astype(np.float32), expected[:, 0])  # the case is real
+    problems = []
+    columns.features(pa.table({"h": np.array([1, np.inf], np.float16)}), (), 0, None, problems)
+    assert problems and "inf at row 1" in problems[0]

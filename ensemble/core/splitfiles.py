@@ -25,7 +25,7 @@ ARRAYS = ("x", "y", "row")
 # bytes written between flushes: a memory cgroup counts dirty pages, which cannot be reclaimed
 # before they are written back, so a split larger than the cgroup is flushed as it goes; the
 # flush runs in a background thread (`os.fdatasync` releases the GIL) while the next rows are
-# prepared, and waits for the one before it, so at most 2 x FLUSH_BYTES are dirty at a time
+# prepared, and waits for the one before it, so at most 2 x FLUSH_BYTES are dirty per split
 FLUSH_BYTES = 64 << 20
 _datasync = getattr(os, "fdatasync", os.fsync)  # (macOS has no fdatasync)
 

@@ -117,9 +117,14 @@ def numeric_values(f: pa.Field, col, first_row: int, expected: Sequence[str] | N
         return None
     if is_numeric(f.type):  # its own dtype (float64 where nulls are): stacked at once later
         values = col.to_numpy(zero_copy_only=False)
+        if values.dtype.kind in "iu" and values.dtype.itemsize == 8:
+            values = values.astype(np.float64)  # rounded to float32 through float64, as ever
+        elif values.dtype == np.float16:  # (exact) so that the check below sees its inf
+            values = values.astype(np.float32)
         if values.dtype.kind != "f" or (np.abs(values) <= FLOAT32_MAX).all():
             return values  # the usual case, one pass: no NaN, no inf, nothing too big
-    values = np.asarray(pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False), np.float64)
+    values = np.asarray(pc.cast(col, pa.float64(), safe=False)  # (ints beyond 2**53 round)
+                        .to_numpy(zero_copy_only=False), np.float64)
     too_big = np.isfinite(values) & (np.abs(values) > FLOAT32_MAX)
     if too_big.any():
         r = int(np.flatnonzero(too_big)[0])

@@ -67,9 +67,9 @@ class _Splits:
     def write(self, start: int, x: np.ndarray) -> None:
         """Route the rows `start .. start + len(x)` (positions of y) to their splits."""
         if not self.writers:
-            self.writers = {s: splitfiles.SplitWriter(self.run_dir, s, len(self.rows[s]),
-                                                      x.shape[1:], x.dtype, self.y.dtype)
-                            for s in SPLITS}
+            for s in SPLITS:  # one at a time: a writer that failed to open leaves the others
+                self.writers[s] = splitfiles.SplitWriter(  # to abort
+                    self.run_dir, s, len(self.rows[s]), x.shape[1:], x.dtype, self.y.dtype)
         part = self.which[start:start + len(x)]
         for i, s in enumerate(SPLITS):
             take = np.flatnonzero(part == i)
@@ -81,12 +81,19 @@ class _Splits:
         return self
 
     def __exit__(self, kind, value, tb) -> None:
-        if kind is None:
-            for w in self.writers.values():
-                w.commit()
-        else:
-            for w in self.writers.values():
-                w.abort()
+        try:
+            if kind is None:
+                for w in self.writers.values():
+                    w.commit()
+                return
+        except BaseException:  # a full disk at the last sync: the others' files go too
+            self._abort()
+            raise
+        self._abort()
+
+    def _abort(self) -> None:
+        for w in self.writers.values():
+            w.abort()
 
 
 def write_splits(run_dir, scan, pre, rows: dict[str, np.ndarray], y: np.ndarray) -> None:

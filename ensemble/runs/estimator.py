@@ -380,3 +380,6 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
 
 
 __all__ = ["DeepEnsembleBase", "DeepEnsembleClassifier"]
+
+
+DeepEnsembleClassifier.__module__ = "ensemble.sklearn"  # pickles name the public path, not this module

@@ -182,3 +182,6 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
 
 
 __all__ = ["DeepEnsembleRegressor"]
+
+
+DeepEnsembleRegressor.__module__ = "ensemble.sklearn"  # pickles name the public path, not this module

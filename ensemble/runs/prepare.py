@@ -198,7 +198,6 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     start = time.perf_counter()
     check_run_dir(run_dir, overwrite)
     scan = kinds.scan(cfg.data)  # labels now, feature rows a chunk at a time below
-    sha256 = background.start(scan.sha256)  # the source's bytes hashed beside the passes
     task, target = resolve_task(cfg, scan.y)
     rows, classes = sources.split(scan, cfg.data, cfg.data.split_seed, task.stratified)
     cfg, chosen = auto.resolve(cfg, len(rows["train"]), len(rows["validation"]))
@@ -212,6 +211,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
         check_target_scale(fitted["target_loc"], fitted["target_scale"], cfg.data.target)
     target.update(fitted)
     run_dir.mkdir(parents=True, exist_ok=True)
+    sha256 = background.start(scan.sha256)  # the source's bytes hashed beside the pass(es)
     pre = prepare_splits(run_dir, scan, rows, y, classes)  # `row`: positions in the file
     artifacts.write_text(run_dir / artifacts.PREPROCESSING, pre.to_json())
     manifest = new_manifest(cfg, mode, devices, pre, {
