@@ -12,12 +12,12 @@ cache and no process holds a split in memory.
 from __future__ import annotations
 
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ensemble.core import background
 from ensemble.core.errors import UsageError
 from ensemble.core.staging import fsync_dir
 
@@ -58,8 +58,7 @@ class SplitWriter:
                  y_dtype):
         from numpy.lib.format import open_memmap
 
-        self._syncing: Future | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._syncing = None  # the background sync's result function (`background.start`)
         self.final = [path(run_dir, split, a) for a in ARRAYS]
         self.final[0].parent.mkdir(parents=True, exist_ok=True)
         self.tmp = [p.with_name(f".{p.name}.{os.getpid()}.tmp") for p in self.final]
@@ -102,9 +101,7 @@ class SplitWriter:
         self.unflushed += nbytes
         if self.unflushed >= FLUSH_BYTES:  # keep dirty pages bounded (see FLUSH_BYTES)
             self._wait()
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="ensemble-sync")
-            self._syncing = self._pool.submit(self._sync, _datasync)
+            self._syncing = background.start(lambda: self._sync(_datasync))
             self.unflushed = 0
 
     def _sync(self, how) -> None:
@@ -119,21 +116,13 @@ class SplitWriter:
         """Wait for the background sync (raising its error, such as a full disk)."""
         syncing, self._syncing = self._syncing, None
         if syncing is not None:
-            syncing.result()
-
-    def _stop(self) -> None:
-        try:
-            self._wait()
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown()
-                self._pool = None
+            syncing()
 
     def commit(self) -> None:
         """Flush the files to disk and rename them into place (the folder flushed too)."""
         if self.pos != self.n_rows:
             raise RuntimeError(f"split written with {self.pos} of {self.n_rows} rows")
-        self._stop()
+        self._wait()
         for array in self.arrays:
             array.flush()
         self._sync(os.fsync)
@@ -145,7 +134,7 @@ class SplitWriter:
     def abort(self) -> None:
         """Remove the temporary files (nothing under the final names changes)."""
         try:
-            self._stop()
+            self._wait()
         except OSError:
             pass  # the files go anyway
         self.arrays = []

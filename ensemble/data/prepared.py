@@ -81,14 +81,14 @@ class _Splits:
         return self
 
     def __exit__(self, kind, value, tb) -> None:
-        try:
-            if kind is None:
+        if kind is None:
+            try:
                 for w in self.writers.values():
                     w.commit()
                 return
-        except BaseException:  # a full disk at the last sync: the others' files go too
-            self._abort()
-            raise
+            except BaseException:  # a full disk at the last sync: the others' files go too
+                self._abort()
+                raise
         self._abort()
 
     def _abort(self) -> None:
