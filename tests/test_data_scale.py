@@ -112,17 +112,22 @@ def test_one_pass_over_a_numeric_table_equals_fit_then_write(tmp_path, monkeypat
                              "label": pa.array(label, from_pandas=True)}), tmp_path / "n.parquet")
     cfg = schema.from_dict({"data": {"source": str(tmp_path / "n.parquet"), "target": "label",
                                      "impute": "median"}})
-    fitted = {}
+    fitted, hashes = {}, {}
     for name in ("one", "two"):
         scan = kinds.scan(cfg.data)
         assert scan.numeric_only
         rows, classes = sources.split(scan, cfg.data, 0, True)
         codes = encode(scan.y, classes)
         if name == "one":
-            fitted[name] = prepared.prepare_splits(tmp_path / name, scan, rows, codes, classes)
+            fitted[name], hashes[name] = prepared.prepare_splits(tmp_path / name, scan, rows,
+                                                                 codes, classes)
         else:
             fitted[name] = scan.fit(rows["train"], classes)
-            prepared.write_splits(tmp_path / name, scan, fitted[name], rows, codes)
+            hashes[name] = prepared.write_splits(tmp_path / name, scan, fitted[name], rows,
+                                                 codes)
+        # hashed as written (the one-pass x as rewritten): the files' bytes on disk
+        assert hashes[name] == {p: artifacts.sha256_file(p)
+                                for p in sorted((tmp_path / name / "data").iterdir())}
     assert fitted["one"].to_json() == fitted["two"].to_json()
     for split in artifacts.SPLITS:
         one, two = (artifacts.read_split(tmp_path / n, split) for n in ("one", "two"))
@@ -351,6 +356,35 @@ def test_background_work_returns_its_result_or_raises_its_error():
     failing = background.start(lambda: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         failing()
+
+
+def test_prefetch_yields_every_item_in_order_and_raises_where_the_source_failed():
+    import threading
+
+    from ensemble.core import background
+
+    produced = []
+
+    def items(fail_at=None):
+        for i in range(6):
+            if i == fail_at:
+                raise ValueError(f"item {i}")
+            produced.append(threading.current_thread().name)
+            yield i
+
+    assert list(background.prefetch(items(), depth=2)) == list(range(6))
+    assert set(produced) == {"ensemble-prefetch"}  # made in the background thread
+    got = []
+    with pytest.raises(ValueError, match="item 3"):
+        for i in background.prefetch(items(fail_at=3)):
+            got.append(i)
+    assert got == [0, 1, 2]  # the items before the failure, then its error
+    produced.clear()
+    early = background.prefetch(items(), depth=1)
+    assert next(early) == 0
+    early.close()  # the consumer stops: the producer stops too, a bounded number ahead
+    threading.Event().wait(0.3)
+    assert len(produced) <= 3
 
 
 def test_numeric_columns_become_the_float32_of_their_float64_values():

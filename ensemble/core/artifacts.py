@@ -205,11 +205,13 @@ def write_manifest(run_dir: str | Path, manifest: dict[str, Any]) -> None:
     write_text(Path(run_dir) / MANIFEST, json.dumps(manifest, indent=1, default=str))
 
 
-def artifact_hashes(run_dir: str | Path) -> dict[str, str]:
-    """sha256 of every file of the run except the manifest: `{relative path: hex}`."""
-    run_dir = Path(run_dir)
+def artifact_hashes(run_dir: str | Path, known: dict[Path, str] | None = None
+                    ) -> dict[str, str]:
+    """sha256 of every file of the run except the manifest: `{relative path: hex}`; `known`
+    gives some already (`{path under run_dir: hex}`, such as the splits hashed as written)."""
+    run_dir, known = Path(run_dir), known or {}
     return {
-        str(p.relative_to(run_dir)): sha256_file(p)
+        str(p.relative_to(run_dir)): known.get(p) or sha256_file(p)
         for p in sorted(run_dir.rglob("*"))
         if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
     }

@@ -1,4 +1,5 @@
-"""A function run in a daemon thread beside the caller's work (prepare hashes its source so).
+"""Work in a daemon thread beside the caller's: a function (prepare hashes its source so), or
+the next items of an iterator (`prefetch`: the next chunk of a pass over a source).
 
 A daemon thread does not hold up the process's exit (on Ctrl-C, say), unlike a
 `concurrent.futures` worker, whose pending work Python waits for at exit.
@@ -6,8 +7,11 @@ A daemon thread does not hold up the process's exit (on Ctrl-C, say), unlike a
 
 from __future__ import annotations
 
+import queue
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator, TypeVar
+
+T = TypeVar("T")
 
 
 def start(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -31,3 +35,46 @@ def start(fn: Callable[[], Any]) -> Callable[[], Any]:
         return out["value"]
 
     return result
+
+
+def prefetch(items: Iterable[T], depth: int = 1) -> Iterator[T]:
+    """Iterate `items` with up to `depth` items produced ahead in a daemon thread, so that
+    producing the next (a Parquet batch decoded and converted, with the GIL released in
+    pyarrow and numpy) overlaps the caller's work on this one; at most `depth + 2` items
+    are alive at once. An exception of `items` is raised here, where its item would have
+    been; closing this iterator early stops the producer before its next item.
+    """
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(entry: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for item in items:
+                if not put(("item", item)):
+                    return
+            put(("end", None))
+        except BaseException as exc:  # handed to the consumer
+            put(("error", exc))
+
+    threading.Thread(target=work, name="ensemble-prefetch", daemon=True).start()
+    try:
+        while True:
+            kind, value = ready.get()
+            if kind == "item":
+                yield value
+            elif kind == "error":
+                raise value
+            else:
+                return
+    finally:
+        stop.set()
+

@@ -13,7 +13,7 @@ from collections import Counter
 
 import numpy as np
 
-from ensemble.core import splitfiles
+from ensemble.core import background, splitfiles
 from ensemble.core.notices import notice
 from ensemble.data.sources import Dataset
 
@@ -23,13 +23,16 @@ SPLITS = ("train", "validation", "test")
 def prepare_splits(run_dir, scan, rows: dict[str, np.ndarray], y: np.ndarray,
                    classes: np.ndarray):
     """Fit the run's preprocessing on the training rows and write every split's files;
-    returns the fitted preprocessing (`scan.fit`'s).
+    returns the fitted preprocessing (`scan.fit`'s) and `{path: hex sha256}` of the files
+    (hashed as written, `splitfiles.SplitWriter.sha256s`).
 
     A table without categorical columns (`scan.numeric_only`) is read once: each chunk's rows
     are written as read (float32, the values the encoding starts from) while the statistics
     are gathered, then every split is scaled in place, a chunk at a time, from its files in
     the page cache; the same float32 rows as `write_splits` after `scan.fit`, which reads the
-    source twice and is used otherwise (categorical columns, image folders, arrays).
+    source twice and is used otherwise (categorical columns, image folders, arrays). Each
+    pass reads (or encodes) the next chunk in a background thread (`background.prefetch`)
+    while this one writes (and hashes) the last.
 
     Args:
         rows, y: as `write_splits`; classes: the sorted class labels (`scan.fit`).
@@ -39,26 +42,33 @@ def prepare_splits(run_dir, scan, rows: dict[str, np.ndarray], y: np.ndarray,
     """
     if not getattr(scan, "numeric_only", False):
         pre = scan.fit(rows["train"], classes)
-        write_splits(run_dir, scan, pre, rows, y)
-        return pre
-    with _Splits(run_dir, scan, rows, y) as splits:
+        return pre, write_splits(run_dir, scan, pre, rows, y)
+    with _Splits(run_dir, scan, rows, y, rewrite=True) as splits:
         pre = scan.fit(rows["train"], classes, each=lambda start, chunk: splits.write(
             start, chunk.x))
         for w in splits.writers.values():
-            for lo in range(0, w.n_rows, scan.chunk_rows):
-                part = np.asarray(w.x[lo:lo + scan.chunk_rows])
-                z, _ = pre.encode_scaled(Dataset(scan.name, part, None, pre.feature_names),
-                                         w.rows[lo:lo + len(part)])
+            for lo, z in background.prefetch(_scaled(w, pre, scan)):
                 w.rewrite(lo, z)
-    return pre
+    return pre, splits.sha256s()
+
+
+def _scaled(w: splitfiles.SplitWriter, pre, scan):
+    """`(first row, scaled rows)` of every chunk of a split's raw rows."""
+    for lo in range(0, w.n_rows, scan.chunk_rows):
+        part = w.read(lo, lo + scan.chunk_rows)
+        z, _ = pre.encode_scaled(Dataset(scan.name, part, None, pre.feature_names),
+                                 w.read(lo, lo + len(part), "row"))
+        yield lo, z
 
 
 class _Splits:
     """The three splits' writers, fed a chunk of rows at a time in source order; committed
     together on a clean exit, all removed on an error."""
 
-    def __init__(self, run_dir, scan, rows: dict[str, np.ndarray], y: np.ndarray):
+    def __init__(self, run_dir, scan, rows: dict[str, np.ndarray], y: np.ndarray,
+                 rewrite: bool = False):
         self.run_dir, self.scan, self.rows, self.y = run_dir, scan, rows, y
+        self.rewrite = rewrite  # the rows are scaled in place later (`SplitWriter`)
         self.which = np.full(len(y), -1, np.int8)
         for i, s in enumerate(SPLITS):
             self.which[rows[s]] = i
@@ -69,13 +79,18 @@ class _Splits:
         if not self.writers:
             for s in SPLITS:  # one at a time: a writer that failed to open leaves the others
                 self.writers[s] = splitfiles.SplitWriter(  # to abort
-                    self.run_dir, s, len(self.rows[s]), x.shape[1:], x.dtype, self.y.dtype)
+                    self.run_dir, s, len(self.rows[s]), x.shape[1:], x.dtype, self.y.dtype,
+                    self.rewrite)
         part = self.which[start:start + len(x)]
         for i, s in enumerate(SPLITS):
             take = np.flatnonzero(part == i)
             if len(take):
                 self.writers[s].write(x[take], self.y[start + take],
                                       self.scan.file_rows(start + take))
+
+    def sha256s(self) -> dict:
+        """`{path: hex sha256}` of every committed file."""
+        return {p: h for w in self.writers.values() for p, h in w.sha256s().items()}
 
     def __enter__(self) -> "_Splits":
         return self
@@ -96,8 +111,8 @@ class _Splits:
             w.abort()
 
 
-def write_splits(run_dir, scan, pre, rows: dict[str, np.ndarray], y: np.ndarray) -> None:
-    """Write `data/<split>.{x,y,row}.npy` of every split.
+def write_splits(run_dir, scan, pre, rows: dict[str, np.ndarray], y: np.ndarray) -> dict:
+    """Write `data/<split>.{x,y,row}.npy` of every split; returns `{path: hex sha256}`.
 
     Args:
         scan: the source (`kinds.scan`): `chunks()` of `(first row, rows)`, and
@@ -112,10 +127,11 @@ def write_splits(run_dir, scan, pre, rows: dict[str, np.ndarray], y: np.ndarray)
     """
     unknown: Counter = Counter()
     with _Splits(run_dir, scan, rows, y) as splits:
-        for start, chunk in scan.chunks():
+        for start, chunk in background.prefetch(scan.chunks()):  # next chunk read meanwhile
             x, unk = pre.encode_scaled(chunk, start)
             unknown.update(unk)
             splits.write(start, x)
     if unknown:
         notice("unknown categories ignored (all-zero encoding): " + ", ".join(
             f"{n} rows in {c!r}" for c, n in unknown.items()))
+    return splits.sha256s()

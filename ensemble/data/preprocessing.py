@@ -17,6 +17,7 @@ with one notice (or refuses them with `strict`), and reports every problem in on
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +28,7 @@ from ensemble.data.sources import Dataset
 from ensemble.core.errors import UsageError
 
 
+BLOCK_ROWS = 4096  # rows encoded at a time (`encode_scaled`): float64 blocks of ~2 MiB
 HIGH_CARDINALITY = 50  # distinct values of a categorical column that earn a notice
 INFREQUENT = "infrequent"  # the output column of a column's grouped infrequent categories
 
@@ -178,15 +180,20 @@ class Preprocessing:
         extra = sorted(set(ds.columns) - set(self.columns))
         if extra:
             raise UsageError(f"Unexpected column {extra[0]!r} in {ds.name}; not a training feature.")
-        z, unknown = self._encode(ds)  # a new float64 array: scaled in place
-        z -= self.mean
-        z /= self.scale
-        with np.errstate(over="ignore"):  # beyond float32 becomes inf: found just below
-            z32 = z.astype(np.float32)
+        z32 = np.empty((len(ds.x), len(self.output_names)), np.float32)
+        unknown: Counter = Counter()
+        for lo in range(0, len(z32), BLOCK_ROWS):  # float64 blocks that stay in the cache
+            z, unk = self._encode(ds, slice(lo, lo + BLOCK_ROWS))  # new: scaled in place
+            z -= self.mean
+            z /= self.scale
+            with np.errstate(over="ignore"):  # beyond float32 becomes inf: found below
+                z32[lo:lo + len(z)] = z
+            unknown.update(unk)
         if z32.size and not (-sources.FLOAT32_MAX <= z32.min()
                              and z32.max() <= sources.FLOAT32_MAX):  # two reductions
-            self._check_fits(z, self._encode(ds)[0], ds.name, first_row)
-        return z32, unknown
+            x = self._encode(ds)[0]
+            self._check_fits((x - self.mean) / self.scale, x, ds.name, first_row)
+        return z32, dict(unknown)
 
     def _check_fits(self, z: np.ndarray, x: np.ndarray, name: str,
                     first_row: int | np.ndarray) -> None:

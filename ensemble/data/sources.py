@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from ensemble.data import columns
 from ensemble.data.columns import FLOAT32_MAX  # noqa: F401 (`sources.FLOAT32_MAX`)
 from ensemble.data.settings import DataConfig
+from ensemble.data.splitting import stratified_split
 from ensemble.core.errors import UsageError
 from ensemble.data.messages import (  # noqa: F401 (`sources.check_*`)
     check_drop, check_unique_columns, did_you_mean, split_refusal)
@@ -261,8 +262,8 @@ def _load_file(cfg: DataConfig, _stat_key, require_target: bool,
 
 def split(ds: Dataset, cfg: DataConfig, seed: int, stratify: bool = True
           ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Train/validation/test row indices from `seed` (scikit-learn), stratified by class
-    unless `stratify` is False (the run's `Task.stratified`: numeric targets, no classes).
+    """Train/validation/test row indices from `seed` (scikit-learn's draws,
+    `ensemble.data.splitting`), stratified by class unless `stratify` is False (the run's `Task.stratified`: numeric targets, no classes).
 
     Returns:
         (`{"train": idx, "validation": idx, "test": idx}`, the sorted class labels).
@@ -285,15 +286,13 @@ def split(ds: Dataset, cfg: DataConfig, seed: int, stratify: bool = True
         if fixed is not None:
             test, rest = fixed, np.setdiff1d(idx, fixed)
             val_share = cfg.validation_size / (1.0 - cfg.test_size)
-            train, val = train_test_split(rest, test_size=val_share, random_state=seed,
-                                          stratify=ds.y[rest])
-            return ({"train": np.sort(train), "validation": np.sort(val),
-                     "test": np.sort(test)}, classes)
-        rest, test = train_test_split(idx, test_size=cfg.test_size, random_state=seed,
-                                      stratify=ds.y)
+            train, val = stratified_split(rest, ds.y[rest], val_share, seed,
+                                          sort=("train", "test"))
+            return ({"train": train, "validation": val, "test": np.sort(test)}, classes)
+        rest, test = stratified_split(idx, ds.y, cfg.test_size, seed, sort=("test",))
         val_share = cfg.validation_size / (1.0 - cfg.test_size)
-        train, val = train_test_split(rest, test_size=val_share, random_state=seed,
-                                      stratify=ds.y[rest])
+        train, val = stratified_split(rest, ds.y[rest], val_share, seed,
+                                      sort=("train", "test"))
     except ValueError:
         raise UsageError(split_refusal(ds.name, ds.y, classes, counts)) from None
-    return {"train": np.sort(train), "validation": np.sort(val), "test": np.sort(test)}, classes
+    return {"train": train, "validation": val, "test": test}, classes

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ensemble.core import background
 from ensemble.core.errors import UsageError
 from ensemble.data import sources
 from ensemble.data.settings import DataConfig
@@ -206,7 +207,7 @@ class TableScan:
                            cfg.max_categories, cfg.split_seed)
         in_train = np.zeros(len(self.y), bool)
         in_train[train_rows] = True
-        for start, chunk in self.chunks():
+        for start, chunk in background.prefetch(self.chunks()):  # next chunk read meanwhile
             take = np.flatnonzero(in_train[start:start + len(chunk.x)])
             if start == 0:  # a whole-number column unique on every row: an id? (first chunk)
                 _notice_id_columns(chunk.feature_names, chunk.x[take])

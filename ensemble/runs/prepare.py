@@ -212,7 +212,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     target.update(fitted)
     run_dir.mkdir(parents=True, exist_ok=True)
     sha256 = background.start(scan.sha256)  # the source's bytes hashed beside the pass(es)
-    pre = prepare_splits(run_dir, scan, rows, y, classes)  # `row`: positions in the file
+    pre, hashed = prepare_splits(run_dir, scan, rows, y, classes)  # `row`: file positions
     artifacts.write_text(run_dir / artifacts.PREPROCESSING, pre.to_json())
     manifest = new_manifest(cfg, mode, devices, pre, {
         "name": scan.name, "source": cfg.data.source, "target": cfg.data.target,
@@ -221,7 +221,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     manifest.run_id = run_id_for(run_dir, cfg)  # the folder's name for a default run dir
     manifest.defaults = chosen  # the "auto" keys and the values chosen (ensemble.config.auto)
     manifest.timings["prepare_seconds"] = time.perf_counter() - start
-    manifest.artifacts = artifacts.artifact_hashes(run_dir)  # the splits, preprocessing
+    manifest.artifacts = artifacts.artifact_hashes(run_dir, hashed)  # splits as written
     manifest.save(run_dir)
     return manifest
 

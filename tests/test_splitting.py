@@ -1,0 +1,38 @@
+"""The stratified split gives scikit-learn's `train_test_split(..., stratify=y)` rows."""
+import numpy as np
+import pytest
+from sklearn.model_selection import train_test_split
+
+from ensemble.data.splitting import stratified_split
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7, 12345])
+@pytest.mark.parametrize("labels", ["balanced", "imbalanced", "ties", "strings", "many"])
+@pytest.mark.parametrize("test_size", [0.15, 0.3, 0.5])
+def test_rows_equal_scikit_learns(seed, labels, test_size):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(40, 400))
+    y = {"balanced": lambda: rng.integers(0, 3, n),
+         "imbalanced": lambda: rng.choice(4, n, p=[0.7, 0.2, 0.07, 0.03]),
+         "ties": lambda: np.repeat(np.arange(4), n // 4),  # equal counts: tie-breaking draws
+         "strings": lambda: rng.choice(np.array(["b", "a", "c"], object), n),
+         "many": lambda: rng.integers(0, 12, n)}[labels]()
+    rows = rng.permutation(len(y)) + 1000  # values that are not positions
+    expected = train_test_split(rows, test_size=test_size, random_state=seed, stratify=y)
+    got = stratified_split(rows, y, test_size, seed)
+    for e, g in zip(expected, got):
+        np.testing.assert_array_equal(g, e)
+    sorted_test = stratified_split(rows, y, test_size, seed, sort=("test",))
+    np.testing.assert_array_equal(sorted_test[0], expected[0])
+    np.testing.assert_array_equal(sorted_test[1], np.sort(expected[1]))
+    both = stratified_split(rows, y, test_size, seed, sort=("train", "test"))
+    for e, g in zip(expected, both):
+        np.testing.assert_array_equal(g, np.sort(e))
+
+
+def test_refusals_are_scikit_learns():
+    y = np.array([0, 0, 0, 0, 1])  # a class of one row
+    with pytest.raises(ValueError, match="least populated class"):
+        stratified_split(np.arange(5), y, 0.4, 0)
+    with pytest.raises(ValueError, match="sort="):
+        stratified_split(np.arange(6), np.array([0, 1] * 3), 0.5, 0, sort=("train",))
