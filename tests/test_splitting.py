@@ -7,16 +7,18 @@ from ensemble.data.splitting import stratified_split
 
 
 @pytest.mark.parametrize("seed", [0, 1, 7, 12345])
-@pytest.mark.parametrize("labels", ["balanced", "imbalanced", "ties", "strings", "many"])
+@pytest.mark.parametrize("labels", ["balanced", "imbalanced", "ties", "strings", "many",
+                                    "twenty"])  # (over 16 classes: the argsort path)
 @pytest.mark.parametrize("test_size", [0.15, 0.3, 0.5])
 def test_rows_equal_scikit_learns(seed, labels, test_size):
     rng = np.random.default_rng(seed)
-    n = int(rng.integers(40, 400))
+    n = int(rng.integers(60, 400))
     y = {"balanced": lambda: rng.integers(0, 3, n),
          "imbalanced": lambda: rng.choice(4, n, p=[0.7, 0.2, 0.07, 0.03]),
          "ties": lambda: np.repeat(np.arange(4), n // 4),  # equal counts: tie-breaking draws
          "strings": lambda: rng.choice(np.array(["b", "a", "c"], object), n),
-         "many": lambda: rng.integers(0, 12, n)}[labels]()
+         "many": lambda: rng.integers(0, 12, n),
+         "twenty": lambda: rng.permutation(np.repeat(np.arange(20), n // 20))}[labels]()
     rows = rng.permutation(len(y)) + 1000  # values that are not positions
     expected = train_test_split(rows, test_size=test_size, random_state=seed, stratify=y)
     got = stratified_split(rows, y, test_size, seed)

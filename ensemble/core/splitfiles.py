@@ -45,7 +45,8 @@ class SplitWriter:
         split: the split's name.
         n_rows: rows the split will hold.
         row_shape: one row's shape (`(n_features,)` for a table).
-        x_dtype, y_dtype: dtypes of the rows and the encoded targets.
+        dtypes: `(x dtype, y dtype)`: of the rows and of the encoded targets.
+        rewrite: the rows will be rewritten in place from the first (`rewrite`).
 
     Use `write` in row order, then `commit` (flush, fsync, rename all three into place); on
     an error `abort` removes the temporary files. Also a context manager doing just that.
@@ -60,8 +61,8 @@ class SplitWriter:
         OSError: the files cannot be created (a full disk).
     """
 
-    def __init__(self, run_dir: str | Path, split: str, n_rows: int, row_shape, x_dtype,
-                 y_dtype, rewrite: bool = False):
+    def __init__(self, run_dir: str | Path, split: str, n_rows: int, row_shape, dtypes,
+                 rewrite: bool = False):
         from numpy.lib import format as npy
 
         self._syncing = None  # the background sync's result function (`background.start`)
@@ -69,7 +70,7 @@ class SplitWriter:
         self.final[0].parent.mkdir(parents=True, exist_ok=True)
         self.tmp = [p.with_name(f".{p.name}.{os.getpid()}.tmp") for p in self.final]
         self.shapes = [tuple(row_shape), (), ()]
-        self.dtypes = [np.dtype(t) for t in (x_dtype, y_dtype, np.int64)]
+        self.dtypes = [np.dtype(t) for t in (*dtypes, np.int64)]
         self.fds: list[int] = []
         self.starts: list[int] = []  # each file's first data byte (after its header)
         self._hashes: list = []  # [sha256 of the bytes so far, or None, bytes it covers]
@@ -216,7 +217,7 @@ class SplitWriter:
 def write(run_dir: str | Path, split: str, x: np.ndarray, y: np.ndarray,
           row: np.ndarray) -> None:
     """Write a whole split held in memory (`SplitWriter` in one chunk)."""
-    with SplitWriter(run_dir, split, len(x), x.shape[1:], x.dtype, y.dtype) as w:
+    with SplitWriter(run_dir, split, len(x), x.shape[1:], (x.dtype, y.dtype)) as w:
         w.write(x, y, row)
 
 

@@ -79,7 +79,7 @@ class _Splits:
         if not self.writers:
             for s in SPLITS:  # one at a time: a writer that failed to open leaves the others
                 self.writers[s] = splitfiles.SplitWriter(  # to abort
-                    self.run_dir, s, len(self.rows[s]), x.shape[1:], x.dtype, self.y.dtype,
+                    self.run_dir, s, len(self.rows[s]), x.shape[1:], (x.dtype, self.y.dtype),
                     self.rewrite)
         part = self.which[start:start + len(x)]
         for i, s in enumerate(SPLITS):

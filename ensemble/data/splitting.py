@@ -55,12 +55,13 @@ def stratified_split(rows: np.ndarray, y: np.ndarray, test_size: float, seed: in
         return library()
     n_train, n_test = _validate_shuffle_split(len(y), test_size, None,
                                               default_test_size=0.25)
-    class_counts = np.unique(y, return_counts=True)[1]
+    classes, class_counts = np.unique(y, return_counts=True)
     n_classes = len(class_counts)
     if class_counts.min() < 2 or n_train < n_classes or n_test < n_classes:
         return library()  # scikit-learn words the refusal
-    # scikit-learn sorts the classes' codes (stable); the labels sort in the same order
-    class_rows = np.split(np.argsort(y, kind="stable"), np.cumsum(class_counts)[:-1])
+    # scikit-learn's stable argsort of the class codes: each class's positions, in order
+    class_rows = ([np.flatnonzero(y == c) for c in classes] if n_classes <= 16
+                  else np.split(np.argsort(y, kind="stable"), np.cumsum(class_counts)[:-1]))
     rng = np.random.RandomState(seed)
     n_i = _approximate_mode(class_counts, n_train, rng)
     t_i = _approximate_mode(class_counts - n_i, n_test, rng)
