@@ -409,3 +409,25 @@ def test_numeric_columns_become_the_float32_of_their_float64_values():
     problems = []
     columns.features(pa.table({"h": np.array([1, np.inf], np.float16)}), (), 0, None, problems)
     assert problems and "inf at row 1" in problems[0]
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (3, 0), (0, 6, 6, 1), (5, 3)])
+def test_split_files_are_numpy_save_bytes_for_any_shape(tmp_path, shape):
+    from ensemble.core import splitfiles
+
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    splitfiles.write(tmp_path, "s", x, np.zeros(shape[0], np.int64), np.arange(shape[0]))
+    np.save(tmp_path / "ref.npy", x)
+    assert splitfiles.path(tmp_path, "s", "x").read_bytes() == (tmp_path / "ref.npy").read_bytes()
+    got, y, row = splitfiles.read(tmp_path, "s")
+    assert got.shape == shape and len(y) == len(row) == shape[0]
+
+
+def test_no_rows_still_need_every_training_column():
+    from ensemble.core.errors import UsageError
+    from ensemble.data.preprocessing import Preprocessing
+    from ensemble.data.sources import Dataset
+
+    pre = Preprocessing(("a", "b"), np.zeros(2), np.ones(2), np.array([0, 1]))
+    with pytest.raises(UsageError, match="'b' missing"):
+        pre.encode_scaled(Dataset("t", np.zeros((0, 1), np.float32), None, ("a",)))

@@ -38,3 +38,9 @@ def test_refusals_are_scikit_learns():
         stratified_split(np.arange(5), y, 0.4, 0)
     with pytest.raises(ValueError, match="sort="):
         stratified_split(np.arange(6), np.array([0, 1] * 3), 0.5, 0, sort=("train",))
+
+
+def test_nan_labels_are_refused_as_scikit_learn_refuses_them():
+    y = np.array([0.0, 1.0] * 10 + [np.nan])
+    with pytest.raises(ValueError, match="NaN"):
+        stratified_split(np.arange(len(y)), y, 0.3, 0)

@@ -12,6 +12,7 @@ import threading
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
+JOIN_SECONDS = 10.0  # how long a closed `prefetch` waits for its producer's item in hand
 
 
 def start(fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -42,7 +43,8 @@ def prefetch(items: Iterable[T], depth: int = 1) -> Iterator[T]:
     producing the next (a Parquet batch decoded and converted, with the GIL released in
     pyarrow and numpy) overlaps the caller's work on this one; at most `depth + 2` items
     are alive at once. An exception of `items` is raised here, where its item would have
-    been; closing this iterator early stops the producer before its next item.
+    been; closing this iterator early (a `for` loop left by an exception) stops the
+    producer before its next item and waits up to `JOIN_SECONDS` for the one in hand.
     """
     ready: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
@@ -65,7 +67,8 @@ def prefetch(items: Iterable[T], depth: int = 1) -> Iterator[T]:
         except BaseException as exc:  # handed to the consumer
             put(("error", exc))
 
-    threading.Thread(target=work, name="ensemble-prefetch", daemon=True).start()
+    thread = threading.Thread(target=work, name="ensemble-prefetch", daemon=True)
+    thread.start()
     try:
         while True:
             kind, value = ready.get()
@@ -76,5 +79,6 @@ def prefetch(items: Iterable[T], depth: int = 1) -> Iterator[T]:
             else:
                 return
     finally:
-        stop.set()
+        stop.set()  # the producer finishes the item in hand (it may use what the caller
+        thread.join(timeout=JOIN_SECONDS)  # closes next), then stops
 

@@ -11,8 +11,10 @@ cache and no process holds a split in memory.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -71,8 +73,9 @@ class SplitWriter:
         self.tmp = [p.with_name(f".{p.name}.{os.getpid()}.tmp") for p in self.final]
         self.shapes = [tuple(row_shape), (), ()]
         self.dtypes = [np.dtype(t) for t in (*dtypes, np.int64)]
+        self.row_bytes = [d.itemsize * math.prod(s) for d, s in zip(self.dtypes, self.shapes)]
         self.fds: list[int] = []
-        self.starts: list[int] = []  # each file's first data byte (after its header)
+        self.headers: list[bytes] = []  # each file's `.npy` header (its data starts after)
         self._hashes: list = []  # [sha256 of the bytes so far, or None, bytes it covers]
         try:
             for tmp, shape, dtype in zip(self.tmp, self.shapes, self.dtypes):
@@ -81,9 +84,9 @@ class SplitWriter:
                 npy.write_array_header_1_0(header, {  # as `numpy.save` and `open_memmap`
                     "descr": npy.dtype_to_descr(dtype), "fortran_order": False,
                     "shape": (n_rows, *shape)})
-                _write_all(self.fds[-1], header.getbuffer())
-                self.starts.append(len(header.getbuffer()))
-                self._hashes.append([hashlib.sha256(header.getbuffer()), self.starts[-1]])
+                self.headers.append(header.getvalue())
+                _write_all(self.fds[-1], _bytes(self.headers[-1]))
+                self._hashes.append([hashlib.sha256(self.headers[-1]), len(self.headers[-1])])
             if rewrite:  # the rows written first are not the file's: hashed when rewritten
                 self._hashes[0][0] = None
         except BaseException:
@@ -93,72 +96,79 @@ class SplitWriter:
 
     def write(self, x: np.ndarray, y: np.ndarray, row: np.ndarray) -> None:
         """Append rows: `x` `[m, *row_shape]`, `y` `[m]`, `row` `[m]` (cast to the files'
-        dtypes)."""
+        dtypes).
+
+        Raises:
+            ValueError: more rows than the split holds, or arrays of other shapes.
+        """
         if self.pos + len(x) > self.n_rows:
-            raise RuntimeError(f"{self.pos + len(x)} rows written to a split of {self.n_rows}")
-        for i, values in enumerate((x, y, row)):
-            values = np.ascontiguousarray(values, self.dtypes[i])
-            if values.shape != (len(x), *self.shapes[i]):
-                raise ValueError(f"rows of shape {values.shape} written to a split of rows "
-                                 f"{self.shapes[i]}")
-            _write_all(self.fds[i], memoryview(values).cast("B"))
-            self._hash(i, values, self.starts[i] + self.pos * values[:1].nbytes)
+            raise ValueError(f"{self.pos + len(x)} rows written to a split of {self.n_rows}")
+        arrays = [self._checked(i, v, len(x)) for i, v in enumerate((x, y, row))]
+        if not len(x):
+            return
+        for i, values in enumerate(arrays):
+            at = len(self.headers[i]) + self.pos * self.row_bytes[i]
+            _write_all(self.fds[i], _bytes(values))
+            self._hash(i, values, at)
         self.pos += len(x)
-        self._written(sum(d.itemsize * int(np.prod(s)) for d, s in
-                          zip(self.dtypes, self.shapes)) * len(x))
+        self._written(sum(self.row_bytes) * len(x))
+
+    def _checked(self, i: int, values, n: int) -> np.ndarray:
+        values = np.ascontiguousarray(values, self.dtypes[i])
+        if values.shape != (n, *self.shapes[i]):
+            raise ValueError(f"{ARRAYS[i]} of shape {values.shape} written to a split of "
+                             f"rows {self.shapes[i]} ({n} rows)")
+        return values
 
     def read(self, lo: int, hi: int, array: str = "x") -> np.ndarray:
         """Rows `lo .. hi` of `array` (`"x"`, `"y"` or `"row"`) written so far (a copy)."""
         i = ARRAYS.index(array)
         hi = min(hi, self.pos)
         out = np.empty((max(hi - lo, 0), *self.shapes[i]), self.dtypes[i])
-        buf = memoryview(out).cast("B")
-        at = self.starts[i] + lo * (out.itemsize * int(np.prod(self.shapes[i])))
+        buf, at = _bytes(out), len(self.headers[i]) + lo * self.row_bytes[i]
         while len(buf):
             n = os.preadv(self.fds[i], [buf], at)
             if n <= 0:
-                raise OSError(f"short read of {self.tmp[i]} at byte {at}")
+                raise OSError(errno.EIO, f"short read of {self.tmp[i]} at byte {at}")
             buf, at = buf[n:], at + n
         return out
 
     def rewrite(self, lo: int, x: np.ndarray) -> None:
         """Replace the rows `lo .. lo + len(x)` of `x` (a pass over the written rows, such as
-        scaling them in place)."""
-        x = np.ascontiguousarray(x, self.dtypes[0])
-        row_bytes = x.itemsize * int(np.prod(self.shapes[0]))
-        _write_all(self.fds[0], memoryview(x).cast("B"), self.starts[0] + lo * row_bytes)
-        if lo == 0:  # a pass over the rows from the first: the file's bytes hashed anew
-            self._hashes[0] = [self._header_hash(0), self.starts[0]]
-        self._hash(0, x, self.starts[0] + lo * row_bytes)
-        self._written(x.nbytes)
+        scaling them in place).
 
-    def _header_hash(self, i: int):
-        header = os.pread(self.fds[i], self.starts[i], 0)
-        return hashlib.sha256(header)
+        Raises:
+            ValueError: rows beyond those written, or of another shape.
+        """
+        x = self._checked(0, x, len(x))
+        if lo < 0 or lo + len(x) > self.pos:
+            raise ValueError(f"rows {lo}..{lo + len(x)} rewritten; {self.pos} are written")
+        at = len(self.headers[0]) + lo * self.row_bytes[0]
+        _write_all(self.fds[0], _bytes(x), at)
+        if lo == 0:  # a pass over the rows from the first: the file's bytes hashed anew
+            self._hashes[0] = [hashlib.sha256(self.headers[0]), len(self.headers[0])]
+        self._hash(0, x, at)
+        self._written(x.nbytes)
 
     def _hash(self, i: int, values: np.ndarray, at: int) -> None:
         """Extend file i's running hash with `values`, written at byte `at` (a write out of
         order leaves the file to be hashed from disk)."""
         h, covered = self._hashes[i]
         if h is not None and at == covered:
-            h.update(memoryview(values).cast("B"))  # (releases the GIL)
+            h.update(_bytes(values))  # (releases the GIL)
             self._hashes[i][1] = covered + values.nbytes
-        else:
+        elif values.nbytes:
             self._hashes[i][0] = None
 
     def sha256s(self) -> dict[Path, str]:
         """`{final path: hex sha256}` of the files, after `commit`: from the bytes as written
         where every byte was hashed in order, else read back from disk."""
-        def sha256_file(path: Path) -> str:
-            with open(path, "rb") as f:
-                return hashlib.file_digest(f, "sha256").hexdigest()
-
         out = {}
         for i, (h, covered) in enumerate(self._hashes):
-            size = self.starts[i] + self.n_rows * self.dtypes[i].itemsize * int(
-                np.prod(self.shapes[i]))
-            out[self.final[i]] = (h.hexdigest() if h is not None and covered == size
-                                  else sha256_file(self.final[i]))
+            if h is None or covered != len(self.headers[i]) + self.n_rows * self.row_bytes[i]:
+                with open(self.final[i], "rb") as f:
+                    h = hashlib.file_digest(f, "sha256")
+            out[self.final[i]] = h.hexdigest()
         return out
 
     def _written(self, nbytes: int) -> None:
@@ -195,9 +205,10 @@ class SplitWriter:
             self._wait()
         except OSError:
             pass  # the files go anyway
-        self._close()
-        for tmp in self.tmp:
-            tmp.unlink(missing_ok=True)
+        finally:
+            self._close()
+            for tmp in self.tmp:
+                tmp.unlink(missing_ok=True)
 
     def _close(self) -> None:
         fds, self.fds = self.fds, []
@@ -209,9 +220,13 @@ class SplitWriter:
 
     def __exit__(self, kind, value, tb) -> None:
         if kind is None:
-            self.commit()
-        else:
-            self.abort()
+            try:
+                self.commit()
+                return
+            except BaseException:  # a full disk at the last sync: nothing is left behind
+                self.abort()
+                raise
+        self.abort()
 
 
 def write(run_dir: str | Path, split: str, x: np.ndarray, y: np.ndarray,
@@ -248,9 +263,17 @@ def read(run_dir: str | Path, split: str) -> tuple[Any, np.ndarray, np.ndarray]:
     return x, y, row
 
 
+def _bytes(values) -> memoryview:
+    """The bytes of a C-contiguous array (any shape, empty ones too) or of `bytes`."""
+    return memoryview(np.frombuffer(values, np.uint8) if isinstance(values, bytes)
+                      else values.reshape(-1).view(np.uint8))
+
+
 def _write_all(fd: int, data: memoryview, at: int | None = None) -> None:
     """Write every byte of `data` to `fd` (at its position, or at byte `at`)."""
     while len(data):
         n = os.write(fd, data) if at is None else os.pwrite(fd, data, at)
+        if n <= 0:
+            raise OSError(errno.EIO, f"nothing written to descriptor {fd}")
         data = data[n:]
         at = None if at is None else at + n

@@ -1,8 +1,9 @@
 """The prepared splits of a run written from a source a chunk of rows at a time.
 
 `write_splits` transforms each chunk of a source (`kinds.scan`) with the run's fitted
-preprocessing and appends its rows of each split to that split's memory-mapped files
-(`ensemble.core.splitfiles`), so preparing never holds more than one chunk of encoded rows.
+preprocessing and appends its rows of each split to that split's files
+(`ensemble.core.splitfiles`), so preparing holds a few chunks of rows at most (the one being
+written and the next, read ahead in a background thread).
 Unknown categories (in the validation and test rows) are counted over the whole source and
 reported in one notice.
 """

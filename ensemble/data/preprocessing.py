@@ -182,7 +182,8 @@ class Preprocessing:
             raise UsageError(f"Unexpected column {extra[0]!r} in {ds.name}; not a training feature.")
         z32 = np.empty((len(ds.x), len(self.output_names)), np.float32)
         unknown: Counter = Counter()
-        for lo in range(0, len(z32), BLOCK_ROWS):  # float64 blocks that stay in the cache
+        for lo in range(0, max(len(z32), 1), BLOCK_ROWS):  # float64 blocks that stay in
+            # the cache (one, empty, for no rows: `_encode` checks the columns)
             z, unk = self._encode(ds, slice(lo, lo + BLOCK_ROWS))  # new: scaled in place
             z -= self.mean
             z /= self.scale

@@ -263,7 +263,8 @@ def _load_file(cfg: DataConfig, _stat_key, require_target: bool,
 def split(ds: Dataset, cfg: DataConfig, seed: int, stratify: bool = True
           ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Train/validation/test row indices from `seed` (scikit-learn's draws,
-    `ensemble.data.splitting`), stratified by class unless `stratify` is False (the run's `Task.stratified`: numeric targets, no classes).
+    `ensemble.data.splitting`), stratified by class unless `stratify` is False (the run's
+    `Task.stratified`: numeric targets, no classes); each sorted.
 
     Returns:
         (`{"train": idx, "validation": idx, "test": idx}`, the sorted class labels).
@@ -274,10 +275,10 @@ def split(ds: Dataset, cfg: DataConfig, seed: int, stratify: bool = True
     from sklearn.model_selection import train_test_split
 
     idx = np.arange(len(ds.y))
+    val_share = cfg.validation_size / (1.0 - cfg.test_size)
     if not stratify:  # no classes (`ensemble.tasks.Task.stratified`)
         rest, test = train_test_split(idx, test_size=cfg.test_size, random_state=seed)
-        train, val = train_test_split(rest, test_size=cfg.validation_size
-                                      / (1.0 - cfg.test_size), random_state=seed)
+        train, val = train_test_split(rest, test_size=val_share, random_state=seed)
         return ({"train": np.sort(train), "validation": np.sort(val), "test": np.sort(test)},
                 np.zeros(0, np.float64))
     classes, counts = np.unique(ds.y, return_counts=True)
@@ -285,12 +286,10 @@ def split(ds: Dataset, cfg: DataConfig, seed: int, stratify: bool = True
     try:
         if fixed is not None:
             test, rest = fixed, np.setdiff1d(idx, fixed)
-            val_share = cfg.validation_size / (1.0 - cfg.test_size)
             train, val = stratified_split(rest, ds.y[rest], val_share, seed,
                                           sort=("train", "test"))
             return ({"train": train, "validation": val, "test": np.sort(test)}, classes)
         rest, test = stratified_split(idx, ds.y, cfg.test_size, seed, sort=("test",))
-        val_share = cfg.validation_size / (1.0 - cfg.test_size)
         train, val = stratified_split(rest, ds.y[rest], val_share, seed,
                                       sort=("train", "test"))
     except ValueError:

@@ -39,19 +39,22 @@ def stratified_split(rows: np.ndarray, y: np.ndarray, test_size: float, seed: in
     """
     from sklearn.model_selection import train_test_split
 
+    if sort not in ((), ("test",), ("train", "test")):  # a sorted train, shuffled test
+        raise ValueError(f"sort={sort!r}; expected (), ('test',) or ('train', 'test')")
+
     def library() -> tuple[np.ndarray, np.ndarray]:
-        return tuple(train_test_split(rows, test_size=test_size, random_state=seed,
-                                      stratify=y))
+        parts = train_test_split(rows, test_size=test_size, random_state=seed, stratify=y)
+        return tuple(np.sort(p) if name in sort else p
+                     for name, p in zip(("train", "test"), parts))
 
     try:
         from sklearn.model_selection._split import _validate_shuffle_split
         from sklearn.utils.extmath import _approximate_mode
     except ImportError:  # a release that moved them: scikit-learn's own (slower) split
         return library()
-    if sort not in ((), ("test",), ("train", "test")):  # a sorted train, shuffled test
-        raise ValueError(f"sort={sort!r}; expected (), ('test',) or ('train', 'test')")
     y = np.asarray(y)
-    if y.ndim != 1 or len(y) != len(rows):
+    if (y.ndim != 1 or len(y) != len(rows)
+            or (y.dtype.kind in "fc" and np.isnan(y).any())):  # scikit-learn refuses NaN
         return library()
     n_train, n_test = _validate_shuffle_split(len(y), test_size, None,
                                               default_test_size=0.25)
@@ -59,9 +62,7 @@ def stratified_split(rows: np.ndarray, y: np.ndarray, test_size: float, seed: in
     n_classes = len(class_counts)
     if class_counts.min() < 2 or n_train < n_classes or n_test < n_classes:
         return library()  # scikit-learn words the refusal
-    # scikit-learn's stable argsort of the class codes: each class's positions, in order
-    class_rows = ([np.flatnonzero(y == c) for c in classes] if n_classes <= 16
-                  else np.split(np.argsort(y, kind="stable"), np.cumsum(class_counts)[:-1]))
+    class_rows = _class_rows(y, classes, class_counts)
     rng = np.random.RandomState(seed)
     n_i = _approximate_mode(class_counts, n_train, rng)
     t_i = _approximate_mode(class_counts - n_i, n_test, rng)
@@ -75,3 +76,11 @@ def stratified_split(rows: np.ndarray, y: np.ndarray, test_size: float, seed: in
         parts.append(np.sort(np.asarray(rows)[at]) if name in sort
                      else np.asarray(rows)[rng.permutation(at)])
     return parts[0], parts[1]
+
+
+def _class_rows(y: np.ndarray, classes: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
+    """Each class's positions in `y`, in order: scikit-learn's stable argsort of the class
+    codes, split by class (one comparison per class when they are few)."""
+    if len(classes) <= 16:
+        return [np.flatnonzero(y == c) for c in classes]
+    return np.split(np.argsort(y, kind="stable"), np.cumsum(counts)[:-1])

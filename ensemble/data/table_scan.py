@@ -1,8 +1,9 @@
 """A table source read in chunks: labels first, then the feature rows a bounded chunk at a time.
 
 A file (`.csv`, `.parquet`) or a folder of Parquet shards is opened as a `pyarrow.dataset`
-and read in record batches of at most `chunk_rows` rows, so no step holds more than one chunk
-of rows (plus `[n_rows]` label and index arrays). The target column is read alone first: the
+and read in record batches of at most `chunk_rows` rows, so no step holds more than a few
+chunks of rows (the one worked on and the next, read ahead by `background.prefetch`; plus
+`[n_rows]` label and index arrays). The target column is read alone first: the
 task, the split and the class list need every label. The first chunk decides what every
 chunk must be (its columns are checked as a whole file's were: identifier-like text columns,
 categorical columns); each chunk is then checked and converted by
