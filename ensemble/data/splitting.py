@@ -48,8 +48,8 @@ def stratified_split(rows: np.ndarray, y: np.ndarray, test_size: float, seed: in
                      for name, p in zip(("train", "test"), parts))
 
     try:
-        from sklearn.model_selection._split import _validate_shuffle_split
-        from sklearn.utils.extmath import _approximate_mode
+        # the names `StratifiedShuffleSplit` itself calls, wherever a release defines them
+        from sklearn.model_selection._split import _approximate_mode, _validate_shuffle_split
     except ImportError:  # a release that moved them: scikit-learn's own (slower) split
         return library()
     y = np.asarray(y)
