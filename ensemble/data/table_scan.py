@@ -199,7 +199,8 @@ class TableScan:
             each: Callable[[int, sources.Dataset], None] | None = None):
         """The `Preprocessing` fitted on the rows `train_rows` (positions of `y`) in one pass
         over the chunks (`table_stats.TableStats`); `each(first row, chunk)` is called with
-        every chunk of the pass too (None: nothing)."""
+        every chunk of the pass too (None: nothing). The chunks are read and counted in a
+        background thread (`background.prefetch`), one ahead of `each`."""
         from ensemble.data.preprocessing import Preprocessing, _notice_id_columns
         from ensemble.data.table_stats import TableStats
 
@@ -208,11 +209,16 @@ class TableScan:
                            cfg.max_categories, cfg.split_seed)
         in_train = np.zeros(len(self.y), bool)
         in_train[train_rows] = True
-        for start, chunk in background.prefetch(self.chunks()):  # next chunk read meanwhile
-            take = np.flatnonzero(in_train[start:start + len(chunk.x)])
-            if start == 0:  # a whole-number column unique on every row: an id? (first chunk)
-                _notice_id_columns(chunk.feature_names, chunk.x[take])
-            stats.update(chunk.rows(take))
+
+        def counted():  # in the background thread: each chunk read, then counted, in order
+            for start, chunk in self.chunks():
+                take = np.flatnonzero(in_train[start:start + len(chunk.x)])
+                if start == 0:  # a whole-number column unique on every row: an id?
+                    _notice_id_columns(chunk.feature_names, chunk.x[take])
+                stats.update(chunk.rows(take))
+                yield start, chunk
+
+        for start, chunk in background.prefetch(counted()):  # `each` here meanwhile
             if each is not None:
                 each(start, chunk)
         return Preprocessing(**stats.fitted(classes, self.identifiers))
