@@ -3,9 +3,9 @@
 A run keeps each split (`train`, `validation`, `test`) as three files under `data/`:
 `<split>.x.npy` (`[n, *row_shape]` float32 scaled rows, or uint8 images), `<split>.y.npy`
 (`[n]` encoded targets) and `<split>.row.npy` (`[n]` int64 row positions in the source). They
-are written as `.npy` files (a header, then the rows appended) under temporary names, so a split
-larger than memory is written a chunk of rows at a time, then flushed and renamed into place together;
-they are read with `numpy.load(mmap_mode="r")`, so training gathers its batches from the page
+are written as `.npy` files (a header, then the rows appended) under temporary names, so a
+split larger than memory is written a chunk of rows at a time, then flushed and renamed into
+place together; they are read with `numpy.load(mmap_mode="r")`, so training gathers its batches from the page
 cache and no process holds a split in memory.
 """
 

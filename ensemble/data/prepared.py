@@ -74,6 +74,7 @@ class _Splits:
         for i, s in enumerate(SPLITS):
             self.which[rows[s]] = i
         self.writers: dict[str, splitfiles.SplitWriter] = {}
+        self._rows: np.ndarray | None = None  # a chunk's rows of one split, before writing
 
     def write(self, start: int, x: np.ndarray) -> None:
         """Route the rows `start .. start + len(x)` (positions of y) to their splits."""
@@ -83,10 +84,14 @@ class _Splits:
                     self.run_dir, s, len(self.rows[s]), x.shape[1:], (x.dtype, self.y.dtype),
                     self.rewrite)
         part = self.which[start:start + len(x)]
+        buf = self._rows
+        if buf is None or (buf.shape[1:], buf.dtype) != (x.shape[1:], x.dtype) or len(buf) < len(x):
+            self._rows = np.empty_like(x)  # reused: no fresh pages to fault in every chunk
         for i, s in enumerate(SPLITS):
             take = np.flatnonzero(part == i)
             if len(take):
-                self.writers[s].write(x[take], self.y[start + take],
+                rows = np.take(x, take, axis=0, out=self._rows[:len(take)], mode="clip")
+                self.writers[s].write(rows, self.y[start + take],
                                       self.scan.file_rows(start + take))
 
     def sha256s(self) -> dict:

@@ -65,7 +65,7 @@ class TableStats:
         if self.impute == "error":  # no missing values (the data check refuses them)
             n_b = np.full(x.shape[1], len(x))
             mean_b = x.mean(axis=0) if len(x) else np.zeros(x.shape[1])
-            d = x - mean_b
+            d = x - mean_b if x is ds.x else np.subtract(x, mean_b, out=x)  # (x: a copy)
             m2_b = np.einsum("ij,ij->j", d, d)
         else:
             ok = ~np.isnan(x)
