@@ -95,7 +95,8 @@ class _Splits:
                                       self.scan.file_rows(start + take))
 
     def sha256s(self) -> dict:
-        """`{path: hex sha256}` of every committed file."""
+        """`{path: hex sha256}` of the committed files hashed as written
+        (`SplitWriter.sha256s`)."""
         return {p: h for w in self.writers.values() for p, h in w.sha256s().items()}
 
     def __enter__(self) -> "_Splits":

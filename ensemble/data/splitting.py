@@ -52,7 +52,7 @@ def stratified_split(rows: np.ndarray, y: np.ndarray, test_size: float, seed: in
         from sklearn.model_selection._split import _approximate_mode, _validate_shuffle_split
     except ImportError:  # a release that moved them: scikit-learn's own (slower) split
         return library()
-    y = np.asarray(y)
+    rows, y = np.asarray(rows), np.asarray(y)
     if (y.ndim != 1 or len(y) != len(rows)
             or (y.dtype.kind in "fc" and np.isnan(y).any())):  # scikit-learn refuses NaN
         return library()
@@ -73,8 +73,7 @@ def stratified_split(rows: np.ndarray, y: np.ndarray, test_size: float, seed: in
         test.append(shuffled[n_i[i]:n_i[i] + t_i[i]])
     parts = []
     for name, at in (("train", np.concatenate(train)), ("test", np.concatenate(test))):
-        parts.append(np.sort(np.asarray(rows)[at]) if name in sort
-                     else np.asarray(rows)[rng.permutation(at)])
+        parts.append(np.sort(rows[at]) if name in sort else rows[rng.permutation(at)])
     return parts[0], parts[1]
 
 
