@@ -12,6 +12,7 @@ import pyarrow.csv as pcsv
 import pytest
 
 from conftest import run_cli
+from ensemble.core.errors import UsageError
 
 
 def _table(n=600, seed=0):
@@ -249,6 +250,54 @@ def test_run_that_cannot_fit_is_refused_before_anything_is_written(tmp_path, mon
     assert code == 2
     assert len(err.splitlines()) == 1 and "0.20 GiB of the cgroup memory limit" in err
     assert "--members" in err and not (tmp_path / "run").exists()
+
+
+def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
+    from ensemble.replication.feed import CALL_BYTES
+    from ensemble.runs import budget as b
+
+    rows = {"train": 7_000_000, "validation": 1_000_000, "test": 2_000_000}
+    # 3M rows evaluated; 2 members + 3 aggregators, 2 outputs: float32 arrays of 5 models
+    # (3 copies: 120 B/row) and float64 temporaries of the members (96 B/row)
+    preds = 3_000_000 * (120 + 96)
+    launcher = b.TF_PROCESS + 32 * 10_000_000  # in-graph: the launcher trains
+    inside = b.estimate(rows, 2, 2, 3, clients=1, member_rows=False)
+    assert inside["predictions"] == preds
+    assert inside["prepare"] == launcher + b.PREPARE_CHUNKS + b.FILE_SET
+    assert inside["training"] == launcher + 4 * CALL_BYTES + b.FILE_SET
+    assert inside["evaluation"] == launcher + b.EVAL_FIXED + preds + b.FILE_SET
+    assert inside["total"] == inside["evaluation"]  # phases never coexist: the largest
+    # between-graph: a launcher without TensorFlow; 2 clients train at once, each with its
+    # file pages; then an aggregator process (no TensorFlow) reads the members' rows
+    # (2 members x (64 + 16) B, twice)
+    between = b.estimate(rows, 2, 2, 3, clients=2, member_rows=True)
+    launcher = b.LEAN_PROCESS + 32 * 10_000_000
+    assert between["training"] == launcher + 2 * (b.TF_PROCESS + 4 * CALL_BYTES
+                                                   + 16 * 10_000_000 + b.FILE_SET)
+    assert between["predictions"] == preds + 3_000_000 * 2 * 80 * 2
+    assert between["evaluation"] == (launcher + b.EVAL_FIXED + between["predictions"]
+                                     + b.LEAN_PROCESS)
+    assert between["total"] == max(between["training"], between["evaluation"])
+    # a training split smaller than a call: calls of its size, chunks of its size
+    tiny = b.estimate({"train": 100, "test": 50}, 3, 2, 0, clients=1, member_rows=False)
+    assert tiny["training"] == b.TF_PROCESS + 32 * 150 + 4 * (2 * 100 * (16 << 10)) \
+        + b.FILE_SET
+    assert tiny["prepare"] == b.TF_PROCESS + 32 * 150 + 150 * (8 << 10) + b.FILE_SET
+
+
+def test_refusal_names_the_phase_that_does_not_fit(monkeypatch):
+    from ensemble.core import memory
+    from ensemble.runs import budget as b
+
+    monkeypatch.setattr(memory, "available", lambda: (2 << 30, "the cgroup memory limit"))
+    b.check({"train": 1000, "test": 100}, 2, 2, 1, clients=1, member_rows=False)  # fits
+    # evaluating 20M of 60M rows: 20M x (3 x 3 models x 2 x 4 + 96) B = 3.129 GiB, + 0.391 GiB
+    # of TensorFlow, 1.788 GiB of labels (32 B x 60M), 0.1875 + 0.1875 GiB (buffers, files)
+    with pytest.raises(UsageError, match=r"about 5\.68 GiB while evaluating \(60,000,000 rows"):
+        b.check({"train": 40_000_000, "test": 20_000_000}, 2, 2, 1, clients=1,
+                member_rows=False)
+    with pytest.raises(UsageError, match=r"while training .* 3 TensorFlow processes"):
+        b.check({"train": 1000, "test": 100}, 2, 3, 1, clients=3, member_rows=True)
 
 
 def test_cgroup_limit_is_read_from_the_process_cgroup(tmp_path, monkeypatch):

@@ -5,11 +5,11 @@ keeps in memory besides them: the `[n_rows]` label and index arrays of preparing
 validation and test predictions: the members' and aggregators' `[n_rows, n_outputs]` outputs,
 from which `predictions.parquet` is written a chunk of rows at a time
 (`ensemble.tasks.eval_writer`), and for between-graph's aggregator the members' own prediction
-rows, which it reads from their files. Each TensorFlow process adds
-its runtime (`TF_PROCESS`) and, while it trains, the batches of its traced calls
-(`feed.CALL_BYTES`, three in flight), which are gone before the predictions are made. The
-figures are deliberately round upper estimates: a run refused here would have
-been ended by the kernel's out-of-memory killer minutes later.
+rows, which it reads from their files. Each TensorFlow process adds its runtime (`TF_PROCESS`),
+the file pages it cannot run without (`FILE_SET`) and, while it trains, the batches of its
+traced calls (`feed.CALL_BYTES`, three in flight). The figures are round upper estimates
+calibrated on runs inside memory cgroups: a run refused here would have been ended by the
+kernel's out-of-memory killer minutes later.
 """
 
 from __future__ import annotations
@@ -19,13 +19,33 @@ from ensemble.core.errors import UsageError
 from ensemble.replication.feed import CALL_BYTES  # one traced call's batches
 from ensemble.replication import modes
 
-TF_PROCESS = 700 << 20  # resident bytes of a process running TensorFlow and Keras (measured)
+TF_PROCESS = 400 << 20  # anonymous bytes of a process running TensorFlow and Keras (measured)
+LEAN_PROCESS = 256 << 20  # a process without TensorFlow (NumPy, pyarrow, scikit-learn)
+FILE_SET = 192 << 20  # per TensorFlow process: its libraries' code and the mapped rows it reads
+PREPARE_CHUNKS = 512 << 20  # a preparing pass's chunks in flight (read, decoded, converted)
+PREPARE_ROW = 8 << 10  # ... at most this many bytes per source row (small data, small chunks)
+IN_FLIGHT = 4  # traced calls' batches alive at once (the one fed, its copies, the next)
+BATCH_ROW = 16 << 10  # at most this many bytes per row in a call (a smaller split: smaller calls)
+EVAL_FIXED = 192 << 20  # evaluation's buffers besides its per-row arrays
+LABEL_ROW = 32  # bytes per source row the launcher holds: labels, split indices, their copies
+CLIENT_ROW = 16  # bytes per source row a client holds (its splits' labels and batch order)
 LONG_ROW = 64  # bytes of one predictions.parquet row besides its outputs (columns, copies)
 
 
 def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: int,
-             clients: int, member_rows: bool = True) -> dict[str, int]:
-    """Bytes a run holds at its largest (all its processes at once), by part.
+             clients: int, member_rows: bool = True, launcher_tf: bool | None = None
+             ) -> dict[str, int]:
+    """Bytes a run holds at its largest (all its processes at once), by phase.
+
+    The launcher (the process the user started) holds `LABEL_ROW` bytes per source row for
+    the whole run. Its phases do not overlap, so the peak is the largest of: preparing (the
+    launcher and the pass's chunks), training (each TensorFlow client's runtime and
+    `IN_FLIGHT` traced calls' batches, `feed.CALL_BYTES` each, less for a small training split) and evaluation (the validation
+    and test predictions, in-graph in the launcher; between-graph in an aggregator process of
+    its own, after the clients). Each TensorFlow process adds `FILE_SET` of file pages it
+    cannot run without (a memory cgroup charges them too). The constants are round upper
+    figures from whole-process peaks of 1M-8M-row runs, checked inside cgroup limits
+    (docs/benchmarks.md, "Data at scale").
 
     Args:
         rows: `{split: rows}`; n_outputs: outputs per row (classes, or 2 for a Gaussian);
@@ -34,45 +54,58 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
         member_rows: the members' prediction rows are read whole (between-graph's
             aggregator); always held: the output arrays (float32, plus float64 temporaries
             of the uncertainty and metrics).
+        launcher_tf: the launcher has TensorFlow loaded and trains itself (default: not
+            `member_rows`, as in-graph).
 
     Returns:
-        `{"tensorflow", "labels", "predictions", "total"}` in bytes.
+        `{"prepare", "training", "predictions", "evaluation", "total"}` in bytes: each
+        phase with its processes' file pages, `total` the largest phase.
     """
+    launcher_tf = (not member_rows) if launcher_tf is None else launcher_tf
     n_eval = rows.get("validation", 0) + rows.get("test", 0)
     n_rows = sum(rows.values())
     models = n_members + n_aggregators
+    # the output arrays and their float64 temporaries, and the members' rows read
+    predictions = (n_eval * (3 * models * n_outputs * 4 + 3 * n_members * n_outputs * 8)
+                   + (n_eval * n_members * (LONG_ROW + 8 * n_outputs) * 2
+                      if member_rows else 0))
+    launcher = (TF_PROCESS if launcher_tf else LEAN_PROCESS) + LABEL_ROW * n_rows
+    calls = IN_FLIGHT * min(CALL_BYTES, BATCH_ROW * n_members * rows.get("train", n_rows))
+    files = FILE_SET if launcher_tf else 0  # the launcher's file pages, in every phase
     parts = {
-        "tensorflow": clients * TF_PROCESS,
-        "labels": 32 * n_rows,
-        # the output arrays and their float64 temporaries, and the members' rows read
-        "predictions": n_eval * (3 * models * n_outputs * 4 + 3 * n_members * n_outputs * 8)
-                       + (n_eval * n_members * (LONG_ROW + 8 * n_outputs) * 2
-                          if member_rows else 0),
+        "prepare": launcher + min(PREPARE_CHUNKS, PREPARE_ROW * n_rows) + files,
+        "training": (launcher + calls + files if launcher_tf
+                     else launcher + clients * (TF_PROCESS + calls + CLIENT_ROW * n_rows
+                                                + FILE_SET)),
+        "predictions": predictions,
+        "evaluation": launcher + EVAL_FIXED + predictions
+                      + (files if launcher_tf else LEAN_PROCESS),  # the aggregator's process
     }
-    # training (the traced calls' batches) and evaluation never coexist, and between-graph's
-    # aggregator runs after its clients, without TensorFlow: the larger phase counts
-    training = parts["tensorflow"] + clients * 3 * CALL_BYTES
-    evaluation = parts["predictions"] + (0 if member_rows else TF_PROCESS)
-    parts["total"] = parts["labels"] + max(training, evaluation)
+    parts["total"] = max(parts["prepare"], parts["training"], parts["evaluation"])
     return parts
 
 
+_DOING = {"prepare": "preparing", "training": "training", "evaluation": "evaluating"}
+
+
 def check(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: int,
-          clients: int, member_rows: bool = True) -> None:
+          clients: int, member_rows: bool = True, launcher_tf: bool | None = None) -> None:
     """Refuse a run whose `estimate` exceeds the memory it may use (`core.memory.available`).
 
     Raises:
         UsageError: one line naming the estimate, the memory available and the levers.
     """
     have, what = memory.available()
-    need = estimate(rows, n_outputs, n_members, n_aggregators, clients, member_rows)
+    need = estimate(rows, n_outputs, n_members, n_aggregators, clients, member_rows, launcher_tf)
     if have is None or need["total"] <= have:
         return
     n = sum(rows.values())
+    phase = max(("prepare", "training", "evaluation"), key=need.__getitem__)
     raise UsageError(
-        f"This run would hold about {memory.gib(need['total'])} ({memory.gib(need['predictions'])}"
-        f" of validation and test predictions for {n:,} rows, {clients} TensorFlow "
-        f"process{'es' * (clients > 1)} at {memory.gib(TF_PROCESS)}), more than the "
+        f"This run would hold about {memory.gib(need['total'])} while {_DOING[phase]} "
+        f"({n:,} rows; {memory.gib(need['predictions'])} of validation and test predictions; "
+        f"{clients} TensorFlow process{'es' * (clients > 1)} at "
+        f"{memory.gib(TF_PROCESS + FILE_SET)}), more than the "
         f"{memory.gib(have)} of {what}; lower data.test_size and data.validation_size "
         "(--set), train fewer --members or fewer clients at once (--jobs), or raise the limit.")
 
@@ -86,4 +119,5 @@ def check_run(cfg, mode: str, devices: list[str], rows: dict[str, int], n_output
     """
     members, mode = cfg.members.count, modes.get(mode)
     check(rows, n_outputs, members, len(cfg.aggregation.aggregators),
-          mode.processes(members, devices), member_rows=mode.member_files)
+          mode.processes(members, devices), member_rows=mode.member_files,
+          launcher_tf=mode.launcher_loads_tensorflow)

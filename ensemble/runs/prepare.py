@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ensemble.config import auto
-from ensemble.core import artifacts, background
+from ensemble.core import artifacts, background, memory
 from ensemble.data import kinds
 from ensemble.data import sources
 from ensemble.core import runlock
@@ -213,6 +213,7 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     run_dir.mkdir(parents=True, exist_ok=True)
     sha256 = background.start(scan.sha256)  # the source's bytes hashed beside the pass(es)
     pre, hashed = prepare_splits(run_dir, scan, rows, y, classes)  # `row`: file positions
+    memory.release_arrow_pool()  # the pass's buffers: training never reads through pyarrow
     artifacts.write_text(run_dir / artifacts.PREPROCESSING, pre.to_json())
     manifest = new_manifest(cfg, mode, devices, pre, {
         "name": scan.name, "source": cfg.data.source, "target": cfg.data.target,
@@ -235,6 +236,7 @@ def check_data(cfg: Config) -> None:
         UsageError: as `ensemble.data.sources.load` and `resolve_task`.
     """
     resolve_task(cfg, kinds.scan(cfg.data).y)
+    memory.release_arrow_pool()
 
 
 def resolve_task(cfg: Config, y) -> tuple[Any, dict[str, Any]]:
