@@ -167,7 +167,7 @@ def write_splits(run_dir: Path, x: dict[str, np.ndarray], y: dict[str, np.ndarra
 
 def read_split(run_dir: Path, name: str, manifest=None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A prepared split `(x [n, *row_shape] read-only memory map, y [n], row [n] int64)`
+    """A prepared split `(x [n, *row_shape], y [n], row [n] int64)`, read-only memory maps
     (`splitfiles.read`), its files verified against `manifest`'s sha256 when given.
 
     Raises:

@@ -239,7 +239,8 @@ def files(run_dir: str | Path, split: str) -> list[Path]:
 
 
 def read(run_dir: str | Path, split: str) -> tuple[Any, np.ndarray, np.ndarray]:
-    """`(x [n, *row_shape] read-only memory map, y [n], row [n])` of a prepared split.
+    """`(x [n, *row_shape], y [n], row [n])` of a prepared split, read-only memory maps
+    (a run holds none of a split's columns in its own memory: the page cache does).
 
     Raises:
         UsageError: the run directory holds no prepared split `split`, or a file of it is not
@@ -250,8 +251,8 @@ def read(run_dir: str | Path, split: str) -> tuple[Any, np.ndarray, np.ndarray]:
         raise UsageError(f"Run directory {run_dir} has no prepared {split} split "
                          f"({path(run_dir, split, 'x')}).")
     try:
-        x = np.load(path(run_dir, split, "x"), mmap_mode="r", allow_pickle=False)
-        y, row = (np.load(path(run_dir, split, a), allow_pickle=False) for a in ("y", "row"))
+        x, y, row = (np.load(path(run_dir, split, a), mmap_mode="r", allow_pickle=False)
+                     for a in ("x", "y", "row"))
     except FileNotFoundError as exc:
         raise UsageError(f"Run directory {run_dir} has no prepared {split} split "
                          f"({exc.filename}).") from None

@@ -33,8 +33,7 @@ LONG_ROW = 64  # bytes of one predictions.parquet row besides its outputs (colum
 
 
 def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: int,
-             clients: int, member_rows: bool = True, launcher_tf: bool | None = None
-             ) -> dict[str, int]:
+             clients: int, member_rows: bool = True) -> dict[str, int]:
     """Bytes a run holds at its largest (all its processes at once), by phase.
 
     The launcher (the process the user started) holds `LABEL_ROW` bytes per source row for
@@ -51,17 +50,16 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
         rows: `{split: rows}`; n_outputs: outputs per row (classes, or 2 for a Gaussian);
         n_members, n_aggregators: models whose predictions are kept;
         clients: TensorFlow processes at once (1 in-graph; between-graph clients).
-        member_rows: the members' prediction rows are read whole (between-graph's
-            aggregator); always held: the output arrays (float32, plus float64 temporaries
-            of the uncertainty and metrics).
-        launcher_tf: the launcher has TensorFlow loaded and trains itself (default: not
-            `member_rows`, as in-graph).
+        member_rows: between-graph: the launcher leaves TensorFlow to its clients, and the
+            members' prediction rows are read whole (by the aggregator); else the launcher
+            trains and evaluates (in-graph). Always held: the output arrays (float32, plus
+            float64 temporaries of the uncertainty and metrics).
 
     Returns:
         `{"prepare", "training", "predictions", "evaluation", "total"}` in bytes: each
         phase with its processes' file pages, `total` the largest phase.
     """
-    launcher_tf = (not member_rows) if launcher_tf is None else launcher_tf
+    launcher_tf = not member_rows
     n_eval = rows.get("validation", 0) + rows.get("test", 0)
     n_rows = sum(rows.values())
     models = n_members + n_aggregators
@@ -89,14 +87,14 @@ _DOING = {"prepare": "preparing", "training": "training", "evaluation": "evaluat
 
 
 def check(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: int,
-          clients: int, member_rows: bool = True, launcher_tf: bool | None = None) -> None:
+          clients: int, member_rows: bool = True) -> None:
     """Refuse a run whose `estimate` exceeds the memory it may use (`core.memory.available`).
 
     Raises:
         UsageError: one line naming the estimate, the memory available and the levers.
     """
     have, what = memory.available()
-    need = estimate(rows, n_outputs, n_members, n_aggregators, clients, member_rows, launcher_tf)
+    need = estimate(rows, n_outputs, n_members, n_aggregators, clients, member_rows)
     if have is None or need["total"] <= have:
         return
     n = sum(rows.values())
@@ -119,5 +117,4 @@ def check_run(cfg, mode: str, devices: list[str], rows: dict[str, int], n_output
     """
     members, mode = cfg.members.count, modes.get(mode)
     check(rows, n_outputs, members, len(cfg.aggregation.aggregators),
-          mode.processes(members, devices), member_rows=mode.member_files,
-          launcher_tf=mode.launcher_loads_tensorflow)
+          mode.processes(members, devices), member_rows=mode.member_files)
