@@ -22,7 +22,7 @@ from ensemble.replication import modes
 TF_PROCESS = 400 << 20  # anonymous bytes of a process running TensorFlow and Keras (measured)
 LEAN_PROCESS = 256 << 20  # a process without TensorFlow (NumPy, pyarrow, scikit-learn)
 FILE_SET = 192 << 20  # per TensorFlow process: its libraries' code and the mapped rows it reads
-PREPARE_CHUNKS = 512 << 20  # a preparing pass's chunks in flight (read, decoded, converted)
+PREPARE_CHUNKS = 320 << 20  # a preparing pass's chunks in flight (read, decoded, converted)
 PREPARE_ROW = 8 << 10  # ... at most this many bytes per source row (small data, small chunks)
 IN_FLIGHT = 4  # traced calls' batches alive at once (the one fed, its copies, the next)
 BATCH_ROW = 16 << 10  # at most this many bytes per row in a call (a smaller split: smaller calls)
