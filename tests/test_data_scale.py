@@ -252,6 +252,22 @@ def test_run_that_cannot_fit_is_refused_before_anything_is_written(tmp_path, mon
     assert "--members" in err and not (tmp_path / "run").exists()
 
 
+def test_a_refused_overwrite_leaves_the_old_run_whole(tmp_path, monkeypatch, capsys):
+    from ensemble.core import memory
+
+    run = tmp_path / "run"
+    assert run_cli("train", "--data", "iris", "--members", "2", "--epochs", "1",
+                   "--run-dir", run, "--quiet") == 0
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    monkeypatch.setattr(memory, "available", lambda: (200 << 20, "the cgroup memory limit"))
+    capsys.readouterr()
+    assert run_cli("train", "--data", "iris", "--members", "2", "--epochs", "1",
+                   "--run-dir", run, "--overwrite") == 2
+    assert "0.20 GiB of the cgroup memory limit" in capsys.readouterr().err
+    after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert after == before
+
+
 def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     from ensemble.replication.feed import CALL_BYTES
     from ensemble.runs import budget as b

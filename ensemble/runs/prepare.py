@@ -51,17 +51,27 @@ def new_run_id(cfg: Config) -> str:
 
 def check_run_dir(run_dir: Path, overwrite: bool) -> None:
     """Refuse to train into a directory that already holds a run, unless `overwrite`; with
-    `overwrite`, remove every file of the old run (the manifest last, so that a crash midway
-    still leaves a run directory that `--overwrite` clears). Call it holding the run lock.
+    `overwrite`, remove every file of the old run (`clear_run_dir`). Call it holding the run
+    lock.
 
     Raises:
-        UsageError: `run_dir` holds a manifest (an interrupted or failed run: the message says
-        to `--resume` it first), or is a file.
+        UsageError: as `holds_run`.
+    """
+    if holds_run(run_dir, overwrite):
+        clear_run_dir(run_dir)
+
+
+def holds_run(run_dir: Path, overwrite: bool) -> bool:
+    """Whether `run_dir` holds a run that `overwrite` allows to replace (False: no run there).
+
+    Raises:
+        UsageError: `run_dir` holds a manifest and not `overwrite` (an interrupted or failed
+        run: the message says to `--resume` it first), or is a file.
     """
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"Run directory {run_dir} is a file; expected a directory.")
     if not (run_dir / artifacts.MANIFEST).exists():
-        return
+        return False
     if not overwrite:
         try:
             status = effective_status(Manifest.load(run_dir), run_dir)
@@ -73,6 +83,12 @@ def check_run_dir(run_dir: Path, overwrite: bool) -> None:
                              "--overwrite to replace it (its checkpoints are lost).")
         raise UsageError(f"Run directory {run_dir} already holds a run; "
                          "pass --overwrite to replace it or choose another --run-dir.")
+    return True
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """Remove every file of the run in `run_dir` but its lock (the manifest last, so that a
+    crash midway still leaves a run directory that `--overwrite` clears)."""
     for entry in sorted(run_dir.iterdir()):
         if entry.name in runlock.LOCK_FILES or entry.name == artifacts.MANIFEST:
             continue
@@ -190,13 +206,15 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
         the `"auto"` keys made concrete (`ensemble.config.auto`), listed in `defaults`.
 
     Raises:
-        UsageError: bad data or an existing run (see `check_run_dir`).
+        UsageError: bad data or an existing run (see `holds_run`); a run `overwrite`
+            replaces is removed only after the labels, the task and the memory estimate
+            passed, so a refused run leaves it whole.
     """
     from ensemble.data.prepared import prepare_splits
     from ensemble.runs import budget
 
     start = time.perf_counter()
-    check_run_dir(run_dir, overwrite)
+    replacing = holds_run(run_dir, overwrite)  # the old run stays until every check passed
     scan = kinds.scan(cfg.data)  # labels now, feature rows a chunk at a time below
     task, target = resolve_task(cfg, scan.y)
     rows, classes = sources.split(scan, cfg.data, cfg.data.split_seed, task.stratified)
@@ -210,6 +228,8 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
 
         check_target_scale(fitted["target_loc"], fitted["target_scale"], cfg.data.target)
     target.update(fitted)
+    if replacing:
+        clear_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     sha256 = background.start(scan.sha256)  # the source's bytes hashed beside the pass(es)
     pre, hashed = prepare_splits(run_dir, scan, rows, y, classes)  # `row`: file positions
