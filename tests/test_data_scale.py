@@ -280,7 +280,9 @@ def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     inside = b.estimate(rows, 2, 2, 3, clients=1, member_rows=False)
     assert inside["predictions"] == preds
     assert inside["prepare"] == launcher + b.PREPARE_CHUNKS + b.FILE_SET
-    assert inside["training"] == launcher + 4 * CALL_BYTES + b.FILE_SET
+    # four calls' batches; each member's int32 batch order and the int64 permutation
+    assert inside["training"] == launcher + 4 * CALL_BYTES + (4 * 2 + 8) * 7_000_000 \
+        + b.FILE_SET
     assert inside["evaluation"] == launcher + b.EVAL_FIXED + preds + b.FILE_SET
     assert inside["total"] == inside["evaluation"]  # phases never coexist: the largest
     # between-graph: a launcher without TensorFlow; 2 clients train at once, each with its
@@ -290,6 +292,11 @@ def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     launcher = b.LEAN_PROCESS + 32 * 10_000_000
     assert between["training"] == launcher + 2 * (b.TF_PROCESS + 4 * CALL_BYTES
                                                    + 16 * 10_000_000 + b.FILE_SET)
+    # a client's member's prediction rows (64 + 8 x 100 B per row, and its 100 float32
+    # outputs) outweigh its calls with many classes
+    many = b.estimate(rows, 100, 2, 3, clients=2, member_rows=True)
+    assert many["training"] == launcher + 2 * (b.TF_PROCESS + 3_000_000 * (864 + 400)
+                                               + 16 * 10_000_000 + b.FILE_SET)
     assert between["predictions"] == preds + 3_000_000 * 2 * 80 * 2
     assert between["evaluation"] == (launcher + b.EVAL_FIXED + between["predictions"]
                                      + b.LEAN_PROCESS)
@@ -297,7 +304,7 @@ def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     # a training split smaller than a call: calls of its size, chunks of its size
     tiny = b.estimate({"train": 100, "test": 50}, 3, 2, 0, clients=1, member_rows=False)
     assert tiny["training"] == b.TF_PROCESS + 32 * 150 + 4 * (2 * 100 * (16 << 10)) \
-        + b.FILE_SET
+        + 16 * 100 + b.FILE_SET
     assert tiny["prepare"] == b.TF_PROCESS + 32 * 150 + 150 * (8 << 10) + b.FILE_SET
 
 

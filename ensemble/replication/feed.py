@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 import numpy as np
 
 CALL_BYTES = 64 << 20  # bytes of batch rows one traced call takes at most (x and y)
-GATHER_ROWS = 8192  # rows gathered at a time into a call's batch
+GATHER_BYTES = 2 << 20  # bytes of rows gathered at a time into a call's batch
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -61,8 +61,9 @@ class Gather:
         # in one forward sweep (readahead works) instead of one random page per row
         order = np.argsort(flat, kind="stable")
         xb = np.empty((len(flat), *self.row_shape), self.x_dtype)
-        for lo in range(0, len(order), GATHER_ROWS):  # a block at a time: no call-sized copy
-            block = order[lo:lo + GATHER_ROWS]
+        step = max(1, GATHER_BYTES // max(1, xb[:1].nbytes))  # rows of a block
+        for lo in range(0, len(order), step):  # a block at a time: no call-sized copy
+            block = order[lo:lo + step]
             xb[block] = self.x[flat[block]]
         yb = self.y[flat].astype(self.y_dtype, copy=False)
         return (xb.reshape(*idx.shape, *self.row_shape), yb.reshape(idx.shape))

@@ -7,7 +7,7 @@ from which `predictions.parquet` is written a chunk of rows at a time
 (`ensemble.tasks.eval_writer`), and for between-graph's aggregator the members' own prediction
 rows, which it reads from their files. Each TensorFlow process adds its runtime (`TF_PROCESS`),
 the file pages it cannot run without (`FILE_SET`) and, while it trains, the batches of its
-traced calls (`feed.CALL_BYTES`, three in flight). The figures are round upper estimates
+traced calls (`feed.CALL_BYTES`, `IN_FLIGHT` of them). The figures are round upper estimates
 calibrated on runs inside memory cgroups: a run refused here would have been ended by the
 kernel's out-of-memory killer minutes later.
 """
@@ -39,7 +39,9 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
     The launcher (the process the user started) holds `LABEL_ROW` bytes per source row for
     the whole run. Its phases do not overlap, so the peak is the largest of: preparing (the
     launcher and the pass's chunks), training (each TensorFlow client's runtime and
-    `IN_FLIGHT` traced calls' batches, `feed.CALL_BYTES` each, less for a small training split) and evaluation (the validation
+    `IN_FLIGHT` traced calls' batches, `feed.CALL_BYTES` each, less for a small training split;
+    the members' batch order; a between-graph client's member's prediction rows, which it
+    writes once the member is trained) and evaluation (the validation
     and test predictions, in-graph in the launcher; between-graph in an aggregator process of
     its own, after the clients). Each TensorFlow process adds `FILE_SET` of file pages it
     cannot run without (a memory cgroup charges them too). The constants are round upper
@@ -67,13 +69,18 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
     predictions = (n_eval * (3 * models * n_outputs * 4 + 3 * n_members * n_outputs * 8)
                    + (n_eval * n_members * (LONG_ROW + 8 * n_outputs) * 2
                       if member_rows else 0))
+    n_train = rows.get("train", n_rows)
     launcher = (TF_PROCESS if launcher_tf else LEAN_PROCESS) + LABEL_ROW * n_rows
-    calls = IN_FLIGHT * min(CALL_BYTES, BATCH_ROW * n_members * rows.get("train", n_rows))
+    calls = IN_FLIGHT * min(CALL_BYTES, BATCH_ROW * n_members * n_train)
+    # in-graph: every member's int32 batch order and its int64 permutation; a client (its
+    # member's order within CLIENT_ROW): its calls, then its member's prediction rows
+    orders = (4 * n_members + 8) * n_train
+    client_rows = max(calls, n_eval * (LONG_ROW + 8 * n_outputs) + n_eval * n_outputs * 4)
     files = FILE_SET if launcher_tf else 0  # the launcher's file pages, in every phase
     parts = {
         "prepare": launcher + min(PREPARE_CHUNKS, PREPARE_ROW * n_rows) + files,
-        "training": (launcher + calls + files if launcher_tf
-                     else launcher + clients * (TF_PROCESS + calls + CLIENT_ROW * n_rows
+        "training": (launcher + calls + orders + files if launcher_tf
+                     else launcher + clients * (TF_PROCESS + client_rows + CLIENT_ROW * n_rows
                                                 + FILE_SET)),
         "predictions": predictions,
         "evaluation": launcher + EVAL_FIXED + predictions
