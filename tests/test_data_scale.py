@@ -503,3 +503,19 @@ def test_no_rows_still_need_every_training_column():
     pre = Preprocessing(("a", "b"), np.zeros(2), np.ones(2), np.array([0, 1]))
     with pytest.raises(UsageError, match="'b' missing"):
         pre.encode_scaled(Dataset("t", np.zeros((0, 1), np.float32), None, ("a",)))
+
+
+@pytest.mark.parametrize("shape,dtype", [((5000, 64), np.float32), ((300, 64, 64, 3), np.uint8),
+                                         ((10,), np.float64), ((0, 4), np.float32)])
+def test_a_calls_batch_is_the_rows_at_the_members_indices(shape, dtype):
+    from ensemble.replication.feed import Gather
+
+    rng = np.random.default_rng(0)
+    x = (rng.random(shape) * 255).astype(dtype)
+    y = np.arange(len(x))
+    idx = (rng.integers(0, len(x), (7, 2, 33)) if len(x)  # repeats, any order, blocks of 2 MiB
+           else np.zeros((0, 2, 33), np.int64))
+    xb, yb = Gather(x, y, np.int32)(idx)
+    np.testing.assert_array_equal(xb, x[idx].astype(np.uint8 if dtype == np.uint8 else np.float32))
+    np.testing.assert_array_equal(yb, y[idx])
+    assert xb.dtype == (np.uint8 if dtype == np.uint8 else np.float32) and yb.dtype == np.int32
