@@ -319,7 +319,8 @@ def test_refusal_names_the_phase_that_does_not_fit(monkeypatch):
     with pytest.raises(UsageError, match=r"about 5\.68 GiB while evaluating \(60,000,000 rows"):
         b.check({"train": 40_000_000, "test": 20_000_000}, 2, 2, 1, clients=1,
                 member_rows=False)
-    with pytest.raises(UsageError, match=r"while training .* 3 TensorFlow processes"):
+    with pytest.raises(UsageError, match=r"while training .* 3 TensorFlow processes.* fewer "
+                                         r"--members or fewer clients at once \(--jobs\)"):
         b.check({"train": 1000, "test": 100}, 2, 3, 1, clients=3, member_rows=True)
 
 

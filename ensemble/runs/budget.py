@@ -91,6 +91,11 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
 
 
 _DOING = {"prepare": "preparing", "training": "training", "evaluation": "evaluating"}
+_LEVERS = {  # what lowers each phase
+    "prepare": "train on fewer rows (a sample of the input)",
+    "training": "train fewer --members",
+    "evaluation": "lower data.test_size and data.validation_size (--set) or train fewer "
+                  "--members"}
 
 
 def check(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: int,
@@ -111,8 +116,9 @@ def check(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: i
         f"({n:,} rows; {memory.gib(need['predictions'])} of validation and test predictions; "
         f"{clients} TensorFlow process{'es' * (clients > 1)} at "
         f"{memory.gib(TF_PROCESS + FILE_SET)}), more than the "
-        f"{memory.gib(have)} of {what}; lower data.test_size and data.validation_size "
-        "(--set), train fewer --members or fewer clients at once (--jobs), or raise the limit.")
+        f"{memory.gib(have)} of {what}; {_LEVERS[phase]}"
+        f"{' or fewer clients at once (--jobs)' * (phase == 'training' and member_rows)}"
+        ", or raise the limit.")
 
 
 def check_run(cfg, mode: str, devices: list[str], rows: dict[str, int], n_outputs: int) -> None:
