@@ -8,7 +8,6 @@ places the members and writes the first manifest (status `running`). Builders th
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import socket
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ensemble.config import auto
-from ensemble.core import artifacts, background, memory
+from ensemble.core import artifacts, background, memory, versions
 from ensemble.data import kinds
 from ensemble.data import sources
 from ensemble.core import runlock
@@ -163,30 +162,6 @@ def _set_status_if_possible(run_dir: Path, status: str) -> None:
     except (OSError, RuntimeError):
         pass
 
-def versions() -> dict[str, str | None]:
-    """Versions of Python and the libraries a run depends on, read from the installed
-    distributions' metadata (`importlib.metadata`): nothing is imported, so a process that
-    does not need TensorFlow or scikit-learn never loads them to record a version.
-    A library that is not installed (or installed under another distribution name) is None."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from ensemble.core import VERSION
-
-    def first(*names: str) -> str | None:
-        for name in names:
-            try:
-                return version(name)
-            except PackageNotFoundError:
-                continue
-        return None
-
-    return {"python": platform.python_version(),
-            "tensorflow": first("tensorflow", "tensorflow-cpu", "tensorflow-macos",
-                                "tensorflow-intel", "tf-nightly"),
-            "keras": first("keras", "keras-nightly"), "numpy": first("numpy"),
-            "scikit-learn": first("scikit-learn"), "pyarrow": first("pyarrow"),
-            "joblib": first("joblib"), "ensemble": VERSION}
-
 
 def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
             overwrite: bool = False, cluster: dict | None = None) -> Manifest:
@@ -312,7 +287,7 @@ def new_manifest(cfg: Config, mode: str, devices: list[str], pre: Preprocessing,
                      "replicas": replicas[i],
                      "status": "pending", "hparams": hparams[i], "flops_per_row": flops[i]}
                     for i, d in enumerate(placement)],
-        "versions": versions(),
+        "versions": versions.installed(),
         # the build is TensorFlow's to tell: recorded here when this process has loaded it
         # (in-graph), else from the first between-graph client's report
         "tensorflow_build": build_info() if "tensorflow" in sys.modules else None,
