@@ -25,6 +25,12 @@ def test_every_message_round_trips_through_its_line(message):
     assert P.decode(line) == message
 
 
+def test_a_message_after_another_writers_partial_line_is_read():
+    """The start of a C++ log line, written in parts, left before a message's one write."""
+    line = "W0000 00:00:1 local_rendezvous.cc:405] " + P.encode(MESSAGES[2])
+    assert P.decode(line) == MESSAGES[2]
+
+
 def test_an_epoch_line_is_the_history_record_with_its_kind_and_epochs():
     body = json.loads(P.encode(MESSAGES[2])[len(P.PREFIX):])
     assert body == {"kind": "epoch", "epochs": 10, **MESSAGES[2].record}

@@ -134,11 +134,14 @@ def encode(message: Message) -> str:
 
 def decode(line: str) -> Message | None:
     """The message of a client's stderr `line`, or None for any other line (the client's own
-    output, a damaged or unknown message)."""
-    if not line.startswith(PREFIX):
+    output, a damaged or unknown message). A message is found after other text too: another
+    writer of the same stderr (a C++ log line written in parts, say) may have left the start
+    of its line before the message's one write."""
+    at = line.find(PREFIX)
+    if at < 0:
         return None
     try:
-        body = json.loads(line[len(PREFIX):])
+        body = json.loads(line[at + len(PREFIX):])
         cls = KINDS[body.pop("kind")]
         if cls is Epoch:
             return Epoch(body.pop("epochs"), body)
