@@ -97,19 +97,55 @@ def _train_flops_per_row(manifest: Manifest) -> float:
 
 
 def _clients_steady(manifest: Manifest, clients: list[dict]) -> dict:
-    """Between-graph's steady state as in-graph's fields: each client trains its members one
-    after another, so its rate is its members' steady FLOPs over their steady seconds; the
-    clients run at once, so the mode's rate is the sum of theirs (an upper bound when they do
-    not overlap fully). Returned as `steady_rows` (rows per member, over all members' FLOPs per
-    row) in `steady_seconds` = 1 s; {} when no client reported a steady state."""
+    """Between-graph's steady state as in-graph's fields: the FLOPs per second of the clients'
+    steady training calls while every client was inside one (`concurrent_flops_rate` of their
+    `spans`), the same condition as in-graph's steady calls, where every member trains. Runs
+    whose clients reported no spans fall back to the sum of each client's own rate (its
+    members' steady FLOPs over their steady seconds), an upper bound: a client's calls that ran
+    while another client was starting, switching members or validating had the cores to
+    itself. Returned as `steady_rows` (rows per member, over all members' FLOPs per row) in
+    `steady_seconds` = 1 s, plus `steady_sum_rows` (the upper bound) when it differs; {}
+    when no client reported a steady state."""
     flops = {i: 3.0 * m.flops_per_row for i, m in enumerate(manifest.members)}
-    rate = 0.0
+    total = sum(flops.values())
+    summed, spans = 0.0, []
     for c in clients:
         steady = {int(i): v for i, v in (c.get("steady") or {}).items()}
         seconds = sum(s for _, s in steady.values())
         if seconds > 0:
-            rate += sum(rows * flops[i] for i, (rows, _) in steady.items()) / seconds
-    return {"steady_rows": rate / sum(flops.values()), "steady_seconds": 1.0} if rate else {}
+            summed += sum(rows * flops[i] for i, (rows, _) in steady.items()) / seconds
+        spans.append([(a, b, rows * flops[int(i)]) for i, member in (c.get("spans") or {}).items()
+                      for a, b, rows in member])
+    if not summed:
+        return {}
+    rate = concurrent_flops_rate(spans) if len(spans) > 1 and all(spans) else None
+    if rate is None:
+        return {"steady_rows": summed / total, "steady_seconds": 1.0}
+    return {"steady_rows": rate / total, "steady_seconds": 1.0, "steady_sum_rows": summed / total}
+
+
+def concurrent_flops_rate(spans: list[list[tuple[float, float, float]]]) -> float | None:
+    """FLOPs per second of several processes over the time when every one of them was inside a
+    span.
+
+    Args:
+        spans: `[n_processes]` lists of `(start_unix, end_unix, flops)` (seconds; a process's
+            spans do not overlap); each span's FLOPs are taken as spread evenly over it.
+
+    Returns:
+        The FLOPs done in those times over their seconds, or None when there is no time at
+        which all were inside a span.
+    """
+    edges = sorted({t for process in spans for a, b, _ in process for t in (a, b)})
+    done = seconds = 0.0
+    for lo, hi in zip(edges, edges[1:]):
+        mid = (lo + hi) / 2
+        rates = [next((f / (b - a) for a, b, f in process if a <= mid < b and b > a), None)
+                 for process in spans]
+        if all(r is not None for r in rates):
+            done += sum(rates) * (hi - lo)
+            seconds += hi - lo
+    return done / seconds if seconds > 0 else None
 
 
 def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int) -> dict:
@@ -131,11 +167,12 @@ def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int) -> dict:
                if r["model"] == "ensemble-mean" and r["split"] == "test")
     clients = client_processes(t.get("clients", {}))
     first = t.get("first_epoch_end_unix")
-    if clients:  # between-graph: the clients' steady rates added (they run at once)
+    if clients:  # between-graph: the clients' rate while all of them trained
         t = {**t, **_clients_steady(m, clients)}
     return {"wall_seconds": res["seconds"], "train_seconds": t["train_seconds"],
             "first_epoch_seconds": None if first is None else first - res["spawned_unix"],
             "steady_rows": t.get("steady_rows"), "steady_seconds": t.get("steady_seconds"),
+            "steady_sum_rows": t.get("steady_sum_rows"),
             "flops_per_row": _train_flops_per_row(m), "test_accuracy": acc,
             "peak_rss_bytes": concurrent_peak(t["process_peak_rss_bytes"], clients,
                                               t.get("jobs", 1)), "run_dir": str(run_dir)}
@@ -214,6 +251,9 @@ def summarise(runs: list[dict]) -> list[dict]:
             fracs = [r["steady_rows"] * r["flops_per_row"] / r["steady_seconds"]
                      / r["gemm_flops_per_second"] for r in rs if r.get("steady_seconds")]
             row["steady_gflops_median"] = statistics.median(rates) / 1e9 if rates else None
+            sums = [r["steady_sum_rows"] * r["flops_per_row"] for r in rs
+                    if r.get("steady_sum_rows")]
+            row["steady_sum_gflops_median"] = statistics.median(sums) / 1e9 if sums else None
             row["steady_gemm_fraction_median"] = statistics.median(fracs) if fracs else None
             row["steady_gemm_fraction_min"] = min(fracs) if fracs else None
             row["steady_gemm_fraction_max"] = max(fracs) if fracs else None
@@ -252,6 +292,9 @@ def markdown(summary: list[dict]) -> str:
             f"| {spread(r, 'train_seconds', '.2f')} | {gflops} "
             f"| {spread(r, 'steady_gemm_fraction', '.0%')} | {peak} "
             f"| {spread(r, 'test_accuracy', '.4f')} |")
+    lines += [f"\n{r['workload']} {r['method']}: steady GFLOP/s while every client trained; "
+              f"the sum of each client's own rate would say {r['steady_sum_gflops_median']:.1f}"
+              for r in summary if r.get("steady_sum_gflops_median")]
     gemm = ", ".join(f"{w}: {g:.0f}" for w, g in dict.fromkeys(
         (r["workload"], round(r["gemm_gflops_median"])) for r in summary))
     return (head + "\n".join(lines) + f"\n\nnumpy float32 GEMM, GFLOP/s (median per workload): "

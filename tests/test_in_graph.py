@@ -96,3 +96,29 @@ def test_member_alone_equals_member_in_ensemble(prepared):
     assert not np.allclose(other, full.models[2].get_weights()[0])
     xt = prepared["test"][0]
     np.testing.assert_allclose(alone.predict(xt)[0][0], full.predict(xt)[0][2], atol=1e-6)
+
+
+def test_each_cpu_member_loops_on_the_single_threaded_executor(prepared):
+    """Each member's loop is a call of its own on TensorFlow's single-threaded executor (its
+    ops never change threads, as in a between-graph client), kept a functional `While`."""
+    devs = place(4, devices.split_cpu(2))
+    ens = _build(devs)
+    x, y, _ = prepared["train"]
+    graph = ens.make_train_steps(x, y).get_concrete_function().graph
+    calls = [(op.get_attr("executor_type"), op.device) for op in graph.get_operations()
+             if op.type == "StatefulPartitionedCall"]
+    inner = [(n.op, n.attr["_lower_using_switch_merge"].b)
+             for fn in graph.as_graph_def().library.function for n in fn.node_def
+             if n.op in ("While", "StatelessWhile")]
+    assert sorted(calls) == sorted((b"SINGLE_THREADED_EXECUTOR", d) for d in devs)
+    assert len(inner) == 4 and not any(lowered for _, lowered in inner)
+
+
+@pytest.mark.parametrize("group, expected", [
+    (["/device:CPU:0"], True), (["/job:localhost/replica:0/task:0/device:CPU:1"], True),
+    (["/job:worker/replica:0/task:1/device:CPU:0"], False), (["/device:GPU:0"], False),
+    (["/device:CPU:0", "/device:CPU:1"], False)])
+def test_single_threaded_only_for_a_local_cpu_member_of_one_replica(group, expected):
+    from ensemble.replication.steps import single_threaded
+
+    assert single_threaded(group) is expected

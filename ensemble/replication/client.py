@@ -57,8 +57,9 @@ def serve(request: ClientRequest) -> dict:
 
     Returns:
         The client's report payload: `members`, `ready_unix` (TensorFlow loaded),
-        `work_seconds`, `peak_rss_bytes`, `tensorflow_build`, and `steady` (training: member
-        -> [rows, seconds] of its steady-state training calls).
+        `work_seconds`, `peak_rss_bytes`, `tensorflow_build`, `steady` (training: member
+        -> [rows, seconds] of its steady-state training calls) and `spans` (member -> when
+        those calls ran, `training.SteadyState.spans`).
 
     Raises:
         UsageError: a bad request, run or input; interrupt.Interrupted: SIGINT/SIGTERM (its
@@ -73,6 +74,7 @@ def serve(request: ClientRequest) -> dict:
     steady = _predict(request) if request.predict else _train(request)
     return {"members": request.members, "ready_unix": ready,
             "steady": {str(i): [st.rows, st.seconds] for i, st in steady.items()},
+            "spans": {str(i): st.spans for i, st in steady.items() if st.spans},
             "work_seconds": time.perf_counter() - start, "peak_rss_bytes": peak_rss_bytes(),
             "tensorflow_build": build_info()}
 

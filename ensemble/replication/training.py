@@ -128,18 +128,28 @@ class SteadyState(Callback):
         rows: rows per member over the steady-state calls.
         seconds: wall seconds of those calls (host time between call ends, so the host's own
             work between calls, small, is included; validation and checkpoints are not).
+        spans: `[start_unix, end_unix, rows]` of each run of back-to-back steady calls (one
+            per epoch): when the calls ran, so that the calls of processes training at once
+            can be told apart from those that ran alone (`pipelines.benchmark`).
     """
 
     def __init__(self, batch_size: int, n_train: int):
         self.batch_size, self.n_train = batch_size, n_train
         self.rows, self.seconds = 0, 0.0
+        self.spans: list[list[float]] = []
         self._first, self._last = True, (0, 0.0)
 
     def on_call_end(self, epoch, steps_done, n_steps, mean_losses, seconds):
         done = min(steps_done * self.batch_size, self.n_train)
         if steps_done > self._last[0] and not self._first:
-            self.rows += done - min(self._last[0] * self.batch_size, self.n_train)
+            rows = done - min(self._last[0] * self.batch_size, self.n_train)
+            self.rows += rows
             self.seconds += seconds - self._last[1]
+            end = time.time()
+            if self._last[0] and self.spans:  # the call went on from the previous one
+                self.spans[-1][1:] = [end, self.spans[-1][2] + rows]
+            else:
+                self.spans.append([end - (seconds - self._last[1]), end, rows])
         self._first = False
         self._last = (steps_done, seconds) if steps_done < n_steps else (0, 0.0)
 

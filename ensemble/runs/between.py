@@ -128,7 +128,8 @@ def _run_client(request: ClientRequest, listener: _Listener) -> dict:
             "startup_seconds": report["ready_unix"] - res["spawned_unix"],
             "tensorflow_build": report.get("tensorflow_build"),
             # member -> [rows, seconds] of its steady-state training calls
-            **({"steady": report["steady"]} if report.get("steady") else {})}
+            **({"steady": report["steady"]} if report.get("steady") else {}),
+            **({"spans": report["spans"]} if report.get("spans") else {})}
 
 
 def _raise_failures(queues: list[list[int]], results: dict[int, dict], done: dict) -> None:
@@ -168,7 +169,7 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
         "work_seconds": the member's own training/prediction time, "startup_seconds": the
         client's start-up (spawn to ready), "peak_rss_bytes": the client's peak, "steady"
         (training): `{member: [rows, seconds]}` of each of the client's members' steady-state
-        training calls (`training.SteadyState`)}`.
+        training calls and `"spans"`, when they ran (`training.SteadyState`)}`.
 
     Signals: while the clients run, SIGINT/SIGTERM to this process are forwarded to them
     (each stops after its current call, keeping its checkpoint); every client is reaped
