@@ -9,8 +9,10 @@ Every method runs in its own fresh process, as a user would run it, and is measu
 process's own clock around its training loop); `steady` is the steady-state training rate,
 in GFLOP/s and as a fraction of the machine's float32 GEMM rate measured by numpy in the same
 run (2048x2048), over every traced call (in-graph) or epoch (naive) after the first, which
-pays for tracing (between-graph: each client's members' calls after their first, the
-clients' rates added); `first epoch s` is spawn to the end of the first epoch (its progress line:
+pays for tracing (between-graph: each client's members' calls after their first, over
+the time when every client was inside such a call, so a client that had the cores to itself
+while another started or validated does not count double; the sum of the clients' own rates,
+an upper bound, is printed under the table); `first epoch s` is spawn to the end of the first epoch (its progress line:
 what a user waits before training shows, in-graph only). FLOPs: 3x the forward pass (forward plus twice for backward), dense layers
 and convolutions, read from each member's traced graph (`ensemble.models.cost`).
 

@@ -146,37 +146,8 @@ def make_steps_fn(spec: StepsSpec):
             steps[k] = tf.constant(adversarial[k], tf.float32)
     groups = [replicas[k] if replicas is not None else [devices[k]] for k in range(n)]
 
-    def loop_of(k):  # member k's steps: a `tf.while_loop` on its own device
-        def loop(xk, yk, total_k):
-            with tf.device(devices[k]):
-                n_steps = tf.shape(yk)[0]
-                rows = tf.cast(tf.shape(yk)[1], tf.float32)
-
-                def body(s, loss_sum):
-                    loss = replicated_train_step(models[k], optimizers[k], (xk[s], yk[s]),
-                                                 task, groups[k], steps[k])
-                    return s + 1, loss_sum + loss * rows
-
-                _, loss_sum = tf.while_loop(lambda s, _: s < n_steps, body,
-                                            [tf.constant(0), total_k], parallel_iterations=1)
-                return loss_sum
-
-        if not single_threaded(groups[k]):
-            return loop
-        # a call of its own, run by TensorFlow's single-threaded executor: the member's ops
-        # stay on one thread, as in a between-graph client's process (the default executor
-        # hands a step's branches between the inter-op threads: about 10% more CPU time per
-        # member-step in a profile); the loop stays a functional `While` (never lowered to
-        # Switch/Merge, which that executor does not run)
-        nested = tf.function(_functional_loop(loop), autograph=False,
-                             experimental_attributes={"_noinline": True})
-
-        def call(xk, yk, total_k):
-            with tf.experimental.function_executor_type(SINGLE_THREADED):
-                return nested(xk, yk, total_k)
-        return call
-
-    loops = [loop_of(k) for k in range(n)]
+    loops = [member_loop(models[k], optimizers[k], devices[k], groups[k], task, steps[k])
+             for k in range(n)]
 
     @tf.function(input_signature=[tf.TensorSpec([None, n, None, *spec.row_shape],
                                                 spec.x_dtype),
@@ -184,7 +155,7 @@ def make_steps_fn(spec: StepsSpec):
                                   tf.TensorSpec([n], tf.float32),
                                   tf.TensorSpec([n], tf.bool)], autograph=False)
     def run_steps(xb, yb, total, active):
-        def member_loop(k):  # member k's steps, a loop of its own on its own device
+        def run_member(k):  # member k's steps, a loop of its own on its own device
             with tf.device(client_device):  # the member's rows of the call, sent once
                 xk, yk, total_k = xb[:, k], yb[:, k], total[k]
             with tf.device(devices[k]):  # no per-step cross-device traffic, no barrier
@@ -196,7 +167,7 @@ def make_steps_fn(spec: StepsSpec):
                     return loops[k](xk, yk, total_k)
                 return tf.cond(active[k], lambda: loops[k](xk, yk, total_k), lambda: total_k)
 
-        sums = [member_loop(k) for k in range(n)]
+        sums = [run_member(k) for k in range(n)]
         with tf.device(client_device):
             return tf.stack(sums)
 
@@ -204,6 +175,43 @@ def make_steps_fn(spec: StepsSpec):
 
 
 SINGLE_THREADED = "SINGLE_THREADED_EXECUTOR"
+
+
+def member_loop(model, optimizer, device: str, group: Sequence[str], task, adversarial=None):
+    """One member's steps of a call: `loop(xk, yk, total_k)` runs `replicated_train_step`
+    over `xk` `[steps, batch, *row_shape]` and `yk` `[steps, batch]` in a `tf.while_loop` on
+    `device`, and returns `total_k` plus each step's batch-mean loss x batch rows.
+
+    A member of one local CPU device (`single_threaded`) gets the loop as a call of its own
+    on TensorFlow's single-threaded executor: its ops stay on one thread, as in a
+    between-graph client's process (the default executor hands a step's branches between the
+    inter-op threads: about 10% more CPU time per member-step in a profile), and the loop
+    stays a functional `While` (that executor does not run Switch/Merge)."""
+    import tensorflow as tf
+
+    def loop(xk, yk, total_k):
+        with tf.device(device):
+            n_steps = tf.shape(yk)[0]
+            rows = tf.cast(tf.shape(yk)[1], tf.float32)
+
+            def body(s, loss_sum):
+                loss = replicated_train_step(model, optimizer, (xk[s], yk[s]), task, group,
+                                             adversarial)
+                return s + 1, loss_sum + loss * rows
+
+            _, loss_sum = tf.while_loop(lambda s, _: s < n_steps, body,
+                                        [tf.constant(0), total_k], parallel_iterations=1)
+            return loss_sum
+
+    if not single_threaded(group):
+        return loop
+    nested = tf.function(_functional_loop(loop), autograph=False,
+                         experimental_attributes={"_noinline": True})
+
+    def call(xk, yk, total_k):
+        with tf.experimental.function_executor_type(SINGLE_THREADED):
+            return nested(xk, yk, total_k)
+    return call
 
 
 def single_threaded(group: Sequence[str]) -> bool:
