@@ -98,27 +98,19 @@ def test_member_alone_equals_member_in_ensemble(prepared):
     np.testing.assert_allclose(alone.predict(xt)[0][0], full.predict(xt)[0][2], atol=1e-6)
 
 
-def test_each_cpu_member_loops_on_the_single_threaded_executor(prepared):
-    """Each member's loop is a call of its own on TensorFlow's single-threaded executor (its
-    ops never change threads, as in a between-graph client), kept a functional `While`."""
+
+def test_each_members_loop_takes_its_inputs_on_its_own_device(prepared):
+    """A loop's frame nodes are placed beside its inputs: inputs on the client device made
+    every step of a member on another device wait on a cross-device send (seen in a
+    profile: one `_Send` per step of each member on CPU:1). Every input of a member's loop
+    but the variables' handles comes from the member's device."""
     devs = place(4, devices.split_cpu(2))
     ens = _build(devs)
     x, y, _ = prepared["train"]
     graph = ens.make_train_steps(x, y).get_concrete_function().graph
-    calls = [(op.get_attr("executor_type"), op.device) for op in graph.get_operations()
-             if op.type == "StatefulPartitionedCall"]
-    inner = [(n.op, n.attr["_lower_using_switch_merge"].b)
-             for fn in graph.as_graph_def().library.function for n in fn.node_def
-             if n.op in ("While", "StatelessWhile")]
-    assert sorted(calls) == sorted((b"SINGLE_THREADED_EXECUTOR", d) for d in devs)
-    assert len(inner) == 4 and not any(lowered for _, lowered in inner)
-
-
-@pytest.mark.parametrize("group, expected", [
-    (["/device:CPU:0"], True), (["/job:localhost/replica:0/task:0/device:CPU:1"], True),
-    (["/job:worker/replica:0/task:1/device:CPU:0"], False), (["/device:GPU:0"], False),
-    (["/device:CPU:0", "/device:CPU:1"], False)])
-def test_single_threaded_only_for_a_local_cpu_member_of_one_replica(group, expected):
-    from ensemble.replication.steps import single_threaded
-
-    assert single_threaded(group) is expected
+    loops = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+    assert sorted(op.device for op in loops) == sorted(devs)
+    for op in loops:
+        fed = [i.op for i in op.inputs if i.op.type not in COLOCATED]
+        assert fed and all(i.device == op.device for i in fed), \
+            [(i.name, i.device) for i in fed if i.device != op.device]

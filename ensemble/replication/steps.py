@@ -131,9 +131,6 @@ def make_steps_fn(spec: StepsSpec):
     under `tf.device` of its device, with the loop's counter, condition and running sum on
     that device too: a member's rows of the call are sent to its device once per call and
     nothing crosses devices step by step; only stacking the sums runs on `client_device`.
-    A member of one CPU device of this process (`single_threaded`) runs its loop as a call of
-    its own on TensorFlow's single-threaded executor: its ops never change threads, as in a
-    between-graph client, and the inter-op threads take the members' loops side by side.
     """
     import tensorflow as tf
 
@@ -174,19 +171,10 @@ def make_steps_fn(spec: StepsSpec):
     return run_steps
 
 
-SINGLE_THREADED = "SINGLE_THREADED_EXECUTOR"
-
-
 def member_loop(model, optimizer, device: str, group: Sequence[str], task, adversarial=None):
     """One member's steps of a call: `loop(xk, yk, total_k)` runs `replicated_train_step`
     over `xk` `[steps, batch, *row_shape]` and `yk` `[steps, batch]` in a `tf.while_loop` on
-    `device`, and returns `total_k` plus each step's batch-mean loss x batch rows.
-
-    A member of one local CPU device (`single_threaded`) gets the loop as a call of its own
-    on TensorFlow's single-threaded executor: its ops stay on one thread, as in a
-    between-graph client's process (the default executor hands a step's branches between the
-    inter-op threads: about 10% more CPU time per member-step in a profile), and the loop
-    stays a functional `While` (that executor does not run Switch/Merge)."""
+    `device`, and returns `total_k` plus each step's batch-mean loss x batch rows."""
     import tensorflow as tf
 
     def loop(xk, yk, total_k):
@@ -203,39 +191,4 @@ def member_loop(model, optimizer, device: str, group: Sequence[str], task, adver
                                         [tf.constant(0), total_k], parallel_iterations=1)
             return loss_sum
 
-    if not single_threaded(group):
-        return loop
-    nested = tf.function(_functional_loop(loop), autograph=False,
-                         experimental_attributes={"_noinline": True})
-
-    def call(xk, yk, total_k):
-        with tf.experimental.function_executor_type(SINGLE_THREADED):
-            return nested(xk, yk, total_k)
-    return call
-
-
-def single_threaded(group: Sequence[str]) -> bool:
-    """Whether a member of replica devices `group` runs its steps on TensorFlow's
-    single-threaded executor: one replica on a CPU device of this process (not a GPU, whose
-    kernels run asynchronously, nor a cluster task's device, nor replicas that exchange
-    gradients across devices)."""
-    if len(group) != 1:
-        return False
-    device = group[0].lower()
-    local = "/job:" not in device or "/job:localhost" in device
-    return local and "cpu:" in device
-
-
-def _functional_loop(loop):
-    """`loop` with its `tf.while_loop` kept a functional `While` op (attribute
-    `_lower_using_switch_merge` false), which the single-threaded executor runs."""
-    import tensorflow as tf
-    from tensorflow.core.framework import attr_value_pb2
-
-    def kept(*args):
-        out = loop(*args)
-        for op in tf.compat.v1.get_default_graph().get_operations():
-            if op.type in ("While", "StatelessWhile"):
-                op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
-        return out
-    return kept
+    return loop
