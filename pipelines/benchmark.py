@@ -12,9 +12,9 @@ run (2048x2048), over every traced call (in-graph) or epoch (naive) after the fi
 pays for tracing (between-graph: each client's members' calls after their first, over
 the time when every client was inside such a call, so a client that had the cores to itself
 while another started or validated does not count double; the sum of the clients' own rates,
-an upper bound, is printed under the table); `first epoch s` is spawn to the end of the first epoch (its progress line:
-what a user waits before training shows, in-graph only). FLOPs: 3x the forward pass (forward plus twice for backward), dense layers
-and convolutions, read from each member's traced graph (`ensemble.models.cost`).
+an upper bound, is printed under the table); `first epoch s` is spawn to the end of the
+first epoch (its progress line: what a user waits before training shows, in-graph only).
+FLOPs: 3x the forward pass (forward plus twice for backward), dense layers and convolutions, read from each member's traced graph (`ensemble.models.cost`).
 
 Methods: `in-graph` and `between-graph` (`ensemble train`), `naive` (members built and trained
 one after another with Keras `model.fit`, then averaged), `sklearn` (`VotingClassifier`
@@ -101,53 +101,58 @@ def _train_flops_per_row(manifest: Manifest) -> float:
 def _clients_steady(manifest: Manifest, clients: list[dict]) -> dict:
     """Between-graph's steady state as in-graph's fields: the FLOPs per second of the clients'
     steady training calls while every client was inside one (`concurrent_flops_rate` of their
-    `spans`), the same condition as in-graph's steady calls, where every member trains. Runs
-    whose clients reported no spans fall back to the sum of each client's own rate (its
-    members' steady FLOPs over their steady seconds), an upper bound: a client's calls that ran
-    while another client was starting, switching members or validating had the cores to
-    itself. Returned as `steady_rows` (rows per member, over all members' FLOPs per row) in
-    `steady_seconds` = 1 s, plus `steady_sum_rows` (the upper bound) when it differs; {}
-    when no client reported a steady state."""
+    `spans`), the same condition as in-graph's steady calls, where every member trains.
+    When that time is under half of some client's steady seconds (or spans are missing, or
+    there is one client), the sum of each client's own rate (its members' steady FLOPs over
+    their steady seconds) instead: an upper bound, as a client's calls that ran while another
+    client was starting, switching members or validating had the cores to itself. Returned
+    as `steady_rows` (rows per member, over all members' FLOPs per row) in `steady_seconds` =
+    1 s, plus `steady_sum_rows` (the upper bound) when `steady_rows` is the concurrent rate;
+    {} when no client reported a steady state."""
     flops = {i: 3.0 * m.flops_per_row for i, m in enumerate(manifest.members)}
     total = sum(flops.values())
-    summed, spans = 0.0, []
+    summed, spans, own_seconds = 0.0, [], []
     for c in clients:
         steady = {int(i): v for i, v in (c.get("steady") or {}).items()}
         seconds = sum(s for _, s in steady.values())
         if seconds > 0:
             summed += sum(rows * flops[i] for i, (rows, _) in steady.items()) / seconds
+        own_seconds.append(seconds)
         spans.append([(a, b, rows * flops[int(i)]) for i, member in (c.get("spans") or {}).items()
                       for a, b, rows in member])
     if not summed:
         return {}
-    rate = concurrent_flops_rate(spans) if len(spans) > 1 and all(spans) else None
-    if rate is None:
+    together = concurrent_flops_rate(spans) if len(spans) > 1 and all(spans) else None
+    if together is None or together[1] < 0.5 * min(own_seconds):
         return {"steady_rows": summed / total, "steady_seconds": 1.0}
-    return {"steady_rows": rate / total, "steady_seconds": 1.0, "steady_sum_rows": summed / total}
+    return {"steady_rows": together[0] / total, "steady_seconds": 1.0,
+            "steady_sum_rows": summed / total}
 
 
-def concurrent_flops_rate(spans: list[list[tuple[float, float, float]]]) -> float | None:
+def concurrent_flops_rate(spans: list[list[tuple[float, float, float]]]
+                          ) -> tuple[float, float] | None:
     """FLOPs per second of several processes over the time when every one of them was inside a
     span.
 
     Args:
         spans: `[n_processes]` lists of `(start_unix, end_unix, flops)` (seconds; a process's
-            spans do not overlap); each span's FLOPs are taken as spread evenly over it.
+            spans do not overlap; one that ends before it starts, after a clock step, counts
+            for nothing); each span's FLOPs are taken as spread evenly over it.
 
     Returns:
-        The FLOPs done in those times over their seconds, or None when there is no time at
-        which all were inside a span.
+        `(FLOPs per second, seconds)` over those times, or None when there is no time at which
+        all were inside a span.
     """
     edges = sorted({t for process in spans for a, b, _ in process for t in (a, b)})
     done = seconds = 0.0
     for lo, hi in zip(edges, edges[1:]):
         mid = (lo + hi) / 2
-        rates = [next((f / (b - a) for a, b, f in process if a <= mid < b and b > a), None)
+        rates = [next((f / (b - a) for a, b, f in process if a <= mid < b), None)
                  for process in spans]
         if all(r is not None for r in rates):
             done += sum(rates) * (hi - lo)
             seconds += hi - lo
-    return done / seconds if seconds > 0 else None
+    return (done / seconds, seconds) if seconds > 0 else None
 
 
 def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int) -> dict:

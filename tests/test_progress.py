@@ -62,7 +62,8 @@ def test_between_graph_progress_is_one_line_per_member_and_epoch(tiny_config, tm
     out = "".join(seen) + rest
     for i in range(4):
         for e in (1, 2):
-            assert sum(x.startswith(f"member {i}: epoch {e}/2 -") for x in out.splitlines()) == 1, out
+            lines = out.splitlines()
+            assert sum(x.startswith(f"member {i}: epoch {e}/2 -") for x in lines) == 1, out
     assert protocol.PREFIX not in out
 
 

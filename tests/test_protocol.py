@@ -80,3 +80,14 @@ stop = True; t.join()
     got = [m.record["member"] for m in map(P.decode, res.stderr.splitlines())
            if m is not None]
     assert got == list(range(3000))
+
+
+def test_the_launcher_keeps_another_writers_text_before_a_message():
+    from ensemble.runs.between import _Listener
+
+    listener = _Listener(None, verbosity=0)
+    assert listener("W0000 local_rendezvous.cc:405] " + P.encode(P.MemberDone(5, 1.5))) \
+        == "W0000 local_rendezvous.cc:405] "  # kept as the client's output
+    assert listener(P.encode(P.MemberDone(6, 2.5))) is True  # a whole message: consumed
+    assert listener("member 1: a line of the client's own") is False
+    assert listener.done == {5: 1.5, 6: 2.5}

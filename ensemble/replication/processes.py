@@ -77,13 +77,14 @@ def kill_children() -> None:
 
 
 def run_process(argv: list[str], env: dict | None = None, *, module: str,
-                on_stderr_line: Callable[[str], bool] | None = None) -> dict:
+                on_stderr_line: Callable[[str], bool | str] | None = None) -> dict:
     """Run `python -m MODULE ARGV...` and measure it (`ensemble` starts only its own modules:
     the client, `protocol.CLIENT_MODULE`, and the aggregator; `pipelines` passes its CLI).
 
     Args:
         on_stderr_line: called with each stderr line (without its newline) as it arrives;
-            lines for which it returns True are consumed (not kept in `stderr`).
+            lines for which it returns True are consumed (not kept in `stderr`); when it
+            returns a string, that string is kept instead of the line.
 
     Returns:
         `{"returncode", "seconds" (wall), "spawned_unix" (time.time() at spawn), "stdout",
@@ -123,8 +124,9 @@ def _collect(proc, start, spawned, on_stderr_line) -> dict:
     def read_stderr() -> None:
         for line in proc.stderr:
             line = line.rstrip("\n")
-            if on_stderr_line is None or not on_stderr_line(line):
-                kept.append(line)
+            taken = False if on_stderr_line is None else on_stderr_line(line)
+            if taken is not True:
+                kept.append(line if taken is False else taken)
 
     reader = threading.Thread(target=read_stderr, daemon=True)
     reader.start()

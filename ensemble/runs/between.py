@@ -88,13 +88,15 @@ class _Listener:
         self.done: dict[int, float] = {}
         self.stopped: dict[int, tuple[int, int]] = {}
 
-    def __call__(self, line: str) -> bool:
-        """Take `line` if it is a message (True), else leave it as the client's output."""
+    def __call__(self, line: str) -> bool | str:
+        """Take `line` if it is a message (True; or the text before the message, another
+        writer's, to keep as the client's output), else leave it as the client's output."""
         from ensemble.replication.progress import format_report
 
         message = protocol.decode(line)
         if message is None:
             return False
+        before = line[:line.find(protocol.PREFIX)]
         if isinstance(message, protocol.Interrupted):
             with self.lock:
                 self.stopped[message.member] = (message.epoch, message.epochs)
@@ -108,7 +110,7 @@ class _Listener:
             if text:
                 with self.lock:
                     print(text, flush=True)
-        return True
+        return before or True
 
 
 def _run_client(request: ClientRequest, listener: _Listener) -> dict:
