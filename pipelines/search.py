@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ensemble.core import artifacts
+from ensemble.core import artifacts, runlock
 from ensemble.config import schema
 from ensemble.runs import prepare
 from ensemble.runs import search_report
@@ -103,20 +103,27 @@ def run_search(p: Plan, run_dir: Path, options: SearchOptions = SearchOptions())
     applies.
 
     Raises:
-        UsageError: `run_dir` already holds a run (without `overwrite`/`resume`), or a run
-        to resume that was started with another config or mode.
+        UsageError: `run_dir` already holds a run (without `overwrite`/`resume`), another
+        process writes it, or a run to resume was started with another config or mode. An
+        old run is removed only once training has checked the config and data (nothing of
+        it is lost on a refusal).
     """
     run_dir = Path(run_dir)
     cand_dir = run_dir / CANDIDATES_DIR if p.stratify else run_dir
-    if not options.resume:
-        for d in {run_dir, cand_dir}:
-            prepare.check_run_dir(d, options.overwrite)
+    if not options.resume:  # refuse before any training; an old run is replaced only by
+        for d in {run_dir, cand_dir}:  # training, after its checks of the config and data
+            if prepare.holds_run(d, options.overwrite):
+                runlock.require_free(d)  # not while another process reads or writes it
     info = {"seed": p.seed, "space": p.raw, "candidates": len(p.candidates),
             "select": p.select, "stratify": p.stratify}
     _train(p.config, cand_dir, options)
     _record(cand_dir, info)
     if not p.stratify:
         return run_dir
+    if not options.resume and prepare.holds_run(run_dir, options.overwrite):
+        # the old stratified run goes, but not the candidates just trained inside it
+        with prepare.writing(run_dir, "search"):
+            prepare.clear_run_dir(run_dir, keep=(CANDIDATES_DIR,))
     chosen = sorted(selected(cand_dir))
     source = [c for c in chosen for _ in range(p.stratify)]
     tables = S.candidate_tables(p.base, [p.candidates[c] for c in source], p.select,

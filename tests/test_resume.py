@@ -164,9 +164,8 @@ def test_partial_ensemble_needs_min_members(clean, tmp_path, capsys, tiny_config
     run_dir = tmp_path / "bg"
     assert run_cli("train", "--config", tiny_config, "--run-dir", run_dir, "--mode",
                    "between-graph", "--prepare-only") == 0
-    for i in (0, 3):
-        subprocess.run([sys.executable, "-m", "pipelines.cli", "client", "--run", str(run_dir),
-                        "--member", str(i), "--threads", "2"], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "pipelines.cli", "client", "--run", str(run_dir),
+                    "--member", "0,3", "--threads", "2"], check=True, capture_output=True)
     assert run_cli("aggregate", "--run", run_dir) == 2
     assert "Members [1, 2]" in capsys.readouterr().err
     assert run_cli("aggregate", "--run", run_dir, "--min-members", "3") == 2

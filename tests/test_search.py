@@ -3,13 +3,14 @@ run end to end (members.parquet, the greedy selection predict applies), --strati
 search resuming only its unfinished run."""
 
 import json
+import os
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import run_cli, set_status
 
-from ensemble.core import artifacts
+from ensemble.core import artifacts, runlock
 from ensemble.config import search_space
 from ensemble.core.errors import UsageError
 
@@ -171,3 +172,24 @@ def test_stratify_retrains_the_selected_configurations_with_new_seeds(searched, 
     assert cand_model.stat().st_mtime_ns == before[0]
     assert artifacts.read_manifest(run_dir)["status"] == "completed"
     assert pq.read_table(run_dir / "predictions.parquet").equals(before[1])
+
+    # --overwrite while another process writes the run: refused, and nothing of it removed
+    with runlock.Lock(run_dir, None, "ensemble evaluate"):
+        token = os.environ.pop(runlock.ENV)  # the lock of another process, not a delegate's
+        try:
+            assert run_cli("search", "--config", path, "--candidates", 4, "--select", 2,
+                           "--stratify", 2, "--run-dir", run_dir, "--quiet",
+                           "--overwrite") == 2
+        finally:
+            os.environ[runlock.ENV] = token
+    assert cand_model.stat().st_mtime_ns == before[0]
+    assert pq.read_table(run_dir / "predictions.parquet").equals(before[1])
+    # a good --overwrite replaces both runs; the old stratified run's files go, not the
+    # candidates trained into its folder
+    (run_dir / "stale.txt").write_text("of the old run")
+    assert run_cli("search", "--config", path, "--candidates", 2, "--select", 1,
+                   "--stratify", 1, "--run-dir", run_dir, "--quiet", "--overwrite") == 0
+    assert not (run_dir / "stale.txt").exists()
+    for d, n in ((run_dir, 1), (run_dir / "candidates", 2)):
+        manifest = artifacts.read_manifest(d)
+        assert manifest["status"] == "completed" and len(manifest["members"]) == n

@@ -15,7 +15,7 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from ensemble.config import auto
 from ensemble.core import artifacts, background, memory, versions
@@ -85,11 +85,12 @@ def holds_run(run_dir: Path, overwrite: bool) -> bool:
     return True
 
 
-def clear_run_dir(run_dir: Path) -> None:
-    """Remove every file of the run in `run_dir` but its lock (the manifest last, so that a
-    crash midway still leaves a run directory that `--overwrite` clears)."""
+def clear_run_dir(run_dir: Path, keep: Sequence[str] = ()) -> None:
+    """Remove every file of the run in `run_dir` but its lock and the entries named in `keep`
+    (the manifest last, so that a crash midway still leaves a run directory that
+    `--overwrite` clears)."""
     for entry in sorted(run_dir.iterdir()):
-        if entry.name in runlock.LOCK_FILES or entry.name == artifacts.MANIFEST:
+        if entry.name in (*runlock.LOCK_FILES, artifacts.MANIFEST, *keep):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
