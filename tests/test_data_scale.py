@@ -65,13 +65,14 @@ def _write_csv(path, n=600):
 def _prepare(tmp_path, name, source, chunk_rows, monkeypatch, **data):
     from ensemble.config import schema
     from ensemble.data import table_scan
+    from ensemble.replication.modes import TrainRequest
     from ensemble.runs import prepare
 
     monkeypatch.setattr(table_scan, "CHUNK_ROWS", chunk_rows)
     cfg = schema.from_dict({"data": {"source": str(source), "target": "label",
                                      "impute": "median", **data},
                             "members": {"count": 2, "hidden": [8]}})
-    prepare.prepare(cfg, tmp_path / name, "in-graph", ["/device:CPU:0"])
+    prepare.prepare(TrainRequest(cfg, tmp_path / name), "in-graph", ["/device:CPU:0"])
     return tmp_path / name
 
 
@@ -266,6 +267,28 @@ def test_a_refused_overwrite_leaves_the_old_run_whole(tmp_path, monkeypatch, cap
     assert "0.20 GiB of the cgroup memory limit" in capsys.readouterr().err
     after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
     assert after == before
+
+
+def test_fewer_clients_at_once_is_a_lever_that_works(tmp_path, monkeypatch, capsys):
+    """The refusal's `--jobs` lever lowers the estimate: between-graph counts the clients it
+    will start (`--jobs`, one per member at most), not one per device."""
+    from ensemble.core import memory
+    from ensemble.replication import modes
+
+    between = modes.get("between-graph")
+    two = ["/device:CPU:0", "/device:CPU:1"]
+    assert [between.processes(4, two, jobs) for jobs in (None, 1, 2, 4, 8)] == [2, 1, 2, 4, 4]
+    assert between.processes(4, ["/job:worker/task:0/device:CPU:0",
+                                 "/job:worker/task:1/device:CPU:0"], 1) == 2  # a client each
+    monkeypatch.setattr(memory, "available", lambda: (int(1.5 * (1 << 30)), "the limit"))
+    argv = ["train", "--data", "digits", "--mode", "between-graph", "--devices", "cpu:2",
+            "--prepare-only", "--quiet"]
+    assert run_cli(*argv, "--run-dir", tmp_path / "a") == 2
+    err = capsys.readouterr().err
+    assert "2 TensorFlow processes" in err and "(--jobs)" in err
+    assert run_cli(*argv, "--jobs", "1", "--run-dir", tmp_path / "b") == 0
+    assert run_cli(*argv, "--jobs", "4", "--run-dir", tmp_path / "c") == 2
+    assert "4 TensorFlow processes" in capsys.readouterr().err
 
 
 def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():

@@ -160,9 +160,10 @@ class Mode(ABC):
         return devices.resolve(cfg.placement.devices, cfg.members.count, cluster,
                                names_only=not self.launcher_loads_tensorflow)
 
-    def processes(self, members: int, devices: Sequence[str]) -> int:
-        """TensorFlow processes of a run of `members` on `devices` at once (the memory
-        budget's count): 1 by default."""
+    def processes(self, members: int, devices: Sequence[str], jobs: int | None = None) -> int:
+        """TensorFlow processes of a run of `members` on `devices` at once, `jobs` the
+        clients at once the user asked for (None: the default) (the memory budget's count):
+        1 by default."""
         return 1
 
     def epoch_seconds(self, history: Sequence[dict], timings: dict, n_train: int
@@ -280,9 +281,14 @@ class BetweenGraph(_Implemented):
         ("predict", "replicas"): "--replicas applies to --mode in-graph only: a between-graph "
                                  "client runs one graph per member on its own device"}
 
-    def processes(self, members: int, devices: Sequence[str]) -> int:
-        """One client per device at most, one per member."""
-        return max(1, min(members, len(set(devices))))
+    def processes(self, members: int, devices: Sequence[str], jobs: int | None = None) -> int:
+        """`jobs` clients, at most one per member; by default (and on a cluster's tasks,
+        which get a client each) one client per device at most, one per member
+        (`ensemble.runs.between.client_queues`)."""
+        remote = any("/job:" in d and "/job:localhost" not in d for d in devices)
+        if jobs is None or remote:
+            return max(1, min(members, len(set(devices))))
+        return max(1, min(jobs, members))
 
     def epoch_seconds(self, history, timings, n_train):
         """Clients run at once, each member in its own client unless `timings.clients`

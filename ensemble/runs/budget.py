@@ -121,13 +121,14 @@ def check(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: i
         ", or raise the limit.")
 
 
-def check_run(cfg, mode: str, devices: list[str], rows: dict[str, int], n_outputs: int) -> None:
-    """`check` for a run of config `cfg` in `mode` on `devices` (between-graph: one client per
-    device at most, one per member).
+def check_run(cfg, mode: str, devices: list[str], rows: dict[str, int], n_outputs: int,
+              jobs: int | None = None) -> None:
+    """`check` for a run of config `cfg` in `mode` on `devices`, with `jobs` clients at once
+    (between-graph; None: the default, one client per device at most, one per member).
 
     Raises:
         UsageError: the estimate exceeds the memory available (one line).
     """
     members, mode = cfg.members.count, modes.get(mode)
     check(rows, n_outputs, members, len(cfg.aggregation.aggregators),
-          mode.processes(members, devices), member_rows=mode.member_files)
+          mode.processes(members, devices, jobs), member_rows=mode.member_files)

@@ -30,6 +30,7 @@ from ensemble.replication.devices import build_info
 from ensemble.core.errors import UsageError
 from ensemble.core.labels import encode
 from ensemble.models.members import member_seed
+from ensemble.replication.modes import TrainRequest
 from ensemble.replication.placement import place
 from ensemble.data.preprocessing import Preprocessing
 
@@ -164,8 +165,8 @@ def _set_status_if_possible(run_dir: Path, status: str) -> None:
         pass
 
 
-def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
-            overwrite: bool = False, cluster: dict | None = None) -> Manifest:
+def prepare(request: TrainRequest, mode: str, devices: list[str],
+            cluster: dict | None = None) -> Manifest:
     """Create the run directory up to training: data splits, preprocessing, placement.
 
     The source is read a chunk at a time (`kinds.scan`): labels, split, the memory budget,
@@ -174,6 +175,8 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     numeric table, two otherwise).
 
     Args:
+        request: the run's `cfg`, `run_dir`, `overwrite`, `jobs` (for the memory estimate).
+        mode: the replication mode's name.
         devices: canonical device names; members are placed on them round robin.
         cluster: the cluster spec the devices belong to (recorded), or None.
 
@@ -190,13 +193,14 @@ def prepare(cfg: Config, run_dir: Path, mode: str, devices: list[str],
     from ensemble.runs import budget
 
     start = time.perf_counter()
-    replacing = holds_run(run_dir, overwrite)  # the old run stays until every check passed
+    cfg, run_dir = request.cfg, Path(request.run_dir)
+    replacing = holds_run(run_dir, request.overwrite)  # the old run stays until every check passed
     scan = kinds.scan(cfg.data)  # labels now, feature rows a chunk at a time below
     task, target = resolve_task(cfg, scan.y)
     rows, classes = sources.split(scan, cfg.data, cfg.data.split_seed, task.stratified)
     cfg, chosen = auto.resolve(cfg, len(rows["train"]), len(rows["validation"]))
     budget.check_run(cfg, mode, devices, {s: len(r) for s, r in rows.items()},
-                     task.n_outputs(len(classes)))
+                     task.n_outputs(len(classes)), request.jobs)
     y = encode(scan.y, classes)
     task, fitted = task.fit_target(y[rows["train"]])  # e.g. standardisation, train only
     if fitted:

@@ -42,7 +42,7 @@ def open_run(request: TrainRequest, mode: str, devs: list[str],
     the interrupted run reopened (`request.resume`), or a new run prepared on `devs`."""
     if request.resume:
         return prepare.reopen(request.run_dir, request.cfg, mode)
-    return prepare.prepare(request.cfg, request.run_dir, mode, devs, request.overwrite, cluster)
+    return prepare.prepare(request, mode, devs, cluster)
 
 
 def train_in_graph(request: TrainRequest, callbacks: Sequence = ()) -> Manifest:
