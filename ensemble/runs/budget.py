@@ -111,14 +111,13 @@ def check(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: i
         return
     n = sum(rows.values())
     phase = max(("prepare", "training", "evaluation"), key=need.__getitem__)
+    jobs = " or fewer clients at once (--jobs)" if phase == "training" and member_rows else ""
     raise UsageError(
         f"This run would hold about {memory.gib(need['total'])} while {_DOING[phase]} "
         f"({n:,} rows; {memory.gib(need['predictions'])} of validation and test predictions; "
         f"{clients} TensorFlow process{'es' * (clients > 1)} at "
         f"{memory.gib(TF_PROCESS + FILE_SET)}), more than the "
-        f"{memory.gib(have)} of {what}; {_LEVERS[phase]}"
-        f"{' or fewer clients at once (--jobs)' * (phase == 'training' and member_rows)}"
-        ", or raise the limit.")
+        f"{memory.gib(have)} of {what}; {_LEVERS[phase]}{jobs}, or raise the limit.")
 
 
 def check_run(cfg, mode: str, devices: list[str], rows: dict[str, int], n_outputs: int,
