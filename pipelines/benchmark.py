@@ -14,7 +14,8 @@ the time when every client was inside such a call, so a client that had the core
 while another started or validated does not count double; the sum of the clients' own rates,
 an upper bound, is printed under the table); `first epoch s` is spawn to the end of the
 first epoch (its progress line: what a user waits before training shows, in-graph only).
-FLOPs: 3x the forward pass (forward plus twice for backward), dense layers and convolutions, read from each member's traced graph (`ensemble.models.cost`).
+FLOPs: 3x the forward pass (forward plus twice for backward), dense layers and convolutions,
+read from each member's traced graph (`ensemble.models.cost`).
 
 Methods: `in-graph` and `between-graph` (`ensemble train`), `naive` (members built and trained
 one after another with Keras `model.fit`, then averaged), `sklearn` (`VotingClassifier`
