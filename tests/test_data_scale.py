@@ -274,9 +274,7 @@ def test_fewer_clients_at_once_is_a_lever_that_works(tmp_path, monkeypatch, caps
     will start (`--jobs`, one per member at most), not one per device."""
     from ensemble.core import memory
     from ensemble.replication import modes
-    from ensemble.runs import operations  # noqa: F401  (supplies the launcher's count)
 
-    monkeypatch.setattr("ensemble.replication.devices.cpu_count", lambda: 2)  # default: 1 per core
     between = modes.get("between-graph")
     two = ["/device:CPU:0", "/device:CPU:1"]
     assert [between.processes(4, two, jobs) for jobs in (None, 1, 2, 4, 8)] == [2, 1, 2, 4, 4]

@@ -282,8 +282,13 @@ class BetweenGraph(_Implemented):
                                  "client runs one graph per member on its own device"}
 
     def processes(self, members: int, devices: Sequence[str], jobs: int | None = None) -> int:
-        """The clients the launcher starts (`ensemble.runs.between.client_count`)."""
-        return self._operation("processes")(members, list(devices), jobs)
+        """`jobs` clients, at most one per member; by default (and on a cluster's tasks,
+        which get a client each) one client per device at most, one per member
+        (`ensemble.runs.between.client_queues`)."""
+        remote = any("/job:" in d and "/job:localhost" not in d for d in devices)
+        if jobs is None or remote:
+            return max(1, min(members, len(set(devices))))
+        return max(1, min(jobs, members))
 
     def epoch_seconds(self, history, timings, n_train):
         """Clients run at once, each member in its own client unless `timings.clients`

@@ -49,14 +49,6 @@ def default_jobs(n_members: int, devs: list[str]) -> int:
     return max(1, min(n_members, n_gpus or devices.cpu_count()))
 
 
-def client_count(n_members: int, devs: list[str], jobs: int | None) -> int:
-    """How many clients `_launch` starts for a new run of `n_members` placed on `devs`, with
-    `jobs` clients at once (None: `default_jobs`): the memory budget's count of TensorFlow
-    processes."""
-    placed = dict(enumerate(place(n_members, devs)))
-    return len(client_queues(placed, jobs or default_jobs(n_members, devs)))
-
-
 def client_queues(devs: dict[int, str], jobs: int) -> list[list[int]]:
     """Split the members into at most `jobs` client queues, members of one device together.
 

@@ -18,7 +18,6 @@ from ensemble.core import memory
 from ensemble.core.errors import UsageError
 from ensemble.replication.feed import CALL_BYTES  # one traced call's batches
 from ensemble.replication import modes
-from ensemble.runs import operations  # noqa: F401  (between-graph's count of its clients)
 
 TF_PROCESS = 400 << 20  # anonymous bytes of a process running TensorFlow and Keras (measured)
 LEAN_PROCESS = 256 << 20  # a process without TensorFlow (NumPy, pyarrow, scikit-learn)
@@ -124,7 +123,7 @@ def check(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: i
 def check_run(cfg, mode: str, devices: list[str], rows: dict[str, int], n_outputs: int,
               jobs: int | None = None) -> None:
     """`check` for a run of config `cfg` in `mode` on `devices`, with `jobs` clients at once
-    (between-graph; None: the launcher's default; `Mode.processes`).
+    (between-graph; None: the default, one client per device at most, one per member).
 
     Raises:
         UsageError: the estimate exceeds the memory available (one line).

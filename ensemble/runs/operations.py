@@ -1,6 +1,6 @@
 """The run-level operations of the built-in replication modes (`ensemble.replication.modes`):
 importing this module supplies `InGraph` and `BetweenGraph` with their `train`, `predict` and
-`train_arrays` (and between-graph's count of client `processes`) (the mode objects live a layer below the runs they compose, see
+`train_arrays` (the mode objects live a layer below the runs they compose, see
 `modes.implement`). `ensemble.runs.api` imports it; so does any caller of a mode's operation.
 """
 
@@ -37,12 +37,6 @@ def _predict_between_graph(request: PredictRequest) -> tuple[dict, dict]:
     return predict_between_graph(request)
 
 
-def _clients(n_members: int, devices: list[str], jobs: int | None) -> int:
-    from ensemble.runs.between import client_count
-
-    return client_count(n_members, devices, jobs)
-
-
 def _arrays(name: str):
     def train_arrays(cfg, x, y, val, pre, run_dir=None) -> dict:
         from ensemble.runs import fit_arrays
@@ -54,4 +48,4 @@ def _arrays(name: str):
 modes.implement("in-graph", train=_train_in_graph, predict=_predict_in_graph,
                 train_arrays=_arrays("train_in_graph"))
 modes.implement("between-graph", train=_train_between_graph, predict=_predict_between_graph,
-                train_arrays=_arrays("train_between_graph"), processes=_clients)
+                train_arrays=_arrays("train_between_graph"))
