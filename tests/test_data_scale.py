@@ -270,14 +270,21 @@ def test_a_refused_overwrite_leaves_the_old_run_whole(tmp_path, monkeypatch, cap
 
 
 def test_fewer_clients_at_once_is_a_lever_that_works(tmp_path, monkeypatch, capsys):
-    """The refusal's `--jobs` lever lowers the estimate: between-graph counts the clients it
-    will start (`--jobs`, one per member at most), not one per device."""
+    """The refusal's `--jobs` lever lowers the estimate: between-graph counts the clients the
+    launcher starts (`--jobs`, one per member at most; by default one per core), not one per
+    device."""
     from ensemble.core import memory
-    from ensemble.replication import modes
+    from ensemble.replication import devices, modes
 
     between = modes.get("between-graph")
     two = ["/device:CPU:0", "/device:CPU:1"]
+    monkeypatch.setattr(devices, "cpu_count", lambda: 2)
     assert [between.processes(4, two, jobs) for jobs in (None, 1, 2, 4, 8)] == [2, 1, 2, 4, 4]
+    eight = [f"/device:CPU:{k}" for k in range(8)]
+    assert between.processes(8, eight) == 2  # 8 logical devices on 2 cores: 2 clients
+    monkeypatch.setattr(devices, "cpu_count", lambda: 8)
+    assert between.processes(4, two) == 4  # 8 cores: 4 clients share the 2 devices
+    monkeypatch.setattr(devices, "cpu_count", lambda: 2)
     assert between.processes(4, ["/job:worker/task:0/device:CPU:0",
                                  "/job:worker/task:1/device:CPU:0"], 1) == 2  # a client each
     monkeypatch.setattr(memory, "available", lambda: (int(1.5 * (1 << 30)), "the limit"))

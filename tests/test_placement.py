@@ -86,3 +86,20 @@ def test_mlp_flops_by_hand():
 def test_bad_strategies(strategy, costs, match):
     with pytest.raises(UsageError, match=match):
         place(2, ["a", "b"], strategy, costs)
+
+
+@pytest.mark.parametrize("devs, jobs, expected", [
+    # members of one device stay together; device groups go round robin over the clients
+    ({0: "a", 1: "b", 2: "a", 3: "b"}, 2, [[0, 2], [1, 3]]),
+    ({0: "a", 1: "b", 2: "a", 3: "b"}, 1, [[0, 2, 1, 3]]),
+    ({0: "a", 1: "b", 2: "c"}, 2, [[0, 2], [1]]),
+    # more clients than local devices: the members themselves share the devices
+    ({0: "a", 1: "b", 2: "a", 3: "b"}, 4, [[0], [2], [1], [3]]),
+    ({0: "a", 1: "a", 2: "a"}, 2, [[0, 2], [1]]),
+    # a cluster's task gets a client of its own, whatever --jobs says
+    ({0: "/job:w/task:0/device:CPU:0", 1: "/job:w/task:1/device:CPU:0"}, 1, [[0], [1]]),
+])
+def test_client_queues_by_hand(devs, jobs, expected):
+    from ensemble.replication.placement import client_queues
+
+    assert client_queues(devs, jobs) == expected

@@ -282,13 +282,11 @@ class BetweenGraph(_Implemented):
                                  "client runs one graph per member on its own device"}
 
     def processes(self, members: int, devices: Sequence[str], jobs: int | None = None) -> int:
-        """`jobs` clients, at most one per member; by default (and on a cluster's tasks,
-        which get a client each) one client per device at most, one per member
-        (`ensemble.runs.between.client_queues`)."""
-        remote = any("/job:" in d and "/job:localhost" not in d for d in devices)
-        if jobs is None or remote:
-            return max(1, min(members, len(set(devices))))
-        return max(1, min(jobs, members))
+        """The clients the launcher starts (`placement.client_count`): `jobs` at most, one
+        per member at most; by default one per core (or GPU); a cluster's task gets one."""
+        from ensemble.replication.placement import client_count
+
+        return client_count(members, devices, jobs)
 
     def epoch_seconds(self, history, timings, n_train):
         """Clients run at once, each member in its own client unless `timings.clients`

@@ -1,4 +1,6 @@
-"""Device placement: which device each member runs on. Pure; does not import TensorFlow.
+"""Device placement: which device each member runs on, and which between-graph client runs it.
+
+Pure; does not import TensorFlow.
 
 Two small strategy objects, modelled on adanet's `RoundRobinStrategy`:
 
@@ -8,6 +10,10 @@ Two small strategy objects, modelled on adanet's `RoundRobinStrategy`:
   ensembles) go to devices by the longest-processing-time rule (Graham 1969): the most costly
   member first, each to the device with the least cost so far (ties to the device with fewer
   members, then the lower position). A 4/3-approximation of the best makespan; a dozen lines, so no library.
+
+Between-graph's clients: `default_jobs` (one per core or GPU, one per member at most),
+`client_queues` (which members each client trains, members of a device together) and
+`client_count` (how many the launcher starts: the memory budget's count of processes).
 """
 
 from __future__ import annotations
@@ -141,3 +147,53 @@ def replica_devices(n_members: int, devices: Sequence[str], replicas: int | str 
                          f"(the devices). Received: {replicas!r}")
     return [[devices[(i + j * n_members) % len(devices)] for j in range(replicas)]
             for i in range(n_members)]
+
+
+def is_remote(device: str) -> bool:
+    """Whether `device` is a task of a TensorFlow cluster (`/job:<name>/...`, not
+    `/job:localhost`): such a device gets a client of its own."""
+    return "/job:" in device and "/job:localhost" not in device
+
+
+def default_jobs(n_members: int, devs: Sequence[str]) -> int:
+    """As many concurrent clients as members, devices (GPUs) or cores allow."""
+    from ensemble.replication.devices import cpu_count
+
+    n_gpus = sum("GPU" in d for d in set(devs))
+    return max(1, min(n_members, n_gpus or cpu_count()))
+
+
+def client_queues(devs: dict[int, str], jobs: int) -> list[list[int]]:
+    """Split the members into at most `jobs` client queues, members of one device together.
+
+    Device groups (members in index order) go round robin over the queues; when there are
+    fewer devices than `jobs` and they are local, the members themselves go round robin, so
+    that `jobs` clients share the devices. A member's results never depend on its queue.
+
+    Args:
+        devs: member index -> the member's device in the run.
+
+    Returns:
+        `[n_queues]` lists of member indices, each non-empty.
+    """
+    groups: dict[str, list[int]] = {}
+    for i in sorted(devs):
+        groups.setdefault(devs[i], []).append(i)
+    n = max(1, min(jobs, len(devs)))
+    remote = any(is_remote(d) for d in groups)
+    if len(groups) >= n or remote:
+        queues: list[list[int]] = [[] for _ in range(min(n, len(groups)) if not remote
+                                                     else len(groups))]
+        for g, members in enumerate(groups.values()):
+            queues[g % len(queues)].extend(members)
+        return queues
+    ordered = [i for members in groups.values() for i in members]
+    return [ordered[q::n] for q in range(n)]
+
+
+def client_count(n_members: int, devices: Sequence[str], jobs: int | None = None) -> int:
+    """The between-graph clients a launcher starts for `n_members` members placed round robin
+    on `devices` with `jobs` clients at once (None: `default_jobs`): `len(client_queues)`.
+    The memory budget counts TensorFlow processes with it."""
+    devs = dict(enumerate(place(n_members, devices)))
+    return len(client_queues(devs, jobs or default_jobs(n_members, list(devs.values()))))

@@ -10,6 +10,7 @@ import os
 from typing import Sequence
 
 from ensemble.core.errors import UsageError
+from ensemble.replication.placement import is_remote
 
 
 def local_devices(devices: Sequence[str], visible: str | None = None
@@ -35,7 +36,7 @@ def local_devices(devices: Sequence[str], visible: str | None = None
     gpus: list[str] = []
     names = []
     for device in devices:
-        if "/job:" in device and "/job:localhost" not in device:
+        if is_remote(device):
             names.append(device)
             continue
         kind, _, index = device.rpartition("device:")[2].partition(":")

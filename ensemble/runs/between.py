@@ -31,7 +31,7 @@ from ensemble.core import interrupt
 from ensemble.runs import prepare
 from ensemble.runs.run_record import Manifest
 from ensemble.core.errors import UsageError
-from ensemble.replication.placement import place
+from ensemble.replication.placement import client_queues, default_jobs, place
 from ensemble.replication import processes, protocol
 from ensemble.replication.processes import checked, last_error, last_report, run_process
 from ensemble.replication import modes
@@ -39,42 +39,8 @@ from ensemble.replication.modes import PredictRequest, TrainRequest
 from ensemble.replication.protocol import ClientRequest
 from ensemble.runs import aggregator
 
-__all__ = ["checked", "client_queues", "default_jobs", "last_report",
+__all__ = ["checked", "last_report",
            "predict_between_graph", "run_clients", "run_process", "train_between_graph"]
-
-
-def default_jobs(n_members: int, devs: list[str]) -> int:
-    """As many concurrent clients as members, devices (GPUs) or cores allow."""
-    n_gpus = sum("GPU" in d for d in set(devs))
-    return max(1, min(n_members, n_gpus or devices.cpu_count()))
-
-
-def client_queues(devs: dict[int, str], jobs: int) -> list[list[int]]:
-    """Split the members into at most `jobs` client queues, members of one device together.
-
-    Device groups (members in index order) go round robin over the queues; when there are
-    fewer devices than `jobs` and they are local, the members themselves go round robin, so
-    that `jobs` clients share the devices. A member's results never depend on its queue.
-
-    Args:
-        devs: member index -> the member's device in the run.
-
-    Returns:
-        `[n_queues]` lists of member indices, each non-empty.
-    """
-    groups: dict[str, list[int]] = {}
-    for i in sorted(devs):
-        groups.setdefault(devs[i], []).append(i)
-    n = max(1, min(jobs, len(devs)))
-    remote = any("/job:" in d and "/job:localhost" not in d for d in groups)
-    if len(groups) >= n or remote:
-        queues: list[list[int]] = [[] for _ in range(min(n, len(groups)) if not remote
-                                                     else len(groups))]
-        for g, members in enumerate(groups.values()):
-            queues[g % len(queues)].extend(members)
-        return queues
-    ordered = [i for members in groups.values() for i in members]
-    return [ordered[q::n] for q in range(n)]
 
 
 class _Listener:

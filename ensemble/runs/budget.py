@@ -123,7 +123,7 @@ def check(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: i
 def check_run(cfg, mode: str, devices: list[str], rows: dict[str, int], n_outputs: int,
               jobs: int | None = None) -> None:
     """`check` for a run of config `cfg` in `mode` on `devices`, with `jobs` clients at once
-    (between-graph; None: the default, one client per device at most, one per member).
+    (between-graph; None: the launcher's default, `placement.default_jobs`).
 
     Raises:
         UsageError: the estimate exceeds the memory available (one line).
