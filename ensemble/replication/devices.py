@@ -267,7 +267,8 @@ def configure_gpus(memory_growth: bool = True, memory_limit_mb: int = 0) -> list
 
 def build_info() -> dict:
     """The TensorFlow build: version, CUDA and cuDNN versions when it is a CUDA build
-    (`tf.sysconfig.get_build_info()`), as JSON-able values."""
+    (`tf.sysconfig.get_build_info()`), and `onednn`, whether oneDNN's kernels are on in this
+    process (absent when the build does not say), as JSON-able values."""
     import tensorflow as tf
 
     info = {"tensorflow": tf.__version__}
@@ -277,6 +278,12 @@ def build_info() -> dict:
         raw = {}
     for key, value in raw.items():
         info[key] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    try:  # whether oneDNN's kernels run (`TF_ENABLE_ONEDNN_OPTS`, `ensemble.core.tfimport`)
+        from tensorflow.python.util import _pywrap_util_port
+
+        info["onednn"] = bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):  # a build that does not say
+        pass
     return info
 
 
