@@ -13,7 +13,6 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-import ensemble.core.tfimport  # noqa: E402,F401  TensorFlow's environment as the CLI sets it
 
 N_LOGICAL_CPUS = 4
 

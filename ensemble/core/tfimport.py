@@ -2,14 +2,6 @@
 
 Shared by the CLI and by everything that may be first to import TensorFlow in a process (a
 user's builder module imports Keras at its top).
-
-Importing this module before TensorFlow also turns TensorFlow's oneDNN kernels on
-(`TF_ENABLE_ONEDNN_OPTS=1`, unless the environment says otherwise). TensorFlow turns them on by
-itself only on CPUs with AVX-512's neural-network instructions; on others (an AVX2 AMD EPYC
-here) convolutional members train about 25% faster with them and dense members as fast
-(docs/benchmarks.md). The variable is inherited by the clients, so both modes run the same
-kernels (members equal across modes). When TensorFlow has already started in this process,
-nothing is set: its choice stands, and clients started from here make the same one.
 """
 
 from __future__ import annotations
@@ -18,10 +10,7 @@ import os
 import sys
 
 KERAS_EXTRAS = ("sklearn", "scipy", "pandas", "matplotlib")
-ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # TensorFlow's C++ info and warnings
-if "tensorflow" not in sys.modules:  # else its choice stands, and the clients' default is it
-    os.environ.setdefault(ONEDNN, "1")
 
 
 def import_tensorflow_quietly() -> None:
