@@ -278,7 +278,7 @@ def build_info() -> dict:
         raw = {}
     for key, value in raw.items():
         info[key] = value if isinstance(value, (bool, int, float, str)) else str(value)
-    try:  # whether oneDNN's kernels run (`TF_ENABLE_ONEDNN_OPTS`, `ensemble.core.tfimport`)
+    try:  # whether oneDNN's kernels run (TensorFlow's choice, or `TF_ENABLE_ONEDNN_OPTS`)
         from tensorflow.python.util import _pywrap_util_port
 
         info["onednn"] = bool(_pywrap_util_port.IsMklEnabled())
