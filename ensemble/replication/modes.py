@@ -161,9 +161,9 @@ class Mode(ABC):
                                names_only=not self.launcher_loads_tensorflow)
 
     def processes(self, members: int, devices: Sequence[str], jobs: int | None = None) -> int:
-        """TensorFlow processes of a run of `members` on `devices` at once, `jobs` the
-        clients at once the user asked for (None: the default) (the memory budget's count):
-        1 by default."""
+        """TensorFlow processes a run of `members` on `devices` holds at once (the memory
+        budget's count), `jobs` being the clients at once the user asked for (None: the
+        mode's default): 1 by default."""
         return 1
 
     def epoch_seconds(self, history: Sequence[dict], timings: dict, n_train: int

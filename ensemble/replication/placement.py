@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ensemble.core.errors import UsageError
+from ensemble.replication import devices as _devices
 
 STRATEGIES = ("round-robin", "balanced")
 
@@ -157,10 +158,8 @@ def is_remote(device: str) -> bool:
 
 def default_jobs(n_members: int, devs: Sequence[str]) -> int:
     """As many concurrent clients as members, devices (GPUs) or cores allow."""
-    from ensemble.replication.devices import cpu_count
-
     n_gpus = sum("GPU" in d for d in set(devs))
-    return max(1, min(n_members, n_gpus or cpu_count()))
+    return max(1, min(n_members, n_gpus or _devices.cpu_count()))
 
 
 def client_queues(devs: dict[int, str], jobs: int) -> list[list[int]]:
