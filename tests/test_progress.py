@@ -3,6 +3,7 @@ run is still going, in both modes (the run is held at the end of epoch 1 by the 
 
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -30,7 +31,14 @@ def _lines_while_held(argv, tmp_path, want, member=None, timeout=180):
             seen.append(line)
         assert proc.poll() is None  # the run is still held: the lines came before its end
         marker.unlink()
-        rest, err = proc.communicate(timeout=timeout)
+        # the rest through the same reader: `communicate` reads the pipe itself and would miss
+        # lines that `readline` already took into the reader's buffer with the last one;
+        # stderr is drained beside it, so that a full stderr pipe cannot hold the run
+        drain = threading.Thread(target=proc.stderr.read, daemon=True)
+        drain.start()
+        rest = proc.stdout.read()
+        proc.wait(timeout=timeout)
+        drain.join(timeout=timeout)
         return seen, proc.returncode, rest
     finally:
         if proc.poll() is None:
