@@ -1,11 +1,19 @@
 """Host-side batches: each traced call's rows gathered from the (memory-mapped) split, one call ahead.
 
 The training split lives on disk as a memory-mapped `.npy` (`ensemble.core.splitfiles`); a
-traced call of `K` steps takes its batches as one `[K, n_members, batch, *row_shape]` array
-gathered on the host by the members' row indices. `prefetched` gathers the next call's rows in
-a background thread while the current call runs (a double buffer, as `tf.data`'s `prefetch(1)`
-would): numpy's gather and TensorFlow's kernels both release the GIL, so the copy overlaps the
-compute. The rows are the same whatever the gather's timing, so the members do not change.
+traced call of `K` steps takes its batches as one `[n_members, K, batch, *row_shape]` array
+gathered on the host by the members' row indices (member-major: member `k`'s rows of the call
+are one contiguous block, which the traced call takes as a view, not a copy). `prefetched`
+gathers the next call's rows in a background thread while the current call runs (a double
+buffer, as `tf.data`'s `prefetch(1)` would): numpy's gather and TensorFlow's kernels both
+release the GIL, so the copy overlaps the compute. The rows are the same whatever the gather's
+timing, so the members do not change.
+
+The gathered rows are the only copy of a call's batch: `Gather` writes them into one of two
+buffers it keeps (aligned to 64 bytes, reused from call to call, so a call's tens of megabytes
+are not fresh pages every time), and `to_tensor` hands such a buffer to TensorFlow without a
+copy (DLPack). `tf.constant` would copy it once more on the calling thread, while the
+devices wait.
 
 Own code rather than a `tf.data` pipeline: the index order is computed per call by the epoch
 loop (its step count adapts to the call time), and a generator-backed `tf.data.Dataset` would
@@ -21,14 +29,20 @@ import numpy as np
 
 CALL_BYTES = 64 << 20  # bytes of batch rows one traced call takes at most (x and y)
 GATHER_BYTES = 2 << 20  # bytes of rows gathered at a time into a call's batch
+ALIGN = 64  # bytes: TensorFlow's kernels need tensor data aligned to this (Eigen's widest)
+SLOTS = 2  # buffers a `Gather` cycles through: the call running and the next one
 
 T = TypeVar("T")
 U = TypeVar("U")
 
 
 class Gather:
-    """Gathers batch rows of one split: `gather(idx)` with `idx` `[steps, n_members, batch]`
-    int rows returns `(x [steps, n_members, batch, *row_shape], y [steps, n_members, batch])`.
+    """Gathers batch rows of one split: `gather(idx)` with `idx` `[n_members, steps, batch]`
+    int rows (any shape) returns `(x [*idx.shape, *row_shape], y [*idx.shape])`.
+
+    The returned arrays are views of buffers the `Gather` reuses: they stay valid until
+    `SLOTS` (2) further gathers, which is what `prefetched` (one call ahead) needs; copy them
+    to keep them longer.
 
     Args:
         x: `[n_rows, *row_shape]` rows (an array or a read-only `numpy.memmap`); float rows
@@ -41,6 +55,19 @@ class Gather:
         self.x, self.y = x, np.asarray(y)
         self.x_dtype = np.uint8 if x.dtype == np.uint8 else np.float32
         self.y_dtype = np.dtype(y_dtype)
+        self._slots: list[list[np.ndarray | None]] = [[None, None] for _ in range(SLOTS)]
+        self._turn = 0
+
+    def _buffer(self, part: int, shape: tuple, dtype) -> np.ndarray:
+        """An `ALIGN`-aligned, C-contiguous `[*shape]` array in this turn's slot (`part` 0: x,
+        1: y), reusing the slot's memory when it is large enough."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        slot = self._slots[self._turn]
+        raw = slot[part]
+        if raw is None or len(raw) < nbytes + ALIGN:
+            raw = slot[part] = np.empty(nbytes + ALIGN, np.uint8)
+        start = -raw.ctypes.data % ALIGN
+        return raw[start:start + nbytes].view(dtype).reshape(shape)
 
     @property
     def row_shape(self) -> tuple[int, ...]:
@@ -60,13 +87,26 @@ class Gather:
         # one gather, in file order: a memory map larger than the page cache is then read
         # in one forward sweep (readahead works) instead of one random page per row
         order = np.argsort(flat, kind="stable")
-        xb = np.empty((len(flat), *self.row_shape), self.x_dtype)
+        self._turn = (self._turn + 1) % SLOTS
+        xb = self._buffer(0, (len(flat), *self.row_shape), self.x_dtype)
         step = max(1, GATHER_BYTES // max(1, xb[:1].nbytes))  # rows of a block
         for lo in range(0, len(order), step):  # a block at a time: no call-sized copy
             block = order[lo:lo + step]
             xb[block] = self.x[flat[block]]
-        yb = self.y[flat].astype(self.y_dtype, copy=False)
+        yb = self._buffer(1, (len(flat),), self.y_dtype)
+        yb[:] = self.y[flat]
         return (xb.reshape(*idx.shape, *self.row_shape), yb.reshape(idx.shape))
+
+
+def to_tensor(a: np.ndarray):
+    """`a` as a TensorFlow tensor on the host: without a copy (DLPack) when `a` is
+    C-contiguous and `ALIGN`-aligned, as `Gather`'s batches are; else copied (`tf.constant`).
+    A tensor made without a copy reads `a`'s memory: `a` must not change while it is used."""
+    import tensorflow as tf
+
+    if a.flags.c_contiguous and a.ctypes.data % ALIGN == 0 and a.size:
+        return tf.experimental.dlpack.from_dlpack(a.__dlpack__())
+    return tf.constant(a)
 
 
 def prefetched(items: Iterable[T], fn: Callable[[T], U]) -> Iterator[tuple[T, U]]:

@@ -134,8 +134,10 @@ class TracedEnsemble:
         numpy in and out (for `training.train_loop`)."""
         import tensorflow as tf
 
+        from ensemble.replication.feed import to_tensor
+
         xb, yb = batch
-        return self.run_steps(tf.constant(xb), tf.constant(yb), tf.constant(total),
+        return self.run_steps(to_tensor(xb), to_tensor(yb), tf.constant(total),
                               tf.constant(active)).numpy()
 
     def weights(self) -> list[list[np.ndarray]]:

@@ -175,7 +175,7 @@ class MemberGroup:
     def make_train_steps(self, x_train: np.ndarray, y_train: np.ndarray | None = None,
                          masked: bool | None = None):
         """The traced many-steps training call of these members (`steps.make_steps_fn`):
-        `run_steps(xb [steps, n_members, batch, *input_shape], yb [steps, n_members, batch],
+        `run_steps(xb [n_members, steps, batch, *input_shape], yb [n_members, steps, batch],
         total [n_members] float32, active [n_members] bool) -> [n_members]` running loss
         sums. `x_train` `[n_train, *input_shape]` gives the rows' dtype (uint8 images stay
         uint8) and the adversarial step's range; `masked` (default: with early stopping)
@@ -216,7 +216,7 @@ class MemberGroup:
         from ensemble.replication.checkpoints import EpochCheckpoints
         from ensemble.replication.divergence import Divergence
 
-        from ensemble.replication.feed import Gather
+        from ensemble.replication.feed import Gather, to_tensor
 
         stopping = self.early_stopping(schedule)
         steps = [self.make_train_steps(x_train), self._best is not None]
@@ -227,7 +227,7 @@ class MemberGroup:
             if not steps[1] and not active.all():  # a member diverged: trace the masked call
                 steps[:] = [self.make_train_steps(x_train, masked=True), True]
             xb, yb = batch
-            return steps[0](tf.constant(xb), tf.constant(yb), tf.constant(total),
+            return steps[0](to_tensor(xb), to_tensor(yb), tf.constant(total),
                             tf.constant(active)).numpy()
 
         ckpt = (EpochCheckpoints(checkpoint_dir, self.models, self.optimizers, self._best)

@@ -120,9 +120,9 @@ class StepsSpec:
 def make_steps_fn(spec: StepsSpec):
     """The traced call that trains a group of members (`spec`) for several steps.
 
-    The returned function takes `xb` `[steps, n_members, batch, *row_shape]` (`x_dtype`)
-    and `yb` `[steps, n_members, batch]` (the task's target dtype): member `k`'s rows of
-    each step, gathered on the host (`feed.Gather`), plus `total` `[n_members]` float32 (the
+    The returned function takes `xb` `[n_members, steps, batch, *row_shape]` (`x_dtype`)
+    and `yb` `[n_members, steps, batch]` (the task's target dtype): member `k`'s rows of
+    each step, gathered on the host (`feed.Gather`), member-major so that `xb[k]` is a view, plus `total` `[n_members]` float32 (the
     epoch's running loss sum so far) and `active` `[n_members]` bool, and returns `total`
     plus, step after step, each member's batch-mean loss x batch rows: carrying the running
     sum through the calls makes it independent of how the steps are split into calls.
@@ -146,15 +146,15 @@ def make_steps_fn(spec: StepsSpec):
     loops = [member_loop(models[k], optimizers[k], devices[k], groups[k], task, steps[k])
              for k in range(n)]
 
-    @tf.function(input_signature=[tf.TensorSpec([None, n, None, *spec.row_shape],
+    @tf.function(input_signature=[tf.TensorSpec([n, None, None, *spec.row_shape],
                                                 spec.x_dtype),
-                                  tf.TensorSpec([None, n, None], task.target_dtype),
+                                  tf.TensorSpec([n, None, None], task.target_dtype),
                                   tf.TensorSpec([n], tf.float32),
                                   tf.TensorSpec([n], tf.bool)], autograph=False)
     def run_steps(xb, yb, total, active):
         def run_member(k):  # member k's steps, a loop of its own on its own device
-            with tf.device(client_device):  # the member's rows of the call, sent once
-                xk, yk, total_k = xb[:, k], yb[:, k], total[k]
+            with tf.device(client_device):  # the member's rows of the call (a view), sent once
+                xk, yk, total_k = xb[k], yb[k], total[k]
             with tf.device(devices[k]):  # no per-step cross-device traffic, no barrier
                 # the loop's inputs, copied to the member's device first: a loop's frame
                 # nodes sit beside their inputs, and frame nodes on the client device made

@@ -1,7 +1,7 @@
 """Training: THE per-member step, the traced many-steps call, and the epoch loop.
 
 One traced call runs `K` steps (up to a whole epoch) of every member of a group, like Keras's
-`steps_per_execution`: the batches go in once as `[steps, n_members, batch, *row_shape]` rows
+`steps_per_execution`: the batches go in once as `[n_members, steps, batch, *row_shape]` rows
 gathered on the host from the (memory-mapped) split by the members' row order, the next call's
 while the current one runs (`ensemble.replication.feed`); a `tf.while_loop` runs the steps, the losses are summed on the device, and the host syncs once
 per call. Both replication modes call the same per-member `train_step` inside it, which is what
@@ -15,12 +15,14 @@ the current traced call or after an epoch's checkpoint (`interrupt.Interrupted`)
 from __future__ import annotations
 
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
 from ensemble.core import hooks, interrupt
+from ensemble.replication.feed import prefetched
 from ensemble.models.members import batch_order
 
 CALL_SECONDS = 1.0  # automatic K aims at calls of about this long (progress every call)
@@ -199,7 +201,7 @@ class LoopSpec:
     """What `train_loop` trains, on what, and with which hooks.
 
     Attributes:
-        run_steps: takes a call's batches (`gather` of its `[steps, len(indices), batch]`
+        run_steps: takes a call's batches (`gather` of its `[len(indices), steps, batch]`
             int32 batch rows), the running `[len(indices)]` float32 loss sum and the
             `[len(indices)]` bool active mask, runs those steps for those members
             (`make_steps_fn`), returns the new running sum.
@@ -271,6 +273,7 @@ class _Loop:
         self.gather = spec.gather or (lambda idx: idx)
         self.n_steps = spec.schedule.steps_per_epoch(spec.n_train)
         self.max_steps = spec.max_steps or self.n_steps
+        self.traced = False
         self.k = min(spec.schedule.steps_per_call or min(FIRST_CALL_STEPS, self.n_steps),
                      self.max_steps)
 
@@ -284,13 +287,20 @@ class _Loop:
                                      r["val_loss"], live=False)
         for cb in self.callbacks:
             cb.on_train_begin(start_epoch, s.epochs, self.n_steps)
+        # one stream of calls over the epochs: the next epoch's first batches are gathered
+        # while this epoch ends (its last call, validation, checkpoint), not after
+        with closing(prefetched(self._calls(start_epoch), lambda c: self.gather(c[3]))) as calls:
+            return self._epochs(start_epoch, records, calls)
+
+    def _epochs(self, start_epoch: int, records: list[dict], calls) -> list[dict]:
+        s = self.s
         for epoch in range(start_epoch, s.epochs):
             active = (self.stopping.active.copy() if self.stopping is not None
                       else np.ones(len(self.indices), bool)) & self.divergence.healthy()
             if not active.any():
                 break
             start = time.perf_counter()
-            total = self._epoch(epoch, active, start)
+            total = self._epoch(epoch, active, start, calls)
             new = self._records(epoch, total, active, start)
             records.extend(new)
             if self.checkpoints is not None and ((epoch + 1) % s.checkpoint_every == 0
@@ -324,45 +334,50 @@ class _Loop:
                 self.stopping.update(j, epoch, scores["val_loss"])
         return new
 
-    def _calls(self, order: np.ndarray, n_full: int):
-        """`(done, stop, rows)` of each traced call of an epoch: steps `done..stop` and their
-        `[stop - done, n_members, batch]` batch rows (the ragged last batch alone). Lazy:
-        a call's size is the `k` at the time it is asked for."""
-        bs, done = self.s.batch_size, 0
-        full = order[:, :n_full * bs].reshape(len(self.indices), n_full, bs).transpose(1, 0, 2)
-        while done < self.n_steps:
-            if done < n_full:
-                stop = min(n_full, done + self.k)
-                yield done, stop, np.ascontiguousarray(full[done:stop])
-            else:
-                stop = self.n_steps
-                yield done, stop, np.ascontiguousarray(order[:, n_full * bs:][None])
-            done = stop
+    def _calls(self, start_epoch: int):
+        """`(epoch, done, stop, rows)` of each traced call of the epochs from `start_epoch`:
+        steps `done..stop` of `epoch` and their `[n_members, stop - done, batch]` batch rows
+        (the ragged last batch alone). Lazy: a call's size is the `k` at the time it is asked
+        for."""
+        bs = self.s.batch_size
+        n_full = self.n_train // bs
+        for epoch in range(start_epoch, self.s.epochs):
+            order = np.stack([batch_order(self.s.run_seed, i, epoch, self.n_train)
+                              for i in self.indices])
+            full, done = order[:, :n_full * bs].reshape(len(self.indices), n_full, bs), 0
+            while done < self.n_steps:
+                if done < n_full:
+                    stop = min(n_full, done + self.k)
+                    yield epoch, done, stop, full[:, done:stop]
+                else:
+                    stop = self.n_steps
+                    yield epoch, done, stop, order[:, None, n_full * bs:]
+                done = stop
 
-    def _epoch(self, epoch: int, active: np.ndarray, start: float) -> np.ndarray:
-        from ensemble.replication.feed import prefetched
-
+    def _epoch(self, epoch: int, active: np.ndarray, start: float, calls) -> np.ndarray:
         s, n_steps = self.s, self.n_steps
         n_full = self.n_train // s.batch_size
-        order = np.stack([batch_order(s.run_seed, i, epoch, self.n_train)
-                          for i in self.indices])
         total = np.zeros(len(self.indices), np.float32)
-        calls = prefetched(self._calls(order, n_full), lambda c: self.gather(c[2]))
-        for (done, stop, _), batch in calls:
+        for (call_epoch, done, stop, _), batch in calls:
+            if call_epoch != epoch:  # the rest of an epoch left early (every member diverged)
+                continue
             call_start = time.perf_counter()
             total = np.asarray(self.run_steps(batch, total, active), np.float32)
             if self.divergence.check_losses(epoch, total, active):  # values already here
                 active &= self.divergence.healthy()  # masked from the next call on
                 if not active.any():
                     break
-            if not s.steps_per_call and stop <= n_full and stop - done >= self.k:
+            if self.traced and not s.steps_per_call and stop <= n_full and stop - done >= self.k:
                 per_step = (time.perf_counter() - call_start) / (stop - done)
                 self.k = int(min(max(1, CALL_SECONDS / max(per_step, 1e-6)), 4 * self.k,
                                  n_steps, self.max_steps))
+            self.traced = True  # the run's first call traces the graph: its time is no guide
             rows = self.n_train if stop == n_steps else stop * s.batch_size
             for cb in self.callbacks:
                 cb.on_call_end(epoch, stop, n_steps, total / np.float32(rows),
                                time.perf_counter() - start)
             self.check(epoch + 1, s.epochs)
             hooks.fire("call_end", epoch=epoch, steps_done=stop, members=self.indices)
+            if stop == n_steps:
+                break
         return total

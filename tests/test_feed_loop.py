@@ -1,0 +1,102 @@
+"""The host side of training: each call's batches gathered into reused aligned buffers and handed
+to TensorFlow without a copy, gathered one call ahead across epochs, and the call size (K)
+chosen from calls that did not trace the graph."""
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from ensemble.replication import feed, training
+from ensemble.replication.training import LoopSpec, Schedule, train_loop
+
+TASK = SimpleNamespace(score_names=("val_loss",),
+                       validation_scores=lambda y, v: {"val_loss": float(np.mean(v))})
+
+
+def test_gather_cycles_two_aligned_buffers():
+    x = np.arange(40 * 3, dtype=np.float32).reshape(40, 3)
+    g = feed.Gather(x, np.arange(40), np.int32)
+    idx = np.array([[[5, 1], [39, 0]], [[2, 2], [7, 8]]])  # [n_members, steps, batch]
+    first = g(idx)
+    kept = [a.copy() for a in first]
+    second = g(idx[:, :1])
+    third = g(idx)
+    for a in (*first, *second, *third):
+        assert a.ctypes.data % feed.ALIGN == 0 and a.flags.c_contiguous
+    assert not np.shares_memory(first[0], second[0])
+    assert np.shares_memory(first[0], third[0])  # the slot of two gathers ago, reused
+    np.testing.assert_array_equal(third[0], x[idx])
+    np.testing.assert_array_equal(third[1], idx)
+    np.testing.assert_array_equal(kept[0], x[idx])
+    np.testing.assert_array_equal(second[0], x[idx[:, :1]])
+
+
+def test_a_larger_call_gets_a_larger_buffer():
+    x = np.random.default_rng(0).random((100, 4)).astype(np.float32)
+    g = feed.Gather(x, np.zeros(100), np.float32)
+    small = np.zeros((2, 1, 3), int)
+    big = np.random.default_rng(1).integers(0, 100, (2, 50, 3))
+    g(small), g(small)
+    xb, yb = g(big)  # slot 0 again, too small for this call: grown
+    np.testing.assert_array_equal(xb, x[big])
+    assert yb.dtype == np.float32 and yb.shape == big.shape
+
+
+@pytest.mark.parametrize("make", [
+    lambda a: feed.Gather(a, np.zeros(len(a)), np.int32)(np.arange(len(a))[None, None])[0][0, 0],
+    lambda a: a[1:],  # unaligned: copied
+    lambda a: a[:, ::2],  # not contiguous: copied
+    lambda a: a[:0],  # no rows
+])
+def test_to_tensor_holds_the_arrays_values(make):
+    a = make(np.random.default_rng(0).random((9, 6)).astype(np.float32))
+    np.testing.assert_array_equal(feed.to_tensor(a).numpy(), a)
+
+
+def _spec(n_train, batch, epochs, run_steps, **kw):
+    return LoopSpec(run_steps, [0, 1], Schedule(0, epochs, batch, kw.pop("k", 0)), n_train,
+                    TASK, **kw)
+
+
+def test_the_next_epochs_first_batches_are_gathered_during_validation():
+    n_calls_epoch0 = 4  # 10 rows, batch 3, K 3: steps 0-3 one at a time, the ragged one last
+    calls, seen_during_validation = [], []
+
+    def gather(idx):
+        calls.append(idx.copy())
+        return idx
+
+    def predict_val():  # epoch 0's validation waits (10 s at most) for epoch 1's first gather
+        deadline = time.monotonic() + 10
+        while len(calls) <= n_calls_epoch0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen_during_validation.append(len(calls))
+        return np.zeros((2, 3, 1))
+
+    spec = _spec(10, 3, 2, lambda b, total, active: total + 1, k=1, gather=gather,
+                 predict_val=predict_val, y_val=np.zeros(3))
+    records = train_loop(spec)
+    assert seen_during_validation[0] == n_calls_epoch0 + 1
+    assert [r["epoch"] for r in records] == [0, 0, 1, 1]
+    assert len(calls) == 2 * n_calls_epoch0
+    for e in range(2):  # each member sees each row once an epoch
+        rows = np.concatenate([c.reshape(2, -1) for c in calls[4 * e:4 * e + 4]], axis=1)
+        assert all(sorted(r) == list(range(10)) for r in rows)
+
+
+def test_the_call_that_traces_does_not_size_the_next_calls(monkeypatch):
+    monkeypatch.setattr(training, "CALL_SECONDS", 0.05)
+    sizes = []
+
+    def run_steps(idx, total, active):
+        sizes.append(idx.shape[1])
+        if len(sizes) == 1:
+            time.sleep(0.5)  # tracing: 62 ms a step would have made K 1
+        return total
+
+    train_loop(_spec(32 * 300, 32, 1, run_steps))
+    assert sizes[0] == training.FIRST_CALL_STEPS
+    assert min(sizes[:-1]) >= training.FIRST_CALL_STEPS  # the last call may be short
+    assert max(sizes) > 4 * training.FIRST_CALL_STEPS  # then K grows with fast calls
+    assert sum(sizes) == 300
