@@ -222,6 +222,9 @@ class MemberGroup:
         steps = [self.make_train_steps(x_train), self._best is not None]
         self.divergence = Divergence(self.indices)
         gather = Gather(x_train, y_train, self.task.target_dtype)
+        max_steps = min(gather.max_steps(len(self.models), schedule.batch_size),
+                        schedule.steps_per_epoch(len(x_train)))
+        gather.call_rows = len(self.models) * schedule.batch_size * max_steps
 
         def run_steps(batch, total, active):  # numpy in and out
             if not steps[1] and not active.all():  # a member diverged: trace the masked call
@@ -236,4 +239,4 @@ class MemberGroup:
         return train_loop(LoopSpec(
             run_steps, self.indices, schedule, len(x_train), self.task,
             lambda: self.predict(x_val)[0], y_val, ckpt, callbacks, stopping, self.divergence,
-            gather, gather.max_steps(len(self.models), schedule.batch_size)))
+            gather, max_steps))
