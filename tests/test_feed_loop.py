@@ -43,6 +43,32 @@ def test_a_larger_call_gets_a_larger_buffer():
     assert yb.dtype == np.float32 and yb.shape == big.shape
 
 
+def test_buffers_are_made_once_at_the_largest_calls_size():
+    x = np.random.default_rng(0).random((100, 4)).astype(np.float32)
+    g = feed.Gather(x, np.zeros(100), np.int32, call_rows=2 * 50 * 3)
+    small, big = np.zeros((2, 1, 3), int), np.random.default_rng(1).integers(0, 100, (2, 50, 3))
+    first = g(small)[0]
+    g(small)
+    xb = g(big)[0]  # slot 0 again: the memory of the first gather, large enough already
+    assert np.shares_memory(first, xb)
+    np.testing.assert_array_equal(xb, x[big])
+
+
+def test_a_map_larger_than_half_the_memory_is_read_in_file_order(tmp_path, monkeypatch):
+    x = np.random.default_rng(0).random((5000, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    mapped = np.load(tmp_path / "x.npy", mmap_mode="r")
+    idx = np.random.default_rng(1).integers(0, 5000, (3, 40, 16))
+    assert not feed.Gather(mapped, np.arange(5000), np.int32).in_file_order  # fits: one pass
+    monkeypatch.setattr(feed.memory, "available", lambda: (2 * mapped.nbytes - 1, "a cgroup"))
+    monkeypatch.setattr(feed, "GATHER_BYTES", 1000)  # several blocks
+    g = feed.Gather(mapped, np.arange(5000), np.int32)
+    assert g.in_file_order
+    xb, yb = g(idx)
+    np.testing.assert_array_equal(xb, x[idx])
+    np.testing.assert_array_equal(yb, idx)
+
+
 @pytest.mark.parametrize("make", [
     lambda a: feed.Gather(a, np.zeros(len(a)), np.int32)(np.arange(len(a))[None, None])[0][0, 0],
     lambda a: a[1:],  # unaligned: copied

@@ -111,10 +111,13 @@ class Gather:
         rows = idx.reshape(len(idx), int(np.prod(idx.shape[1:], dtype=np.int64)))
         self._turn = (self._turn + 1) % SLOTS
         xb = self._buffer(0, (idx.size, *self.row_shape), self.x_dtype)
-        if not self.in_file_order and self.x.dtype == self.x_dtype:
-            np.take(self.x, rows, axis=0, out=xb.reshape(*rows.shape, *self.row_shape))
-        elif not self.in_file_order:
-            xb[:] = self.x[rows.reshape(-1)]  # float64 rows, fed as float32
+        if not self.in_file_order:  # member by member: small temporaries (the indices)
+            out = xb.reshape(*rows.shape, *self.row_shape)
+            for k in range(len(rows)):
+                if self.x.dtype == self.x_dtype:  # "clip" (the rows are valid): no out buffer
+                    np.take(self.x, rows[k], axis=0, out=out[k], mode="clip")
+                else:
+                    out[k] = self.x[rows[k]]  # float64 rows, fed as float32
         else:  # a block of rows at a time (no call-sized temporary), in file order
             flat = rows.reshape(-1)
             order = np.argsort(flat, kind="stable")
@@ -122,8 +125,9 @@ class Gather:
             for lo in range(0, len(order), step):
                 block = order[lo:lo + step]
                 xb[block] = self.x[flat[block]]
-        yb = self._buffer(1, (idx.size,), self.y_dtype)
-        yb.reshape(rows.shape)[:] = self.y[rows]
+        yb = self._buffer(1, (idx.size,), self.y_dtype).reshape(rows.shape)
+        for k in range(len(rows)):
+            yb[k] = self.y[rows[k]]
         return (xb.reshape(*idx.shape, *self.row_shape), yb.reshape(idx.shape))
 
 
@@ -139,24 +143,25 @@ def to_tensor(a: np.ndarray):
 
 
 def prefetched(items: Iterable[T], fn: Callable[[T], U]) -> Iterator[tuple[T, U]]:
-    """`(item, fn(item))` for each of `items`, computing the next `fn(item)` in a background
-    thread while the caller works on the current one. `items` is advanced one ahead (so a
-    lazily computed item sees the caller's state one step late). An exception of `fn` is
-    raised where its result is taken."""
+    """`(item, fn(item))` for each of `items`, taking the next item and computing its
+    `fn(item)` in a background thread while the caller works on the current one. `items` is
+    advanced one ahead, in that thread (so a lazily computed item sees the caller's state one
+    step late, and the caller's thread never waits for it). An exception of `items` or `fn`
+    is raised where its result is taken."""
     it = iter(items)
+
+    def produce():
+        item = next(it, _END)
+        return item, (None if item is _END else fn(item))
+
     with ThreadPoolExecutor(1, thread_name_prefix="ensemble-feed") as pool:
-        try:
-            item = next(it)
-        except StopIteration:
-            return
-        future = pool.submit(fn, item)
+        future = pool.submit(produce)
         while True:
-            nxt = next(it, _END)
-            pending = pool.submit(fn, nxt) if nxt is not _END else None
-            yield item, future.result()
-            if pending is None:
+            item, value = future.result()
+            if item is _END:
                 return
-            item, future = nxt, pending
+            future = pool.submit(produce)
+            yield item, value
 
 
 _END = object()

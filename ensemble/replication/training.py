@@ -367,7 +367,8 @@ class _Loop:
                 active &= self.divergence.healthy()  # masked from the next call on
                 if not active.any():
                     break
-            if self.traced and not s.steps_per_call and stop <= n_full and stop - done >= self.k:
+            if (self.traced and not s.steps_per_call and stop <= n_full
+                    and stop - done >= min(self.k, FIRST_CALL_STEPS)):
                 per_step = (time.perf_counter() - call_start) / (stop - done)
                 self.k = int(min(max(1, CALL_SECONDS / max(per_step, 1e-6)), 4 * self.k,
                                  n_steps, self.max_steps))
