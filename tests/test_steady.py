@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ensemble.replication.training import SteadyState
+from ensemble.replication.steady import SteadyState
 from pipelines.benchmark import _clients_steady, concurrent_flops_rate
 
 
@@ -51,7 +51,7 @@ def test_between_graph_steady_rate_falls_back_to_the_sum():
 
 def test_steady_spans_join_the_calls_of_an_epoch(monkeypatch):
     clock = iter([100.0, 101.0, 150.0, 151.5])  # time.time() at each counted call's end
-    monkeypatch.setattr("ensemble.replication.training.time.time", lambda: next(clock))
+    monkeypatch.setattr("ensemble.replication.steady.time.time", lambda: next(clock))
     st = SteadyState(batch_size=10, n_train=95)  # 10 steps an epoch, the last of 5 rows
     st.on_call_end(0, 2, 10, None, 0.5)  # the run's first call: tracing, not counted
     st.on_call_end(0, 6, 10, None, 1.5)  # 40 rows in 1.0 s, ending at 100.0

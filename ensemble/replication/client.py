@@ -59,7 +59,7 @@ def serve(request: ClientRequest) -> dict:
         The client's report payload: `members`, `ready_unix` (TensorFlow loaded),
         `work_seconds`, `peak_rss_bytes`, `tensorflow_build`, `steady` (training: member
         -> [rows, seconds] of its steady-state training calls) and `spans` (member -> when
-        those calls ran, `training.SteadyState.spans`).
+        those calls ran, `steady.SteadyState.spans`).
 
     Raises:
         UsageError: a bad request, run or input; interrupt.Interrupted: SIGINT/SIGTERM (its
@@ -88,12 +88,12 @@ def _predict(request: ClientRequest) -> dict:
 
 
 def _train(request: ClientRequest) -> dict:
-    """Train the request's members; returns member -> its `training.SteadyState`."""
+    """Train the request's members; returns member -> its `steady.SteadyState`."""
     from ensemble.core import interrupt
     from ensemble.core.record import Manifest
     from ensemble.replication import progress
     from ensemble.replication.client_work import run_client
-    from ensemble.replication.training import SteadyState
+    from ensemble.replication.steady import SteadyState
 
     manifest = Manifest.load(Path(request.run))
     steady: dict = {}

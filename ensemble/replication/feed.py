@@ -10,10 +10,10 @@ release the GIL, so the copy overlaps the compute. The rows are the same whateve
 timing, so the members do not change.
 
 The gathered rows are the only copy of a call's batch: `Gather` writes them into one of two
-buffers it keeps (aligned to 64 bytes, reused from call to call, so a call's tens of megabytes
-are not fresh pages every time), and `to_tensor` hands such a buffer to TensorFlow without a
-copy (DLPack). `tf.constant` would copy it once more on the calling thread, while the
-devices wait.
+buffers it keeps (aligned to 64 bytes, made once at the largest call's size with their pages
+filled in, so that no call touches fresh memory), and `to_tensor` hands such a buffer to
+TensorFlow without a copy (DLPack). `tf.constant` would copy it once more on the calling
+thread, while the devices wait.
 
 Own code rather than a `tf.data` pipeline: the index order is computed per call by the epoch
 loop (its step count adapts to the call time), and a generator-backed `tf.data.Dataset` would
@@ -22,10 +22,9 @@ add a Python round trip per element without removing the gather.
 
 from __future__ import annotations
 
+import mmap
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator, TypeVar
-
-import mmap
 
 import numpy as np
 
@@ -67,8 +66,7 @@ class Gather:
         # rows that stay in memory (an array, or a map of at most half the memory: the page
         # cache keeps it after the first epoch) are taken in one pass; a larger map in file
         # order, so that each call reads it in one forward sweep
-        self.in_file_order = (isinstance(x, np.memmap) and x.dtype == self.x_dtype
-                              and (room is None or x.nbytes > room // 2))
+        self.in_file_order = isinstance(x, np.memmap) and (room is None or x.nbytes > room // 2)
         self._slots: list[list[np.ndarray | None]] = [[None, None] for _ in range(SLOTS)]
         self._turn = 0
 
@@ -87,8 +85,7 @@ class Gather:
         raw = slot[part]
         if raw is None or len(raw) < nbytes + ALIGN:
             size = max(nbytes, self.call_rows * row) + ALIGN
-            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-            raw = slot[part] = np.frombuffer(mmap.mmap(-1, size, flags=flags), np.uint8)
+            slot[part] = raw = _filled_in(size)
         start = -raw.ctypes.data % ALIGN
         return raw[start:start + nbytes].view(dtype).reshape(shape)
 
@@ -129,6 +126,15 @@ class Gather:
         for k in range(len(rows)):
             yb[k] = self.y[rows[k]]
         return (xb.reshape(*idx.shape, *self.row_shape), yb.reshape(idx.shape))
+
+
+def _filled_in(size: int) -> np.ndarray:
+    """`size` bytes of fresh memory, its pages filled in now where the system can (Linux's
+    `MAP_POPULATE`; elsewhere an ordinary array)."""
+    if not hasattr(mmap, "MAP_ANONYMOUS"):  # Windows
+        return np.empty(size, np.uint8)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    return np.frombuffer(mmap.mmap(-1, size, flags=flags), np.uint8)
 
 
 def to_tensor(a: np.ndarray):

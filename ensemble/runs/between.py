@@ -137,7 +137,7 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
         "work_seconds": the member's own training/prediction time, "startup_seconds": the
         client's start-up (spawn to ready), "peak_rss_bytes": the client's peak, "steady"
         (training): `{member: [rows, seconds]}` of each of the client's members' steady-state
-        training calls and `"spans"`, when they ran (`training.SteadyState`)}`.
+        training calls and `"spans"`, when they ran (`steady.SteadyState`)}`.
 
     Signals: while the clients run, SIGINT/SIGTERM to this process are forwarded to them
     (each stops after its current call, keeping its checkpoint); every client is reaped

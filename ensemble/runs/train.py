@@ -125,7 +125,8 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: Manifest, callbacks: 
     splits and write the run's tables; updates `manifest` and finishes the run."""
     from ensemble import tasks
     from ensemble.replication.in_graph import InGraphEnsemble
-    from ensemble.replication.training import Schedule, SteadyState
+    from ensemble.replication.steady import SteadyState
+    from ensemble.replication.training import Schedule
 
     split = {s: artifacts.read_split(run_dir, s, manifest) for s in artifacts.SPLITS}
     classes = np.asarray(manifest.dataset.classes)
