@@ -69,11 +69,22 @@ def test_a_map_larger_than_half_the_memory_is_read_in_file_order(tmp_path, monke
     np.testing.assert_array_equal(yb, idx)
 
 
+def _gathered(a):
+    return feed.Gather(a, np.zeros(len(a)), np.int32)(np.arange(len(a))[None, None])[0][0, 0]
+
+
+def _read_only(a):
+    assert a.ctypes.data % feed.ALIGN == 0
+    a.flags.writeable = False
+    return a
+
+
 @pytest.mark.parametrize("make", [
-    lambda a: feed.Gather(a, np.zeros(len(a)), np.int32)(np.arange(len(a))[None, None])[0][0, 0],
+    _gathered,
     lambda a: a[1:],  # unaligned: copied
     lambda a: a[:, ::2],  # not contiguous: copied
     lambda a: a[:0],  # no rows
+    lambda a: _read_only(_gathered(a)),  # aligned, but NumPy exports no read-only array
 ])
 def test_to_tensor_holds_the_arrays_values(make):
     a = make(np.random.default_rng(0).random((9, 6)).astype(np.float32))

@@ -139,11 +139,12 @@ def _filled_in(size: int) -> np.ndarray:
 
 def to_tensor(a: np.ndarray):
     """`a` as a TensorFlow tensor on the host: without a copy (DLPack) when `a` is
-    C-contiguous and `ALIGN`-aligned, as `Gather`'s batches are; else copied (`tf.constant`).
+    C-contiguous, writeable (NumPy exports no read-only array) and `ALIGN`-aligned, as
+    `Gather`'s batches are; else copied (`tf.constant`).
     A tensor made without a copy reads `a`'s memory: `a` must not change while it is used."""
     import tensorflow as tf
 
-    if a.flags.c_contiguous and a.ctypes.data % ALIGN == 0 and a.size:
+    if a.flags.c_contiguous and a.flags.writeable and a.ctypes.data % ALIGN == 0 and a.size:
         return tf.experimental.dlpack.from_dlpack(a.__dlpack__())
     return tf.constant(a)
 
