@@ -43,6 +43,14 @@ def test_a_larger_call_gets_a_larger_buffer():
     assert yb.dtype == np.float32 and yb.shape == big.shape
 
 
+def test_plan_calls_bounds_a_call_by_bytes_and_by_the_epoch(monkeypatch):
+    g = feed.Gather(np.zeros((10, 4), np.float32), np.zeros(10), np.int32)  # 20 B a row
+    monkeypatch.setattr(feed, "CALL_BYTES", 20 * 2 * 3 * 7)  # 7 steps of 2 members x 3 rows
+    assert g.plan_calls(2, 3) == 7 and g.call_rows == 42
+    assert g.plan_calls(2, 3, n_steps=4) == 4 and g.call_rows == 24
+    assert g.plan_calls(2, 1000) == 1  # a step larger than the bound: still one
+
+
 def test_buffers_are_made_once_at_the_largest_calls_size():
     x = np.random.default_rng(0).random((100, 4)).astype(np.float32)
     g = feed.Gather(x, np.zeros(100), np.int32, call_rows=2 * 50 * 3)

@@ -52,9 +52,9 @@ class Gather:
             are fed as float32, `uint8` images as `uint8` (the step casts them).
         y: `[n_rows]` targets; fed as `y_dtype`.
         y_dtype: numpy dtype of the targets the traced call takes (the task's).
-        call_rows: the most rows one call gathers (0: unknown): the buffers are made this
-            large at their first use, so that the growing calls of the first epoch do not
-            allocate (and fault in) new memory each time.
+        call_rows: the most rows one call gathers (0: unknown; `plan_calls` sets it): the
+            buffers are made this large at their first use, so that the growing calls of
+            the first epoch do not allocate (and fault in) new memory each time.
     """
 
     def __init__(self, x: np.ndarray, y: np.ndarray, y_dtype, call_rows: int = 0):
@@ -98,9 +98,13 @@ class Gather:
         return int(np.prod(self.row_shape, dtype=np.int64)) * np.dtype(self.x_dtype).itemsize \
             + self.y_dtype.itemsize
 
-    def max_steps(self, n_members: int, batch: int) -> int:
-        """The most steps one call may take within `CALL_BYTES` (at least 1)."""
-        return max(1, CALL_BYTES // max(1, n_members * batch * self.row_bytes()))
+    def plan_calls(self, n_members: int, batch: int, n_steps: int | None = None) -> int:
+        """The most steps one call may take within `CALL_BYTES` (at least 1; at most an
+        epoch's `n_steps` when given), and the size the buffers are made at (`call_rows`)."""
+        steps = max(1, CALL_BYTES // max(1, n_members * batch * self.row_bytes()))
+        steps = min(steps, n_steps) if n_steps else steps
+        self.call_rows = n_members * batch * steps
+        return steps
 
     def __call__(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         idx = np.asarray(idx)

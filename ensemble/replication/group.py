@@ -222,9 +222,8 @@ class MemberGroup:
         steps = [self.make_train_steps(x_train), self._best is not None]
         self.divergence = Divergence(self.indices)
         gather = Gather(x_train, y_train, self.task.target_dtype)
-        max_steps = min(gather.max_steps(len(self.models), schedule.batch_size),
-                        schedule.steps_per_epoch(len(x_train)))
-        gather.call_rows = len(self.models) * schedule.batch_size * max_steps
+        max_steps = gather.plan_calls(len(self.models), schedule.batch_size,
+                                     schedule.steps_per_epoch(len(x_train)))
 
         def run_steps(batch, total, active):  # numpy in and out
             if not steps[1] and not active.all():  # a member diverged: trace the masked call

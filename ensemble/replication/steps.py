@@ -123,9 +123,10 @@ def make_steps_fn(spec: StepsSpec):
     The returned function takes `xb` `[n_members, steps, batch, *row_shape]` (`x_dtype`)
     and `yb` `[n_members, steps, batch]` (the task's target dtype): member `k`'s rows of
     each step, gathered on the host (`feed.Gather`), member-major so that `xb[k]` is a
-    view, plus `total` `[n_members]` float32 (the epoch's running loss sum so far) and `active` `[n_members]` bool, and returns `total`
-    plus, step after step, each member's batch-mean loss x batch rows: carrying the running
-    sum through the calls makes it independent of how the steps are split into calls.
+    view, plus `total` `[n_members]` float32 (the epoch's running loss sum so far) and
+    `active` `[n_members]` bool, and returns `total` plus, step after step, each member's
+    batch-mean loss x batch rows: carrying the running sum through the calls makes it
+    independent of how the steps are split into calls.
     Each member runs its steps in a `tf.while_loop` of its own (members do not wait for each
     other at every step; the executor runs their loops side by side), calling `train_step`
     under `tf.device` of its device, with the loop's counter, condition and running sum on

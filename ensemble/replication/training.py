@@ -187,7 +187,7 @@ class LoopSpec:
         gather: turns a call's batch rows into what `run_steps` takes (`feed.Gather`: the
             rows themselves); run one call ahead in a background thread. None: the row
             indices are passed as they are.
-        max_steps: the most steps one call may take (`feed.Gather.max_steps`: bounds the
+        max_steps: the most steps one call may take (`feed.Gather.plan_calls`: bounds the
             bytes of a call's batches); None: no bound beyond the epoch.
     """
 

@@ -87,7 +87,8 @@ def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preproce
             records = train_loop(LoopSpec(
                 entry.steps, group.indices, schedule, len(x), group.task, predict_val,
                 None if val is None else val[1], stopping=stopping, gather=entry.gather,
-                max_steps=entry.gather.max_steps(len(group.models), schedule.batch_size)))
+                max_steps=entry.gather.plan_calls(len(group.models), schedule.batch_size,
+                                                  schedule.steps_per_epoch(len(x)))))
         finally:
             entry.clear()
         weights = entry.weights()
