@@ -53,7 +53,8 @@ def test_plan_calls_bounds_a_call_by_bytes_and_by_the_epoch(monkeypatch):
 
 def test_buffers_are_made_once_at_the_largest_calls_size():
     x = np.random.default_rng(0).random((100, 4)).astype(np.float32)
-    g = feed.Gather(x, np.zeros(100), np.int32, call_rows=2 * 50 * 3)
+    g = feed.Gather(x, np.zeros(100), np.int32)
+    assert g.plan_calls(2, 3, n_steps=50) == 50 and g.call_rows == 2 * 50 * 3
     small, big = np.zeros((2, 1, 3), int), np.random.default_rng(1).integers(0, 100, (2, 50, 3))
     first = g(small)[0]
     g(small)

@@ -52,14 +52,16 @@ class Gather:
             are fed as float32, `uint8` images as `uint8` (the step casts them).
         y: `[n_rows]` targets; fed as `y_dtype`.
         y_dtype: numpy dtype of the targets the traced call takes (the task's).
-        call_rows: the most rows one call gathers (0: unknown; `plan_calls` sets it): the
-            buffers are made this large at their first use, so that the growing calls of
-            the first epoch do not allocate (and fault in) new memory each time.
+
+    Attributes:
+        call_rows: the most rows one call gathers (0 until `plan_calls`): the buffers are
+            made this large at their first use, so that the growing calls of the first epoch
+            do not allocate (and fault in) new memory each time.
     """
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, y_dtype, call_rows: int = 0):
+    def __init__(self, x: np.ndarray, y: np.ndarray, y_dtype):
         self.x, self.y = x, np.asarray(y)
-        self.call_rows = call_rows
+        self.call_rows = 0
         self.x_dtype = np.uint8 if x.dtype == np.uint8 else np.float32
         self.y_dtype = np.dtype(y_dtype)
         room, _ = memory.available()
@@ -112,13 +114,13 @@ class Gather:
         rows = idx.reshape(len(idx), int(np.prod(idx.shape[1:], dtype=np.int64)))
         self._turn = (self._turn + 1) % SLOTS
         xb = self._buffer(0, (idx.size, *self.row_shape), self.x_dtype)
-        if not self.in_file_order:  # member by member: small temporaries (the indices)
-            out = xb.reshape(*rows.shape, *self.row_shape)
+        out = xb.reshape(*rows.shape, *self.row_shape)
+        if not self.in_file_order and self.x.dtype == self.x_dtype:
+            for k in range(len(rows)):  # member by member: small index temporaries; "clip"
+                np.take(self.x, rows[k], axis=0, out=out[k], mode="clip")  # (no out buffer)
+        elif not self.in_file_order:
             for k in range(len(rows)):
-                if self.x.dtype == self.x_dtype:  # "clip" (the rows are valid): no out buffer
-                    np.take(self.x, rows[k], axis=0, out=out[k], mode="clip")
-                else:
-                    out[k] = self.x[rows[k]]  # float64 rows, fed as float32
+                out[k] = self.x[rows[k]]  # float64 rows, fed as float32
         else:  # a block of rows at a time (no call-sized temporary), in file order
             flat = rows.reshape(-1)
             order = np.argsort(flat, kind="stable")

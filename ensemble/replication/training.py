@@ -235,6 +235,7 @@ class _Loop:
         self.stopping, self.check, self.divergence = spec.stopping, check, divergence
         self.gather = spec.gather or (lambda idx: idx)
         self.n_steps = spec.schedule.steps_per_epoch(spec.n_train)
+        self.n_full = spec.n_train // spec.schedule.batch_size  # steps of a full batch
         self.max_steps = spec.max_steps or self.n_steps
         self.traced = False
         self.k = min(spec.schedule.steps_per_call or min(FIRST_CALL_STEPS, self.n_steps),
@@ -302,8 +303,7 @@ class _Loop:
         steps `done..stop` of `epoch` and their `[n_members, stop - done, batch]` batch rows
         (the ragged last batch alone). Lazy: a call's size is the `k` at the time it is asked
         for."""
-        bs = self.s.batch_size
-        n_full = self.n_train // bs
+        bs, n_full = self.s.batch_size, self.n_full
         for epoch in range(start_epoch, self.s.epochs):
             order = np.stack([batch_order(self.s.run_seed, i, epoch, self.n_train)
                               for i in self.indices])
@@ -319,18 +319,15 @@ class _Loop:
 
     def _epoch(self, epoch: int, active: np.ndarray, start: float, calls) -> np.ndarray:
         s, n_steps = self.s, self.n_steps
-        n_full = self.n_train // s.batch_size
         total = np.zeros(len(self.indices), np.float32)
-        for (call_epoch, done, stop, _), batch in calls:
-            if call_epoch != epoch:  # the rest of an epoch left early (every member diverged)
-                continue
+        for (_, done, stop, _), batch in calls:  # this epoch's calls, in order
             call_start = time.perf_counter()
             total = np.asarray(self.run_steps(batch, total, active), np.float32)
             if self.divergence.check_losses(epoch, total, active):  # values already here
                 active &= self.divergence.healthy()  # masked from the next call on
-                if not active.any():
-                    break
-            if (self.traced and not s.steps_per_call and stop <= n_full
+                if not active.any():  # the run ends: no later epoch has a member to train,
+                    break  # so the rest of this epoch's calls is never asked for
+            if (self.traced and not s.steps_per_call and stop <= self.n_full
                     and stop - done >= min(self.k, FIRST_CALL_STEPS)):
                 per_step = (time.perf_counter() - call_start) / (stop - done)
                 self.k = int(min(max(1, CALL_SECONDS / max(per_step, 1e-6)), 4 * self.k,
