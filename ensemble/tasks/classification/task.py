@@ -48,7 +48,12 @@ class Classification(Task):
         import keras
         import tensorflow as tf
 
-        return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, outputs))
+        logits = _fused_logits(outputs)
+        if logits is None:
+            return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, outputs))
+        cost, _ = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(
+            features=logits, labels=tf.cast(y, tf.int64))
+        return tf.reduce_mean(cost)
 
     def validation_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
         """`{"val_loss": NLL, "val_accuracy": accuracy}` of one member's `[n_rows, n_classes]`
@@ -114,3 +119,27 @@ class Classification(Task):
     def refusal(self, name: str, names: Sequence[str]) -> str:
         """`std-scaling` is regression's; other names are unknown."""
         return A.unknown(name)
+
+
+def _fused_logits(outputs):
+    """The logits of the softmax head when `outputs` `[batch, n_classes]` is its traced output
+    and runs on CPU, else None.
+
+    Keras's sparse cross-entropy finds the same logits and calls TensorFlow's fused kernel
+    (`SparseSoftmaxCrossEntropyWithLogits`), but with op determinism on (the default,
+    `training.deterministic`) TensorFlow's Python API swaps that kernel for a log-softmax, a
+    batched gather and a NaN mask on every device, because the GPU kernel is not
+    deterministic. The CPU kernel is (each row's sum runs in one thread), so on CPU the fused
+    kernel gives the same numbers as Keras without op determinism, in fewer ops per step. A
+    process that sees a GPU keeps Keras's path unless the head is pinned to a CPU device, so
+    that both modes of one machine take the same path (member parity).
+    """
+    import tensorflow as tf
+
+    if (tf.executing_eagerly() or not hasattr(outputs, "op") or outputs.op.type != "Softmax"
+            or outputs.shape.rank != 2):
+        return None
+    on_cpu = tf.DeviceSpec.from_string(outputs.op.device or "").device_type == "CPU"
+    if not on_cpu and tf.config.list_logical_devices("GPU"):
+        return None
+    return outputs.op.inputs[0]
