@@ -44,7 +44,13 @@ class Classification(Task):
     def loss(self, y, outputs):
         """Mean sparse categorical cross-entropy (natural log) of `outputs` `[batch,
         n_classes]` probabilities against `y` `[batch]` int32 class indices (a scalar
-        float32 tensor)."""
+        float32 tensor). Traced on CPU it is computed from the softmax head's logits by
+        TensorFlow's fused kernel (`_fused_logits` says why); elsewhere by Keras.
+
+        Raises:
+            tensorflow.errors.InvalidArgumentError: at run time, on CPU, a class index
+                outside `[0, n_classes)` (Keras's path gives a NaN loss instead).
+        """
         import keras
         import tensorflow as tf
 
