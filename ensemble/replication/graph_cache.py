@@ -132,13 +132,9 @@ class TracedEnsemble:
     def steps(self, batch, total: np.ndarray, active: np.ndarray) -> np.ndarray:
         """`steps.make_steps_fn`'s call on a gathered `batch` (`(xb, yb)` of `feed.Gather`),
         numpy in and out (for `training.train_loop`)."""
-        import tensorflow as tf
+        from ensemble.replication.feed import run_call
 
-        from ensemble.replication.feed import to_tensor
-
-        xb, yb = batch
-        return self.run_steps(to_tensor(xb), to_tensor(yb), tf.constant(total),
-                              tf.constant(active)).numpy()
+        return run_call(self.run_steps, batch, total, active)
 
     def weights(self) -> list[list[np.ndarray]]:
         """`[n_members]` lists of the members' weights (`keras.Model.get_weights`)."""

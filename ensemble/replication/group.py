@@ -216,7 +216,7 @@ class MemberGroup:
         from ensemble.replication.checkpoints import EpochCheckpoints
         from ensemble.replication.divergence import Divergence
 
-        from ensemble.replication.feed import Gather, to_tensor
+        from ensemble.replication.feed import Gather, run_call
 
         stopping = self.early_stopping(schedule)
         steps = [self.make_train_steps(x_train), self._best is not None]
@@ -228,9 +228,7 @@ class MemberGroup:
         def run_steps(batch, total, active):  # numpy in and out
             if not steps[1] and not active.all():  # a member diverged: trace the masked call
                 steps[:] = [self.make_train_steps(x_train, masked=True), True]
-            xb, yb = batch
-            return steps[0](to_tensor(xb), to_tensor(yb), tf.constant(total),
-                            tf.constant(active)).numpy()
+            return run_call(steps[0], batch, total, active)
 
         ckpt = (EpochCheckpoints(checkpoint_dir, self.models, self.optimizers, self._best)
                 if checkpoint_dir is not None else None)

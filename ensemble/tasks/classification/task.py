@@ -58,7 +58,7 @@ class Classification(Task):
         if logits is None:
             return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, outputs))
         cost, _ = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(
-            features=logits, labels=tf.cast(y, tf.int64))
+            features=logits, labels=tf.cast(y, tf.int32))  # no op for int32 targets
         return tf.reduce_mean(cost)
 
     def validation_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
