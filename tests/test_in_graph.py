@@ -110,8 +110,44 @@ def test_each_members_loop_takes_its_inputs_on_its_own_device(prepared):
     x, y, _ = prepared["train"]
     graph = ens.make_train_steps(x, y).get_concrete_function().graph
     loops = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
-    assert sorted(op.device for op in loops) == sorted(devs)
+    assert sorted(op.device for op in loops) == sorted(set(devs))  # one loop per device
     for op in loops:
         fed = [i.op for i in op.inputs if i.op.type not in COLOCATED]
         assert fed and all(i.device == op.device for i in fed), \
             [(i.name, i.device) for i in fed if i.device != op.device]
+
+
+def _loops(graph):
+    return [d for _, kind, d in _all_ops(graph) if kind in ("While", "StatelessWhile")]
+
+
+def test_members_sharing_a_device_step_in_one_loop_as_each_would_alone(prepared):
+    """Two members on one device train in one loop (each iteration a step of both) and end
+    with the weights each gets alone, bit for bit. Once one of them stops, the call is traced
+    masked (a loop per member, each inside a condition) and the stopped member stays put."""
+    from ensemble.replication.steps import StepsCall
+    from ensemble.replication.training import Schedule
+
+    (x, y, _), (xv, yv, _) = prepared["train"], prepared["validation"]
+    schedule = Schedule.of(CFG.training)
+    pair = _build(["/device:CPU:0", "/device:CPU:0"], [0, 1])
+    assert len(_loops(pair.make_train_steps(x, y).get_concrete_function().graph)) == 1
+    masked = pair.make_train_steps(x, y, masked=True).get_concrete_function().graph
+    assert len(_loops(masked)) == 2
+    pair.fit(x, y, (xv, yv), schedule)
+    for k in (0, 1):
+        alone = _build(["/device:CPU:0"], [k])
+        alone.fit(x, y, (xv, yv), schedule)
+        for a, b in zip(alone.models[0].get_weights(), pair.models[k].get_weights()):
+            np.testing.assert_array_equal(a, b)
+
+    call = StepsCall(lambda m: pair.make_train_steps(x, y, masked=m))
+    xb = np.stack([x[None, :64], x[None, 64:128]])  # [2 members, 1 step, 64 rows, features]
+    yb = np.stack([y[None, :64], y[None, 64:128]]).astype(pair.task.target_dtype)
+    before = [m.get_weights() for m in pair.models]
+    sums = call((xb, yb), np.zeros(2, np.float32), np.array([True, False]))
+    assert list(call.traced) == [True]  # only the masked form was traced
+    assert sums[0] > 0 and sums[1] == 0
+    assert not np.array_equal(pair.models[0].get_weights()[0], before[0][0])
+    for a, b in zip(pair.models[1].get_weights(), before[1]):
+        np.testing.assert_array_equal(a, b)

@@ -84,7 +84,7 @@ class TracedEnsemble:
 
         from ensemble.replication.group import CLIENT_DEVICE
         from ensemble.replication.in_graph import InGraphEnsemble
-        from ensemble.replication.steps import StepsSpec, make_steps_fn
+        from ensemble.replication.steps import StepsCall, StepsSpec, make_steps_fn
 
         self.cfg, self.input_shape, self.n_classes = cfg, tuple(input_shape), n_classes
         self.devices, self.n_train = list(devices), n_train
@@ -93,9 +93,9 @@ class TracedEnsemble:
                                            task=_task(cfg, n_classes))
         self.lock = threading.RLock()
         self.gather = None  # `feed.Gather` of the rows of the fit under way (`feed`)
-        self.run_steps = make_steps_fn(StepsSpec(
+        self.run_steps = StepsCall(lambda masked: make_steps_fn(StepsSpec(
             self.group.models, self.group.optimizers, self.devices, self.group.task,
-            self.input_shape, tf.float32, CLIENT_DEVICE, cfg.training.early_stopping > 0))
+            self.input_shape, tf.float32, CLIENT_DEVICE, masked)))
         self._predictors: OrderedDict[str, object] = OrderedDict()
 
     def reset(self, seed: int) -> None:
@@ -132,9 +132,7 @@ class TracedEnsemble:
     def steps(self, batch, total: np.ndarray, active: np.ndarray) -> np.ndarray:
         """`steps.make_steps_fn`'s call on a gathered `batch` (`(xb, yb)` of `feed.Gather`),
         numpy in and out (for `training.train_loop`)."""
-        from ensemble.replication.feed import run_call
-
-        return run_call(self.run_steps, batch, total, active)
+        return self.run_steps(batch, total, active)
 
     def weights(self) -> list[list[np.ndarray]]:
         """`[n_members]` lists of the members' weights (`keras.Model.get_weights`)."""

@@ -17,7 +17,7 @@ from ensemble import tasks
 from ensemble.config.schema import Config, member_hparams
 from ensemble.models.members import build_member, member_seed
 from ensemble.models.optimizer import build_optimizer
-from ensemble.replication.steps import StepsSpec, make_steps_fn
+from ensemble.replication.steps import StepsCall, StepsSpec, make_steps_fn
 from ensemble.replication.training import EarlyStopping, LoopSpec, Schedule, train_loop
 
 CLIENT_DEVICE = "/device:CPU:0"
@@ -173,14 +173,13 @@ class MemberGroup:
                 {a: np.concatenate(v, axis=0) for a, v in ens.items()})
 
     def make_train_steps(self, x_train: np.ndarray, y_train: np.ndarray | None = None,
-                         masked: bool | None = None):
+                         masked: bool = False):
         """The traced many-steps training call of these members (`steps.make_steps_fn`):
         `run_steps(xb [n_members, steps, batch, *input_shape], yb [n_members, steps, batch],
         total [n_members] float32, active [n_members] bool) -> [n_members]` running loss
         sums. `x_train` `[n_train, *input_shape]` gives the rows' dtype (uint8 images stay
-        uint8) and the adversarial step's range; `masked` (default: with early stopping)
-        makes it skip the steps of inactive members."""
-        masked = self._best is not None if masked is None else masked
+        uint8) and the adversarial step's range; `masked` makes it skip the steps of
+        inactive members (one loop per member instead of one per device)."""
         adversarial = None
         if self.adversarial_epsilon > 0:
             from ensemble.replication.adversarial import input_step
@@ -215,20 +214,15 @@ class MemberGroup:
         """
         from ensemble.replication.checkpoints import EpochCheckpoints
         from ensemble.replication.divergence import Divergence
-
-        from ensemble.replication.feed import Gather, run_call
+        from ensemble.replication.feed import Gather
 
         stopping = self.early_stopping(schedule)
-        steps = [self.make_train_steps(x_train), self._best is not None]
+        # masked (a member stopped or diverged): traced the first time it is needed
+        run_steps = StepsCall(lambda masked: self.make_train_steps(x_train, masked=masked))
         self.divergence = Divergence(self.indices)
         gather = Gather(x_train, y_train, self.task.target_dtype)
         max_steps = gather.plan_calls(len(self.models), schedule.batch_size,
                                      schedule.steps_per_epoch(len(x_train)))
-
-        def run_steps(batch, total, active):  # numpy in and out
-            if not steps[1] and not active.all():  # a member diverged: trace the masked call
-                steps[:] = [self.make_train_steps(x_train, masked=True), True]
-            return run_call(steps[0], batch, total, active)
 
         ckpt = (EpochCheckpoints(checkpoint_dir, self.models, self.optimizers, self._best)
                 if checkpoint_dir is not None else None)

@@ -127,25 +127,29 @@ def make_steps_fn(spec: StepsSpec):
     `active` `[n_members]` bool, and returns `total` plus, step after step, each member's
     batch-mean loss x batch rows: carrying the running sum through the calls makes it
     independent of how the steps are split into calls.
-    Each member runs its steps in a `tf.while_loop` of its own (members do not wait for each
-    other at every step; the executor runs their loops side by side), calling `train_step`
-    under `tf.device` of its device, with the loop's counter, condition and running sum on
-    that device too: a member's rows of the call are sent to its device once per call and
-    nothing crosses devices step by step; only stacking the sums runs on `client_device`.
+
+    The members of each device run their steps in one `tf.while_loop` on that device
+    (`device_loop`), one step of each per iteration. A member's rows of the call are sent to
+    its device once per call, nothing crosses devices step by step, the devices' loops run
+    side by side without waiting for each other, and only stacking the sums runs on
+    `client_device`. With `spec.masked`, each member has a loop of its own inside a
+    condition on `active[k]` instead, so that an inactive member skips its steps
+    (`StepsCall` traces that form only once a member has stopped).
     """
     import tensorflow as tf
 
-    models, optimizers, devices, task = spec.models, spec.optimizers, spec.devices, spec.task
-    client_device, replicas, adversarial = spec.client_device, spec.replicas, spec.adversarial
-    n = len(models)
-    steps = [None] * n
-    for k, device in enumerate(devices if adversarial is not None else ()):
+    devices, task, client_device = spec.devices, spec.task, spec.client_device
+    n = len(devices)
+    members = []  # (model, optimizer, replica devices, adversarial sign step or None)
+    for k, device in enumerate(devices):
         with tf.device(device):
-            steps[k] = tf.constant(adversarial[k], tf.float32)
-    groups = [replicas[k] if replicas is not None else [devices[k]] for k in range(n)]
-
-    loops = [member_loop(models[k], optimizers[k], devices[k], groups[k], task, steps[k])
-             for k in range(n)]
+            members.append((spec.models[k], spec.optimizers[k],
+                            spec.replicas[k] if spec.replicas is not None else [device],
+                            None if spec.adversarial is None
+                            else tf.constant(spec.adversarial[k], tf.float32)))
+    units: dict[str, list[int]] = {}  # the members of one loop: a device's, or one (masked)
+    for k in range(n):
+        units.setdefault(str(k) if spec.masked else devices[k], []).append(k)
 
     @tf.function(input_signature=[tf.TensorSpec([n, None, None, *spec.row_shape],
                                                 spec.x_dtype),
@@ -153,43 +157,83 @@ def make_steps_fn(spec: StepsSpec):
                                   tf.TensorSpec([n], tf.float32),
                                   tf.TensorSpec([n], tf.bool)], autograph=False)
     def run_steps(xb, yb, total, active):
-        def run_member(k):  # member k's steps, a loop of its own on its own device
-            with tf.device(client_device):  # the member's rows of the call (a view), sent once
-                xk, yk, total_k = xb[k], yb[k], total[k]
-            with tf.device(devices[k]):  # no per-step cross-device traffic, no barrier
-                # the loop's inputs, copied to the member's device first: a loop's frame
-                # nodes sit beside their inputs, and frame nodes on the client device made
-                # each step of a member elsewhere wait on a cross-device send
-                xk, yk, total_k = tf.identity(xk), tf.identity(yk), tf.identity(total_k)
-                if not spec.masked:
-                    return loops[k](xk, yk, total_k)
-                return tf.cond(active[k], lambda: loops[k](xk, yk, total_k), lambda: total_k)
-
-        sums = [run_member(k) for k in range(n)]
+        sums = [None] * n
+        for ks in units.values():
+            device = devices[ks[0]]
+            with tf.device(client_device):  # the members' rows of the call (views), sent once
+                fed = [(xb[k], yb[k], total[k]) for k in ks]
+            with tf.device(device):
+                # copied to the loop's device first: its frame nodes sit beside its inputs,
+                # and on the client device they made every step wait on a cross-device send
+                fed = [tuple(tf.identity(t) for t in f) for f in fed]
+                loop = device_loop([members[k] for k in ks], device, task)
+                if spec.masked:  # one member
+                    out = [tf.cond(active[ks[0]], lambda: loop(fed)[0], lambda: fed[0][2])]
+                else:
+                    out = loop(fed)
+            for k, total_k in zip(ks, out):
+                sums[k] = total_k
         with tf.device(client_device):
             return tf.stack(sums)
 
     return run_steps
 
 
-def member_loop(model, optimizer, device: str, group: Sequence[str], task, adversarial=None):
-    """One member's steps of a call: `loop(xk, yk, total_k)` runs `replicated_train_step`
-    over `xk` `[steps, batch, *row_shape]` and `yk` `[steps, batch]` in a `tf.while_loop` on
-    `device`, and returns `total_k` plus each step's batch-mean loss x batch rows."""
+def device_loop(members: Sequence[tuple], device: str, task):
+    """The steps of a call of the members of one device: `loop(fed)` runs, in one
+    `tf.while_loop` on `device`, `replicated_train_step` for every member at every step.
+
+    Args:
+        members: `[(model, optimizer, replica devices, adversarial sign step or None)]`.
+        device: where the loop's counter, condition and sums run.
+        task: the run's `tasks` object.
+
+    Returns:
+        `loop(fed)`: `fed` `[(xk [steps, batch, *row_shape], yk [steps, batch], total_k)]`
+        one per member, all of the same steps and batch; returns `[total_k + sum over steps
+        of the batch-mean loss x batch rows]` in the same order.
+    """
     import tensorflow as tf
 
-    def loop(xk, yk, total_k):
+    def loop(fed):
         with tf.device(device):
-            n_steps = tf.shape(yk)[0]
-            rows = tf.cast(tf.shape(yk)[1], tf.float32)
+            n_steps = tf.shape(fed[0][1])[0]
+            rows = tf.cast(tf.shape(fed[0][1])[1], tf.float32)
 
-            def body(s, loss_sum):
-                loss = replicated_train_step(model, optimizer, (xk[s], yk[s]), task, group,
-                                             adversarial)
-                return s + 1, loss_sum + loss * rows
+            def body(s, *sums):
+                return (s + 1, *[
+                    total + replicated_train_step(model, optimizer, (xk[s], yk[s]), task,
+                                                  group, adversarial) * rows
+                    for total, (xk, yk, _), (model, optimizer, group, adversarial)
+                    in zip(sums, fed, members)])
 
-            _, loss_sum = tf.while_loop(lambda s, _: s < n_steps, body,
-                                        [tf.constant(0), total_k], parallel_iterations=1)
-            return loss_sum
+            out = tf.while_loop(lambda s, *_: s < n_steps, body,
+                                [tf.constant(0), *[total for _, _, total in fed]],
+                                parallel_iterations=1)
+            return list(out[1:])
 
     return loop
+
+
+class StepsCall:
+    """A group's many-steps training call as `training.train_loop` runs it: numpy in and out,
+    traced without masking while every member trains (one loop per device) and masked
+    (`StepsSpec.masked`) for the calls in which some member does not (early stopping,
+    divergence); each form is traced on first use.
+
+    Args:
+        make: `make(masked: bool)` -> the traced call (`make_steps_fn`).
+    """
+
+    def __init__(self, make):
+        self.make, self.traced = make, {}
+
+    def __call__(self, batch, total, active):
+        """Run `batch` (`(xb, yb)` of `feed.Gather`) from the running sums `total`
+        `[n_members]` float32 with `active` `[n_members]` bool; returns the new sums."""
+        from ensemble.replication.feed import run_call
+
+        masked = not active.all()
+        if masked not in self.traced:
+            self.traced[masked] = self.make(masked)
+        return run_call(self.traced[masked], batch, total, active)
