@@ -145,8 +145,12 @@ def test_members_sharing_a_device_step_in_one_loop_as_each_would_alone(prepared)
     xb = np.stack([x[None, :64], x[None, 64:128]])  # [2 members, 1 step, 64 rows, features]
     yb = np.stack([y[None, :64], y[None, 64:128]]).astype(pair.task.target_dtype)
     before = [m.get_weights() for m in pair.models]
+    call.prepare(np.array([True, True]))  # the unmasked form is left to the first call
+    assert call.traced == {}
+    call.prepare(np.array([True, False]))  # between epochs: the masked form is traced there
+    assert list(call.traced) == [True]
     sums = call((xb, yb), np.zeros(2, np.float32), np.array([True, False]))
-    assert list(call.traced) == [True]  # only the masked form was traced
+    assert list(call.traced) == [True] and call.traced[True].experimental_get_tracing_count() == 1
     assert sums[0] > 0 and sums[1] == 0
     assert not np.array_equal(pair.models[0].get_weights()[0], before[0][0])
     for a, b in zip(pair.models[1].get_weights(), before[1]):

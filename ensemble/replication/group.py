@@ -230,4 +230,4 @@ class MemberGroup:
         return train_loop(LoopSpec(
             run_steps, self.indices, schedule, len(x_train), self.task,
             lambda: self.predict(x_val)[0], y_val, ckpt, callbacks, stopping, self.divergence,
-            gather, max_steps))
+            gather, max_steps, run_steps.prepare))

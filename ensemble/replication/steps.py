@@ -147,9 +147,9 @@ def make_steps_fn(spec: StepsSpec):
                             spec.replicas[k] if spec.replicas is not None else [device],
                             None if spec.adversarial is None
                             else tf.constant(spec.adversarial[k], tf.float32)))
-    units: dict[str, list[int]] = {}  # the members of one loop: a device's, or one (masked)
+    units: dict = {}  # the members of one loop: a device's, or one member's (masked)
     for k in range(n):
-        units.setdefault(str(k) if spec.masked else devices[k], []).append(k)
+        units.setdefault(k if spec.masked else devices[k], []).append(k)
 
     @tf.function(input_signature=[tf.TensorSpec([n, None, None, *spec.row_shape],
                                                 spec.x_dtype),
@@ -228,12 +228,22 @@ class StepsCall:
     def __init__(self, make):
         self.make, self.traced = make, {}
 
+    def _form(self, masked: bool):
+        if masked not in self.traced:
+            self.traced[masked] = self.make(masked)
+        return self.traced[masked]
+
+    def prepare(self, active) -> None:
+        """Trace the masked form now if `active` `[n_members]` bool has an inactive member
+        and it is not traced yet (`training.LoopSpec.prepare`: between epochs, where a member
+        stops, so that the next call is not slowed by its tracing). The unmasked form is
+        traced by the run's first call, which the loop already times apart."""
+        if not active.all():
+            self._form(True).get_concrete_function()
+
     def __call__(self, batch, total, active):
         """Run `batch` (`(xb, yb)` of `feed.Gather`) from the running sums `total`
         `[n_members]` float32 with `active` `[n_members]` bool; returns the new sums."""
         from ensemble.replication.feed import run_call
 
-        masked = not active.all()
-        if masked not in self.traced:
-            self.traced[masked] = self.make(masked)
-        return run_call(self.traced[masked], batch, total, active)
+        return run_call(self._form(not active.all()), batch, total, active)

@@ -189,6 +189,9 @@ class LoopSpec:
             indices are passed as they are.
         max_steps: the most steps one call may take (`feed.Gather.plan_calls`: bounds the
             bytes of a call's batches); None: no bound beyond the epoch.
+        prepare: called with each epoch's `[len(indices)]` bool active mask before the
+            epoch's clock starts (`steps.StepsCall.prepare`: a graph that mask needs is traced
+            there, so that its tracing is not timed as training); None: nothing.
     """
 
     run_steps: Callable[[object, np.ndarray, np.ndarray], np.ndarray]
@@ -204,6 +207,7 @@ class LoopSpec:
     divergence: object = None
     gather: Callable[[np.ndarray], object] | None = None
     max_steps: int | None = None
+    prepare: Callable[[np.ndarray], None] | None = None
 
 
 def train_loop(spec: LoopSpec) -> list[dict]:
@@ -234,6 +238,7 @@ class _Loop:
         self.checkpoints, self.callbacks = spec.checkpoints, spec.callbacks
         self.stopping, self.check, self.divergence = spec.stopping, check, divergence
         self.gather = spec.gather or (lambda idx: idx)
+        self.prepare = spec.prepare or (lambda active: None)
         self.n_steps = spec.schedule.steps_per_epoch(spec.n_train)
         self.n_full = spec.n_train // spec.schedule.batch_size  # steps of a full batch
         self.max_steps = spec.max_steps or self.n_steps
@@ -263,6 +268,7 @@ class _Loop:
                       else np.ones(len(self.indices), bool)) & self.divergence.healthy()
             if not active.any():
                 break
+            self.prepare(active)
             start = time.perf_counter()
             total = self._epoch(epoch, active, start, calls)
             new = self._records(epoch, total, active, start)
