@@ -76,6 +76,8 @@ class TracedEnsemble:
     Attributes:
         group: the `InGraphEnsemble` whose models and optimisers every fit trains.
         lock: held while a fit or a predict uses the shared models.
+        run_steps: the traced training call (`steps.StepsCall`: numpy in and out), for
+            `training.train_loop`.
     """
 
     def __init__(self, cfg: Config, input_shape: tuple, n_classes: int,
@@ -128,11 +130,6 @@ class TracedEnsemble:
     def clear(self) -> None:
         """Drop the fed rows (the cache keeps the graphs, not the rows)."""
         self.gather = None
-
-    def steps(self, batch, total: np.ndarray, active: np.ndarray) -> np.ndarray:
-        """`steps.make_steps_fn`'s call on a gathered `batch` (`(xb, yb)` of `feed.Gather`),
-        numpy in and out (for `training.train_loop`)."""
-        return self.run_steps(batch, total, active)
 
     def weights(self) -> list[list[np.ndarray]]:
         """`[n_members]` lists of the members' weights (`keras.Model.get_weights`)."""

@@ -85,10 +85,11 @@ def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preproce
         stopping = group.early_stopping(schedule) if val is not None else None
         try:
             records = train_loop(LoopSpec(
-                entry.steps, group.indices, schedule, len(x), group.task, predict_val,
+                entry.run_steps, group.indices, schedule, len(x), group.task, predict_val,
                 None if val is None else val[1], stopping=stopping, gather=entry.gather,
                 max_steps=entry.gather.plan_calls(len(group.models), schedule.batch_size,
-                                                  schedule.steps_per_epoch(len(x)))))
+                                                  schedule.steps_per_epoch(len(x))),
+                prepare=entry.run_steps.prepare))
         finally:
             entry.clear()
         weights = entry.weights()
