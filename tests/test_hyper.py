@@ -80,7 +80,7 @@ def test_heterogeneous_members_on_their_devices_in_the_traced_graph(hetero):
 
     from ensemble.replication.in_graph import InGraphEnsemble
 
-    cfg = schema.load(hetero[0], overrides={"training.early_stopping": 0})  # unmasked steps
+    cfg = schema.load(hetero[0], overrides={"training.early_stopping": 0})
     devs = ["/device:CPU:1", "/device:CPU:0", "/device:CPU:1"]
     ens = InGraphEnsemble.build(cfg, 64, 10, devs)
     # the builder's network (dense+dropout per layer, logits) under the softmax head

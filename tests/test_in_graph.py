@@ -99,12 +99,12 @@ def test_member_alone_equals_member_in_ensemble(prepared):
     np.testing.assert_allclose(alone.predict(xt)[0][0], full.predict(xt)[0][2], atol=1e-6)
 
 
-def test_each_members_loop_takes_its_inputs_on_its_own_device(prepared):
+def test_each_devices_loop_takes_its_inputs_on_its_device(prepared):
     """A loop's frame nodes are placed beside its inputs: inputs on the client device made
     every step of a member on another device wait on a cross-device send (seen in a
-    profile: one `_Send` per step of each member on CPU:1; runs without early stopping, whose
-    loops are not inside a condition, CFG's). Every input of a member's loop
-    but the variables' handles comes from the member's device."""
+    profile: one `_Send` per step of each member on CPU:1; unmasked loops, which are not
+    inside a condition). There is one loop per device, and every input of a loop
+    but the variables' handles comes from the loop's device."""
     devs = place(4, devices.split_cpu(2))
     ens = _build(devs)
     x, y, _ = prepared["train"]

@@ -96,8 +96,10 @@ class StepsSpec:
         task: the run's `tasks` object (its `loss`, `target_dtype`).
         row_shape: a row's shape; x_dtype: the rows' `tf.DType` (float32, or uint8 images).
         client_device: where a call's rows arrive and the members' sums are stacked.
-        masked: with early stopping: a member whose `active` is false skips its steps (no
-            update, loss 0); without it `active` is ignored, and the graph holds no condition.
+        masked: a member whose `active` is false skips its steps (no update, loss 0): one
+            loop per member, each inside a condition; unmasked, `active` is ignored, the
+            graph holds no condition and a device's members share one loop (`StepsCall`
+            picks the form: masked once some member has stopped or diverged).
         replicas: `[n_members]` lists of device names, replica 0 the member's device (None:
             one each): a member of several replicas takes `replicated_train_step`,
             data-parallel (the same step for one replica).

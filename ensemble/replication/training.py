@@ -167,7 +167,7 @@ class LoopSpec:
         run_steps: takes a call's batches (`gather` of its `[len(indices), steps, batch]`
             int32 batch rows), the running `[len(indices)]` float32 loss sum and the
             `[len(indices)]` bool active mask, runs those steps for those members
-            (`make_steps_fn`), returns the new running sum.
+            (`steps.StepsCall`), returns the new running sum.
         indices: the members' indices in the run.
         schedule: the epochs, batch size, K, checkpoint period and patience (`Schedule`).
         n_train: training rows.
