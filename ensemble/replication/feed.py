@@ -155,19 +155,6 @@ def to_tensor(a: np.ndarray):
     return tf.constant(a)
 
 
-def run_call(run_steps, batch: tuple[np.ndarray, np.ndarray], total: np.ndarray,
-             active: np.ndarray) -> np.ndarray:
-    """`run_steps` (`steps.make_steps_fn`'s traced call) on a gathered `batch` (`(xb, yb)` of
-    `Gather`, fed without a copy by `to_tensor`), the running loss sums `total` `[n_members]`
-    float32 and the `active` `[n_members]` bool mask; returns the new `[n_members]` sums
-    (numpy in and out, for `training.train_loop`)."""
-    import tensorflow as tf
-
-    xb, yb = batch
-    return run_steps(to_tensor(xb), to_tensor(yb), tf.constant(total),
-                     tf.constant(active)).numpy()
-
-
 def prefetched(items: Iterable[T], fn: Callable[[T], U]) -> Iterator[tuple[T, U]]:
     """`(item, fn(item))` for each of `items`, taking the next item and computing its
     `fn(item)` in a background thread while the caller works on the current one. `items` is

@@ -37,10 +37,12 @@ def _key(cfg: Config, input_shape, n_classes: int, devices: Sequence[str],
          n_train: int) -> str:
     """What the traced graphs depend on: shapes, the members' builders and hyperparameters,
     the optimiser (seeds excluded: `reset` sets them), their devices, and for a cosine
-    schedule its length."""
+    schedule its length. Not early stopping: both forms of the training call
+    (`steps.StepsCall`) are traced on demand, and its copies of the best weights are made by
+    the first fit that needs them (`MemberGroup.early_stopping`)."""
     d = cfg.to_dict()
     training = {k: d["training"][k] for k in ("learning_rate", "optimizer", "optimizer_params",
-                                              "lr_schedule", "early_stopping", "batch_size")}
+                                              "lr_schedule", "batch_size")}
     if cfg.training.lr_schedule == "cosine":
         training["n_train"], training["epochs"] = n_train, cfg.training.epochs
     return json.dumps([list(input_shape), n_classes, list(devices), d["model"], d["members"],

@@ -246,6 +246,10 @@ class StepsCall:
     def __call__(self, batch, total, active):
         """Run `batch` (`(xb, yb)` of `feed.Gather`) from the running sums `total`
         `[n_members]` float32 with `active` `[n_members]` bool; returns the new sums."""
-        from ensemble.replication.feed import run_call
+        import tensorflow as tf
 
-        return run_call(self._form(not active.all()), batch, total, active)
+        from ensemble.replication.feed import to_tensor
+
+        xb, yb = batch  # fed without a copy (`feed.to_tensor`)
+        return self._form(not active.all())(to_tensor(xb), to_tensor(yb), tf.constant(total),
+                                            tf.constant(active)).numpy()
