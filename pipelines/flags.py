@@ -105,9 +105,12 @@ def key_hint(option: str) -> str:
 
 
 def columns(text: str | None) -> list[str] | None:
-    """`--drop a,b` / `--categorical a,b` as a list of names (None when not given)."""
+    """`--drop a,b` / `--categorical a,b` as a list of names (None when not given); `''`
+    alone names the column whose header is empty (the index `pandas.DataFrame.to_csv` writes)."""
     if text is None:
         return None
+    if text == "":
+        return [""]
     names = [c.strip() for c in text.split(",") if c.strip()]
     if not names:
         raise UsageError(f"Expected COL[,COL...] column names. Received: {text!r}")

@@ -105,6 +105,14 @@ def interrupted_line(exc, args) -> str:
     if getattr(exc, "resume", None):
         return f"interrupted{at}; continue with: {exc.resume}"
     if args.command == "train" and run_dir and (_Path(run_dir) / "manifest.json").is_file():
+        from ensemble.runs.run_record import Manifest
+
+        try:  # interrupted before --overwrite replaced a finished run: nothing to resume
+            finished = Manifest.load(run_dir).status == "completed"
+        except Exception:  # noqa: BLE001 (an unreadable manifest: resume says why)
+            finished = False
+        if finished:
+            return f"interrupted{at}; {run_dir} still holds its earlier, completed run"
         return f"interrupted{at}; continue with: ensemble train --resume --run-dir {run_dir}"
     return f"interrupted ({exc})"
 

@@ -79,6 +79,24 @@ def test_latin1_text_in_a_categorical_column_is_named(tmp_path, capsys):
         assert not (tmp_path / "run").exists()
 
 
+def test_latin1_header_and_labels_are_named_at_train_and_predict(trained, tmp_path, capsys):
+    rows = b"".join(b"%d,%d,%s\n" % (i, i % 3, [b"s\xe9tosa", b"ok"][i % 2]) for i in range(40))
+    labels = _write(tmp_path / "labels.csv", b"f1,f2,target\n" + rows)
+    assert run_cli("train", "--data", labels, "--run-dir", tmp_path / "run") == 2
+    _one_line(capsys, "column 'target' row", "holds text that is not UTF-8", "iconv")
+    header = _write(tmp_path / "header.csv", b"f1,f\xe4rbung,target\n" + b"1,2,0\n" * 40)
+    assert run_cli("train", "--data", header, "--run-dir", tmp_path / "run") == 2
+    _one_line(capsys, "header of", "not UTF-8", "f\ufffdrbung", "iconv")
+    assert not (tmp_path / "run").exists()
+    lines = _digits_csv(tmp_path / "in.csv", n=5).read_text().splitlines()
+    latin = _write(tmp_path / "latin.csv", "\n".join(
+        [lines[0] + ",f\xe4rbung"] + [line + ",1" for line in lines[1:]]).encode("latin-1"))
+    out = tmp_path / "p.parquet"
+    assert run_cli("predict", "--run", trained, "--data", latin, "--out", out) == 2
+    _one_line(capsys, "header of", "not UTF-8", "iconv")
+    assert not out.exists()
+
+
 def _digits_csv(path, n=100, changes=()):
     from sklearn.datasets import load_digits
 
@@ -141,3 +159,40 @@ def test_options_checked_against_the_run(trained, capsys):
                    "--devices", "cpu:2", "--out", trained.parent / "p.parquet") == 2
     _one_line(capsys, "--replicas")
     assert artifacts.read_manifest(trained) == before
+
+
+def test_an_interruption_before_overwrite_names_the_kept_run_not_a_resume(trained, tmp_path):
+    import shutil
+    import signal
+    from argparse import Namespace
+
+    from ensemble.core.interrupt import Interrupted
+    from pipelines.guide import interrupted_line
+
+    args = Namespace(command="train", run_dir=str(trained))
+    line = interrupted_line(Interrupted(signal.SIGINT), args)  # completed: --overwrite's start
+    assert line == f"interrupted; {trained} still holds its earlier, completed run"
+    broken = tmp_path / "run"
+    shutil.copytree(trained, broken)
+    manifest = artifacts.read_manifest(broken)
+    artifacts.write_manifest(broken, {**manifest, "status": "interrupted"})
+    line = interrupted_line(Interrupted(signal.SIGINT, 2, 3), Namespace(command="train",
+                                                                        run_dir=str(broken)))
+    assert line == f"interrupted at epoch 2 of 3; continue with: ensemble train --resume " \
+                   f"--run-dir {broken}"
+
+
+def test_a_pandas_index_column_is_named_and_left_out_with_drop_empty(tmp_path, capsys):
+    rows = "".join(f"{i},{(i * 7) % 11},{i % 3},{i % 2}\n" for i in range(120))
+    data = _write(tmp_path / "indexed.csv", ",a,b,target\n" + rows)  # `DataFrame.to_csv()`
+    argv = ["train", "--data", data, "--members", "2", "--epochs", "1", "--quiet"]
+    assert run_cli(*argv, "--run-dir", tmp_path / "kept") == 0
+    err = capsys.readouterr().err
+    assert "column '' holds a different whole number on every training row" in err
+    assert err.count("leave it out with --drop ''") == 1, err
+    assert run_cli(*argv, "--run-dir", tmp_path / "dropped", "--drop", "") == 0
+    assert "column ''" not in capsys.readouterr().err
+    import json
+
+    pre = json.loads((tmp_path / "dropped" / "preprocessing.json").read_text())
+    assert pre["feature_names"] == ["a", "b"]

@@ -287,3 +287,18 @@ def test_array_and_columnar_exports_refuse_in_the_graph(tmp_path):
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"input `sex`: a missing value \(empty string\)"):
         fn(**feed(("sex", "")))
+
+
+def test_input_names_are_names_tensorflow_keeps_and_never_collide():
+    from tensorflow.core.function.polymorphism.function_type import sanitize_arg_name
+
+    from ensemble.runs.export import input_names
+
+    columns = ["len /", "len %", "len__", "od280/od315", "1st", "_x", "färbung", "a.b", "a-b",
+               "", "class"]
+    key = input_names(columns)
+    assert len(set(key.values())) == len(columns)
+    for c, name in key.items():  # TensorFlow's own rule for a function argument's name
+        assert sanitize_arg_name(name) == name, (c, name)
+    assert key["len /"] == "len__" and key["len %"] == "len___1" and key["len__"] == "len___2"
+    assert key["od280/od315"] == "od280_od315" and key["1st"] == "c1st"

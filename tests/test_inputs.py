@@ -180,6 +180,7 @@ def test_real_table_from_cli_flags_predict_csv_and_columnar_export(penguins, tmp
     err = capsys.readouterr().err  # a distinct name on every row: an identifier, carried
     assert "has 300 distinct values in 300 rows (an identifier" in err and \
         "--categorical island,sex,name" in err
+    assert err.count("(an identifier") == 1, err  # checked, then prepared: said once
     out = tmp_path / "new.csv"
     assert run_cli("predict", "--run", run_dir, "--data", penguins / "new.csv", "--out", out,
                    "--quiet") == 0

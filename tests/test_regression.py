@@ -67,6 +67,12 @@ def test_rmse_mae_r2_match_scikit_learn():
     assert RM.rmse(Y, MU) == pytest.approx(np.sqrt(mean_squared_error(Y, MU)))
     assert RM.mae(Y, MU) == pytest.approx(mean_absolute_error(Y, MU))
     assert RM.r2(Y, MU) == pytest.approx(r2_score(Y, MU))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "not well-defined with less than two samples"
+        assert np.isnan(r2_score(Y[:1], MU[:1]))
+    assert RM.r2(Y[:1], MU[:1]) is None  # undefined on one row: n/a, not a number
 
 
 def test_crps_matches_its_integral_definition():

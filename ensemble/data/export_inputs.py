@@ -72,14 +72,18 @@ def _scaled(z, pre, name: str | None):
 
 
 def input_names(columns) -> dict[str, str]:
-    """Column -> signature input name: the column name with characters TensorFlow refuses in
-    a tensor name replaced by `_` (and `_<k>` added when two names would collide)."""
+    """Column -> signature input name: the column name with every character but ASCII
+    letters, digits and `_` replaced by `_`, and `c` put before a name that does not start
+    with a letter (`_<k>` added when two names would collide). TensorFlow would otherwise
+    rename such arguments itself (`function_type.sanitize_arg_name`: `od280/od315` ->
+    `od280_od315`, `1st` -> `arg_1st`), with a warning, and two names renamed alike
+    (`len /`, `len %`) would collide there."""
     import re
 
     out, used = {}, set()
     for c in columns:
-        name = re.sub(r"[^A-Za-z0-9_.\-/]", "_", str(c))
-        if not name or not re.match(r"[A-Za-z0-9.]", name):
+        name = re.sub(r"[^A-Za-z0-9_]", "_", str(c))
+        if not re.match(r"[A-Za-z]", name):
             name = f"c{name}"
         base, k = name, 1
         while name in used:

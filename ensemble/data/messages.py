@@ -1,6 +1,6 @@
 """One-line messages about a table's columns and labels: "did you mean" for a misspelt column
-name, the checks of column names (`--drop`, duplicates), and the refusal of a stratified split
-that cannot be made."""
+name, the checks of column names (`--drop`, duplicates, a CSV header that is not UTF-8), and
+the refusal of a stratified split that cannot be made."""
 
 from __future__ import annotations
 
@@ -21,6 +21,25 @@ def did_you_mean(name: str, columns: Sequence[str]) -> str:
     same = [c for c in columns if c.casefold() == str(name).casefold()]
     close = same or difflib.get_close_matches(str(name), columns, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def csv_header(path) -> list[str]:
+    """The column names of a CSV file's header line (`csv`, as pyarrow parses it).
+
+    Raises:
+        UsageError: the header holds bytes that are not UTF-8 (pyarrow would fail on its
+            names later, with a traceback).
+    """
+    import csv
+
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        names = next(csv.reader(f), [])
+    bad = [n for n in names if "\ufffd" in n]
+    if bad:
+        raise UsageError(f"The header of {path} holds text that is not UTF-8 (column {bad[0]!r},"
+                         " the bad bytes shown as \ufffd); expected UTF-8 (re-encode the file, "
+                         "e.g. `iconv -f latin1 -t utf-8`).")
+    return names
 
 
 def split_refusal(name: str, y: np.ndarray, classes: np.ndarray, counts: np.ndarray) -> str:

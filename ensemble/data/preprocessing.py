@@ -17,6 +17,7 @@ with one notice (or refuses them with `strict`), and reports every problem in on
 from __future__ import annotations
 
 import json
+import shlex
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -45,7 +46,8 @@ def _notice_id_columns(names, x: np.ndarray) -> None:
         if len(col) == len(x) and np.all(col == np.round(col)) and \
                 len(np.unique(col)) == len(col):
             sources.notice(f"column {name!r} holds a different whole number on every training row "
-                           f"(an id?): it is used as a feature; leave it out with --drop {name}")
+                           f"(an id?): it is used as a feature; leave it out with --drop "
+                           f"{shlex.quote(name)}", once=True)
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,9 @@ def _read_table(path: Path) -> pa.Table:
 
 
 def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
+    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+        problems.append(columns.not_utf8(target, col, 1))  # pyarrow's type for such text
+        return None
     y = np.asarray(col.to_numpy(zero_copy_only=False))
     y = y.astype(str) if y.dtype.kind in "OUS" else y  # booleans stay booleans
     if y.dtype.kind == "f":
@@ -174,7 +177,8 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
     elif detect_identifiers:  # training: identifier-like text columns are not features
         from ensemble.data.identifiers import split_identifiers
 
-        table, identifiers = split_identifiers(table, name, categorical, notice)
+        table, identifiers = split_identifiers(table, name, categorical,
+                                               functools.partial(notice, once=True))
         if table.num_columns == 0:
             problems.append(f"no feature columns besides {target!r}")
     cat_names = columns.categorical_names(table, categorical, expected, problems)

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from ensemble.core import hooks
 from ensemble.data import whole_input
-from ensemble.data import sources
+from ensemble.data import messages, sources
 from ensemble.core.labels import encode
 from ensemble.core.outputs import ForwardSink, table_format, writes_through
 from ensemble.data.containers import Batch
@@ -92,6 +92,9 @@ class InputStream:
             files, fmt = _files(self.source)
             if fmt == "csv":
                 import pyarrow.csv as pcsv
+
+                for f in files:
+                    messages.csv_header(f)  # names of bytes that are not UTF-8: refused
 
                 types = {n: pa.float64() for n in pre.feature_names}
                 types.update({n: pa.string() for n in pre.categories})

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from ensemble.core import background
 from ensemble.core.errors import UsageError
-from ensemble.data import sources
+from ensemble.data import messages, sources
 from ensemble.data.settings import DataConfig
 
 CHUNK_ROWS = 1 << 16
@@ -49,21 +49,13 @@ def _open(path: Path):
         raise UsageError(f"Data file is empty: {path}")
     kind = "Parquet" if path.suffix == ".parquet" else "CSV"
     if kind == "CSV":  # a dataset refuses a header with a name twice: name it first
-        sources.check_unique_columns(_csv_header(path), str(path))
+        sources.check_unique_columns(messages.csv_header(path), str(path))
     fmt = "parquet" if kind == "Parquet" else pds.CsvFileFormat(
         convert_options=pcsv.ConvertOptions(strings_can_be_null=True))
     try:
         return pds.dataset(str(path), format=fmt), kind
     except (pa.ArrowInvalid, OSError) as exc:
         raise UsageError(f"Cannot read {path} as {kind}: {_first_line(exc)}") from None
-
-
-def _csv_header(path: Path) -> list[str]:
-    """The column names of a CSV file's header line (`csv`, as pyarrow parses it)."""
-    import csv
-
-    with open(path, newline="", encoding="utf-8", errors="replace") as f:
-        return next(csv.reader(f), [])
 
 
 def _first_line(exc: Exception) -> str:

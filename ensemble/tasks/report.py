@@ -60,7 +60,8 @@ def split_block(split: str, rows: list[dict], references, columns, fmt, line) ->
         columns: the metric columns shown; fmt: value -> cell text; line: (name, cells) -> text.
     """
     mean, best, members = references(rows)
-    out = [f"{split} ({rows[0]['n']} rows)"]
+    n = rows[0]["n"]
+    out = [f"{split} ({n} row{'s' * (n != 1)})"]
     out += [line("  " + r["model"], [fmt(r[m]) for m in columns]) for r in members]
     if members:
         out.append(line("  mean member", [fmt(mean[m]) for m in columns]))
@@ -92,7 +93,8 @@ def fitted_lines(fit: dict | None, describe) -> list[str]:
     if not fit or not fit.get("params"):
         return []
     names = [f"member-{i}" for i in fit["members"]]
-    out = [f"fitted on the validation split ({fit['n_rows']} rows):"]
+    n = fit["n_rows"]
+    out = [f"fitted on the validation split ({n} row{'s' * (n != 1)}):"]
     for name, p in fit["params"].items():
         if name in ("weighted", "greedy"):
             ws = ", ".join(f"{n} {w:.2f}" for n, w in zip(names, p["weights"]) if w > 0)

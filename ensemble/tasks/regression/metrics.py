@@ -53,10 +53,13 @@ def mae(y, mu) -> float:
     return float(np.mean(np.abs(y - mu)))
 
 
-def r2(y, mu) -> float:
+def r2(y, mu) -> float | None:
     """Coefficient of determination `1 - SS_res / SS_tot` (`sklearn.metrics.r2_score`; 0 when
-    the targets are constant and the prediction imperfect, 1 when perfect)."""
+    the targets are constant and the prediction imperfect, 1 when perfect); None for a single
+    row, where it is not defined (scikit-learn warns and returns NaN)."""
     y, mu = _check(y, mu)
+    if y.size < 2:
+        return None
     ss_res, ss_tot = np.sum((y - mu) ** 2), np.sum((y - y.mean()) ** 2)
     if ss_tot == 0:
         return 1.0 if ss_res == 0 else 0.0
