@@ -196,3 +196,19 @@ def test_a_pandas_index_column_is_named_and_left_out_with_drop_empty(tmp_path, c
 
     pre = json.loads((tmp_path / "dropped" / "preprocessing.json").read_text())
     assert pre["feature_names"] == ["a", "b"]
+
+
+def test_numbers_with_a_text_marker_are_refused_not_one_hot_encoded(tmp_path, capsys):
+    rows = "".join(f"{'?' if i in (3, 17) else i * 1.5},{'xy'[i % 2]},{i % 2}\n"
+                   for i in range(60))
+    data = _write(tmp_path / "marked.csv", "dose,arm,target\n" + rows)
+    argv = ["train", "--data", data, "--members", "2", "--epochs", "1", "--quiet"]
+    assert run_cli(*argv, "--run-dir", tmp_path / "run") == 2
+    _one_line(capsys, "column 'dose' holds numbers but for 2 rows of '?'", "--impute",
+              "--categorical dose,arm")
+    assert not (tmp_path / "run").exists()
+    assert run_cli(*argv, "--run-dir", tmp_path / "run", "--categorical", "dose,arm") == 0
+    many = _write(tmp_path / "words.csv", "dose,target\n" + "".join(  # 4 words: categories
+        f"{['a', 'b', 'c', 'd', '1'][i % 5]},{i % 2}\n" for i in range(60)))
+    assert run_cli("train", "--data", many, "--members", "2", "--epochs", "1", "--quiet",
+                   "--run-dir", tmp_path / "words") == 0

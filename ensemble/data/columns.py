@@ -74,8 +74,17 @@ def categorical_names(table: pa.Table, categorical: str | Sequence[str],
     """The columns one-hot encoded: `"auto"` (string, boolean and dictionary columns),
     `"none"`, or the names given (at train time, a name not in the table is a problem)."""
     if categorical == "auto":
-        return [f.name for f in table.schema if is_category_like(f.type)
-                and not pa.types.is_null(f.type)]
+        names = [f.name for f in table.schema if is_category_like(f.type)
+                 and not pa.types.is_null(f.type)]
+        for name in names if expected is None else ():  # training decides the encoding
+            marks = number_markers(table.column(name))
+            if marks:
+                problems.append(f"column {name!r} holds numbers but for {marks[1]} rows of "
+                                f"{', '.join(map(repr, marks[0]))} (markers of missing "
+                                "values?); expected numbers: make those cells empty (missing, "
+                                "see --impute), or one-hot encode every value with "
+                                f"--categorical {','.join(names)}")
+        return names
     if categorical == "none":
         return []
     unknown = [c for c in categorical if c not in table.column_names and expected is None]
@@ -84,6 +93,27 @@ def categorical_names(table: pa.Table, categorical: str | Sequence[str],
                         f"{', '.join(map(repr, unknown))} not found"
                         f"{did_you_mean(unknown[0], table.column_names)}")
     return [c for c in categorical if c in table.column_names]
+
+
+def number_markers(col) -> tuple[list[str], int] | None:
+    """The text values of a text column that otherwise holds numbers (`?`, `-`, `n.a.`: at
+    most 3 values, in at most a tenth of its non-missing rows), most frequent first, and the
+    rows holding them; None for any other column (booleans, categories)."""
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        return None
+    numbers, other = 0, []
+    for item in pc.value_counts(col.drop_null()).to_pylist():
+        try:
+            float(item["values"])
+            numbers += item["counts"]
+        except ValueError:
+            other.append((item["counts"], item["values"]))
+            if len(other) > 3:
+                return None
+    rows = sum(n for n, _ in other)
+    if not other or not numbers or rows * 10 > numbers + rows:
+        return None
+    return [v for _, v in sorted(other, key=lambda t: -t[0])], rows
 
 
 def category_values(f: pa.Field, col, first_row: int, problems: list[str]):

@@ -21,6 +21,8 @@ from typing import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ensemble.data.columns import number_markers
+
 MIN_DISTINCT = 50
 SHARE = 0.9
 
@@ -63,7 +65,7 @@ def split_identifiers(table: pa.Table, name: str, categorical: str | Sequence[st
         if f.name in listed or not _is_text(f.type):
             continue
         ident, distinct, known = is_identifier(table.column(f.name))
-        if ident:
+        if ident and not number_markers(table.column(f.name)):  # numbers, refused later
             found.append((f.name, distinct, known))
     if not found:
         return table, ()
