@@ -212,3 +212,18 @@ def test_numbers_with_a_text_marker_are_refused_not_one_hot_encoded(tmp_path, ca
         f"{['a', 'b', 'c', 'd', '1'][i % 5]},{i % 2}\n" for i in range(60)))
     assert run_cli("train", "--data", many, "--members", "2", "--epochs", "1", "--quiet",
                    "--run-dir", tmp_path / "words") == 0
+
+
+@pytest.mark.parametrize("bad_row", [3, 20_000])  # in pyarrow's first block, and far past it
+def test_text_in_a_numeric_column_at_predict_names_the_column_and_row(trained, tmp_path,
+                                                                      capsys, bad_row):
+    from sklearn.datasets import load_digits
+
+    names = load_digits().feature_names
+    x = np.random.default_rng(0).integers(0, 16, (bad_row + 50, len(names))).astype(str)
+    x[bad_row, 5] = "oops"
+    data = _write(tmp_path / "in.csv", "\n".join([",".join(names), *map(",".join, x)]) + "\n")
+    out = tmp_path / "p.parquet"
+    assert run_cli("predict", "--run", trained, "--data", data, "--out", out) == 2
+    _one_line(capsys, f"column {names[5]!r} row {bad_row} holds 'oops'; expected a number")
+    assert not out.exists()

@@ -42,6 +42,23 @@ def csv_header(path) -> list[str]:
     return names
 
 
+def read_error(exc: Exception, source, names: Sequence[str] = ()) -> str:
+    """One line for pyarrow's error reading `source`: a CSV value that is not a number where
+    the column holds numbers names its column (`names`: the file's columns, pyarrow gives
+    an index) and row (0-based data rows, as every message here; pyarrow counts the file's
+    lines from 1, header included); anything else is pyarrow's own first line."""
+    import re
+
+    line = str(exc).splitlines()[0]
+    m = re.search(r"In CSV column #(\d+): Row #(\d+): CSV conversion error to (\w+): "
+                  r"invalid value '(.*)'", line)
+    if m and int(m[1]) < len(names):
+        return (f"Cannot read {source}: column {names[int(m[1])]!r} row {int(m[2]) - 2} holds "
+                f"{m[4]!r}; expected a number (the column holds numbers), or an empty cell "
+                "for a missing value")
+    return f"Cannot read {source}: {line.split('Invalid: ', 1)[-1]}"
+
+
 def split_refusal(name: str, y: np.ndarray, classes: np.ndarray, counts: np.ndarray) -> str:
     """One line on a stratified split that cannot be made: how many classes are too rare
     (never their labels: a numeric target may have hundreds), and `--task regression` when

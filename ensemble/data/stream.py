@@ -115,8 +115,15 @@ class InputStream:
                         except (pa.ArrowInvalid, OSError):
                             continue
                         sources.check_unique_columns(names, f)
-                raise UsageError(f"Cannot read {self.source}: {str(exc).splitlines()[0]}") from None
+                raise UsageError(messages.read_error(exc, self.source, self._header(files))) \
+                    from None
             sources.check_unique_columns(self._dataset.schema.names, self.source)
+
+    @staticmethod
+    def _header(files: list[str]) -> list[str]:
+        """The columns of a single CSV file, for `messages.read_error` (none otherwise)."""
+        return messages.csv_header(files[0]) if len(files) == 1 and files[0].endswith(
+            ".csv") else []
 
     @property
     def n_rows(self) -> int | None:
@@ -217,7 +224,9 @@ class InputStream:
                     rest = table.slice(self.batch_rows)
                     pending, size = rest.to_batches(), rest.num_rows
         except (pa.ArrowInvalid, OSError) as exc:
-            raise UsageError(f"Cannot read {self.source}: {str(exc).splitlines()[0]}") from None
+            files = self._dataset.files if len(self._dataset.files) == 1 else []
+            raise UsageError(messages.read_error(exc, self.source, self._header(files))) \
+                from None
         if size:
             yield pa.Table.from_batches(pending).combine_chunks()
 

@@ -55,13 +55,8 @@ def _open(path: Path):
     try:
         return pds.dataset(str(path), format=fmt), kind
     except (pa.ArrowInvalid, OSError) as exc:
-        raise UsageError(f"Cannot read {path} as {kind}: {_first_line(exc)}") from None
-
-
-def _first_line(exc: Exception) -> str:
-    """The first line of a pyarrow error, without the preamble of a dataset's ('Error
-    creating dataset ... Invalid: CSV parse error: ...' -> 'CSV parse error: ...')."""
-    return str(exc).splitlines()[0].split("Invalid: ", 1)[-1]
+        names = messages.csv_header(path) if kind == "CSV" else []
+        raise UsageError(messages.read_error(exc, f"{path} as {kind}", names)) from None
 
 
 class TableScan:
@@ -126,8 +121,9 @@ class TableScan:
                 if batch.num_rows:
                     yield pa.Table.from_batches([batch])
         except (pa.ArrowInvalid, OSError) as exc:
-            raise UsageError(f"Cannot read {self.path} as {self._kind}: "
-                             f"{_first_line(exc)}") from None
+            names = self._dataset.schema.names if self._kind == "CSV" else []
+            raise UsageError(messages.read_error(exc, f"{self.path} as {self._kind}", names)) \
+                from None
 
     def _labels(self) -> tuple[np.ndarray, np.ndarray | None]:
         """(`[n]` labels of the labelled rows, `[n_source]` bool: rows with a label, or None
