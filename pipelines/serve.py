@@ -11,6 +11,9 @@ Errors are `{"error": "..."}`: 400 for a bad request (non-finite numbers, JSON n
 deep, more rows than `--max-request-rows`), 413 for a body beyond `--max-request-bytes`
 (refused from its `Content-Length`, before reading), 404 for an unknown model, version or
 signature, 503 while no version is loaded (the status route too: readiness), 500 otherwise.
+A client that disconnects before its body is read is no error of the server: nothing is sent,
+no traceback, and it is counted and access-logged as 499 (nginx's "client closed request";
+`CANCELLED` in the metrics).
 Large requests are parsed off the event loop and run in parts of the batch size
 (`ensemble.serving.limits`). SIGTERM and Ctrl-C first drain: for at least `DRAIN_SECONDS`,
 and on Linux until the listen backlog is empty and no open connection has unread bytes
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shlex
 import signal
 import socket
 import sys
@@ -36,6 +40,7 @@ from ensemble.serving.servables import NotFound, NotReady
 
 EXTRA = 'pip install "ensemble-replication[serve]"'
 GRACE_SECONDS = 10
+CLIENT_CLOSED = 499  # nginx's "client closed request": counted and access-logged, never sent
 DRAIN_SECONDS = 0.2  # SIGTERM: keep reading what was already sent, then stop accepting
 ROUTE = re.compile(r"^(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?"
                    r"(?:(?P<metadata>/metadata)|:(?P<verb>[a-zA-Z]+))?$")
@@ -127,6 +132,7 @@ def build_app(manager, metrics, verbose: bool = False, max_bytes: int | None = N
     """
     import tensorflow as tf
     from starlette.applications import Starlette
+    from starlette.requests import ClientDisconnect
     from starlette.routing import Route
 
     from ensemble.config import bounds
@@ -137,7 +143,8 @@ def build_app(manager, metrics, verbose: bool = False, max_bytes: int | None = N
               Route("/v1/models/{rest:path}", api.post_model, methods=["POST"]),
               Route("/monitoring/prometheus/metrics", api.prometheus, methods=["GET"])]
     handlers = {cls: api.on_error for cls in (codec.BadRequest, NotFound, NotReady,
-                                              tf.errors.InvalidArgumentError, Exception)}
+                                              tf.errors.InvalidArgumentError,
+                                              ClientDisconnect, Exception)}
     app = Starlette(routes=routes, exception_handlers=handlers)
     return _Observed(app, manager.name, metrics, verbose)
 
@@ -212,7 +219,11 @@ class _Routes:
 
     async def on_error(self, request, exc):
         import tensorflow as tf
+        from starlette.requests import ClientDisconnect
+        from starlette.responses import Response
 
+        if isinstance(exc, ClientDisconnect):  # gone before its body was read: uvicorn
+            return Response(status_code=CLIENT_CLOSED)  # drops the answer, metrics count it
         if isinstance(exc, limits.TooLarge):
             return _error(413, str(exc))
         if isinstance(exc, codec.BadRequest):
@@ -260,13 +271,37 @@ class _Observed:
                       f'{seconds * 1e3:.1f} ms', file=sys.stderr, flush=True)
 
 
+def has_version(base: Path) -> bool:
+    """Whether export folder `base` holds a version folder (`base/<digits>/`)."""
+    return any(p.name.isdigit() and p.is_dir() for p in base.iterdir())
+
+
+def check_model_folder(base: Path, given: str) -> None:
+    """Raises UsageError unless `base` (`--model`, given as `given`) is a folder, and refuses a
+    training run (its `manifest.json`) that holds no exported version: serving it would wait
+    for a version forever. An empty folder or one without a manifest is a folder that waits
+    for its first version (as TF Serving's model base path)."""
+    from ensemble.core.artifacts import MANIFEST
+
+    expected = ("Expected --model to be an export folder (DIR/<version>/ as `ensemble export` "
+                "writes it)")
+    if not base.is_dir():
+        raise UsageError(f"{expected}. Received: {given!r}")
+    try:
+        run_only = (base / MANIFEST).is_file() and not has_version(base)
+    except OSError as exc:
+        raise UsageError(f"cannot read --model {given!r}: {exc.strerror or exc}") from None
+    if run_only:
+        raise UsageError(f"{expected}; {given!r} is a training run ({MANIFEST}), not an "
+                         f"exported model. Export it first: ensemble export --run "
+                         f"{shlex.quote(given)} --out EXPORT_DIR, then serve EXPORT_DIR")
+
+
 def run(args) -> int:
     """`ensemble serve` with parsed `args`; returns 0 after a clean stop."""
     require_extra()
     base = Path(args.model)
-    if not base.is_dir():
-        raise UsageError(f"Expected --model to be an export folder (DIR/<version>/ as "
-                         f"`ensemble export` writes it). Received: {args.model!r}")
+    check_model_folder(base, args.model)
     name = args.name or base.resolve().name
     if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
         raise UsageError(f"Expected --name to be letters, digits, '.', '_' or '-'. "
@@ -302,7 +337,7 @@ def _serve(args, base: Path, name: str, sock: socket.socket) -> int:
     metrics = Metrics()
     manager = ModelManager(base, name, devices, Batching(
         args.max_batch_size, args.batch_timeout_ms / 1000, metrics.batch), log=log)
-    if not any(p.name.isdigit() for p in base.iterdir()):
+    if not has_version(base):
         log(f"no version in {base} yet; waiting for one (status answers 503 until then)")
     manager.start()
     host, port = sock.getsockname()[:2]

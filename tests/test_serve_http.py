@@ -69,9 +69,10 @@ def wait_until(check, timeout: float, what: str):
 
 
 @contextlib.contextmanager
-def serving(model_dir, err, *args: str, name: str = "digits"):
+def serving(model_dir, err, *args: str, name: str = "digits", ready_status: int = 200):
     """`ensemble serve --model MODEL_DIR ARGS` on a free loopback port, stderr to `err`;
-    yields (the process, its URL) once the model answers; SIGTERM (then SIGKILL) on exit."""
+    yields (the process, its URL) once the model's status route answers `ready_status` (503:
+    up, no version loaded yet); SIGTERM (then SIGKILL) on exit."""
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
     with open(err, "w") as stderr:
@@ -84,7 +85,7 @@ def serving(model_dir, err, *args: str, name: str = "digits"):
     def ready():
         assert proc.poll() is None, Path(err).read_text()[-2000:]
         try:
-            return httpx.get(f"{url}/v1/models/{name}", timeout=2).status_code == 200
+            return httpx.get(f"{url}/v1/models/{name}", timeout=2).status_code == ready_status
         except httpx.TransportError:
             return False
 

@@ -6,6 +6,7 @@ dynamic batcher, version folders (complete or not, a broken newer one), and the 
 from __future__ import annotations
 
 import base64
+import re
 import sys
 import threading
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from ensemble.serving.batching import Batcher, Closed
 from ensemble.serving.codec import (BadRequest, SignatureInfo, TensorInfo, decode_inputs,
                                     encode_outputs, parse_request)
@@ -183,3 +184,21 @@ def test_cli_refusals(tmp_path, capsys, monkeypatch):
     assert run_cli("serve", "--model", tmp_path) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and 'pip install "ensemble-replication[serve]"' in err
+
+
+def test_every_status_the_server_answers_has_its_metrics_label():
+    """Each HTTP status `ensemble serve` answers (`_error(...)` calls, 200, the 499 of a client
+    gone) is a named status in the metrics, none falls back to `UNKNOWN`."""
+    from ensemble.serving.prometheus import STATUS, Metrics
+    from pipelines import serve
+
+    source = (ROOT / "pipelines" / "serve.py").read_text()
+    answered = {int(c) for c in re.findall(r"_error\((\d{3})", source)}
+    answered |= {200, serve.CLIENT_CLOSED}
+    assert answered >= {400, 404, 413, 500, 503} and answered <= set(STATUS)
+    metrics = Metrics()
+    for code in (413, 499):
+        metrics.request("m", "predict", code, 0.001)
+    text = metrics.render()
+    assert 'status="RESOURCE_EXHAUSTED"} 1' in text and 'status="CANCELLED"} 1' in text
+    assert "INTERNAL" not in text

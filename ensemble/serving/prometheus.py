@@ -3,8 +3,12 @@
 `GET /monitoring/prometheus/metrics` answers with (names and labels as TF Serving's monitoring,
 so its dashboards work):
 
-- `:tensorflow:serving:request_count{entrypoint="REST",model_name,status}`: requests by outcome
-  (`OK`, `INVALID_ARGUMENT`, `NOT_FOUND`, `UNAVAILABLE`, `INTERNAL`);
+- `:tensorflow:serving:request_count{entrypoint="REST",model_name,status}`: requests by outcome,
+  the gRPC code of each HTTP status the server answers (`STATUS`): 200 `OK`, 400
+  `INVALID_ARGUMENT`, 404 `NOT_FOUND`, 413 `RESOURCE_EXHAUSTED` (a body beyond
+  `--max-request-bytes`, as gRPC's message size limit), 499 `CANCELLED` (the client
+  disconnected before its body was read; nothing is sent), 500 `INTERNAL`, 503 `UNAVAILABLE`
+  (any other status would be `UNKNOWN`);
 - `:tensorflow:serving:request_latency{API,entrypoint="REST",model_name}`: a histogram of the
   whole request time in microseconds (buckets 10 * 1.8^k us, k = 0..32, as TF Serving's);
 - `:tensorflow:serving:batching_session:processed_batch_size`: a histogram of the rows per model
@@ -21,7 +25,8 @@ from collections import defaultdict
 
 LATENCY_BUCKETS_US = [10 * 1.8 ** k for k in range(33)]
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
-STATUS = {200: "OK", 400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 503: "UNAVAILABLE"}
+STATUS = {200: "OK", 400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 413: "RESOURCE_EXHAUSTED",
+          499: "CANCELLED", 500: "INTERNAL", 503: "UNAVAILABLE"}
 PREFIX = ":tensorflow:serving:"
 
 
@@ -61,7 +66,7 @@ class Metrics:
     def request(self, model: str, api: str, http_status: int, seconds: float) -> None:
         """Count one request of `api` (`predict`, `GetModelStatus`, `GetModelMetadata`)
         with its HTTP status and its duration in seconds."""
-        status = STATUS.get(http_status, "INTERNAL")
+        status = STATUS.get(http_status, "UNKNOWN")
         with self._lock:
             self._count[(model, status)] += 1
             h = self._latency.setdefault((model, api), _Histogram(LATENCY_BUCKETS_US))
