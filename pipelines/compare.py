@@ -258,6 +258,8 @@ def labelled_rows(source: str, target: str, base: Path) -> str:
     import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
 
+    from ensemble.data import csv_format
+
     try:  # read as training reads it (ensemble.data.sources)
         if path.suffix == ".parquet":
             names = pq.read_schema(path).names
@@ -265,8 +267,9 @@ def labelled_rows(source: str, target: str, base: Path) -> str:
                 return source
             data = pq.read_table(path)
         else:
-            data = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
-                strings_can_be_null=True))
+            data = pcsv.read_csv(path, parse_options=csv_format.parse_options(path),
+                                 convert_options=csv_format.convert_options(
+                                     path, strings_can_be_null=True))
     except (pa.ArrowInvalid, OSError) as exc:
         raise UsageError(f"Cannot read {source}: {str(exc).splitlines()[0]}") from None
     if target not in data.column_names or not data.column(target).null_count:

@@ -32,8 +32,10 @@ def csv_header(path) -> list[str]:
     """
     import csv
 
+    from ensemble.data.csv_format import dialect
+
     with open(path, newline="", encoding="utf-8", errors="replace") as f:
-        names = next(csv.reader(f), [])
+        names = next(csv.reader(f, delimiter=dialect(path)[0]), [])
     bad = [n for n in names if "\ufffd" in n]
     if bad:
         raise UsageError(f"The header of {path} holds text that is not UTF-8 (column {bad[0]!r},"

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ensemble.data import columns
+from ensemble.data import columns, csv_format
 from ensemble.data.columns import FLOAT32_MAX  # noqa: F401 (`sources.FLOAT32_MAX`)
 from ensemble.data.settings import DataConfig
 from ensemble.data.splitting import stratified_split
@@ -111,7 +111,9 @@ def _read_table(path: Path) -> pa.Table:
     try:
         if path.suffix == ".parquet":
             return pq.read_table(path)
-        return pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(strings_can_be_null=True))
+        return pcsv.read_csv(path, parse_options=csv_format.parse_options(path),
+                             convert_options=csv_format.convert_options(
+                                 path, strings_can_be_null=True))
     except (pa.ArrowInvalid, OSError) as exc:
         kind = "Parquet" if path.suffix == ".parquet" else "CSV"
         raise UsageError(f"Cannot read {path} as {kind}: {str(exc).splitlines()[0]}") from None

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from ensemble.core import hooks
 from ensemble.data import whole_input
-from ensemble.data import messages, sources
+from ensemble.data import csv_format, messages, sources
 from ensemble.core.labels import encode
 from ensemble.core.outputs import ForwardSink, table_format, writes_through
 from ensemble.data.containers import Batch
@@ -91,15 +91,14 @@ class InputStream:
 
             files, fmt = _files(self.source)
             if fmt == "csv":
-                import pyarrow.csv as pcsv
-
                 for f in files:
                     messages.csv_header(f)  # names of bytes that are not UTF-8: refused
-
                 types = {n: pa.float64() for n in pre.feature_names}
                 types.update({n: pa.string() for n in pre.categories})
-                fmt = ds.CsvFileFormat(convert_options=pcsv.ConvertOptions(
-                    strings_can_be_null=True, column_types=types))
+                fmt = ds.CsvFileFormat(  # a folder's files are written alike: the first decides
+                    parse_options=csv_format.parse_options(files[0]),
+                    convert_options=csv_format.convert_options(
+                        files[0], strings_can_be_null=True, column_types=types))
             else:  # pre-buffering reads row groups far ahead: memory would grow with the file
                 fmt = ds.ParquetFileFormat(default_fragment_scan_options=ds.
                                            ParquetFragmentScanOptions(pre_buffer=False))

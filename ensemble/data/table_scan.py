@@ -23,14 +23,13 @@ import pyarrow.compute as pc
 
 from ensemble.core import background
 from ensemble.core.errors import UsageError
-from ensemble.data import messages, sources
+from ensemble.data import csv_format, messages, sources
 from ensemble.data.settings import DataConfig
 
 CHUNK_ROWS = 1 << 16
 
 
 def _open(path: Path):
-    import pyarrow.csv as pcsv
     import pyarrow.dataset as pds
 
     if path.is_dir():
@@ -51,7 +50,8 @@ def _open(path: Path):
     if kind == "CSV":  # a dataset refuses a header with a name twice: name it first
         sources.check_unique_columns(messages.csv_header(path), str(path))
     fmt = "parquet" if kind == "Parquet" else pds.CsvFileFormat(
-        convert_options=pcsv.ConvertOptions(strings_can_be_null=True))
+        parse_options=csv_format.parse_options(path),
+        convert_options=csv_format.convert_options(path, strings_can_be_null=True))
     try:
         return pds.dataset(str(path), format=fmt), kind
     except (pa.ArrowInvalid, OSError) as exc:
