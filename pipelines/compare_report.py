@@ -68,17 +68,27 @@ def _spread(r: dict, key: str, fmt: str) -> str:
     return (f"{r[key + '_median']:{fmt}} [{r[key + '_min']:{fmt}}-{r[key + '_max']:{fmt}}]")
 
 
+def _terms(rows: list[dict]) -> tuple[str, str, str]:
+    """(what parity compares, its difference's symbol, what "identical" counts): probabilities
+    and labels for classification; for any other task (regression: means and variances, in
+    the target's units) its predictions."""
+    if "test_accuracy" in rows[0]:
+        return "probabilities", "|dp|", "identical labels"
+    return "predictions", "|d|", "equal predictions"
+
+
 def _parity_line(rows: list[dict]) -> str:
     """Whether the two modes trained the same members: the setting and what was measured."""
     setting = rows[0].get("parity_setting", "on")
-    found = rows[0]["parity_max_abs_diff"]  # train: the members' test probabilities
+    found = rows[0]["parity_max_abs_diff"]  # train: the members' test predictions
+    what, d, _ = _terms(rows)
     if setting != "on":
-        return (f"parity {setting}: the members may differ between the modes (found max |dp| "
+        return (f"parity {setting}: the members may differ between the modes (found max {d} "
                 f"= {found:.2e}); the timings compare runs that computed other numbers")
     if found > PARITY_BOUND:
-        return (f"parity on, but NOT met: members' test probabilities differ by {found:.2e} "
+        return (f"parity on, but NOT met: members' test {what} differ by {found:.2e} "
                 f"(> {PARITY_BOUND:g}; see docs/concepts/parity.md)")
-    return (f"parity on: the members' test probabilities agree within {found:.2e} "
+    return (f"parity on: the members' test {what} agree within {found:.2e} "
             f"(<= {PARITY_BOUND:g}): both modes trained the same members")
 
 
@@ -93,15 +103,17 @@ def verdict(table: pa.Table) -> str:
     against `PARITY_BOUND`)."""
     rows = table.to_pylist()
     shown = [k for k in rows[0] if k.startswith("test_")][-1:] or ["test_accuracy"]
+    metric = shown[0].replace("test_", "test ")
+    width = max(10, len(metric) + 1)
     lines = [f"{'mode':<15}{'phase':<9}{'wall s':>20}{'start-up s':>20}{'rows/s':>10}"
-             f"{'peak MiB':>10}{shown[0].replace('test_', 'test ')[:9]:>10}"]
+             f"{'peak MiB':>10}{metric:>{width}}"]
     for r in rows:
         acc = r.get(shown[0])
         lines.append(f"{r['mode']:<15}{r['phase']:<9}{_spread(r, 'wall_seconds', '.2f'):>20}"
                      f"{_spread(r, 'startup_seconds', '.2f'):>20}"
                      f"{r['member_rows_per_second_median']:>10.0f}"
                      f"{r['peak_rss_bytes_median'] / 2**20:>10.0f}"
-                     f"{'' if acc is None or acc != acc else f'{acc:.4f}':>10}")
+                     f"{'' if acc is None or acc != acc else f'{acc:.4f}':>{width}}")
     n = rows[0].get("repeats", 1)
     lines.append(LEGEND if n > 1 else LEGEND.replace(
         "median [min-max] over the repeats", "one sample per mode and phase (--repeats 1)"))
@@ -127,8 +139,9 @@ def verdict(table: pa.Table) -> str:
         went = "; ".join(
             f"{r['mode']} start-up {r['startup_seconds_median']:.2f} s, {phase} and the rest "
             f"{r['work_seconds_median']:.2f} s" for r in mine)
-        lines.append(f"{head}; parity max |dp| = {a['parity_max_abs_diff']:.2e}, identical "
-                     f"labels {a['parity_same_labels']:.2%}. Time went to "
+        _, d, same = _terms(rows)
+        lines.append(f"{head}; parity max {d} = {a['parity_max_abs_diff']:.2e}, {same} "
+                     f"{a['parity_same_labels']:.2%}. Time went to "
                      f"({'one sample' if n == 1 else 'medians'}): {went}")
         if phase == "train" and a.get("epochs"):
             lines += compare_cost.cost_lines(a, b, a["epochs"], a.get("train_rows") or 0,

@@ -255,3 +255,11 @@ def test_semicolon_and_tab_files_read_as_the_comma_file(trained, tmp_path):
     assert dialect(tmp_path / "euro.csv") == (";", ",")
     assert dialect(tmp_path / "tab.csv") == ("\t", ".")
     assert got["euro.csv"] == got["comma.csv"] == got["tab.csv"]
+
+
+def test_dropping_the_target_is_refused_as_such(tmp_path, capsys):
+    data = _write(tmp_path / "t.csv", "a,label\n" + "".join(f"{i},{i % 2}\n" for i in range(40)))
+    assert run_cli("train", "--data", data, "--target", "label", "--drop", "label",
+                   "--run-dir", tmp_path / "run") == 2
+    _one_line(capsys, "Cannot drop the target column 'label'")
+    assert not (tmp_path / "run").exists()

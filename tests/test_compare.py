@@ -55,6 +55,9 @@ def test_verdict_names_the_faster_mode():
     assert "train: in-graph is 3.00x faster" in text
     assert "predict: between-graph is 2.00x faster" in text
     assert "parity on: the members' test probabilities agree" in text
+    assert "parity max |dp| = 0.00e+00, identical labels 100.00%" in text
+    assert text.splitlines()[0].endswith(" test accuracy")  # the metric's whole name
+    assert text.splitlines()[1].endswith(" 0.9000")
 
 
 def test_one_repeat_shows_the_sample_and_calls_no_mode_faster():
@@ -188,7 +191,9 @@ def test_compare_end_to_end(tmp_path, capsys):
     assert "test rmse" in printed.splitlines()[0]
     assert "train cost = fixed + epochs x per epoch" in printed
     assert summary[0]["parity_max_abs_diff"] <= 1e-6
-    assert f"parity max |dp| = {summary[0]['parity_max_abs_diff']:.2e}" in printed
+    assert f"parity max |d| = {summary[0]['parity_max_abs_diff']:.2e}, equal predictions" \
+        in printed  # regression's words: no probabilities, no labels
+    assert "the members' test predictions agree within" in printed
     assert f"chart: {folder / 'comparison.png'}" in printed
     assert (folder / "comparison.png").stat().st_size > 0
 

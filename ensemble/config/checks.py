@@ -175,6 +175,10 @@ def _check_data(cfg: Config) -> None:
     if cfg.data.impute not in IMPUTE:
         raise UsageError(f"Expected `data.impute` to be one of {', '.join(IMPUTE)}. "
                          f"Received: {cfg.data.impute!r}")
+    if cfg.data.target in cfg.data.drop:
+        raise UsageError(f"Cannot drop the target column {cfg.data.target!r} (--drop / data.drop "
+                         "names feature columns to leave out); expected --target to name the "
+                         "label column and --drop other columns")
     if isinstance(cfg.data.categorical, str) and cfg.data.categorical not in CATEGORICAL:
         raise UsageError(f"Expected `data.categorical` to be \"auto\", \"none\" or a list of "
                          f"column names. Received: {cfg.data.categorical!r}")
