@@ -216,6 +216,36 @@ def test_bad_builder_in_a_fresh_process_is_one_line(user, tmp_path):
         "returns logits (the task adds the head): drop the final softmax activation."]
 
 
+@pytest.mark.parametrize("rows", [(6,), (3, 2, 2, 2), "wine"])
+def test_cnn_on_rows_that_are_not_images_names_their_shape(tmp_path, capsys, rows):
+    """`cnn` on flat rows (an `.npz` `[n, 6]`, a table) or rows of rank 4 used to raise
+    IndexError from the builder; the one line names the rows' shape and what it needs."""
+    data = rows
+    if rows != "wine":
+        data = tmp_path / "rows.npz"
+        np.savez(data, x=np.random.default_rng(0).normal(size=(40, *rows)), y=np.arange(40) % 2)
+    assert run_cli("train", "--data", data, "--model", "cnn", "--members", "2", "--epochs", "1",
+                   "--devices", "cpu:2", "--run-dir", tmp_path / "run", "--quiet") == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    shape = [13] if rows == "wine" else list(rows)
+    assert len(lines) == 1 and f"received rows of shape {shape}" in lines[0], lines
+    assert "needs rows shaped [height, width] or [height, width, channels]" in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_cnn_refusal_between_graph_in_a_fresh_process_is_one_line(tmp_path):
+    """The between-graph launcher builds the members to count their FLOPs: TensorFlow loads
+    there first, and quietly (its start-up banners were printed, twice)."""
+    proc = subprocess.run([sys.executable, "-m", "pipelines.cli", "train", "--data", "wine",
+                           "--model", "cnn", "--mode", "between-graph", "--members", "2",
+                           "--devices", "cpu:2", "--run-dir", str(tmp_path / "run"), "--quiet"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        "error: Builder 'cnn' needs rows shaped [height, width] or [height, width, channels] "
+        "(images); received rows of shape [13]. Use --model mlp, or reshape x to images."]
+
+
 def test_unknown_builder_param_names_it():
     from ensemble.config import schema
     from ensemble.core.errors import UsageError

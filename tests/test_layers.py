@@ -22,7 +22,7 @@ SOURCES = sorted([*ROOT.glob("ensemble/**/*.py"), *ROOT.glob("pipelines/**/*.py"
 # may only go down; a new file that asks which task it has fails (call the Task methods).
 TASK_BRANCHES = {
     "ensemble/core/labels.py": 1,  # core cannot ask a task: an empty class list = numbers
-    "ensemble/data/arrays.py": 1, "ensemble/data/sources.py": 1,  # labels read: numbers or not
+    "ensemble/data/npz.py": 1, "ensemble/data/sources.py": 1,  # labels read: numbers or not
     "ensemble/runs/estimator_regressor.py": 2,  # the regression estimator's own score names
     # benchmarks of one named task: they set it in their configs
     "pipelines/defaults_bench.py": 1, "pipelines/regression_bench.py": 3,

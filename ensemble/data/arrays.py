@@ -2,8 +2,9 @@
 
 A row is an array `[*input_shape]` (an image `[height, width, channels]`), not a table row.
 
-- `.npz` (read with `allow_pickle=False`): `x` `[n, ...]` and optional `y` `[n]`, or Keras's
-  layout `x_train, y_train, x_test, y_test`, whose test part becomes the run's test split.
+- `.npz` (`ensemble.data.npz`): `x` `[n, ...]` and optional `y` `[n]` (class labels, or
+  numbers for regression), or Keras's layout `x_train, y_train, x_test, y_test`, whose test
+  part becomes the run's test split.
 - An image folder `DIR/<class>/*.png|jpg|jpeg|bmp|gif`, laid out as
   `keras.utils.image_dataset_from_directory` reads it (classes are the sub-folder names, files
   in name order); for prediction also a folder of images without class sub-folders. `[data]
@@ -31,14 +32,7 @@ import numpy as np
 from ensemble.core.errors import UsageError
 from ensemble.data.containers import ArrayData, Batch
 from ensemble.data.images import IMAGE_SUFFIXES, image_files, load_image_folder, read_images
-
-NPZ_KEYS = ("x", "y")
-KERAS_KEYS = ("x_train", "y_train", "x_test", "y_test")
-
-
-def is_npz(path) -> bool:
-    """`path` names an `.npz` file (by its suffix)."""
-    return str(path).endswith(".npz")
+from ensemble.data.npz import KERAS_KEYS, NPZ_KEYS, is_npz, load_npz  # noqa: F401 (re-exported)
 
 
 def is_array_source(source: str) -> bool:
@@ -48,92 +42,6 @@ def is_array_source(source: str) -> bool:
         return True
     folder = Path(source)
     return folder.is_dir() and next(folder.rglob("*.parquet"), None) is None
-
-
-def _labels(y: np.ndarray, name: str) -> np.ndarray:
-    if y.ndim == 2 and y.shape[1] == 1:
-        y = y[:, 0]
-    if y.ndim != 1:
-        raise UsageError(f"Expected labels of shape [n] in {name}. Received: {list(y.shape)}")
-    if y.dtype.kind == "f":
-        if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
-            raise UsageError(f"Labels in {name} must be class labels (ints or strings); "
-                             "received non-integer numbers")
-        y = y.astype(np.int64)
-    return y.astype(str) if y.dtype.kind in "US" else y.astype(np.int64)
-
-
-def _x(x: np.ndarray, name: str) -> np.ndarray:
-    if x.ndim < 2:
-        raise UsageError(f"Expected x of shape [n, ...] in {name}. Received: {list(x.shape)}")
-    if x.dtype == np.uint8:
-        return x
-    if x.dtype.kind not in "iuf":
-        raise UsageError(f"Expected numbers in x of {name}. Received dtype {x.dtype}")
-    x = x.astype(np.float32)
-    if not np.all(np.isfinite(x)):
-        raise UsageError(f"x of {name} holds NaN, inf or values beyond float32; expected "
-                         "finite numbers")
-    return x
-
-
-def load_npz(path: str, require_target: bool = True) -> ArrayData:
-    """Read an `.npz` in either layout (see the module docstring).
-
-    Raises:
-        UsageError: missing or unreadable file, pickled (object) arrays, missing keys, `x` and
-            `y` of different lengths, or non-numeric `x`; one line naming the file.
-    """
-    import zipfile
-
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"Data file not found: {path}")
-    try:
-        with np.load(p, allow_pickle=False) as z:
-            keys = set(z.files)
-            if set(KERAS_KEYS) <= keys:
-                parts = {k: z[k] for k in KERAS_KEYS}
-            elif "x" in keys:
-                parts = {k: z[k] for k in NPZ_KEYS if k in keys}
-            else:
-                raise UsageError(f"{path} holds {sorted(keys)}; expected arrays x and y, or "
-                                 "Keras's x_train, y_train, x_test, y_test.")
-    except UsageError:
-        raise
-    except ValueError as exc:
-        if "pickle" in str(exc).lower():
-            raise UsageError(f"{path} holds pickled (object) arrays, which are not read "
-                             "(allow_pickle=False); save numbers or strings.") from None
-        raise UsageError(f"Cannot read {path} as .npz: {exc}") from None
-    except (OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise UsageError(f"Cannot read {path} as .npz: "
-                         f"{getattr(exc, 'strerror', None) or exc}") from None
-    if "x_train" in parts:
-        xs = [_x(parts["x_train"], path), _x(parts["x_test"], path)]
-        ys = [_labels(parts["y_train"], path), _labels(parts["y_test"], path)]
-        for x, y, part in zip(xs, ys, ("train", "test")):
-            if len(x) != len(y):
-                raise UsageError(f"x_{part} and y_{part} of {path} differ in length "
-                                 f"({len(x)} and {len(y)}); expected one label per row.")
-        if xs[0].shape[1:] != xs[1].shape[1:]:
-            raise UsageError(f"x_train and x_test of {path} differ in shape: "
-                             f"{list(xs[0].shape[1:])} and {list(xs[1].shape[1:])}")
-        x = np.concatenate(xs) if xs[0].dtype == xs[1].dtype else \
-            np.concatenate([a.astype(np.float32) for a in xs])
-        y = np.concatenate(ys)
-        test = np.arange(len(xs[0]), len(x))
-    else:
-        x, y, test = _x(parts["x"], path), parts.get("y"), None
-        if y is not None:
-            y = _labels(y, path)
-            if len(y) != len(x):
-                raise UsageError(f"x and y of {path} differ in length ({len(x)} and {len(y)}); "
-                                 "expected one label per row.")
-    if require_target and y is None:
-        raise UsageError(f"{path} has no labels y; expected arrays x and y to train.")
-    ids = np.asarray([f"{p.name}[{i}]" for i in range(len(x))], dtype=object)
-    return ArrayData(str(path), x, y, ids, test)
 
 
 def load_digits_images() -> ArrayData:
@@ -159,9 +67,7 @@ def load(cfg, require_target: bool = True) -> ArrayData:
     else:
         ds = load_image_folder(cfg.source, cfg.image_size or None, cfg.color_mode,
                                require_target)
-    if require_target and len(np.unique(ds.y)) < 2:
-        raise UsageError(f"Data {ds.name} has fewer than two classes; expected at least two.")
-    return ds
+    return ds  # a single class is refused with the task (`tasks.registry.for_target`)
 
 
 @dataclass(frozen=True)
@@ -364,6 +270,8 @@ class ArrayStream:
                              None if whole.y is None else whole.y[lo:lo + self.batch_rows],
                              whole.ids[lo:lo + self.batch_rows])
             self.pre.check_input(ArrayData(self.source, x, None, ids))
-            known = y is not None and set(np.unique(y).tolist()) <= set(self.pre.classes.tolist())
-            yield Batch(lo, self.pre.transform(ArrayData(self.source, x, None, ids)),
-                        encode(y, self.pre.classes) if known else None, ids)
+            try:
+                y = None if y is None else encode(y, self.pre.classes)
+            except UsageError:  # labels that are not the run's (classes, or numbers): unused
+                y = None
+            yield Batch(lo, self.pre.transform(ArrayData(self.source, x, None, ids)), y, ids)

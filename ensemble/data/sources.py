@@ -270,7 +270,8 @@ def split(ds: Dataset, cfg: DataConfig, seed: int, stratify: bool = True
           ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Train/validation/test row indices from `seed` (scikit-learn's draws,
     `ensemble.data.splitting`), stratified by class unless `stratify` is False (the run's
-    `Task.stratified`: numeric targets, no classes); each sorted.
+    `Task.stratified`: numeric targets, no classes); each sorted. A test split the source
+    gives (`test_rows` of Keras's `.npz` layout) is kept either way.
 
     Returns:
         (`{"train": idx, "validation": idx, "test": idx}`, the sorted class labels).
@@ -282,13 +283,16 @@ def split(ds: Dataset, cfg: DataConfig, seed: int, stratify: bool = True
 
     idx = np.arange(len(ds.y))
     val_share = cfg.validation_size / (1.0 - cfg.test_size)
+    fixed = getattr(ds, "test_rows", None)  # a test split the source gives (Keras's .npz)
     if not stratify:  # no classes (`ensemble.tasks.Task.stratified`)
-        rest, test = train_test_split(idx, test_size=cfg.test_size, random_state=seed)
+        if fixed is not None:
+            test, rest = fixed, np.setdiff1d(idx, fixed)
+        else:
+            rest, test = train_test_split(idx, test_size=cfg.test_size, random_state=seed)
         train, val = train_test_split(rest, test_size=val_share, random_state=seed)
         return ({"train": np.sort(train), "validation": np.sort(val), "test": np.sort(test)},
                 np.zeros(0, np.float64))
     classes, counts = np.unique(ds.y, return_counts=True)
-    fixed = getattr(ds, "test_rows", None)  # a test split the source gives (Keras's .npz)
     try:
         if fixed is not None:
             test, rest = fixed, np.setdiff1d(idx, fixed)

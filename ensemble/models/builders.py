@@ -76,12 +76,15 @@ def mlp(input_shape: Sequence[int], n_outputs: int, *, seed: int,
 def cnn(input_shape: Sequence[int], n_outputs: int, *, seed: int,
         filters: Sequence[int] = (32, 64), kernel_size: int = 3, dense: int = 128,
         dropout: float = 0.25, scale: float = 1.0):
-    """The built-in CNN for images `[batch, height, width, channels]`: per entry of
+    """The built-in CNN for images: rows `input_shape` `[height, width]` (one channel) or
+    `[height, width, channels]`, so inputs `[batch, *input_shape]`; per entry of
     `filters`, Conv2D(f, `kernel_size`, same padding, ReLU) -> MaxPooling2D(2) (while the
     image is at least 2 pixels high and wide); then Flatten -> Dropout(`dropout`) ->
     Dense(`dense`, ReLU) -> Dense(`n_outputs`) logits. `scale` multiplies the input first
     (inputs are standardised by the run's preprocessing, so 1.0 is the default).
+    Rows of another rank (a table's `[n_features]`) raise UsageError (`check_image_rows`).
     """
+    check_image_rows(input_shape)
     import keras
 
     init = lambda k: keras.initializers.GlorotUniform(seed=seed + k)  # noqa: E731
@@ -103,6 +106,16 @@ def cnn(input_shape: Sequence[int], n_outputs: int, *, seed: int,
     x = keras.layers.Dense(dense, activation="relu", kernel_initializer=init(101))(x)
     out = keras.layers.Dense(n_outputs, kernel_initializer=init(102), name="logits")(x)
     return keras.Model(inputs, out, name="cnn")
+
+
+def check_image_rows(input_shape: Sequence[int]) -> None:
+    """Raises UsageError, naming the shape, unless rows are `[height, width]` or `[height,
+    width, channels]` (every size >= 1): the ones the built-in `cnn` convolves."""
+    shape = [int(d) for d in input_shape]
+    if len(shape) not in (2, 3) or min(shape) < 1:
+        raise UsageError(f"Builder 'cnn' needs rows shaped [height, width] or [height, width, "
+                         f"channels] (images); received rows of shape {shape}. Use --model "
+                         "mlp, or reshape x to images.")
 
 
 BUILTINS: dict[str, Callable] = {"mlp": mlp, "cnn": cnn}

@@ -86,6 +86,9 @@ def member_flops(spec: str, params: dict[str, Any], input_shape: Sequence[int],
 
     if spec == "mlp" and len(input_shape) == 1:
         return mlp_flops(int(input_shape[0]), list(params.get("hidden", (256, 128))), n_outputs)
+    from ensemble.core.tfimport import import_tensorflow_quietly
+
+    import_tensorflow_quietly()  # maybe first here (a between-graph launcher): no banners
     import tensorflow as tf
 
     from ensemble.models.members import build_member, check_serializable

@@ -249,10 +249,10 @@ def predict_client(request: ClientRequest, cluster: dict | None = None) -> list[
     graph on its device (`request.devices`, default: the member's device in the run; on
     `cluster`, a loaded spec).
 
-    `request.predict` is either a `.npz` (`x` `[n_rows, n_features]` float32 scaled, optional
-    `y` class indices): each member's prediction rows go to `request.out` (a `.parquet` file
-    for one member) or `out/member-<i>.parquet`; or a data source (`.parquet` / `.csv` file or
-    folder), streamed in batches of `request.batch_size` rows (`InputStream`): the input is
+    `request.predict` is either, for a table run, a `.npz` (`x` `[n_rows, n_features]` float32
+    scaled, optional `y` class indices): each member's prediction rows go to `request.out` (a
+    `.parquet` file for one member) or `out/member-<i>.parquet`; or a data source (`.parquet` /
+    `.csv` file or folder; for an array run an `.npz` or image folder too), streamed in batches of `request.batch_size` rows (`InputStream`): the input is
     read once and every batch goes through each member; `out/member-<i>.parquet` then holds
     only its outputs (`c<k>` float32 per output) and `y` (class index, null when unknown),
     one row per input row in order, for `ensemble.runs.between.aggregate_stream`.
@@ -268,7 +268,8 @@ def predict_client(request: ClientRequest, cluster: dict | None = None) -> list[
     for index in indices:
         _member_entry(manifest, index)
     runlock.require_free(run_dir)
-    npz = is_npz(request.predict)  # scaled rows (`_read_npz`), else a source by its kind
+    # a table run's `.npz` holds scaled rows (`_read_npz`); an array run's is a data source
+    npz = is_npz(request.predict) and bool(manifest.dataset.feature_names)
     if npz:
         x, y = _read_npz(Path(request.predict), len(manifest.dataset.feature_names))
         if (len(indices) > 1 or not str(out).endswith(".parquet")) and out.is_file():

@@ -1,0 +1,155 @@
+"""`.npz` inputs, read with `allow_pickle=False` (`ensemble.data.arrays` has the other array
+sources and their scaling).
+
+Either `x` `[n, ...]` and optional `y` `[n]` (or `[n, 1]`), or Keras's layout `x_train,
+y_train, x_test, y_test`, whose test part becomes the run's test split. `y` holds class labels
+(ints or strings) or numbers: non-integer numbers are a regression target, as a table's
+(`ensemble.data.sources._labels`); `[data] task` (`ensemble.tasks.registry.resolve`) decides
+the task, so `--task regression` takes integer targets too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ensemble.core.errors import UsageError
+from ensemble.data.columns import FLOAT32_MAX
+from ensemble.data.containers import ArrayData
+
+NPZ_KEYS = ("x", "y")
+KERAS_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def is_npz(path) -> bool:
+    """`path` names an `.npz` file (by its suffix)."""
+    return str(path).endswith(".npz")
+
+
+def _labels(y: np.ndarray, name: str, required: bool = True) -> np.ndarray | None:
+    """Targets `[n]` (or `[n, 1]`) as int64 or str class labels, or float64 when they are
+    non-integer numbers (a regression target, as a table's: `sources._labels`; the task is
+    `ensemble.runs.prepare.resolve_task`'s to decide). Not `required` (predict), targets with
+    NaN or inf are not used (None, with a notice), as a table's missing labels.
+
+    Raises:
+        UsageError: another shape, NaN or inf (when `required`), or numbers beyond float32
+            (the model's dtype).
+    """
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1:
+        raise UsageError(f"Expected labels of shape [n] in {name}. Received: {list(y.shape)}")
+    if y.dtype.kind in "US":
+        return y.astype(str)
+    if y.dtype.kind not in "iubf":
+        raise UsageError(f"Expected labels y in {name} to be numbers or strings. Received "
+                         f"dtype {y.dtype}")
+    if y.dtype.kind == "f":
+        bad = ~np.isfinite(y)
+        if np.any(bad) and not required:
+            from ensemble.core.notices import notice
+
+            notice(f"labels y of {name} hold NaN or inf; labels not used")
+            return None
+        if np.any(bad):
+            raise UsageError(f"Labels in {name} hold {int(bad.sum())} missing or non-finite "
+                             f"target(s) (NaN or inf; first at row {int(np.argmax(bad))}); "
+                             "expected class labels or finite numbers")
+        if y.size and np.abs(y).max() > FLOAT32_MAX:
+            raise UsageError(f"Labels in {name} hold {np.abs(y).max():.6g}, beyond float32 "
+                             f"(the model's dtype: |y| <= {FLOAT32_MAX:.4g}); expected class "
+                             "labels or numbers that fit")
+        if not np.all(y == np.round(y)) or (y.size and np.abs(y).max() >= 2.0 ** 63):
+            return y.astype(np.float64)  # non-integer numbers: a regression target
+    return y.astype(np.int64)
+
+
+def _x(x: np.ndarray, name: str) -> np.ndarray:
+    if x.ndim < 2:
+        raise UsageError(f"Expected x of shape [n, ...] in {name}. Received: {list(x.shape)}")
+    if x.dtype == np.uint8:
+        return x
+    if x.dtype.kind not in "iuf":
+        raise UsageError(f"Expected numbers in x of {name}. Received dtype {x.dtype}")
+    x = x.astype(np.float32)
+    if not np.all(np.isfinite(x)):
+        raise UsageError(f"x of {name} holds NaN, inf or values beyond float32; expected "
+                         "finite numbers")
+    return x
+
+
+def load_npz(path: str, require_target: bool = True) -> ArrayData:
+    """Read an `.npz` in either layout (see the module docstring): `x` `[n, ...]` uint8 or
+    float32, `y` `[n]` (`_labels`; None without labels, or when not `require_target` and
+    they hold NaN or inf), Keras's test part as `test_rows`.
+
+    Raises:
+        UsageError: missing or unreadable file, pickled (object) arrays, missing keys, `x` and
+            `y` of different lengths, non-numeric `x`, or labels `_labels` refuses; one line
+            naming the file.
+    """
+    import zipfile
+
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"Data file not found: {path}")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            keys = set(z.files)
+            if set(KERAS_KEYS) <= keys:
+                parts = {k: z[k] for k in KERAS_KEYS}
+            elif "x" in keys:
+                parts = {k: z[k] for k in NPZ_KEYS if k in keys}
+            else:
+                raise UsageError(f"{path} holds {sorted(keys)}; expected arrays x and y, or "
+                                 "Keras's x_train, y_train, x_test, y_test.")
+    except UsageError:
+        raise
+    except ValueError as exc:
+        if "pickle" in str(exc).lower():
+            raise UsageError(f"{path} holds pickled (object) arrays, which are not read "
+                             "(allow_pickle=False); save numbers or strings.") from None
+        raise UsageError(f"Cannot read {path} as .npz: {exc}") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise UsageError(f"Cannot read {path} as .npz: "
+                         f"{getattr(exc, 'strerror', None) or exc}") from None
+    if "x_train" in parts:
+        x, y, test = _keras_layout(parts, path, require_target)
+    else:
+        x, y, test = _x(parts["x"], path), parts.get("y"), None
+        if y is not None:
+            y = _labels(y, path, require_target)
+            if y is not None and len(y) != len(x):
+                raise UsageError(f"x and y of {path} differ in length ({len(x)} and {len(y)}); "
+                                 "expected one label per row.")
+    if require_target and y is None:
+        raise UsageError(f"{path} has no labels y; expected arrays x and y to train.")
+    ids = np.asarray([f"{p.name}[{i}]" for i in range(len(x))], dtype=object)
+    return ArrayData(str(path), x, y, ids, test)
+
+
+def _keras_layout(parts: dict, path: str, required: bool):
+    """`(x [n_train + n_test, ...], y [n_train + n_test] or None, test rows)` of Keras's
+    layout: the train part then the test part.
+
+    Raises:
+        UsageError: a part whose `x` and `y` differ in length, parts of other row shapes, or
+            labels `_labels` refuses.
+    """
+    xs = [_x(parts["x_train"], path), _x(parts["x_test"], path)]
+    ys = [_labels(parts["y_train"], path, required),
+          _labels(parts["y_test"], path, required)]
+    for x, y, part in zip(xs, ys, ("train", "test")):
+        if y is not None and len(x) != len(y):
+            raise UsageError(f"x_{part} and y_{part} of {path} differ in length "
+                             f"({len(x)} and {len(y)}); expected one label per row.")
+    if xs[0].shape[1:] != xs[1].shape[1:]:
+        raise UsageError(f"x_train and x_test of {path} differ in shape: "
+                         f"{list(xs[0].shape[1:])} and {list(xs[1].shape[1:])}")
+    x = np.concatenate(xs) if xs[0].dtype == xs[1].dtype else \
+        np.concatenate([a.astype(np.float32) for a in xs])
+    y = None if any(a is None for a in ys) else np.concatenate(ys)
+    test = np.arange(len(xs[0]), len(x))
+    return x, y, test
