@@ -112,8 +112,10 @@ def test_save_load_pickle_and_run_api(iris, fitted, tmp_path):
     assert kept.history_["val_loss"].isna().all()  # no validation_data
     expected = fitted.predict_proba(xv)
     path = fitted.save(tmp_path / "clf")
-    with pytest.raises(ValueError, match="already holds a run"):
+    with pytest.raises(ValueError, match=r"already holds a run; pass save\(path, "
+                                         r"overwrite=True\) to replace it"):
         fitted.save(path)
+    fitted.save(path, overwrite=True)
     loaded = DeepEnsembleClassifier.load(path)
     np.testing.assert_allclose(loaded.predict_proba(xv), expected, atol=1e-6)
     assert loaded.get_params()["n_members"] == 2 and list(loaded.classes_) == list(

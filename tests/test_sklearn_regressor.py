@@ -50,6 +50,15 @@ def test_return_std_target_units_and_save_load(diabetes, tmp_path):
     m2, s2 = back.predict(xt, return_std=True)
     np.testing.assert_allclose(m2, mean, rtol=1e-5)
     np.testing.assert_allclose(s2, std, rtol=1e-4)
+    with pytest.raises(ValueError, match=r"rows of shape \[10, 1\]; DeepEnsembleRegressor was "
+                                         r"fitted on rows of shape \[10\]"):
+        back.predict(xt[:, :, None])
+    from ensemble.sklearn import DeepEnsembleClassifier
+
+    with pytest.raises(ValueError, match=r"is a regression run; DeepEnsembleClassifier loads "
+                                         r"classification runs only: load it with "
+                                         r"DeepEnsembleRegressor\.load"):
+        DeepEnsembleClassifier.load(tmp_path / "run")
 
 
 def test_fitted_aggregator_needs_validation_data(diabetes):

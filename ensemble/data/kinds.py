@@ -64,6 +64,19 @@ class Source(ABC):
         """An exported signature's inputs and the graph from them to the members' input:
         `(TensorSpec or {name: TensorSpec}, function, doc)` (`ensemble.data.export_inputs`)."""
 
+    def row_shape(self, pre) -> tuple[int, ...] | None:
+        """One input row's shape when rows are arrays; None: rows are named columns."""
+        return None
+
+    def scale_rows(self, pre, x: np.ndarray) -> np.ndarray:
+        """Rows `x` as the members' first layer (`pre.scaling_layer()`) scales them."""
+        return x
+
+    def write_rows(self, pre, x: np.ndarray, folder: Path) -> Path | None:
+        """In-memory rows `x` `[n_rows, *row_shape]` as a file `stream` reads, in `folder`;
+        None: the kind takes no such file (a table: write a DataFrame)."""
+        return None
+
 
 class Arrays(Source):
     """`.npz` files, image folders, `digits_images` (`ensemble.data.arrays`)."""
@@ -86,6 +99,22 @@ class Arrays(Source):
 
     def export_inputs(self, pre):
         return export_inputs.array_inputs(pre)
+
+    def row_shape(self, pre):
+        return tuple(int(d) for d in pre.input_shape)
+
+    def scale_rows(self, pre, x):
+        """numpy twin of `ArrayPreprocessing.scaling_layer`: `Rescaling(1/255)` for `uint8`
+        runs, `Normalization(mean, std**2)` (`(x - mean) / max(std, 1e-7)`) for float runs."""
+        x = np.asarray(x, np.float32)
+        if pre.dtype == "uint8":
+            return x * np.float32(1.0 / 255.0)
+        return x if pre.mean is None else (x - pre.mean) / np.maximum(pre.std, np.float32(1e-7))
+
+    def write_rows(self, pre, x, folder):
+        path = Path(folder) / "rows.npz"  # key `x`: `arrays.load_npz`'s layout
+        np.savez(path, x=np.asarray(x))
+        return path
 
     def scan(self, cfg):
         return ArrayScan(cfg)
@@ -195,6 +224,25 @@ def run_preprocessing(run_dir: str | Path, manifest: Manifest):
 
     return read_preprocessing(artifacts.verify(run_dir, manifest,
                                                Path(run_dir) / artifacts.PREPROCESSING))
+
+
+def row_shape(pre) -> tuple[int, ...] | None:
+    """The shape of one input row of a run whose preprocessing is `pre`: `[*input_shape]` for
+    arrays (`.npz`, images), None for a table (`Source.row_shape`)."""
+    return _named(pre.kind).row_shape(pre)
+
+
+def scale_rows(pre, x: np.ndarray) -> np.ndarray:
+    """Rows `x` `[n_rows, *row_shape]` scaled as the first layer of the run's members scales
+    them (arrays: `x / 255` or the training standardisation; tables: unchanged), for
+    members rebuilt without that layer (the scikit-learn estimators)."""
+    return _named(pre.kind).scale_rows(pre, x)
+
+
+def write_rows(pre, x: np.ndarray, folder: str | Path) -> Path | None:
+    """Rows `x` `[n_rows, *row_shape]` of an array run written in `folder` as a file its
+    `input_stream` reads; None for a table run."""
+    return _named(pre.kind).write_rows(pre, x, Path(folder))
 
 
 def export_inputs_of(pre):

@@ -19,7 +19,6 @@ only place the block package names this module, and only when a user asks for th
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import sys
 import tempfile
@@ -27,13 +26,12 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
-
 from ensemble.core import artifacts
 from ensemble.config.schema import Config
 from ensemble.core.errors import UsageError
 from ensemble.replication import modes, placement_log
 from ensemble.runs import operations  # noqa: F401 (supplies the built-in modes' operations)
+from ensemble.runs.api_inputs import as_source, without_temporary_ids
 from ensemble.runs.run_record import Manifest, record_process
 
 
@@ -304,9 +302,13 @@ class Run:
         """Predict rows with the run's members (in-graph, on this machine's `devices`).
 
         Args:
-            data: a pandas DataFrame with the training columns (matched by name; extra
-                columns ignored with a notice), or an ndarray `[n_rows, n_columns]` in the
-                order of `feature_names`.
+            data: a table run: a pandas DataFrame with the training columns (matched by name;
+                extra columns ignored with a notice), or an ndarray `[n_rows, n_columns]` in
+                the order of `feature_names`. A run trained on arrays (`.npz`, image folder,
+                an estimator's n-d `fit`): an ndarray `[n_rows, *row_shape]`, `row_shape`
+                being `record.dataset.input_shape` (images `[height, width, channels]` of
+                raw pixels). Any run: a path as `ensemble predict --data` takes it (a table
+                file, an `.npz` file, an image folder). See `ensemble.runs.api_inputs`.
             target: label column of `data`, used for `y_true` when present (default: the
                 run's target).
             layout: `wide` (`ensemble predict`'s default: one row per input, the input's
@@ -319,48 +321,23 @@ class Run:
             (pandas' nullable `Int32`/`Int64` where a column has nulls).
 
         Raises:
-            UsageError: missing columns, wrong column count, or a run that is not completed.
+            UsageError: missing columns, wrong column count, an array whose rows are not of
+                the run's row shape (naming both shapes), or a run that is not completed.
         """
         from ensemble.runs.predict import predict_in_graph
 
         if layout not in ("wide", "long"):
             raise UsageError(f"Expected `layout` to be 'wide' or 'long'. Received: "
                              f"layout={layout!r}")
-        from ensemble.core.notices import named
         from ensemble.core.tfimport import import_tensorflow_quietly
 
         import_tensorflow_quietly()
-        with self._as_parquet(data) as src:
-            out = src.with_name("predictions.parquet")
-            with named(src.parent, "the DataFrame"), named(src, "the DataFrame"):
-                predict_in_graph(modes.PredictRequest(self.path, str(src), out, target, devices,
-                                                      layout=layout))
-            return to_pandas(artifacts.read_parquet(out))
-
-    @contextlib.contextmanager
-    def _as_parquet(self, data):
-        """`data` (a DataFrame, or an ndarray `[n_rows, n_columns]` in the order of
-        `feature_names`) as a Parquet file in a temporary folder, for the CLI's readers.
-
-        Raises:
-            UsageError: an array of another shape.
-        """
-        import pandas as pd
-        import pyarrow as pa
-
-        if isinstance(data, pd.DataFrame):
-            frame = data
-        else:
-            x, names = np.asarray(data), self.feature_names
-            if x.ndim != 2 or x.shape[1] != len(names):
-                raise UsageError(f"Expected an array [n_rows, {len(names)}] (columns "
-                                 f"{', '.join(names[:5])}{', ...' if len(names) > 5 else ''}). "
-                                 f"Received: shape {x.shape}")
-            frame = pd.DataFrame(x, columns=names)
-        with tempfile.TemporaryDirectory(prefix="ensemble-api-") as tmp:
-            src = Path(tmp) / "input.parquet"
-            artifacts.write_parquet(src, pa.Table.from_pandas(frame, preserve_index=False))
-            yield src
+        with as_source(self, data) as (src, label), \
+                tempfile.TemporaryDirectory(prefix="ensemble-api-") as tmp:
+            out = Path(tmp) / "predictions.parquet"
+            predict_in_graph(modes.PredictRequest(self.path, src, out, target, devices,
+                                                  layout=layout))
+            return without_temporary_ids(to_pandas(artifacts.read_parquet(out)), label)
 
     def evaluate_ood(self, data, plots: bool = False):
         """Out-of-distribution detection (`ensemble evaluate --ood`): AUROC and AUPR of
@@ -370,7 +347,8 @@ class Run:
         Args:
             data: a source the run takes (a path to a table, `.npz`, image folder, a built-in
                 name, or a long-layout predictions `.parquet`), or a pandas DataFrame / an
-                ndarray `[n_rows, n_columns]` as `predict` takes. Labels are not needed.
+                ndarray (`[n_rows, n_columns]`, or `[n_rows, *row_shape]` for an array run)
+                as `predict` takes. Labels are not needed.
 
         Returns:
             pandas DataFrame: `ood.parquet` (model, member, aggregator, score, auroc, aupr,
@@ -383,9 +361,9 @@ class Run:
 
         if isinstance(data, (str, Path)):
             return evaluate_ood(self.path, str(data), plots)[0].to_pandas()
-        with self._as_parquet(data) as src:
-            return evaluate_ood(self.path, str(src), plots,
-                                label=f"DataFrame ({len(data)} rows)")[0].to_pandas()
+        with as_source(self, data) as (src, label):
+            return evaluate_ood(self.path, src, plots, label=f"{label.removeprefix('the ')} "
+                                f"({len(data)} rows)")[0].to_pandas()
 
     def evaluate_shift(self, plots: bool = False):
         """Dataset shift (`ensemble evaluate --shift`): the test split under every corruption

@@ -34,8 +34,9 @@ from ensemble.config import auto
 from ensemble.models import builders
 from ensemble.config import schema
 from ensemble.runs import fit_arrays
-from ensemble.runs import estimator_tables
+from ensemble.runs import estimator_rows, estimator_tables
 from ensemble.tasks.classification.aggregators import FITTED
+from ensemble.tasks.classification.task import Classification
 from ensemble.replication import modes
 from ensemble.runs import operations  # noqa: F401 (the built-in modes' operations)
 from ensemble.core.errors import UsageError
@@ -70,6 +71,8 @@ class DeepEnsembleBase(BaseEstimator):
     Builder parameters are routed as SciKeras does: `model__<name>=value` is keyword argument
     `<name>` of the estimator's builder. Unexpected keywords are refused by `fit`, not by
     `__init__` or `set_params` (scikit-learn: no validation there)."""
+
+    run_task = None  # each estimator's: the `Task` class of the runs its `load` opens
 
     def __init__(self, n_members=4, hidden=(256, 128), activation="relu", dropout=0.1,
                  epochs=30, batch_size="auto", learning_rate=1e-3, random_state=None,
@@ -257,7 +260,8 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
             values; `"median"`, `"most_frequent"` fill them from the training rows).
 
     Attributes:
-        classes_: `[n_classes]` labels. n_features_in_, feature_names_in_: the input columns.
+        classes_: `[n_classes]` labels. n_features_in_, feature_names_in_: the input columns
+            (n-d rows `[*row_shape]`: `n_features_in_` is `row_shape[0]`, as scikit-learn's).
         member_weights_: `[n_members]` lists of each member's weight arrays.
         preprocessing_: the fitted `Preprocessing` (mean and scale of every column).
         aggregators_: `aggregators.json` content of a fitted aggregator, else None.
@@ -271,8 +275,11 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
     determinism for the whole process, so equal seeds give equal members.
     """
 
+    run_task = Classification  # the task of the runs `load` opens
+
     def fit(self, X, y, validation_data=None):
-        """Train the members on every row of `X` `[n_rows, n_features]`, labels `y`.
+        """Train the members on every row of `X` `[n_rows, n_features]` (or, for a builder
+        of n-d rows such as `cnn`, `[n_rows, *row_shape]`), labels `y` `[n_rows]`.
 
         Args:
             validation_data: optional `(X_val, y_val)`: per-epoch `val_loss` and
@@ -298,7 +305,7 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
         cfg = self._config(self._seed())
         val = None
         if validation_data is not None:
-            val = self._validation(validation_data, classes, table)
+            val = self._validation(validation_data, classes, table, X.shape[1:])
         elif self.aggregator in FITTED:
             raise ValueError(f"aggregator={self.aggregator!r} is fitted on validation data: "
                              "pass fit(X, y, validation_data=(X_val, y_val))")
@@ -308,7 +315,8 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
             self.save(self.run_dir, overwrite=True)
         return self
 
-    def _validation(self, validation_data, classes, table: bool = False):
+    def _validation(self, validation_data, classes, table: bool = False, rows=()):
+        """`(X_val, y_val class indices)`; `rows`: the shape of X's rows, X_val's too."""
         try:
             x_val, y_val = validation_data
         except (TypeError, ValueError):
@@ -317,6 +325,8 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
         if table:  # prepared as the training table (`ensemble.runs.estimator_tables`)
             x_val, _ = estimator_tables.check_input(self, x_val, reset=False)
         else:
+            estimator_rows.refuse_other_rows("X_val", estimator_rows.shape_of(x_val),
+                                             tuple(rows), "X has")
             x_val = validate_data(self, x_val, reset=False, dtype=[np.float64, np.float32],
                                   allow_nd=True)
         y_val = np.asarray(y_val)
@@ -331,7 +341,8 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
 
     def predict_proba(self, X) -> np.ndarray:
         """The aggregator's class probabilities `[n_rows, n_classes]` (float64, rows sum to
-        1; for `vote` the share of member votes), columns in the order of `classes_`."""
+        1; for `vote` the share of member votes), columns in the order of `classes_`, of `X`
+        `[n_rows, *row_shape]` (rows of the fitted shape; `ensemble.runs.estimator_rows`)."""
         x = estimator_tables.scaled(self, X)
         self._attach_builder()
         p = fit_arrays.predict(self, x).astype(np.float64)
@@ -371,10 +382,12 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
     def load(cls, path) -> "DeepEnsembleClassifier":
         """A fitted estimator from a run directory written by `save` or by `ensemble train`
         (its parameters are the run's config; a run with categorical, identifier or imputed
-        columns predicts DataFrames with those columns, prepared as the run's table).
+        columns predicts DataFrames with those columns, prepared as the run's table; an array
+        run (`.npz`, image folder, n-d `fit`) `X` `[n_rows, *dataset.input_shape]`, raw values).
 
         Raises:
-            ValueError (UsageError): not a completed run, or a damaged artifact.
+            ValueError (UsageError): not a completed run, a damaged artifact, or a regression
+                run (`DeepEnsembleRegressor.load` loads those).
         """
         return fit_arrays.load(cls, Path(path))
 

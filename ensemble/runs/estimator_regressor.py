@@ -22,6 +22,7 @@ from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ensemble.tasks.regression.aggregators import AGGREGATORS, FITTED
+from ensemble.tasks.regression.task import Regression
 from ensemble.runs import fit_arrays
 from ensemble.runs import estimator_tables
 from ensemble.runs.estimator import DeepEnsembleBase
@@ -49,6 +50,8 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
             `history_` (`val_loss`, `val_rmse`), `config_`, `seed_`, `devices_`,
             `aggregator_`, `n_rows_`: as the classifier's.
     """
+
+    run_task = Regression  # the task of the runs `load` opens
 
     def __init__(self, n_members=4, hidden=(256, 128), activation="relu", dropout=0.1,
                  epochs=30, batch_size="auto", learning_rate=1e-3, random_state=None,
@@ -130,18 +133,10 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
             self.save(self.run_dir, overwrite=True)
         return self
 
-    def _scaled(self, X) -> np.ndarray:
-        if getattr(self, "table_input_", False):
-            return estimator_tables.scaled(self, X)
-        check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
-        return self.preprocessing_.transform(fit_arrays.dataset(X, list(
-            getattr(self, "feature_names_in_", self.preprocessing_.feature_names))))
-
     def predict(self, X, return_std: bool = False):
         """The mixture's mean `[n_rows]` (float64, target units); with `return_std`, also its
         standard deviation `[n_rows]` (`GaussianProcessRegressor.predict`'s convention)."""
-        x = self._scaled(X)
+        x = estimator_tables.scaled(self, X)
         self._attach_builder()
         e = np.asarray(fit_arrays.predict(self, x), np.float64)
         mean = self.target_loc_ + self.target_scale_ * e[:, 0]
@@ -151,7 +146,7 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
 
     def predict_members(self, X) -> np.ndarray:
         """Every member's `[n_members, n_rows, 2]` (mean, variance), target units."""
-        x = self._scaled(X)
+        x = estimator_tables.scaled(self, X)
         self._attach_builder()
         out = np.asarray(fit_arrays.predict(self, x, members=True), np.float64)
         s = self.target_scale_
@@ -174,7 +169,12 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
 
     @classmethod
     def load(cls, path) -> "DeepEnsembleRegressor":
-        """A fitted regressor from a regression run directory (`save` or `ensemble train`)."""
+        """A fitted regressor from a regression run directory (`save` or `ensemble train`).
+
+        Raises:
+            ValueError (UsageError): not a completed run, a damaged artifact, or a
+                classification run (`DeepEnsembleClassifier.load` loads those).
+        """
         est = fit_arrays.load(cls, Path(path))
         est.loss = est.config_.training.loss if est.config_.training.loss != "auto" \
             else "gaussian_nll"

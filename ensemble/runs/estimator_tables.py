@@ -165,16 +165,24 @@ def transform(est, X) -> np.ndarray:
 
 
 def scaled(est, X) -> np.ndarray:
-    """New rows for a fitted estimator, by the path it was fitted on (table or array)."""
-    from sklearn.utils.validation import check_is_fitted, validate_data
+    """New rows `X` for a fitted estimator, prepared by the path it was fitted on (a table;
+    arrays `[n_rows, *row_shape]`, `ensemble.runs.estimator_rows`) as its members take them:
+    `[n_rows, *member input shape]` float32.
 
-    from ensemble.runs import fit_arrays
+    Raises:
+        ValueError: columns or rows of another shape than the fitted ones.
+    """
+    from sklearn.utils.validation import check_is_fitted
+
+    from ensemble.data import kinds
+    from ensemble.runs import estimator_rows, fit_arrays
 
     check_is_fitted(est)
     if getattr(est, "table_input_", False):
         if est.table_input_ != "by-name":  # a loaded CLI run matches columns by name only
             check_input(est, X, reset=False)
         return transform(est, X)
-    X = validate_data(est, X, reset=False, dtype=[np.float64, np.float32], allow_nd=True)
-    return est.preprocessing_.transform(fit_arrays.dataset(X, list(
-        getattr(est, "feature_names_in_", est.preprocessing_.feature_names))))
+    X = estimator_rows.checked(est, X)
+    pre = est.preprocessing_
+    return kinds.scale_rows(pre, pre.transform(fit_arrays.dataset(X, list(
+        getattr(est, "feature_names_in_", pre.feature_names)))))  # members built unscaled

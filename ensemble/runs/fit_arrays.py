@@ -179,12 +179,23 @@ def _task(cfg: Config, pre: Preprocessing):
     return tasks.for_classes(pre.classes, cfg.training.loss)
 
 
+# `prepare.holds_run`'s hints, in the terms of the estimators' `save(path, overwrite=...)`
+OVERWRITE_WORDING = [
+    (r"pass --overwrite to replace it or choose another --run-dir",
+     "pass save(path, overwrite=True) to replace it, or choose another path"),
+    (r"pass --overwrite to replace it", "pass save(path, overwrite=True) to replace it"),
+]
+
+
 def save(est, path: Path, overwrite: bool = False) -> Path:
     """Write a fitted estimator as a completed run directory; returns `path`."""
     from ensemble.config.schema import member_hparams
     from ensemble.models.members import build_member, save_member
 
-    prepare.check_run_dir(path, overwrite)
+    from ensemble.core.notices import reworded
+
+    with reworded(OVERWRITE_WORDING):  # the estimator's argument, not the CLI's flags
+        prepare.check_run_dir(path, overwrite)
     path.mkdir(parents=True, exist_ok=True)
     cfg, pre = est.config_, est.preprocessing_
     n_classes = len(pre.classes)
@@ -210,13 +221,39 @@ def save(est, path: Path, overwrite: bool = False) -> Path:
     return path
 
 
+def check_task(cls, path: Path, manifest: Manifest):
+    """The task of the run in `path` (`tasks.for_run`), which estimator class `cls` predicts
+    when it is a `cls.run_task` (`Classification`, `Regression`).
+
+    Raises:
+        ValueError: a run of another task, naming it and the estimator that loads it.
+    """
+    task = tasks.for_run(manifest)
+    if isinstance(task, cls.run_task):
+        return task
+    base = next(c for c in cls.__mro__ if "run_task" in vars(c) and c.run_task is None)
+    other = next((c for c in base.__subclasses__()  # the estimators (DeepEnsembleBase's)
+                  if c.run_task is not None and isinstance(task, c.run_task)), None)
+    use = f"load it with {other.__name__}.load({str(path)!r})" if other is not None else \
+        f"open it with ensemble.load_run({str(path)!r})"
+    raise ValueError(f"Run {path} is a {task.name} run; {cls.__name__} loads "
+                     f"{cls.run_task.name} runs only: {use}.")
+
+
 def load(cls, path: Path):
-    """A fitted `cls` (the estimator class) from a completed run directory."""
+    """A fitted `cls` (the estimator class) from a completed run directory of its task;
+    rows of an array run (`.npz`, image folder, n-d `fit`) are `[n_rows, *input_shape]`.
+
+    Raises:
+        ValueError (UsageError): not a completed run, a damaged artifact, or a run of
+            another task (`check_task`).
+    """
     from ensemble.models.members import load_run_member
     from ensemble.runs.posthoc import run_aggregators
 
     manifest = Manifest.load(path)
     prepare.require_completed(path, manifest)
+    task = check_task(cls, path, manifest)
     cfg = from_dict(manifest.config)
     pre = kinds.read_preprocessing(artifacts.verify(path, manifest, path / artifacts.PREPROCESSING))
     table = bool(getattr(pre, "categories", None) or getattr(pre, "identifiers", ())
@@ -231,9 +268,10 @@ def load(cls, path: Path):
               learning_rate=t.learning_rate, random_state=t.seed, mode=manifest.mode,
               devices=cfg.placement.devices, aggregator=names[0])
     est.classes_, est.preprocessing_, est.config_ = pre.classes, pre, cfg
-    est.n_features_in_ = len(pre.feature_names)
+    rows = kinds.row_shape(pre)  # array rows [*input_shape]: X.shape[1] is their first axis
+    est.n_features_in_ = rows[0] if rows else len(pre.feature_names)
     named = manifest.dataset.named_columns
-    if manifest.dataset.name != "arrays" if named is None else named:
+    if not rows and (manifest.dataset.name != "arrays" if named is None else named):
         est.feature_names_in_ = np.asarray(pre.feature_names, dtype=object)
     # a DataFrame, prepared as the run's table, columns matched by name (estimator_tables)
     est.table_input_ = "by-name" if table else False
@@ -243,7 +281,6 @@ def load(cls, path: Path):
         est.categorical, est.impute = tuple(pre.categories) or "none", pre.impute
     est.seed_, est.devices_ = t.seed, [e.device for e in manifest.members]
     est.member_weights_, est.aggregator_ = weights, names[0]
-    task = tasks.for_run(manifest)
     for key, value in task.target_entries().items():  # members trained on the scaled target
         setattr(est, f"{key}_", value)
     if task.target_entries():  # a regressor has no classes
