@@ -230,8 +230,9 @@ def _aggregate(p) -> None:
     """`ensemble aggregate`'s options."""
     _add(p, "--run", required=True, metavar="PATH", help="a run directory of either mode")
     _add(p, "--aggregators", metavar="LIST",
-         help="comma-separated, from mean,vote,geometric,weighted,greedy,stacking,temperature; "
-              "fitted ones fit on the validation split (default: the run's)")
+         help="comma-separated names: mean, vote, geometric, weighted, greedy, stacking, "
+              "temperature (classification); mean, weighted, greedy, std-scaling "
+              "(regression); fitted ones fit on the validation split (default: the run's)")
     _add(p, "--min-members", type=_positive, metavar="K",
          help="aggregate a partial ensemble of at least K members (default: all members)")
     _trust_builder(p)

@@ -263,3 +263,11 @@ def test_dropping_the_target_is_refused_as_such(tmp_path, capsys):
                    "--run-dir", tmp_path / "run") == 2
     _one_line(capsys, "Cannot drop the target column 'label'")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_folder_of_csv_files_is_named_as_such_at_train(tmp_path, capsys):
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    _write(folder / "part1.csv", "a,target\n" + "".join(f"{i},{i % 2}\n" for i in range(40)))
+    assert run_cli("train", "--data", folder, "--run-dir", tmp_path / "run") == 2
+    _one_line(capsys, "holds .csv files", "pass one of the files")

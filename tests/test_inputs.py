@@ -303,3 +303,21 @@ def test_an_image_folder_for_a_run_of_float_arrays(tmp_path):
         np.testing.assert_array_equal(rows(shape), want)
     with pytest.raises(UsageError, match=r"rows of shape \[4, 4, 2\], which no image is"):
         rows((4, 4, 2))
+
+
+def test_a_class_folders_nested_images_count_as_keras_reads_them(tmp_path):
+    from PIL import Image
+
+    from ensemble.data.images import load_image_folder
+
+    for rel in ["c0/a.png", "c0/sub/deeper/b.png", "c0/.hidden/no.png", "c0/sub/.no.png",
+                "c1/c.png", "c1/notes.txt"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        if rel.endswith(".png"):
+            Image.fromarray(np.full((4, 4), 7, np.uint8), "L").save(tmp_path / rel)
+        else:
+            (tmp_path / rel).write_text("not an image")
+    data = load_image_folder(str(tmp_path))
+    assert sorted(data.y.tolist()) == ["c0", "c0", "c1"]
+    assert sorted(str(f.relative_to(tmp_path)) for f in data.x.files) == [
+        "c0/a.png", "c0/sub/deeper/b.png", "c1/c.png"]

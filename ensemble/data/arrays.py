@@ -188,7 +188,8 @@ class ArrayStream:
         if Path(self.source).is_dir():
             root = Path(self.source)
             subs = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-            self._files = [f for d in subs for f in image_files(d, root)] + image_files(root)
+            self._files = [f for d in subs for f in image_files(d, root, nested=True)] \
+                + image_files(root)
             if not self._files:
                 raise UsageError(f"Image folder {source} holds no images "
                                  f"({', '.join(IMAGE_SUFFIXES)}).")

@@ -27,14 +27,25 @@ MAX_IMAGE_PIXELS = 89_478_485  # Pillow's default (a 0.25 GiB RGB image), stated
 GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")  # Pillow modes read as one channel
 
 
-def image_files(folder: Path, root: Path | None = None) -> list[Path]:
-    """The image files directly in `folder`, sorted by name (hidden files left out).
+def image_files(folder: Path, root: Path | None = None, nested: bool = False) -> list[Path]:
+    """The image files directly in `folder`, or with `nested` in it and its sub-folders at
+    any depth (a class folder's, as `keras.utils.image_dataset_from_directory` reads them;
+    links to folders not followed), sorted by path (hidden files and folders left out).
 
     Raises:
         UsageError: a file whose real path (links resolved) is outside `root` (default
             `folder`), the image folder given by the user; names the link and its target.
     """
-    files = sorted(p for p in folder.iterdir() if p.is_file()
+    import os
+
+    if nested:
+        found = []
+        for top, dirs, names in os.walk(folder):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            found += [Path(top) / n for n in names]
+    else:
+        found = list(folder.iterdir())
+    files = sorted(p for p in found if p.is_file()
                    and p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
     inside = Path(root or folder).resolve()
     for p in files:
@@ -86,7 +97,7 @@ def load_image_folder(path: str, image_size=None, color_mode: str = "auto",
     if classes:
         files, labels = [], []
         for c in classes:
-            found = image_files(root / c, root)
+            found = image_files(root / c, root, nested=True)
             if not found:
                 raise UsageError(f"Class folder {root / c} holds no images "
                                  f"({', '.join(IMAGE_SUFFIXES)}); remove it or add images.")
@@ -98,6 +109,12 @@ def load_image_folder(path: str, image_size=None, color_mode: str = "auto",
     else:
         files, y = image_files(root, root), None
         if require_target:
+            tables = sorted(p.suffix for p in root.iterdir() if p.suffix in (".csv", ".parquet"))
+            if tables and not files:  # a folder of tables, not of images
+                raise UsageError(f"Folder {path} holds {tables[0]} files; training reads one "
+                                 f".csv or .parquet file, or a folder of .parquet files (or "
+                                 f"of images, one sub-folder per class): pass one of the "
+                                 f"files, or join them into one")
             raise UsageError(f"Image folder {path} has no class sub-folders; expected "
                              f"{path}/<class>/*.png (one sub-folder per class).")
     if not files:
@@ -109,8 +126,9 @@ def load_image_folder(path: str, image_size=None, color_mode: str = "auto",
             grey = grey and im.mode in GREY_MODES
         if not image_size and len(sizes) > 1:
                 (s0, f0), (s1, f1) = list(sizes.items())[:2]
-                raise UsageError(f"Images differ in size: {f0} is {s0[0]}x{s0[1]}, {f1} is "
-                                 f"{s1[0]}x{s1[1]} (width x height); to resize them all "
+                raise UsageError(f"Images differ in size: {f0} is {s0[1]}x{s0[0]}, {f1} is "
+                                 f"{s1[1]}x{s1[0]} (height x width, as image_size); to "
+                                 f"resize them all "
                                  f"(bilinear), set image_size = [height, width] in the "
                                  f"config's [data] table, or pass --set data.image_size="
                                  f"[{s0[1]},{s0[0]}]")
