@@ -274,7 +274,7 @@ def test_deleted_working_directory_is_one_line(iris_run, tmp_path, capsys, monke
 
 # ---- data edge cases ------------------------------------------------------------------------
 
-def test_passthrough_columns_never_share_a_name(iris_run, tmp_path):
+def test_passthrough_columns_never_share_a_name(iris_run, tmp_path, capsys):
     run, csv = iris_run
     t = pcsv.read_csv(csv)
     n = t.num_rows
@@ -291,6 +291,11 @@ def test_passthrough_columns_never_share_a_name(iris_run, tmp_path):
                      "input"):  # every input column is kept, under one name or another
             assert any(got.column(c)[0].as_py() == f"{name}-0" for c in got.column_names
                        if got.column(c).type == pa.string()), name
+    capsys.readouterr()
+    assert run_cli("predict", "--run", run, "--data", data, "--out", tmp_path / "n.csv") == 0
+    err = capsys.readouterr().err  # each renamed column named once, not once per batch
+    assert err.count("the input's column 'y_pred' has the name of a predictions column: "
+                     "written as 'input_y_pred'") == 1, err
 
 
 def test_boolean_target_comes_back_boolean(tmp_path):

@@ -65,7 +65,8 @@ def select_expected(table: pa.Table, name: str, expected: Sequence[str],
                         " (--strict-columns refuses columns the run was not trained on)")
     elif extra:
         notice(f"ignoring column{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))} of "
-               f"{name}: not features of this run")
+               f"{name} as features: not features of this run (predict's wide output carries "
+               "them through)")
     return table.select([c for c in table.column_names if c in expected])
 
 

@@ -17,6 +17,7 @@ from ensemble.tasks.classification import metrics as M
 from ensemble.tasks.classification.aggregators import (REGISTRY, aggregate, disagreement,
                                                       member_weights)
 from ensemble.core.labels import encode
+from ensemble.core.notices import notice
 from ensemble.tasks.predicted import SplitPredictions
 from ensemble.tasks.table_parts import (ModelRows, chunks, key_columns, metrics_schema,
                                          size_table, source_row)
@@ -144,6 +145,8 @@ def wide_rows(long: pa.Table, aggregator: str, extra: pa.Table | None = None,
                 while new in taken:  # never two columns of one name (`row`, `input_row`)
                     new = f"input_{new}"
                 taken.add(new)
+                notice(f"the input's column {name!r} has the name of a predictions column: "
+                       f"written as {new!r}", once=True)
             front.append((new, extra.column(name)))
     for i, (name, col) in enumerate(front):
         t = t.add_column(i, name, col)
