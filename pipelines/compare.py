@@ -253,12 +253,12 @@ def labelled_rows(source: str, target: str, base: Path) -> str:
         UsageError: the file cannot be read.
     """
     path = Path(source)
-    if path.suffix not in (".csv", ".parquet") or not path.is_file():
+    from ensemble.data import csv_format
+
+    if csv_format.table_format(path) is None or not path.is_file():
         return source
     import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
-
-    from ensemble.data import csv_format
 
     try:  # read as training reads it (ensemble.data.sources)
         if path.suffix == ".parquet":

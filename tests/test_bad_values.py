@@ -229,34 +229,6 @@ def test_text_in_a_numeric_column_at_predict_names_the_column_and_row(trained, t
     assert not out.exists()
 
 
-def test_semicolon_and_tab_files_read_as_the_comma_file(trained, tmp_path):
-    from ensemble.data.csv_format import dialect
-
-    lines = _digits_csv(tmp_path / "in.csv", n=40).read_text().splitlines()
-    assert dialect(tmp_path / "in.csv") == (",", ".")
-    euro = [lines[0].replace(",", ";")] + [";".join(v.replace(".", ",") for v in line.split(","))
-                                            for line in lines[1:]]
-    fields = euro[1].split(";")
-    fields[1] = "0,5"  # one value with a fraction: a decimal comma
-    euro[1] = ";".join(fields)
-    comma = lines[:1] + [",".join(v.replace(",", ".") for v in line.split(";"))
-                         for line in euro[1:]]
-    files = {"comma.csv": comma, "euro.csv": euro,
-             "tab.csv": [line.replace(",", "\t") for line in comma]}
-    got = {}
-    for name, text in files.items():
-        data = _write(tmp_path / name, "\n".join(text) + "\n")
-        out = tmp_path / f"{name}.parquet"
-        assert run_cli("predict", "--run", trained, "--data", data, "--out", out,
-                       "--quiet") == 0
-        import pyarrow.parquet as pq
-
-        got[name] = pq.read_table(out).column("y_pred").to_pylist()
-    assert dialect(tmp_path / "euro.csv") == (";", ",")
-    assert dialect(tmp_path / "tab.csv") == ("\t", ".")
-    assert got["euro.csv"] == got["comma.csv"] == got["tab.csv"]
-
-
 def test_dropping_the_target_is_refused_as_such(tmp_path, capsys):
     data = _write(tmp_path / "t.csv", "a,label\n" + "".join(f"{i},{i % 2}\n" for i in range(40)))
     assert run_cli("train", "--data", data, "--target", "label", "--drop", "label",

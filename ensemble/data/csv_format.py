@@ -1,6 +1,8 @@
-"""How a CSV file separates its fields, decided from its first lines: commas (the default), or
-semicolons, tabs or bars when the header holds no comma (spreadsheets in locales whose decimal
-mark is a comma write `;` and `1,5`); and pyarrow's reading options for it.
+"""How a table file is read: its format from its name (`.parquet`, `.csv`, or `.csv.gz` /
+`.csv.bz2`, which pyarrow decompresses by the same rule), and how a CSV file separates its
+fields, decided from its first lines: commas (the default), or semicolons, tabs or bars when
+the header holds no comma (spreadsheets in locales whose decimal mark is a comma write `;` and
+`1,5`); and pyarrow's reading options for it.
 
 Own code rather than `csv.Sniffer`: the sniffer guesses from every character's frequency and
 can pick a letter or a space; here only the header line decides, and a header with a comma
@@ -12,9 +14,34 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+COMPRESSED = (".gz", ".bz2")  # CSV compressions read by name (pyarrow and the stdlib both)
 SEPARATORS = (";", "\t", "|")  # tried, in this order of preference, when the header has no ","
 SAMPLE_BYTES = 1 << 16  # bytes read to decide
 SAMPLE_LINES = 50  # data lines looked at for a decimal comma
+
+
+def table_format(path: str | Path) -> str | None:
+    """`"parquet"`, `"csv"` (also compressed: `x.csv.gz`, `x.csv.bz2`) or None, by name."""
+    suffixes = [s.lower() for s in Path(path).suffixes[-2:]]
+    if suffixes[-1:] == [".parquet"]:
+        return "parquet"
+    if suffixes[-1:] == [".csv"] or (len(suffixes) == 2 and suffixes[0] == ".csv"
+                                     and suffixes[1] in COMPRESSED):
+        return "csv"
+    return None
+
+
+def open_text(path: str | Path):
+    """The CSV file at `path` as UTF-8 text (bytes that are not UTF-8 as U+FFFD), decompressed
+    when its name ends in one of `COMPRESSED`."""
+    path = Path(path)
+    opener = {".gz": "gzip", ".bz2": "bz2"}.get(path.suffix.lower())
+    if opener:
+        import importlib
+
+        return importlib.import_module(opener).open(path, "rt", encoding="utf-8",
+                                                    errors="replace", newline="")
+    return open(path, encoding="utf-8", errors="replace", newline="")
 
 
 def dialect(path: str | Path) -> tuple[str, str]:
@@ -22,8 +49,8 @@ def dialect(path: str | Path) -> tuple[str, str]:
     line holds no comma and one of `SEPARATORS`; then the most frequent of those, with `","`
     as the decimal point when a field of its first data lines is a number written with one
     (`-1,5`)."""
-    with open(path, "rb") as f:
-        lines = f.read(SAMPLE_BYTES).decode("utf-8", errors="replace").splitlines()
+    with open_text(path) as f:
+        lines = f.read(SAMPLE_BYTES).splitlines()
     header = lines[0] if lines else ""
     counts = {s: header.count(s) for s in SEPARATORS}
     sep = max(SEPARATORS, key=lambda s: counts[s])

@@ -21,6 +21,7 @@ import numpy as np
 
 from ensemble.core.errors import UsageError
 from ensemble.data.containers import ArrayData
+from ensemble.data.csv_format import table_format
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 MAX_IMAGE_PIXELS = 89_478_485  # Pillow's default (a 0.25 GiB RGB image), stated explicitly
@@ -109,9 +110,9 @@ def load_image_folder(path: str, image_size=None, color_mode: str = "auto",
     else:
         files, y = image_files(root, root), None
         if require_target:
-            tables = sorted(p.suffix for p in root.iterdir() if p.suffix in (".csv", ".parquet"))
+            tables = sorted(filter(None, map(table_format, root.iterdir())))
             if tables and not files:  # a folder of tables, not of images
-                raise UsageError(f"Folder {path} holds {tables[0]} files; training reads one "
+                raise UsageError(f"Folder {path} holds .{tables[0]} files; training reads one "
                                  f".csv or .parquet file, or a folder of .parquet files (or "
                                  f"of images, one sub-folder per class): pass one of the "
                                  f"files, or join them into one")

@@ -32,9 +32,9 @@ def csv_header(path) -> list[str]:
     """
     import csv
 
-    from ensemble.data.csv_format import dialect
+    from ensemble.data.csv_format import dialect, open_text
 
-    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+    with open_text(path) as f:
         names = next(csv.reader(f, delimiter=dialect(path)[0]), [])
     bad = [n for n in names if "\ufffd" in n]
     if bad:

@@ -55,4 +55,5 @@ class DataConfig:
 def names_a_path(source: str) -> bool:
     """`data.source` names a file or folder (a `.csv`, `.parquet` or `.npz` file, or anything
     with a `/`), not a built-in data set: a config written elsewhere must make it absolute."""
-    return Path(source).suffix in (".csv", ".parquet", ".npz") or "/" in source
+    return Path(source).suffix in (".csv", ".parquet", ".npz") or "/" in source or \
+        Path(source).suffixes[-2:-1] == [".csv"]

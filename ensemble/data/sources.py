@@ -238,11 +238,11 @@ def load(cfg: DataConfig, require_target: bool = True, expected: Sequence[str] |
         ds = _builtin(cfg)
     else:
         path = Path(cfg.source)
-        if path.suffix not in (".parquet", ".csv"):
+        if csv_format.table_format(path) is None:
             raise UsageError(
                 f"Unknown data source {cfg.source!r}; expected one of {', '.join(BUILTIN)}, "
-                "digits_images, a .parquet, .csv or .npz file, or a folder of images with one "
-                "sub-folder per class."
+                "digits_images, a .parquet, .csv (or .csv.gz) or .npz file, or a folder of "
+                "images with one sub-folder per class."
             )
         stat = path.stat() if path.is_file() else None
         key = (stat.st_size, stat.st_mtime_ns) if stat else None

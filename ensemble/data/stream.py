@@ -36,30 +36,31 @@ from ensemble.data.preprocessing import Preprocessing
 from ensemble.data.prediction_io import PredictionWriter, flat_heap, prefetch  # noqa: F401
 
 DEFAULT_BATCH_ROWS = 65536
-FORMATS = (".parquet", ".csv")
 _CHECKED: set = set()  # inputs whose check passed in this process
 
 
 def _files(source: str) -> tuple[list[str], str]:
-    """The files of a file or folder source and their format (`parquet` or `csv`)."""
+    """The files of a file or folder source and their format (`parquet` or `csv`; a CSV file
+    may be compressed, `csv_format.table_format`)."""
     path = Path(source)
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in FORMATS and p.is_file()
+        files = sorted(p for p in path.iterdir() if csv_format.table_format(p) and p.is_file()
                        and not p.name.startswith((".", "_")))
-        kinds = {p.suffix for p in files}
+        kinds = {csv_format.table_format(p) for p in files}
         if len(kinds) != 1:
             raise UsageError(f"Expected folder {source} to hold .parquet or .csv files (one "
                              f"kind). Received: {', '.join(sorted(kinds)) or 'none'}")
-        return [str(p) for p in files], files[0].suffix[1:]
-    if path.suffix not in FORMATS:
+        return [str(p) for p in files], kinds.pop()
+    kind = csv_format.table_format(path)
+    if kind is None:
         raise UsageError(f"Unknown data source {source!r}; expected one of "
-                         f"{', '.join(sources.BUILTIN)}, a .parquet or .csv file, or a folder "
-                         "of them.")
+                         f"{', '.join(sources.BUILTIN)}, a .parquet or .csv (or .csv.gz) file, "
+                         "or a folder of them.")
     if not path.is_file():
         raise UsageError(f"Data file not found: {source}")
     if path.stat().st_size == 0:
         raise UsageError(f"Data file is empty: {source}")
-    return [str(path)], path.suffix[1:]
+    return [str(path)], kind
 
 
 class InputStream:
@@ -120,8 +121,8 @@ class InputStream:
     @staticmethod
     def _header(files: list[str]) -> list[str]:
         """The columns of a single CSV file, for `messages.read_error` (none otherwise)."""
-        return messages.csv_header(files[0]) if len(files) == 1 and files[0].endswith(
-            ".csv") else []
+        return messages.csv_header(files[0]) if len(files) == 1 and csv_format.table_format(
+            files[0]) == "csv" else []
 
     @property
     def n_rows(self) -> int | None:

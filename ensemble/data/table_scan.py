@@ -37,16 +37,16 @@ def _open(path: Path):
         if not shards:
             raise UsageError(f"Data folder {path} holds no .parquet files.")
         return pds.dataset([str(p) for p in shards], format="parquet"), "Parquet"
-    if path.suffix not in (".parquet", ".csv"):
+    if csv_format.table_format(path) is None:
         raise UsageError(
             f"Unknown data source {str(path)!r}; expected one of {', '.join(sources.BUILTIN)}, "
-            "digits_images, a .parquet, .csv or .npz file, a folder of .parquet files, or a "
-            "folder of images with one sub-folder per class.")
+            "digits_images, a .parquet, .csv (or .csv.gz) or .npz file, a folder of .parquet "
+            "files, or a folder of images with one sub-folder per class.")
     if not path.is_file():
         raise UsageError(f"Data file not found: {path}")
     if path.stat().st_size == 0:
         raise UsageError(f"Data file is empty: {path}")
-    kind = "Parquet" if path.suffix == ".parquet" else "CSV"
+    kind = "Parquet" if csv_format.table_format(path) == "parquet" else "CSV"
     if kind == "CSV":  # a dataset refuses a header with a name twice: name it first
         sources.check_unique_columns(messages.csv_header(path), str(path))
     fmt = "parquet" if kind == "Parquet" else pds.CsvFileFormat(

@@ -1,0 +1,84 @@
+"""CSV files as users bring them: other separators (a semicolon with a decimal comma, a tab),
+compressed files (`.csv.gz`, `.csv.bz2`). Each reads as the plain comma file with the same
+values: the same predictions from one trained run, and a run trained on the compressed file
+equal to one trained on the plain file."""
+
+import bz2
+import gzip
+
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+from conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_config):
+    run_dir = tmp_path_factory.mktemp("csv_files") / "run"
+    assert run_cli("train", "--config", tiny_config, "--run-dir", run_dir, "--members", "2",
+                   "--epochs", "1", "--quiet") == 0
+    return run_dir
+
+
+def _digits_csv(path, n=100):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    cols = {name: d.data[:n, i] for i, name in enumerate(d.feature_names)}
+    pcsv.write_csv(pa.table({**cols, "target": d.target[:n]}), path)
+    return path
+
+
+def _write(path, text: str):
+    path.write_text(text)
+    return path
+
+
+def test_semicolon_and_tab_files_read_as_the_comma_file(trained, tmp_path):
+    from ensemble.data.csv_format import dialect
+
+    lines = _digits_csv(tmp_path / "in.csv", n=40).read_text().splitlines()
+    assert dialect(tmp_path / "in.csv") == (",", ".")
+    euro = [lines[0].replace(",", ";")] + [";".join(v.replace(".", ",") for v in line.split(","))
+                                            for line in lines[1:]]
+    fields = euro[1].split(";")
+    fields[1] = "0,5"  # one value with a fraction: a decimal comma
+    euro[1] = ";".join(fields)
+    comma = lines[:1] + [",".join(v.replace(",", ".") for v in line.split(";"))
+                         for line in euro[1:]]
+    files = {"comma.csv": comma, "euro.csv": euro,
+             "tab.csv": [line.replace(",", "\t") for line in comma]}
+    got = {}
+    for name, text in files.items():
+        data = _write(tmp_path / name, "\n".join(text) + "\n")
+        out = tmp_path / f"{name}.parquet"
+        assert run_cli("predict", "--run", trained, "--data", data, "--out", out,
+                       "--quiet") == 0
+        import pyarrow.parquet as pq
+
+        got[name] = pq.read_table(out).column("y_pred").to_pylist()
+    assert dialect(tmp_path / "euro.csv") == (";", ",")
+    assert dialect(tmp_path / "tab.csv") == ("\t", ".")
+    assert got["euro.csv"] == got["comma.csv"] == got["tab.csv"]
+
+
+def test_compressed_csv_files_train_and_predict_as_the_plain_file(trained, tmp_path):
+    plain = _digits_csv(tmp_path / "d.csv", n=200)
+    text = plain.read_bytes()
+    (tmp_path / "d.csv.gz").write_bytes(gzip.compress(text))
+    (tmp_path / "d.csv.bz2").write_bytes(bz2.compress(text))
+    probs = {}
+    for name in ("d.csv", "d.csv.gz", "d.csv.bz2"):
+        out = tmp_path / f"{name}.parquet"
+        assert run_cli("predict", "--run", trained, "--data", tmp_path / name, "--out", out,
+                       "--quiet") == 0
+        probs[name] = pq.read_table(out).replace_schema_metadata(None)
+    assert probs["d.csv.gz"].equals(probs["d.csv"]) and probs["d.csv.bz2"].equals(probs["d.csv"])
+    common = ["--members", "2", "--epochs", "1", "--quiet"]
+    for name in ("d.csv", "d.csv.gz"):
+        assert run_cli("train", "--data", tmp_path / name, *common,
+                       "--run-dir", tmp_path / f"run-{name}") == 0
+    a, b = (pq.read_table(tmp_path / f"run-{n}" / "predictions.parquet") for n in
+            ("d.csv", "d.csv.gz"))
+    assert a.column("p_0").to_pylist() == b.column("p_0").to_pylist()
