@@ -16,6 +16,7 @@ from sklearn.datasets import load_iris
 
 from conftest import ROOT
 from ensemble.core import artifacts
+from ensemble.core.errors import UsageError
 from ensemble.tasks.classification import metrics
 from ensemble.sklearn import DeepEnsembleClassifier
 
@@ -165,6 +166,9 @@ def test_same_members_as_ensemble_train_on_the_same_rows(tmp_path):
                           "training": {"epochs": 3, "batch_size": 16, "learning_rate": 0.02,
                                        "seed": 4, "early_stopping": 0},  # fit has no validation
                           "placement": {"devices": "cpu:2"}}, run_dir=tmp_path / "run")
+    with pytest.raises(UsageError, match=r"already holds a run; pass overwrite=True to "
+                       r"replace it or choose another run_dir"):  # train's own words
+        ensemble.train({"data": {"source": "iris"}}, run_dir=tmp_path / "run")
     rows = artifacts.read_split(run.path, "train")[2]
     x, y = load_iris(return_X_y=True)
     DeepEnsembleClassifier(n_members=2, hidden=(8,), dropout=0.1, epochs=2, batch_size=16,

@@ -170,7 +170,8 @@ def _check_data(cfg: Config) -> None:
                          f"Received: {cfg.data.color_mode!r}")
     if cfg.data.image_size and (len(cfg.data.image_size) != 2
                                 or not all(0 < d <= 65536 for d in cfg.data.image_size)):
-        raise UsageError("Expected `data.image_size` to be [height, width] in pixels (or []). "
+        raise UsageError("Expected `data.image_size` to be [height, width] in pixels, each 1..65536 "
+                         "(or []). "
                          f"Received: {list(cfg.data.image_size)}")
     if cfg.data.impute not in IMPUTE:
         raise UsageError(f"Expected `data.impute` to be one of {', '.join(IMPUTE)}. "

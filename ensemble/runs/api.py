@@ -29,6 +29,7 @@ from typing import Any, Mapping
 from ensemble.core import artifacts
 from ensemble.config.schema import Config
 from ensemble.core.errors import UsageError
+from ensemble.core.notices import reworded
 from ensemble.replication import modes, placement_log
 from ensemble.runs import operations  # noqa: F401 (supplies the built-in modes' operations)
 from ensemble.runs.api_inputs import as_source, without_temporary_ids
@@ -146,11 +147,19 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
                              .replace("--jobs", "jobs").replace("--mode ", "mode "))
     request = modes.TrainRequest(cfg, run_dir, overwrite, resume, jobs, cluster, prepare_only,
                                  verbosity)
-    with placement_log.logging(run_dir, mode, log_device_placement and not prepare_only):
+    with placement_log.logging(run_dir, mode, log_device_placement and not prepare_only), \
+            reworded(API_WORDING):
         strategy.train(request)
     if not prepare_only:
         record_process(run_dir, ready)
     return Run(run_dir)
+
+
+# the run directory's hints (`prepare.holds_run`) in `train`'s own argument names
+API_WORDING = [(r"`ensemble train --resume --run-dir ([^`]+)`",
+                r"`ensemble.train(resume=True, run_dir='\1')`"),
+               (r"pass --overwrite", "pass overwrite=True"),
+               (r"another --run-dir", "another run_dir")]
 
 
 def _train_config(config, overrides, resume: bool, run_dir, tensorboard) -> Config:
