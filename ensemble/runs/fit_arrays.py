@@ -168,7 +168,7 @@ def manifest_for(cfg: Config, mode: str, pre: Preprocessing, rows: dict[str, int
     members placed as `devs` `[n_members]`; `named`: the columns came with names (a
     DataFrame), else they are `x0..`."""
     return prepare.new_manifest(cfg, mode, list(dict.fromkeys(devs)), pre, {
-        "name": "arrays", "source": "arrays (DeepEnsembleClassifier.fit)", "target": "target",
+        "name": "arrays", "source": "arrays (an estimator's fit)", "target": "target",
         "rows": rows, "columns": list(pre.columns), "named_columns": named,
         "splits": "train: every row given to fit; validation and test: validation_data "
                   "(the training rows without it)"}, task=_task(cfg, pre))
