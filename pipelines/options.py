@@ -291,8 +291,9 @@ def _client(p) -> None:
          help="with --predict SOURCE: rows per batch (default: 65536)")
     _add(p, "--target", metavar="COL", help="with --predict SOURCE: label column "
                                            "(default: the run's)")
-    _add(p, "--out", metavar="FILE.parquet",
-         help="with --predict: the member's predictions (default: none)")
+    _add(p, "--out", metavar="FILE.parquet|DIR",
+         help="with --predict: the members' predictions, a .parquet file (one member, a "
+              "scaled .npz) or a folder of member-<i>.parquet files (default: none)")
     _add(p, "--device", metavar="NAME[,NAME...]",
          help="with --predict: run the members here, one device per member "
               "(default: their training devices)")

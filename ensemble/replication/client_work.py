@@ -252,8 +252,8 @@ def predict_client(request: ClientRequest, cluster: dict | None = None) -> list[
     `request.predict` is either, for a table run, a `.npz` (`x` `[n_rows, n_features]` float32
     scaled, optional `y` class indices): each member's prediction rows go to `request.out` (a
     `.parquet` file for one member) or `out/member-<i>.parquet`; or a data source (`.parquet` /
-    `.csv` file or folder; for an array run an `.npz` or image folder too), streamed in batches of `request.batch_size` rows (`InputStream`): the input is
-    read once and every batch goes through each member; `out/member-<i>.parquet` then holds
+    `.csv` file or folder; for an array run an `.npz` or image folder too), streamed in
+    batches of `request.batch_size` rows (`InputStream`): the input is read once and every batch goes through each member; `out/member-<i>.parquet` then holds
     only its outputs (`c<k>` float32 per output) and `y` (class index, null when unknown),
     one row per input row in order, for `ensemble.runs.between.aggregate_stream`.
 
