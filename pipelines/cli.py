@@ -10,6 +10,7 @@ The options of every command are in `pipelines.options`.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -21,12 +22,13 @@ from ensemble.core import resources  # noqa: E402
 resources.bound_threads()  # before NumPy loads: OpenBLAS starts its threads when it loads
 
 from ensemble.replication.devices import peak_rss_bytes  # noqa: E402
-from ensemble.core.errors import UsageError  # noqa: E402
+from ensemble.core.errors import ClientFailed, UsageError  # noqa: E402
 from ensemble.core.notices import one_line  # noqa: E402
 from ensemble.core.tfimport import import_tensorflow_quietly  # noqa: E402
 from ensemble.replication import modes  # noqa: E402
-from pipelines.guide import (environment_line, fault_line, interrupted_line,  # noqa: E402
-                            refuse_inapplicable, report, uses_tensorflow)
+from pipelines.guide import (environment_line, failed_line, fault_line,  # noqa: E402
+                            interrupted_line, refuse_inapplicable, report, search_resume,
+                            uses_tensorflow)
 from pipelines.options import parse  # noqa: E402
 from pipelines.flags import load_config  # noqa: E402
 
@@ -104,10 +106,15 @@ def cmd_search(args) -> int:
     from ensemble.runs import train
 
     run_dir = Path(args.run_dir) if args.run_dir else train.default_run_dir(plan.config)
+    args.run_dir = str(run_dir)  # an interruption's hint names it
     verbosity = 0 if args.quiet else 1
-    search.run_search(plan, run_dir, search.SearchOptions(
-        args.mode, resume=args.resume, overwrite=args.overwrite, jobs=args.jobs,
-        verbosity=verbosity))
+    from ensemble.core.notices import reworded
+
+    resume = re.escape(f"`ensemble train --resume --run-dir {run_dir}") + r"[^`]*`"
+    with reworded([(resume, f"`{search_resume(args, run_dir)}`".replace("\\", "\\\\"))]):
+        search.run_search(plan, run_dir, search.SearchOptions(
+            args.mode, resume=args.resume, overwrite=args.overwrite, jobs=args.jobs,
+            verbosity=verbosity))
     print(f"run directory: {run_dir} (members.parquet: every candidate; predict applies the "
           "greedy selection)")
     print(evaluate.evaluate(run_dir)[1])
@@ -300,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             if args is None:  # `ensemble` alone: the commands, one line each, and examples
                 parser.print_help()
                 return 0
+            args.argv = list(sys.argv[1:] if argv is None else map(str, argv))  # for hints
             if args.command != "train":  # train: once its mode is known (--resume: the run's)
                 refuse_inapplicable(args)
             resources.check(args.command, uses_tensorflow(args))
@@ -315,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         from ensemble.replication.cluster import ClusterError
 
-        if isinstance(exc, ClusterError):
-            print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
+        if isinstance(exc, (ClusterError, ClientFailed)):
+            print(f"error: {one_line(failed_line(exc, args))}", file=sys.stderr, flush=True)
             return 1
         line = fault_line(exc, args)
         status = 1

@@ -104,6 +104,8 @@ def interrupted_line(exc, args) -> str:
     run_dir = getattr(exc, "run_dir", None) or getattr(args, "run_dir", None)
     if getattr(exc, "resume", None):
         return f"interrupted{at}; continue with: {exc.resume}"
+    if args is not None and args.command == "search" and run_dir:
+        return f"interrupted{at}; continue with: {search_resume(args, run_dir)}"
     if args.command == "train" and run_dir and (_Path(run_dir) / "manifest.json").is_file():
         from ensemble.runs.run_record import Manifest
 
@@ -115,6 +117,41 @@ def interrupted_line(exc, args) -> str:
             return f"interrupted{at}; {run_dir} still holds its earlier, completed run"
         return f"interrupted{at}; continue with: ensemble train --resume --run-dir {run_dir}"
     return f"interrupted ({exc})"
+
+
+def search_resume(args, run_dir) -> str:
+    """The command that continues the search of `args` in `run_dir`: the command line as given
+    (`args.argv`), without `--overwrite` and its own `--run-dir`, with `--resume --run-dir`."""
+    import shlex
+
+    argv, out, skip = list(getattr(args, "argv", None) or ["search"]), [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--run-dir":
+            skip = True
+        elif a not in ("--overwrite", "--resume") and not a.startswith("--run-dir="):
+            out.append(a)
+    return "ensemble " + shlex.join([*out, "--resume", "--run-dir", str(run_dir)])
+
+
+def failed_line(exc: Exception, args) -> str:
+    """The one line for a failed cluster task or client: its message and, when the run was
+    training and is marked failed, how to continue it."""
+    from ensemble.runs.run_record import Manifest
+
+    line, run_dir = str(exc), getattr(args, "run_dir", None)
+    if getattr(args, "command", None) not in ("train", "search") or not run_dir:
+        return line
+    try:
+        status = Manifest.load(run_dir).status
+    except Exception:  # noqa: BLE001 (no manifest: nothing was kept)
+        return line
+    if status in ("failed", "interrupted"):
+        again = search_resume(args, run_dir) if args.command == "search" else \
+            f"ensemble train --resume --run-dir {run_dir}"
+        line += f"; run {run_dir} marked {status} (completed members kept): continue with: {again}"
+    return line
 
 
 def fault_line(exc: Exception, args) -> str | None:

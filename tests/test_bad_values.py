@@ -243,3 +243,28 @@ def test_a_folder_of_csv_files_is_named_as_such_at_train(tmp_path, capsys):
     _write(folder / "part1.csv", "a,target\n" + "".join(f"{i},{i % 2}\n" for i in range(40)))
     assert run_cli("train", "--data", folder, "--run-dir", tmp_path / "run") == 2
     _one_line(capsys, "holds .csv files", "pass one of the files")
+
+
+def test_hints_name_the_command_that_continues_a_search_or_a_failed_run(trained, tmp_path):
+    import shutil
+    import signal
+    from argparse import Namespace
+
+    from ensemble.core.errors import ClientFailed
+    from ensemble.core.interrupt import Interrupted
+    from pipelines.guide import failed_line, interrupted_line
+
+    argv = ["search", "--config", "s.toml", "--candidates", "3", "--overwrite", "--run-dir",
+            "old", "--set", "data.source=a b.csv"]
+    args = Namespace(command="search", run_dir="runs/s1", argv=argv)
+    assert interrupted_line(Interrupted(signal.SIGINT, 4, 30), args) == (
+        "interrupted at epoch 4 of 30; continue with: ensemble search --config s.toml "
+        "--candidates 3 --set 'data.source=a b.csv' --resume --run-dir runs/s1")
+    failed = tmp_path / "run"
+    shutil.copytree(trained, failed)
+    artifacts.write_manifest(failed, {**artifacts.read_manifest(failed), "status": "failed"})
+    line = failed_line(ClientFailed("client of members [1] failed (exit 1): boom"),
+                       Namespace(command="train", run_dir=str(failed)))
+    assert line == (f"client of members [1] failed (exit 1): boom; run {failed} marked failed "
+                    f"(completed members kept): continue with: ensemble train --resume "
+                    f"--run-dir {failed}")

@@ -30,7 +30,7 @@ from ensemble.core import faults
 from ensemble.core import interrupt
 from ensemble.runs import prepare
 from ensemble.runs.run_record import Manifest
-from ensemble.core.errors import UsageError
+from ensemble.core.errors import ClientFailed, UsageError
 from ensemble.replication.placement import client_queues, default_jobs, place
 from ensemble.replication import processes, protocol
 from ensemble.replication.processes import checked, last_error, last_report, run_process
@@ -103,7 +103,7 @@ def _run_client(request: ClientRequest, listener: _Listener) -> dict:
 def _raise_failures(queues: list[list[int]], results: dict[int, dict], done: dict) -> None:
     """Raise for the failed clients among `results` (queue -> `_run_client`'s), naming their
     unfinished members and last error lines: UsageError when every one failed on bad input
-    (exit 2), `faults.ResourceFault` when each hit a resource fault, else RuntimeError."""
+    (exit 2), `faults.ResourceFault` when each hit a resource fault, else `ClientFailed`."""
     failed = {q: r for q, r in results.items() if "error" in r}
     if not failed:
         return
@@ -113,7 +113,7 @@ def _raise_failures(queues: list[list[int]], results: dict[int, dict], done: dic
     usage = all(r["returncode"] == 2 for r in failed.values())
     if not usage and all(faults.is_fault_line(r["error"]) for r in failed.values()):
         raise faults.ResourceFault(text)  # a full disk in the clients: one line, exit 1
-    raise (UsageError if usage else RuntimeError)(text)
+    raise (UsageError if usage else ClientFailed)(text)
 
 
 def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[int]], ClientRequest],
