@@ -279,3 +279,22 @@ def test_flops_of_the_built_mlp_equal_the_formula():
     cnn = build_member("cnn", {"filters": [4], "dense": 8}, (8, 8, 1), 10, 0, "c", tasks.get())
     # conv 3x3x1->4 on 8x8 (same padding), pool to 4x4, dense 64->8, 8->10
     assert count_flops(cnn, (8, 8, 1)) == 2 * (9 * 1 * 4 * 64 + 64 * 8 + 8 * 10)
+
+
+def test_a_module_builder_in_the_working_directory_serves_its_run_afterwards(
+        tmp_path, monkeypatch):
+    (tmp_path / "cwd_builders_s13.py").write_text(
+        "import keras\n\n\ndef small(input_shape, n_outputs, *, seed):\n"
+        "    i = keras.Input(input_shape)\n"
+        "    return keras.Model(i, keras.layers.Dense(n_outputs)(i))\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the working directory added: undone
+    assert run_cli("train", "--model", "cwd_builders_s13:small", "--members", "2", "--epochs",
+                   "1", "--run-dir", "run", "--quiet") == 0
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    for argv in (["predict", "--run", "run", "--data", "digits", "--out", "p.csv", "--quiet"],
+                 ["aggregate", "--run", "run", "--aggregators", "mean"]):
+        proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ensemble"),
+                               *argv], cwd=tmp_path,  # the command: no working directory
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]  # found as training found it

@@ -328,6 +328,9 @@ def builder_file(spec: str) -> Path | None:
     module = spec.partition(":")[0]
     try:
         found = importlib.util.find_spec(module)
+        if found is None and str(Path.cwd()) not in sys.path:  # as `_resolve_here` finds it
+            sys.path.append(str(Path.cwd()))
+            found = importlib.util.find_spec(module)
     except (ImportError, ValueError, AttributeError):
         return None
     origin = getattr(found, "origin", None)
