@@ -299,8 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     from ensemble.core import interrupt
     from ensemble.replication.processes import die_with_parent
 
+    from ensemble.runs import api
+
     die_with_parent()
     args = None
+    api.CLI_WORDING = True  # messages name the flags, not `ensemble.train`'s arguments
     try:
         with interrupt.handling_signals():
             parser, args = parse(argv, COMMANDS)
@@ -334,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {one_line(line)}", file=sys.stderr, flush=True)
         return status
+    finally:
+        api.CLI_WORDING = False  # `main` called in-process (tests, notebooks): undone
 
 
 def entry() -> None:

@@ -56,6 +56,20 @@ def not_a_model(input_shape, n_outputs, *, seed):
 
 def no_seed(input_shape, n_outputs):
     return None
+
+
+@keras.saving.register_keras_serializable(package="userbuilders")
+class Jitter(keras.layers.Layer):
+    """Noise from Keras's global seed generator (no `seed=`), in training only."""
+
+    def call(self, x, training=False):
+        return x + 0.3 * keras.random.normal(keras.ops.shape(x)) if training else x
+
+
+def jittered(input_shape, n_outputs, *, seed):
+    inputs = keras.Input(input_shape)
+    x = Jitter()(keras.layers.Dense(16, activation="relu")(inputs))
+    return keras.Model(inputs, keras.layers.Dense(n_outputs)(x))
 '''
 
 CONFIG = """
@@ -298,3 +312,23 @@ def test_a_module_builder_in_the_working_directory_serves_its_run_afterwards(
                                *argv], cwd=tmp_path,  # the command: no working directory
                               env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]  # found as training found it
+
+
+def test_unseeded_random_layers_give_each_member_its_own_stream(user, tmp_path):
+    """A layer drawing from Keras's global seed generator: each member draws from its own
+    (`members.member_rng`), so a member is the same in either mode and alone."""
+    common = ["--model", f"{user}/userbuilders.py:jittered", "--epochs", "2", "--devices",
+              "cpu:2", "--quiet"]
+    for mode, n in (("in-graph", "2"), ("between-graph", "2"), ("in-graph", "1")):
+        assert run_cli("train", *common, "--members", n, "--mode", mode,
+                       "--run-dir", tmp_path / f"{mode}-{n}") == 0
+    ig, p_ig = _probs(tmp_path / "in-graph-2" / "predictions.parquet")
+    _, p_bg = _probs(tmp_path / "between-graph-2" / "predictions.parquet")
+    alone, p_alone = _probs(tmp_path / "in-graph-1" / "predictions.parquet")
+    assert np.abs(p_ig - p_bg).max() <= 1e-5
+    first = np.asarray(ig.column("model").to_pylist()) == "member-0"
+    mine = np.asarray(alone.column("model").to_pylist()) == "member-0"
+    assert np.abs(p_ig[first] - p_alone[mine]).max() <= 1e-5
+    assert np.abs(p_ig[first] - p_ig[np.asarray(ig.column("model").to_pylist())
+                                      == "member-1"]).max() > 1e-3  # members still differ
+

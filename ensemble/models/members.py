@@ -8,6 +8,7 @@ the one training step and the epoch loop in `ensemble.replication.training`.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import numpy as np
@@ -123,7 +124,41 @@ def build_member(spec: str, params: dict[str, Any], input_shape: Sequence[int],
     net = build_network(spec, params, input_shape, n_outputs, seed)
     inputs = keras.Input(tuple(input_shape), name="features")
     x = scaling(inputs) if scaling is not None else inputs
-    return keras.Model(inputs, task.head(net(x)), name=name)
+    model = keras.Model(inputs, task.head(net(x)), name=name)
+    # the member's own stand-in for Keras's global seed generator (`member_rng`); set past
+    # Keras's attribute tracking, so the member's weights and saved file do not change
+    object.__setattr__(model, "_ensemble_rng",
+                       keras.random.SeedGenerator(seed=(int(seed) * 2654435761 + RNG_SALT)
+                                                  % 2 ** 31))
+    return model
+
+
+RNG_SALT = 0x5EED  # keeps the member's global-generator seed apart from its builder's seed
+
+
+@contextlib.contextmanager
+def member_rng(model):
+    """Within the block, Keras's global seed generator (what `keras.random.*` draws from when
+    a layer passes no `seed`) is the member's own (made by `build_member` from its seed):
+    traced there, each member of one graph draws from its own stream, as it would alone in a
+    client process. One shared generator would give in-graph members that depend on the
+    member count and the order of tracing. Members not made by `build_member` (loaded from a
+    file) keep Keras's."""
+    gen = getattr(model, "_ensemble_rng", None)
+    try:
+        from keras.src.backend.common import global_state
+        from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+    except ImportError:  # another Keras layout: Keras's own generator
+        gen = None
+    if gen is None:
+        yield
+        return
+    before = global_state.get_global_attribute(GLOBAL_SEED_GENERATOR)
+    global_state.set_global_attribute(GLOBAL_SEED_GENERATOR, gen)
+    try:
+        yield
+    finally:
+        global_state.set_global_attribute(GLOBAL_SEED_GENERATOR, before)
 
 
 def check_serializable(model, spec: str) -> None:

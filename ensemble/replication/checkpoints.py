@@ -39,6 +39,9 @@ class EpochCheckpoints:
         groups = {}
         for k, (model, opt) in enumerate(zip(models, optimizers)):
             extra = {"best": list(best[k])} if best is not None else {}
+            rng = getattr(model, "_ensemble_rng", None)  # `members.member_rng`'s stream
+            if rng is not None:
+                extra["rng"] = rng.state
             groups[f"member_{k}"] = tf.train.Checkpoint(
                 variables=list(model.variables), optimizer=list(opt.variables), **extra)
         self.checkpoint = tf.train.Checkpoint(epoch=self.epoch, **groups)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ensemble.replication.training import train_step
+from ensemble.models.members import member_rng
 
 
 def replicated_train_step(model, optimizer, batch, task, devices: Sequence[str],
@@ -62,7 +63,7 @@ def replicated_train_step(model, optimizer, batch, task, devices: Sequence[str],
             xj, yj = xb[lo:hi], yb[lo:hi]
             if xj.dtype != tf.float32:
                 xj = tf.cast(xj, tf.float32)
-            with tf.GradientTape() as tape:
+            with tf.GradientTape() as tape, member_rng(model):
                 if adversarial is None:
                     loss = task.loss(yj, model(xj, training=True))
                 else:

@@ -24,7 +24,7 @@ import numpy as np
 
 from ensemble.core import hooks, interrupt
 from ensemble.replication.feed import prefetched
-from ensemble.models.members import batch_order
+from ensemble.models.members import batch_order, member_rng
 
 CALL_SECONDS = 1.0  # automatic K aims at calls of about this long (progress every call)
 FIRST_CALL_STEPS = 8
@@ -84,7 +84,7 @@ def train_step(model, optimizer, xb, yb, task, adversarial=None):
 
     if xb.dtype != tf.float32:  # images stay uint8 up to here: 4x less memory
         xb = tf.cast(xb, tf.float32)
-    with tf.GradientTape() as tape:
+    with tf.GradientTape() as tape, member_rng(model):
         if adversarial is None:
             loss = task.loss(yb, model(xb, training=True))
         else:  # Lakshminarayanan et al. 2017: clean + adversarial examples

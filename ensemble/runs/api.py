@@ -148,13 +148,14 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
     request = modes.TrainRequest(cfg, run_dir, overwrite, resume, jobs, cluster, prepare_only,
                                  verbosity)
     with placement_log.logging(run_dir, mode, log_device_placement and not prepare_only), \
-            reworded(API_WORDING):
+            reworded([] if CLI_WORDING else API_WORDING):
         strategy.train(request)
     if not prepare_only:
         record_process(run_dir, ready)
     return Run(run_dir)
 
 
+CLI_WORDING = False  # the `ensemble` command sets it: its hints name its own flags
 # the run directory's hints (`prepare.holds_run`) in `train`'s own argument names
 API_WORDING = [(r"`ensemble train --resume --run-dir ([^`]+)`",
                 r"`ensemble.train(resume=True, run_dir='\1')`"),
