@@ -58,6 +58,15 @@ def no_seed(input_shape, n_outputs):
     return None
 
 
+NOT_CALLABLE = 42
+
+
+def two_outputs(input_shape, n_outputs, *, seed):
+    inputs = keras.Input(input_shape)
+    return keras.Model(inputs, [keras.layers.Dense(n_outputs)(inputs),
+                                keras.layers.Dense(n_outputs)(inputs)])
+
+
 @keras.saving.register_keras_serializable(package="userbuilders")
 class Jitter(keras.layers.Layer):
     """Noise from Keras's global seed generator (no `seed=`), in training only."""
@@ -204,7 +213,10 @@ def test_predict_and_export_reproduce_the_user_builder_run(user, tmp_path):
     ("{base}/missing.py:build", "Builder file not found"),
     ("{base}/userbuilders.py:raises", "raised RuntimeError: my builder is broken on purpose"),
     ("{base}/userbuilders.py:not_a_model", "returned list; expected a keras.Model"),
-    ("{base}/userbuilders.py:wrong_shape", "output [batch, 11]; expected [batch, 10] logits"),
+    ("{base}/userbuilders.py:wrong_shape",
+     "output [batch, 11]; expected one output, [batch, 10] logits"),
+    ("{base}/userbuilders.py:two_outputs", "with 2 outputs; expected one output, [batch, 10]"),
+    ("{base}/userbuilders.py:NOT_CALLABLE", "is int 42, not a function"),
     ("{base}/userbuilders.py:softmax_out", "ends in a softmax; a builder returns logits"),
     ("{base}/userbuilders.py:with_lambda", "is a Lambda layer"),
     ("{base}/userbuilders.py:no_seed", "must be `build(input_shape, n_outputs, *, seed"),

@@ -98,3 +98,10 @@ def test_auto_batch_size_and_early_stopping_follow_the_rows():
     assert auto.resolve(mine, 5000, 500) == (mine, {})
     with pytest.raises(UsageError, match="batch_size` to be auto or a positive integer"):
         schema.load(overrides={"training.batch_size": "big"})
+
+
+def test_an_override_without_its_member_index_is_named():
+    with pytest.raises(UsageError, match=r"Expected `members.override\[0\].index`, the member "
+                       r"the override is for \(0..2\); the override names none"):
+        schema.load(overrides={"members.count": 3, "members.override": [{"dropout": 0.2}]})
+

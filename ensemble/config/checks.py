@@ -70,6 +70,9 @@ def _check_overrides(cfg: Config) -> None:
     seen = set()
     for k, o in enumerate(cfg.members.override):
         key = f"members.override[{k}]"
+        if o.index == -1:  # the schema's default: not given
+            raise UsageError(f"Expected `{key}.index`, the member the override is for (0.."
+                             f"{cfg.members.count - 1}); the override names none")
         if not 0 <= o.index < cfg.members.count or o.index in seen:
             raise UsageError(f"Expected `{key}.index` to be a distinct member index in "
                              f"0..{cfg.members.count - 1}. Received: index={o.index}")

@@ -207,7 +207,7 @@ def resolve(spec: str) -> Callable:
             raise UsageError(f"Builder module of {spec!r} failed to import: "
                              f"{type(exc).__name__}: {_first_line(exc)}") from None
     if not callable(fn):
-        raise UsageError(f"Builder {spec!r} is a {type(fn).__name__}, not a function.")
+        raise UsageError(f"Builder {spec!r} is {type(fn).__name__} {fn!r:.40}, not a function.")
     return fn
 
 

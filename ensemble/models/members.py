@@ -68,10 +68,10 @@ def build_network(spec: str, params: dict[str, Any], input_shape: Sequence[int],
                          f"[batch, {', '.join(map(str, input_shape))}]: "
                          f"{builders._first_line(exc)}") from None
     if isinstance(out, (list, tuple, dict)) or tuple(out.shape[1:]) != (n_outputs,):
-        got = "several outputs" if isinstance(out, (list, tuple, dict)) else \
-            f"[batch, {', '.join(str(d) for d in out.shape[1:])}]"
-        raise UsageError(f"Builder {spec!r} returned a model with output {got}; expected "
-                         f"[batch, {n_outputs}] logits.")
+        got = f"{len(out)} outputs" if isinstance(out, (list, tuple, dict)) else \
+            f"output [batch, {', '.join(str(d) for d in out.shape[1:])}]"
+        raise UsageError(f"Builder {spec!r} returned a model with {got}; expected one "
+                         f"output, [batch, {n_outputs}] logits.")
     if not keras.backend.is_float_dtype(out.dtype):
         raise UsageError(f"Builder {spec!r} returned a model with {out.dtype} outputs; expected "
                          "float logits (cast the last layer's output to float32).")
