@@ -85,7 +85,14 @@ def _train(cfg: schema.Config, run_dir: Path, o: SearchOptions) -> None:
     if o.resume and (run_dir / artifacts.MANIFEST).is_file():
         if prepare.effective_status(Manifest.load(run_dir)) == "completed":
             return
-        api.train(cfg, o.mode, run_dir, resume=True, jobs=o.jobs, verbosity=o.verbosity)
+        try:
+            api.train(cfg, o.mode, run_dir, resume=True, jobs=o.jobs, verbosity=o.verbosity)
+        except UsageError as exc:
+            if "Config changed since run" not in str(exc):
+                raise
+            raise UsageError(f"{exc} A search's --candidates, --select, --stratify, --epochs "
+                             "and --set make its runs' configs: resume with the flags it "
+                             "started with.") from None
     else:
         api.train(cfg, o.mode, run_dir, overwrite=o.overwrite, jobs=o.jobs,
                   verbosity=o.verbosity)

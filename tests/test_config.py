@@ -105,3 +105,16 @@ def test_an_override_without_its_member_index_is_named():
                        r"the override is for \(0..2\); the override names none"):
         schema.load(overrides={"members.count": 3, "members.override": [{"dropout": 0.2}]})
 
+
+
+def test_config_changes_name_tables_by_count_and_entry():
+    from ensemble.runs.prepare import config_changes
+
+    old = {"members": {"count": 3, "override": [{"index": 0, "dropout": 0.1},
+                                                {"index": 1, "dropout": 0.2}]}}
+    new = {"members": {"count": 3, "override": [{"index": 0, "dropout": 0.1},
+                                                {"index": 1, "dropout": 0.3}]}}
+    assert config_changes(old, new) == ["members.override[1].dropout: 0.2 -> 0.3"]
+    more = {"members": {"count": 4, "override": old["members"]["override"] * 2}}
+    assert config_changes(old, more) == ["members.count: 3 -> 4",
+                                         "members.override: 2 entries -> 4"]
