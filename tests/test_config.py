@@ -108,7 +108,7 @@ def test_an_override_without_its_member_index_is_named():
 
 
 def test_config_changes_name_tables_by_count_and_entry():
-    from ensemble.runs.prepare import config_changes
+    from ensemble.config.changes import config_changes
 
     old = {"members": {"count": 3, "override": [{"index": 0, "dropout": 0.1},
                                                 {"index": 1, "dropout": 0.2}]}}
