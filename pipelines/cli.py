@@ -67,8 +67,10 @@ def _train(args) -> int:
             os.environ.get("TF_CONFIG"):  # a launcher of clients leaves TensorFlow to them
         import_tensorflow_quietly()
     from ensemble.runs import api
+    from ensemble.runs.train import default_run_dir
 
     verbosity = 0 if args.quiet else 2 if args.verbose else 1
+    args.run_dir = args.run_dir or str(default_run_dir(cfg))  # a failure's hint names it
     trained = api.train(cfg, args.mode, args.run_dir, overwrite=args.overwrite,
                         resume=args.resume, jobs=args.jobs, cluster=_cluster(args),
                         prepare_only=args.prepare_only,
@@ -303,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
 
     die_with_parent()
     args = None
-    api.CLI_WORDING = True  # messages name the flags, not `ensemble.train`'s arguments
+    wording, api.CLI_WORDING = api.CLI_WORDING, True  # hints name flags, not train's arguments
     try:
         with interrupt.handling_signals():
             parser, args = parse(argv, COMMANDS)
@@ -338,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {one_line(line)}", file=sys.stderr, flush=True)
         return status
     finally:
-        api.CLI_WORDING = False  # `main` called in-process (tests, notebooks): undone
+        api.CLI_WORDING = wording  # `main` called in-process (tests, notebooks): undone
 
 
 def entry() -> None:

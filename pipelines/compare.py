@@ -257,19 +257,16 @@ def labelled_rows(source: str, target: str, base: Path) -> str:
 
     if csv_format.table_format(path) is None or not path.is_file():
         return source
-    import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
 
     try:  # read as training reads it (ensemble.data.sources)
-        if path.suffix == ".parquet":
+        if csv_format.table_format(path) == "parquet":
             names = pq.read_schema(path).names
             if target not in names:
                 return source
             data = pq.read_table(path)
         else:
-            data = pcsv.read_csv(path, parse_options=csv_format.parse_options(path),
-                                 convert_options=csv_format.convert_options(
-                                     path, strings_can_be_null=True))
+            data = csv_format.read_csv(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise UsageError(f"Cannot read {source}: {str(exc).splitlines()[0]}") from None
     if target not in data.column_names or not data.column(target).null_count:

@@ -114,7 +114,7 @@ def interrupted_line(exc, args) -> str:
         except Exception:  # noqa: BLE001 (an unreadable manifest: resume says why)
             finished = False
         if finished:
-            return f"interrupted{at}; {run_dir} still holds its earlier, completed run"
+            return f"interrupted{at}; {run_dir} holds a completed run"
         return f"interrupted{at}; continue with: ensemble train --resume --run-dir {run_dir}"
     return f"interrupted ({exc})"
 
@@ -140,7 +140,8 @@ def failed_line(exc: Exception, args) -> str:
     training and is marked failed, how to continue it."""
     from ensemble.runs.run_record import Manifest
 
-    line, run_dir = str(exc), getattr(args, "run_dir", None)
+    line = str(exc)
+    run_dir = getattr(exc, "run_dir", None) or getattr(args, "run_dir", None)
     if getattr(args, "command", None) not in ("train", "search") or not run_dir:
         return line
     try:

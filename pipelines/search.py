@@ -90,9 +90,9 @@ def _train(cfg: schema.Config, run_dir: Path, o: SearchOptions) -> None:
         except UsageError as exc:
             if "Config changed since run" not in str(exc):
                 raise
-            raise UsageError(f"{exc} A search's --candidates, --select, --stratify, --epochs "
-                             "and --set make its runs' configs: resume with the flags it "
-                             "started with.") from None
+            raise UsageError(f"{exc} A search's --config, --candidates, --select, --stratify, "
+                             "--epochs, --devices and --set make its runs' configs: resume "
+                             "with the ones it started with.") from None
     else:
         api.train(cfg, o.mode, run_dir, overwrite=o.overwrite, jobs=o.jobs,
                   verbosity=o.verbosity)

@@ -171,7 +171,7 @@ def test_an_interruption_before_overwrite_names_the_kept_run_not_a_resume(traine
 
     args = Namespace(command="train", run_dir=str(trained))
     line = interrupted_line(Interrupted(signal.SIGINT), args)  # completed: --overwrite's start
-    assert line == f"interrupted; {trained} still holds its earlier, completed run"
+    assert line == f"interrupted; {trained} holds a completed run"
     broken = tmp_path / "run"
     shutil.copytree(trained, broken)
     manifest = artifacts.read_manifest(broken)

@@ -82,3 +82,41 @@ def test_compressed_csv_files_train_and_predict_as_the_plain_file(trained, tmp_p
     a, b = (pq.read_table(tmp_path / f"run-{n}" / "predictions.parquet") for n in
             ("d.csv", "d.csv.gz"))
     assert a.column("p_0").to_pylist() == b.column("p_0").to_pylist()
+
+
+def test_one_decimal_comma_in_text_beside_dot_numbers_keeps_the_dot(tmp_path):
+    from ensemble.data.csv_format import dialect
+
+    rows = "".join(f"{i * 0.126:.3f}\t{'12,5' if i == 3 else 'ok'}\t{i % 2}\n" for i in range(60))
+    data = _write(tmp_path / "t.csv", "x\tnote\ty\n" + rows)
+    assert dialect(data) == ("\t", ".")
+    assert run_cli("train", "--data", data, "--target", "y", "--members", "2", "--epochs", "1",
+                   "--run-dir", tmp_path / "run", "--quiet") == 0
+    import json
+
+    pre = json.loads((tmp_path / "run" / "preprocessing.json").read_text())
+    assert "x" in pre["feature_names"]  # a number, not text taken for an identifier
+
+
+@pytest.mark.parametrize("values, refused", [
+    (["75001"] * 30 + ["2A004"], None),  # codes beside numbers: categories
+    ([str(i) for i in range(30)] + ["K"] * 5, None),  # a letter in more than a tenth of rows
+    ([str(i) for i in range(30)] + ["?"], "holds numbers but for 1 row of '?'"),
+])
+def test_text_columns_of_numbers_are_told_from_categories(tmp_path, capsys, values, refused):
+    data = _write(tmp_path / "c.csv", "code,y\n" + "".join(f"{v},{i % 2}\n"
+                                                           for i, v in enumerate(values)))
+    code = run_cli("train", "--data", data, "--target", "y", "--members", "2", "--epochs", "1",
+                   "--run-dir", tmp_path / "run", "--quiet")
+    err = capsys.readouterr().err
+    if refused is None:
+        assert code == 0, err
+    else:
+        assert code == 2 and refused in err, err
+
+
+def test_numbers_read_as_text_are_named_not_encoded():
+    from ensemble.data.columns import number_markers
+
+    assert number_markers(pa.chunked_array([["0.126", "1.5", None, "2"]])) == ([], 0)
+    assert number_markers(pa.chunked_array([["1", "2", "?"] * 10 + ["3"] * 5])) is None

@@ -79,12 +79,19 @@ def categorical_names(table: pa.Table, categorical: str | Sequence[str],
                  and not pa.types.is_null(f.type)]
         for name in names if expected is None else ():  # training decides the encoding
             marks = number_markers(table.column(name))
-            if marks:
-                problems.append(f"column {name!r} holds numbers but for {marks[1]} rows of "
+            if marks and marks[0]:
+                problems.append(f"column {name!r} holds numbers but for {marks[1]} "
+                                f"row{'s' * (marks[1] != 1)} of "
                                 f"{', '.join(map(repr, marks[0]))} (markers of missing "
                                 "values?); expected numbers: make those cells empty (missing, "
                                 "see --impute), or one-hot encode every value with "
                                 f"--categorical {','.join(names)}")
+            elif marks:
+                first = table.column(name).drop_null()[0].as_py()
+                problems.append(f"column {name!r} holds numbers read as text (such as "
+                                f"{first!r}): a decimal mark other than the file's? expected "
+                                "numbers written alike in the whole file, or the column named "
+                                "in --categorical")
         return names
     if categorical == "none":
         return []
@@ -97,9 +104,11 @@ def categorical_names(table: pa.Table, categorical: str | Sequence[str],
 
 
 def number_markers(col) -> tuple[list[str], int] | None:
-    """The text values of a text column that otherwise holds numbers (`?`, `-`, `n.a.`: at
-    most 3 values, in at most a tenth of its non-missing rows), most frequent first, and the
-    rows holding them; None for any other column (booleans, categories)."""
+    """The text values of a text column that otherwise holds numbers: markers without a digit
+    (`?`, `-`, `n.a.`: at most 3 values, in at most a tenth of its non-missing rows), most
+    frequent first, and the rows holding them; `([], 0)` when every value is a number read as
+    text (a decimal mark other than the file's); None for any other column (booleans,
+    categories, codes such as `2A004` beside numbers)."""
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         return None
     numbers, other = 0, []
@@ -108,11 +117,11 @@ def number_markers(col) -> tuple[list[str], int] | None:
             float(item["values"])
             numbers += item["counts"]
         except ValueError:
+            if any(c.isdigit() for c in item["values"]) or len(other) == 3:
+                return None  # a code, or more than a few markers: categories
             other.append((item["counts"], item["values"]))
-            if len(other) > 3:
-                return None
     rows = sum(n for n, _ in other)
-    if not other or not numbers or rows * 10 > numbers + rows:
+    if not numbers or rows * 10 > numbers + rows:
         return None
     return [v for _, v in sorted(other, key=lambda t: -t[0])], rows
 

@@ -17,12 +17,12 @@ from pathlib import Path
 COMPRESSED = (".gz", ".bz2")  # CSV compressions read by name (pyarrow and the stdlib both)
 SEPARATORS = (";", "\t", "|")  # tried, in this order of preference, when the header has no ","
 SAMPLE_BYTES = 1 << 16  # bytes read to decide
-SAMPLE_LINES = 50  # data lines looked at for a decimal comma
 
 
 def table_format(path: str | Path) -> str | None:
-    """`"parquet"`, `"csv"` (also compressed: `x.csv.gz`, `x.csv.bz2`) or None, by name."""
-    suffixes = [s.lower() for s in Path(path).suffixes[-2:]]
+    """`"parquet"`, `"csv"` (also compressed: `x.csv.gz`, `x.csv.bz2`) or None, by name (the
+    suffixes as written: pyarrow picks a compression by its lower-case suffix)."""
+    suffixes = Path(path).suffixes[-2:]
     if suffixes[-1:] == [".parquet"]:
         return "parquet"
     if suffixes[-1:] == [".csv"] or (len(suffixes) == 2 and suffixes[0] == ".csv"
@@ -35,7 +35,7 @@ def open_text(path: str | Path):
     """The CSV file at `path` as UTF-8 text (bytes that are not UTF-8 as U+FFFD), decompressed
     when its name ends in one of `COMPRESSED`."""
     path = Path(path)
-    opener = {".gz": "gzip", ".bz2": "bz2"}.get(path.suffix.lower())
+    opener = {".gz": "gzip", ".bz2": "bz2"}.get(path.suffix)
     if opener:
         import importlib
 
@@ -47,8 +47,9 @@ def open_text(path: str | Path):
 def dialect(path: str | Path) -> tuple[str, str]:
     """`(delimiter, decimal point)` of the CSV file at `path`: `(",", ".")` unless its header
     line holds no comma and one of `SEPARATORS`; then the most frequent of those, with `","`
-    as the decimal point when a field of its first data lines is a number written with one
-    (`-1,5`)."""
+    as the decimal point when the fields of its first `SAMPLE_BYTES` hold numbers written with
+    one (`-1,5`) and none written with a dot (`-1.5`): one text cell `12,5` beside numbers
+    with dots leaves the dot."""
     with open_text(path) as f:
         lines = f.read(SAMPLE_BYTES).splitlines()
     header = lines[0] if lines else ""
@@ -56,20 +57,25 @@ def dialect(path: str | Path) -> tuple[str, str]:
     sep = max(SEPARATORS, key=lambda s: counts[s])
     if "," in header or not counts[sep]:
         return ",", "."
-    number = re.compile(r"\s*-?\d+,\d+\s*")
-    fields = (v.strip('"') for line in lines[1:SAMPLE_LINES + 1] for v in line.split(sep))
-    return sep, ("," if any(number.fullmatch(v) for v in fields) else ".")
+    fields = [v.strip().strip('"') for line in lines[1:] for v in line.split(sep)]
+    comma = any(re.fullmatch(r"-?\d+,\d+", v) for v in fields)
+    dot = any(re.fullmatch(r"-?\d*\.\d+(e-?\d+)?", v) for v in fields)
+    return sep, ("," if comma and not dot else ".")
 
 
-def parse_options(path: str | Path):
-    """`pyarrow.csv.ParseOptions` with the file's delimiter."""
+def read_options(path: str | Path, **convert):
+    """`(pyarrow.csv.ParseOptions, pyarrow.csv.ConvertOptions(**convert))` with the file's
+    delimiter and decimal point (`dialect`, read once)."""
     import pyarrow.csv as pcsv
 
-    return pcsv.ParseOptions(delimiter=dialect(path)[0])
+    sep, decimal = dialect(path)
+    return pcsv.ParseOptions(delimiter=sep), pcsv.ConvertOptions(decimal_point=decimal,
+                                                                  **convert)
 
 
-def convert_options(path: str | Path, **kwargs):
-    """`pyarrow.csv.ConvertOptions(**kwargs)` with the file's decimal point."""
+def read_csv(path: str | Path):
+    """The whole CSV file at `path` as a `pyarrow.Table`, in its dialect, empty cells null."""
     import pyarrow.csv as pcsv
 
-    return pcsv.ConvertOptions(decimal_point=dialect(path)[1], **kwargs)
+    parse, convert = read_options(path, strings_can_be_null=True)
+    return pcsv.read_csv(path, parse_options=parse, convert_options=convert)

@@ -30,7 +30,7 @@ from ensemble.data.settings import DataConfig
 from ensemble.data.splitting import stratified_split
 from ensemble.core.errors import UsageError
 from ensemble.data.messages import (  # noqa: F401 (`sources.check_*`)
-    check_drop, check_unique_columns, did_you_mean, split_refusal)
+    check_drop, check_unique_columns, csv_header, did_you_mean, split_refusal)
 from ensemble.core.notices import notice  # noqa: F401 (`data.notice`)
 
 BUILTIN = ("digits", "breast_cancer", "wine", "iris", "synthetic", "diabetes")
@@ -101,7 +101,6 @@ def _builtin_cached(source: str, s) -> Dataset:
 
 
 def _read_table(path: Path) -> pa.Table:
-    import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
 
     if not path.is_file():
@@ -109,13 +108,12 @@ def _read_table(path: Path) -> pa.Table:
     if path.stat().st_size == 0:
         raise UsageError(f"Data file is empty: {path}")
     try:
-        if path.suffix == ".parquet":
+        if csv_format.table_format(path) == "parquet":
             return pq.read_table(path)
-        return pcsv.read_csv(path, parse_options=csv_format.parse_options(path),
-                             convert_options=csv_format.convert_options(
-                                 path, strings_can_be_null=True))
+        csv_header(path)  # bytes that are not UTF-8 in its names: one line
+        return csv_format.read_csv(path)
     except (pa.ArrowInvalid, OSError) as exc:
-        kind = "Parquet" if path.suffix == ".parquet" else "CSV"
+        kind = "Parquet" if csv_format.table_format(path) == "parquet" else "CSV"
         raise UsageError(f"Cannot read {path} as {kind}: {str(exc).splitlines()[0]}") from None
 
 

@@ -95,10 +95,9 @@ class InputStream:
                     messages.csv_header(f)  # names of bytes that are not UTF-8: refused
                 types = {n: pa.float64() for n in pre.feature_names}
                 types.update({n: pa.string() for n in pre.categories})
-                fmt = ds.CsvFileFormat(  # a folder's files are written alike: the first decides
-                    parse_options=csv_format.parse_options(files[0]),
-                    convert_options=csv_format.convert_options(
-                        files[0], strings_can_be_null=True, column_types=types))
+                parse, convert = csv_format.read_options(  # a folder's files alike: the first
+                    files[0], strings_can_be_null=True, column_types=types)
+                fmt = ds.CsvFileFormat(parse_options=parse, convert_options=convert)
             else:  # pre-buffering reads row groups far ahead: memory would grow with the file
                 fmt = ds.ParquetFileFormat(default_fragment_scan_options=ds.
                                            ParquetFragmentScanOptions(pre_buffer=False))

@@ -49,9 +49,11 @@ def _open(path: Path):
     kind = "Parquet" if csv_format.table_format(path) == "parquet" else "CSV"
     if kind == "CSV":  # a dataset refuses a header with a name twice: name it first
         sources.check_unique_columns(messages.csv_header(path), str(path))
-    fmt = "parquet" if kind == "Parquet" else pds.CsvFileFormat(
-        parse_options=csv_format.parse_options(path),
-        convert_options=csv_format.convert_options(path, strings_can_be_null=True))
+    if kind == "Parquet":
+        fmt = "parquet"
+    else:
+        parse, convert = csv_format.read_options(path, strings_can_be_null=True)
+        fmt = pds.CsvFileFormat(parse_options=parse, convert_options=convert)
     try:
         return pds.dataset(str(path), format=fmt), kind
     except (pa.ArrowInvalid, OSError) as exc:

@@ -142,8 +142,10 @@ def member_rng(model):
     a layer passes no `seed`) is the member's own (made by `build_member` from its seed):
     traced there, each member of one graph draws from its own stream, as it would alone in a
     client process. One shared generator would give in-graph members that depend on the
-    member count and the order of tracing. Members not made by `build_member` (loaded from a
-    file) keep Keras's."""
+    member count and the order of tracing. The replicas of a data-parallel member share its
+    generator, so its stream depends on the replica count as its batches' split does; calls
+    at prediction time are not wrapped (a layer that draws there, MC dropout, draws from
+    Keras's). Members not made by `build_member` (loaded from a file) keep Keras's."""
     gen = getattr(model, "_ensemble_rng", None)
     try:
         from keras.src.backend.common import global_state
