@@ -86,5 +86,7 @@ def describe(cfg: "Config", chosen: dict[str, Any]) -> str:
     stop = (f"early stopping after {t.early_stopping} epochs without a better validation loss"
             f", best epoch kept{mark.get('early_stopping', '')}" if t.early_stopping
             else f"no early stopping{mark.get('early_stopping', '')}")
-    return (f"training {cfg.members.count} members for up to {t.epochs} epochs: batch size "
+    n = cfg.members.count
+    return (f"training {n} member{'s' * (n != 1)} for up to {t.epochs} "
+            f"epoch{'s' * (t.epochs != 1)}: batch size "
             f"{t.batch_size}{mark.get('batch_size', '')}, {stop}")
