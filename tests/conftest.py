@@ -49,6 +49,16 @@ def tiny_config(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_config) -> Path:
+    """A completed 2-member, 1-epoch run of `tiny_config`, one per test module (a module may
+    change its files); modules that need another run define their own `trained`."""
+    run_dir = tmp_path_factory.mktemp("run") / "run"
+    assert run_cli("train", "--config", tiny_config, "--run-dir", run_dir, "--members", "2",
+                   "--epochs", "1", "--quiet") == 0
+    return run_dir
+
+
 def run_cli(*argv: str) -> int:
     from pipelines.cli import main
 

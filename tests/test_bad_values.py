@@ -11,14 +11,6 @@ from conftest import run_cli
 from ensemble.core import artifacts
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_config):
-    run_dir = tmp_path_factory.mktemp("values") / "run"
-    assert run_cli("train", "--config", tiny_config, "--run-dir", run_dir, "--members", "2",
-                   "--epochs", "1", "--quiet") == 0
-    return run_dir
-
-
 def _one_line(capsys, *needles):
     err = [line for line in capsys.readouterr().err.strip().splitlines()
            if not line.startswith("notice:")]

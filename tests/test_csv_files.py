@@ -13,14 +13,6 @@ import pytest
 from conftest import run_cli
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_config):
-    run_dir = tmp_path_factory.mktemp("csv_files") / "run"
-    assert run_cli("train", "--config", tiny_config, "--run-dir", run_dir, "--members", "2",
-                   "--epochs", "1", "--quiet") == 0
-    return run_dir
-
-
 def _digits_csv(path, n=100):
     from sklearn.datasets import load_digits
 

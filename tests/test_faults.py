@@ -64,14 +64,6 @@ def _intact(run_dir: Path) -> None:
         artifacts.verify(run_dir, manifest, run_dir / rel)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_config):
-    run_dir = tmp_path_factory.mktemp("faults") / "run"
-    assert run_cli("train", "--config", tiny_config, "--run-dir", run_dir, "--members", "2",
-                   "--epochs", "1", "--quiet") == 0
-    return run_dir
-
-
 @pytest.mark.parametrize("mode", ["in-graph", "between-graph"])
 def test_a_full_disk_at_a_checkpoint_fails_the_run_keeps_its_files_and_resumes(tmp_path, mode):
     config = tmp_path / "big.toml"

@@ -34,14 +34,11 @@ def table_format(path: str | Path) -> str | None:
 def open_text(path: str | Path):
     """The CSV file at `path` as UTF-8 text (bytes that are not UTF-8 as U+FFFD), decompressed
     when its name ends in one of `COMPRESSED`."""
-    path = Path(path)
-    opener = {".gz": "gzip", ".bz2": "bz2"}.get(path.suffix)
-    if opener:
-        import importlib
+    import bz2
+    import gzip
 
-        return importlib.import_module(opener).open(path, "rt", encoding="utf-8",
-                                                    errors="replace", newline="")
-    return open(path, encoding="utf-8", errors="replace", newline="")
+    opener = {".gz": gzip.open, ".bz2": bz2.open}.get(Path(path).suffix, open)
+    return opener(path, "rt", encoding="utf-8", errors="replace", newline="")
 
 
 def dialect(path: str | Path) -> tuple[str, str]:
