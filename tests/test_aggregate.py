@@ -56,3 +56,30 @@ def test_tensorflow_twin_agrees_with_numpy(name):
     rng = np.random.default_rng(1)
     p = rng.dirichlet(np.ones(10), size=(5, 300)).astype(np.float32)
     np.testing.assert_allclose(aggregate_tf(p, name).numpy(), aggregate(p, name), atol=1e-6)
+
+
+def test_verdict_counts_the_members_greedy_selection_kept():
+    """With greedy selection answering, the closing sentence counts the members it kept
+    (weight above 0 in `aggregators.json`), not every member of the run."""
+    import pyarrow as pa
+
+    from ensemble.tasks.classification.evaluation import verdict
+
+    def row(split, model, nll, member=None, aggregator=None):
+        return {"split": split, "model": model, "member": member, "aggregator": aggregator,
+                "best_member": 1, "accuracy": 0.9, "nll": nll, "brier": 0.1, "ece": 0.05}
+
+    rows = [row(s, f"member-{i}", 0.5 + i / 10, member=i) for s in ("validation", "test")
+            for i in range(3)]
+    rows += [row(s, "ensemble-mean", 0.45, aggregator="mean") for s in ("validation", "test")]
+    rows += [row(s, "ensemble-greedy", 0.40, aggregator="greedy")
+             for s in ("validation", "test")]
+    table = pa.Table.from_pylist(rows)
+    fit = {"members": [0, 1, 2], "n_rows": 10,
+           "params": {"greedy": {"weights": [0.5, 0.5, 0.0], "size": 2, "order": [0, 1]}}}
+    assert verdict(table, "test", fit).startswith(
+        "The ensemble of 2 of the 3 members (ensemble-greedy, chosen on validation)")
+    assert verdict(table, "test").startswith("The 3-member ensemble (ensemble-greedy")
+    kept_all = {**fit, "params": {"greedy": {**fit["params"]["greedy"],
+                                             "weights": [0.4, 0.3, 0.3]}}}
+    assert verdict(table, "test", kept_all).startswith("The 3-member ensemble (ensemble-greedy")

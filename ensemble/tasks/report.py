@@ -104,6 +104,15 @@ def fitted_lines(fit: dict | None, describe) -> list[str]:
     return out
 
 
+def kept_members(fit: dict | None, aggregator: str | None, n_members: int) -> int:
+    """How many of a run's `n_members` members `aggregator` gives a weight above 0: the
+    members greedy selection or fitted weights kept (`fit`, an `aggregators.json`), else all."""
+    params = ((fit or {}).get("params") or {}).get(aggregator or "")
+    if aggregator in ("weighted", "greedy") and params and "weights" in params:
+        return sum(1 for w in params["weights"] if w > 0)
+    return n_members
+
+
 def plotted_split(metrics) -> tuple[str, list[dict]]:
     """The split the plots show (`test`, else the metrics' first) and its metrics rows."""
     rows = metrics.to_pylist()

@@ -10,8 +10,8 @@ import textwrap
 import pyarrow as pa
 
 from ensemble.tasks.classification.metrics import LOWER_IS_BETTER, METRICS
-from ensemble.tasks.report import (fitted_lines, members_and_best, number, rows_and_splits,
-                                   split_block)
+from ensemble.tasks.report import (fitted_lines, kept_members, members_and_best, number,
+                                   rows_and_splits, split_block)
 
 NAME_WIDTH, COL = 35, 16  # 35 + 4 * 16 = 99 columns; a cell holds at most 15 characters
 
@@ -63,10 +63,11 @@ def _gain_block(split: str, rows: list[dict]) -> list[str]:
     return out
 
 
-def verdict(metrics: pa.Table, split: str = "test") -> str:
+def verdict(metrics: pa.Table, split: str = "test", fit: dict | None = None) -> str:
     """One sentence on what the ensemble gained on `split`: the ensemble with the lowest
     validation NLL (the mean when there is no validation split), its NLL change against the
-    mean member and the best member (chosen on validation), and its accuracy change."""
+    mean member and the best member (chosen on validation), and its accuracy change. `fit`
+    (an `aggregators.json`) gives how many members a fitted selection kept."""
     rows = [r for r in metrics.to_pylist() if r["split"] == split]
     mean, best, members = _references(rows)
     cands = [r for r in rows if r["aggregator"] is not None and r["nll"] is not None]
@@ -82,7 +83,10 @@ def verdict(metrics: pa.Table, split: str = "test") -> str:
         return word, f"{abs(100 * rel):.0f}%"
 
     w1, c1 = change(mean["nll"])
-    text = (f"The {len(members)}-member ensemble ({ens['model']}"
+    kept = kept_members(fit, ens["aggregator"], len(members))
+    text = ((f"The {len(members)}-member ensemble" if kept == len(members)
+             else f"The ensemble of {kept} of the {len(members)} members")
+            + f" ({ens['model']}"
             + (", chosen on validation" if val else "") + f") {w1} {split} NLL by {c1} "
             "against the mean member")
     ref = best or mean
@@ -126,5 +130,5 @@ def format_table(metrics: pa.Table, fit: dict | None = None, extra=()) -> str:
         lines.append("ensemble-vote: vote shares are not probabilities, so NLL, Brier and ECE "
                      "are n/a")
     lines += list(extra)
-    sentence = textwrap.fill(verdict(metrics, last), NAME_WIDTH + 4 * COL)
+    sentence = textwrap.fill(verdict(metrics, last, fit), NAME_WIDTH + 4 * COL)
     return "\n".join(lines + ([sentence] if sentence else []))
