@@ -344,3 +344,38 @@ def test_unseeded_random_layers_give_each_member_its_own_stream(user, tmp_path):
     assert np.abs(p_ig[first] - p_ig[np.asarray(ig.column("model").to_pylist())
                                       == "member-1"]).max() > 1e-3  # members still differ
 
+
+
+COMPILED_BUILDER = '''
+import keras
+
+
+def build(input_shape, n_outputs, *, seed):
+    model = keras.Sequential([keras.Input(input_shape), keras.layers.Dense(n_outputs)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def plain(input_shape, n_outputs, *, seed):
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Dense(n_outputs)])
+'''
+
+
+def test_a_compiled_builder_model_gets_a_notice(tmp_path, capsys):
+    """A builder that compiles its model is told, once, that its optimizer and loss are not
+    the ones members train with; an uncompiled one gets no notice."""
+    from ensemble import tasks
+    from ensemble.core.notices import said_once
+    from ensemble.models.cost import member_flops
+
+    path = tmp_path / "compiled_builder.py"
+    path.write_text(COMPILED_BUILDER)
+    with said_once():
+        for _ in range(2):
+            flops = member_flops(f"{path}:build", {}, (5,), 3, tasks.get())
+        plain = member_flops(f"{path}:plain", {}, (5,), 3, tasks.get())
+    assert flops == plain > 0
+    err = capsys.readouterr().err
+    assert err.count("notice: builder") == 1
+    assert "compiled its model; its optimizer, loss and metrics are not used" in err
+    assert "plain" not in err

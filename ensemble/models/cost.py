@@ -97,7 +97,22 @@ def member_flops(spec: str, params: dict[str, Any], input_shape: Sequence[int],
         model = build_member(spec, params, input_shape, n_outputs, seed, "check", task)
         if spec not in BUILTINS:
             check_serializable(model, spec)
+            _say_if_compiled(model, spec)
         return count_flops(model, input_shape)
+
+
+def _say_if_compiled(model, spec: str) -> None:
+    """A notice when builder `spec` compiled its network (`model`'s sub-model): the members
+    train with the task's loss and the `[training]` optimiser, never the builder's."""
+    import keras
+
+    from ensemble.core.notices import notice
+
+    net = next((layer for layer in model.layers if isinstance(layer, keras.Model)), None)
+    if net is not None and getattr(net, "compiled", False):
+        notice(f"builder {spec!r} compiled its model; its optimizer, loss and metrics are not "
+               "used: members train with the task's loss and the [training] optimizer "
+               "(training.optimizer, training.learning_rate).", once=True)
 
 
 def member_costs(hparams: Sequence[dict[str, Any]], input_shape: Sequence[int],
