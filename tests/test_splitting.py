@@ -44,3 +44,14 @@ def test_nan_labels_are_refused_as_scikit_learn_refuses_them():
     y = np.array([0.0, 1.0] * 10 + [np.nan])
     with pytest.raises(ValueError, match="NaN"):
         stratified_split(np.arange(len(y)), y, 0.3, 0)
+
+
+def test_the_refusal_counts_rare_classes_in_words_that_agree():
+    from ensemble.data.messages import split_refusal
+
+    y = np.array(["x", "y", "x", "y", "x"])
+    one = split_refusal("t.csv", y, np.array(["x", "y"]), np.array([3, 2]))
+    assert "1 of its 2 classes has fewer than 3 rows (the smallest 2)" in one
+    two = split_refusal("t.csv", y, np.array(["x", "y"]), np.array([2, 2]))
+    assert "2 of its 2 classes have fewer than 3 rows" in two
+    assert "merge or drop the rarest classes" in one
