@@ -87,6 +87,25 @@ def test_regression_scores_by_hand():
     assert rows[0]["scores"]["epistemic_std"] is None
 
 
+def test_shift_table_cells_stay_apart_for_wide_regression_values():
+    """RMSE in target units (prices, grams) is wider than the table's 14-character cells: the
+    cells once ran together (`362.432/348.562350.356/...`); each is now its own column."""
+    import pyarrow as pa
+
+    from ensemble.runs.evaluate_ood import format_shift
+
+    rows = [{"model": model, "member": member, "aggregator": agg, "corruption": "gaussian_noise",
+             "severity": sev, "n": 88, "accuracy": None, "rmse": rmse * sev, "nll": 14.5}
+            for sev in corruptions.SEVERITIES
+            for model, member, agg, rmse in (("member-0", 0, None, 563062.4531),
+                                             ("ensemble-mean", None, "mean", 559192.3304))]
+    line = format_shift(pa.Table.from_pylist(rows)).splitlines()[1]
+    cells = line.split()[2:]
+    assert cells[0] == "563062.453/559192.330" and len(cells) == 5
+    assert [float(c.split("/")[0]) for c in cells] == pytest.approx(
+        [563062.4531 * s for s in corruptions.SEVERITIES], abs=1e-3)
+
+
 def test_blur_sigma_scales_with_the_image_size():
     from scipy.ndimage import gaussian_filter
 

@@ -277,6 +277,7 @@ def format_shift(table: pa.Table, split: str = "test") -> str:
     ens = next((m for m in aggs if m != "ensemble-vote"), aggs[0] if aggs else rows[0]["model"])
     lines = [f"dataset shift on {split} ({rows[0]['n']} rows): mean member / {ens}, severity "
              "1-5"]
+    table_rows = []
     for name in dict.fromkeys(r["corruption"] for r in rows):
         for k in keys:
             cells = []
@@ -286,5 +287,9 @@ def format_shift(table: pa.Table, split: str = "test") -> str:
                 mem = None if not mem or None in mem else float(np.mean(mem))
                 e = next(r[k] for r in part if r["model"] == ens)
                 cells.append("/".join("n/a" if v is None else f"{v:.3f}" for v in (mem, e)))
-            lines.append(f"  {name:<16}{k:<9}" + "".join(f"{c:>14}" for c in cells))
+            table_rows.append((name, k, cells))
+    # wide enough for every cell and a space: a regression's RMSE in target units is wide
+    width = max([14, *(len(c) + 2 for _, _, cells in table_rows for c in cells)])
+    lines += [f"  {name:<16}{k:<9}" + "".join(f"{c:>{width}}" for c in cells)
+              for name, k, cells in table_rows]
     return "\n".join(lines)
