@@ -394,3 +394,32 @@ def test_regression_plots_and_member_scores_follow_the_task(runs, capsys):
         y, mu, sd = rows["y_true"].to_numpy(), rows["y_pred"].to_numpy(), rows["std"].to_numpy()
         assert m["val_rmse"] == pytest.approx(np.sqrt(np.mean((y - mu) ** 2)), rel=1e-5)
         assert m["val_nll"] == pytest.approx(-np.mean(stats.norm(mu, sd).logpdf(y)), rel=1e-4)
+
+
+def test_evaluate_a_predict_file_reports_and_draws_its_split(runs, tmp_path, capsys):
+    """`evaluate --predictions` of `predict --layout long` output (split `predict`): the RMSE
+    against share kept block and `confidence.png` show that split. They looked for test only,
+    so the block was missing and the picture empty (with matplotlib's no-legend warning)."""
+    import warnings
+
+    from ensemble.tasks import confidence
+
+    run, out = runs["in-graph"], tmp_path / "long.parquet"
+    assert run_cli("predict", "--run", run, "--data", "diabetes", "--layout", "long",
+                   "--out", out, "--quiet") == 0
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an empty legend warns
+        assert run_cli("evaluate", "--predictions", out, "--plots") == 0
+    text = capsys.readouterr().out
+    assert "RMSE of the rows kept by lowest predictive std on predict" in text
+    p = pq.read_table(out).to_pandas()
+    m = p[p["model"] == "ensemble-mean"].sort_values("row")
+    y, mu, sd = m["y_true"].to_numpy(), m["y_pred"].to_numpy(), m["std"].to_numpy()
+    keep = np.argsort(sd, kind="stable")[:int(np.ceil(0.5 * len(y)))]
+    half = np.sqrt(np.mean((y[keep] - mu[keep]) ** 2))
+    block = text.split("RMSE of the rows kept by lowest predictive std on predict")[1]
+    row = next(x for x in block.splitlines() if x.startswith("  ensemble-mean ")).split()
+    assert float(row[2]) == pytest.approx(half, rel=1e-3)  # area, then rmse 50% kept
+    curves, _ = confidence.curves(pq.read_table(out), "predict")
+    assert set(curves) == set(p["model"]) and (tmp_path / "confidence.png").is_file()

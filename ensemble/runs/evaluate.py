@@ -97,7 +97,8 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
         pictures = of_metrics(table).write_plots(out.parent, preds, table, run_dir)
         labelled = preds.filter(pc.is_valid(preds.column("y_true")))
         pictures.append(plots_ood.confidence_plot(out.parent, *_answer_curves(
-            *confidence.curves(labelled), table.to_pylist(), run_dir)))
+            *confidence.curves(labelled, confidence.shown_split(labelled) or "test"),
+            table.to_pylist(), run_dir)))
         text += "\n" + "\n".join(f"plot: {p}" for p in pictures)
         written += pictures
     inside = [p for p in written if run_dir is not None

@@ -53,13 +53,19 @@ def curves(preds: pa.Table, split: str = "test") -> tuple[dict[str, tuple], bool
     return out, regression
 
 
+def shown_split(preds: pa.Table) -> str | None:
+    """The split the block and `confidence.png` show: test, else validation, else the file's
+    first (`predict` of `ensemble predict --layout long`); None for an empty table."""
+    splits = list(dict.fromkeys(preds.column("split").to_pylist()))
+    return next((s for s in ("test", "validation") if s in splits), splits[0] if splits else None)
+
+
 def block(preds: pa.Table) -> list[str]:
-    """The evaluation table's lines on accuracy against confidence, on test (else the last
-    labelled split); [] when no split is labelled."""
-    splits = [s for s in ("test", "validation") if s in set(preds.column("split").to_pylist())]
-    if not splits:
+    """The evaluation table's lines on accuracy against confidence, on `shown_split`; [] when
+    it has no labelled model."""
+    split = shown_split(preds)
+    if split is None:
         return []
-    split = splits[0]
     return _lines(split, len(tables.classes_from(preds)) == 0, _models(preds, split))
 
 
