@@ -318,6 +318,23 @@ def test_evaluate_table_reads_well(in_graph_run, capsys):
     assert lines[-1].endswith("member.")  # the verdict sentence ends the table
 
 
+def test_verdict_follows_the_runs_aggregators_json(in_graph_run):
+    """Without validation rows (a predict file) the verdict named the mean, not the
+    aggregator of lowest validation NLL in `aggregators.json` that predict answers with."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ensemble.tasks.classification.evaluation import format_table
+
+    rows = [r for r in pq.read_table(in_graph_run / "metrics.parquet").to_pylist()
+            if r["split"] == "test"]
+    mean = next(r for r in rows if r["aggregator"] == "mean")
+    rows.append({**mean, "model": "ensemble-temperature", "aggregator": "temperature"})
+    fit = {"validation_nll": {"mean": 1.0, "vote": None, "temperature": 0.5}}
+    text = " ".join(format_table(pa.Table.from_pylist(rows), fit).split())
+    assert "ensemble (ensemble-temperature, chosen on validation)" in text
+
+
 def test_evaluate_plots(in_graph_run, capsys, monkeypatch):
     assert run_cli("evaluate", "--run", in_graph_run, "--plots") == 0
     out = capsys.readouterr().out

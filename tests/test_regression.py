@@ -423,3 +423,22 @@ def test_evaluate_a_predict_file_reports_and_draws_its_split(runs, tmp_path, cap
     assert float(row[2]) == pytest.approx(half, rel=1e-3)  # area, then rmse 50% kept
     curves, _ = confidence.curves(pq.read_table(out), "predict")
     assert set(curves) == set(p["model"]) and (tmp_path / "confidence.png").is_file()
+
+
+def test_verdict_names_the_ensemble_predict_answers_with(runs, tmp_path):
+    """A predict file has no validation split: the verdict took the run's first aggregator
+    ("ensemble-mean") while predict, export and the plots answer with the lowest validation
+    NLL of the run's `aggregators.json`. The verdict now reads it too."""
+    from ensemble.tasks import tables
+    from ensemble.tasks.registry import format_table
+
+    run, out = runs["between-graph"], tmp_path / "long.parquet"
+    assert run_cli("predict", "--run", run, "--data", "diabetes", "--layout", "long",
+                   "--out", out, "--quiet") == 0
+    metrics = tables.metrics_table(pq.read_table(out), None)
+    names = [a for a in dict.fromkeys(metrics.column("aggregator").to_pylist()) if a]
+    assert len(names) > 1
+    for best in names:
+        fit = {"validation_nll": {a: (0.5 if a == best else 1.0) for a in names}}
+        text = " ".join(format_table(metrics, fit).split())
+        assert f"ensemble (ensemble-{best}, chosen on validation) has predict RMSE" in text

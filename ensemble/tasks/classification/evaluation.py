@@ -5,6 +5,7 @@ aggregators' parameters; diversity; and one sentence saying what the ensemble ga
 """
 from __future__ import annotations
 
+import math
 import textwrap
 
 import pyarrow as pa
@@ -65,16 +66,19 @@ def _gain_block(split: str, rows: list[dict]) -> list[str]:
 
 def verdict(metrics: pa.Table, split: str = "test", fit: dict | None = None) -> str:
     """One sentence on what the ensemble gained on `split`: the ensemble with the lowest
-    validation NLL (the mean when there is no validation split), its NLL change against the
+    validation NLL (the run's `aggregators.json` `fit` when given, as predict chooses; else the
+    table's validation rows; the mean when neither has one), its NLL change against the
     mean member and the best member (chosen on validation), and its accuracy change. `fit`
-    (an `aggregators.json`) gives how many members a fitted selection kept."""
+    also gives how many members a fitted selection kept."""
     rows = [r for r in metrics.to_pylist() if r["split"] == split]
     mean, best, members = _references(rows)
     cands = [r for r in rows if r["aggregator"] is not None and r["nll"] is not None]
     if not cands or not members:
         return ""
-    val = {r["model"]: r["nll"] for r in metrics.to_pylist()
-           if r["split"] == "validation" and r["aggregator"] is not None and r["nll"] is not None}
+    val = {f"ensemble-{a}": v for a, v in ((fit or {}).get("validation_nll") or {}).items()
+           if isinstance(v, (int, float)) and math.isfinite(v)} or {
+        r["model"]: r["nll"] for r in metrics.to_pylist()
+        if r["split"] == "validation" and r["aggregator"] is not None and r["nll"] is not None}
     ens = min(cands, key=lambda r: val.get(r["model"], 0.0 if r["aggregator"] == "mean" else 1.0))
 
     def change(ref: float) -> str:

@@ -112,8 +112,10 @@ def format_table(metrics: pa.Table, fit: dict | None = None, extra=()) -> str:
     lines += ["cov_90/cov_95: share of rows inside the central 90%/95% interval (nominal "
               "0.90/0.95);", "cal_err: mean |p - observed| over quantile levels 0.05..0.95"]
     lines += list(extra)
-    val = {r["aggregator"]: r["nll"] for r in rows
-           if r["split"] == "validation" and r["aggregator"] is not None}
+    # the run's choice (`aggregators.json`, what predict answers with), else the table's own
+    val = (fit or {}).get("validation_nll") or {
+        r["aggregator"]: r["nll"] for r in rows
+        if r["split"] == "validation" and r["aggregator"] is not None}
     sentence = textwrap.fill(verdict([r for r in rows if r["split"] == last], last, val),
                              NAME_WIDTH + len(COLUMNS) * COL)
     return "\n".join(lines + ([sentence] if sentence else []))
