@@ -260,3 +260,35 @@ def test_hints_name_the_command_that_continues_a_search_or_a_failed_run(trained,
     assert line == (f"client of members [1] failed (exit 1): boom; run {failed} marked failed "
                     f"(completed members kept): continue with: ensemble train --resume "
                     f"--run-dir {failed}")
+
+
+def test_hints_quote_column_names_for_the_shell(tmp_path, capsys):
+    """A hint is a command line to copy: `--drop visit date` passed `date` as a stray word.
+    Column names are quoted as the shell needs (`shlex.quote`), and the estimators' wording
+    still turns them into their parameters."""
+    import shlex
+
+    import pandas as pd
+
+    rows = "".join(f"P{i:03d},2020-01-{1 + i % 28:02d},{'?' if i == 4 else i * 1.5},"
+                   f"{'xy'[i % 2]},{i % 2}\n" for i in range(80))
+    data = _write(tmp_path / "visits.csv", "patient id,visit date,dose mg,arm group,target\n"
+                  + rows)
+    assert run_cli("train", "--data", data, "--run-dir", tmp_path / "run", "--quiet") == 2
+    err = capsys.readouterr().err
+
+    def words(after: str, until: str) -> list[str]:
+        return shlex.split(err.split(after, 1)[1].split(until, 1)[0])
+
+    assert words("leave it out with ", " (or [data] drop)") == ["--drop", "visit date"]
+    assert words("one-hot encode every value with ", ";") == ["--categorical",
+                                                              "dose mg,arm group"]
+    assert words("to use it as a feature anyway: ", " (or [data] categorical)") == [
+        "--categorical", "dose mg,arm group,patient id"]
+    from ensemble.sklearn import DeepEnsembleRegressor
+
+    frame = pd.read_csv(data).drop(columns=["target", "dose mg"])
+    frame["visit date"] = pd.to_datetime(frame["visit date"])
+    with pytest.raises(ValueError, match=r"leave it out of X, or convert"):
+        DeepEnsembleRegressor(n_members=1, epochs=1).fit(frame, np.arange(80.0))
+    assert "anyway: categorical=['arm group', 'patient id']" in capsys.readouterr().err

@@ -8,6 +8,7 @@ Each check appends its problem to a list (`problems`) rather than raising, so th
 
 from __future__ import annotations
 
+import shlex
 from typing import Sequence
 
 import numpy as np
@@ -47,7 +48,8 @@ def not_utf8(name: str, col: pa.ChunkedArray, first_row: int) -> str:
 def drop_hint(name: str, expected) -> str:
     """` with --drop NAME (or [data] drop)` when training (`expected` None); at predict, where
     the run's columns decide, ` in the data` (predict has no --drop)."""
-    return f" with --drop {name} (or [data] drop)" if expected is None else " of the data"
+    return (f" with --drop {shlex.quote(name)} (or [data] drop)" if expected is None
+            else " of the data")
 
 
 def select_expected(table: pa.Table, name: str, expected: Sequence[str],
@@ -85,7 +87,7 @@ def categorical_names(table: pa.Table, categorical: str | Sequence[str],
                                 f"{', '.join(map(repr, marks[0]))} (markers of missing "
                                 "values?); expected numbers: make those cells empty (missing, "
                                 "see --impute), or one-hot encode every value with "
-                                f"--categorical {','.join(names)}")
+                                f"--categorical {shlex.quote(','.join(names))}")
             elif marks:
                 first = table.column(name).drop_null()[0].as_py()
                 problems.append(f"column {name!r} holds numbers read as text (such as "

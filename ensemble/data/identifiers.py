@@ -16,6 +16,7 @@ notice.
 
 from __future__ import annotations
 
+import shlex
 from typing import Sequence
 
 import pyarrow as pa
@@ -79,6 +80,6 @@ def split_identifiers(table: pa.Table, name: str, categorical: str | Sequence[st
         use = ",".join([*others, col])
         notice(f"column {col!r} of {name} has {distinct} distinct values in {known} rows (an "
                f"identifier, like a name or a row label): not a feature, carried through to "
-               f"predictions like an id; to use it as a feature anyway: --categorical {use} "
-               f"(or [data] categorical)")
+               f"predictions like an id; to use it as a feature anyway: --categorical "
+               f"{shlex.quote(use)} (or [data] categorical)")
     return table.drop_columns(ids), tuple(ids)

@@ -23,6 +23,7 @@ none, and the scaler's statistics depend on both.
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 
 import numpy as np
@@ -154,7 +155,7 @@ class TableStats:
             if not grouped and many > HIGH_CARDINALITY and many > 0.5 * self.n:
                 notice(f"column {name!r} has {many} distinct values in {self.n} training rows "
                        f"(free text?): one-hot encoded into {many} columns; leave it out with "
-                       f"--drop {name}")
+                       f"--drop {shlex.quote(name)}")
         mean, var = np.concatenate(means), np.concatenate(variances)
         # StandardScaler's constant features (`_is_constant_feature`) keep scale 1
         eps, n = np.finfo(np.float64).eps, max(self.n, 1)

@@ -13,6 +13,7 @@ features it gives `ensemble train`.
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from ensemble.core import notices
 from ensemble.data import sources
 from ensemble.data.preprocessing import Preprocessing
 
+SHELL_WORD = r"(?:'[^']*'|\"[^\"]*\"|[^\s'\"])+"  # a column name as shlex.quote writes it
 NO_TARGET = "\0target"  # a column name no table has: the estimators take y separately
 
 # the CLI's hints, in the estimators' terms (`notices.reworded`): every hint names a parameter
@@ -33,10 +35,10 @@ WORDING = [
      r'the data; a run trained with impute = "median" fills them',
      'the estimator was fitted with impute="error": fill them, or fit it with '
      'impute="median"'),
-    (r'--categorical (\S+) \(or \[data\] categorical\)',
-     lambda m: f"categorical={m.group(1).split(',')!r}"),
-    (r' with --drop \S+ \(or \[data\] drop\)', " of X"),
-    (r'leave it out with --drop \S+', "leave it out of X"),
+    (rf'--categorical ({SHELL_WORD}) \(or \[data\] categorical\)',
+     lambda m: f"categorical={shlex.split(m.group(1))[0].split(',')!r}"),
+    (rf' with --drop {SHELL_WORD} \(or \[data\] drop\)', " of X"),
+    (rf'leave it out with --drop {SHELL_WORD}', "leave it out of X"),
     (r'\[data\] categorical', "categorical="),
     (r', carried through to predictions like an id', ""),
     (re.escape(f" besides {NO_TARGET!r}"), " (every column was left out)"),
