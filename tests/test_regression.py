@@ -442,3 +442,17 @@ def test_verdict_names_the_ensemble_predict_answers_with(runs, tmp_path):
         fit = {"validation_nll": {a: (0.5 if a == best else 1.0) for a in names}}
         text = " ".join(format_table(metrics, fit).split())
         assert f"ensemble (ensemble-{best}, chosen on validation) has predict RMSE" in text
+
+
+def test_evaluate_of_a_wide_regression_file_names_the_regression_columns(runs, tmp_path,
+                                                                          capsys):
+    """A wide predict file is refused with the long layout's columns of the run's task (a
+    regression's y_pred and std, not a classifier's p_<class>)."""
+    out = tmp_path / "wide.parquet"
+    assert run_cli("predict", "--run", runs["in-graph"], "--data", "diabetes", "--out", out,
+                   "--quiet") == 0
+    capsys.readouterr()
+    assert run_cli("evaluate", "--predictions", out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "expected the columns model, split, y_true, y_pred, std" in err[0]
+    assert "p_<class>" not in err[0] and "--layout long" in err[0]

@@ -77,8 +77,9 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
     preds = artifacts.read_parquet(predictions)
     meta = preds.schema.metadata or {}
     if not {"model", "split", "y_true"} <= set(preds.column_names) or b"classes" not in meta:
+        outputs = "y_pred, std" if meta.get(b"classes") == b"[]" else "p_<class>"  # regression
         raise UsageError(f"{predictions} is not a predictions file in the long layout "
-                         "(expected the columns model, split, y_true, p_<class>: write it "
+                         f"(expected the columns model, split, y_true, {outputs}: write it "
                          "with `ensemble predict --layout long`).")
     table = tables.metrics_table(preds, (fit or {}).get("best_member"))
     if table.num_rows == 0:
