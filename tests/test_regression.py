@@ -456,3 +456,21 @@ def test_evaluate_of_a_wide_regression_file_names_the_regression_columns(runs, t
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "expected the columns model, split, y_true, y_pred, std" in err[0]
     assert "p_<class>" not in err[0] and "--layout long" in err[0]
+
+
+def test_table_cells_keep_whole_numbers_of_large_targets():
+    """Prices near 1e6: RMSEs of 556234 and 561234 printed both as `5.6e+05`, in the table and
+    in the verdict ("test RMSE 5.6e+05 against 5.6e+05"). A whole number that fits the cell is
+    now printed rounded to the unit; small values keep 4 significant digits."""
+    from ensemble.tasks.regression.evaluation import COL, COLUMNS, cell, verdict
+
+    assert [cell(v) for v in (556234.4, -561234.6, 12345.6, 5523456.7, 59.355, 0.0001234,
+                              -0.0001234, 5.5e7)] == [
+        "556234", "-561235", "12346", "5523457", "59.35", "0.00012", "-1e-04", "5.5e+07"]
+    assert all(len(cell(v)) < COL for v in (556234.4, -9999999.0, 1e300, -1e-300))
+    base = dict.fromkeys(COLUMNS, 0.5)
+    rows = [{**base, "model": f"member-{i}", "member": i, "aggregator": None, "rmse": r,
+             "nll": 14.7} for i, r in enumerate((561234.6, 563100.2))]
+    rows.append({**base, "model": "ensemble-mean", "member": None, "aggregator": "mean",
+                 "rmse": 556234.4, "nll": 14.6, "best_member": 0})
+    assert "test RMSE 556234 against 562167 for the mean member" in verdict(rows, "test")

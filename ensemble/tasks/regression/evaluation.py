@@ -19,10 +19,13 @@ GAIN_COLUMNS = ("rmse", "nll", "crps")
 
 
 def cell(value: float | None) -> str:
-    """`value` in at most 7 characters (4 significant digits); `n/a` for None."""
+    """`value` in at most 7 characters (4 significant digits; a whole number of up to 7
+    characters, such as an RMSE of prices, `556234`, rounded to the unit rather than to 2
+    significant digits); `n/a` for None."""
     if value is None:
         return "n/a"
-    for fmt in (".4g", ".3g", ".2g"):
+    whole = (".0f",) if abs(value) >= 1e4 else ()  # where .4g turns to an exponent
+    for fmt in (".4g", *whole, ".3g", ".2g"):
         text = f"{value:{fmt}}"
         if len(text) < COL:
             return text
