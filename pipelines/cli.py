@@ -153,7 +153,10 @@ def _check_input_early(args) -> None:
     except (UsageError, OSError):
         return
     target = args.target or manifest.dataset.target_or("target")
-    kinds.input_stream(pre, args.data, target, args.strict_columns, args.batch_size).check()
+    stream = kinds.input_stream(pre, args.data, target, args.strict_columns, args.batch_size)
+    if args.target:  # named explicitly: not optional
+        stream.check_target()
+    stream.check()
 
 
 def cmd_predict(args) -> int:

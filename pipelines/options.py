@@ -128,7 +128,8 @@ def _predict(p) -> None:
          help="built-in data set name, a .csv/.parquet file or folder of them (columns "
               "matched by name), a .npz file, or a folder of images")
     _add(p, "--target", metavar="COL",
-         help="label column, used for y_true when present (default: the run's)")
+         help="label column for y_true, which the input must then hold (default: the "
+              "run's, used when present)")
     _add(p, "--out", required=True, metavar="FILE.parquet|FILE.csv",
          help="where the predictions go (Parquet, or CSV by the name's ending)")
     _add(p, "--layout", choices=("wide", "long"), default="wide",

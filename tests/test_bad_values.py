@@ -292,3 +292,28 @@ def test_hints_quote_column_names_for_the_shell(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"leave it out of X, or convert"):
         DeepEnsembleRegressor(n_members=1, epochs=1).fit(frame, np.arange(80.0))
     assert "anyway: categorical=['arm group', 'patient id']" in capsys.readouterr().err
+
+
+def test_a_target_named_at_predict_must_be_in_the_input(trained, tmp_path, capsys):
+    """`predict --target COL` with a misspelt COL gave a file with y_true empty and no word of
+    it. A target named explicitly is now refused when the input lacks it (closest column
+    named); the run's own target stays optional."""
+    import pyarrow.parquet as pq
+
+    from sklearn.datasets import load_digits
+
+    table = pcsv.read_csv(_digits_csv(tmp_path / "x.csv", n=20))
+    data = tmp_path / "in.csv"  # labelled: column `target`
+    pcsv.write_csv(table.append_column("target", pa.array(load_digits().target[:20])), data)
+    out = tmp_path / "p.parquet"
+    assert run_cli("predict", "--run", trained, "--data", data, "--target", "targte",
+                   "--out", out, "--quiet") == 2
+    _one_line(capsys, "Target column 'targte' (--target) not found in", "did you mean 'target'")
+    assert not out.exists()
+    assert run_cli("predict", "--run", trained, "--data", data, "--target", "target",
+                   "--out", out, "--quiet") == 0
+    assert pq.read_table(out).column("y_true").null_count == 0
+    bare = tmp_path / "bare.parquet"
+    pq.write_table(pcsv.read_csv(data).drop_columns(["target"]), bare)
+    assert run_cli("predict", "--run", trained, "--data", bare, "--out", out, "--quiet") == 0
+    assert pq.read_table(out).column("y_true").null_count == 20

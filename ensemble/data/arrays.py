@@ -202,6 +202,9 @@ class ArrayStream:
     def n_rows(self) -> int | None:
         return len(self._files) if self._files is not None else None
 
+    def check_target(self) -> None:
+        """`InputStream.check_target`: an array's labels are its `y`, no column to check."""
+
     def _load(self, files=None) -> ArrayData:
         if files is None:
             if self._whole is None:

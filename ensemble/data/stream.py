@@ -132,6 +132,20 @@ class InputStream:
             return None
         return self._dataset.count_rows()
 
+    def check_target(self) -> None:
+        """Refuse a target column the input lacks, for a `--target` given explicitly (the
+        run's own target stays optional: new rows seldom have labels). Built-in sets pass.
+
+        Raises:
+            UsageError: the column is not in the input (names the closest one).
+        """
+        names = self._dataset.schema.names if self._dataset is not None else [self.target]
+        if self.target not in names:
+            raise UsageError(f"Target column {self.target!r} (--target) not found in "
+                             f"{self.source}{messages.did_you_mean(self.target, names)}; "
+                             "expected a column of the input, or no --target for rows "
+                             "without labels")
+
     def labels_used(self) -> bool:
         """Whether the input's labels fill `y` (`y_true`): decided once for the whole input,
         when the target column is present with no label missing in any row (one pass over

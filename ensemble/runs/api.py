@@ -319,8 +319,8 @@ class Run:
                 being `record.dataset.input_shape` (images `[height, width, channels]` of
                 raw pixels). Any run: a path as `ensemble predict --data` takes it (a table
                 file, an `.npz` file, an image folder). See `ensemble.runs.api_inputs`.
-            target: label column of `data`, used for `y_true` when present (default: the
-                run's target).
+            target: label column of `data` for `y_true`, which `data` must then hold
+                (default: the run's target, used when present).
             layout: `wide` (`ensemble predict`'s default: one row per input, the input's
                 non-feature columns such as an id first, then the first aggregator's
                 prediction and probabilities or mean/std) or `long` (one row per model and

@@ -68,8 +68,11 @@ def open_input(request: PredictRequest):
     r = request
     manifest, pre = open_run(r.run_dir, r.trust_builder)
     target = r.target or manifest.dataset.target_or("target")
-    return manifest, pre, kinds.input_stream(pre, r.source, target, r.strict_columns,
-                                             r.batch_size or DEFAULT_BATCH_ROWS)
+    stream = kinds.input_stream(pre, r.source, target, r.strict_columns,
+                                r.batch_size or DEFAULT_BATCH_ROWS)
+    if r.target:  # named explicitly: not optional
+        stream.check_target()
+    return manifest, pre, stream
 
 
 def check_out(out: Path) -> Path:
