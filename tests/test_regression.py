@@ -474,3 +474,26 @@ def test_table_cells_keep_whole_numbers_of_large_targets():
     rows.append({**base, "model": "ensemble-mean", "member": None, "aggregator": "mean",
                  "rmse": 556234.4, "nll": 14.6, "best_member": 0})
     assert "test RMSE 556234 against 562167 for the mean member" in verdict(rows, "test")
+
+
+def test_best_member_is_never_chosen_on_the_split_it_is_scored_on(runs, tmp_path):
+    """A predict file without the run has no validation split: the best member was picked on
+    the very rows it was then scored on (an optimistic "gain vs best member"). It is now
+    left out, as for classification; the run's `aggregators.json` still names it."""
+    from ensemble.tasks import tables
+    from ensemble.tasks.registry import format_table
+
+    run, out = runs["in-graph"], tmp_path / "long.parquet"
+    assert run_cli("predict", "--run", run, "--data", "diabetes", "--layout", "long",
+                   "--out", out, "--quiet") == 0
+    rows = tables.metrics_table(pq.read_table(out), None).to_pylist()
+    ens = [r for r in rows if r["aggregator"] is not None]
+    assert ens and all(r["best_member"] is None and r["gain_vs_best_rmse"] is None
+                       for r in ens)
+    assert "best member" not in format_table(tables.metrics_table(pq.read_table(out), None))
+    best = json.loads((run / "aggregators.json").read_text())["best_member"]
+    rows = tables.metrics_table(pq.read_table(out), best).to_pylist()
+    member = next(r for r in rows if r["member"] == best)
+    for r in (r for r in rows if r["aggregator"] is not None):
+        assert r["best_member"] == best
+        assert r["gain_vs_best_rmse"] == pytest.approx(member["rmse"] - r["rmse"])

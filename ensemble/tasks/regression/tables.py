@@ -207,7 +207,7 @@ def _gains(rows: list[dict], out: list[dict], best_member: int | None) -> None:
     val = [r for r in out if r["member"] is not None and r["split"] == "validation"]
     best = best_member if best_member in members else (
         min(val, key=_key)["member"] if val else None)
-    best = best if best in members else min(members.values(), key=_key)["member"]
+    best = best if best in members else None  # never chosen on the split it is scored on
     for r in rows:
         if r["aggregator"] is None:
             continue
@@ -216,7 +216,7 @@ def _gains(rows: list[dict], out: list[dict], best_member: int | None) -> None:
             values = [x[m] for x in members.values()]
             mean = None if any(v is None for v in values) else float(np.mean(values))
             r[f"gain_vs_mean_{m}"] = gain(r[m], mean, m)
-            r[f"gain_vs_best_{m}"] = gain(r[m], members[best][m], m)
+            r[f"gain_vs_best_{m}"] = gain(r[m], None if best is None else members[best][m], m)
 
 
 def ensemble_size_table(member_outputs: dict[str, np.ndarray], y: dict[str, np.ndarray],
