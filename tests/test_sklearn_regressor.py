@@ -67,3 +67,18 @@ def test_fitted_aggregator_needs_validation_data(diabetes):
         DeepEnsembleRegressor(aggregator="greedy", epochs=1).fit(x, y)
     with pytest.raises(ValueError, match="aggregator"):
         DeepEnsembleRegressor(aggregator="vote", epochs=1).fit(x, y)
+
+
+def test_evaluating_a_saved_estimator_names_the_way_to_evaluate_it(diabetes, tmp_path, capsys):
+    """A saved estimator has no predictions of its own (every row trained): `evaluate --run`
+    said "Artifact missing: .../predictions.parquet"; it now names the predict command
+    whose output evaluates it."""
+    from conftest import run_cli
+
+    x, y, _, _ = diabetes
+    DeepEnsembleRegressor(n_members=1, hidden=(4,), epochs=1).fit(x, y).save(tmp_path / "r")
+    capsys.readouterr()
+    assert run_cli("evaluate", "--run", tmp_path / "r") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has no predictions of its own" in err[0], err
+    assert "--target COL --layout long --out P.parquet" in err[0]

@@ -64,6 +64,11 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
         if run_dir is None:
             raise UsageError("Expected --run PATH or --predictions FILE.parquet.")
         prepare.require_completed(run_dir, manifest)
+        if artifacts.PREDICTIONS not in artifacts.recorded_hashes(manifest):  # an estimator's
+            raise UsageError(  # save: every row trained, no validation or test split
+                f"Run {run_dir} has no predictions of its own (a run saved by an estimator "
+                "has no test split); expected --predictions P.parquet of `ensemble predict "
+                f"--run {run_dir} --data SOURCE --target COL --layout long --out P.parquet`.")
         predictions = artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS)
         out = run_dir / artifacts.METRICS
     else:
