@@ -476,6 +476,20 @@ def test_table_cells_keep_whole_numbers_of_large_targets():
     assert "test RMSE 556234 against 562167 for the mean member" in verdict(rows, "test")
 
 
+def test_verdict_of_point_members_does_not_mention_nll():
+    """Point members (`loss = "mse"`) have no NLL: the verdict ended "(NLL in nats per row,
+    target units)" after a sentence without any NLL."""
+    from ensemble.tasks.regression.evaluation import COLUMNS, verdict
+
+    base = dict.fromkeys(COLUMNS, 0.5)
+    rows = [{**base, "model": f"member-{i}", "member": i, "aggregator": None, "rmse": r,
+             "nll": None} for i, r in enumerate((340.1, 344.7))]
+    rows.append({**base, "model": "ensemble-mean", "member": None, "aggregator": "mean",
+                 "rmse": 337.9, "nll": 1742.0, "best_member": 0})
+    assert verdict(rows, "test") == ("The 2-member ensemble (ensemble-mean) has test RMSE "
+                                     "337.9 against 342.4 for the mean member (target units).")
+
+
 def test_best_member_is_never_chosen_on_the_split_it_is_scored_on(runs, tmp_path):
     """A predict file without the run has no validation split: the best member was picked on
     the very rows it was then scored on (an optimistic "gain vs best member"). It is now

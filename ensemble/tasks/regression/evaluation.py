@@ -92,8 +92,9 @@ def verdict(rows: list[dict], split: str, validation_nll: dict | None = None) ->
             + f") has {split} RMSE {cell(e['rmse'])}")
     if mean["rmse"]:
         text += f" against {cell(mean['rmse'])} for the mean member"
-    if e["nll"] is not None and mean["nll"] is not None:
-        text += f", and NLL {cell(e['nll'])} against {cell(mean['nll'])}"
+    if e["nll"] is None or mean["nll"] is None:  # point members (`loss = "mse"`): no NLL
+        return text + " (target units)."
+    text += f", and NLL {cell(e['nll'])} against {cell(mean['nll'])}"
     return text + " (NLL in nats per row, target units)."
 
 
