@@ -125,13 +125,15 @@ def _dataset(est, X, pre: Preprocessing | None) -> sources.Dataset:
 def check_input(est, X, y=None, reset: bool = True) -> tuple[Any, Any]:
     """scikit-learn's checks of a table input (row count, `n_features_in_`,
     `feature_names_in_`) without converting it to numbers; returns `(X, y)` with `y` as a
-    1-D array."""
-    from sklearn.utils.validation import column_or_1d, validate_data
+    1-D array, checked as `validate_data` checks it on the array path (at least one row, no
+    NaN, inf or None)."""
+    from sklearn.utils.validation import check_array, column_or_1d, validate_data
 
     validate_data(est, X, reset=reset, skip_check_array=True)
     if y is None:
         return X, None
-    y = column_or_1d(y, warn=True)
+    y = check_array(column_or_1d(y, warn=True), ensure_2d=False, dtype=None,
+                    input_name="y", estimator=est)
     if len(y) != len(X):
         raise ValueError(f"Found input variables with inconsistent numbers of samples: "
                          f"[{len(X)}, {len(y)}]")

@@ -1,0 +1,35 @@
+"""The estimators on pandas DataFrames as a notebook passes them (text columns, so the table
+path of `ensemble.runs.estimator_tables`): the targets and rows it refuses as scikit-learn's
+array path refuses them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ensemble.sklearn import DeepEnsembleClassifier, DeepEnsembleRegressor
+
+TINY = dict(n_members=2, hidden=(4,), epochs=1, random_state=0)
+
+
+@pytest.fixture
+def frame():
+    rng = np.random.default_rng(0)
+    return pd.DataFrame({"size": rng.normal(size=12), "colour": ["red", "blue"] * 6})
+
+
+@pytest.mark.parametrize("est, y", [
+    (DeepEnsembleClassifier(**TINY), pd.Series(["yes", "no", np.nan] * 4)),
+    (DeepEnsembleRegressor(**TINY), pd.Series([1.5, np.nan, 2.0] * 4)),
+    (DeepEnsembleRegressor(**TINY), pd.Series([1.5, np.inf, 2.0] * 4)),
+])
+def test_missing_targets_are_refused(frame, est, y):
+    with pytest.raises(ValueError, match="Input (y )?contains (NaN|infinity)"):
+        est.fit(frame, y)
+    assert not hasattr(est, "member_weights_")
+
+
+def test_no_rows_are_refused_as_on_the_array_path(frame):
+    with pytest.raises(ValueError, match=r"0 sample\(s\).*minimum of 1"):
+        DeepEnsembleClassifier(**TINY).fit(frame.head(0), pd.Series([], dtype=object))
