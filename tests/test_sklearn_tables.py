@@ -1,6 +1,6 @@
 """The estimators on pandas DataFrames as a notebook passes them (text columns, so the table
 path of `ensemble.runs.estimator_tables`): the targets and rows it refuses as scikit-learn's
-array path refuses them."""
+array path refuses them; a regressor's validation targets, refused the same on either path."""
 
 from __future__ import annotations
 
@@ -33,3 +33,11 @@ def test_missing_targets_are_refused(frame, est, y):
 def test_no_rows_are_refused_as_on_the_array_path(frame):
     with pytest.raises(ValueError, match=r"0 sample\(s\).*minimum of 1"):
         DeepEnsembleClassifier(**TINY).fit(frame.head(0), pd.Series([], dtype=object))
+
+
+@pytest.mark.parametrize("table", [True, False])
+def test_missing_validation_targets_of_a_regressor_are_refused(frame, table):
+    x = frame if table else frame[["size"]]
+    y_val = np.r_[np.nan, np.ones(11)]
+    with pytest.raises(ValueError, match="Input y_val contains NaN"):
+        DeepEnsembleRegressor(**TINY).fit(x, np.arange(12.0), validation_data=(x, y_val))

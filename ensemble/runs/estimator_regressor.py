@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 from sklearn.base import RegressorMixin
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from ensemble.tasks.regression.aggregators import AGGREGATORS, FITTED
 from ensemble.tasks.regression.task import Regression
@@ -115,7 +115,8 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
                 x_val, _ = estimator_tables.check_input(self, x_val, reset=False)
             else:
                 x_val = validate_data(self, x_val, reset=False, dtype=[np.float64, np.float32])
-            y_val = np.asarray(y_val, np.float64)
+            y_val = check_array(y_val, ensure_2d=False, dtype=np.float64, input_name="y_val",
+                                estimator=self)  # NaN, inf refused (as y's)
             if y_val.shape != (len(x_val),):
                 raise ValueError(f"Expected y_val of shape ({len(x_val)},). Received: "
                                  f"shape {y_val.shape}")
