@@ -41,3 +41,14 @@ def test_missing_validation_targets_of_a_regressor_are_refused(frame, table):
     y_val = np.r_[np.nan, np.ones(11)]
     with pytest.raises(ValueError, match="Input y_val contains NaN"):
         DeepEnsembleRegressor(**TINY).fit(x, np.arange(12.0), validation_data=(x, y_val))
+
+
+@pytest.mark.parametrize("param, value", [
+    ("impute", "mean"), ("impute", None), ("categorical", "colour"), ("categorical", None)])
+@pytest.mark.parametrize("table", [True, False])
+def test_table_parameters_take_the_config_values_only(frame, param, value, table):
+    x = frame.assign(size=np.r_[np.nan, frame["size"][1:]]) if table else frame[["size"]]
+    est = DeepEnsembleClassifier(**TINY, **{param: value})
+    with pytest.raises(ValueError, match=rf"Expected `{param}` to be .*"
+                                         rf"Received: {param}={value!r}$"):
+        est.fit(x, ["a", "b"] * 6)

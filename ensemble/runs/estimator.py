@@ -31,6 +31,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ensemble.config import auto
+from ensemble.config.checks import CATEGORICAL, IMPUTE
 from ensemble.models import builders
 from ensemble.config import schema
 from ensemble.runs import fit_arrays
@@ -138,6 +139,7 @@ class DeepEnsembleBase(BaseEstimator):
         if not isinstance(self.aggregator, str):
             raise ValueError(f"Expected `aggregator` to be one aggregator name. "
                              f"Received: aggregator={self.aggregator!r}")
+        self._check_table_params()
         hidden = self.hidden if isinstance(self.hidden, (tuple, list, np.ndarray)) \
             else [self.hidden]
         table = {"members": {"count": _plain(self.n_members), "hidden": _plain(hidden),
@@ -155,6 +157,18 @@ class DeepEnsembleBase(BaseEstimator):
                 ends = "" if key.endswith(".") else r"(?=[`=\[])"
                 text = re.sub(re.escape(key) + ends, param, text)
             raise ValueError(text) from None
+
+    def _check_table_params(self) -> None:
+        """`impute` and `categorical` take the values of `[data] impute` / `categorical`
+        (checked at every fit: an array without missing values never reaches the imputer)."""
+        if not isinstance(self.impute, str) or self.impute not in IMPUTE:
+            raise ValueError(f"Expected `impute` to be one of {', '.join(map(repr, IMPUTE))}. "
+                             f"Received: impute={self.impute!r}")
+        cat = self.categorical
+        if isinstance(cat, str) and cat not in CATEGORICAL or not isinstance(
+                cat, (str, list, tuple, np.ndarray)):
+            raise ValueError(f"Expected `categorical` to be {' or '.join(map(repr, CATEGORICAL))}"
+                             f" or a list of column names. Received: categorical={cat!r}")
 
     def _fit_members(self, cfg, X, labels, y_train, val, table: bool) -> None:
         """Prepare `X` as `ensemble train` prepares its input (a DataFrame as a table,
