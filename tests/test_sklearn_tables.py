@@ -52,3 +52,19 @@ def test_table_parameters_take_the_config_values_only(frame, param, value, table
     with pytest.raises(ValueError, match=rf"Expected `{param}` to be .*"
                                          rf"Received: {param}={value!r}$"):
         est.fit(x, ["a", "b"] * 6)
+
+
+def test_rows_without_the_fitted_names_are_read_by_position(frame):
+    y = ["a", "b", "b"] * 4
+    named = DeepEnsembleClassifier(**TINY).fit(frame, y)
+    expected = named.predict_proba(frame)
+    with pytest.warns(UserWarning, match="does not have valid feature names"):
+        np.testing.assert_array_equal(named.predict_proba(frame.to_numpy()), expected)
+    unnamed = DeepEnsembleClassifier(**TINY).fit(frame.to_numpy(), y)
+    np.testing.assert_array_equal(unnamed.predict_proba(frame.to_numpy()), expected)
+    with pytest.warns(UserWarning, match="fitted without feature names"):
+        np.testing.assert_array_equal(unnamed.predict_proba(frame), expected)
+    numbered = frame.set_axis([0, 1], axis=1)  # names scikit-learn does not compare
+    by_number = DeepEnsembleClassifier(**TINY).fit(numbered, y)
+    np.testing.assert_array_equal(by_number.predict_proba(numbered[[1, 0]]), expected)
+    np.testing.assert_array_equal(by_number.predict_proba(frame.to_numpy()), expected)

@@ -87,22 +87,34 @@ def wants_table(est, X) -> bool:
     return getattr(est, "impute", "error") != "error" and _has_missing(X)
 
 
-def _frame(est, X):
-    """`X` as a pandas DataFrame with string column names (`x0`, ... for arrays)."""
+def _frame(est, X, fitted: bool = False):
+    """`X` as a pandas DataFrame with string column names (`x0`, ... for arrays).
+
+    New rows for a fitted estimator (`fitted`) take the fitted columns' names by position
+    unless they are a DataFrame of those very columns: as scikit-learn reads an array passed
+    to an estimator fitted on a DataFrame, or a DataFrame passed to one fitted on an array
+    (`validate_data` warns, and has checked the column count)."""
     import pandas as pd
 
     if isinstance(X, pd.DataFrame):
-        return X.rename(columns=str)
-    x = np.asarray(X, dtype=object)
-    if x.ndim != 2:
-        raise ValueError(f"Expected a 2D table [n_rows, n_columns]. Received: shape {x.shape}")
-    return pd.DataFrame(x, columns=[f"x{i}" for i in range(x.shape[1])])
+        frame = X.rename(columns=str)
+    else:
+        x = np.asarray(X, dtype=object)
+        if x.ndim != 2:
+            raise ValueError(f"Expected a 2D table [n_rows, n_columns]. Received: shape {x.shape}")
+        frame = pd.DataFrame(x, columns=[f"x{i}" for i in range(x.shape[1])])
+    columns = getattr(est, "_fit_columns", None) if fitted else None  # None: a loaded run's
+    if columns is not None and set(frame.columns) != set(columns):
+        frame.columns = list(columns)
+    return frame
 
 
 def _dataset(est, X, pre: Preprocessing | None) -> sources.Dataset:
     import pandas as pd
 
-    frame = _frame(est, X)
+    frame = _frame(est, X, fitted=pre is not None)
+    if pre is None:  # the fitted columns, in order (new rows without their names: by position)
+        est._fit_columns = tuple(frame.columns)
     for name in frame.columns:  # object columns: numbers when they all are, else text
         if frame[name].dtype == object:
             values = frame[name]
