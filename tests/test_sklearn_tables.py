@@ -68,3 +68,21 @@ def test_rows_without_the_fitted_names_are_read_by_position(frame):
     by_number = DeepEnsembleClassifier(**TINY).fit(numbered, y)
     np.testing.assert_array_equal(by_number.predict_proba(numbered[[1, 0]]), expected)
     np.testing.assert_array_equal(by_number.predict_proba(frame.to_numpy()), expected)
+
+
+def test_hints_name_columns_with_spaces_in_the_estimators_terms(capsys):
+    n = 60
+    x = pd.DataFrame({"sepal length (cm)": np.arange(n) * 3.0, "flower colour": ["x", "y"] * 30,
+                      "plant name": [f"p{i}" for i in range(n)]})
+    DeepEnsembleClassifier(**TINY).fit(x, [0, 1, 1] * 20)
+    err = capsys.readouterr().err
+    assert "anyway: categorical=['flower colour', 'plant name']\n" in err
+    assert "an id?): it is used as a feature; leave it out of X\n" in err
+    dates = x.assign(**{"visit date": pd.date_range("2020", periods=n)})
+    with pytest.raises(ValueError, match=r"leave it out of X, or convert it") as exc:
+        DeepEnsembleClassifier(**TINY).fit(dates, [0, 1] * 30)
+    marked = x.assign(**{"blood pressure": ["?"] + ["80"] * (n - 1)})
+    hint = r"see impute=\), or one-hot encode every value with categorical=\['flower colour', "
+    with pytest.raises(ValueError, match=hint + r"'blood pressure'\]\.$") as exc2:
+        DeepEnsembleClassifier(**TINY).fit(marked, [0, 1] * 30)
+    assert "--" not in str(exc.value) + str(exc2.value) + err

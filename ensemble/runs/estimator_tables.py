@@ -36,13 +36,22 @@ WORDING = [
      'the estimator was fitted with impute="error": fill them, or fit it with '
      'impute="median"'),
     (rf'--categorical ({SHELL_WORD}) \(or \[data\] categorical\)',
-     lambda m: f"categorical={shlex.split(m.group(1))[0].split(',')!r}"),
+     lambda m: f"categorical={_names(m.group(1))!r}"),
+    (rf'with --categorical ({SHELL_WORD}?)(?=\.?(?:; | |$))',  # a sentence's "." is not a name's
+     lambda m: f"with categorical={_names(m.group(1))!r}"),
+    (r'see --impute', 'see impute='),
     (rf' with --drop {SHELL_WORD} \(or \[data\] drop\)', " of X"),
     (rf'leave it out with --drop {SHELL_WORD}', "leave it out of X"),
     (r'\[data\] categorical', "categorical="),
     (r', carried through to predictions like an id', ""),
     (re.escape(f" besides {NO_TARGET!r}"), " (every column was left out)"),
 ]
+
+
+def _names(word: str) -> list[str]:
+    """The column names of a `--categorical` value as a hint writes it (one shell word,
+    `shlex.quote`d when a name holds a space: `'dose mg,arm group'`)."""
+    return shlex.split(word)[0].split(",")
 
 
 def _has_missing(X) -> bool:
