@@ -341,8 +341,10 @@ def source_sha256(spec: str) -> str | None:
     """sha256 of the file builder `spec` names (`path/file.py`, or the module of
     `package.module:function`: the file importing it runs, the one `runs.preflight` verifies
     before a run is used); else of the file that defines it; None for a built-in or when the
-    source cannot be found."""
-    if spec in BUILTINS:
+    source cannot be found. None for a process-local function (`<local>:`): no file is ever
+    imported for it, so none is verified (`builder_files.check_builder` would refuse the run as
+    missing its file)."""
+    if spec in BUILTINS or not importable(spec):
         return None
     named = builder_file(spec)
     if named is not None:
