@@ -16,7 +16,7 @@ import hashlib
 import json
 import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, ClassVar
 
 from ensemble.config import bounds, values
@@ -241,6 +241,31 @@ def _resolve_builders(table: dict[str, Any], base: Path | None) -> None:
             over["builder"] = builders.absolute(over["builder"], base)
 
 
+def _plain(value: Any, key: str) -> Any:
+    """A copy of config `value` in TOML's types, as a notebook's tables hold them: a path
+    (`pathlib`) as its string, numpy scalars as Python numbers, tuples and arrays as lists.
+
+    Raises:
+        UsageError: any other object (a DataFrame as `data.source`), naming its key.
+    """
+    import numpy as np
+
+    if isinstance(value, dict):
+        return {str(k): _plain(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_plain(v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    hint = " (a DataFrame: write it to a file, frame.to_csv(path), and pass the path)" \
+        if hasattr(value, "to_csv") else ""
+    raise UsageError(f"Expected `{key}` to be a number, string, boolean, list or table. "
+                     f"Received: {key} of type {type(value).__name__}{hint}")
+
+
 def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
          base: dict[str, Any] | None = None) -> Config:
     """Read a TOML config and apply dotted-key overrides.
@@ -254,11 +279,7 @@ def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None
     Raises:
         UsageError: missing or unparsable file, unknown key, wrong type or value.
     """
-    try:
-        table: dict[str, Any] = json.loads(json.dumps(base)) if base else {}
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"Expected config tables of plain values (numbers, strings, lists, "
-                         f"tables). Received: {str(exc)[:200]}") from None
+    table: dict[str, Any] = _plain(base, "") if base else {}
     try:
         if path is not None:
             path = Path(path)
@@ -291,7 +312,7 @@ def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None
                 where = ".".join(parents[:i + 1])
                 raise UsageError(f"Expected `{where}` to be a table to set `{dotted}` in. "
                                  f"Received: {where}={node!r}")
-        node[leaf] = value
+        node[leaf] = _plain(value, dotted)
     if isinstance((overrides or {}).get("model.builder"), str) and overrides["model.builder"]:
         # --model: relative to the working directory
         model = table["model"]
