@@ -362,7 +362,8 @@ class Run:
 
         Returns:
             pandas DataFrame: `ood.parquet` (model, member, aggregator, score, auroc, aupr,
-            n_in, n_out, in_split, ood_source, ood_sha256).
+            n_in, n_out, in_split, ood_source, ood_sha256), with its Parquet dtypes as
+            `metrics` (`member` nullable `Int32`).
 
         Raises:
             UsageError: a run that is not completed, or data it cannot read.
@@ -370,10 +371,10 @@ class Run:
         from ensemble.runs.evaluate_ood import evaluate_ood
 
         if isinstance(data, (str, Path)):
-            return evaluate_ood(self.path, str(data), plots)[0].to_pandas()
+            return to_pandas(evaluate_ood(self.path, str(data), plots)[0])
         with as_source(self, data) as (src, label):
-            return evaluate_ood(self.path, src, plots, label=f"{label.removeprefix('the ')} "
-                                f"({len(data)} rows)")[0].to_pandas()
+            named = f"{label.removeprefix('the ')} ({len(data)} rows)"
+            return to_pandas(evaluate_ood(self.path, src, plots, label=named)[0])
 
     def evaluate_shift(self, plots: bool = False):
         """Dataset shift (`ensemble evaluate --shift`): the test split under every corruption
@@ -381,8 +382,9 @@ class Run:
 
         Returns:
             pandas DataFrame: `shift.parquet` (model, member, aggregator, corruption,
-            severity, n, accuracy, nll, brier, ece, rmse, coverage_90).
+            severity, n, accuracy, nll, brier, ece, rmse, coverage_90), with its Parquet dtypes
+            as `metrics`.
         """
         from ensemble.runs.evaluate_ood import evaluate_shift
 
-        return evaluate_shift(self.path, plots)[0].to_pandas()
+        return to_pandas(evaluate_shift(self.path, plots)[0])

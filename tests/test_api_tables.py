@@ -1,0 +1,22 @@
+"""`Run`'s tables as pandas DataFrames with their Parquet dtypes, every method alike:
+`metrics`, `evaluate_ood` and `evaluate_shift` give `member` as nullable `Int32` (ensemble
+rows hold none), not float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+import ensemble
+
+
+def test_member_is_a_nullable_integer_in_every_table(trained, tmp_path):
+    run = ensemble.load_run(trained)
+    noise = np.random.default_rng(0).uniform(0, 16, (30, len(run.feature_names)))
+    pd.DataFrame(noise, columns=run.feature_names).to_csv(tmp_path / "noise.csv", index=False)
+    tables = {"metrics": run.metrics, "ood": run.evaluate_ood(noise),
+              "ood of a path": run.evaluate_ood(tmp_path / "noise.csv"),
+              "shift": run.evaluate_shift()}
+    for name, table in tables.items():
+        assert table["member"].dtype == pd.Int32Dtype(), name
+        assert table["member"].isna().any() and table["member"].max() == 1, name
