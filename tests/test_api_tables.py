@@ -1,6 +1,6 @@
 """`Run`'s tables as pandas DataFrames with their Parquet dtypes, every method alike:
-`metrics`, `evaluate_ood` and `evaluate_shift` give `member` as nullable `Int32` (ensemble
-rows hold none), not float64."""
+`metrics`, `evaluate_ood`, `evaluate_shift` and the estimators' `ood_detection` give `member`
+as nullable `Int32` (ensemble rows hold none), not float64."""
 
 from __future__ import annotations
 
@@ -20,3 +20,15 @@ def test_member_is_a_nullable_integer_in_every_table(trained, tmp_path):
     for name, table in tables.items():
         assert table["member"].dtype == pd.Int32Dtype(), name
         assert table["member"].isna().any() and table["member"].max() == 1, name
+
+
+def test_the_estimators_ood_table_has_the_same_dtypes():
+    from ensemble.sklearn import DeepEnsembleClassifier, DeepEnsembleRegressor
+
+    x = np.random.default_rng(0).normal(size=(24, 3))
+    far = x * 4 + 10
+    for est, y in ((DeepEnsembleClassifier, x[:, 0] > 0), (DeepEnsembleRegressor, x[:, 0])):
+        table = est(n_members=2, hidden=(4,), epochs=1, random_state=0).fit(x, y) \
+            .ood_detection(x, far)
+        assert table["member"].dtype == pd.Int32Dtype(), est.__name__
+        assert table["n_in"].dtype == np.int64 and table["member"].isna().any()

@@ -378,9 +378,10 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
         class) for every member and the aggregator, by each uncertainty score of
         `ensemble.tasks.ood` (max probability, entropy, mutual information): `run.evaluate_ood`'s
         table as a pandas DataFrame."""
+        from ensemble.runs.api import to_pandas
         from ensemble.tasks.ood import estimator_table
 
-        return estimator_table(self, X_in, X_out, regression=False).to_pandas()
+        return to_pandas(estimator_table(self, X_in, X_out, regression=False))
 
     def save(self, path, overwrite: bool = False) -> Path:
         """Write the fitted ensemble as a run directory (manifest, `members/member-<i>.keras`,

@@ -158,9 +158,10 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
         class) for every member and the aggregator, by each uncertainty score of
         `ensemble.tasks.ood` (predictive std, epistemic std): `run.evaluate_ood`'s table as a
         pandas DataFrame."""
+        from ensemble.runs.api import to_pandas
         from ensemble.tasks.ood import estimator_table
 
-        return estimator_table(self, X_in, X_out, regression=True).to_pandas()
+        return to_pandas(estimator_table(self, X_in, X_out, regression=True))
 
     def save(self, path, overwrite: bool = False) -> Path:
         """Write the fitted ensemble as a run directory (see `DeepEnsembleClassifier.save`);
