@@ -231,9 +231,16 @@ class DeepEnsembleBase(BaseEstimator):
         for key in [k for k in params if k.startswith(ROUTED) and k != ROUTED]:
             setattr(self, key, params.pop(key))
         known = set(super().get_params(deep=True))
-        self._unexpected = [k for k in params if k not in known and "__" not in k]
-        return super().set_params(**{k: v for k, v in params.items()
-                                     if k not in self._unexpected})
+        unexpected = [k for k in params if k not in known and "__" not in k]
+        self._unexpected = [*getattr(self, "_unexpected", []), *unexpected]  # never applied
+        return super().set_params(**{k: v for k, v in params.items() if k not in unexpected})
+
+    def __sklearn_clone__(self):
+        """scikit-learn's `clone`, keeping the unexpected keywords `fit` refuses: a misspelt
+        parameter is not dropped silently by cross-validation or a grid search."""
+        new = super().__sklearn_clone__()
+        new._unexpected = list(getattr(self, "_unexpected", []))
+        return new
 
 
 class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):

@@ -1,0 +1,38 @@
+"""The estimators' parameters through scikit-learn's model selection: a keyword `fit` refuses
+(a misspelt parameter) stays refused in every clone, so cross-validation and grid search do not
+train with the default in its place."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.model_selection import GridSearchCV, cross_val_score
+
+from ensemble.sklearn import DeepEnsembleClassifier, DeepEnsembleRegressor
+
+TINY = dict(n_members=2, hidden=(4,), epochs=1, random_state=0)
+X = np.random.default_rng(0).normal(size=(20, 2))
+Y = (X[:, 0] > 0).astype(int)
+REFUSED = r"unexpected keyword argument 'n_member'"
+
+
+@pytest.mark.parametrize("make", [
+    lambda: DeepEnsembleClassifier(**TINY, n_member=3),
+    lambda: DeepEnsembleClassifier(**TINY).set_params(n_member=3),
+    lambda: DeepEnsembleClassifier(**TINY).set_params(n_member=3).set_params(epochs=1),
+    lambda: DeepEnsembleRegressor(**TINY, n_member=3),
+])
+def test_a_misspelt_parameter_is_refused_by_every_fit(make):
+    est = make()
+    for fit in (lambda: est.fit(X, Y), lambda: clone(est).fit(X, Y),
+                lambda: cross_val_score(est, X, Y, cv=2, error_score="raise"),
+                lambda: GridSearchCV(est, {"epochs": [1]}, cv=2, error_score="raise").fit(X, Y)):
+        with pytest.raises(ValueError, match=REFUSED):
+            fit()
+
+
+def test_routed_builder_parameters_survive_clone():
+    est = clone(DeepEnsembleClassifier(**TINY, model__dropout=0.0)).fit(X, Y)
+    assert est.get_params()["model__dropout"] == 0.0 and est.config_.model.params == {
+        "dropout": 0.0}
