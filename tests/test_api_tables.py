@@ -1,6 +1,7 @@
 """`Run`'s tables as pandas DataFrames with their Parquet dtypes, every method alike:
 `metrics`, `evaluate_ood`, `evaluate_shift` and the estimators' `ood_detection` give `member`
-as nullable `Int32` (ensemble rows hold none), not float64."""
+as nullable `Int32` (ensemble rows hold none), not float64. And `DeepEnsembleClassifier.load`,
+first to import TensorFlow in a notebook, prints none of its C++ start-up banners."""
 
 from __future__ import annotations
 
@@ -32,3 +33,23 @@ def test_the_estimators_ood_table_has_the_same_dtypes():
             .ood_detection(x, far)
         assert table["member"].dtype == pd.Int32Dtype(), est.__name__
         assert table["n_in"].dtype == np.int64 and table["member"].isna().any()
+
+
+def test_loading_an_estimator_first_in_a_process_prints_nothing(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from ensemble.sklearn import DeepEnsembleClassifier
+
+    x = np.random.default_rng(0).normal(size=(20, 2))
+    DeepEnsembleClassifier(n_members=2, hidden=(4,), epochs=1).fit(x, x[:, 0] > 0) \
+        .save(tmp_path / "clf")
+    code = ("import sys; from ensemble.sklearn import DeepEnsembleClassifier as C; "
+            f"print(C.load(sys.argv[1]).predict([[0.5, 0.5]]))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "clf")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0 and out.stdout.strip() in ("[ True]", "[False]"), out.stderr
+    assert [line for line in out.stderr.splitlines() if "cudart_stub" not in line] == []

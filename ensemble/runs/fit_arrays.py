@@ -248,11 +248,13 @@ def load(cls, path: Path):
         ValueError (UsageError): not a completed run, a damaged artifact, or a run of
             another task (`check_task`).
     """
+    from ensemble.core.tfimport import import_tensorflow_quietly
     from ensemble.models.members import load_run_member
     from ensemble.runs.posthoc import run_aggregators
 
     manifest = Manifest.load(path)
     prepare.require_completed(path, manifest)
+    import_tensorflow_quietly()  # Keras loads the members: no C++ banners in the notebook
     task = check_task(cls, path, manifest)
     cfg = from_dict(manifest.config)
     pre = kinds.read_preprocessing(artifacts.verify(path, manifest, path / artifacts.PREPROCESSING))
