@@ -1,12 +1,14 @@
 """`Run`'s tables as pandas DataFrames with their Parquet dtypes, every method alike:
 `metrics`, `evaluate_ood`, `evaluate_shift` and the estimators' `ood_detection` give `member`
 as nullable `Int32` (ensemble rows hold none), not float64. And `DeepEnsembleClassifier.load`,
-first to import TensorFlow in a notebook, prints none of its C++ start-up banners."""
+`evaluate_ood` and `evaluate_shift`, first to import TensorFlow in a notebook, print none of its
+C++ start-up banners."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 import ensemble
 
@@ -53,3 +55,21 @@ def test_loading_an_estimator_first_in_a_process_prints_nothing(tmp_path):
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert out.returncode == 0 and out.stdout.strip() in ("[ True]", "[False]"), out.stderr
     assert [line for line in out.stderr.splitlines() if "cudart_stub" not in line] == []
+
+
+@pytest.mark.parametrize("call", ["evaluate_ood(np.zeros((5, 64)))", "evaluate_shift()"])
+def test_run_evaluations_first_in_a_process_print_nothing(trained, call):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = (f"import sys, numpy as np, ensemble; run = ensemble.load_run(sys.argv[1]); "
+            f"print(len(run.{call}))")
+    out = subprocess.run([sys.executable, "-c", code, str(trained)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0 and int(out.stdout) > 0, out.stderr
+    assert [line for line in out.stderr.splitlines()
+            if "cudart_stub" not in line and not line.startswith("notice: ")] == []

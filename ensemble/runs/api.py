@@ -368,8 +368,10 @@ class Run:
         Raises:
             UsageError: a run that is not completed, or data it cannot read.
         """
+        from ensemble.core.tfimport import import_tensorflow_quietly
         from ensemble.runs.evaluate_ood import evaluate_ood
 
+        import_tensorflow_quietly()  # the members are loaded: no C++ banners in the notebook
         if isinstance(data, (str, Path)):
             return to_pandas(evaluate_ood(self.path, str(data), plots)[0])
         with as_source(self, data) as (src, label):
@@ -385,6 +387,8 @@ class Run:
             severity, n, accuracy, nll, brier, ece, rmse, coverage_90), with its Parquet dtypes
             as `metrics`.
         """
+        from ensemble.core.tfimport import import_tensorflow_quietly
         from ensemble.runs.evaluate_ood import evaluate_shift
 
+        import_tensorflow_quietly()
         return to_pandas(evaluate_shift(self.path, plots)[0])
