@@ -86,3 +86,14 @@ def test_hints_name_columns_with_spaces_in_the_estimators_terms(capsys):
     with pytest.raises(ValueError, match=hint + r"'blood pressure'\]\.$") as exc2:
         DeepEnsembleClassifier(**TINY).fit(marked, [0, 1] * 30)
     assert "--" not in str(exc.value) + str(exc2.value) + err
+
+
+@pytest.mark.parametrize("as_frame", [True, False])
+def test_impute_fills_new_rows_when_training_had_no_missing_value(as_frame):
+    x = pd.DataFrame(np.random.default_rng(1).normal(size=(20, 2)), columns=["a", "b"])
+    holes = x.head(4).assign(a=np.nan)
+    filled = x.head(4).assign(a=x["a"].median())
+    if not as_frame:
+        x, holes, filled = x.to_numpy(), holes.to_numpy(), filled.to_numpy()
+    est = DeepEnsembleClassifier(**TINY, impute="median").fit(x, [0, 1] * 10)
+    np.testing.assert_array_equal(est.predict_proba(holes), est.predict_proba(filled))

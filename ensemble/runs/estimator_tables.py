@@ -2,12 +2,12 @@
 `ensemble train` prepares a table.
 
 `DeepEnsembleClassifier` / `DeepEnsembleRegressor` take numeric arrays through scikit-learn's
-`validate_data`. A DataFrame with text (string, categorical, boolean) columns, or an input
-with missing values when the estimator's `impute` is not `"error"`, goes through the CLI's own
-path instead: `ensemble.data.table_to_dataset` (the same column checks, `categorical` rule and
-identifier columns, named `X` in messages) and `Preprocessing.fit` (imputation, one-hot
-encoding and standardisation fitted on the training rows), so a table gives the estimator the
-features it gives `ensemble train`.
+`validate_data`. A DataFrame with text (string, categorical, boolean) columns, or any table
+(or input with missing values) when the estimator's `impute` is not `"error"`, goes through
+the CLI's own path instead: `ensemble.data.table_to_dataset` (the same column checks,
+`categorical` rule and identifier columns, named `X` in messages) and `Preprocessing.fit`
+(imputation, one-hot encoding and standardisation fitted on the training rows), so a table
+gives the estimator the features it gives `ensemble train`.
 """
 
 from __future__ import annotations
@@ -81,7 +81,9 @@ def _texts(values) -> bool:
 
 def wants_table(est, X) -> bool:
     """Whether `X` takes the table path: a DataFrame with a non-numeric column, an object
-    array, a `categorical` list, or missing values under `impute` != `"error"`."""
+    array, a `categorical` list, or, under `impute` != `"error"`, a table (2-D; its fill values
+    are fitted even when no training value is missing, for the rows `predict` gets) or missing
+    values."""
     import pandas as pd
 
     if isinstance(X, pd.DataFrame):
@@ -93,7 +95,12 @@ def wants_table(est, X) -> bool:
             return True
     if not isinstance(getattr(est, "categorical", "auto"), str):
         return True
-    return getattr(est, "impute", "error") != "error" and _has_missing(X)
+    if getattr(est, "impute", "error") == "error":
+        return False
+    from ensemble.runs.estimator_rows import shape_of
+
+    shape = shape_of(X)
+    return shape is not None and len(shape) == 2 or _has_missing(X)
 
 
 def _frame(est, X, fitted: bool = False):
