@@ -97,3 +97,11 @@ def test_impute_fills_new_rows_when_training_had_no_missing_value(as_frame):
         x, holes, filled = x.to_numpy(), holes.to_numpy(), filled.to_numpy()
     est = DeepEnsembleClassifier(**TINY, impute="median").fit(x, [0, 1] * 10)
     np.testing.assert_array_equal(est.predict_proba(holes), est.predict_proba(filled))
+
+
+def test_a_row_as_a_series_is_refused_naming_its_shape(frame):
+    est = DeepEnsembleClassifier(**TINY).fit(frame, ["a", "b"] * 6)
+    with pytest.raises(ValueError, match=r"Expected a 2D table \[n_rows, n_columns\]\. "
+                                         r"Received: Series of shape \(2,\) .*X\.iloc\[\[i\]\]"):
+        est.predict(frame.iloc[0])
+    assert est.predict(frame.iloc[[0]]).shape == (1,)

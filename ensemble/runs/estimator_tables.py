@@ -154,9 +154,21 @@ def check_input(est, X, y=None, reset: bool = True) -> tuple[Any, Any]:
     """scikit-learn's checks of a table input (row count, `n_features_in_`,
     `feature_names_in_`) without converting it to numbers; returns `(X, y)` with `y` as a
     1-D array, checked as `validate_data` checks it on the array path (at least one row, no
-    NaN, inf or None)."""
+    NaN or inf).
+
+    Raises:
+        ValueError: also for an `X` that is not 2-D (a pandas Series: one row or one column),
+            naming its shape.
+    """
     from sklearn.utils.validation import check_array, column_or_1d, validate_data
 
+    from ensemble.runs.estimator_rows import shape_of
+
+    shape = shape_of(X)
+    if shape is None or len(shape) != 2:
+        raise ValueError(f"Expected a 2D table [n_rows, n_columns]. Received: "
+                         f"{type(X).__name__} of shape {shape} (one row of a DataFrame: "
+                         "X.iloc[[i]]; of an array: x.reshape(1, -1)).")
     validate_data(est, X, reset=reset, skip_check_array=True)
     if y is None:
         return X, None
