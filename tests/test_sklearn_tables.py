@@ -105,3 +105,11 @@ def test_a_row_as_a_series_is_refused_naming_its_shape(frame):
                                          r"Received: Series of shape \(2,\) .*X\.iloc\[\[i\]\]"):
         est.predict(frame.iloc[0])
     assert est.predict(frame.iloc[[0]]).shape == (1,)
+
+
+def test_a_column_of_date_objects_is_named_as_dates(frame):
+    import datetime
+
+    days = frame.assign(day=[datetime.date(2024, 1, i + 1) for i in range(12)])
+    with pytest.raises(ValueError, match=r"column 'day' holds dates or times \(date32"):
+        DeepEnsembleClassifier(**TINY).fit(days, ["a", "b"] * 6)

@@ -135,7 +135,10 @@ def _dataset(est, X, pre: Preprocessing | None) -> sources.Dataset:
         if frame[name].dtype == object:
             values = frame[name]
             if not _texts(values.to_numpy()):
-                frame[name] = pd.to_numeric(values)
+                try:
+                    frame[name] = pd.to_numeric(values)
+                except (TypeError, ValueError):  # dates, lists: the column checks name them
+                    pass
                 continue
             frame[name] = values.where(values.isna(), values.astype(str))
             frame[name] = frame[name].astype(pd.StringDtype())
