@@ -113,3 +113,13 @@ def test_a_column_of_date_objects_is_named_as_dates(frame):
     days = frame.assign(day=[datetime.date(2024, 1, i + 1) for i in range(12)])
     with pytest.raises(ValueError, match=r"column 'day' holds dates or times \(date32"):
         DeepEnsembleClassifier(**TINY).fit(days, ["a", "b"] * 6)
+
+
+def test_a_loaded_table_estimator_refuses_an_array_naming_its_columns(frame, tmp_path):
+    y = ["a", "b", "b"] * 4
+    DeepEnsembleClassifier(**TINY).fit(frame, y).save(tmp_path / "clf")
+    loaded = DeepEnsembleClassifier.load(tmp_path / "clf")
+    assert loaded.score(frame[["colour", "size"]], y) == loaded.score(frame, y)
+    with pytest.raises(ValueError, match=r"predicts DataFrames, columns matched by name "
+                                         r"\(size, colour\)\. Received: ndarray"):
+        loaded.predict(frame.to_numpy())

@@ -103,6 +103,12 @@ def wants_table(est, X) -> bool:
     return shape is not None and len(shape) == 2 or _has_missing(X)
 
 
+def _is_frame(X) -> bool:
+    import pandas as pd
+
+    return isinstance(X, pd.DataFrame)
+
+
 def _frame(est, X, fitted: bool = False):
     """`X` as a pandas DataFrame with string column names (`x0`, ... for arrays).
 
@@ -228,6 +234,13 @@ def scaled(est, X) -> np.ndarray:
     if getattr(est, "table_input_", False):
         if est.table_input_ != "by-name":  # a loaded CLI run matches columns by name only
             check_input(est, X, reset=False)
+        elif not _is_frame(X):  # no order to read an array's columns by (a file's is not kept)
+            names = list(est.feature_names_in_)
+            raise ValueError(f"{type(est).__name__} loaded from a run with categorical, "
+                             "identifier or imputed columns predicts DataFrames, columns "
+                             f"matched by name ({', '.join(names[:6])}"
+                             f"{', ...' if len(names) > 6 else ''}). Received: "
+                             f"{type(X).__name__}")
         return transform(est, X)
     X = estimator_rows.checked(est, X)
     pre = est.preprocessing_
