@@ -123,3 +123,13 @@ def test_a_loaded_table_estimator_refuses_an_array_naming_its_columns(frame, tmp
     with pytest.raises(ValueError, match=r"predicts DataFrames, columns matched by name "
                                          r"\(size, colour\)\. Received: ndarray"):
         loaded.predict(frame.to_numpy())
+
+
+def test_a_numeric_array_under_impute_stays_numeric_on_the_table_path():
+    from ensemble.runs import estimator_tables
+
+    x = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
+    frame = estimator_tables._frame(DeepEnsembleClassifier(impute="median"), x)
+    assert list(frame.dtypes) == [np.float32] * 3  # not one Python object per value
+    mixed = estimator_tables._frame(DeepEnsembleClassifier(), [[1.5, "red"], [2.0, "blue"]])
+    assert mixed["x0"].tolist() == [1.5, 2.0] and mixed["x1"].tolist() == ["red", "blue"]

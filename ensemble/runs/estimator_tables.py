@@ -120,8 +120,9 @@ def _frame(est, X, fitted: bool = False):
 
     if isinstance(X, pd.DataFrame):
         frame = X.rename(columns=str)
-    else:
-        x = np.asarray(X, dtype=object)
+    else:  # numbers stay numbers (`impute` tables); anything else as objects, not '<U' text
+        numeric = isinstance(X, np.ndarray) and X.dtype.kind in "biuf"
+        x = X if numeric else np.asarray(X, dtype=object)
         if x.ndim != 2:
             raise ValueError(f"Expected a 2D table [n_rows, n_columns]. Received: shape {x.shape}")
         frame = pd.DataFrame(x, columns=[f"x{i}" for i in range(x.shape[1])])
