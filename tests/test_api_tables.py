@@ -73,3 +73,18 @@ def test_run_evaluations_first_in_a_process_print_nothing(trained, call):
     assert out.returncode == 0 and int(out.stdout) > 0, out.stderr
     assert [line for line in out.stderr.splitlines()
             if "cudart_stub" not in line and not line.startswith("notice: ")] == []
+
+
+def test_a_run_saved_by_an_estimator_says_it_has_no_predictions(tmp_path):
+    from ensemble.core.errors import UsageError
+    from ensemble.sklearn import DeepEnsembleClassifier
+
+    x = np.random.default_rng(0).normal(size=(20, 2))
+    DeepEnsembleClassifier(n_members=2, hidden=(4,), epochs=1).fit(x, x[:, 0] > 0) \
+        .save(tmp_path / "clf")
+    run = ensemble.load_run(tmp_path / "clf")
+    for use in (lambda: run.metrics, run.summary, run.evaluate_shift):
+        with pytest.raises(UsageError, match=r"has no predictions\.parquet: it never wrote one "
+                                             r"\(a run saved by an estimator's save\(\)"):
+            use()
+    assert run.predict(x[:3]).shape[0] == 3
