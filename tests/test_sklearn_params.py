@@ -1,6 +1,7 @@
 """The estimators' parameters through scikit-learn's model selection: a keyword `fit` refuses
 (a misspelt parameter) stays refused in every clone, so cross-validation and grid search do not
-train with the default in its place."""
+train with the default in its place; `devices` beyond what the process's TensorFlow has say
+what it can take."""
 
 from __future__ import annotations
 
@@ -36,3 +37,14 @@ def test_routed_builder_parameters_survive_clone():
     est = clone(DeepEnsembleClassifier(**TINY, model__dropout=0.0)).fit(X, Y)
     assert est.get_params()["model__dropout"] == 0.0 and est.config_.model.params == {
         "dropout": 0.0}
+
+
+def test_more_devices_than_the_process_has_name_what_it_can_take():
+    from conftest import N_LOGICAL_CPUS
+
+    DeepEnsembleClassifier(**TINY).fit(X, Y)  # TensorFlow initialised, as in a notebook
+    more = N_LOGICAL_CPUS * 2
+    with pytest.raises(ValueError, match=rf"cannot split into cpu:{more} \(expected at most "
+                                         rf"cpu:{N_LOGICAL_CPUS} in this process; cpu:{more} "
+                                         r"needs a new one, e.g. a restarted notebook kernel\)"):
+        DeepEnsembleClassifier(**TINY, devices=f"cpu:{more}").fit(X, Y)

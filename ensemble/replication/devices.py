@@ -90,7 +90,8 @@ def split_cpu(n: int, allow_fewer: bool = False) -> list[str]:
         if have < n:
             raise UsageError(
                 f"TensorFlow is already initialised with {have} logical CPU devices; "
-                f"cannot split into cpu:{n}"
+                f"cannot split into cpu:{n} (expected at most cpu:{have} in this process; "
+                f"cpu:{n} needs a new one, e.g. a restarted notebook kernel)"
             ) from None
     return [f"/device:CPU:{i}" for i in range(n)]
 
