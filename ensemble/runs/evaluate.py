@@ -66,9 +66,10 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
         prepare.require_completed(run_dir, manifest)
         if artifacts.PREDICTIONS not in artifacts.recorded_hashes(manifest):  # an estimator's
             raise UsageError(  # save: every row trained, no validation or test split
-                f"Run {run_dir} has no predictions of its own (a run saved by an estimator "
-                "has no test split); expected --predictions P.parquet of `ensemble predict "
-                f"--run {run_dir} --data SOURCE --target COL --layout long --out P.parquet`.")
+                f"Run {run_dir} has no predictions of its own (a run saved by an estimator's "
+                "save() has no test split); evaluate it on labelled rows: `ensemble predict "
+                f"--run {run_dir} --data SOURCE --target COL --layout long --out P.parquet`, "
+                "then `ensemble evaluate --predictions P.parquet`.")
         predictions = artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS)
         out = run_dir / artifacts.METRICS
     else:
