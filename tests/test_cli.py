@@ -162,6 +162,10 @@ def test_predict_errors(in_graph_run, tmp_path, capsys):
                    tmp_path / "o.txt") == 2
     assert "--out to end in .parquet or .csv" in capsys.readouterr().err
     assert not (tmp_path / "o.parquet").exists()
+    # an upper-case suffix is the same format (it was refused)
+    assert run_cli("predict", "--run", in_graph_run, "--data", "digits", "--out",
+                   tmp_path / "P.CSV") == 0
+    assert (tmp_path / "P.CSV").read_text().startswith('"row","y_true"')
 
 
 def test_existing_run_is_not_overwritten(in_graph_run, tiny_config, capsys):

@@ -89,7 +89,7 @@ def check_out(out: Path) -> Path:
         if not os.access(out, os.W_OK):
             raise UsageError(f"Cannot write --out {str(out)!r}: permission denied")
         return out
-    if out.suffix not in (".parquet", ".csv"):
+    if out.suffix.lower() not in (".parquet", ".csv"):  # as `outputs.table_format` reads it
         raise UsageError(f"Expected --out to end in .parquet or .csv. Received: {out}")
     if out.is_dir():
         raise UsageError(f"Expected --out to be a file. Received: {out} (a folder)")
