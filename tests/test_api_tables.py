@@ -89,3 +89,20 @@ def test_a_run_saved_by_an_estimator_says_it_has_no_predictions(tmp_path):
                                              r"save\(\)"):
             use()
     assert run.predict(x[:3]).shape[0] == 3
+
+
+def test_paths_under_the_home_folder_are_expanded(tmp_path, monkeypatch):
+    """`~/...` as a notebook user writes it: save, load and load_run use the home folder
+    (a folder literally named `~` was made in the working directory, or nothing found)."""
+    from ensemble.sklearn import DeepEnsembleClassifier
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    x = np.random.default_rng(0).normal(size=(20, 2))
+    clf = DeepEnsembleClassifier(n_members=1, hidden=(4,), epochs=1).fit(x, x[:, 0] > 0)
+    clf.save("~/models/clf")
+    assert (tmp_path / "home" / "models" / "clf" / "manifest.json").is_file()
+    assert not (tmp_path / "~").exists()
+    back = DeepEnsembleClassifier.load("~/models/clf")
+    np.testing.assert_array_equal(back.predict_proba(x), clf.predict_proba(x))
+    assert ensemble.load_run("~/models/clf").path == tmp_path / "home" / "models" / "clf"

@@ -134,12 +134,13 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
 
     ready = time.time()  # the process is ready to work (`record_process`)
     strategy = modes.get(mode)
+    run_dir = None if run_dir is None else Path(run_dir).expanduser()
     cfg = _train_config(config, overrides, resume, run_dir, tensorboard)
     if model is not None:
         cfg = as_config(cfg, {"model.builder": _builder_spec(model, strategy)})
     for text in devices.configure_gpus(cfg.placement.memory_growth, cfg.placement.memory_limit_mb):
         _notice(text)
-    run_dir = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
+    run_dir = run_dir if run_dir is not None else default_run_dir(cfg)
     for option, given in (("prepare_only", prepare_only), ("jobs", jobs)):
         reason = strategy.refusal("train", [option] if given else [])
         if reason:
@@ -219,7 +220,7 @@ class Run:
     """
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
+        self.path = Path(path).expanduser()  # `~/runs/x`, as a notebook user writes it
         self.record = Manifest.load(self.path)
 
     def __repr__(self) -> str:

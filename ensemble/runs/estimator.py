@@ -398,7 +398,7 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
             ValueError (UsageError): `path` holds a run and not `overwrite`, or is a file.
         """
         check_is_fitted(self)
-        return fit_arrays.save(self, Path(path), overwrite)
+        return fit_arrays.save(self, Path(path).expanduser(), overwrite)
 
     @classmethod
     def load(cls, path) -> "DeepEnsembleClassifier":
@@ -411,7 +411,7 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
             ValueError (UsageError): not a completed run, a damaged artifact, or a regression
                 run (`DeepEnsembleRegressor.load` loads those).
         """
-        return fit_arrays.load(cls, Path(path))
+        return fit_arrays.load(cls, Path(path).expanduser())
 
 
 __all__ = ["DeepEnsembleBase", "DeepEnsembleClassifier"]

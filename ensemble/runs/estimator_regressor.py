@@ -167,7 +167,7 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
         """Write the fitted ensemble as a run directory (see `DeepEnsembleClassifier.save`);
         its members predict in the target's units."""
         check_is_fitted(self)
-        return fit_arrays.save(self, Path(path), overwrite)
+        return fit_arrays.save(self, Path(path).expanduser(), overwrite)
 
     @classmethod
     def load(cls, path) -> "DeepEnsembleRegressor":
@@ -177,7 +177,7 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
             ValueError (UsageError): not a completed run, a damaged artifact, or a
                 classification run (`DeepEnsembleClassifier.load` loads those).
         """
-        est = fit_arrays.load(cls, Path(path))
+        est = fit_arrays.load(cls, Path(path).expanduser())
         est.loss = est.config_.training.loss if est.config_.training.loss != "auto" \
             else "gaussian_nll"
         return est
