@@ -26,7 +26,7 @@ def _one_line(capsys, *needles):
     ("[data]\ntest_size = inf\n", "data.test_size` to be a finite number"),
     ("[members]\ndropout = -inf\n", "members.dropout` to be a finite number"),
     ("[members]\ncount = 2\n[aggregation]\nweights = [1e308, 1e308]\n", "finite sum"),
-    ("[training]\nseed = 9223372036854775807\n", "`training.seed` <= 4.29497e+09"),
+    ("[training]\nseed = 9223372036854775807\n", "`training.seed` <= 4,294,967,295"),
     ("[data]\nsource = \"synthetic\"\n[data.synthetic]\nclasses = 40\nfeatures = 4\n",
      "`data.synthetic.classes`"),
     ("[[members.override]]\nindex = 0\nlearning_rate = nan\n",

@@ -34,7 +34,8 @@ def check_bounds(cfg) -> None:
     """
     def at_most(key: str, value: float, bound: float) -> None:
         if value > bound:
-            raise UsageError(f"Expected `{key}` <= {bound:g}. Received: {key}={value!r}")
+            shown = f"{bound:,}" if float(bound).is_integer() else f"{bound:g}"  # 4,294,967,295
+            raise UsageError(f"Expected `{key}` <= {shown}. Received: {key}={value!r}")
 
     for key, bound in UPPER.items():
         node: Any = cfg
