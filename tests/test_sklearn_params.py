@@ -48,3 +48,18 @@ def test_more_devices_than_the_process_has_name_what_it_can_take():
                                          rf"cpu:{N_LOGICAL_CPUS} in this process; cpu:{more} "
                                          r"needs a new one, e.g. a restarted notebook kernel\)"):
         DeepEnsembleClassifier(**TINY, devices=f"cpu:{more}").fit(X, Y)
+
+
+@pytest.mark.parametrize("make, name", [("classifier", "std-scaling"), ("classifier", "foo"),
+                                        ("regressor", "vote")])
+def test_an_aggregator_of_another_task_is_refused_by_name(make, name):
+    """One name, quoted as given, against the estimator's own task's names (the classifier
+    printed `Received: ['foo']`, the config's list, and took the regressor's names)."""
+    from ensemble.sklearn import DeepEnsembleClassifier, DeepEnsembleRegressor
+
+    est = (DeepEnsembleClassifier if make == "classifier" else DeepEnsembleRegressor)(
+        aggregator=name, epochs=1)
+    x = np.random.default_rng(0).normal(size=(20, 2))
+    with pytest.raises(ValueError, match=rf"^Expected `aggregator` from mean, .*\. "
+                                         rf"Received: aggregator='{name}'$"):
+        est.fit(x, (x[:, 0] > 0).astype(int) if make == "classifier" else x[:, 0])

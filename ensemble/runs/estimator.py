@@ -36,7 +36,7 @@ from ensemble.models import builders
 from ensemble.config import schema
 from ensemble.runs import fit_arrays
 from ensemble.runs import estimator_rows, estimator_tables
-from ensemble.tasks.classification.aggregators import FITTED
+from ensemble.tasks.classification.aggregators import AGGREGATORS, FITTED
 from ensemble.tasks.classification.task import Classification
 from ensemble.replication import modes
 from ensemble.runs import operations  # noqa: F401 (the built-in modes' operations)
@@ -74,6 +74,7 @@ class DeepEnsembleBase(BaseEstimator):
     `__init__` or `set_params` (scikit-learn: no validation there)."""
 
     run_task = None  # each estimator's: the `Task` class of the runs its `load` opens
+    _aggregators: tuple = ()  # each estimator's: the `aggregator` names its task has
 
     def __init__(self, n_members=4, hidden=(256, 128), activation="relu", dropout=0.1,
                  epochs=30, batch_size="auto", learning_rate=1e-3, random_state=None,
@@ -138,6 +139,9 @@ class DeepEnsembleBase(BaseEstimator):
         builder = self._builder()
         if not isinstance(self.aggregator, str):
             raise ValueError(f"Expected `aggregator` to be one aggregator name. "
+                             f"Received: aggregator={self.aggregator!r}")
+        if self.aggregator not in self._aggregators:
+            raise ValueError(f"Expected `aggregator` from {', '.join(self._aggregators)}. "
                              f"Received: aggregator={self.aggregator!r}")
         self._check_table_params()
         hidden = self.hidden if isinstance(self.hidden, (tuple, list, np.ndarray)) \
@@ -297,6 +301,7 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
     """
 
     run_task = Classification  # the task of the runs `load` opens
+    _aggregators = AGGREGATORS
 
     def fit(self, X, y, validation_data=None):
         """Train the members on every row of `X` `[n_rows, n_features]` (or, for a builder

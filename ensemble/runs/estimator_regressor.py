@@ -52,6 +52,7 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
     """
 
     run_task = Regression  # the task of the runs `load` opens
+    _aggregators = AGGREGATORS
 
     def __init__(self, n_members=4, hidden=(256, 128), activation="relu", dropout=0.1,
                  epochs=30, batch_size="auto", learning_rate=1e-3, random_state=None,
@@ -71,9 +72,6 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
         if self.loss not in ("gaussian_nll", "mse"):
             raise ValueError("Expected `loss` to be 'gaussian_nll' or 'mse'. "
                              f"Received: loss={self.loss!r}")
-        if isinstance(self.aggregator, str) and self.aggregator not in AGGREGATORS:
-            raise ValueError(f"Expected `aggregator` from {', '.join(AGGREGATORS)}. "
-                             f"Received: aggregator={self.aggregator!r}")
         cfg = super()._config(seed)
         return dataclasses.replace(cfg, training=dataclasses.replace(cfg.training,
                                                                      loss=self.loss))
