@@ -63,3 +63,13 @@ def test_an_aggregator_of_another_task_is_refused_by_name(make, name):
     with pytest.raises(ValueError, match=rf"^Expected `aggregator` from mean, .*\. "
                                          rf"Received: aggregator='{name}'$"):
         est.fit(x, (x[:, 0] > 0).astype(int) if make == "classifier" else x[:, 0])
+
+
+@pytest.mark.parametrize("spec", ["gpu", "", "cpu:0"])
+def test_a_bad_devices_spec_names_the_parameter(spec):
+    """The estimator's parameter, as scikit-learn reports parameters (a ValueError naming
+    `devices`), not the CLI's `--devices` in a UsageError."""
+    x = np.random.default_rng(0).normal(size=(20, 2))
+    with pytest.raises(ValueError, match=rf"^Expected `devices( cpu:N)?` .*Received: "
+                                         rf"devices='{spec}'$"):
+        DeepEnsembleClassifier(devices=spec, epochs=1).fit(x, x[:, 0] > 0)

@@ -23,8 +23,9 @@ def auto_cpu_devices(n_members: int) -> int:
     return max(1, min(n_members, cpu_count(), AUTO_CPU_CAP))
 
 
-def parse(spec: str) -> tuple[str, int | list[str]]:
-    """Parse a device spec: `("auto", 0)`, `("cpu", N)` or `("list", [names])`.
+def parse(spec: str, flag: str = "--devices") -> tuple[str, int | list[str]]:
+    """Parse a device spec: `("auto", 0)`, `("cpu", N)` or `("list", [names])`; errors name
+    the spec as `flag` (the estimators' parameter is `devices`).
 
     Raises:
         UsageError: malformed spec.
@@ -35,12 +36,12 @@ def parse(spec: str) -> tuple[str, int | list[str]]:
     if spec.startswith("cpu:"):
         n = spec[4:]
         if not n.isdigit() or int(n) < 1:
-            raise UsageError(f"Expected `--devices cpu:N` with N >= 1. Received: devices={spec!r}")
+            raise UsageError(f"Expected `{flag} cpu:N` with N >= 1. Received: devices={spec!r}")
         return "cpu", int(n)
     names = [s.strip() for s in spec.split(",") if s.strip()]
     if not names or not all(s.startswith("/") for s in names):
         raise UsageError(
-            "Expected `--devices` to be auto, cpu:N or device names such as /GPU:0,/GPU:1. "
+            f"Expected `{flag}` to be auto, cpu:N or device names such as /GPU:0,/GPU:1. "
             f"Received: devices={spec!r}"
         )
     return "list", names

@@ -30,7 +30,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ensemble.config import auto
+from ensemble.config import auto, bounds
 from ensemble.config.checks import CATEGORICAL, IMPUTE
 from ensemble.models import builders
 from ensemble.config import schema
@@ -38,7 +38,7 @@ from ensemble.runs import fit_arrays
 from ensemble.runs import estimator_rows, estimator_tables
 from ensemble.tasks.classification.aggregators import AGGREGATORS, FITTED
 from ensemble.tasks.classification.task import Classification
-from ensemble.replication import modes
+from ensemble.replication import devices as device_specs, modes
 from ensemble.runs import operations  # noqa: F401 (the built-in modes' operations)
 from ensemble.core.errors import UsageError
 
@@ -143,6 +143,10 @@ class DeepEnsembleBase(BaseEstimator):
         if self.aggregator not in self._aggregators:
             raise ValueError(f"Expected `aggregator` from {', '.join(self._aggregators)}. "
                              f"Received: aggregator={self.aggregator!r}")
+        try:
+            device_specs.parse(bounds.check_devices(self.devices, "devices"), "devices")
+        except UsageError as exc:
+            raise ValueError(str(exc)) from None
         self._check_table_params()
         hidden = self.hidden if isinstance(self.hidden, (tuple, list, np.ndarray)) \
             else [self.hidden]
