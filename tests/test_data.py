@@ -236,3 +236,19 @@ def test_relative_source_resolves_against_the_config_folder(tmp_path, monkeypatc
     cfg = schema.load("sub/c.toml")
     assert Path(cfg.data.source) == (tmp_path / "sub" / "t.csv").resolve()
     assert schema.load("sub/c.toml", {"data.source": "x.csv"}).data.source == "x.csv"
+
+
+def test_a_column_that_cannot_be_numbers_is_described_in_words():
+    """Not Arrow's type name alone ("is large_string"): what the column holds, its type after."""
+    import pyarrow as pa
+
+    from ensemble.data.columns import numeric_values
+
+    for values, words in ((["a", "b"], "text (large_string)"),
+                          ([[1.0], [2.0]], "lists (list<item: double>)"),
+                          ([{"a": 1}, {"a": 2}], "nested records (struct<a: int64>)")):
+        col = pa.array(values, pa.large_string() if words.startswith("text") else None)
+        problems: list[str] = []
+        assert numeric_values(pa.field("x", col.type), col, 0, None, problems) is None
+        assert problems == [f"column 'x' holds {words}; expected numbers (or list it in "
+                            "[data] categorical to one-hot encode it)"]

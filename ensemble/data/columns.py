@@ -140,6 +140,22 @@ def category_values(f: pa.Field, col, first_row: int, problems: list[str]):
     return np.asarray(values.to_numpy(zero_copy_only=False), dtype=object)
 
 
+def held(t: pa.DataType) -> str:
+    """What a column of Arrow type `t` holds, in words, its type after it: "text
+    (large_string)", "lists (list<item: double>)"."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        words = "text"
+    elif pa.types.is_dictionary(t):
+        words = "categories"
+    elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        words = "lists"
+    elif pa.types.is_struct(t) or pa.types.is_map(t):
+        words = "nested records"
+    else:
+        return f"values of type {t}"
+    return f"{words} ({t})"
+
+
 def numeric_values(f: pa.Field, col, first_row: int, expected: Sequence[str] | None,
                     problems: list[str]) -> np.ndarray | None:
     """A numeric or boolean column as numbers (`[n_rows]`: an integer or float column in its
@@ -154,8 +170,8 @@ def numeric_values(f: pa.Field, col, first_row: int, expected: Sequence[str] | N
                         "convert it to a number (days since a date) in the data")
         return None
     if not (is_numeric(f.type) or pa.types.is_boolean(f.type)):
-        problems.append(f"column {f.name!r} is {f.type}; expected numbers (or list it in "
-                        "[data] categorical to one-hot encode it)")
+        problems.append(f"column {f.name!r} holds {held(f.type)}; expected numbers (or list it "
+                        "in [data] categorical to one-hot encode it)")
         return None
     if is_numeric(f.type):  # its own dtype (float64 where nulls are): stacked at once later
         values = col.to_numpy(zero_copy_only=False)
