@@ -99,6 +99,21 @@ def test_impute_fills_new_rows_when_training_had_no_missing_value(as_frame):
     np.testing.assert_array_equal(est.predict_proba(holes), est.predict_proba(filled))
 
 
+def test_a_saved_array_table_estimator_reads_arrays_after_load(tmp_path):
+    """Fitted on an array (impute set, or text objects), saved and loaded: new arrays are
+    read by position as before the save (they were refused as 'columns matched by name')."""
+    rng = np.random.default_rng(2)
+    numbers = rng.normal(size=(20, 3))
+    texts = numbers.astype(object)
+    texts[:, 2] = np.where(numbers[:, 2] > 0, "u", "v")
+    for x, params in ((numbers, {"impute": "median"}), (texts, {})):
+        est = DeepEnsembleClassifier(**TINY, **params).fit(x, [0, 1] * 10)
+        est.save(tmp_path / "clf", overwrite=True)
+        loaded = DeepEnsembleClassifier.load(tmp_path / "clf")
+        np.testing.assert_allclose(loaded.predict_proba(x[:5]), est.predict_proba(x[:5]),
+                                   atol=1e-6)
+
+
 def test_a_row_as_a_series_is_refused_naming_its_shape(frame):
     est = DeepEnsembleClassifier(**TINY).fit(frame, ["a", "b"] * 6)
     with pytest.raises(ValueError, match=r"Expected a 2D table \[n_rows, n_columns\]\. "

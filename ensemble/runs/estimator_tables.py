@@ -103,6 +103,12 @@ def wants_table(est, X) -> bool:
     return shape is not None and len(shape) == 2 or _has_missing(X)
 
 
+def _array_names(names) -> bool:
+    """True when `names` are those `_frame` gives an array's columns (`x0` .. `x{n-1}`): a
+    run fitted on an array, whose new arrays are read by position."""
+    return set(names) == {f"x{i}" for i in range(len(names))}
+
+
 def _is_frame(X) -> bool:
     import pandas as pd
 
@@ -235,7 +241,8 @@ def scaled(est, X) -> np.ndarray:
     if getattr(est, "table_input_", False):
         if est.table_input_ != "by-name":  # a loaded CLI run matches columns by name only
             check_input(est, X, reset=False)
-        elif not _is_frame(X):  # no order to read an array's columns by (a file's is not kept)
+        elif not _is_frame(X) and not _array_names(est.feature_names_in_):
+            # a file's or DataFrame's columns: no order to read an array's columns by
             names = list(est.feature_names_in_)
             raise ValueError(f"{type(est).__name__} loaded from a run with categorical, "
                              "identifier or imputed columns predicts DataFrames, columns "
