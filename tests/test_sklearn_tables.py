@@ -23,11 +23,15 @@ def frame():
     (DeepEnsembleClassifier(**TINY), pd.Series(["yes", "no", np.nan] * 4)),
     (DeepEnsembleRegressor(**TINY), pd.Series([1.5, np.nan, 2.0] * 4)),
     (DeepEnsembleRegressor(**TINY), pd.Series([1.5, np.inf, 2.0] * 4)),
+    (DeepEnsembleRegressor(**TINY), pd.Series([1.5, None, 2.0] * 4, dtype=object)),
+    (DeepEnsembleRegressor(**TINY), [1.5, None, 2.0] * 4),
 ])
 def test_missing_targets_are_refused(frame, est, y):
     with pytest.raises(ValueError, match="Input (y )?contains (NaN|infinity)"):
         est.fit(frame, y)
     assert not hasattr(est, "member_weights_")
+    with pytest.raises(ValueError, match="Input (y )?contains (NaN|infinity)"):
+        est.fit(frame[["size"]], y)  # the array path
 
 
 def test_no_rows_are_refused_as_on_the_array_path(frame):
@@ -148,3 +152,17 @@ def test_a_numeric_array_under_impute_stays_numeric_on_the_table_path():
     assert list(frame.dtypes) == [np.float32] * 3  # not one Python object per value
     mixed = estimator_tables._frame(DeepEnsembleClassifier(), [[1.5, "red"], [2.0, "blue"]])
     assert mixed["x0"].tolist() == [1.5, 2.0] and mixed["x1"].tolist() == ["red", "blue"]
+
+
+def test_categorical_takes_any_list_of_names(frame):
+    """`df.select_dtypes("object").columns` (a pandas Index), a Series or a set of names, as
+    a list of them: the same members (they were refused after the parameter check came)."""
+    y = ["a", "b", "b"] * 4
+    x = frame.assign(size=np.round(frame["size"]))
+    expected = DeepEnsembleClassifier(**TINY, categorical=["colour", "size"]).fit(x, y) \
+        .predict_proba(x)
+    for names in (x.columns, pd.Series(["colour", "size"]), {"size", "colour"}):
+        got = DeepEnsembleClassifier(**TINY, categorical=names).fit(x, y).predict_proba(x)
+        np.testing.assert_array_equal(got, expected)
+    with pytest.raises(ValueError, match=r"Received: categorical=\{'colour': 1\}"):
+        DeepEnsembleClassifier(**TINY, categorical={"colour": 1}).fit(x, y)

@@ -22,6 +22,7 @@ and `ensemble predict --run` read.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -172,9 +173,9 @@ class DeepEnsembleBase(BaseEstimator):
         if not isinstance(self.impute, str) or self.impute not in IMPUTE:
             raise ValueError(f"Expected `impute` to be one of {', '.join(map(repr, IMPUTE))}. "
                              f"Received: impute={self.impute!r}")
-        cat = self.categorical
-        if isinstance(cat, str) and cat not in CATEGORICAL or not isinstance(
-                cat, (str, list, tuple, np.ndarray)):
+        cat = self.categorical  # "auto", "none", or any list-like of names (a pandas Index)
+        if isinstance(cat, str) and cat not in CATEGORICAL or isinstance(cat, (dict, bytes)) \
+                or not isinstance(cat, (str, Iterable)):
             raise ValueError(f"Expected `categorical` to be {' or '.join(map(repr, CATEGORICAL))}"
                              f" or a list of column names. Received: categorical={cat!r}")
 

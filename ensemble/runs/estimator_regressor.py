@@ -100,6 +100,8 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
             y = np.asarray(y, np.float64)
         except (TypeError, ValueError):
             raise ValueError(f"Expected y to hold numbers. Received: {y[:3]!r} ...") from None
+        # NaN and inf refused, `None` of an object y too (a NaN only once made float)
+        y = check_array(y, ensure_2d=False, dtype=np.float64, input_name="y", estimator=self)
         cfg = self._config(self._seed())
         loc, scale = float(y.mean()), float(y.std()) or 1.0
         val = None

@@ -158,7 +158,9 @@ def _dataset(est, X, pre: Preprocessing | None) -> sources.Dataset:
     table = pa.Table.from_pandas(frame, preserve_index=False)
     if pre is None:
         categorical = est.categorical
-        if not isinstance(categorical, str):
+        if isinstance(categorical, (set, frozenset)):  # no order of its own: a fixed one
+            categorical = sorted(categorical, key=str)
+        if not isinstance(categorical, str):  # a list, tuple, array or pandas Index of names
             categorical = tuple(str(c) for c in categorical)
         return sources.table_to_dataset(table, "X", NO_TARGET, False, categorical, est.impute)
     return sources.table_to_dataset(table, "X", NO_TARGET, False,
