@@ -83,3 +83,26 @@ def test_verdict_counts_the_members_greedy_selection_kept():
     kept_all = {**fit, "params": {"greedy": {**fit["params"]["greedy"],
                                              "weights": [0.4, 0.3, 0.3]}}}
     assert verdict(table, "test", kept_all).startswith("The 3-member ensemble (ensemble-greedy")
+
+
+def test_the_verdict_names_the_aggregator_predict_answers_with():
+    """A NaN validation NLL is skipped and the others compared, by the rule of
+    `choice.default_aggregator`: the verdict named `temperature` (NaN) over `mean` (1.4)."""
+    import pyarrow as pa
+
+    from ensemble.tasks.choice import default_aggregator
+    from ensemble.tasks.classification.evaluation import verdict
+
+    rows = [{"split": "test", "model": f"member-{i}", "member": i, "aggregator": None,
+             "best_member": None, "accuracy": 0.8, "nll": 0.6, "brier": 0.2, "ece": 0.05}
+            for i in range(2)]
+    rows += [{"split": "test", "model": f"ensemble-{a}", "member": None, "aggregator": a,
+              "best_member": None, "accuracy": 0.8, "nll": 0.5, "brier": 0.2, "ece": 0.05}
+             for a in ("mean", "temperature")]
+    fit = {"validation_nll": {"mean": 1.4, "temperature": float("nan")}}
+    assert default_aggregator(["mean", "temperature"], fit) == "mean"
+    assert verdict(pa.Table.from_pylist(rows), "test", fit).startswith(
+        "The 2-member ensemble (ensemble-mean, chosen on validation)")
+    fit = {"validation_nll": {"mean": 1.4, "temperature": 1.2}}
+    assert verdict(pa.Table.from_pylist(rows), "test", fit).startswith(
+        "The 2-member ensemble (ensemble-temperature, chosen on validation)")
