@@ -84,9 +84,9 @@ def test_a_run_saved_by_an_estimator_says_it_has_no_predictions(tmp_path):
         .save(tmp_path / "clf")
     run = ensemble.load_run(tmp_path / "clf")
     for use in (lambda: run.metrics, run.summary, run.evaluate_shift):
-        with pytest.raises(UsageError, match=r"has no predictions(\.parquet: it never wrote one"
-                                             r"| of its own) \(a run saved by an estimator's "
-                                             r"save\(\)"):
+        with pytest.raises(UsageError, match=r"has no predictions of its own \(a run saved by "
+                                             r"an estimator's save\(\) has no test split\); "
+                                             r"evaluate it on labelled rows: `ensemble predict"):
             use()
     assert run.predict(x[:3]).shape[0] == 3
 

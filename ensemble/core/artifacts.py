@@ -243,9 +243,8 @@ def verify(run_dir: str | Path, manifest, path: str | Path) -> Path:
     rel = os.path.relpath(path, run_dir)
     expected = recorded_hashes(manifest).get(rel)
     if not path.is_file() and expected is None:  # never written: nothing was lost
-        raise UsageError(f"Run {run_dir} has no {rel}: it never wrote one (a run saved by an "
-                         "estimator's save() has no test split, so no predictions or metrics; "
-                         "its members predict new rows).")
+        raise UsageError(f"Run {run_dir} has no {rel}: its manifest records none, so it was "
+                         "never written.")
     if not path.is_file():
         raise UsageError(f"Artifact missing: {path}")
     if expected is None:

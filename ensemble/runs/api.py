@@ -296,7 +296,7 @@ class Run:
         """The table `ensemble evaluate` prints (ensemble against its members, per split, and
         accuracy against confidence), from the run's stored `metrics.parquet` and predictions
         (each checked against its recorded hash)."""
-        from ensemble.runs.evaluate import evaluate, format_table
+        from ensemble.runs.evaluate import evaluate, format_table, own_predictions
         from ensemble.tasks import confidence
         from ensemble.tasks.classification import fitted
 
@@ -304,7 +304,7 @@ class Run:
         if not path.is_file():
             return evaluate(self.path)[1]
         artifacts.verify(self.path, self.record, path)
-        preds = artifacts.verify(self.path, self.record, self.path / artifacts.PREDICTIONS)
+        preds = own_predictions(self.path, self.record)
         return format_table(artifacts.read_parquet(path), fitted.read(self.path),
                             confidence.block_of_file(preds))
 

@@ -54,6 +54,24 @@ def evaluate(run_dir: Path | None, predictions: Path | None = None,
     return _evaluate(None, predictions, plots)
 
 
+def own_predictions(run_dir: Path, manifest: Manifest) -> Path:
+    """The run's `predictions.parquet`, checked against its recorded sha256.
+
+    Raises:
+        UsageError: a run that never wrote one (an estimator's save: every row trained, no
+            validation or test split) names the way to evaluate it; else as
+            `artifacts.verify`.
+    """
+    path = run_dir / artifacts.PREDICTIONS
+    if not path.is_file() and artifacts.PREDICTIONS not in artifacts.recorded_hashes(manifest):
+        raise UsageError(
+            f"Run {run_dir} has no predictions of its own (a run saved by an estimator's "
+            "save() has no test split); evaluate it on labelled rows: `ensemble predict "
+            f"--run {run_dir} --data SOURCE --target COL --layout long --out P.parquet`, "
+            "then `ensemble evaluate --predictions P.parquet`.")
+    return artifacts.verify(run_dir, manifest, path)
+
+
 def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
               ) -> tuple[pa.Table, str]:
     manifest = Manifest.load(run_dir) if run_dir is not None else None
@@ -64,13 +82,7 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
         if run_dir is None:
             raise UsageError("Expected --run PATH or --predictions FILE.parquet.")
         prepare.require_completed(run_dir, manifest)
-        if artifacts.PREDICTIONS not in artifacts.recorded_hashes(manifest):  # an estimator's
-            raise UsageError(  # save: every row trained, no validation or test split
-                f"Run {run_dir} has no predictions of its own (a run saved by an estimator's "
-                "save() has no test split); evaluate it on labelled rows: `ensemble predict "
-                f"--run {run_dir} --data SOURCE --target COL --layout long --out P.parquet`, "
-                "then `ensemble evaluate --predictions P.parquet`.")
-        predictions = artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS)
+        predictions = own_predictions(run_dir, manifest)
         out = run_dir / artifacts.METRICS
     else:
         if not predictions.is_file():

@@ -54,8 +54,9 @@ class Context:
         runlock.require_free(self.run_dir)
         prepare.require_completed(self.run_dir, self.manifest)
         self.task = tasks.for_run(self.manifest)
-        preds = artifacts.read_parquet(artifacts.verify(
-            self.run_dir, self.manifest, self.run_dir / artifacts.PREDICTIONS))
+        from ensemble.runs.evaluate import own_predictions
+
+        preds = artifacts.read_parquet(own_predictions(self.run_dir, self.manifest))
         splits = posthoc.by_split(posthoc.member_rows(preds))
         self.split = "test" if "test" in splits else next(iter(splits))
         self.stored = splits[self.split]
