@@ -465,8 +465,9 @@ def test_table_cells_keep_whole_numbers_of_large_targets():
     from ensemble.tasks.regression.evaluation import COL, COLUMNS, cell, verdict
 
     assert [cell(v) for v in (556234.4, -561234.6, 12345.6, 5523456.7, 59.355, 0.0001234,
-                              -0.0001234, 5.5e7)] == [
-        "556234", "-561235", "12346", "5523457", "59.35", "0.00012", "-1e-04", "5.5e+07"]
+                              -0.0001234, 5.5e7, 10000.0, 560000.0, 9999.4)] == [
+        "556234", "-561235", "12346", "5523457", "59.35", "0.00012", "-1e-04", "5.5e+07",
+        "10000", "560000", "9999"]
     assert all(len(cell(v)) < COL for v in (556234.4, -9999999.0, 1e300, -1e-300))
     base = dict.fromkeys(COLUMNS, 0.5)
     rows = [{**base, "model": f"member-{i}", "member": i, "aggregator": None, "rmse": r,

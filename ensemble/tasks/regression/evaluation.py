@@ -25,7 +25,7 @@ def cell(value: float | None) -> str:
     if value is None:
         return "n/a"
     whole = (".0f",) if abs(value) >= 1e4 else ()  # where .4g turns to an exponent
-    for fmt in (".4g", *whole, ".3g", ".2g"):
+    for fmt in (*whole, ".4g", ".3g", ".2g"):
         text = f"{value:{fmt}}"
         if len(text) < COL:
             return text
