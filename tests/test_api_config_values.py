@@ -23,6 +23,7 @@ def test_paths_and_numpy_values_are_plain_values():
     assert (cfg.members.count, cfg.members.hidden) == (3, (8, 4))
     assert (cfg.training.epochs, cfg.training.learning_rate) == (2, 0.5)
     assert type(cfg.members.count) is int and type(cfg.training.epochs) is int
+    assert as_config(None, {"members.count": np.array(5)}).members.count == 5  # 0-d array
 
 
 @pytest.mark.parametrize("tables, overrides, key", [

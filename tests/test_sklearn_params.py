@@ -70,6 +70,6 @@ def test_a_bad_devices_spec_names_the_parameter(spec):
     """The estimator's parameter, as scikit-learn reports parameters (a ValueError naming
     `devices`), not the CLI's `--devices` in a UsageError."""
     x = np.random.default_rng(0).normal(size=(20, 2))
-    with pytest.raises(ValueError, match=rf"^Expected `devices( cpu:N)?` .*Received: "
+    with pytest.raises(ValueError, match=rf"^Expected `devices(='cpu:N')?` .*Received: "
                                          rf"devices='{spec}'$"):
         DeepEnsembleClassifier(devices=spec, epochs=1).fit(x, x[:, 0] > 0)

@@ -34,7 +34,7 @@ def check_bounds(cfg) -> None:
     """
     def at_most(key: str, value: float, bound: float) -> None:
         if value > bound:
-            shown = f"{bound:,}" if float(bound).is_integer() else f"{bound:g}"  # 4,294,967,295
+            shown = f"{int(bound):,}" if float(bound).is_integer() else f"{bound:g}"  # 4,294,967,295
             raise UsageError(f"Expected `{key}` <= {shown}. Received: {key}={value!r}")
 
     for key, bound in UPPER.items():
@@ -100,7 +100,8 @@ def check_devices(spec: str, flag: str = "--devices") -> str:
     if text.startswith("cpu:"):
         n = text[4:]
         if not n.isdigit() or not 1 <= int(n) <= LOGICAL_CPU_MAX:
-            raise UsageError(f"Expected `{flag} cpu:N` with N in 1..{LOGICAL_CPU_MAX} "
+            form = f"{flag} cpu:N" if flag.startswith("--") else f"{flag}='cpu:N'"
+            raise UsageError(f"Expected `{form}` with N in 1..{LOGICAL_CPU_MAX} "
                              f"(logical CPU devices). Received: {flag}={spec!r}")
     return text
 

@@ -252,6 +252,8 @@ def _plain(value: Any, key: str) -> Any:
 
     if isinstance(value, dict):
         return {str(k): _plain(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+    if isinstance(value, np.ndarray) and value.ndim == 0:  # np.array(3): its one number
+        return _plain(value.item(), key)
     if isinstance(value, (list, tuple, np.ndarray)):
         return [_plain(v, f"{key}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, PurePath):

@@ -36,7 +36,8 @@ def parse(spec: str, flag: str = "--devices") -> tuple[str, int | list[str]]:
     if spec.startswith("cpu:"):
         n = spec[4:]
         if not n.isdigit() or int(n) < 1:
-            raise UsageError(f"Expected `{flag} cpu:N` with N >= 1. Received: devices={spec!r}")
+            form = f"{flag} cpu:N" if flag.startswith("--") else f"{flag}='cpu:N'"
+            raise UsageError(f"Expected `{form}` with N >= 1. Received: devices={spec!r}")
         return "cpu", int(n)
     names = [s.strip() for s in spec.split(",") if s.strip()]
     if not names or not all(s.startswith("/") for s in names):

@@ -111,7 +111,7 @@ def train_between_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Pre
     from ensemble.runs.between import train_between_graph as launch  # client processes
 
     tmp = Path(tempfile.mkdtemp(prefix="ensemble-sklearn-")) if run_dir is None else None
-    path = tmp or Path(run_dir)
+    path = tmp or Path(run_dir).expanduser()
     try:
         prepare.check_run_dir(path, overwrite=True)
         devs = _configure(cfg)
