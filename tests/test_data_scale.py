@@ -550,3 +550,17 @@ def test_a_calls_batch_is_the_rows_at_the_members_indices(shape, dtype):
     np.testing.assert_array_equal(xb, x[idx].astype(np.uint8 if dtype == np.uint8 else np.float32))
     np.testing.assert_array_equal(yb, y[idx])
     assert xb.dtype == (np.uint8 if dtype == np.uint8 else np.float32) and yb.dtype == np.int32
+
+
+def test_the_infrequent_categories_notice_quotes_the_column_for_the_shell(capsys):
+    """`--drop 'visit site'`, a command that works when pasted (it read `--drop visit site`)."""
+    from ensemble.data.sources import Dataset
+    from ensemble.data.table_stats import TableStats
+
+    site = np.array([f"s{i % 5}" for i in range(40)], dtype=object)
+    ds = Dataset("t", np.zeros((40, 1), np.float32), None, ("a",), {"visit site": site})
+    stats = TableStats(ds.feature_names, ("visit site",), "error", 3)
+    stats.update(ds.rows(np.arange(40)))
+    stats.fitted(np.array([0, 1]))
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith("leave the column out with --drop 'visit site'"), err

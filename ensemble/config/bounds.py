@@ -34,7 +34,8 @@ def check_bounds(cfg) -> None:
     """
     def at_most(key: str, value: float, bound: float) -> None:
         if value > bound:
-            shown = f"{int(bound):,}" if float(bound).is_integer() else f"{bound:g}"  # 4,294,967,295
+            # whole bounds whole (4,294,967,295, not 4.29497e+09)
+            shown = f"{int(bound):,}" if float(bound).is_integer() else f"{bound:g}"
             raise UsageError(f"Expected `{key}` <= {shown}. Received: {key}={value!r}")
 
     for key, bound in UPPER.items():

@@ -74,7 +74,8 @@ def split_refusal(name: str, y: np.ndarray, classes: np.ndarray, counts: np.ndar
                 f"{len(classes):,} classes outnumber the rows of its validation or test split; "
                 f"expected fewer classes or more rows{hint}.")
     return (f"Cannot split {name} into stratified train/validation/test sets: {rare:,} of its "
-            f"{len(classes):,} classes {'has' if rare == 1 else 'have'} fewer than 3 rows (the smallest {counts.min()}); "
+            f"{len(classes):,} classes {'has' if rare == 1 else 'have'} fewer than 3 rows "
+            f"(the smallest {counts.min()}); "
             f"expected at least 3 rows per class{hint}.")
 
 

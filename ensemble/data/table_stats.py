@@ -124,7 +124,7 @@ class TableStats:
                f"{len(kept)} most frequent are one-hot encoded, the other {len(cats) - len(kept)}"
                f" share one 'infrequent' column; change it with --set data.max_categories=N "
                "(0: every category its own column) or leave the column out with --drop "
-               f"{name}")
+               f"{shlex.quote(name)}")
         return kept, True, counts, fill
 
     def fitted(self, classes, identifiers=()) -> dict:

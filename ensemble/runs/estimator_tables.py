@@ -42,6 +42,7 @@ WORDING = [
     (r'see --impute', 'see impute='),
     (rf' with --drop {SHELL_WORD} \(or \[data\] drop\)', " of X"),
     (rf'leave it out with --drop {SHELL_WORD}', "leave it out of X"),
+    (rf'leave the column out with --drop {SHELL_WORD}', "leave the column out of X"),
     (r'\[data\] categorical', "categorical="),
     (r', carried through to predictions like an id', ""),
     (re.escape(f" besides {NO_TARGET!r}"), " (every column was left out)"),
