@@ -8,9 +8,10 @@ signal (and calls the `on_signal` hooks, which the launcher uses to forward it t
 `check()` raises `Interrupted` at the next point where stopping is clean: after a traced call
 or after an epoch's checkpoint, never inside TensorFlow's runtime or a half-written file.
 
-`Interrupted` derives from BaseException (like KeyboardInterrupt) so that `except Exception`
-blocks do not swallow it. Its exit status is the shell's `128 + signal number`: 130 for
-SIGINT, 143 for SIGTERM.
+`Interrupted` derives from KeyboardInterrupt, so that `except Exception` blocks do not swallow
+it and the code that lets Ctrl-C through while it wraps everything else (a user's builder
+module raising, or calling `sys.exit()`, is one line of bad input) lets it through too. Its
+exit status is the shell's `128 + signal number`: 130 for SIGINT, 143 for SIGTERM.
 
 Own code rather than a library: Python's `signal` module is the library; this module only
 keeps the one flag and the deferral depth shared by the loop and the handlers.
@@ -29,7 +30,7 @@ _state = {"signal": None, "defer": 0}
 _hooks: list[Callable[[int], None]] = []
 
 
-class Interrupted(BaseException):
+class Interrupted(KeyboardInterrupt):
     """Training stopped on SIGINT or SIGTERM.
 
     Attributes:

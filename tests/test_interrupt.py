@@ -1,0 +1,31 @@
+"""Ctrl-C and SIGTERM in-process (`ensemble.core.interrupt`): a signal is an interruption
+wherever it lands, never an error of the code it happened to interrupt."""
+
+import signal
+
+import pytest
+
+from ensemble.core import interrupt
+from ensemble.models import builders, members
+
+BUILDER = """import signal
+
+def build(input_shape, n_outputs, seed=0):
+    signal.raise_signal(signal.SIGINT)  # Ctrl-C while the user's builder runs
+"""
+
+
+def test_ctrl_c_while_a_builder_file_imports_is_an_interruption(tmp_path):
+    path = tmp_path / "slow_import.py"
+    path.write_text("import signal\nsignal.raise_signal(signal.SIGINT)\n")
+    with pytest.raises(interrupt.Interrupted) as exc, interrupt.handling_signals():
+        builders.resolve(f"{path}:build")
+    assert exc.value.exit_status == 130
+
+
+def test_sigterm_while_a_builder_runs_is_an_interruption(tmp_path):
+    path = tmp_path / "slow_build.py"
+    path.write_text(BUILDER.replace("SIGINT", "SIGTERM"))
+    with pytest.raises(interrupt.Interrupted) as exc, interrupt.handling_signals():
+        members.build_network(f"{path}:build", {}, (4,), 3, seed=1)
+    assert exc.value.exit_status == 143
