@@ -29,3 +29,23 @@ def test_sigterm_while_a_builder_runs_is_an_interruption(tmp_path):
     with pytest.raises(interrupt.Interrupted) as exc, interrupt.handling_signals():
         members.build_network(f"{path}:build", {}, (4,), 3, seed=1)
     assert exc.value.exit_status == 143
+
+
+class _Freed:
+    """An object whose finalizer a signal lands in, as in TensorFlow's traced functions
+    freed when training ends (Python ignores an exception raised in `__del__`)."""
+
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)
+
+
+def test_a_signal_landing_in_a_finalizer_is_not_lost(capsys):
+    import sys
+
+    hook, went_on = sys.unraisablehook, []
+    with pytest.raises(interrupt.Interrupted) as exc, interrupt.handling_signals():
+        _Freed()  # freed at once, its Interrupted ignored where it was raised
+        went_on.append(True)  # the work goes on to a clean end, then the signal is raised
+    assert went_on and exc.value.exit_status == 130
+    assert "Exception ignored" not in capsys.readouterr().err  # no traceback on stderr
+    assert sys.unraisablehook is hook and interrupt.requested() is None

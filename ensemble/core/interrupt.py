@@ -13,6 +13,11 @@ it and the code that lets Ctrl-C through while it wraps everything else (a user'
 module raising, or calling `sys.exit()`, is one line of bad input) lets it through too. Its
 exit status is the shell's `128 + signal number`: 130 for SIGINT, 143 for SIGTERM.
 
+A signal whose `Interrupted` is raised inside a finalizer (TensorFlow frees a traced function
+in its `__del__` as training ends), where Python ignores exceptions, is not lost: it is not
+printed as an ignored exception, stays recorded, and is raised when the `handling_signals()`
+block ends, if nothing raised it before.
+
 Own code rather than a library: Python's `signal` module is the library; this module only
 keeps the one flag and the deferral depth shared by the loop and the handlers.
 """
@@ -20,6 +25,7 @@ keeps the one flag and the deferral depth shared by the loop and the handlers.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -57,20 +63,33 @@ def _handler(signum, frame) -> None:
         raise Interrupted(signum)
 
 
+def _unraisable(previous: Callable) -> Callable:
+    """A `sys.unraisablehook` that drops an `Interrupted` raised inside a finalizer (its
+    signal stays recorded, for `check()`) and hands everything else to `previous`."""
+    def hook(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, Interrupted):
+            previous(unraisable)
+    return hook
+
+
 @contextmanager
 def handling_signals() -> Iterator[None]:
     """Install the SIGINT/SIGTERM handlers for the block (main thread only; elsewhere a
-    no-op), restoring the previous ones after it."""
+    no-op), restoring the previous ones after it. A signal recorded and never raised (its
+    `Interrupted` lost in a finalizer) is raised when the block ends."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     old = {s: signal.signal(s, _handler) for s in SIGNALS}
+    old_hook, sys.unraisablehook = sys.unraisablehook, _unraisable(sys.unraisablehook)
     _state["signal"] = None
     try:
         yield
+        check()
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        sys.unraisablehook = old_hook
         _state["signal"] = None
 
 
