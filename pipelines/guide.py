@@ -157,10 +157,14 @@ def failed_line(exc: Exception, args) -> str:
 
 def fault_line(exc: Exception, args) -> str | None:
     """The one line for a resource fault (full disk, quota, read-only, file-size limit), with
-    the run's state when it was training; None for any other exception."""
+    the run's state when it was training, or for an output written through whose reader went
+    away (`--out /dev/stdout | head -3`); None for any other exception."""
     from ensemble.core import faults
     from ensemble.runs.run_record import Manifest
 
+    if isinstance(exc, BrokenPipeError):  # a pipe or FIFO output (`ensemble.core.outputs`)
+        return (f"cannot write {getattr(args, 'out', None) or 'the output'}: its reader went "
+                "away (broken pipe); the output is incomplete")
     line = faults.describe(exc)
     run_dir = getattr(args, "run_dir", None) or getattr(args, "run", None)
     if line is None or getattr(args, "command", None) not in ("train", "aggregate", "search") \

@@ -112,6 +112,21 @@ def test_predict_into_a_fifo_writes_through(iris_run, tmp_path, name):
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # no manifest, no staging
 
 
+def test_predict_into_a_pipe_whose_reader_left_is_one_line(iris_run, capsys):
+    """`ensemble predict --out /dev/stdout | head -3`: the reader goes away, the command stops
+    with one line naming the output, no BrokenPipeError traceback."""
+    run, csv = iris_run
+    read, write = os.pipe()
+    os.close(read)  # the reader left
+    try:
+        status = run_cli("predict", "--run", run, "--data", csv, "--out", f"/dev/fd/{write}",
+                         "--quiet")
+    finally:
+        os.close(write)
+    assert status == 1
+    _one_line(capsys, f"cannot write /dev/fd/{write}", "broken pipe")
+
+
 @pytest.mark.parametrize("where", ["file", "under-file"])
 def test_export_out_naming_a_file_is_one_line(iris_run, tmp_path, capsys, where):
     target = tmp_path / "afile"
