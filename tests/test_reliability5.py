@@ -112,6 +112,24 @@ def test_predict_into_a_fifo_writes_through(iris_run, tmp_path, name):
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # no manifest, no staging
 
 
+def test_between_graph_predict_to_a_pipe_in_a_folder_not_ours(iris_run):
+    """`--out /dev/stdout` (here `/dev/fd/N`, whose folder no one can write): the members'
+    files of a between-graph prediction go to the system's temporary folder."""
+    run, csv = iris_run
+    read, write = os.pipe()
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(os.fdopen(read, "rb").read()),
+                              daemon=True)
+    reader.start()
+    try:
+        assert run_cli("predict", "--run", run, "--data", csv, "--out", f"/dev/fd/{write}",
+                       "--mode", "between-graph", "--quiet") == 0
+    finally:
+        os.close(write)
+    reader.join(30)
+    assert pcsv.read_csv(pa.BufferReader(got[0])).num_rows == 150
+
+
 def test_predict_into_a_pipe_whose_reader_left_is_one_line(iris_run, capsys):
     """`ensemble predict --out /dev/stdout | head -3`: the reader goes away, the command stops
     with one line naming the output, no BrokenPipeError traceback."""

@@ -263,6 +263,7 @@ def predict_between_graph(request: PredictRequest) -> tuple[dict, dict]:
         (the prediction's manifest, also written to `<out>.manifest.json`;
         `{"jobs": N, "clients": run_clients' measurements}`).
     """
+    from ensemble.core.outputs import writes_through
     from ensemble.runs.predict import open_prediction
     from ensemble.replication.progress import RowProgress
 
@@ -278,7 +279,9 @@ def predict_between_graph(request: PredictRequest) -> tuple[dict, dict]:
     start = time.monotonic()  # the prediction's wall time: clients and aggregation
     Path(r.out).parent.mkdir(parents=True, exist_ok=True)
     source = str(Path(r.source).resolve()) if Path(r.source).exists() else r.source
-    with tempfile.TemporaryDirectory(prefix=".ensemble-predict-", dir=Path(r.out).parent) as tmp:
+    # the members' files beside the output; a FIFO's or /dev/stdout's folder is not ours
+    tmp_parent = None if writes_through(r.out) else Path(r.out).parent
+    with tempfile.TemporaryDirectory(prefix=".ensemble-predict-", dir=tmp_parent) as tmp:
         queues = client_queues(member_devs, r.jobs or default_jobs(
             len(member_devs), list(member_devs.values())))
         clients = run_clients(r.run_dir, queues, lambda q: ClientRequest(
