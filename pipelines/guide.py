@@ -116,6 +116,18 @@ def interrupted_line(exc, args) -> str:
         if finished:
             return f"interrupted{at}; {run_dir} holds a completed run"
         return f"interrupted{at}; continue with: ensemble train --resume --run-dir {run_dir}"
+    run = getattr(args, "run", None)
+    if getattr(args, "command", None) == "aggregate" and run and \
+            (_Path(run) / "manifest.json").is_file():
+        from ensemble.runs.run_record import Manifest
+
+        try:  # interrupted while replacing the run's files: marked failed, redo it
+            redo = Manifest.load(run).failed_by == "aggregate"
+        except Exception:  # noqa: BLE001 (an unreadable manifest: aggregate says why)
+            redo = False
+        if redo:
+            return (f"interrupted; run {run} marked failed (its files were being replaced): "
+                    f"continue with: ensemble aggregate --run {run}")
     return f"interrupted ({exc})"
 
 

@@ -121,6 +121,33 @@ def test_a_full_disk_at_aggregate_marks_the_run_failed_and_aggregate_redoes_it(t
     _intact(run_dir)
 
 
+def test_ctrl_c_at_aggregate_after_it_replaced_a_file_marks_the_run_failed(trained, tmp_path,
+                                                                          monkeypatch, capsys):
+    from ensemble.core.interrupt import Interrupted
+
+    run_dir = tmp_path / "copy"
+    shutil.copytree(trained, run_dir)
+    argv = ["aggregate", "--run", run_dir, "--aggregators", "mean,vote,greedy"]
+
+    def ctrl_c(*args, **kwargs):  # aggregators.json is replaced, the tables not yet
+        raise Interrupted(signal.SIGINT)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(artifacts, "write_parquet", ctrl_c)
+        assert run_cli(*argv) == 130
+    assert capsys.readouterr().err.strip() == (
+        f"interrupted; run {run_dir} marked failed (its files were being replaced): continue "
+        f"with: ensemble aggregate --run {run_dir}")
+    manifest = artifacts.read_manifest(run_dir)
+    assert manifest["status"] == "failed" and manifest["failed_by"] == "aggregate"
+    _intact(run_dir)  # not "damaged": the replaced file's sha256 is recorded
+    assert run_cli("evaluate", "--run", run_dir) == 2
+    assert f"run `ensemble aggregate --run {run_dir}` again" in capsys.readouterr().err
+    assert run_cli(*argv) == 0
+    assert artifacts.read_manifest(run_dir)["status"] == "completed"
+    _intact(run_dir)
+
+
 def test_describe_names_the_path_and_cause_of_every_resource_errno():
     import errno
 

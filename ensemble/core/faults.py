@@ -78,15 +78,16 @@ def is_fault(exc: BaseException) -> bool:
 @contextmanager
 def failing_run_on_fault(run_dir: str | Path, by: str) -> Iterator[None]:
     """For a command `by` that rewrites files of an existing run (`aggregate`): on a resource
-    fault after it replaced a file the manifest records, mark the run `failed` (`failed_by`:
-    `by`, so that command may redo it) and record the sha256 of the files now in place (each
-    is whole: writes are atomic), so nothing inconsistent passes as completed and nothing
-    complete is lost. A run left intact keeps its status. The fault goes on; a manifest that
-    cannot be written either is left as it was."""
+    fault or an interruption (Ctrl-C, SIGTERM: `KeyboardInterrupt`) after it replaced a file
+    the manifest records, mark the run `failed` (`failed_by`: `by`, so that command may redo
+    it) and record the sha256 of the files now in place (each is whole: writes are atomic),
+    so nothing inconsistent passes as completed (nor as damaged) and nothing complete is
+    lost. A run left intact keeps its status. The fault goes on; a manifest that cannot be
+    written either is left as it was."""
     try:
         yield
-    except Exception as exc:
-        if is_fault(exc):
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt) or is_fault(exc):
             _fail_if_changed(Path(run_dir), by)
         raise
 

@@ -384,4 +384,6 @@ def require_completed(run_dir: Path, manifest: Manifest) -> None:
         hint = ("resume it with `ensemble train --resume --run-dir "
                 f"{run_dir}`" if status in ("interrupted", "failed", "prepared")
                 else "wait for it")
+        if status == "failed" and manifest.failed_by == "aggregate":  # its files half replaced
+            hint = f"run `ensemble aggregate --run {run_dir}` again"
         raise UsageError(f"Run {run_dir} is {status}, not completed; {hint}.")
