@@ -106,7 +106,8 @@ def interrupted_line(exc, args) -> str:
         return f"interrupted{at}; continue with: {exc.resume}"
     if args is not None and args.command == "search" and run_dir:
         return f"interrupted{at}; continue with: {search_resume(args, run_dir)}"
-    if args.command == "train" and run_dir and (_Path(run_dir) / "manifest.json").is_file():
+    if getattr(args, "command", None) == "train" and run_dir and \
+            (_Path(run_dir) / "manifest.json").is_file():
         from ensemble.runs.run_record import Manifest
 
         try:  # interrupted before --overwrite replaced a finished run: nothing to resume

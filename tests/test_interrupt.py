@@ -49,3 +49,9 @@ def test_a_signal_landing_in_a_finalizer_is_not_lost(capsys):
     assert went_on and exc.value.exit_status == 130
     assert "Exception ignored" not in capsys.readouterr().err  # no traceback on stderr
     assert sys.unraisablehook is hook and interrupt.requested() is None
+
+
+def test_an_interruption_while_the_arguments_are_parsed_is_one_line():
+    from pipelines.guide import interrupted_line  # `main` has no arguments yet: None
+
+    assert interrupted_line(interrupt.Interrupted(signal.SIGTERM), None) == "interrupted (SIGTERM)"
