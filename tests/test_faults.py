@@ -148,6 +148,25 @@ def test_ctrl_c_at_aggregate_after_it_replaced_a_file_marks_the_run_failed(train
     _intact(run_dir)
 
 
+def test_a_between_graph_run_whose_aggregator_was_killed_resumes(tiny_config, tmp_path):
+    """SIGTERM to the launcher while its aggregator writes: the aggregator is SIGKILLed with
+    aggregators.json written and not yet recorded, the run marked interrupted; `--resume`
+    (which the interruption's line names) aggregates again."""
+    run_dir = tmp_path / "run"
+    assert run_cli("train", "--config", tiny_config, "--run-dir", run_dir, "--members", "2",
+                   "--epochs", "1", "--mode", "between-graph", "--quiet") == 0
+    manifest = artifacts.read_manifest(run_dir)
+    for rel in ("ensemble_size.parquet", "history.parquet", "members.parquet",
+                "metrics.parquet", "predictions.parquet", "aggregators.json"):
+        del manifest["artifacts"][rel]
+        if rel != "aggregators.json":  # the aggregator's first file, the others not yet
+            (run_dir / rel).unlink()
+    artifacts.write_manifest(run_dir, {**manifest, "status": "interrupted"})
+    assert run_cli("train", "--resume", "--run-dir", run_dir, "--quiet") == 0
+    assert artifacts.read_manifest(run_dir)["status"] == "completed"
+    _intact(run_dir)
+
+
 def test_describe_names_the_path_and_cause_of_every_resource_errno():
     import errno
 

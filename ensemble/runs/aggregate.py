@@ -118,10 +118,12 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
     cfg = schema.from_dict(manifest.config)
     settings = dataclasses.asdict(cfg.aggregation)
     task = tasks.for_run(manifest)
-    if aggregators is None:
+    if aggregators is None:  # the run's: those of its last finished aggregation, if any
         path = run_dir / fitted.FILENAME
+        # an unrecorded file is no aggregation's result but what a killed aggregator left
+        # (SIGTERM to its launcher): never read, rewritten below
         old = fitted.read(artifacts.verify(run_dir, manifest, path).parent) \
-            if path.is_file() else None
+            if path.is_file() and fitted.FILENAME in manifest.hashes() else None
         aggregators = old["aggregators"] if old else task.applied_aggregators(
             cfg.aggregation.aggregators)
     task.check_aggregators(aggregators)
