@@ -230,6 +230,28 @@ def test_a_write_killed_midway_leaves_a_staging_entry_the_next_run_removes(train
     assert out.is_file() if command == "predict" else (out / "1" / "saved_model.pb").is_file()
 
 
+def test_a_between_graph_predict_killed_midway_leaves_nothing_the_next_keeps(trained, tmp_path):
+    """The members' files of a between-graph prediction are staged beside its output under
+    owned names: a SIGKILLed predict's are swept by the next predict into the same place."""
+    out = tmp_path / "out" / "p.parquet"
+    argv = ["predict", "--run", trained, "--data", "digits", "--mode", "between-graph",
+            "--out", out]
+    proc, marker = _held(argv, tmp_path, "predict")
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+        marker.unlink(missing_ok=True)
+    assert [p for p in out.parent.iterdir() if p.name.startswith(".")]  # the members' files
+    assert run_cli(*argv) == 0  # the next predict into the same place
+    assert sorted(p.name for p in out.parent.iterdir()) == ["p.parquet",
+                                                             "p.parquet.manifest.json"]
+
+
 def test_only_staging_entries_of_dead_writers_are_swept(tmp_path):
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)

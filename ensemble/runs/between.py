@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -28,6 +29,7 @@ from ensemble.replication import devices
 from ensemble.replication import divergence
 from ensemble.core import faults
 from ensemble.core import interrupt
+from ensemble.core import staging
 from ensemble.runs import prepare
 from ensemble.runs.run_record import Manifest
 from ensemble.core.errors import ClientFailed, UsageError
@@ -279,9 +281,13 @@ def predict_between_graph(request: PredictRequest) -> tuple[dict, dict]:
     start = time.monotonic()  # the prediction's wall time: clients and aggregation
     Path(r.out).parent.mkdir(parents=True, exist_ok=True)
     source = str(Path(r.source).resolve()) if Path(r.source).exists() else r.source
-    # the members' files beside the output; a FIFO's or /dev/stdout's folder is not ours
-    tmp_parent = None if writes_through(r.out) else Path(r.out).parent
-    with tempfile.TemporaryDirectory(prefix=".ensemble-predict-", dir=tmp_parent) as tmp:
+    # the members' files in an owned staging folder beside the output, which the next predict
+    # there sweeps if this one is killed (`staging`); a FIFO's or /dev/stdout's folder is not
+    # ours: the system's temporary folder then
+    beside = Path(tempfile.gettempdir()) / "ensemble-predict" if writes_through(r.out) \
+        else Path(r.out)
+    tmp = str(staging.new_path(beside, ".members", folder=True))
+    try:
         queues = client_queues(member_devs, r.jobs or default_jobs(
             len(member_devs), list(member_devs.values())))
         clients = run_clients(r.run_dir, queues, lambda q: ClientRequest(
@@ -292,6 +298,8 @@ def predict_between_graph(request: PredictRequest) -> tuple[dict, dict]:
         rows = aggregate_stream(job, {i: Path(tmp) / f"member-{i}.parquet"
                                       for i in sorted(member_devs)}, progress.update)
         seconds = progress.end()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     for c in clients.values():
         c.pop("tensorflow_build", None)
     rec = job.finish("between-graph", rows, seconds, {i: [d] for i, d in member_devs.items()})
