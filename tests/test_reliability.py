@@ -138,6 +138,22 @@ def test_sigterm_to_the_launcher_reaches_its_clients(tiny_config, tmp_path):
     assert (run_dir / "checkpoints" / "member-0" / "ckpt-0.index").is_file()
 
 
+def test_ctrl_c_leaves_the_members_a_client_had_not_started_pending(tiny_config, tmp_path):
+    run_dir = tmp_path / "run"
+    proc, _, marker = _start(["train", "--config", tiny_config, "--run-dir", run_dir,
+                              "--mode", "between-graph", "--members", "3", "--jobs", "1"],
+                             tmp_path, hold_at="1:2", member=0)
+    try:
+        os.kill(proc.pid, signal.SIGINT)  # Ctrl-C: the launcher forwards it to its client
+        time.sleep(0.5)
+        marker.unlink()
+        assert proc.wait(timeout=60) == 130, proc.stderr.read()
+    finally:
+        _end(proc)
+    statuses = [m["status"] for m in artifacts.read_manifest(run_dir)["members"]]
+    assert statuses == ["interrupted", "pending", "pending"]  # nothing failed
+
+
 def test_a_killed_launcher_leaves_no_client_behind(tiny_config, tmp_path):
     run_dir = tmp_path / "run"
     proc, pid, marker = _start(["train", "--config", tiny_config, "--run-dir", run_dir,

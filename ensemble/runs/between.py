@@ -231,7 +231,7 @@ def _launch(run_dir: Path, manifest: Manifest, devs: list[str], jobs: int | None
     jobs = jobs or default_jobs(max(1, len(todo)), devs)
 
     def record(index: int, ok: bool) -> None:  # a client ended without finishing `index`
-        if not ok:
+        if not ok and interrupt.requested() is None:  # Ctrl-C: the queue's rest never ran
             def change(m: Manifest) -> None:
                 if m.member(index).status != "interrupted":
                     m.member(index).status = "failed"
