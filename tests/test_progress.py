@@ -92,3 +92,15 @@ def test_progress_for_people_picks_bar_or_log_lines(tty):
     kinds = [type(c) for c in progress.for_people(1, Stream())]
     assert kinds == [progress.TerminalProgress if tty else progress.LogProgress]
     assert progress.for_people(0, Stream()) == []
+
+
+def test_a_resume_whose_checkpoint_holds_every_epoch_says_so(capsys):
+    """Stopped after its last epoch's checkpoint (while saving or predicting): no epoch is
+    left to train, and neither mode says it resumes at epoch N + 1 of N."""
+    progress.ResumeNotice().on_train_begin(3, 3, 10)
+    assert capsys.readouterr().err.strip() == (
+        "every epoch trained (the checkpoint of epoch 3); resuming after training")
+    assert progress.format_report(protocol.Resume(0, 3, 3)) == (
+        "member 0: every epoch trained (the checkpoint of epoch 3); resuming after training")
+    assert progress.format_report(protocol.Resume(1, 2, 3)) == (
+        "member 1: resuming at epoch 3 of 3 from the checkpoint of epoch 2")

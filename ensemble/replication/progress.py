@@ -133,6 +133,18 @@ class ReportProgress(Callback):
             protocol.send(protocol.Epoch(self.epochs, dict(r)), self.stream)
 
 
+def resume_line(start_epoch: int, epochs: int) -> str:
+    """Where a resumed run continues from its checkpoint of `start_epoch` epochs (0: none):
+    `resuming at epoch E of N from ...`, or, when every epoch is in it (stopped after
+    training), that only the rest is redone."""
+    if start_epoch >= epochs:
+        return (f"every epoch trained (the checkpoint of epoch {start_epoch}); resuming after "
+                "training")
+    where = (f"from the checkpoint of epoch {start_epoch}" if start_epoch
+             else "from the start (no checkpoint yet)")
+    return f"resuming at epoch {start_epoch + 1} of {epochs} {where}"
+
+
 class ResumeNotice(Callback):
     """On a resumed run, one line saying the epoch training continues from (stderr)."""
 
@@ -140,18 +152,15 @@ class ResumeNotice(Callback):
         self.stream, self.prefix = stream, prefix
 
     def on_train_begin(self, start_epoch, epochs, n_steps):
-        where = (f"from the checkpoint of epoch {start_epoch}" if start_epoch
-                 else "from the start (no checkpoint yet)")
-        print(f"{self.prefix}resuming at epoch {min(start_epoch + 1, epochs)} of {epochs} "
-              f"{where}", file=self.stream or sys.stderr, flush=True)
+        print(f"{self.prefix}{resume_line(start_epoch, epochs)}", file=self.stream or sys.stderr,
+              flush=True)
 
 
 def format_report(message: protocol.Message, verbose: bool = False) -> str | None:
     """The launcher's line for a client's progress message: `member I: epoch E/N - loss ...`,
     or None for messages it does not show (within-epoch ones unless `verbose`)."""
     if isinstance(message, protocol.Resume):
-        return (f"member {message.member}: resuming at epoch {message.epoch + 1} of "
-                f"{message.epochs} from the checkpoint of epoch {message.epoch}")
+        return f"member {message.member}: {resume_line(message.epoch, message.epochs)}"
     if isinstance(message, protocol.Epoch):
         r = message.record
         return (f"member {r['member']}: epoch {r['epoch'] + 1}/{message.epochs} - "
