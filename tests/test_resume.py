@@ -174,3 +174,9 @@ def test_partial_ensemble_needs_min_members(clean, tmp_path, capsys, tiny_config
     assert json.loads(preds.schema.metadata[b"members"]) == [0, 3]
     assert set(preds.column("member").drop_null().to_pylist()) == {0, 3}
     assert artifacts.read_manifest(run_dir)["aggregated_members"] == [0, 3]
+    # a partial ensemble is completed, and --resume still trains the members it left out
+    assert run_cli("train", "--resume", "--run-dir", run_dir, "--quiet") == 0
+    manifest = artifacts.read_manifest(run_dir)
+    assert manifest["status"] == "completed" and manifest["aggregated_members"] == [0, 1, 2, 3]
+    assert np.allclose(_probs(run_dir / "predictions.parquet")[1],
+                       _probs(clean / "predictions.parquet")[1], atol=1e-5)

@@ -354,7 +354,8 @@ def _or(value, default):
 
 
 def reopen(run_dir: Path, cfg: Config, mode: str) -> Manifest:
-    """Reopen an interrupted, failed or prepared run for `--resume`; marks it running again.
+    """Reopen an interrupted, failed or prepared run, or a partial ensemble whose other members
+    are left to train, for `--resume`; marks it running again.
     Call it holding the run lock: a `running` status then means its driver died.
 
     Raises:
@@ -365,7 +366,11 @@ def reopen(run_dir: Path, cfg: Config, mode: str) -> Manifest:
     if manifest.mode != mode:
         raise UsageError(f"Run {run_dir} was trained with --mode {manifest.mode}; "
                          f"resume it with that mode, not {mode}.")
-    if manifest.status == "completed":
+    from ensemble.replication import divergence
+
+    # a partial ensemble (`aggregate --min-members`) is completed with members left to train
+    left = [m for m in manifest.members if m.status not in ("completed", divergence.STATUS)]
+    if manifest.status == "completed" and not left:
         raise UsageError(f"Run {run_dir} is already completed; nothing to resume.")
     cfg = run_config(cfg, manifest)  # "auto" keys as `prepare` resolved them
     if cfg.sha256() != manifest.config_sha256:
