@@ -25,7 +25,7 @@ from ensemble.tasks.regression.aggregators import AGGREGATORS, FITTED
 from ensemble.tasks.regression.task import Regression
 from ensemble.runs import fit_arrays
 from ensemble.runs import estimator_tables
-from ensemble.runs.estimator import DeepEnsembleBase
+from ensemble.runs.estimator_base import DeepEnsembleBase
 
 
 class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
