@@ -321,3 +321,22 @@ def test_a_class_folders_nested_images_count_as_keras_reads_them(tmp_path):
     assert sorted(data.y.tolist()) == ["c0", "c0", "c1"]
     assert sorted(str(f.relative_to(tmp_path)) for f in data.x.files) == [
         "c0/a.png", "c0/sub/deeper/b.png", "c1/c.png"]
+
+
+def test_predict_labels_a_class_folders_nested_images_by_their_class(tmp_path):
+    """`y_true` of an image folder at `predict` is each file's class folder, at any depth
+    (was its parent's name: `c0/sub/b.png` labelled `sub`, and a batch holding one lost
+    every label)."""
+    from PIL import Image
+
+    from ensemble.data.arrays import ArrayPreprocessing, ArrayStream
+
+    for rel in ["c0/a.png", "c0/sub/b.png", "c1/c.png", "c1/c0/d.png"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((4, 4), 7, np.uint8), "L").save(tmp_path / rel)
+    pre = ArrayPreprocessing((4, 4, 1), np.array(["c0", "c1"]), "uint8", None, None,
+                             color_mode="grayscale")
+    batches = list(ArrayStream(pre, str(tmp_path), batch_rows=8))
+    assert [str(p) for p in batches[0].ids] == [
+        str(tmp_path / r) for r in ("c0/a.png", "c0/sub/b.png", "c1/c.png", "c1/c0/d.png")]
+    assert batches[0].y.tolist() == [0, 0, 1, 1]

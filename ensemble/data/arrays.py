@@ -183,13 +183,15 @@ class ArrayStream:
             raise UsageError(f"Expected --batch-size >= 1. Received: {batch_rows}")
         self.pre, self.source, self.batch_rows = pre, str(source), int(batch_rows)
         self._files = None
+        self._class_of = {}  # an image's class: the sub-folder of the source holding it
         self._whole = None
         self._resize_noted = False
         if Path(self.source).is_dir():
             root = Path(self.source)
             subs = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-            self._files = [f for d in subs for f in image_files(d, root, nested=True)] \
-                + image_files(root)
+            self._class_of = {f: d.name for d in subs
+                              for f in image_files(d, root, nested=True)}
+            self._files = list(self._class_of) + image_files(root)
             if not self._files:
                 raise UsageError(f"Image folder {source} holds no images "
                                  f"({', '.join(IMAGE_SUFFIXES)}).")
@@ -225,7 +227,8 @@ class ArrayStream:
         mode = self.pre.color_mode if self.pre.color_mode in ("grayscale", "rgb") else \
             "rgb" if shape[-1] == 3 and len(shape) == 3 else "grayscale"  # an .npz run's rows
         resized: list = []
-        part = read_images(files, size, mode, resized)
+        part = read_images(files, size, mode, resized,
+                           [self._class_of.get(f, Path(f).parent.name) for f in files])
         if len(shape) == 2:  # rows [h, w] without a channel axis
             part = dataclasses.replace(part, x=part.x[..., 0])
         if resized and not self._resize_noted:

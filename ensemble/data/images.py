@@ -179,10 +179,11 @@ class ImageFiles:
                 h.update(fh.read())
 
 
-def read_images(files, image_size, color_mode, resized: list | None = None) -> ArrayData:
+def read_images(files, image_size, color_mode, resized: list | None = None,
+                labels: list | None = None) -> ArrayData:
     """Images `files` as `ArrayData` `[n, h, w, channels]` uint8 (resized to `image_size`
-    `[h, w]` when given; `color_mode` `grayscale` or `rgb`), labels from their parent folder
-    names. Resizing is `keras.utils.load_img(target_size=..., interpolation="bilinear")`'s:
+    `[h, w]` when given; `color_mode` `grayscale` or `rgb`), labelled `labels` (each file's
+    class folder name; default its parent folder's name). Resizing is `keras.utils.load_img(target_size=..., interpolation="bilinear")`'s:
     Pillow's `resize(BILINEAR)` after the colour conversion.
 
     Args:
@@ -209,7 +210,7 @@ def read_images(files, image_size, color_mode, resized: list | None = None) -> A
     if len(shapes) > 1:
         raise UsageError(f"Images differ in size ({sorted(shapes)[:2]}); the run reads "
                          "them at one size (its [data] image_size).")
-    labels = [Path(f).parent.name for f in files]
+    labels = [Path(f).parent.name for f in files] if labels is None else list(labels)
     y = np.asarray(labels)
     if all(c.lstrip("-").isdigit() for c in labels):
         y = y.astype(np.int64)
