@@ -230,6 +230,10 @@ def _bad_npz(tmp_path, kind):
         np.savez(path, features=np.zeros((4, 3)), labels=np.zeros(4))
     elif kind == "lengths":
         np.savez(path, x=np.zeros((4, 3)), y=np.arange(3))
+    elif kind in ("test_class", "test_kind"):  # Keras's layout, test labels unlike train's
+        y_test = np.arange(12) % 4 if kind == "test_class" else np.array(list("abc") * 4)
+        np.savez(path, x_train=np.zeros((24, 3)), y_train=np.arange(24) % 3,
+                 x_test=np.zeros((12, 3)), y_test=y_test)
     else:
         np.savez(path, x=np.array([{"a": 1}] * 4, dtype=object), y=np.arange(4))
     return path
@@ -242,6 +246,8 @@ def _bad_npz(tmp_path, kind):
     (_bad_npz, "keys", "expected arrays x and y"),
     (_bad_npz, "lengths", "differ in length (4 and 3)"),
     (_bad_npz, "pickled", "pickled (object) arrays"),
+    (_bad_npz, "test_class", "holds label 3, which its training part does not"),
+    (_bad_npz, "test_kind", "y_train of"),
 ])
 def test_bad_array_inputs_exit_2_with_one_line(tmp_path, capsys, make, kind, message):
     source = make(tmp_path, kind)

@@ -135,8 +135,9 @@ def _keras_layout(parts: dict, path: str, required: bool):
     layout: the train part then the test part.
 
     Raises:
-        UsageError: a part whose `x` and `y` differ in length, parts of other row shapes, or
-            labels `_labels` refuses.
+        UsageError: a part whose `x` and `y` differ in length, parts of other row shapes,
+            strings in one part's labels and numbers in the other's, or labels `_labels`
+            refuses.
     """
     xs = [_x(parts["x_train"], path), _x(parts["x_test"], path)]
     ys = [_labels(parts["y_train"], path, required),
@@ -145,6 +146,11 @@ def _keras_layout(parts: dict, path: str, required: bool):
         if y is not None and len(x) != len(y):
             raise UsageError(f"x_{part} and y_{part} of {path} differ in length "
                              f"({len(x)} and {len(y)}); expected one label per row.")
+    if ys[0] is not None and ys[1] is not None and \
+            (ys[0].dtype.kind == "U") != (ys[1].dtype.kind == "U"):
+        kinds = ["strings" if y.dtype.kind == "U" else "numbers" for y in ys]
+        raise UsageError(f"y_train of {path} holds {kinds[0]} and y_test {kinds[1]}; "
+                         "expected labels of one kind in both")
     if xs[0].shape[1:] != xs[1].shape[1:]:
         raise UsageError(f"x_train and x_test of {path} differ in shape: "
                          f"{list(xs[0].shape[1:])} and {list(xs[1].shape[1:])}")

@@ -275,7 +275,8 @@ def split(ds: Dataset, cfg: DataConfig, seed: int, stratify: bool = True
         (`{"train": idx, "validation": idx, "test": idx}`, the sorted class labels).
 
     Raises:
-        UsageError: a class too small to appear in every split.
+        UsageError: a class too small to appear in every split, or a class of the source's
+            own test split that its training part lacks.
     """
     from sklearn.model_selection import train_test_split
 
@@ -291,6 +292,12 @@ def split(ds: Dataset, cfg: DataConfig, seed: int, stratify: bool = True
         return ({"train": np.sort(train), "validation": np.sort(val), "test": np.sort(test)},
                 np.zeros(0, np.float64))
     classes, counts = np.unique(ds.y, return_counts=True)
+    unseen = np.setdiff1d(ds.y[fixed], np.delete(ds.y, fixed)) if fixed is not None else ()
+    if len(unseen):
+        raise UsageError(f"The test part of {ds.name} holds label {unseen[0].item()!r}, which "
+                         f"its training part does not (its classes: "
+                         f"{np.unique(np.delete(ds.y, fixed)).tolist()}); expected every test "
+                         f"label among the training labels")
     try:
         if fixed is not None:
             test, rest = fixed, np.setdiff1d(idx, fixed)
