@@ -346,3 +346,25 @@ def test_predict_labels_a_class_folders_nested_images_by_their_class(tmp_path):
     assert [str(p) for p in batches[0].ids] == [
         str(tmp_path / r) for r in ("c0/a.png", "c0/sub/b.png", "c1/c.png", "c1/c0/d.png")]
     assert batches[0].y.tolist() == [0, 0, 1, 1]
+
+
+def test_an_image_folder_for_a_run_of_uint8_arrays_reads_grey_rows_as_grey(tmp_path):
+    """A uint8 `.npz` (or `digits_images`) run records `color_mode` "rgb" whatever its rows:
+    images for its `[h, w]` rows were read as RGB and cut to the red channel, and for its
+    `[h, w, 1]` rows refused as `[h, w, 3]`; they are converted to grey, as `load_img`."""
+    import keras
+    from PIL import Image
+
+    from ensemble.data.arrays import ArrayPreprocessing, ArrayStream
+
+    (tmp_path / "a").mkdir()
+    green = np.tile(np.array([0, 255, 0], np.uint8), (8, 6, 1))
+    Image.fromarray(green, "RGB").save(tmp_path / "a" / "g.png")
+    want = np.asarray(keras.utils.load_img(tmp_path / "a" / "g.png", color_mode="grayscale"))
+    for shape in ((8, 6), (8, 6, 1)):
+        pre = ArrayPreprocessing(shape, np.array([0, 1]), "uint8", color_mode="rgb")
+        stream = ArrayStream(pre, str(tmp_path), batch_rows=2)
+        stream.check()
+        got = next(iter(stream)).x
+        assert got.shape == (1, *shape)
+        np.testing.assert_array_equal(got.reshape(8, 6), want)

@@ -224,8 +224,8 @@ class ArrayStream:
                              f"image is; expected a .npz file of such rows. Received the "
                              f"image folder {self.source}")
         size = self.pre.image_size or tuple(shape[:2])
-        mode = self.pre.color_mode if self.pre.color_mode in ("grayscale", "rgb") else \
-            "rgb" if shape[-1] == 3 and len(shape) == 3 else "grayscale"  # an .npz run's rows
+        # the run's rows decide (an .npz or digits_images run records no colour of its own)
+        mode = "rgb" if len(shape) == 3 and shape[-1] == 3 else "grayscale"
         resized: list = []
         part = read_images(files, size, mode, resized,
                            [self._class_of.get(f, Path(f).parent.name) for f in files])
