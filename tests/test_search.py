@@ -144,6 +144,9 @@ def test_evaluate_shows_selection_against_references(searched, capsys):
     assert run_cli("evaluate", "--run", run_dir) == 0
     out = capsys.readouterr().out
     assert "hyperparameter search: 4 candidates, greedy selection of at most 2" in out
+    lines = out.splitlines()  # the comparison has the metrics' header, as the table above
+    at = next(i for i, line in enumerate(lines) if line.startswith("hyperparameter search:"))
+    assert lines[at + 1].split() == ["model", "accuracy", "nll", "brier", "ece"]
     assert "mean of first" in out and "best candidate (member-" in out
 
 

@@ -150,7 +150,8 @@ def comparison_lines(run_dir: str | Path) -> list[str]:
     strat = (f", stratified: {info['stratify']} seeds per selected configuration"
              if info.get("stratify") else "")
     out = [f"hyperparameter search: {info['candidates']} candidates, greedy selection of at "
-           f"most {info['select']} on validation NLL{strat}"]
+           f"most {info['select']} on validation NLL{strat}",
+           _line("model", list(METRICS))]  # the columns' names, as the table above
     for split in dict.fromkeys(r["split"] for r in rows):
         out.append(f"{split}")
         out += [_line("  " + r["model"], [number(r[m]) for m in METRICS])
