@@ -312,6 +312,8 @@ def test_replicas_run_on_their_own_devices_and_change_nothing(string_run, tmp_pa
     (3, 4, "auto", [[0], [1], [2]]),
     (3, 4, "2", [[0, 3], [1, 0], [2, 1]]),  # a member's replicas on distinct devices
     (2, 1, "auto", [[0], [0]]),
+    (2, 4, "3", [[0, 2, 1], [1, 3, 2]]),  # (i + 2j) mod 4 repeats at j = 2: moved on by one
+    (2, 4, "4", [[0, 2, 1, 3], [1, 3, 2, 0]]),
 ])
 def test_replica_devices_table(members, n_devices, replicas, expected):
     from ensemble.replication.placement import replica_devices

@@ -18,6 +18,7 @@ Between-graph's clients: `default_jobs` (one per core or GPU, one per member at 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -123,7 +124,9 @@ def replica_devices(n_members: int, devices: Sequence[str], replicas: int | str 
     """The devices of every member's replicas (data parallelism in training and prediction): replica `j`
     of member `i` on `devices[(i + j * n_members) % len(devices)]`, so replica 0 is the
     round-robin device of `place` and, with `devices // members` replicas each, every device
-    works.
+    works. Where that comes back to the member's first device (`j` a multiple of `cycle =
+    devices / gcd(members, devices)`: 3 replicas of 2 members on 4 devices), it moves on by
+    `j // cycle` devices, so a member's replicas stay on distinct devices.
 
     Args:
         replicas: `auto` (`max(1, len(devices) // n_members)`) or a positive integer (or its
@@ -146,7 +149,8 @@ def replica_devices(n_members: int, devices: Sequence[str], replicas: int | str 
             not 1 <= replicas <= len(devices):
         raise UsageError(f"Expected --replicas to be auto or an integer in 1..{len(devices)} "
                          f"(the devices). Received: {replicas!r}")
-    return [[devices[(i + j * n_members) % len(devices)] for j in range(replicas)]
+    cycle = len(devices) // math.gcd(n_members, len(devices))
+    return [[devices[(i + j * n_members + j // cycle) % len(devices)] for j in range(replicas)]
             for i in range(n_members)]
 
 
