@@ -368,3 +368,24 @@ def test_an_image_folder_for_a_run_of_uint8_arrays_reads_grey_rows_as_grey(tmp_p
         got = next(iter(stream)).x
         assert got.shape == (1, *shape)
         np.testing.assert_array_equal(got.reshape(8, 6), want)
+
+
+def test_a_16_bit_grey_png_keeps_its_top_byte_as_tensorflow_decodes_it(tmp_path):
+    """A 16-bit grey PNG (Pillow mode `I;16`) reads as `tf.io.decode_image` (what
+    `image_dataset_from_directory` uses) decodes it, `v >> 8`; Pillow's `convert("L")` clipped
+    every value above 255 to 255, so such an image was almost all white."""
+    import tensorflow as tf
+    from PIL import Image
+
+    from ensemble.data.images import load_image_folder
+
+    (tmp_path / "c0").mkdir()
+    (tmp_path / "c1").mkdir()
+    ramp = (np.arange(64).reshape(8, 8) * 1024).astype(np.uint16)
+    Image.fromarray(ramp).save(tmp_path / "c0" / "a.png")
+    Image.fromarray(np.full((8, 8), 7, np.uint8), "L").save(tmp_path / "c1" / "b.png")
+    data = load_image_folder(str(tmp_path))
+    want = tf.io.decode_image(tf.io.read_file(str(tmp_path / "c0" / "a.png")), channels=1,
+                              expand_animations=False).numpy()
+    np.testing.assert_array_equal(data.x[0:1][0], want)
+    assert data.x[0:1].max() == 252  # 63 * 1024 >> 8, not 255

@@ -183,8 +183,11 @@ def read_images(files, image_size, color_mode, resized: list | None = None,
                 labels: list | None = None) -> ArrayData:
     """Images `files` as `ArrayData` `[n, h, w, channels]` uint8 (resized to `image_size`
     `[h, w]` when given; `color_mode` `grayscale` or `rgb`), labelled `labels` (each file's
-    class folder name; default its parent folder's name). Resizing is `keras.utils.load_img(target_size=..., interpolation="bilinear")`'s:
-    Pillow's `resize(BILINEAR)` after the colour conversion.
+    class folder name; default its parent folder's name). Resizing is
+    `keras.utils.load_img(target_size=..., interpolation="bilinear")`'s: Pillow's
+    `resize(BILINEAR)` after the colour conversion. A 16-bit grey image keeps its top byte
+    (`v >> 8`, as `image_dataset_from_directory`'s `tf.io.decode_image`; Pillow's own
+    conversion clips every value above 255 to white).
 
     Args:
         resized: when given, `(file, (width, height))` of every image whose size was changed
@@ -199,6 +202,8 @@ def read_images(files, image_size, color_mode, resized: list | None = None,
     images = []
     for f in files:
         with open_image(f) as im:
+            if im.mode in ("I", "I;16", "I;16B", "I;16L"):  # 16-bit grey (a PNG's): top byte
+                im = Image.fromarray(np.clip(np.asarray(im) >> 8, 0, 255).astype(np.uint8), "L")
             im = im.convert(mode)
             if image_size:
                 if resized is not None and im.size != (image_size[1], image_size[0]):
