@@ -389,3 +389,19 @@ def test_a_16_bit_grey_png_keeps_its_top_byte_as_tensorflow_decodes_it(tmp_path)
                               expand_animations=False).numpy()
     np.testing.assert_array_equal(data.x[0:1][0], want)
     assert data.x[0:1].max() == 252  # 63 * 1024 >> 8, not 255
+
+
+def test_class_folders_are_numbers_only_when_written_as_numbers(tmp_path):
+    """Folders `01` and `1` were both class 1 (merged silently), `²` and `³` crashed with a
+    traceback (`isdigit` but not `int`); they stay their names, and `-1`, `7` are numbers."""
+    from PIL import Image
+
+    from ensemble.data.images import folder_labels, load_image_folder
+
+    for c in ["01", "1", "²"]:
+        (tmp_path / c).mkdir()
+        Image.fromarray(np.full((4, 4), 7, np.uint8), "L").save(tmp_path / c / "a.png")
+    assert load_image_folder(str(tmp_path)).y.tolist() == ["01", "1", "²"]
+    assert folder_labels(["-1", "7"]).tolist() == [-1, 7]
+    assert folder_labels(["-1", "7"]).dtype == np.int64
+    assert folder_labels(["³", "7"]).tolist() == ["³", "7"]

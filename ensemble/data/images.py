@@ -57,6 +57,19 @@ def image_files(folder: Path, root: Path | None = None, nested: bool = False) ->
     return files
 
 
+def folder_labels(names) -> np.ndarray:
+    """Class folder names as labels: int64 when every name is an integer as Python writes it
+    (`7`, `-1`), else the names as strings (`07` stays `07`, not merged with a folder `7`;
+    `²` is a name, not a number)."""
+    names = [str(n) for n in names]
+    try:
+        numbers = [int(n) for n in names]
+    except ValueError:
+        return np.asarray(names)
+    return np.asarray(numbers, np.int64) if [str(n) for n in numbers] == names \
+        else np.asarray(names)
+
+
 @contextmanager
 def open_image(path: Path):
     """`PIL.Image.open(path)` with decompression bombs (beyond `MAX_IMAGE_PIXELS`, Pillow's
@@ -104,9 +117,7 @@ def load_image_folder(path: str, image_size=None, color_mode: str = "auto",
                                  f"({', '.join(IMAGE_SUFFIXES)}); remove it or add images.")
             files += found
             labels += [c] * len(found)
-        y = np.asarray(labels)
-        if all(c.lstrip("-").isdigit() for c in classes):
-            y = y.astype(np.int64)
+        y = folder_labels(labels)
     else:
         files, y = image_files(root, root), None
         if require_target:
@@ -216,8 +227,6 @@ def read_images(files, image_size, color_mode, resized: list | None = None,
         raise UsageError(f"Images differ in size ({sorted(shapes)[:2]}); the run reads "
                          "them at one size (its [data] image_size).")
     labels = [Path(f).parent.name for f in files] if labels is None else list(labels)
-    y = np.asarray(labels)
-    if all(c.lstrip("-").isdigit() for c in labels):
-        y = y.astype(np.int64)
+    y = folder_labels(labels)
     return ArrayData(str(Path(files[0]).parent), np.stack(images), y,
                      np.asarray([str(f) for f in files], dtype=object))
