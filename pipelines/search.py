@@ -29,6 +29,7 @@ from ensemble.runs import search_report
 from ensemble.runs.run_record import Manifest
 from ensemble.runs.search_report import selected
 from ensemble.config import search_space as S
+from ensemble.config.changes import config_changes
 from ensemble.core.errors import UsageError
 
 CANDIDATES_DIR = "candidates"
@@ -82,17 +83,23 @@ def _train(cfg: schema.Config, run_dir: Path, o: SearchOptions) -> None:
     unfinished one resumes (only its unfinished members / from its checkpoint)."""
     from ensemble.runs import api
 
+    same = ("A search's --config, --candidates, --select, --stratify, --epochs, --devices "
+            "and --set make its runs' configs: resume with the ones it started with.")
     if o.resume and (run_dir / artifacts.MANIFEST).is_file():
-        if prepare.effective_status(Manifest.load(run_dir)) == "completed":
+        manifest = Manifest.load(run_dir)
+        if prepare.effective_status(manifest) == "completed":  # kept, if it is this search's
+            run_cfg = prepare.run_config(cfg, manifest)
+            if run_cfg.sha256() != manifest.config_sha256:
+                changes = config_changes(manifest.config, run_cfg.to_dict())
+                raise UsageError(f"Config changed since run {run_dir} was trained "
+                                 f"({'; '.join(changes)}). {same}")
             return
         try:
             api.train(cfg, o.mode, run_dir, resume=True, jobs=o.jobs, verbosity=o.verbosity)
         except UsageError as exc:
             if "Config changed since run" not in str(exc):
                 raise
-            raise UsageError(f"{exc} A search's --config, --candidates, --select, --stratify, "
-                             "--epochs, --devices and --set make its runs' configs: resume "
-                             "with the ones it started with.") from None
+            raise UsageError(f"{exc} {same}") from None
     else:
         api.train(cfg, o.mode, run_dir, overwrite=o.overwrite, jobs=o.jobs,
                   verbosity=o.verbosity)

@@ -150,6 +150,21 @@ def test_evaluate_shows_selection_against_references(searched, capsys):
     assert "mean of first" in out and "best candidate (member-" in out
 
 
+def test_resume_of_a_completed_search_with_other_flags_is_refused(searched, capsys):
+    """`--resume` of a completed search kept the run but recorded the new flags (a 4-candidate
+    run said '5 candidates'); other flags are one line, the same ones keep the run as it is."""
+    path, run_dir = searched
+    before = (run_dir / "manifest.json").read_text()
+    assert run_cli("search", "--config", path, "--candidates", 5, "--select", 2,
+                   "--run-dir", run_dir, "--resume", "--quiet") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "members.count: 4 -> 5" in err[0], err
+    assert (run_dir / "manifest.json").read_text() == before
+    assert run_cli("search", "--config", path, "--candidates", 4, "--select", 2,
+                   "--run-dir", run_dir, "--resume", "--quiet") == 0
+    assert json.loads((run_dir / "manifest.json").read_text())["search"]["candidates"] == 4
+
+
 def test_stratify_retrains_the_selected_configurations_with_new_seeds(searched, tmp_path):
     path, _ = searched
     run_dir = tmp_path / "strat"
