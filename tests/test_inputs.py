@@ -230,6 +230,8 @@ def _bad_npz(tmp_path, kind):
         np.savez(path, features=np.zeros((4, 3)), labels=np.zeros(4))
     elif kind == "lengths":
         np.savez(path, x=np.zeros((4, 3)), y=np.arange(3))
+    elif kind == "bytes":
+        np.savez(path, x=np.zeros((12, 3)), y=np.array([b"\xff", b"a", b"b"] * 4))
     elif kind in ("test_class", "test_kind"):  # Keras's layout, test labels unlike train's
         y_test = np.arange(12) % 4 if kind == "test_class" else np.array(list("abc") * 4)
         np.savez(path, x_train=np.zeros((24, 3)), y_train=np.arange(24) % 3,
@@ -248,6 +250,7 @@ def _bad_npz(tmp_path, kind):
     (_bad_npz, "pickled", "pickled (object) arrays"),
     (_bad_npz, "test_class", "holds label 3, which its training part does not"),
     (_bad_npz, "test_kind", "y_train of"),
+    (_bad_npz, "bytes", "row 0's (b'\\xff') are not UTF-8 text"),
 ])
 def test_bad_array_inputs_exit_2_with_one_line(tmp_path, capsys, make, kind, message):
     source = make(tmp_path, kind)
@@ -405,3 +408,12 @@ def test_class_folders_are_numbers_only_when_written_as_numbers(tmp_path):
     assert folder_labels(["-1", "7"]).tolist() == [-1, 7]
     assert folder_labels(["-1", "7"]).dtype == np.int64
     assert folder_labels(["³", "7"]).tolist() == ["³", "7"]
+
+
+def test_byte_string_labels_of_an_npz_are_read_as_utf8_text(tmp_path):
+    """Labels saved as bytes (numpy `S`, as h5py gives them) were decoded as ASCII: `é`
+    crashed with a UnicodeDecodeError traceback (exit 1); they are UTF-8 text."""
+    from ensemble.data.npz import load_npz
+
+    np.savez(tmp_path / "b.npz", x=np.zeros((3, 2)), y=np.char.encode(["é", "a", "é"], "utf-8"))
+    assert load_npz(str(tmp_path / "b.npz")).y.tolist() == ["é", "a", "é"]

@@ -34,14 +34,24 @@ def _labels(y: np.ndarray, name: str, required: bool = True) -> np.ndarray | Non
     NaN or inf are not used (None, with a notice), as a table's missing labels.
 
     Raises:
-        UsageError: another shape, NaN or inf (when `required`), or numbers beyond float32
-            (the model's dtype).
+        UsageError: another shape, NaN or inf (when `required`), numbers beyond float32
+            (the model's dtype), or bytes that are not UTF-8.
     """
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if y.ndim != 1:
         raise UsageError(f"Expected labels of shape [n] in {name}. Received: {list(y.shape)}")
-    if y.dtype.kind in "US":
+    if y.dtype.kind == "S":  # bytes (h5py's strings, np.char.encode): UTF-8 text
+        texts = []
+        for i, b in enumerate(y.tolist()):
+            try:
+                texts.append(b.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise UsageError(f"Labels y in {name} are bytes, and row {i}'s ({b!r}) are not "
+                                 "UTF-8 text; expected labels as text (UTF-8) or numbers"
+                                 ) from None
+        return np.asarray(texts, dtype=str)
+    if y.dtype.kind == "U":
         return y.astype(str)
     if y.dtype.kind not in "iubf":
         raise UsageError(f"Expected labels y in {name} to be numbers or strings. Received "
