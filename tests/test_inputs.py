@@ -230,6 +230,8 @@ def _bad_npz(tmp_path, kind):
         np.savez(path, features=np.zeros((4, 3)), labels=np.zeros(4))
     elif kind == "lengths":
         np.savez(path, x=np.zeros((4, 3)), y=np.arange(3))
+    elif kind == "empty_rows":
+        np.savez(path, x=np.zeros((12, 4, 0)), y=np.arange(12) % 2)
     elif kind == "bytes":
         np.savez(path, x=np.zeros((12, 3)), y=np.array([b"\xff", b"a", b"b"] * 4))
     elif kind in ("test_class", "test_kind"):  # Keras's layout, test labels unlike train's
@@ -250,6 +252,7 @@ def _bad_npz(tmp_path, kind):
     (_bad_npz, "pickled", "pickled (object) arrays"),
     (_bad_npz, "test_class", "holds label 3, which its training part does not"),
     (_bad_npz, "test_kind", "y_train of"),
+    (_bad_npz, "empty_rows", "rows of shape [4, 0], which hold no value"),
     (_bad_npz, "bytes", "row 0's (b'\\xff') are not UTF-8 text"),
 ])
 def test_bad_array_inputs_exit_2_with_one_line(tmp_path, capsys, make, kind, message):

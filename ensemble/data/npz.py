@@ -79,6 +79,9 @@ def _labels(y: np.ndarray, name: str, required: bool = True) -> np.ndarray | Non
 def _x(x: np.ndarray, name: str) -> np.ndarray:
     if x.ndim < 2:
         raise UsageError(f"Expected x of shape [n, ...] in {name}. Received: {list(x.shape)}")
+    if 0 in x.shape[1:]:  # rows of no value: TensorFlow aborts the process on them
+        raise UsageError(f"x of {name} has rows of shape {list(x.shape[1:])}, which hold no "
+                         "value; expected rows of at least one value")
     if x.dtype == np.uint8:
         return x
     if x.dtype.kind not in "iuf":
