@@ -281,6 +281,25 @@ def test_unknown_builder_param_names_it():
             "count": 2, "override": [{"index": 1, "params": {"depth": 3}}]}})
 
 
+@pytest.mark.parametrize("params, message", [
+    ({"filters": 4}, r"`model.params.filters` to be a list of positive filter counts"),
+    ({"filters": [8, 0]}, r"`model.params.filters`.*Received: \[8, 0\]"),
+    ({"kernel_size": 0}, r"`model.params.kernel_size` to be a positive integer or"),
+    ({"dense": -3}, r"`model.params.dense` to be a positive integer"),
+    ({"dropout": 2.0}, r"`model.params.dropout` in \[0, 1\)"),
+])
+def test_bad_cnn_params_name_the_key_before_tensorflow(params, message):
+    """The built-in CNN's parameters are checked with the config, as the MLP's: they were
+    Keras's refusals at build time, naming no key ("'int' object is not iterable")."""
+    from ensemble.config import schema
+    from ensemble.core.errors import UsageError
+
+    with pytest.raises(UsageError, match=message):
+        schema.from_dict({"model": {"builder": "cnn", "params": params}})
+    schema.from_dict({"model": {"builder": "cnn", "params": {
+        "filters": [4, 8], "kernel_size": [3, 3], "dense": 16, "dropout": 0.0}}})
+
+
 def test_mixed_architectures_in_one_ensemble():
     from ensemble.config import schema
 

@@ -200,6 +200,8 @@ def check_builders(cfg: Config) -> None:
         builders.check_params(h["builder"], fn, h["params"], where)
         if h["builder"] == "mlp":
             builders.check_mlp_params(h["params"], where)
+        elif h["builder"] == "cnn":
+            builders.check_cnn_params(h["params"], where)
 
 
 def from_dict(table: dict[str, Any]) -> Config:

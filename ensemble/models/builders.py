@@ -314,6 +314,36 @@ def check_mlp_params(params: dict[str, Any], key: str) -> None:
         raise UsageError(f"Expected `{key}.sigma` to be > 0. Received: {sigma!r}")
 
 
+def check_cnn_params(params: dict[str, Any], key: str) -> None:
+    """Range checks of the built-in CNN's parameters (before TensorFlow loads; Keras's own
+    refusals named no key, and `filters = 4` was "'int' object is not iterable").
+
+    Raises:
+        UsageError: a bad `filters`, `kernel_size`, `dense`, `dropout` or `scale`; names `key`.
+    """
+    def positive(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+    filters = params.get("filters", ())
+    if not isinstance(filters, (list, tuple)) or not all(map(positive, filters)):
+        raise UsageError(f"Expected `{key}.filters` to be a list of positive filter counts, "
+                         f"one Conv2D each (e.g. [32, 64]). Received: {filters!r}")
+    kernel = params.get("kernel_size", 1)
+    if not (positive(kernel) or isinstance(kernel, (list, tuple)) and len(kernel) == 2
+            and all(map(positive, kernel))):
+        raise UsageError(f"Expected `{key}.kernel_size` to be a positive integer or [height, "
+                         f"width]. Received: {kernel!r}")
+    if not positive(params.get("dense", 1)):
+        raise UsageError(f"Expected `{key}.dense` to be a positive integer. "
+                         f"Received: {params['dense']!r}")
+    dropout, scale = params.get("dropout", 0.0), params.get("scale", 1.0)
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) \
+            or not 0.0 <= dropout < 1.0:
+        raise UsageError(f"Expected `{key}.dropout` in [0, 1). Received: {dropout!r}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise UsageError(f"Expected `{key}.scale` to be > 0. Received: {scale!r}")
+
+
 def builder_file(spec: str) -> Path | None:
     """The source file of user builder `spec`, found without importing it: the `file.py` of
     `path/file.py:function`; for `package.module:function` the module's origin
