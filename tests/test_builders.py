@@ -300,6 +300,17 @@ def test_bad_cnn_params_name_the_key_before_tensorflow(params, message):
         "filters": [4, 8], "kernel_size": [3, 3], "dense": 16, "dropout": 0.0}}})
 
 
+def test_mlp_hidden_of_one_width_is_refused_as_members_hidden_is():
+    """`model.params.hidden = 64` passed the check, trained, then crashed writing
+    members.parquet (a traceback, the run left unfinished); it is one line, as for
+    `members.hidden = 64`."""
+    from ensemble.config import schema
+    from ensemble.core.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"`model.params.hidden` to be a list .*\[64\]"):
+        schema.from_dict({"model": {"builder": "mlp", "params": {"hidden": 64}}})
+
+
 def test_mixed_architectures_in_one_ensemble():
     from ensemble.config import schema
 

@@ -282,13 +282,11 @@ def check_mlp_params(params: dict[str, Any], key: str) -> None:
     Raises:
         UsageError: a bad `hidden`, `activation`, `dropout` or `l2`; names `key`.
     """
-    hidden = params.get("hidden", ())
-    if isinstance(hidden, int) and not isinstance(hidden, bool):
-        hidden = [hidden]
+    hidden = params.get("hidden", ())  # a list, as `[members] hidden`: one width is [64]
     if not isinstance(hidden, (list, tuple)) or not all(
             isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in hidden):
-        raise UsageError(f"Expected `{key}.hidden` to be a list of positive layer widths. "
-                         f"Received: {params.get('hidden')!r}")
+        raise UsageError(f"Expected `{key}.hidden` to be a list of positive layer widths "
+                         f"(one layer: [64]). Received: {params.get('hidden')!r}")
     act = params.get("activation", "relu")
     if act not in ACTIVATIONS:
         raise UsageError(f"Expected `{key}.activation` to be one of {', '.join(ACTIVATIONS)}. "
