@@ -124,6 +124,10 @@ def run_search(p: Plan, run_dir: Path, options: SearchOptions = SearchOptions())
     """
     run_dir = Path(run_dir)
     cand_dir = run_dir / CANDIDATES_DIR if p.stratify else run_dir
+    if options.resume and not any((d / artifacts.MANIFEST).is_file()
+                                  for d in (run_dir, cand_dir)):
+        raise UsageError(f"Not a run directory (no manifest.json): {str(run_dir)!r}; nothing to "
+                         "resume (leave out --resume to start a search there).")
     if not options.resume:  # refuse before any training; an old run is replaced only by
         for d in {run_dir, cand_dir}:  # training, after its checks of the config and data
             if prepare.holds_run(d, options.overwrite):

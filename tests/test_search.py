@@ -211,3 +211,14 @@ def test_stratify_retrains_the_selected_configurations_with_new_seeds(searched, 
     for d, n in ((run_dir, 1), (run_dir / "candidates", 2)):
         manifest = artifacts.read_manifest(d)
         assert manifest["status"] == "completed" and len(manifest["members"]) == n
+
+
+def test_resume_of_a_search_that_is_not_there_is_refused(tmp_path, capsys):
+    """A mistyped --run-dir with --resume started a fresh search; `train --resume` refuses it."""
+    path = tmp_path / "search.toml"
+    path.write_text(SEARCH)
+    assert run_cli("search", "--config", path, "--candidates", 2, "--select", 1,
+                   "--run-dir", tmp_path / "typo", "--resume", "--quiet") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Not a run directory (no manifest.json)" in err[0], err
+    assert "nothing to resume" in err[0] and not (tmp_path / "typo").exists()
