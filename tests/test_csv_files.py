@@ -6,6 +6,7 @@ equal to one trained on the plain file."""
 import bz2
 import gzip
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
@@ -112,3 +113,19 @@ def test_numbers_read_as_text_are_named_not_encoded():
 
     assert number_markers(pa.chunked_array([["0.126", "1.5", None, "2"]])) == ([], 0)
     assert number_markers(pa.chunked_array([["1", "2", "?"] * 10 + ["3"] * 5])) is None
+
+
+def test_column_empty_in_the_first_block_then_numbers_reads_as_numbers(tmp_path):
+    from ensemble.data.settings import DataConfig
+    from ensemble.data.table_scan import TableScan
+
+    # pyarrow types a streamed CSV's columns from its first block (1 MB, ~100k rows here):
+    # 'late' was typed null there and its first number refused as "expected a number"
+    rows = [f"{i % 7 * 0.125:.4f},{'' if i < 120_000 else i * 0.25},{i % 2}\n"
+            for i in range(130_000)]
+    data = _write(tmp_path / "late.csv", "x,late,y\n" + "".join(rows))
+    assert data.stat().st_size > 1 << 20
+    scan = TableScan(DataConfig(source=str(data), target="y", impute="median"))
+    assert scan.feature_names == ("x", "late")
+    late = np.concatenate([chunk.x[:, 1] for _, chunk in scan.chunks()])
+    assert np.isnan(late[:120_000]).all() and late[-1] == 129_999 * 0.25

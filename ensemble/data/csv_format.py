@@ -7,6 +7,10 @@ the header holds no comma (spreadsheets in locales whose decimal mark is a comma
 Own code rather than `csv.Sniffer`: the sniffer guesses from every character's frequency and
 can pick a letter or a space; here only the header line decides, and a header with a comma
 always reads as it did before.
+
+A file read in batches (`pyarrow.dataset`) takes each column's type from its first block (about
+a megabyte); a column empty there is typed null and its first number further on refused.
+`settled_types` reads such columns through to type them as a whole-file read does.
 """
 
 from __future__ import annotations
@@ -76,3 +80,32 @@ def read_csv(path: str | Path):
 
     parse, convert = read_options(path, strings_can_be_null=True)
     return pcsv.read_csv(path, parse_options=parse, convert_options=convert)
+
+
+def settled_types(path: str | Path, names) -> dict:
+    """Column name -> `float64` or `string` for the columns `names` of the CSV file at `path`
+    (those a first block left untyped: empty there), read as text through the whole file a
+    batch at a time: numbers when every non-empty value is one, else text, as
+    `pyarrow.csv.read_csv` types them; a column empty in every row is left out (null)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as pds
+
+    parse, convert = read_options(path, strings_can_be_null=True,
+                                  column_types={n: pa.string() for n in names})
+    text = pds.dataset(str(path), format=pds.CsvFileFormat(parse_options=parse,
+                                                            convert_options=convert))
+    types: dict = {}
+    for batch in text.to_batches(columns=list(names), batch_readahead=1, fragment_readahead=1):
+        for name, col in zip(batch.schema.names, batch.columns):
+            values = col.drop_null()
+            if not len(values) or types.get(name) == pa.string():
+                continue
+            if convert.decimal_point != ".":
+                values = pc.replace_substring(values, convert.decimal_point, ".")
+            try:
+                pc.cast(values, pa.float64())
+                types[name] = pa.float64()
+            except pa.ArrowInvalid:
+                types[name] = pa.string()
+    return types

@@ -55,7 +55,15 @@ def _open(path: Path):
         parse, convert = csv_format.read_options(path, strings_can_be_null=True)
         fmt = pds.CsvFileFormat(parse_options=parse, convert_options=convert)
     try:
-        return pds.dataset(str(path), format=fmt), kind
+        dataset = pds.dataset(str(path), format=fmt)
+        empty = [f.name for f in dataset.schema if pa.types.is_null(f.type)]
+        types = csv_format.settled_types(path, empty) if kind == "CSV" and empty else {}
+        if types:  # empty in the first block, values further on: typed by all of them
+            parse, convert = csv_format.read_options(path, strings_can_be_null=True,
+                                                     column_types=types)
+            dataset = pds.dataset(str(path), format=pds.CsvFileFormat(
+                parse_options=parse, convert_options=convert))
+        return dataset, kind
     except (pa.ArrowInvalid, OSError) as exc:
         names = messages.csv_header(path) if kind == "CSV" else []
         raise UsageError(messages.read_error(exc, f"{path} as {kind}", names)) from None
