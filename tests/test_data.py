@@ -252,3 +252,16 @@ def test_a_column_that_cannot_be_numbers_is_described_in_words():
         assert numeric_values(pa.field("x", col.type), col, 0, None, problems) is None
         assert problems == [f"column 'x' holds {words}; expected numbers (or list it in "
                             "[data] categorical to one-hot encode it)"]
+
+
+def test_decimal_columns_are_numbers_as_features_and_targets():
+    import decimal
+
+    dec = pa.array([decimal.Decimal(v) for v in ("1.25", "-2.50", "3.75", "0.00")],
+                   pa.decimal128(10, 2))
+    table = pa.table({"price": dec, "amount": dec, "label": ["x", "y", "x", "y"]})
+    ds = sources.table_to_dataset(table, "d", "label", True)  # was "'amount' is decimal128"
+    assert ds.feature_names == ("price", "amount")
+    np.testing.assert_array_equal(ds.x[:, 1], [1.25, -2.5, 3.75, 0.0])
+    ds = sources.table_to_dataset(table.drop_columns(["label"]), "d", "price", True)
+    assert ds.y.dtype == np.float64 and ds.y.tolist() == [1.25, -2.5, 3.75, 0.0]  # not text

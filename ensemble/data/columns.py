@@ -158,9 +158,10 @@ def held(t: pa.DataType) -> str:
 
 def numeric_values(f: pa.Field, col, first_row: int, expected: Sequence[str] | None,
                     problems: list[str]) -> np.ndarray | None:
-    """A numeric or boolean column as numbers (`[n_rows]`: an integer or float column in its
-    own numpy dtype, float64 where it has NaN or nulls or is boolean), or None when its type
-    cannot be a feature; a problem is appended for that, inf, or |x| beyond float32."""
+    """A numeric, decimal or boolean column as numbers (`[n_rows]`: an integer or float column
+    in its own numpy dtype, float64 where it has NaN or nulls or is decimal or boolean), or
+    None when its type cannot be a feature; a problem is appended for that, inf, or |x|
+    beyond float32."""
     if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type):
         problems.append(not_utf8(f.name, col, first_row))
         return None
@@ -169,7 +170,7 @@ def numeric_values(f: pa.Field, col, first_row: int, expected: Sequence[str] | N
                         f"numbers: leave it out{drop_hint(f.name, expected)}, or "
                         "convert it to a number (days since a date) in the data")
         return None
-    if not (is_numeric(f.type) or pa.types.is_boolean(f.type)):
+    if not (is_numeric(f.type) or pa.types.is_boolean(f.type) or pa.types.is_decimal(f.type)):
         problems.append(f"column {f.name!r} holds {held(f.type)}; expected numbers (or list it "
                         "in [data] categorical to one-hot encode it)")
         return None
