@@ -265,3 +265,13 @@ def test_decimal_columns_are_numbers_as_features_and_targets():
     np.testing.assert_array_equal(ds.x[:, 1], [1.25, -2.5, 3.75, 0.0])
     ds = sources.table_to_dataset(table.drop_columns(["label"]), "d", "price", True)
     assert ds.y.dtype == np.float64 and ds.y.tolist() == [1.25, -2.5, 3.75, 0.0]  # not text
+
+
+@pytest.mark.parametrize("categorical", ["auto", ("nest", "tags")])
+def test_nested_columns_are_refused_in_one_line_naming_drop(categorical):
+    table = pa.table({"a": [1.0, 2.0], "tags": [[1.0], [2.0, 3.0]],
+                      "nest": [{"x": 1}, {"x": 2}], "label": ["x", "y"]})
+    with pytest.raises(UsageError) as err:  # as categories: was pyarrow's cast traceback
+        sources.table_to_dataset(table, "d", "label", True, categorical)
+    assert "column 'tags' is list<item: double>, values nested" in str(err.value)
+    assert "leave it out with --drop nest" in str(err.value)

@@ -128,9 +128,18 @@ def number_markers(col) -> tuple[list[str], int] | None:
     return [v for _, v in sorted(other, key=lambda t: -t[0])], rows
 
 
-def category_values(f: pa.Field, col, first_row: int, problems: list[str]):
+def nested_problem(f: pa.Field, expected) -> str:
+    """The problem line of a list, struct or map column: neither a number nor a category."""
+    return (f"column {f.name!r} is {f.type}, values nested in each row; expected numbers, "
+            f"text or booleans: leave it out{drop_hint(f.name, expected)}")
+
+
+def category_values(f: pa.Field, col, first_row: int, problems: list[str], expected=None):
     """A categorical column's values as text (`[n_rows]` object array, None where missing),
-    or None with a problem appended (bytes that are not UTF-8)."""
+    or None with a problem appended (bytes that are not UTF-8, a nested column)."""
+    if pa.types.is_nested(f.type):
+        problems.append(nested_problem(f, expected))
+        return None
     try:
         values = pc.cast(col, pa.string()) if not pa.types.is_dictionary(f.type) \
             else pc.cast(pc.dictionary_decode(col), pa.string())
@@ -169,6 +178,9 @@ def numeric_values(f: pa.Field, col, first_row: int, expected: Sequence[str] | N
         problems.append(f"column {f.name!r} holds dates or times ({f.type}); expected "
                         f"numbers: leave it out{drop_hint(f.name, expected)}, or "
                         "convert it to a number (days since a date) in the data")
+        return None
+    if pa.types.is_nested(f.type):
+        problems.append(nested_problem(f, expected))
         return None
     if not (is_numeric(f.type) or pa.types.is_boolean(f.type) or pa.types.is_decimal(f.type)):
         problems.append(f"column {f.name!r} holds {held(f.type)}; expected numbers (or list it "
@@ -226,7 +238,7 @@ def features(table: pa.Table, cat_names: Sequence[str], first_row: int,
     numeric, cats, missing_values = [], {}, []
     for f in table.schema:
         col = table.column(f.name)
-        values = (category_values(f, col, first_row, problems) if f.name in cat_names
+        values = (category_values(f, col, first_row, problems, expected) if f.name in cat_names
                   else numeric_values(f, col, first_row, expected, problems))
         if values is None:
             continue
