@@ -144,6 +144,7 @@ def _check_input_early(args) -> None:
     loads (the run's own problems, damaged or unfinished, are left to the full check that
     follows)."""
     from ensemble.core import artifacts
+    from ensemble.core.outputs import table_format
     from ensemble.data import kinds
     from ensemble.runs.run_record import Manifest
 
@@ -157,6 +158,9 @@ def _check_input_early(args) -> None:
     if args.target:  # named explicitly: not optional
         stream.check_target()
     stream.check()
+    if args.layout == "wide" and table_format(Path(args.out)) == "csv" and hasattr(
+            stream, "check_csv_out"):  # a table's (images and arrays have no such columns)
+        stream.check_csv_out(args.out)
 
 
 def cmd_predict(args) -> int:

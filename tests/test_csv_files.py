@@ -129,3 +129,18 @@ def test_column_empty_in_the_first_block_then_numbers_reads_as_numbers(tmp_path)
     assert scan.feature_names == ("x", "late")
     late = np.concatenate([chunk.x[:, 1] for _, chunk in scan.chunks()])
     assert np.isnan(late[:120_000]).all() and late[-1] == 129_999 * 0.25
+
+
+def test_a_nested_column_carried_to_a_csv_output_is_refused_before_predicting(trained,
+                                                                              tmp_path, capsys):
+    digits = pcsv.read_csv(_digits_csv(tmp_path / "d.csv", n=20))
+    data = tmp_path / "tags.parquet"
+    pq.write_table(digits.append_column("tags", pa.array([[i, i + 1] for i in range(20)])), data)
+    out = tmp_path / "p.csv"
+    assert run_cli("predict", "--run", trained, "--data", data, "--out", out, "--quiet") == 2
+    err = capsys.readouterr().err  # was pyarrow's "Unsupported Type" traceback, after TensorFlow
+    assert "Cannot write column 'tags'" in err and ".parquet" in err and "Traceback" not in err
+    assert not out.exists()
+    out = tmp_path / "p.parquet"
+    assert run_cli("predict", "--run", trained, "--data", data, "--out", out, "--quiet") == 0
+    assert pq.read_table(out).column("tags").to_pylist()[:2] == [[0, 1], [1, 2]]

@@ -146,6 +146,22 @@ class InputStream:
                              "expected a column of the input, or no --target for rows "
                              "without labels")
 
+    def check_csv_out(self, out) -> None:
+        """Refuse a CSV `out` for an input with a list, struct or map column, which a wide
+        output carries through and `pyarrow.csv` cannot write (before TensorFlow loads).
+
+        Raises:
+            UsageError: names the column and the Parquet output that holds it.
+        """
+        names = (*self.pre.columns, self.target)
+        nested = [f for f in (self._dataset.schema if self._dataset is not None else ())
+                  if pa.types.is_nested(f.type) and f.name not in names]
+        if nested:
+            raise UsageError(f"Cannot write column {nested[0].name!r} of {self.source} "
+                             f"({nested[0].type}, carried through to the output) to the CSV "
+                             f"{out}: CSV holds no nested values; expected --out ending in "
+                             ".parquet, --layout long, or the input without that column.")
+
     def labels_used(self) -> bool:
         """Whether the input's labels fill `y` (`y_true`): decided once for the whole input,
         when the target column is present with no label missing in any row (one pass over
