@@ -5,6 +5,8 @@ equal to one trained on the plain file."""
 
 import bz2
 import gzip
+import os
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -144,3 +146,25 @@ def test_a_nested_column_carried_to_a_csv_output_is_refused_before_predicting(tr
     out = tmp_path / "p.parquet"
     assert run_cli("predict", "--run", trained, "--data", data, "--out", out, "--quiet") == 0
     assert pq.read_table(out).column("tags").to_pylist()[:2] == [[0, 1], [1, 2]]
+
+
+def _bytes_read() -> int:
+    """Bytes this process has read from files so far (Linux: `rchar` of /proc/self/io)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="Linux's /proc/self/io")
+def test_a_csv_input_is_read_a_block_at_a_time_not_ahead_of_the_model(trained, tmp_path):
+    from ensemble.data import kinds
+
+    rows = _digits_csv(tmp_path / "d.csv", n=1000).read_text().splitlines(keepends=True)
+    data = _write(tmp_path / "big.csv", rows[0] + "".join(rows[1:]) * 700)  # 700k rows, 103 MB
+    pre = kinds.read_preprocessing(trained / "preprocessing.json")
+    stream = kinds.input_stream(pre, str(data), "target", batch_rows=1024, quiet=True)
+    stream.check()  # (a whole pass over the labels)
+    before, batches = _bytes_read(), iter(stream)
+    assert len(next(batches).x) == 1024
+    time.sleep(1)  # a slow model: pyarrow's dataset scanner read on, to the file's end
+    read = _bytes_read() - before
+    assert read < data.stat().st_size / 2, (read, data.stat().st_size)  # 30 blocks ahead

@@ -234,16 +234,22 @@ class InputStream:
 
     def _tables(self, all_columns: bool = False) -> Iterator[pa.Table]:
         """The input as tables of exactly `batch_rows` rows (the last one shorter)."""
+        import pyarrow.dataset as ds
+
         names = self._dataset.schema.names
         cols = None if all_columns else [c for c in names if c in (*self.pre.columns,
                                                                   self.target)]
         pending, size = [], 0
         try:
             # one thread and readahead of one batch: threaded scans run ahead of a slow
-            # consumer (the model), and memory would grow with the input
-            for rb in self._dataset.to_batches(columns=cols, batch_size=self.batch_rows,
-                                               batch_readahead=1, fragment_readahead=1,
-                                               use_threads=False):
+            # consumer (the model), and memory would grow with the input; CSV: a block at a time
+            batches = (csv_format.record_batches(self._dataset.files, self._dataset.format,
+                                                 self._dataset.schema, cols)
+                       if isinstance(self._dataset.format, ds.CsvFileFormat) else
+                       self._dataset.to_batches(columns=cols, batch_size=self.batch_rows,
+                                                batch_readahead=1, fragment_readahead=1,
+                                                use_threads=False))
+            for rb in batches:
                 pending.append(rb)
                 size += rb.num_rows
                 while size >= self.batch_rows:
