@@ -168,3 +168,15 @@ def test_a_csv_input_is_read_a_block_at_a_time_not_ahead_of_the_model(trained, t
     time.sleep(1)  # a slow model: pyarrow's dataset scanner read on, to the file's end
     read = _bytes_read() - before
     assert read < data.stat().st_size / 2, (read, data.stat().st_size)  # 30 blocks ahead
+
+
+def test_a_carried_column_empty_in_the_first_block_is_carried_through(trained, tmp_path):
+    rows = _digits_csv(tmp_path / "d.csv", n=1000).read_text().splitlines()
+    body = [f"{r},{'' if i < 9000 else 'late note'}" for i, r in enumerate(rows[1:] * 10)]
+    data = _write(tmp_path / "n.csv", "\n".join([rows[0] + ",note", *body]) + "\n")
+    assert data.stat().st_size > 1 << 20  # beyond pyarrow's first block, which typed it null
+    out = tmp_path / "p.parquet"  # was "column 'note' row 9000 holds 'late note'; expected a
+    # number (the column holds numbers)"
+    assert run_cli("predict", "--run", trained, "--data", data, "--out", out, "--quiet") == 0
+    note = pq.read_table(out).column("note").to_pylist()
+    assert note[8999] is None and note[9000:] == ["late note"] * 1000

@@ -83,19 +83,21 @@ def read_csv(path: str | Path):
     return pcsv.read_csv(path, parse_options=parse, convert_options=convert)
 
 
-def settled_types(path: str | Path, names) -> dict:
+def settled_types(path: str | Path | list, names) -> dict:
     """Column name -> `float64` or `string` for the columns `names` of the CSV file at `path`
-    (those a first block left untyped: empty there), read as text through the whole file a
-    batch at a time: numbers when every non-empty value is one, else text, as
-    `pyarrow.csv.read_csv` types them; a column empty in every row is left out (null)."""
+    (or files, read in the first one's dialect; the columns a first block left untyped: empty
+    there), read as text through the whole input a batch at a time: numbers when every
+    non-empty value is one, else text, as `pyarrow.csv.read_csv` types them; a column empty
+    in every row is left out (null)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.dataset as pds
 
-    parse, convert = read_options(path, strings_can_be_null=True,
+    files = [str(p) for p in path] if isinstance(path, (list, tuple)) else [str(path)]
+    parse, convert = read_options(files[0], strings_can_be_null=True,
                                   column_types={n: pa.string() for n in names})
-    text = pds.dataset(str(path), format=pds.CsvFileFormat(parse_options=parse,
-                                                            convert_options=convert))
+    text = pds.dataset(files, format=pds.CsvFileFormat(parse_options=parse,
+                                                        convert_options=convert))
     types: dict = {}
     for batch in text.to_batches(columns=list(names), batch_readahead=1, fragment_readahead=1):
         for name, col in zip(batch.schema.names, batch.columns):

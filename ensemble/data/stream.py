@@ -103,6 +103,12 @@ class InputStream:
                                            ParquetFragmentScanOptions(pre_buffer=False))
             try:
                 self._dataset = ds.dataset(files, format=fmt)
+                empty = [f.name for f in self._dataset.schema if pa.types.is_null(f.type)]
+                if isinstance(fmt, ds.CsvFileFormat) and empty:  # carried columns empty in
+                    types.update(csv_format.settled_types(files, empty))  # the first block
+                    convert.column_types = types
+                    self._dataset = ds.dataset(files, format=ds.CsvFileFormat(
+                        parse_options=parse, convert_options=convert))
             except (pa.ArrowInvalid, OSError) as exc:
                 if isinstance(fmt, ds.ParquetFileFormat):  # name a duplicate column if any
                     import pyarrow.parquet as pq
