@@ -124,7 +124,7 @@ def test_duplicate_and_latin1_columns_at_predict(trained, tmp_path, capsys):
     latin.write_bytes(latin.read_bytes().replace(b",x\n", b",caf\xe9\n"))
     out = tmp_path / "p.parquet"
     assert run_cli("predict", "--run", trained, "--data", dup, "--out", out) == 2
-    _one_line(capsys, str(dup), "multiple columns named pixel_0_0")
+    _one_line(capsys, str(dup), "column name 'pixel_0_0' twice", "columns 1 and 65")  # as train
     import pyarrow.parquet as pq
 
     table = pcsv.read_csv(data)

@@ -92,7 +92,8 @@ class InputStream:
             files, fmt = _files(self.source)
             if fmt == "csv":
                 for f in files:
-                    messages.csv_header(f)  # names of bytes that are not UTF-8: refused
+                    # names of bytes that are not UTF-8, or a name twice: refused
+                    sources.check_unique_columns(messages.csv_header(f), f)
                 types = {n: pa.float64() for n in pre.feature_names}
                 types.update({n: pa.string() for n in pre.categories})
                 parse, convert = csv_format.read_options(  # a folder's files alike: the first
