@@ -14,6 +14,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 from conftest import run_cli
+from ensemble.core.errors import UsageError
 
 
 def _digits_csv(path, n=100):
@@ -180,3 +181,18 @@ def test_a_carried_column_empty_in_the_first_block_is_carried_through(trained, t
     assert run_cli("predict", "--run", trained, "--data", data, "--out", out, "--quiet") == 0
     note = pq.read_table(out).column("note").to_pylist()
     assert note[8999] is None and note[9000:] == ["late note"] * 1000
+
+
+def test_a_column_named_in_categorical_is_read_as_text_past_the_first_block(tmp_path):
+    from ensemble.data.settings import DataConfig
+    from ensemble.data.table_scan import TableScan
+
+    rows = [f"{i % 7 * 0.125:.4f},{75001 + i % 5 if i < 95_000 else '2A004'},{i % 2}\n"
+            for i in range(100_000)]  # codes that look like numbers in pyarrow's first block
+    data = _write(tmp_path / "codes.csv", "x,code,y\n" + "".join(rows))
+    assert data.stat().st_size > 1 << 20
+    with pytest.raises(UsageError, match="row 95000 holds '2A004'.*named in --categorical"):
+        list(TableScan(DataConfig(source=str(data), target="y")).chunks())
+    scan = TableScan(DataConfig(source=str(data), target="y", categorical=("code",)))
+    codes = np.concatenate([chunk.categorical["code"] for _, chunk in scan.chunks()])
+    assert codes[0] == "75001" and codes[-1] == "2A004"  # was refused as "expected a number"

@@ -44,11 +44,15 @@ def csv_header(path) -> list[str]:
     return names
 
 
-def read_error(exc: Exception, source, names: Sequence[str] = ()) -> str:
+TEXT_HINT = "; or, for categories, the column named in --categorical (read as text)"
+
+
+def read_error(exc: Exception, source, names: Sequence[str] = (), hint: str = "") -> str:
     """One line for pyarrow's error reading `source`: a CSV value that is not a number where
     the column holds numbers names its column (`names`: the file's columns, pyarrow gives
     an index) and row (0-based data rows, as every message here; pyarrow counts the file's
-    lines from 1, header included); anything else is pyarrow's own first line."""
+    lines from 1, header included), then `hint` (training: `TEXT_HINT`); anything else is
+    pyarrow's own first line."""
     import re
 
     line = str(exc).splitlines()[0]
@@ -57,7 +61,7 @@ def read_error(exc: Exception, source, names: Sequence[str] = ()) -> str:
     if m and int(m[1]) < len(names):
         return (f"Cannot read {source}: column {names[int(m[1])]!r} row {int(m[2]) - 2} holds "
                 f"{m[4]!r}; expected a number (the column holds numbers), or an empty cell "
-                "for a missing value")
+                f"for a missing value{hint}")
     return f"Cannot read {source}: {line.split('Invalid: ', 1)[-1]}"
 
 

@@ -29,7 +29,10 @@ from ensemble.data.settings import DataConfig
 CHUNK_ROWS = 1 << 16
 
 
-def _open(path: Path):
+def _open(path: Path, categorical=()):
+    """(the `pyarrow.dataset` of `path`, its kind); a CSV file's `categorical` columns (names
+    given, not `"auto"`) are read as text (bytes, whose UTF-8 `columns.category_values`
+    checks), whatever their first block looks like."""
     import pyarrow.dataset as pds
 
     if path.is_dir():
@@ -52,7 +55,10 @@ def _open(path: Path):
     if kind == "Parquet":
         fmt = "parquet"
     else:
-        parse, convert = csv_format.read_options(path, strings_can_be_null=True)
+        text = {} if categorical in ("auto", "none") else {  # (bytes: UTF-8 checked later)
+            n: pa.binary() for n in categorical}
+        parse, convert = csv_format.read_options(path, strings_can_be_null=True,
+                                                 column_types=text)
         fmt = pds.CsvFileFormat(parse_options=parse, convert_options=convert)
     try:
         dataset = pds.dataset(str(path), format=fmt)
@@ -60,13 +66,14 @@ def _open(path: Path):
         types = csv_format.settled_types(path, empty) if kind == "CSV" and empty else {}
         if types:  # empty in the first block, values further on: typed by all of them
             parse, convert = csv_format.read_options(path, strings_can_be_null=True,
-                                                     column_types=types)
+                                                     column_types={**types, **text})
             dataset = pds.dataset(str(path), format=pds.CsvFileFormat(
                 parse_options=parse, convert_options=convert))
         return dataset, kind
     except (pa.ArrowInvalid, OSError) as exc:
         names = messages.csv_header(path) if kind == "CSV" else []
-        raise UsageError(messages.read_error(exc, f"{path} as {kind}", names)) from None
+        raise UsageError(messages.read_error(exc, f"{path} as {kind}", names,
+                                             messages.TEXT_HINT)) from None
 
 
 class TableScan:
@@ -97,7 +104,7 @@ class TableScan:
             return
         self.path = Path(cfg.source)
         self.name = str(self.path)
-        self._dataset, self._kind = _open(self.path)
+        self._dataset, self._kind = _open(self.path, cfg.categorical)
         names = self._dataset.schema.names
         sources.check_unique_columns(names, self.name)
         sources.check_drop(cfg.drop, names, self.path)
@@ -132,8 +139,8 @@ class TableScan:
                     yield pa.Table.from_batches([batch])
         except (pa.ArrowInvalid, OSError) as exc:
             names = self._dataset.schema.names if self._kind == "CSV" else []
-            raise UsageError(messages.read_error(exc, f"{self.path} as {self._kind}", names)) \
-                from None
+            raise UsageError(messages.read_error(exc, f"{self.path} as {self._kind}", names,
+                                                 messages.TEXT_HINT)) from None
 
     def _labels(self) -> tuple[np.ndarray, np.ndarray | None]:
         """(`[n]` labels of the labelled rows, `[n_source]` bool: rows with a label, or None
