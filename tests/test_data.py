@@ -275,3 +275,16 @@ def test_nested_columns_are_refused_in_one_line_naming_drop(categorical):
         sources.table_to_dataset(table, "d", "label", True, categorical)
     assert "column 'tags' is list<item: double>, values nested" in str(err.value)
     assert "leave it out with --drop nest" in str(err.value)
+
+
+def test_a_folder_shard_whose_column_changes_type_is_named(tmp_path):
+    from ensemble.data.table_scan import TableScan
+
+    (tmp_path / "parts").mkdir()
+    pq.write_table(pa.table({"a": [0.5, 1.5, 2.5, 3.5], "label": ["x", "y", "x", "y"]}),
+                   tmp_path / "parts" / "part-0.parquet")
+    pq.write_table(pa.table({"a": ["p", "q", "r", "s"], "label": ["x", "y", "x", "y"]}),
+                   tmp_path / "parts" / "part-1.parquet")
+    with pytest.raises(UsageError, match=r"Column 'a' of .*part-1.parquet is string; expected "
+                                         r"double as in .*part-0.parquet"):  # was pyarrow's
+        list(TableScan(DataConfig(source=str(tmp_path / "parts"), target="label")).chunks())

@@ -101,3 +101,17 @@ def check_unique_columns(names: Sequence[str], source: str) -> None:
             raise UsageError(f"Data {source} has the column name {n!r} twice (columns "
                              f"{seen[n] + 1} and {i + 1}); expected unique column names.")
         seen[n] = i
+
+
+def check_same_types(files: Sequence[str], schema, columns: Sequence[str]) -> None:
+    """Raises UsageError naming the first Parquet file of `files` (a folder's shards) whose
+    column of `columns` has another type than `schema` (the first file's) gives it."""
+    import pyarrow.parquet as pq
+
+    for f in files:
+        for field in pq.read_schema(f):
+            if field.name in columns and field.type != schema.field(field.name).type:
+                raise UsageError(
+                    f"Column {field.name!r} of {f} is {field.type}; expected "
+                    f"{schema.field(field.name).type} as in {files[0]} (every file of a "
+                    "folder holds the same columns, each of one type).")

@@ -265,6 +265,10 @@ class InputStream:
                     rest = table.slice(self.batch_rows)
                     pending, size = rest.to_batches(), rest.num_rows
         except (pa.ArrowInvalid, OSError) as exc:
+            if isinstance(self._dataset.format, ds.ParquetFileFormat) and len(
+                    self._dataset.files) > 1:  # the shard whose column differs, named
+                messages.check_same_types(self._dataset.files, self._dataset.schema,
+                                          cols or names)
             files = self._dataset.files if len(self._dataset.files) == 1 else []
             raise UsageError(messages.read_error(exc, self.source, self._header(files))) \
                 from None

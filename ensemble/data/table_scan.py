@@ -139,6 +139,8 @@ class TableScan:
                     yield pa.Table.from_batches([batch])
         except (pa.ArrowInvalid, OSError) as exc:
             names = self._dataset.schema.names if self._kind == "CSV" else []
+            if self.path.is_dir():  # the shard whose column differs: pyarrow names neither
+                messages.check_same_types(self._dataset.files, self._dataset.schema, columns)
             raise UsageError(messages.read_error(exc, f"{self.path} as {self._kind}", names,
                                                  messages.TEXT_HINT)) from None
 
