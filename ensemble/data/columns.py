@@ -150,19 +150,11 @@ def category_values(f: pa.Field, col, first_row: int, problems: list[str], expec
 
 
 def held(t: pa.DataType) -> str:
-    """What a column of Arrow type `t` holds, in words, its type after it: "text
-    (large_string)", "lists (list<item: double>)"."""
+    """What a column of Arrow type `t` holds, in words: "text (large_string)" (nested columns
+    have a problem line of their own, `nested_problem`)."""
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
-        words = "text"
-    elif pa.types.is_dictionary(t):
-        words = "categories"
-    elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        words = "lists"
-    elif pa.types.is_struct(t) or pa.types.is_map(t):
-        words = "nested records"
-    else:
-        return f"values of type {t}"
-    return f"{words} ({t})"
+        return f"text ({t})"
+    return f"values of type {t}"
 
 
 def numeric_values(f: pa.Field, col, first_row: int, expected: Sequence[str] | None,
