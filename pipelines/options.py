@@ -146,8 +146,9 @@ def _predict(p) -> None:
          help="between-graph only: concurrent client processes (default: as many as allowed)")
     _add(p, "--cluster", metavar="FILE", help="cluster spec FILE.json to predict on "
                                               "(default: none)")
-    _add(p, "--batch-size", type=BATCH_ROWS, metavar="ROWS", default=65536,
-         help="rows read, predicted and written at a time (memory stays flat)")
+    _add(p, "--batch-size", type=BATCH_ROWS, metavar="ROWS", default=None,
+         help="rows read, predicted and written at a time, so memory stays flat (default: "
+              "65536, fewer for wide rows: at most 64 MB of input values a batch)")
     _add(p, "--replicas", metavar="auto|N", type=replicas("--replicas"),
          help="in-graph only: replicas of each member over the devices, each batch's rows "
               "split across them; auto: devices // members (default: auto)")

@@ -564,3 +564,29 @@ def test_the_infrequent_categories_notice_quotes_the_column_for_the_shell(capsys
     stats.fitted(np.array([0, 1]))
     err = capsys.readouterr().err
     assert err.rstrip().endswith("leave the column out with --drop 'visit site'"), err
+
+
+def test_default_prediction_batches_hold_at_most_64_mb_of_values(tmp_path):
+    """Without --batch-size, a batch is 65,536 rows of a narrow table and fewer of wide rows:
+    a 2,000-column table read 65,536 rows (1 GB of float64) a batch and peaked at 2.7 GB."""
+    import pyarrow.parquet as pq
+
+    from ensemble.data import kinds
+    from ensemble.data.arrays import ArrayPreprocessing
+    from ensemble.data.preprocessing import Preprocessing
+
+    def table(n_cols):
+        return Preprocessing(tuple(f"c{i}" for i in range(n_cols)), np.zeros(n_cols),
+                             np.ones(n_cols), np.array([0, 1]))
+
+    assert kinds.batch_rows_of(table(64)) == 65536
+    assert kinds.batch_rows_of(table(2000)) == (64 << 20) // (8 * 2000) == 4194
+    assert kinds.batch_rows_of(table(10 ** 6)) == 256  # never fewer rows than that
+    image = ArrayPreprocessing((64, 64, 3), np.array([0, 1]), "uint8")
+    assert kinds.batch_rows_of(image) == (64 << 20) // (8 * 64 * 64 * 3) == 682
+    wide = pa.table({f"c{i}": np.arange(10.0) for i in range(2000)})
+    pq.write_table(wide, tmp_path / "wide.parquet")
+    stream = kinds.input_stream(table(2000), str(tmp_path / "wide.parquet"), "target")
+    assert stream.batch_rows == 4194 and sum(len(b.rows) for b in stream) == 10
+    assert kinds.input_stream(table(2000), str(tmp_path / "wide.parquet"), "target",
+                              batch_rows=1000).batch_rows == 1000

@@ -252,6 +252,18 @@ def export_inputs_of(pre):
 
 
 def input_stream(pre, source: str, target: str, strict: bool = False,
-                 batch_rows: int = stream.DEFAULT_BATCH_ROWS, quiet: bool = False):
-    """New rows for a run whose preprocessing is `pre`, streamed by the run's input kind."""
-    return _named(pre.kind).stream(pre, source, target, strict, batch_rows, quiet)
+                 batch_rows: int | None = None, quiet: bool = False):
+    """New rows for a run whose preprocessing is `pre`, streamed by the run's input kind, in
+    batches of `batch_rows` rows (None: `batch_rows_of(pre)`)."""
+    return _named(pre.kind).stream(pre, source, target, strict,
+                                   batch_rows_of(pre) if batch_rows is None else batch_rows,
+                                   quiet)
+
+
+def batch_rows_of(pre) -> int:
+    """The default rows of a prediction batch of a run whose preprocessing is `pre`
+    (`stream.default_batch_rows` of its input values per row: an array row's size, or a
+    table's input columns)."""
+    shape = row_shape(pre)
+    values = int(np.prod(shape)) if shape is not None else len(pre.columns)
+    return stream.default_batch_rows(values)

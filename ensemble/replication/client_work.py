@@ -326,14 +326,14 @@ def _predict_stream(request: ClientRequest, manifest: Manifest, groups: dict) ->
     import contextlib
 
     from ensemble.data import kinds
-    from ensemble.data.stream import DEFAULT_BATCH_ROWS, PredictionWriter, prefetch
+    from ensemble.data.stream import PredictionWriter, prefetch
 
     run_dir = Path(request.run)
     pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
                                                     run_dir / artifacts.PREPROCESSING))
     target = request.target or manifest.dataset.target_or("target")
     stream = kinds.input_stream(pre, request.predict, target, quiet=True,
-                                batch_rows=request.batch_size or DEFAULT_BATCH_ROWS)
+                                batch_rows=request.batch_size)
     paths = {i: Path(request.out) / f"member-{i}.parquet" for i in groups}
     ytype = tasks.for_run(manifest).target_type()  # the y_true column's type
     with contextlib.ExitStack() as stack:

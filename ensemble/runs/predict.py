@@ -26,7 +26,7 @@ from ensemble.tasks import tables
 from ensemble.tasks.predicted import SplitPredictions
 from ensemble.core.errors import UsageError
 from ensemble.data import kinds
-from ensemble.data.stream import DEFAULT_BATCH_ROWS, flat_heap, prefetch
+from ensemble.data.stream import flat_heap, prefetch
 from ensemble.replication.modes import PredictRequest
 
 GRAPH_BATCH_ROWS = 16384  # rows per traced call: bounds the members' activations in memory
@@ -68,8 +68,7 @@ def open_input(request: PredictRequest):
     r = request
     manifest, pre = open_run(r.run_dir, r.trust_builder)
     target = r.target or manifest.dataset.target_or("target")
-    stream = kinds.input_stream(pre, r.source, target, r.strict_columns,
-                                r.batch_size or DEFAULT_BATCH_ROWS)
+    stream = kinds.input_stream(pre, r.source, target, r.strict_columns, r.batch_size)
     if r.target:  # named explicitly: not optional
         stream.check_target()
     return manifest, pre, stream
@@ -162,7 +161,7 @@ class Prediction:
 
     @property
     def batch_rows(self) -> int:
-        return self.request.batch_size or DEFAULT_BATCH_ROWS
+        return self.stream.batch_rows  # `--batch-size`, or its default for the run's rows
 
 
 def open_prediction(request: PredictRequest) -> Prediction:
