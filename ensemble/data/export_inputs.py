@@ -101,6 +101,7 @@ def _columnar_graph(pre, mean, scale, fill):
     import tensorflow as tf
 
     from ensemble.data import export_graph as G
+    from ensemble.data.preprocessing import BOOL_WORDS, is_boolean
 
     key = input_names(pre.columns)
     specs = {key[n]: tf.TensorSpec([None], tf.float32, name=key[n]) for n in pre.feature_names}
@@ -126,6 +127,11 @@ def _columnar_graph(pre, mean, scale, fill):
             col = inputs[key[c]]
             if c in pre.category_fill:
                 col = tf.where(tf.equal(col, ""), pre.category_fill[c], col)
+            if is_boolean(cats):  # `True`, `1`: as `Preprocessing` matches them
+                for word, spellings in BOOL_WORDS.items():
+                    hit = tf.reduce_any(tf.equal(col[:, None], tf.constant(spellings)[None, :]),
+                                        axis=1)
+                    col = tf.where(hit, word, col)
             blocks.append(tf.cast(tf.equal(col[:, None], tf.constant(cats)[None, :]),
                                   tf.float64))
         return _scaled(tf.cast((tf.concat(blocks, axis=1) - mean) / scale, tf.float32), pre,

@@ -32,6 +32,24 @@ from ensemble.core.errors import UsageError
 BLOCK_ROWS = 4096  # rows encoded at a time (`encode_scaled`): float64 blocks of ~2 MiB
 HIGH_CARDINALITY = 50  # distinct values of a categorical column that earn a notice
 INFREQUENT = "infrequent"  # the output column of a column's grouped infrequent categories
+# how a boolean is written in a CSV: pyarrow's default `true_values` / `false_values`, which
+# type a training column as bool (its categories then `true`/`false`, `is_boolean`)
+BOOL_WORDS = {"true": ("true", "True", "TRUE", "1"), "false": ("false", "False", "FALSE", "0")}
+
+
+def is_boolean(categories) -> bool:
+    """True when a categorical column's training `categories` are a boolean's (`true`,
+    `false`): the column was read as booleans, so new rows are matched as booleans too (a
+    CSV's `True`, a DataFrame's text `"False"`, `1`), not as the text `True`."""
+    return bool(categories) and set(categories) <= set(BOOL_WORDS)
+
+
+def boolean_words(col: np.ndarray) -> np.ndarray:
+    """Text column `col` `[n_rows]` with every spelling of `BOOL_WORDS` as `true` / `false`."""
+    out = col.astype(object)
+    for word, spellings in BOOL_WORDS.items():
+        out[np.isin(col, spellings)] = word
+    return out
 
 
 def _notice_id_columns(names, x: np.ndarray) -> None:
@@ -139,6 +157,8 @@ class Preprocessing:
             if name in self.category_fill:
                 col = np.where(col == None, self.category_fill[name], col)  # noqa: E711
             col = col.astype(str)
+            if is_boolean(cats):
+                col = boolean_words(col)
             onehot = (col[:, None] == np.asarray(cats)[None, :]).astype(np.float64)
             other = onehot.sum(axis=1) == 0
             if name in self.infrequent:  # infrequent and unknown categories: one column
