@@ -105,6 +105,23 @@ def test_stacking_matches_scikit_learn(n_classes):
     assert fit["folds"] == 5
 
 
+def test_mutual_information_is_the_mixtures_for_a_sharpened_aggregate():
+    """Two confident members that disagree: their mean is uniform (entropy log 2, expected
+    entropy ~0), so BALD's mutual information is ~log 2 whatever the aggregate is. A sharpened
+    aggregate (temperature 0.2 of the mean of [0.9, 0.1] and [0.6, 0.4]) has an entropy below
+    the members' own, which made `entropy - expected_entropy` negative."""
+    members = np.array([[[1.0, 0.0]], [[0.0, 1.0]]])
+    sharp = np.array([[0.999, 0.001]])
+    u = M.uncertainty(members, sharp)
+    assert u["mutual_information"] == pytest.approx([np.log(2)])
+    assert u["entropy"] == pytest.approx(M.entropy(sharp))
+    soft = np.array([[[0.9, 0.1]], [[0.6, 0.4]]])
+    h = lambda p: -np.sum(p * np.log(p), axis=-1)  # noqa: E731
+    mi = M.uncertainty(soft, sharp)["mutual_information"]
+    assert mi == pytest.approx(h(np.array([0.75, 0.25])) - (h(soft[0]) + h(soft[1])) / 2)
+    assert mi[0] > 0 > (M.entropy(sharp) - (h(soft[0]) + h(soft[1])) / 2)[0]
+
+
 def test_entropy_mutual_information_and_kl_by_hand():
     assert M.entropy(np.array([[0.5, 0.5], [1.0, 0.0]])) == pytest.approx([np.log(2), 0.0])
     members = np.array([[[1.0, 0.0]], [[0.0, 1.0]]])  # two sure members that disagree

@@ -102,14 +102,17 @@ def uncertainty_tf(member_probs, ensemble_probs, weights) -> dict:
 
     Returns:
         `{"entropy", "expected_entropy", "mutual_information"}`, each `[batch]` float32 (float64
-        inside): H(ensemble), sum_m w_m H(p_m) and their difference (Depeweg et al. 2018).
+        inside): H(ensemble), sum_m w_m H(p_m) and the mutual information of the members'
+        mixture, H(sum_m w_m p_m) - sum_m w_m H(p_m) >= 0 (Depeweg et al. 2018).
     """
-    member_h = entropy_tf(tf.cast(member_probs, tf.float64))  # [n_members, batch]
-    h = entropy_tf(tf.cast(ensemble_probs, tf.float64))
-    expected = tf.tensordot(tf.constant(np.asarray(weights, np.float64)), member_h, axes=1)
-    return {"entropy": tf.cast(h, tf.float32),
+    p = tf.cast(member_probs, tf.float64)
+    w = tf.constant(np.asarray(weights, np.float64))
+    member_h = entropy_tf(p)  # [n_members, batch]
+    expected = tf.tensordot(w, member_h, axes=1)
+    mi = entropy_tf(tf.tensordot(w, p, axes=1)) - expected
+    return {"entropy": tf.cast(entropy_tf(tf.cast(ensemble_probs, tf.float64)), tf.float32),
             "expected_entropy": tf.cast(expected, tf.float32),
-            "mutual_information": tf.cast(h - expected, tf.float32)}
+            "mutual_information": tf.cast(mi, tf.float32)}
 
 
 def serving_outputs(stacked, name: str, params: dict | None, classes) -> dict:

@@ -88,14 +88,20 @@ def uncertainty(member_probs: np.ndarray, ensemble_probs: np.ndarray,
 
     Returns:
         `{"entropy": H(ensemble), "expected_entropy": sum_m w_m H(p_m), "mutual_information":
-        their difference}`, each `[n_rows]` float64. For the mean (or a weighted mean with the
-        same weights) the difference is BALD's mutual information, >= 0 (Jensen).
+        H(sum_m w_m p_m) - sum_m w_m H(p_m)}`, each `[n_rows]` float64. The mutual information
+        (BALD) is that of the members' mixture, >= 0 (Jensen), whatever the aggregator: for the
+        mean (or a weighted mean with the same weights) it is `entropy - expected_entropy`; a
+        sharpened ensemble (temperature, geometric mean, stacking) has an entropy below its
+        members' and made that difference negative.
     """
+    member_probs = np.asarray(member_probs, np.float64)
     member_h = entropy(member_probs)  # [n_members, n_rows]
     n = member_h.shape[0]
     w = np.full(n, 1.0 / n) if weights is None else np.asarray(weights, np.float64)
-    h, expected = entropy(ensemble_probs), w @ member_h
-    return {"entropy": h, "expected_entropy": expected, "mutual_information": h - expected}
+    expected = w @ member_h
+    mixture = np.einsum("m,mrc->rc", w, member_probs)
+    return {"entropy": entropy(ensemble_probs), "expected_entropy": expected,
+            "mutual_information": entropy(mixture) - expected}
 
 
 def mean_pairwise_kl(member_probs: np.ndarray) -> float:
