@@ -222,3 +222,17 @@ def test_resume_of_a_search_that_is_not_there_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Not a run directory (no manifest.json)" in err[0], err
     assert "nothing to resume" in err[0] and not (tmp_path / "typo").exists()
+
+
+def test_a_flag_for_a_sampled_key_is_refused(tmp_path, capsys):
+    """`--learning-rate 0.5` with `learning_rate` in [search] was recorded in the manifest
+    while every candidate trained with its sampled rate."""
+    path = tmp_path / "search.toml"
+    path.write_text(SEARCH)
+    for flag, words in ((["--learning-rate", "0.5"], "Expected no --learning-rate"),
+                        (["--set", "members.hidden=[8]"], "Expected no --set members.hidden")):
+        assert run_cli("search", "--config", path, "--candidates", 2, "--select", 1, *flag,
+                       "--run-dir", tmp_path / "run", "--quiet") == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0] and "[search] samples" in err[0], err
+    assert not (tmp_path / "run").exists()
