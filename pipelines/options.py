@@ -338,6 +338,17 @@ COMMAND_OPTIONS = (  # (name, one-line help, the builder of its options), in the
 )
 
 
+def _version() -> str:
+    """The installed distribution's version (`pyproject.toml`), or `unknown` from a bare
+    source tree."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("ensemble-replication")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     """The `ensemble` parser; `commands` maps each command name to its function (`cli.cmd_*`).
 
@@ -346,6 +357,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     """
     p = _Parser(prog="ensemble", description=DESCRIPTION, epilog=EXAMPLES,
                 formatter_class=_HelpFormatter)
+    p.add_argument("--version", action="version", version=f"ensemble {_version()}")
     sub = p.add_subparsers(dest="command", title="commands", metavar="COMMAND",
                            parser_class=_Parser)
     p.commands = sub.choices
@@ -365,6 +377,9 @@ def parse(argv: list[str] | None, commands: dict[str, Callable]):
     """
     parser = build_parser(commands)
     args, extra = parser.parse_known_args(argv)
+    if args.command is None and extra:  # `ensemble --bogus`: not the help, and not status 0
+        raise UsageError(f"Unknown option {extra[0]!r}; expected a command first: ensemble "
+                         "COMMAND [options] (`ensemble --help` lists the commands).")
     if args.command is None:
         return parser, None
     if extra:

@@ -348,3 +348,19 @@ def test_evaluate_plots(in_graph_run, capsys, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # not installed
     assert run_cli("evaluate", "--run", in_graph_run, "--plots") == 2
     assert "matplotlib" in capsys.readouterr().err
+
+
+def test_top_level_options(capsys):
+    """`ensemble --version` prints the version; an unknown option before any command is an
+    error (exit 2), not the help with status 0."""
+    from importlib import metadata
+
+    with pytest.raises(SystemExit) as done:
+        run_cli("--version")
+    assert done.value.code == 0
+    version = metadata.version("ensemble-replication")
+    assert capsys.readouterr().out.strip() == f"ensemble {version}"
+    assert run_cli("--bogus") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: Unknown option '--bogus'; expected a command first: ensemble COMMAND "
+                   "[options] (`ensemble --help` lists the commands)."]
