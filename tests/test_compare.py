@@ -319,3 +319,12 @@ def test_epoch_cost_from_history_in_both_modes():
     assert cost.epoch_seconds("in-graph", one, {"steady_rows": 0}, 100) == (None, 1)
     assert cost.split_cost(10.0, 2.0, 3, 1000) == {"fixed_seconds": 4.0, "epoch_seconds": 2.0,
                                                     "row_epoch_us": 2000.0}
+
+
+def test_one_repeat_calls_the_cost_model_indicative():
+    """With --repeats 1 the verdict says no mode is called faster; the crossover line said
+    "in-graph at every count" as if it were one, and now says it is indicative."""
+    runs = _cost_runs({"in-graph": [(2.0, 0.5)], "between-graph": [(6.0, 1.0)]})
+    text = compare.verdict(pa.Table.from_pylist(compare.summarise(runs, PARITY)))
+    assert ("does not change with the epoch count: in-graph at every count (one sample of "
+            "each: indicative, no verdict)") in text
