@@ -79,3 +79,17 @@ def test_the_python_api_and_the_exported_graph_match_text_booleans(bool_run):
     # classes sorted: `ill` is the first probability
     np.testing.assert_allclose(probabilities(lower)[:, 0], np.asarray(as_bool["p_ill"]),
                                atol=1e-5)
+
+
+def test_the_whole_input_count_of_unknown_categories_reads_booleans_alike():
+    """`whole_input.unknown_categories` (the count before a streamed predict) agrees with the
+    encoding: `True`, `0` of a boolean column are known, `maybe` is not."""
+    import pyarrow as pa
+
+    from ensemble.data.preprocessing import Preprocessing
+    from ensemble.data.whole_input import unknown_categories
+
+    pre = Preprocessing(("age",), np.zeros(3), np.ones(3), np.array(["ill", "well"]),
+                        categories={"smoker": ["false", "true"]})
+    table = pa.table({"age": [1.0, 2.0, 3.0, 4.0], "smoker": ["True", "0", "false", "maybe"]})
+    assert unknown_categories(table, pre) == {"smoker": 1}

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ensemble.core.errors import UsageError
+from ensemble.data.preprocessing import BOOL_WORDS, is_boolean
 from ensemble.data.sources import FLOAT32_MAX
 
 KINDS = ("missing", "inf", "beyond float32")
@@ -103,6 +104,10 @@ def unknown_categories(table: pa.Table, pre) -> dict[str, int]:
         if pa.types.is_dictionary(col.type):
             col = pc.dictionary_decode(col)
         col = pc.cast(col, pa.string())
+        if is_boolean(cats):  # `True`, `1`: as `Preprocessing` matches a boolean column
+            for word, spellings in BOOL_WORDS.items():
+                col = pc.if_else(pc.fill_null(pc.is_in(col, pa.array(spellings)), False),
+                                 word, col)
         fill = getattr(pre, "category_fill", {}).get(name)
         known = pc.is_in(col, value_set=pa.array([str(c) for c in cats], pa.string()))
         n = int(pc.sum(pc.invert(pc.fill_null(known, False))).as_py() or 0)
