@@ -190,7 +190,7 @@ def test_categorical_and_imputation_fitted_on_train_rows_only(tmp_path, capsys):
     island = [i for i, n in enumerate(names) if n.startswith("island=")]
     raw = x[:, island] * pre.scale[island] + pre.mean[island]
     np.testing.assert_allclose(raw[3], 0.0, atol=1e-6)
-    assert "1 rows in 'island'" in capsys.readouterr().err
+    assert "1 row in 'island'" in capsys.readouterr().err
     # the filled value is the training median, scaled
     bill = names.index("bill")
     assert x[1, bill] == pytest.approx((pre.fill[0] - pre.mean[bill]) / pre.scale[bill], rel=1e-5)

@@ -140,5 +140,5 @@ def write_splits(run_dir, scan, pre, rows: dict[str, np.ndarray], y: np.ndarray)
             splits.write(start, x)
     if unknown:
         notice("unknown categories ignored (all-zero encoding): " + ", ".join(
-            f"{n} rows in {c!r}" for c, n in unknown.items()))
+            f"{n} row{'s' * (n != 1)} in {c!r}" for c, n in unknown.items()))
     return splits.sha256s()

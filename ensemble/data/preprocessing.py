@@ -182,7 +182,7 @@ class Preprocessing:
         x, unknown = self.encode_scaled(ds)
         if unknown:
             sources.notice("unknown categories ignored (all-zero encoding): " + ", ".join(
-                f"{n} rows in {c!r}" for c, n in unknown.items()))
+                f"{n} row{'s' * (n != 1)} in {c!r}" for c, n in unknown.items()))
         return x
 
     def encode_scaled(self, ds: Dataset, first_row: int | np.ndarray = 0

@@ -348,4 +348,4 @@ class InputStream:
     def _notice_unknown(self) -> None:
         if self.unknown and not self.quiet:
             sources.notice("unknown categories ignored (all-zero encoding): " + ", ".join(
-                f"{n} rows in {c!r}" for c, n in self.unknown.items()))
+                f"{n} row{'s' * (n != 1)} in {c!r}" for c, n in self.unknown.items()))
