@@ -42,8 +42,10 @@ BATCH_BYTES = 64 << 20  # bytes of input values a default batch holds at most (8
 def default_batch_rows(values_per_row: int) -> int:
     """Rows of a batch when `--batch-size` is not given: `DEFAULT_BATCH_ROWS`, fewer for wide
     rows (a 2,000-column table, images), so that a batch holds at most `BATCH_BYTES` of
-    values read as float64 (a 2,000-column table: 4,096 rows), and at least 256 rows."""
+    values read as float64 (a 2,000-column table: 4,194 rows), and at least 256 rows."""
     return max(256, min(DEFAULT_BATCH_ROWS, BATCH_BYTES // (8 * max(1, values_per_row))))
+
+
 _CHECKED: set = set()  # inputs whose check passed in this process
 
 
