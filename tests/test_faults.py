@@ -204,13 +204,9 @@ def _held(argv, tmp_path, point: str, timeout: float = 120):
     return proc, marker
 
 
-@pytest.mark.parametrize("command", ["predict", "export"])
-def test_a_write_killed_midway_leaves_a_staging_entry_the_next_run_removes(trained, tmp_path,
-                                                                           command):
-    out = tmp_path / "out" / ("p.parquet" if command == "predict" else "models")
-    argv = [command, "--run", trained, *(["--data", "digits"] if command == "predict" else []),
-            "--out", out]
-    proc, marker = _held(argv, tmp_path, command)
+def _killed_at(argv, tmp_path, point: str):
+    """Run `argv` until it holds at `point`, SIGKILL it, and return the ended process."""
+    proc, marker = _held(argv, tmp_path, point)
     try:
         os.kill(proc.pid, signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
@@ -220,6 +216,16 @@ def test_a_write_killed_midway_leaves_a_staging_entry_the_next_run_removes(train
             proc.wait()
         proc.stderr.close()
         marker.unlink(missing_ok=True)
+    return proc
+
+
+@pytest.mark.parametrize("command", ["predict", "export"])
+def test_a_write_killed_midway_leaves_a_staging_entry_the_next_run_removes(trained, tmp_path,
+                                                                           command):
+    out = tmp_path / "out" / ("p.parquet" if command == "predict" else "models")
+    argv = [command, "--run", trained, *(["--data", "digits"] if command == "predict" else []),
+            "--out", out]
+    proc = _killed_at(argv, tmp_path, command)
     folder = out.parent if command == "predict" else out
     left = [p for p in folder.iterdir() if staging.owner(p.name)]
     assert len(left) == 1 and staging.owner(left[0].name)[1] == proc.pid, left
@@ -236,16 +242,7 @@ def test_a_between_graph_predict_killed_midway_leaves_nothing_the_next_keeps(tra
     out = tmp_path / "out" / "p.parquet"
     argv = ["predict", "--run", trained, "--data", "digits", "--mode", "between-graph",
             "--out", out]
-    proc, marker = _held(argv, tmp_path, "predict")
-    try:
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(timeout=30) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
-        marker.unlink(missing_ok=True)
+    _killed_at(argv, tmp_path, "predict")
     assert [p for p in out.parent.iterdir() if p.name.startswith(".")]  # the members' files
     assert run_cli(*argv) == 0  # the next predict into the same place
     assert sorted(p.name for p in out.parent.iterdir()) == ["p.parquet",
