@@ -57,11 +57,9 @@ def plan(config_path: str | Path, candidates: int, select: int, stratify: int = 
         UsageError: a bad `[search]` table (names the key), config or count.
     """
     seed, space, raw = S.load_space(config_path)
-    sampled = {"hidden": "members.hidden", "activation": "members.activation",
-               "dropout": "members.dropout", "learning_rate": "training.learning_rate",
-               "l2": "members.l2"}  # `[search]` key -> the config key it sets per candidate
-    for key, dotted in sampled.items():
-        if key in space and (overrides or {}).get(dotted) is not None:
+    for key in space:  # the config key a `[search]` key sets for every candidate
+        dotted = f"training.{key}" if key == "learning_rate" else f"members.{key}"
+        if (overrides or {}).get(dotted) is not None:
             flag = "--learning-rate" if key == "learning_rate" else f"--set {dotted}"
             raise UsageError(f"Expected no {flag}: [search] samples `{key}` for every "
                              "candidate, so the flag would be recorded and not used; leave it "

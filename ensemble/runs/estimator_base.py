@@ -174,7 +174,7 @@ class DeepEnsembleBase(BaseEstimator):
                 val = (estimator_tables.transform(self, val[0]), val[1])
         else:
             names = list(getattr(self, "feature_names_in_",
-                                 [f"x{i}" for i in range(X.shape[1])]))
+                                 estimator_tables.array_names(X.shape[1])))
             pre = fit_arrays.fit_preprocessing(X, *labels, names)
             x = pre.transform(fit_arrays.dataset(X, names))
             if val is not None:

@@ -104,10 +104,15 @@ def wants_table(est, X) -> bool:
     return shape is not None and len(shape) == 2 or _has_missing(X)
 
 
+def array_names(n: int) -> list[str]:
+    """The names of an array's `n` columns, as a table: `x0` .. `x{n-1}`."""
+    return [f"x{i}" for i in range(n)]
+
+
 def _array_names(names) -> bool:
-    """True when `names` are those `_frame` gives an array's columns (`x0` .. `x{n-1}`): a
-    run fitted on an array, whose new arrays are read by position."""
-    return set(names) == {f"x{i}" for i in range(len(names))}
+    """True when `names` are an array's (`array_names`): a run fitted on an array, whose new
+    arrays are read by position."""
+    return set(names) == set(array_names(len(names)))
 
 
 def _is_frame(X) -> bool:
@@ -132,7 +137,7 @@ def _frame(est, X, fitted: bool = False):
         x = X if numeric else np.asarray(X, dtype=object)
         if x.ndim != 2:
             raise ValueError(f"Expected a 2D table [n_rows, n_columns]. Received: shape {x.shape}")
-        frame = pd.DataFrame(x, columns=[f"x{i}" for i in range(x.shape[1])])
+        frame = pd.DataFrame(x, columns=array_names(x.shape[1]))
     columns = getattr(est, "_fit_columns", None) if fitted else None  # None: a loaded run's
     if columns is not None and set(frame.columns) != set(columns):
         frame.columns = list(columns)
