@@ -140,7 +140,7 @@ def test_digits_cnn_config_and_the_estimator_on_4d_arrays(tmp_path):
                    "--quiet") == 0
     from sklearn.datasets import load_digits
 
-    from ensemble.models.builders import cnn
+    from ensemble.models.builtin import cnn
     from ensemble.sklearn import DeepEnsembleClassifier
 
     d = load_digits()

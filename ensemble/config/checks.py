@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ensemble.tasks.registry import AGGREGATOR_NAMES, LOSSES, TASKS
-from ensemble.models.builders import ACTIVATIONS
+from ensemble.models.builtin import ACTIVATIONS
 from ensemble.core.errors import UsageError
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from ensemble.config import bounds, values
 from ensemble.config.checks import check_ranges
 from ensemble.core.errors import UsageError
 from ensemble.data.settings import DataConfig, names_a_path
-from ensemble.models import builders
+from ensemble.models import builders, builtin
 from ensemble.tasks.aggregation_config import AggregationConfig
 
 MLP_KEYS = ("hidden", "activation", "dropout", "l2")  # [members] keys: the mlp builder's params
@@ -199,9 +199,9 @@ def check_builders(cfg: Config) -> None:
             raise UsageError(f"`{key}`: {exc}") from None
         builders.check_params(h["builder"], fn, h["params"], where)
         if h["builder"] == "mlp":
-            builders.check_mlp_params(h["params"], where)
+            builtin.check_mlp_params(h["params"], where)
         elif h["builder"] == "cnn":
-            builders.check_cnn_params(h["params"], where)
+            builtin.check_cnn_params(h["params"], where)
 
 
 def from_dict(table: dict[str, Any]) -> Config:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ensemble.models.builders import ACTIVATIONS
+from ensemble.models.builtin import ACTIVATIONS
 from ensemble.core.errors import UsageError
 
 KEYS = ("hidden", "activation", "dropout", "learning_rate", "l2")
