@@ -9,6 +9,11 @@ The options of every command are in `pipelines.options`.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m pipelines.cli`: the console script's entry, which
+    import pipelines  # loads this module itself (a Ctrl-C while it loads is one line too)
+
+    pipelines.entry()
+
 import os
 import re
 import sys
@@ -351,11 +356,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
+    """The process: `main()`'s status as the exit status; a Ctrl-C before `main` handles
+    signals (while its modules load) is one line and 130, as every later one."""
     from pipelines.pipe import guard_std_streams
 
     guard_std_streams()  # `ensemble train | head -3` completes the run (pipelines.pipe)
-    sys.exit(main())
-
-
-if __name__ == "__main__":
-    entry()
+    try:
+        status = main()
+    except KeyboardInterrupt:  # `main`'s own Interrupted never gets here
+        print("interrupted (SIGINT)", file=sys.stderr, flush=True)
+        status = 130
+    sys.exit(status)

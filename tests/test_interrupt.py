@@ -1,10 +1,16 @@
 """Ctrl-C and SIGTERM in-process (`ensemble.core.interrupt`): a signal is an interruption
-wherever it lands, never an error of the code it happened to interrupt."""
+wherever it lands, never an error of the code it happened to interrupt; and in the `ensemble`
+process from the first line of its own code."""
 
 import signal
+import subprocess
+import sys
+import time
+import tomllib
 
 import pytest
 
+from conftest import ROOT, cli_env
 from ensemble.core import interrupt
 from ensemble.models import builders, members
 
@@ -55,3 +61,31 @@ def test_an_interruption_while_the_arguments_are_parsed_is_one_line():
     from pipelines.guide import interrupted_line  # `main` has no arguments yet: None
 
     assert interrupted_line(interrupt.Interrupted(signal.SIGTERM), None) == "interrupted (SIGTERM)"
+
+
+def _started(how: str) -> str:
+    """A program that prints "started" once Python has started, then runs `ensemble` as the
+    console script of pyproject.toml does (`script`) or as `python -m pipelines.cli`."""
+    if how == "module":
+        return ("print('started', flush=True)\nimport runpy\n"
+                "runpy.run_module('pipelines.cli', run_name='__main__', alter_sys=True)")
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, name = scripts["ensemble"].split(":")
+    return (f"import sys\nprint('started', flush=True)\nfrom {module} import {name}\n"
+            f"sys.exit({name}())")
+
+
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_ctrl_c_while_the_cli_loads_is_one_line_and_130(how):
+    for delay in (0.01, 0.05, 0.1, 0.2):  # after "started": the CLI loads for ~0.3 s, then TF
+        proc = subprocess.Popen([sys.executable, "-c", _started(how), "devices"], env=cli_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline() == "started\n"
+            time.sleep(delay)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+            proc.wait()
+        assert (proc.returncode, err.splitlines()) == (130, ["interrupted (SIGINT)"]), (delay, err)
