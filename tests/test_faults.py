@@ -270,3 +270,31 @@ def test_only_staging_entries_of_dead_writers_are_swept(tmp_path):
         tmp.write_text("whole")
     assert not (tmp_path / names["other file"]).exists()
     assert (tmp_path / "b.parquet").read_text() == "whole"
+
+
+LAUNCHER = """import sys
+from ensemble.replication.processes import run_process
+run_process(["-n", "1", sys.argv[1]], module="timeit")
+"""
+WAIT_FOR_PARENT = ("import os, time\nparent = os.getppid()\n"
+                   "while os.getppid() == parent: time.sleep(0.05)")  # the client: ends with it
+
+
+def test_a_killed_launchers_report_file_is_removed_by_the_next_launch(tmp_path, monkeypatch):
+    import tempfile
+
+    from ensemble.replication.processes import run_process
+
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, WAIT_FOR_PARENT],
+                                env=cli_env(TMPDIR=str(tmp_path)))
+    try:  # its client runs (and ends once the launcher is gone) with a report file in TMPDIR
+        deadline = time.monotonic() + 60
+        while not any(tmp_path.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(tmp_path.iterdir())
+    finally:
+        launcher.kill()
+        launcher.wait()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert run_process(["-n", "1", "pass"], module="timeit")["returncode"] == 0
+    assert list(tmp_path.iterdir()) == []  # the killed launcher's file and its own: gone

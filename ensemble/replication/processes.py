@@ -6,6 +6,9 @@ A measured process writes its JSON report to the file named by `$ENSEMBLE_REPORT
 workers print theirs as the last stdout line instead, see `last_report`); a client also
 writes progress reports on stderr (`ensemble.replication.protocol` messages), which `run_process`
 hands to a callback as they come while keeping the other stderr lines for error messages.
+The temporary file has an owned staging name (`ensemble.core.staging`:
+`.ensemble-report.<host>-<pid>.<random>.partial.json`), so the next launch removes those that
+SIGKILLed launchers left behind.
 
 No orphans: every process started here gets `$ENSEMBLE_PARENT_PID`, and `die_with_parent`
 (called first thing by the CLI) asks Linux to SIGKILL it when its parent dies
@@ -25,8 +28,10 @@ import sys
 import threading
 import tempfile
 import time
+from pathlib import Path
 from typing import Callable
 
+from ensemble.core import staging
 from ensemble.core.errors import UsageError
 from ensemble.replication import protocol
 
@@ -90,8 +95,7 @@ def run_process(argv: list[str], env: dict | None = None, *, module: str,
         `{"returncode", "seconds" (wall), "spawned_unix" (time.time() at spawn), "stdout",
         "stderr", "report" (the process's `$ENSEMBLE_REPORT` JSON, or None)}`.
     """
-    fd, report_path = tempfile.mkstemp(prefix="ensemble-report-", suffix=".json")
-    os.close(fd)
+    report_path = str(staging.new_path(Path(tempfile.gettempdir()) / "ensemble-report", ".json"))
     env = dict(os.environ if env is None else env, **{protocol.REPORT_ENV: report_path,
                                                           PARENT_ENV: str(os.getpid())})
     try:
