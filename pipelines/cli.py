@@ -140,7 +140,11 @@ def cmd_devices(args) -> int:
     kind, n = devices.parse(spec)
     if kind == "cpu":
         devices.split_cpu(n)
+    used = devices.resolve(spec, cfg.members.count) if kind == "auto" else None  # as train's
     print(devices.format_description(devices.describe()))
+    if used:
+        print(f"--devices auto (for the config's {cfg.members.count} members) uses: "
+              f"{', '.join(used)}")
     return 0
 
 

@@ -308,7 +308,8 @@ def _devices(p) -> None:
     _add(p, "--config", metavar="PATH",
          help="TOML config whose [placement] memory settings apply (default: built-in)")
     _add(p, "--devices", metavar="SPEC", type=DEVICES,
-         help="split the CPU first with cpu:N (default: the config's, auto)")
+         help="split the CPU first with cpu:N (default: the config's, auto: the devices "
+              "train --devices auto uses)")
     _add(p, "--memory-limit-mb", type=_nonneg, metavar="MB",
          help="cap each GPU at MB MiB (default: the config's [placement] memory_limit_mb, 0)")
 

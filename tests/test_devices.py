@@ -82,6 +82,19 @@ def test_devices_command_splits_the_cpu_in_a_fresh_process():
     assert "notice: no GPU on this machine" in out.stderr
 
 
+def test_devices_without_options_shows_the_devices_train_would_use_with_auto():
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([sys.executable, "-m", "pipelines.cli", "devices"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    auto = [f"/device:CPU:{i}" for i in range(devices.auto_cpu_devices(4))]  # 4: the default
+    logical = [ln.split()[0] for ln in out.stdout.splitlines()
+               if ln.strip().startswith("/device:CPU:")]
+    assert logical == auto  # auto_cpu_devices: what train --devices auto splits
+    assert out.stdout.splitlines()[-1] == (
+        f"--devices auto (for the config's 4 members) uses: {', '.join(auto)}")
+
+
 def test_log_device_placement_names_each_members_device(tmp_path, tiny_config):
     # a fresh process: TensorFlow logs placement only when asked before its runtime starts
     run_dir = tmp_path / "run"
