@@ -298,3 +298,28 @@ def test_a_killed_launchers_report_file_is_removed_by_the_next_launch(tmp_path, 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert run_process(["-n", "1", "pass"], module="timeit")["returncode"] == 0
     assert list(tmp_path.iterdir()) == []  # the killed launcher's file and its own: gone
+
+
+def _read_only(run_dir, *argv):
+    """`ensemble ARGV` with `run_dir` a read-only bind mount (its own mount namespace)."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode:
+        pytest.skip("needs `unshare -rm` for a read-only mount")
+    mount = 'mount --bind -o ro "$0" "$0" && exec "$@"'
+    return subprocess.run(["unshare", "-rm", "sh", "-c", mount,
+                           str(run_dir), sys.executable, "-m", "pipelines.cli", *map(str, argv)],
+                          env=cli_env(), capture_output=True, text=True, timeout=300)
+
+
+def test_evaluate_of_a_read_only_run_prints_the_table_and_says_it_wrote_nothing(trained):
+    before = {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()}
+    res = _read_only(trained, "evaluate", "--run", trained)
+    assert res.returncode == 0, res.stderr
+    assert "ensemble-mean" in res.stdout and "member-1" in res.stdout  # the table
+    assert res.stderr.splitlines() == [f"notice: {trained} is read-only: the metrics are "
+                                       f"printed, not written to {trained / 'metrics.parquet'}"]
+    res = _read_only(trained, "evaluate", "--run", trained, "--plots")  # files asked for: refused
+    assert res.returncode == 2 and res.stderr.splitlines() == [
+        f"error: Expected a folder --plots can write in. Received: {trained} (read-only); "
+        "evaluate without --plots (the table only), or copy the run or predictions to a "
+        "writable folder first."]
+    assert {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()} == before

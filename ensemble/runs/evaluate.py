@@ -23,6 +23,7 @@ from ensemble.core.record import Manifest
 from ensemble.runs import search_report
 from ensemble.tasks import tables
 from ensemble.core.errors import UsageError
+from ensemble.core.notices import notice
 from ensemble.tasks.classification.evaluation import _line
 from ensemble.tasks.classification.metrics import METRICS
 from ensemble.tasks import confidence, plots_ood
@@ -35,8 +36,10 @@ def evaluate(run_dir: Path | None, predictions: Path | None = None,
 
     Writes `metrics.parquet` in the run (for the run's own predictions) or
     `<predictions stem>.metrics.parquet` beside a given predictions file; files it writes in
-    the run get their new sha256 in the manifest. Holds the run lock (`runlock`) meanwhile. The best member is
-    the run's (chosen on validation, `aggregators.json`) when the run is known.
+    the run get their new sha256 in the manifest. Holds the run lock (`runlock`) meanwhile:
+    shared, for reading only, on a run this process cannot write (a read-only folder or file
+    system). Metrics that cannot be written are only returned, with a notice naming the file.
+    The best member is the run's (chosen on validation, `aggregators.json`) when it is known.
 
     Args:
         plots: also write PNGs (`ensemble.plots`) beside the metrics.
@@ -46,12 +49,16 @@ def evaluate(run_dir: Path | None, predictions: Path | None = None,
 
     Raises:
         UsageError: no run/predictions, a predictions file without labels, a damaged or
-            unhashed artifact, an unwritable output, or a run another process holds.
+            unhashed artifact, `plots` in a folder that cannot be written, or a run another
+            process holds.
     """
-    if run_dir is not None:
-        with runlock.writing(run_dir, "ensemble evaluate"):
+    if run_dir is None:
+        return _evaluate(None, predictions, plots)
+    if not os.access(run_dir, os.W_OK):  # nothing is written in it: read it, no writer meanwhile
+        with runlock.reading(run_dir):
             return _evaluate(Path(run_dir), predictions, plots)
-    return _evaluate(None, predictions, plots)
+    with runlock.writing(run_dir, "ensemble evaluate"):
+        return _evaluate(Path(run_dir), predictions, plots)
 
 
 def own_predictions(run_dir: Path, manifest: Manifest) -> Path:
@@ -89,6 +96,11 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
             raise UsageError(f"Expected --predictions to be a Parquet file. Received: "
                              f"{predictions} ({'a folder' if predictions.is_dir() else 'missing'})")
         out = predictions.with_name(predictions.stem + ".metrics.parquet")
+    writable = os.access(out.parent, os.W_OK) and (not out.exists() or os.access(out, os.W_OK))
+    if plots and not writable:
+        raise UsageError(f"Expected a folder --plots can write in. Received: {out.parent} "
+                         "(read-only); evaluate without --plots (the table only), or copy the "
+                         "run or predictions to a writable folder first.")
     if predictions.suffix != ".parquet":
         raise UsageError(f"Expected --predictions to be a .parquet file of `ensemble predict "
                          f"--layout long`. Received: {predictions}")
@@ -102,10 +114,12 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
     table = tables.metrics_table(preds, (fit or {}).get("best_member"))
     if table.num_rows == 0:
         raise UsageError(f"{predictions} has no rows with a known y_true; cannot evaluate.")
-    if out.exists() and not os.access(out, os.W_OK) or not os.access(out.parent, os.W_OK):
-        raise UsageError(f"Cannot write the metrics to {out}: permission denied.")
-    artifacts.write_parquet(out, table)
-    written = [out]
+    written = []
+    if writable:
+        artifacts.write_parquet(out, table)
+        written.append(out)
+    else:
+        notice(f"{out.parent} is read-only: the metrics are printed, not written to {out}")
     text = format_table(table, fit, confidence.block(preds))
     if run_dir is not None and predictions == Path(run_dir) / artifacts.PREDICTIONS:
 
