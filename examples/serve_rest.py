@@ -3,7 +3,9 @@
 Trains a small ensemble on iris, runs `ensemble export`, starts `ensemble serve` on
 127.0.0.1 with a free port, waits until the model is AVAILABLE, sends a predict request and
 stops the server (SIGTERM: it drains and exits 0). Needs the `serve` extra (Starlette,
-uvicorn). Run: `python examples/serve_rest.py [--members 4] [--epochs 20]`.
+uvicorn). Run: `python examples/serve_rest.py [--members 4] [--epochs 20] [--workdir DIR]`;
+without `--workdir` the run and the model go to a temporary folder, removed at the end (also
+when a step fails).
 """
 import argparse
 import json
@@ -57,17 +59,26 @@ def wait_available(url: str, server: subprocess.Popen, seconds: float = 120.0) -
 
 
 def main() -> None:
+    """Parse the options; run the example in `--workdir`, else in a temporary folder."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--members", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--workdir", help="keep the run and the model in this folder")
+    args = p.parse_args()
+    if args.workdir:
+        serve_and_call(Path(args.workdir), args)
+        return
+    with tempfile.TemporaryDirectory(prefix="ensemble-serve-rest-") as work:
+        serve_and_call(Path(work), args)
+
+
+def serve_and_call(work: Path, args: argparse.Namespace) -> None:
+    """Train, export and serve in `work`, print the answers to three rows, stop the server."""
     import numpy as np
     from sklearn.datasets import load_iris
 
     import ensemble
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--members", type=int, default=4)
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--workdir", default=tempfile.mkdtemp())
-    args = p.parse_args()
-    work = Path(args.workdir)
     run = ensemble.train({"data": {"source": "iris"}, "members": {"count": args.members},
                           "training": {"epochs": args.epochs}}, run_dir=work / "runs" / "iris")
     subprocess.run(ensemble_cli("export", "--run", str(run.path), "--out",

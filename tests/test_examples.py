@@ -120,6 +120,17 @@ def test_serve_rest(python_examples):
     assert (work / "models" / "iris" / "1" / "saved_model.pb").is_file()
 
 
+def test_serve_rest_leaves_no_temporary_folder_even_when_it_fails(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    for workdir in ([], ["--workdir", str(tmp_path / "work")]):  # its own folder, or the user's
+        done = subprocess.run([sys.executable, str(EXAMPLES / "serve_rest.py"), "--epochs", "0",
+                               *workdir], cwd=tmp_path, env={**_env(tmp_path), "TMPDIR": str(tmp)},
+                              capture_output=True, text=True, timeout=240)
+        assert done.returncode == 1 and "training.epochs" in done.stderr  # the failing step
+        assert list(tmp.iterdir()) == []
+
+
 def test_sklearn_pipeline(python_examples):
     out, _ = _example(python_examples, "sklearn_pipeline.py")
     assert "best: {" in out and "test accuracy" in out
