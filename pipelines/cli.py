@@ -56,7 +56,7 @@ def _train(args) -> int:
         from ensemble.runs.run_record import Manifest
 
         if not args.run_dir:
-            raise UsageError("--resume needs --run-dir PATH of the run to continue")
+            raise UsageError("Expected --run-dir PATH of the run to continue with --resume.")
         manifest = Manifest.load(args.run_dir)
         args.mode = args.mode or manifest.mode
         cfg = load_config(args, base=manifest.config)
@@ -99,7 +99,7 @@ def cmd_search(args) -> int:
     from pipelines import flags, search
 
     if args.resume and not args.run_dir:
-        raise UsageError("--resume needs --run-dir PATH of the search to continue")
+        raise UsageError("Expected --run-dir PATH of the search to continue with --resume.")
     plan = search.plan(args.config, args.candidates, args.select, args.stratify, overrides={
         "training.epochs": args.epochs, "placement.devices": args.devices,
         **flags.overrides(args)})
@@ -293,7 +293,7 @@ def cmd_server(args) -> int:
 
     spec = cluster.load_spec(args.cluster)
     if spec is None:
-        raise UsageError("server: expected --cluster FILE.json or TF_CONFIG")
+        raise UsageError("Expected --cluster FILE.json or TF_CONFIG. Received: neither.")
     return cluster.serve(spec, args.task)  # checks the address, then loads TensorFlow
 
 

@@ -250,7 +250,7 @@ def run(args) -> int:
     try:
         sock = listen(args.host, args.port)
     except OSError as exc:
-        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
+        raise UsageError(f"Cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
                          ) from None
     try:
         return _serve(args, base, name, sock)

@@ -17,8 +17,8 @@ def require_extra() -> None:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as exc:
-        raise UsageError(f"ensemble serve needs the optional extra 'serve' ({exc.name} is not "
-                         f"installed): {EXTRA}") from None
+        raise UsageError(f"Expected the optional extra 'serve' for ensemble serve ({exc.name} "
+                         f"is not installed). Install it: {EXTRA}") from None
 
 
 def check_replicas(replicas: str) -> None:
@@ -73,7 +73,7 @@ def check_model_folder(base: Path, given: str) -> None:
     try:
         run_only = (base / MANIFEST).is_file() and not has_version(base)
     except OSError as exc:
-        raise UsageError(f"cannot read --model {given!r}: {exc.strerror or exc}") from None
+        raise UsageError(f"Cannot read --model {given!r}: {exc.strerror or exc}") from None
     if run_only:
         raise UsageError(f"{expected}; {given!r} is a training run ({MANIFEST}), not an "
                          f"exported model. Export it first: ensemble export --run "

@@ -1,12 +1,13 @@
 """Bad input, over every command: exit status 2, one clear line, nothing existing overwritten."""
 
+import ast
 import shutil
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pytest
-from conftest import run_cli, set_status
+from conftest import ROOT, run_cli, set_status
 
 from ensemble.core import artifacts
 
@@ -33,7 +34,7 @@ def _one_line(capsys, *needles):
     (["train", "--members", "two"], "--members: expected a positive integer"),
     (["train", "--devices", ""], "--devices"),
     (["train", "--data", "table.xlsx"], "Unknown data source 'table.xlsx'"),
-    (["train", "--resume"], "--resume needs --run-dir"),
+    (["train", "--resume"], "Expected --run-dir PATH of the run to continue with --resume"),
     (["train", "--prepare-only"], "--prepare-only is for --mode between-graph"),
     (["predict", "--run", "x"], "the following arguments are required"),
     (["aggregate", "--run", "/nonexistent"], "Not a run directory"),
@@ -247,3 +248,28 @@ def test_bad_input_at_evaluate(trained, tmp_path, capsys):
     ]:
         assert run_cli("evaluate", *argv) == 2, argv
         _one_line(capsys, needle)
+
+
+PREFIXES = ("ensemble ", "client: ")  # argparse's frame (`ensemble train: ...`); a client's own
+
+
+def _usage_errors():
+    """(place, opening text) of every `UsageError(...)` in the packages whose message opens
+    with text (not a value)."""
+    for path in sorted([*ROOT.glob("ensemble/**/*.py"), *ROOT.glob("pipelines/**/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and node.args and "UsageError" in (
+                    getattr(node.func, "id", None), getattr(node.func, "attr", None))):
+                continue
+            first = node.args[0]
+            while isinstance(first, (ast.BinOp, ast.JoinedStr)):  # "..." + x, f"...{x}"
+                first = first.left if isinstance(first, ast.BinOp) else first.values[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                yield f"{path.relative_to(ROOT)}:{node.lineno}", first.value
+
+
+def test_usage_errors_open_with_a_capital_as_sentences_do():
+    found = list(_usage_errors())
+    assert len(found) > 300  # the walk sees the messages
+    assert [f"{where} {text[:30]!r}" for where, text in found if (text[:1].islower() or
+            text.startswith("-")) and not text.startswith(PREFIXES)] == []

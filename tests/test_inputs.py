@@ -251,7 +251,7 @@ def _bad_npz(tmp_path, kind):
     (_bad_npz, "lengths", "differ in length (4 and 3)"),
     (_bad_npz, "pickled", "pickled (object) arrays"),
     (_bad_npz, "test_class", "holds label 3, which its training part does not"),
-    (_bad_npz, "test_kind", "y_train of"),
+    (_bad_npz, "test_kind", "in y_train and y_test of"),
     (_bad_npz, "empty_rows", "rows of shape [4, 0], which hold no value"),
     (_bad_npz, "bytes", "row 0's (b'\\xff') are not UTF-8 text"),
 ])

@@ -80,16 +80,16 @@ def _x(x: np.ndarray, name: str) -> np.ndarray:
     if x.ndim < 2:
         raise UsageError(f"Expected x of shape [n, ...] in {name}. Received: {list(x.shape)}")
     if 0 in x.shape[1:]:  # rows of no value: TensorFlow aborts the process on them
-        raise UsageError(f"x of {name} has rows of shape {list(x.shape[1:])}, which hold no "
-                         "value; expected rows of at least one value")
+        raise UsageError(f"Expected rows of at least one value in x of {name}. Received: rows "
+                         f"of shape {list(x.shape[1:])}, which hold no value.")
     if x.dtype == np.uint8:
         return x
     if x.dtype.kind not in "iuf":
         raise UsageError(f"Expected numbers in x of {name}. Received dtype {x.dtype}")
     x = x.astype(np.float32)
     if not np.all(np.isfinite(x)):
-        raise UsageError(f"x of {name} holds NaN, inf or values beyond float32; expected "
-                         "finite numbers")
+        raise UsageError(f"Expected finite numbers in x of {name}. Received: NaN, inf or "
+                         "values beyond float32.")
     return x
 
 
@@ -135,8 +135,8 @@ def load_npz(path: str, require_target: bool = True) -> ArrayData:
         if y is not None:
             y = _labels(y, path, require_target)
             if y is not None and len(y) != len(x):
-                raise UsageError(f"x and y of {path} differ in length ({len(x)} and {len(y)}); "
-                                 "expected one label per row.")
+                raise UsageError(f"Expected one label per row of {path}. Received: x and y "
+                                 f"differ in length ({len(x)} and {len(y)}).")
     if require_target and y is None:
         raise UsageError(f"{path} has no labels y; expected arrays x and y to train.")
     ids = np.asarray([f"{p.name}[{i}]" for i in range(len(x))], dtype=object)
@@ -157,16 +157,16 @@ def _keras_layout(parts: dict, path: str, required: bool):
           _labels(parts["y_test"], path, required)]
     for x, y, part in zip(xs, ys, ("train", "test")):
         if y is not None and len(x) != len(y):
-            raise UsageError(f"x_{part} and y_{part} of {path} differ in length "
-                             f"({len(x)} and {len(y)}); expected one label per row.")
+            raise UsageError(f"Expected one label per row of {path}. Received: x_{part} and "
+                             f"y_{part} differ in length ({len(x)} and {len(y)}).")
     if ys[0] is not None and ys[1] is not None and \
             (ys[0].dtype.kind == "U") != (ys[1].dtype.kind == "U"):
         kinds = ["strings" if y.dtype.kind == "U" else "numbers" for y in ys]
-        raise UsageError(f"y_train of {path} holds {kinds[0]} and y_test {kinds[1]}; "
-                         "expected labels of one kind in both")
+        raise UsageError(f"Expected labels of one kind in y_train and y_test of {path}. "
+                         f"Received: {kinds[0]} and {kinds[1]}.")
     if xs[0].shape[1:] != xs[1].shape[1:]:
-        raise UsageError(f"x_train and x_test of {path} differ in shape: "
-                         f"{list(xs[0].shape[1:])} and {list(xs[1].shape[1:])}")
+        raise UsageError(f"Expected rows of one shape in x_train and x_test of {path}. "
+                         f"Received: {list(xs[0].shape[1:])} and {list(xs[1].shape[1:])}.")
     x = np.concatenate(xs) if xs[0].dtype == xs[1].dtype else \
         np.concatenate([a.astype(np.float32) for a in xs])
     y = None if any(a is None for a in ys) else np.concatenate(ys)

@@ -153,8 +153,9 @@ def resolve(spec: str, n_members: int, cluster: dict | None = None,
         from ensemble.replication.cluster import connect
 
         if kind == "cpu":
-            raise UsageError(f"--devices {spec} splits the local CPU; with --cluster use auto "
-                             "or device names such as /job:worker/replica:0/task:1/device:CPU:0")
+            raise UsageError("Expected --devices auto or device names such as "
+                             "/job:worker/replica:0/task:1/device:CPU:0 with --cluster. "
+                             f"Received: --devices {spec}, which splits the local CPU.")
         remote = connect(cluster)
         if kind == "auto":
             return remote

@@ -126,8 +126,9 @@ class Mode(ABC):
         Raises:
             UsageError: this mode has no array training.
         """
-        raise UsageError(f"mode {self.name!r} cannot train from arrays; expected one of "
-                         f"{', '.join(n for n in names() if get(n).trains_arrays())}")
+        raise UsageError("Expected a mode that trains from arrays: "
+                         f"{', '.join(n for n in names() if get(n).trains_arrays())}. "
+                         f"Received: mode {self.name!r}.")
 
     def trains_arrays(self) -> bool:
         """Whether `train_arrays` is implemented (the estimators' `mode`)."""

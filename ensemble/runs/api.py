@@ -173,7 +173,8 @@ def _train_config(config, overrides, resume: bool, run_dir, tensorboard) -> Conf
     """
     if resume:
         if run_dir is None:
-            raise UsageError("resume needs the run_dir of the run to continue")
+            raise UsageError("Expected run_dir, the run to continue, with resume=True. "
+                             "Received: run_dir=None.")
         base = Manifest.load(run_dir).config
         cfg = as_config(config if config is not None else base, overrides)
     else:
@@ -195,7 +196,7 @@ def _builder_spec(model, strategy: modes.Mode) -> str:
     spec = model if isinstance(model, str) else \
         _builder_names({"model": model})["model"]["builder"]
     if strategy.member_processes and not builders.importable(spec):
-        raise UsageError(f"mode {strategy.name} trains in client processes, which import the "
+        raise UsageError(f"Mode {strategy.name} trains in client processes, which import the "
                          f"builder by name; {model!r} is not importable: define it at "
                          "module level, or pass 'package.module:function'.")
     return spec

@@ -316,8 +316,9 @@ def _placement(cfg: Config, devices: list[str], flops: list) -> tuple[list[str],
         placement = place(cfg.members.count, devices, cfg.placement.strategy, flops)
         return placement, [[d] for d in placement]
     if cfg.placement.strategy != "round-robin":
-        raise UsageError(f"placement.strategy {cfg.placement.strategy!r} places one device per "
-                         "member; with --replicas > 1 use round-robin")
+        raise UsageError("Expected placement.strategy 'round-robin' with --replicas > 1. "
+                         f"Received: {cfg.placement.strategy!r}, which places one device per "
+                         "member.")
     return [g[0] for g in groups], groups
 
 

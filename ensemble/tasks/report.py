@@ -129,8 +129,8 @@ def pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise UsageError("--plots needs matplotlib: pip install 'ensemble-replication[bench]' "
-                         "(or pip install matplotlib).") from None
+        raise UsageError("Expected matplotlib for --plots: pip install "
+                         "'ensemble-replication[bench]' (or pip install matplotlib).") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
