@@ -41,15 +41,21 @@ def digits_folder(folder: Path, classes=(0, 1, 2, 3)) -> Path:
 
 
 def main() -> None:
-    import ensemble
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--images", help="a folder DIR/<class>/*.png (default: digits, made here)")
     p.add_argument("--members", type=int, default=4)
     p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--workdir", default=tempfile.mkdtemp())
+    p.add_argument("--workdir", help="keep the run here (default: a temporary folder, "
+                   "removed at the end)")
     args = p.parse_args()
-    work = Path(args.workdir)
+    with tempfile.TemporaryDirectory(prefix="ensemble-example-") as tmp:
+        run_example(Path(args.workdir or tmp), args)
+
+
+def run_example(work: Path, args: argparse.Namespace) -> None:
+    """The example itself, its files in `work`."""
+    import ensemble
+
     images = args.images or str(digits_folder(work / "digits"))
     run = ensemble.train({"data": {"source": images},
                           "members": {"count": args.members},

@@ -10,17 +10,22 @@ from pathlib import Path
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--members", type=int, default=5)
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--workdir", help="keep the run here (default: a temporary folder, "
+                   "removed at the end)")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ensemble-example-") as tmp:
+        run_example(Path(args.workdir or tmp), args)
+
+
+def run_example(work: Path, args: argparse.Namespace) -> None:
+    """The example itself, its files in `work`."""
     import pandas as pd
     from sklearn.datasets import load_digits
 
     import ensemble
-
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--members", type=int, default=5)
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--workdir", default=tempfile.mkdtemp())
-    args = p.parse_args()
-    work = Path(args.workdir)
 
     d = load_digits()
     df = pd.DataFrame(d.data, columns=[f"p{i}" for i in range(64)]).assign(target=d.target)

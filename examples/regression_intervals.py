@@ -10,19 +10,26 @@ from pathlib import Path
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--members", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--workdir", help="keep the run here (default: a temporary folder, "
+                   "removed at the end)")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ensemble-example-") as tmp:
+        run_example(Path(args.workdir or tmp), args)
+
+
+def run_example(work: Path, args: argparse.Namespace) -> None:
+    """The example itself, its files in `work`."""
     from sklearn.datasets import load_diabetes
 
     import ensemble
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--members", type=int, default=4)
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--workdir", default=tempfile.mkdtemp())
-    args = p.parse_args()
     run = ensemble.train({"data": {"source": "diabetes"},      # built-in: a regression target
                           "members": {"count": args.members},
                           "training": {"epochs": args.epochs}},
-                         run_dir=Path(args.workdir) / "runs" / "diabetes")
+                         run_dir=work / "runs" / "diabetes")
     cols = ["model", "rmse", "nll", "coverage_90", "width_90"]
     print(run.metrics.query("split == 'test'")[cols].to_string(index=False))
 
