@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from ensemble.core import artifacts
 from ensemble.tasks.classification import fitted
@@ -21,7 +21,7 @@ from ensemble.runs import prepare
 from ensemble.core import runlock
 from ensemble.core.record import Manifest
 from ensemble.runs import search_report
-from ensemble.tasks import tables
+from ensemble.tasks import model_arrays, tables
 from ensemble.core.errors import UsageError
 from ensemble.core.notices import notice
 from ensemble.tasks.classification.evaluation import _line
@@ -104,13 +104,8 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
     if predictions.suffix != ".parquet":
         raise UsageError(f"Expected --predictions to be a .parquet file of `ensemble predict "
                          f"--layout long`. Received: {predictions}")
-    preds = artifacts.read_parquet(predictions)
-    meta = preds.schema.metadata or {}
-    if not {"model", "split", "y_true"} <= set(preds.column_names) or b"classes" not in meta:
-        outputs = "y_pred, std" if meta.get(b"classes") == b"[]" else "p_<class>"  # regression
-        raise UsageError(f"{predictions} is not a predictions file in the long layout "
-                         f"(expected the columns model, split, y_true, {outputs}: write it "
-                         "with `ensemble predict --layout long`).")
+    _check_long(predictions)
+    preds = model_arrays.read(predictions)  # a record batch at a time: memory flat in rows
     table = tables.metrics_table(preds, (fit or {}).get("best_member"))
     if table.num_rows == 0:
         raise UsageError(f"{predictions} has no rows with a known y_true; cannot evaluate.")
@@ -128,7 +123,7 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
         if manifest is not None and (run_dir / posthoc.SIZE_CURVE).is_file():
             artifacts.verify(run_dir, manifest, run_dir / posthoc.SIZE_CURVE)
         pictures = of_metrics(table).write_plots(out.parent, preds, table, run_dir)
-        labelled = preds.filter(pc.is_valid(preds.column("y_true")))
+        labelled = preds.labelled()
         pictures.append(plots_ood.confidence_plot(out.parent, *_answer_curves(
             *confidence.curves(labelled, confidence.shown_split(labelled) or "test"),
             table.to_pylist(), run_dir)))
@@ -139,6 +134,21 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
     if inside:  # a hashed artifact is never rewritten without its new hash
         Manifest.update(run_dir, lambda m: m.record_hashes(run_dir, inside))
     return table, text
+
+
+def _check_long(predictions: Path) -> None:
+    """Raises UsageError unless `predictions` is a long-layout predictions file (its schema
+    alone is read)."""
+    try:
+        schema = pq.read_schema(predictions)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise UsageError(f"Damaged or invalid Parquet file {predictions}: {exc}") from None
+    meta = schema.metadata or {}
+    if not {"model", "split", "y_true"} <= set(schema.names) or b"classes" not in meta:
+        outputs = "y_pred, std" if meta.get(b"classes") == b"[]" else "p_<class>"  # regression
+        raise UsageError(f"{predictions} is not a predictions file in the long layout "
+                         f"(expected the columns model, split, y_true, {outputs}: write it "
+                         "with `ensemble predict --layout long`).")
 
 
 def _answer_curves(curves: dict, regression: bool, rows: list[dict], run_dir

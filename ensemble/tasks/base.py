@@ -163,7 +163,8 @@ class Task(ABC):
 
     @abstractmethod
     def write_plots(self, folder, preds, metrics_table, run_dir) -> list:
-        """`ensemble evaluate --plots`: writes PNGs, returns their paths."""
+        """`ensemble evaluate --plots`: writes PNGs of `preds`, a predictions file's arrays
+        (`ensemble.tasks.model_arrays.read`), returns their paths."""
 
     @abstractmethod
     def member_losses(self, y: np.ndarray, outputs: np.ndarray) -> list[float]:

@@ -9,64 +9,58 @@ import json
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from ensemble.tasks import model_arrays
 from ensemble.tasks import risk_coverage as RC
-from ensemble.tasks import tables
+from ensemble.tasks.model_arrays import PredictionArrays
 
 NAME_WIDTH, COL = 35, 16
 REGRESSION_SHARES = (0.5, 0.8, 0.9)
 
 
-def _models(preds: pa.Table, split: str):
-    """`(model, y, p)` per model of `split` (regression: `p` = `[n_rows, 2]` mean and std;
-    hard voting skipped: vote shares are not confidences)."""
-    part = preds.filter(pc.equal(preds.column("split"), split))
-    classes = tables.classes_from(preds)
-    regression = len(classes) == 0
-    for model in dict.fromkeys(part.column("model").to_pylist()):
-        t = part.filter(pc.equal(part.column("model"), model))
-        if t.column("y_true").null_count or model == "ensemble-vote":
-            continue
-        t = t.take(pc.sort_indices(t.column("row")))
-        if regression:
-            yield model, t.column("y_true").to_numpy(), np.column_stack(
-                [t.column("y_pred").to_numpy(), t.column("std").to_numpy()])
-        else:
-            from ensemble.core.labels import encode
-
-            yield (model, encode(t.column("y_true").to_numpy(zero_copy_only=False), classes),
-                   tables.probabilities(t, classes))
+def _models(preds: PredictionArrays, split: str):
+    """`(model, y, p)` per model of `split`, rows by `row` (regression: `p` = `[n_rows, 2]`
+    mean and std); a model with an unknown `y_true` on the split and hard voting skipped
+    (vote shares are not confidences)."""
+    for (s, model), a in preds.models.items():
+        if s == split and not a.unlabelled and model != "ensemble-vote":
+            a = a.by_row()
+            yield model, a.y, a.values
 
 
-def curves(preds: pa.Table, split: str = "test") -> tuple[dict[str, tuple], bool]:
+def curves(preds: PredictionArrays | pa.Table, split: str = "test"
+           ) -> tuple[dict[str, tuple], bool]:
     """model -> (tau `[k]`, accuracy `[k]`, share kept `[k]`), or for regression (share
-    `[k]`, RMSE of the rows kept `[k]`, share `[k]`); and whether the run is a regression."""
-    regression = len(tables.classes_from(preds)) == 0
-    out = {}
+    `[k]`, RMSE of the rows kept `[k]`, share `[k]`); and whether the run is a regression.
+
+    Args:
+        preds: a predictions file's arrays (`model_arrays.read`), or a predictions table.
+    """
+    preds, out = model_arrays.of(preds), {}
     for model, y, p in _models(preds, split):
-        if regression:
+        if preds.regression:
             out[model] = (RC.SHARES, RC.rmse_vs_kept(y, p[:, 0], p[:, 1]), RC.SHARES)
         else:
             acc, kept = RC.accuracy_vs_confidence(y, p)
             out[model] = (RC.THRESHOLDS, acc, kept)
-    return out, regression
+    return out, preds.regression
 
 
-def shown_split(preds: pa.Table) -> str | None:
+def shown_split(preds: PredictionArrays | pa.Table) -> str | None:
     """The split the block and `confidence.png` show: test, else validation, else the file's
-    first (`predict` of `ensemble predict --layout long`); None for an empty table."""
-    splits = list(dict.fromkeys(preds.column("split").to_pylist()))
+    first (`predict` of `ensemble predict --layout long`); None for an empty file."""
+    splits = model_arrays.of(preds).splits
     return next((s for s in ("test", "validation") if s in splits), splits[0] if splits else None)
 
 
-def block(preds: pa.Table) -> list[str]:
+def block(preds: PredictionArrays | pa.Table) -> list[str]:
     """The evaluation table's lines on accuracy against confidence, on `shown_split`; [] when
-    it has no labelled model."""
+    it has no labelled model (`preds`: a file's arrays, `model_arrays.read`, or a table)."""
+    preds = model_arrays.of(preds)
     split = shown_split(preds)
     if split is None:
         return []
-    return _lines(split, len(tables.classes_from(preds)) == 0, _models(preds, split))
+    return _lines(split, preds.regression, _models(preds, split))
 
 
 def _lines(split: str, regression: bool, models) -> list[str]:
@@ -109,8 +103,7 @@ def block_of_file(path) -> list[str]:
     import pyarrow.parquet as pq
 
     schema = pq.read_schema(path)
-    columns = [c for c in schema.names if c.startswith("p_")
-               or c in ("model", "split", "row", "y_true", "y_pred", "std")]
+    columns = model_arrays.columns(schema)
 
     def read(*filters):  # only these rows and columns
         return pq.read_table(path, columns=columns, filters=list(filters),
@@ -123,5 +116,6 @@ def block_of_file(path) -> list[str]:
         if names.num_rows:  # one model's rows at a time
             models = dict.fromkeys(names.column("model").to_pylist())
             return _lines(split, regression, (m for model in models for m in _models(
-                read(("split", "==", split), ("model", "==", model)), split)))
+                model_arrays.of_table(read(("split", "==", split), ("model", "==", model))),
+                split)))
     return []

@@ -11,13 +11,13 @@ from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ensemble.tasks.classification import metrics as M
 from ensemble.tasks.classification.aggregators import (REGISTRY, aggregate, disagreement,
                                                       member_weights)
-from ensemble.core.labels import encode
 from ensemble.core.notices import notice
+from ensemble.tasks import model_arrays
+from ensemble.tasks.model_arrays import PredictionArrays
 from ensemble.tasks.predicted import SplitPredictions
 from ensemble.tasks.table_parts import (ModelRows, chunks, key_columns, metrics_schema,
                                          size_table, source_row)
@@ -193,7 +193,8 @@ def _best_member(rows: list[dict]) -> int | None:
     return min(val, key=lambda r: (r["nll"], -r["accuracy"], r["member"]))["member"]
 
 
-def metrics_table(predictions: pa.Table, best_member: int | None = None) -> pa.Table:
+def metrics_table(predictions: pa.Table | PredictionArrays, best_member: int | None = None
+                  ) -> pa.Table:
     """One row per model and split with `n`, accuracy, NLL, Brier and ECE; rows with unknown
     `y_true` are left out. Vote rows have null NLL/Brier/ECE (vote shares are not
     probabilities).
@@ -203,27 +204,23 @@ def metrics_table(predictions: pa.Table, best_member: int | None = None) -> pa.T
     given by `best_member`, e.g. from the run's `aggregators.json`), and the ensemble gain
     `gain_vs_{mean,best}_<metric>` over the mean member (mean of the members' metrics) and
     over the best member on that split (positive = ensemble better).
+
+    Args:
+        predictions: a long predictions table, or a file's arrays (`model_arrays.read`,
+            which never holds the table whole).
     """
-    classes = classes_from(predictions)
-    if len(classes) == 0:  # regression
+    arrays = model_arrays.of(predictions)
+    if arrays.regression:
         from ensemble.tasks.regression import tables as regression_tables
 
-        return regression_tables.metrics_table(predictions, best_member)
-    labelled = predictions.filter(pc.is_valid(predictions.column("y_true")))
-    has_mi = "mutual_information" in predictions.column_names
+        return regression_tables.metrics_table(arrays, best_member)
     outputs = {}
-    for split in sorted(set(labelled.column("split").to_pylist())):
-        part = labelled.filter(pc.equal(labelled.column("split"), split))
-        outputs[split] = []
-        for model in dict.fromkeys(part.column("model").to_pylist()):
-            t = part.filter(pc.equal(part.column("model"), model))
-            member, agg = t.column("member")[0].as_py(), t.column("aggregator")[0].as_py()
-            mi = t.column("mutual_information") if has_mi and agg is not None else None
-            outputs[split].append(ModelOutput(
-                model, member, agg, encode(t.column("y_true").to_numpy(zero_copy_only=False),
-                                           classes), probabilities(t, classes),
-                None if mi is None or mi.null_count else float(np.mean(mi.to_numpy()))))
-    return metrics_of(outputs, best_member)
+    for split in sorted({s for s, _ in arrays.models}):
+        outputs[split] = [ModelOutput(
+            a.model, a.member, a.aggregator, a.y, a.values,
+            None if a.aggregator is None or a.extra is None or a.extra_nulls
+            else float(np.mean(a.extra))) for a in arrays.of_split(split)]
+    return metrics_of({s: o for s, o in outputs.items() if o}, best_member)
 
 
 class ModelOutput(NamedTuple):

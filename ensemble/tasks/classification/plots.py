@@ -12,23 +12,17 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ensemble.core import artifacts
-from ensemble.tasks import tables
+from ensemble.tasks.model_arrays import PredictionArrays
 from ensemble.tasks.report import (ANSWER, answering, members_and_best, plotted_split, pyplot,
                                    save_figure)
 from ensemble.tasks.classification.metrics import ECE_BINS, LOWER_IS_BETTER, METRICS
 
 
-def _model(preds: pa.Table, model: str, split: str):
-    t = preds.filter(pc.and_(pc.equal(preds.column("model"), model),
-                             pc.equal(preds.column("split"), split)))
-    classes = tables.classes_from(preds)
-    from ensemble.core.labels import encode
-
-    y = encode(t.column("y_true").to_numpy(zero_copy_only=False), classes)
-    return y, tables.probabilities(t, classes)
+def _model(preds: PredictionArrays, model: str, split: str):
+    a = preds.get(split, model)
+    return a.y, a.values
 
 
 def _reliability(ax, y, p, label):
@@ -42,9 +36,10 @@ def _reliability(ax, y, p, label):
     ax.plot(xs, accs, marker="o", label=label)
 
 
-def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path | None
+def write_plots(folder: Path, preds: PredictionArrays, metrics: pa.Table, run_dir: Path | None
                 ) -> list[Path]:
-    """Write the PNGs into `folder`; returns their paths.
+    """Write the PNGs of a predictions file's arrays (`model_arrays.read`) and its metrics
+    into `folder`; returns their paths.
 
     Raises:
         UsageError: matplotlib is not installed (names the extra to install).

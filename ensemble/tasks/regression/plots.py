@@ -18,22 +18,20 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from scipy.stats import norm
 
+from ensemble.tasks.model_arrays import PredictionArrays
 from ensemble.tasks.report import (ANSWER, answering, members_and_best, plotted_split, pyplot,
                                    save_figure)
 
 LEVELS = np.linspace(0.05, 0.95, 19)
 
 
-def _rows(preds: pa.Table, model: str, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _rows(preds: PredictionArrays, model: str, split: str
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(y `[n]`, mu `[n]`, std `[n]`) of `model` on `split`, rows with a known target."""
-    t = preds.filter(pc.and_(pc.equal(preds.column("model"), model),
-                             pc.equal(preds.column("split"), split)))
-    t = t.filter(pc.is_valid(t.column("y_true")))
-    col = (lambda c: t.column(c).to_numpy(zero_copy_only=False).astype(np.float64))
-    return col("y_true"), col("y_pred"), col("std")
+    a = preds.get(split, model)
+    return a.y, a.values[:, 0], a.values[:, 1]
 
 
 def _shown(rows: list[dict], run_dir) -> list[dict]:
@@ -58,9 +56,10 @@ def coverage_curve(y: np.ndarray, mu: np.ndarray, std: np.ndarray,
     return (np.abs(y - mu)[None, :] <= z[:, None] * std[None, :]).mean(axis=1)
 
 
-def write_plots(folder: Path, preds: pa.Table, metrics: pa.Table, run_dir: Path | None
+def write_plots(folder: Path, preds: PredictionArrays, metrics: pa.Table, run_dir: Path | None
                 ) -> list[Path]:
-    """Write `pit.png`, `coverage.png` and `error_vs_std.png` into `folder`; returns their paths.
+    """Write `pit.png`, `coverage.png` and `error_vs_std.png` of a predictions file's arrays
+    (`model_arrays.read`) into `folder`; returns their paths.
 
     Raises:
         UsageError: matplotlib is not installed (names the extra to install).

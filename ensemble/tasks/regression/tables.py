@@ -17,10 +17,11 @@ from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ensemble.tasks.regression import aggregators as R
 from ensemble.tasks.regression import metrics as RM
+from ensemble.tasks import model_arrays
+from ensemble.tasks.model_arrays import PredictionArrays
 from ensemble.tasks.predicted import SplitPredictions
 from ensemble.tasks.table_parts import (ModelRows, chunks, key_columns, metrics_schema,
                                          size_table, source_row)
@@ -110,7 +111,8 @@ def _key(r: dict) -> tuple:
     return (np.inf if r["nll"] is None else r["nll"], r["rmse"], r["member"])
 
 
-def metrics_table(predictions: pa.Table, best_member: int | None = None) -> pa.Table:
+def metrics_table(predictions: pa.Table | PredictionArrays, best_member: int | None = None
+                  ) -> pa.Table:
     """One row per model and split with `n` and every metric of
     `ensemble.tasks.regression.metrics.METRICS`; rows with unknown `y_true` are left out. An
     ensemble row's `mixture_nll` is the exact mixture's (its member rows on that split and
@@ -118,23 +120,21 @@ def metrics_table(predictions: pa.Table, best_member: int | None = None) -> pa.T
     members' `disagreement` (mean std of the member means), `mean_epistemic_std`,
     `best_member` (lowest validation NLL, then RMSE; or `best_member`), and the gains
     `gain_vs_{mean,best}_<metric>` over the mean and the best member (positive = better).
+
+    Args:
+        predictions: a long predictions table, or a file's arrays (`model_arrays.read`).
     """
-    meta = predictions.schema.metadata or {}
-    mix = json.loads(meta.get(b"mixture", b"{}"))
-    labelled = predictions.filter(pc.is_valid(predictions.column("y_true")))
+    arrays = model_arrays.of(predictions)
+    mix = json.loads(arrays.metadata.get(b"mixture", b"{}"))
     outputs = {}
-    for split in sorted(set(labelled.column("split").to_pylist())):
-        part = labelled.filter(pc.equal(labelled.column("split"), split))
+    for split in sorted({s for s, _ in arrays.models}):
         outputs[split] = []
-        for model in dict.fromkeys(part.column("model").to_pylist()):
-            t = part.filter(pc.equal(part.column("model"), model))
-            t = t.take(pc.sort_indices(t.column("row")))
-            member, agg = t.column("member")[0].as_py(), t.column("aggregator")[0].as_py()
-            y, mu, sd = (t.column(c).to_numpy() for c in ("y_true", "y_pred", "std"))
-            epi = (None if agg is None
-                   else float(np.mean(t.column("epistemic_std").to_numpy())))
-            outputs[split].append(ModelOutput(model, member, agg, y, mu, sd, epi))
-    return metrics_of(outputs, mix, best_member)
+        for a in arrays.of_split(split):
+            a = a.by_row()
+            epi = None if a.aggregator is None else float(np.mean(a.extra))
+            outputs[split].append(ModelOutput(a.model, a.member, a.aggregator, a.y,
+                                              a.values[:, 0], a.values[:, 1], epi))
+    return metrics_of({s: o for s, o in outputs.items() if o}, mix, best_member)
 
 
 class ModelOutput(NamedTuple):

@@ -1,0 +1,200 @@
+"""A long-layout predictions file read one record batch at a time into compact numpy arrays per
+split and model, what `ensemble evaluate` scores (its metrics, confidence block and plots).
+
+The Arrow table of a predictions file holds per row the strings `model`, `split` and often
+`y_true`, and columns evaluate never reads (`y_pred`, `source_row`, the entropies); held whole,
+a 2.4M-row file took 5.8 GB. `read` keeps of each row only its position `row`, its target
+and its model's outputs (`[n_classes]` float32 probabilities, or the float64 mean and std of
+a regression run), in the file's order, so memory is a few dozen bytes per row whatever the
+strings; the metrics are then computed by the tasks' own functions, exactly as from the whole
+table (`ensemble.tasks.tables.metrics_table`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from collections.abc import Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ensemble.core.errors import UsageError
+from ensemble.core.labels import encode
+
+BATCH_ROWS = 65536
+KEYS = ("model", "member", "aggregator", "split", "row", "y_true")
+
+
+@dataclass
+class ModelArrays:
+    """One model's rows of one split with a known `y_true`, in the file's order.
+
+    Attributes:
+        model, member, aggregator, split: as the predictions file's columns (member and
+            aggregator of the model's first row).
+        row: `[n_rows]` int64 column `row`.
+        y: `[n_rows]` int32 class indices, or float64 targets (regression).
+        values: `[n_rows, n_classes]` float32 probabilities, or `[n_rows, 2]` float64 mean
+            (`y_pred`) and `std` (regression).
+        extra: `[n_rows]` float64 `mutual_information` (classification) or `epistemic_std`
+            (regression), NaN where null; None when the file has no such column.
+        extra_nulls: how many of `extra` were null.
+        unlabelled: the model's rows of the split with an unknown `y_true` (left out above).
+    """
+
+    model: str
+    member: int | None
+    aggregator: str | None
+    split: str
+    row: np.ndarray
+    y: np.ndarray
+    values: np.ndarray
+    extra: np.ndarray | None = None
+    extra_nulls: int = 0
+    unlabelled: int = 0
+
+    def by_row(self) -> ModelArrays:
+        """The same rows ordered by `row` (a stable sort)."""
+        order = np.argsort(self.row, kind="stable")
+        return replace(self, row=self.row[order], y=self.y[order], values=self.values[order],
+                       extra=None if self.extra is None else self.extra[order])
+
+
+@dataclass
+class PredictionArrays:
+    """Every model of every split of a predictions file (`read`, `of_table`).
+
+    Attributes:
+        metadata: the file's Parquet key-value metadata (`classes`; regression's `mixture`).
+        splits: every split, in the order of its first row (labelled or not).
+        models: `(split, model)` -> `ModelArrays`, in the order of each model's first row.
+    """
+
+    metadata: dict
+    splits: list[str] = field(default_factory=list)
+    models: dict[tuple[str, str], ModelArrays] = field(default_factory=dict)
+
+    @property
+    def classes(self) -> np.ndarray:
+        """`[n_classes]` sorted class labels (empty: a regression run)."""
+        return np.asarray(json.loads(self.metadata[b"classes"]))
+
+    @property
+    def regression(self) -> bool:
+        """Whether the file is a regression run's (no classes)."""
+        return len(self.classes) == 0
+
+    def of_split(self, split: str) -> list[ModelArrays]:
+        """The models of `split` with at least one labelled row, in the file's order."""
+        return [a for (s, _), a in self.models.items() if s == split and len(a.y)]
+
+    def get(self, split: str, model: str) -> ModelArrays:
+        """One model's arrays on one split. Raises KeyError when absent."""
+        return self.models[(split, model)]
+
+    def labelled(self) -> PredictionArrays:
+        """The same arrays as a file of only its labelled rows: splits and models without
+        one are left out, `unlabelled` is 0."""
+        models = {k: replace(a, unlabelled=0) for k, a in self.models.items() if len(a.y)}
+        splits = [s for s in self.splits if any(k[0] == s for k in models)]
+        return PredictionArrays(self.metadata, splits, models)
+
+
+def columns(schema: pa.Schema) -> list[str]:
+    """The columns of a predictions file `read` needs (the others are never decoded)."""
+    regression = json.loads(schema.metadata[b"classes"]) == []
+    wanted = ("y_pred", "std", "epistemic_std") if regression else ("mutual_information",)
+    return [c for c in schema.names
+            if c in KEYS or c in wanted or (not regression and c.startswith("p_"))]
+
+
+def read(path: str | Path, batch_rows: int = BATCH_ROWS) -> PredictionArrays:
+    """A long-layout predictions file read `batch_rows` rows at a time (Parquet page
+    checksums verified), only the columns `columns` names.
+
+    Raises:
+        UsageError: a file that is not valid Parquet, or damaged (names the file); a label
+            that is not one of the file's classes.
+    """
+    try:
+        f = pq.ParquetFile(path, page_checksum_verification=True,
+                           pre_buffer=False)  # pre-buffering kept ~50 MB a million rows
+        return of_batches(f.schema_arrow.metadata or {},
+                          f.iter_batches(batch_size=batch_rows, columns=columns(f.schema_arrow)))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise UsageError(f"Damaged or invalid Parquet file {path}: {exc}") from None
+
+
+def of_table(table: pa.Table) -> PredictionArrays:
+    """`read` of a predictions table already in memory (a run's own, before it is written)."""
+    return of_batches(table.schema.metadata or {}, table.to_batches())
+
+
+def of(predictions: pa.Table | PredictionArrays) -> PredictionArrays:
+    """`predictions` as arrays: a table through `of_table`, arrays as they are."""
+    return of_table(predictions) if isinstance(predictions, pa.Table) else predictions
+
+
+def of_batches(metadata: dict, batches: Iterable[pa.RecordBatch]) -> PredictionArrays:
+    """`PredictionArrays` of the record batches of a long-layout predictions file with the
+    key-value `metadata` (its `classes`), batch by batch."""
+    out = PredictionArrays(metadata)
+    parts: dict[tuple[str, str], list[tuple]] = {}
+    classes = out.classes
+    for batch in batches:
+        for key, part in _groups(batch):
+            if key[0] not in out.splits:
+                out.splits.append(key[0])
+            if key not in out.models:
+                out.models[key] = ModelArrays(
+                    key[1], part.column("member")[0].as_py(),
+                    part.column("aggregator")[0].as_py(), key[0], *_empty(classes))
+            known = part.filter(pc.is_valid(part.column("y_true")))
+            out.models[key].unlabelled += part.num_rows - known.num_rows
+            if known.num_rows:  # (a file without labels may type y_true as null)
+                parts.setdefault(key, []).append(_arrays(known, classes, out.models[key].aggregator is not None))
+    for key in list(parts):  # one model's chunks and their concatenation held at a time
+        row, y, values, extra, nulls = zip(*parts.pop(key))
+        out.models[key] = replace(
+            out.models[key], row=np.concatenate(row), y=np.concatenate(y),
+            values=np.concatenate(values), extra_nulls=sum(nulls),
+            extra=None if extra[0] is None else np.concatenate(extra))
+    return out
+
+
+def _groups(batch: pa.RecordBatch):
+    """`((split, model), rows of batch)` of each split and model of `batch`, in the order of
+    their first row."""
+    for split in pc.unique(batch.column("split")).to_pylist():
+        part = batch.filter(pc.equal(batch.column("split"), split))
+        for model in pc.unique(part.column("model")).to_pylist():
+            yield (split, model), part.filter(pc.equal(part.column("model"), model))
+
+
+def _empty(classes: np.ndarray) -> tuple:
+    """`ModelArrays`' row, y and values of no rows."""
+    if len(classes) == 0:
+        return np.zeros(0, np.int64), np.zeros(0), np.zeros((0, 2))
+    return np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros((0, len(classes)), np.float32)
+
+
+def _arrays(rows: pa.RecordBatch, classes: np.ndarray, ensemble: bool) -> tuple:
+    """`(row, y, values, extra, extra_nulls)` of labelled `rows` of one model (`ModelArrays`;
+    `extra` is None unless an `ensemble`'s: a member's is null and never read)."""
+    col = (lambda name: rows.column(name).to_numpy(zero_copy_only=False))
+    y = encode(col("y_true"), classes)
+    if len(classes) == 0:
+        values, name = np.column_stack([col("y_pred"), col("std")]), "epistemic_std"
+    else:
+        values = np.column_stack([col(f"p_{c}") for c in classes.tolist()]).reshape(
+            rows.num_rows, len(classes))
+        name = "mutual_information"
+    if name not in rows.schema.names or not ensemble:
+        return col("row").astype(np.int64), y, values, None, 0
+    extra = rows.column(name)
+    return (col("row").astype(np.int64), y, values, col(name).astype(np.float64),
+            extra.null_count)
