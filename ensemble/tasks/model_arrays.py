@@ -13,9 +13,9 @@ table (`ensemble.tasks.tables.metrics_table`).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
