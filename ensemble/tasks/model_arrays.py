@@ -3,7 +3,7 @@ split and model, what `ensemble evaluate` scores (its metrics, confidence block 
 
 The Arrow table of a predictions file holds per row the strings `model`, `split` and often
 `y_true`, and columns evaluate never reads (`y_pred`, `source_row`, the entropies); held whole,
-a 2.4M-row file took 5.8 GB. `read` keeps of each row only its position `row`, its target
+a 4.8M-row file of 3 classes took 2.5 GB (docs/benchmarks.md, "Streaming evaluate"). `read` keeps of each row only its position `row`, its target
 and its model's outputs (`[n_classes]` float32 probabilities, or the float64 mean and std of
 a regression run), in the file's order, so memory is a few dozen bytes per row whatever the
 strings; the metrics are then computed by the tasks' own functions, exactly as from the whole
@@ -122,7 +122,7 @@ def read(path: str | Path, batch_rows: int = BATCH_ROWS) -> PredictionArrays:
     """
     try:
         f = pq.ParquetFile(path, page_checksum_verification=True,
-                           pre_buffer=False)  # pre-buffering kept ~50 MB a million rows
+                           pre_buffer=False)  # pre-buffering grew ~35 MB a million rows
         return of_batches(f.schema_arrow.metadata or {},
                           f.iter_batches(batch_size=batch_rows, columns=columns(f.schema_arrow)))
     except (pa.ArrowInvalid, OSError) as exc:
