@@ -173,3 +173,23 @@ def test_evaluates_arrow_memory_does_not_grow_with_the_file(tmp_path):
     under a tenth of the table's growth (it held the table whole: by all of it)."""
     (small, small_bytes), (large, large_bytes) = _peak(tmp_path, 20000), _peak(tmp_path, 60000)
     assert large - small < (large_bytes - small_bytes) / 10, (small, large, large_bytes)
+
+
+def test_a_search_runs_members_read_in_batches_are_by_splits(tmp_path, monkeypatch):
+    """The members `evaluate` compares a search's selection with, read a few rows at a time,
+    are `posthoc.by_split`'s of the whole table (order, probabilities, rows, labels)."""
+    from functools import partial
+
+    from ensemble.runs import posthoc, search_report
+
+    table = _interleaved(_classification(101), 10)
+    pq.write_table(table, tmp_path / "p.parquet", row_group_size=50)
+    monkeypatch.setattr(search_report.Manifest, "load", lambda run_dir: None)
+    monkeypatch.setattr(search_report.artifacts, "verify", lambda d, m, p: tmp_path / "p.parquet")
+    monkeypatch.setattr(model_arrays, "read", partial(model_arrays.read, batch_rows=7))
+    new, old = search_report._split_probs(tmp_path), posthoc.by_split(posthoc.member_rows(table))
+    assert list(new) == ["validation", "test"]
+    for split, s in new.items():
+        assert s.members == old[split].members == [0, 1, 2]
+        assert np.array_equal(s.probs, old[split].probs) and s.probs.dtype == np.float32
+        assert np.array_equal(s.rows, old[split].rows) and np.array_equal(s.y, old[split].y)

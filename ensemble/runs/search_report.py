@@ -14,6 +14,7 @@ from ensemble.core import artifacts
 from ensemble.core.record import Manifest
 from ensemble.tasks.classification import metrics
 from ensemble.runs import posthoc, prepare, records
+from ensemble.tasks import model_arrays
 from ensemble.core.errors import UsageError
 
 
@@ -29,9 +30,30 @@ def selected(run_dir: Path) -> dict[int, float]:
 
 
 def _split_probs(run_dir: Path) -> dict[str, posthoc.SplitMembers]:
+    """The members' labelled rows of every split of a run's predictions (`posthoc.by_split`'s,
+    read a record batch at a time: `model_arrays.read`).
+
+    Raises:
+        UsageError: as `artifacts.verify`; members whose rows of a split do not line up.
+    """
     manifest = Manifest.load(run_dir)
-    preds = artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS)
-    return posthoc.by_split(posthoc.member_rows(artifacts.read_parquet(preds)))
+    preds = model_arrays.read(artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS),
+                              source_rows=True)
+    out = {}
+    for split in preds.splits:
+        members = sorted((a.by_row() for a in preds.of_split(split) if a.member is not None),
+                         key=lambda a: a.member)
+        if not members:
+            continue
+        first = members[0]
+        for a in members[1:]:
+            if not np.array_equal(a.source_row, first.source_row):
+                raise UsageError(f"Rows of member {a.member} on split {split!r} do not match "
+                                 "the other members' rows.")
+        out[split] = posthoc.SplitMembers([a.member for a in members],
+                                          np.stack([a.values for a in members]),
+                                          first.source_row, None if first.unlabelled else first.y)
+    return out
 
 
 def comparison(run_dir: str | Path) -> list[dict[str, Any]]:

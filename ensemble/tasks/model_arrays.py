@@ -44,6 +44,8 @@ class ModelArrays:
             (regression), NaN where null; None when the file has no such column.
         extra_nulls: how many of `extra` were null.
         unlabelled: the model's rows of the split with an unknown `y_true` (left out above).
+        source_row: `[n_rows]` int64 column `source_row` when read (`read(source_rows=True)`),
+            else None.
     """
 
     model: str
@@ -56,12 +58,14 @@ class ModelArrays:
     extra: np.ndarray | None = None
     extra_nulls: int = 0
     unlabelled: int = 0
+    source_row: np.ndarray | None = None
 
     def by_row(self) -> ModelArrays:
         """The same rows ordered by `row` (a stable sort)."""
         order = np.argsort(self.row, kind="stable")
         return replace(self, row=self.row[order], y=self.y[order], values=self.values[order],
-                       extra=None if self.extra is None else self.extra[order])
+                       extra=None if self.extra is None else self.extra[order],
+                       source_row=None if self.source_row is None else self.source_row[order])
 
 
 @dataclass
@@ -112,9 +116,11 @@ def columns(schema: pa.Schema) -> list[str]:
             if c in KEYS or c in wanted or (not regression and c.startswith("p_"))]
 
 
-def read(path: str | Path, batch_rows: int = BATCH_ROWS) -> PredictionArrays:
+def read(path: str | Path, batch_rows: int = BATCH_ROWS, source_rows: bool = False
+         ) -> PredictionArrays:
     """A long-layout predictions file read `batch_rows` rows at a time (Parquet page
-    checksums verified), only the columns `columns` names.
+    checksums verified), only the columns `columns` names (and `source_row` when
+    `source_rows`: `ModelArrays.source_row`).
 
     Raises:
         UsageError: a file that is not valid Parquet, or damaged (names the file); a label
@@ -123,8 +129,9 @@ def read(path: str | Path, batch_rows: int = BATCH_ROWS) -> PredictionArrays:
     try:
         f = pq.ParquetFile(path, page_checksum_verification=True,
                            pre_buffer=False)  # pre-buffering grew ~35 MB a million rows
+        names = columns(f.schema_arrow) + (["source_row"] if source_rows else [])
         return of_batches(f.schema_arrow.metadata or {},
-                          f.iter_batches(batch_size=batch_rows, columns=columns(f.schema_arrow)))
+                          f.iter_batches(batch_size=batch_rows, columns=names))
     except (pa.ArrowInvalid, OSError) as exc:
         raise UsageError(f"Damaged or invalid Parquet file {path}: {exc}") from None
 
@@ -141,7 +148,8 @@ def of(predictions: pa.Table | PredictionArrays) -> PredictionArrays:
 
 def of_batches(metadata: dict, batches: Iterable[pa.RecordBatch]) -> PredictionArrays:
     """`PredictionArrays` of the record batches of a long-layout predictions file with the
-    key-value `metadata` (its `classes`), batch by batch."""
+    key-value `metadata` (its `classes`), batch by batch (`source_row` kept when the batches
+    have the column)."""
     out = PredictionArrays(metadata)
     parts: dict[tuple[str, str], list[tuple]] = {}
     classes = out.classes
@@ -153,16 +161,19 @@ def of_batches(metadata: dict, batches: Iterable[pa.RecordBatch]) -> PredictionA
                 out.models[key] = ModelArrays(
                     key[1], part.column("member")[0].as_py(),
                     part.column("aggregator")[0].as_py(), key[0], *_empty(classes))
+            model = out.models[key]
             known = part.filter(pc.is_valid(part.column("y_true")))
-            out.models[key].unlabelled += part.num_rows - known.num_rows
+            model.unlabelled += part.num_rows - known.num_rows
             if known.num_rows:  # (a file without labels may type y_true as null)
-                parts.setdefault(key, []).append(_arrays(known, classes, out.models[key].aggregator is not None))
+                parts.setdefault(key, []).append(
+                    _arrays(known, classes, model.aggregator is not None))
     for key in list(parts):  # one model's chunks and their concatenation held at a time
-        row, y, values, extra, nulls = zip(*parts.pop(key))
+        row, y, values, extra, nulls, source = zip(*parts.pop(key))
         out.models[key] = replace(
             out.models[key], row=np.concatenate(row), y=np.concatenate(y),
             values=np.concatenate(values), extra_nulls=sum(nulls),
-            extra=None if extra[0] is None else np.concatenate(extra))
+            extra=None if extra[0] is None else np.concatenate(extra),
+            source_row=None if source[0] is None else np.concatenate(source))
     return out
 
 
@@ -183,8 +194,9 @@ def _empty(classes: np.ndarray) -> tuple:
 
 
 def _arrays(rows: pa.RecordBatch, classes: np.ndarray, ensemble: bool) -> tuple:
-    """`(row, y, values, extra, extra_nulls)` of labelled `rows` of one model (`ModelArrays`;
-    `extra` is None unless an `ensemble`'s: a member's is null and never read)."""
+    """`(row, y, values, extra, extra_nulls, source_row)` of labelled `rows` of one model
+    (`ModelArrays`; `extra` is None unless an `ensemble`'s: a member's is null and never
+    read)."""
     col = (lambda name: rows.column(name).to_numpy(zero_copy_only=False))
     y = encode(col("y_true"), classes)
     if len(classes) == 0:
@@ -193,8 +205,9 @@ def _arrays(rows: pa.RecordBatch, classes: np.ndarray, ensemble: bool) -> tuple:
         values = np.column_stack([col(f"p_{c}") for c in classes.tolist()]).reshape(
             rows.num_rows, len(classes))
         name = "mutual_information"
-    if name not in rows.schema.names or not ensemble:
-        return col("row").astype(np.int64), y, values, None, 0
-    extra = rows.column(name)
+    names = rows.schema.names
+    source = col("source_row").astype(np.int64) if "source_row" in names else None
+    if name not in names or not ensemble:
+        return col("row").astype(np.int64), y, values, None, 0, source
     return (col("row").astype(np.int64), y, values, col(name).astype(np.float64),
-            extra.null_count)
+            rows.column(name).null_count, source)
