@@ -215,7 +215,7 @@ def metrics_table(predictions: pa.Table | PredictionArrays, best_member: int | N
 
         return regression_tables.metrics_table(arrays, best_member)
     outputs = {}
-    for split in sorted({s for s, _ in arrays.models}):
+    for split in sorted(arrays.splits):
         outputs[split] = [ModelOutput(
             a.model, a.member, a.aggregator, a.y, a.values,
             None if a.aggregator is None or a.extra is None or a.extra_nulls

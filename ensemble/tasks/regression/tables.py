@@ -127,7 +127,7 @@ def metrics_table(predictions: pa.Table | PredictionArrays, best_member: int | N
     arrays = model_arrays.of(predictions)
     mix = json.loads(arrays.metadata.get(b"mixture", b"{}"))
     outputs = {}
-    for split in sorted({s for s, _ in arrays.models}):
+    for split in sorted(arrays.splits):
         outputs[split] = []
         for a in arrays.of_split(split):
             a = a.by_row()
