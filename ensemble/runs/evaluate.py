@@ -105,7 +105,7 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
         raise UsageError(f"Expected --predictions to be a .parquet file of `ensemble predict "
                          f"--layout long`. Received: {predictions}")
     _check_long(predictions)
-    preds = model_arrays.read(predictions)  # a record batch at a time: memory flat in rows
+    preds = model_arrays.read(predictions)  # a record batch at a time into compact arrays
     table = tables.metrics_table(preds, (fit or {}).get("best_member"))
     if table.num_rows == 0:
         raise UsageError(f"{predictions} has no rows with a known y_true; cannot evaluate.")
