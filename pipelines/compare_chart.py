@@ -49,20 +49,47 @@ def _lines(ax, rows: list[dict], epochs: int) -> None:
                 ha="center", va="center", transform=ax.transAxes, fontsize=9)
         ax.set_axis_off()
         return
-    a, b = train
-    e = compare_cost.crossover(a["fixed_seconds_median"], a["epoch_seconds_median"],
-                       b["fixed_seconds_median"], b["epoch_seconds_median"])
-    top = max(2 * epochs, 1.5 * e if e else 0, 2)
+    band = compare_cost.crossover_band(*train)
+    e = band["epochs"]
+    top = max(2 * epochs, 1.5 * e if e else 0, 1.2 * (band["low"] or 0), 2)
+    if band["high"] is not None and band["high"] < 5 * top:  # a bounded band: shown whole
+        top = max(top, 1.1 * band["high"])
     grid = np.linspace(0, top, 50)
     for r in train:
         ax.plot(grid, r["fixed_seconds_median"] + grid * r["epoch_seconds_median"],
                 color=colour(r["mode"]), label=r["mode"])
     ax.axvline(epochs, color="grey", linestyle=":", label=f"configured ({epochs})")
-    if e:
-        ax.axvline(e, color="black", linestyle="--", label=f"crossover ({e:.1f})")
+    marks = crossover_marks(band, top)
+    if marks["band"]:
+        ax.axvspan(*marks["band"], color="grey", alpha=0.2, linewidth=0,
+                   label=marks["band_label"])
+    if marks["line"] is not None:
+        ax.axvline(marks["line"], color="black", linestyle=marks["style"],
+                   label=marks["label"])
     ax.set_xlabel("epochs")
     ax.set_ylabel("training seconds (fixed + epochs x per epoch)")
     ax.legend(fontsize=7)
+
+
+def crossover_marks(band: dict, top: float) -> dict:
+    """How the cost panel draws a crossover (`compare_cost.crossover_band`) on an axis of
+    epochs 0..`top`: `{"line": the medians' crossover or None, "style": "-" when sure, "--"
+    when uncertain, "label": its legend text ("indicative" with one repeat, as the printed
+    model says; "uncertain" when the spreads overlap), "band": (low, high) clipped to `top`,
+    or None without spreads or crossover, "band_label"}`."""
+    e, low, high = band["epochs"], band["low"], band["high"]
+    word = band["word"]
+    label = None if e is None else (
+        f"crossover ({e:.1f}" + (", indicative: one sample" if word == "indicative"
+                                 else ", uncertain" if word else "") + ")")
+    shade = None
+    if low is not None and word != "indicative" and high > low:
+        shade = (low, min(high, top))
+    upper = "no upper bound" if high == float("inf") else f"{high:.1f}" if shade else ""
+    return {"line": e, "style": "--" if band["uncertain"] else "-", "label": label,
+            "band": shade,
+            "band_label": f"crossover range the spreads allow ({low:.1f} to {upper})"
+            if shade else None}
 
 
 def chart(rows: list[dict], context: dict, path: Path) -> None:

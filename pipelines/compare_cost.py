@@ -18,6 +18,10 @@ sample can be carried to the user's epochs and rows.
 - **crossover**: the epoch count `e* = (fixed_b - fixed_a) / (per_a - per_b)` at which the two
   modes' lines `fixed + e x per_epoch` meet (`fixed_a + e* per_a = fixed_b + e* per_b`), and
   likewise the training rows at the configured epochs.
+- **crossover band**: the range of `e*` the repeats' spreads allow, each mode's fixed and
+  per-epoch seconds anywhere in their min-max ranges (interval arithmetic on the ratio);
+  unbounded above when the per-epoch ranges overlap (the lines may be parallel). The chart
+  shades it and draws the median crossover dashed and labelled when it is uncertain.
 """
 
 from __future__ import annotations
@@ -66,6 +70,49 @@ def crossover(fixed_a: float, per_a: float, fixed_b: float, per_b: float) -> flo
         return None
     e = (fixed_b - fixed_a) / (per_a - per_b)
     return e if e > 0 else None
+
+
+def _positive_ratios(n_lo: float, n_hi: float, d_lo: float, d_hi: float
+                     ) -> tuple[float, float] | None:
+    """The range of the positive values of `n / d`, `n` in `[n_lo, n_hi]`, `d` in `[d_lo,
+    d_hi]` with `d_lo >= 0` (`d` > 0): `(low, high)` (`high` inf when `d` can near 0), or None
+    when no ratio is positive."""
+    if n_hi <= 0 or d_hi <= 0:
+        return None
+    low = n_lo / d_hi if n_lo > 0 else 0.0
+    return low, (n_hi / d_lo if d_lo > 0 else float("inf"))
+
+
+def crossover_band(a: dict, b: dict) -> dict | None:
+    """The crossover of two modes' train summary rows and how sure it is.
+
+    Args:
+        a, b: rows with `fixed_seconds_{median,min,max}`, `epoch_seconds_{median,min,max}`
+            and `repeats`.
+
+    Returns:
+        None when a per-epoch cost is unknown; else `{"epochs": the medians' crossover or
+        None, "low", "high": the range of crossovers the min-max spreads allow (None, None
+        when they allow none; `high` inf when unbounded), "uncertain": one repeat or the two
+        modes' fixed or per-epoch ranges overlap, "word": "indicative" (one repeat: no
+        spread), "uncertain" or None}`.
+    """
+    if a.get("epoch_seconds_median") is None or b.get("epoch_seconds_median") is None:
+        return None
+    e = crossover(a["fixed_seconds_median"], a["epoch_seconds_median"],
+                  b["fixed_seconds_median"], b["epoch_seconds_median"])
+    f, p = "fixed_seconds", "epoch_seconds"
+    # e* = n / d: n = fixed_b - fixed_a, d = per_a - per_b, each over its range
+    n_lo, n_hi = b[f + "_min"] - a[f + "_max"], b[f + "_max"] - a[f + "_min"]
+    d_lo, d_hi = a[p + "_min"] - b[p + "_max"], a[p + "_max"] - b[p + "_min"]
+    parts = [_positive_ratios(n_lo, n_hi, max(d_lo, 0.0), d_hi),  # d > 0
+             _positive_ratios(-n_hi, -n_lo, max(-d_hi, 0.0), -d_lo)]  # d < 0: -n / -d
+    parts = [x for x in parts if x is not None]
+    low, high = (min(x[0] for x in parts), max(x[1] for x in parts)) if parts else (None, None)
+    alone = a.get("repeats", 1) <= 1 or b.get("repeats", 1) <= 1
+    level = _overlap(a, b, p) or _overlap(a, b, f)
+    return {"epochs": e, "low": low, "high": high, "uncertain": alone or level,
+            "word": "indicative" if alone else "uncertain" if level else None}
 
 
 def faster_at(epochs: float, a: dict, b: dict) -> dict:
@@ -124,6 +171,12 @@ def cost_lines(a: dict, b: dict, epochs: int, n_train: int, spread) -> list[str]
     if a.get("repeats", 1) > 1 and _overlap(a, b, "epoch_seconds"):
         lines.append(f"per epoch the two modes are level within the spread of "
                      f"{a['repeats']} repeats: where the faster mode changes is uncertain")
+    band = crossover_band(a, b)
+    if a.get("repeats", 1) > 1 and band["low"] is not None:
+        high = "no upper bound" if band["high"] == float("inf") else f"{band['high']:.1f}"
+        lines.append(f"the spreads (min-max) of {a['repeats']} repeats put the crossover "
+                     f"between {band['low']:.1f} and {high} epochs"
+                     + (" (uncertain)" if band["uncertain"] else ""))
     if win["epoch_seconds_median"] > lose["epoch_seconds_median"]:
         rows = crossover(win["fixed_seconds_median"], epochs * win["row_epoch_us_median"] / 1e6,
                          lose["fixed_seconds_median"], epochs * lose["row_epoch_us_median"] / 1e6)

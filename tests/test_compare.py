@@ -328,3 +328,87 @@ def test_one_repeat_calls_the_cost_model_indicative():
     text = compare.verdict(pa.Table.from_pylist(compare.summarise(runs, PARITY)))
     assert ("does not change with the epoch count: in-graph at every count (one sample of "
             "each: indicative, no verdict)") in text
+
+
+def _band_rows(costs):
+    """The two train summary rows of `_cost_runs(costs)`."""
+    rows = compare.summarise(_cost_runs(costs), PARITY)
+    by = {(r["mode"], r["phase"]): r for r in rows}
+    return by["in-graph", "train"], by["between-graph", "train"], rows
+
+
+def test_crossover_band_is_the_range_the_spreads_allow():
+    from itertools import product
+
+    from pipelines import compare_cost as cost
+
+    ig, bg, _ = _band_rows({"in-graph": [(1.9, 1.1), (2.0, 1.0), (2.1, 0.9)],
+                            "between-graph": [(5.8, 0.55), (6.0, 0.5), (6.2, 0.45)]})
+    band = cost.crossover_band(ig, bg)
+    # by hand: earliest with the closest fixed costs (5.8 - 2.1) over the widest per-epoch
+    # gap (1.1 - 0.45), latest with the farthest (6.2 - 1.9) over the narrowest (0.9 - 0.55)
+    assert band["epochs"] == pytest.approx(8.0)
+    assert band["low"] == pytest.approx(3.7 / 0.65) and band["high"] == pytest.approx(4.3 / 0.35)
+    assert not band["uncertain"] and band["word"] is None
+    # and by brute force over a grid of the four ranges
+    grid = [np.linspace(lo, hi, 7) for lo, hi in ((1.9, 2.1), (0.9, 1.1), (5.8, 6.2),
+                                                  (0.45, 0.55))]
+    es = [(fb - fa) / (pa - pb) for fa, pa, fb, pb in product(*grid)]
+    assert (min(es), max(es)) == pytest.approx((band["low"], band["high"]))
+
+
+def test_crossover_band_unbounded_or_reaching_zero_is_uncertain():
+    from pipelines import compare_cost as cost
+
+    # per epoch level within the spread (0.5-0.7 against 0.6-0.8), fixed 2 against 6: the
+    # lines may be parallel, so from 4 / (0.7 - 0.6) = 40 epochs on with no upper bound; the
+    # medians' lines (0.6 against 0.7) do not cross
+    ig, bg, rows = _band_rows({"in-graph": [(2.0, 0.5), (2.0, 0.7)],
+                               "between-graph": [(6.0, 0.6), (6.0, 0.8)]})
+    band = cost.crossover_band(ig, bg)
+    assert band["epochs"] is None and band["low"] == pytest.approx(40.0)
+    assert band["high"] == float("inf") and band["word"] == "uncertain"
+    text = compare.verdict(pa.Table.from_pylist(rows))
+    assert ("the spreads (min-max) of 2 repeats put the crossover between 40.0 and no upper "
+            "bound epochs (uncertain)") in text
+    # fixed costs level (2-5 against 4-6), per epoch apart (1.0-1.1 against 0.5): the
+    # crossover may be anywhere from 0 to (6 - 2) / (1.0 - 0.5) = 8 epochs
+    ig, bg, _ = _band_rows({"in-graph": [(2.0, 1.0), (5.0, 1.1)],
+                            "between-graph": [(4.0, 0.5), (6.0, 0.5)]})
+    band = cost.crossover_band(ig, bg)
+    assert (band["low"], band["high"]) == (0.0, pytest.approx(8.0)) and band["uncertain"]
+
+
+def test_chart_draws_an_uncertain_crossover_dashed_over_its_band():
+    """The cost panel drew every crossover as one firm line, even with one repeat (which the
+    text calls indicative) or with overlapping spreads."""
+    from pipelines import compare_chart
+
+    class Axes:  # records what the panel draws
+        def __init__(self):
+            self.calls = []
+
+        def __getattr__(self, name):
+            return lambda *a, **k: self.calls.append((name, a, k))
+
+    def drawn(costs):
+        ax = Axes()
+        compare_chart._lines(ax, _band_rows(costs)[2], 3)
+        return ({k["label"]: (a, k.get("linestyle")) for n, a, k in ax.calls
+                 if n in ("axvline", "axvspan")})
+
+    one = drawn({"in-graph": [(2.0, 1.0)], "between-graph": [(6.0, 0.5)]})
+    assert one["crossover (8.0, indicative: one sample)"] == ((pytest.approx(8.0),), "--")
+    assert not any(label.startswith("crossover range") for label in one)
+    sure = drawn({"in-graph": [(1.9, 1.1), (2.0, 1.0), (2.1, 0.9)],
+                  "between-graph": [(5.8, 0.55), (6.0, 0.5), (6.2, 0.45)]})
+    assert sure["crossover (8.0)"] == ((pytest.approx(8.0),), "-")
+    span = next(a for label, (a, _) in sure.items() if label.startswith("crossover range"))
+    assert span == pytest.approx((3.7 / 0.65, 4.3 / 0.35))
+    level = drawn({"in-graph": [(2.0, 0.5), (2.0, 0.7)],
+                   "between-graph": [(6.0, 0.6), (6.0, 0.8)]})
+    # no median crossover; the band from 40 epochs runs to the panel's edge (1.2 x 40 = 48)
+    assert list(level) == ["configured (3)",
+                           "crossover range the spreads allow (40.0 to no upper bound)"]
+    assert level["crossover range the spreads allow (40.0 to no upper bound)"][0] == \
+        pytest.approx((40.0, 48.0))
