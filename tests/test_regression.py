@@ -365,7 +365,7 @@ def test_plots_draw_the_aggregator_predict_answers_with(runs, tmp_path):
             if r["split"] == "test"]
     for best in fit["aggregators"]:  # whichever has the lowest validation NLL is drawn
         nll = {a: (0.0 if a == best else 1.0) for a in fit["aggregators"]}
-        (tmp_path / "aggregators.json").write_text(json.dumps({**fit, "validation_nll": nll}))
+        (tmp_path / "aggregators.json").write_text(json.dumps({**fit, "out_of_fold_nll": nll}))
         shown = plots._shown(rows, tmp_path)
         assert [r["model"] for r in shown if r["aggregator"]] == [f"ensemble-{best}"]
         curves, _ = _answer_curves(*confidence.curves(pq.read_table(run / "predictions.parquet")),

@@ -103,7 +103,7 @@ def test_default_run_applies_std_scaling_and_answers_with_the_best(default_run, 
                                                                    capsys):
     fit = json.loads((default_run / "aggregators.json").read_text())
     assert fit["aggregators"] == ["mean", "std-scaling"]
-    nll = fit["validation_nll"]
+    nll = fit["out_of_fold_nll"]  # what the default is chosen on (`tasks.crossfit`)
     best = min(fit["aggregators"], key=lambda a: nll[a])
     out = tmp_path / "p.parquet"
     assert run_cli("predict", "--run", default_run, "--data", "diabetes", "--out", out) == 0
@@ -133,7 +133,7 @@ def test_default_export_serves_the_best_aggregator(default_run, tmp_path):
     import tensorflow as tf
 
     fit = json.loads((default_run / "aggregators.json").read_text())
-    best = min(fit["aggregators"], key=lambda a: fit["validation_nll"][a])
+    best = min(fit["aggregators"], key=lambda a: fit["out_of_fold_nll"][a])
     assert run_cli("export", "--run", default_run, "--out", tmp_path / "m") == 0
     sigs = tf.saved_model.load(str(tmp_path / "m" / "1")).signatures
     names = (tmp_path / "m" / "1" / "assets" / "feature_names.txt").read_text().split()

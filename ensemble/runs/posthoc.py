@@ -77,14 +77,21 @@ def fit(task, splits: dict[str, SplitMembers], names: Sequence[str],
         settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """Fit the fitted aggregators of `names` on the `validation` split only (the run's `task`,
     `ensemble.tasks.base.Task.fit_aggregators`); returns the content of `aggregators.json`.
+    Prints a notice when fitted aggregators get fewer than `crossfit.SMALL_VALIDATION` rows.
 
     Raises:
         UsageError: no labelled validation split.
     """
+    from ensemble.core.notices import notice
+    from ensemble.tasks import crossfit
+
     val = splits.get("validation")
     if val is None or val.y is None:
         raise UsageError("Fitting aggregators needs the members' labelled validation "
                          "predictions; this run has none.")
+    small = crossfit.small_validation_notice(len(val.y), task.fitted_names(names))
+    if small:
+        notice(small)
     return task.fit_aggregators(val.probs, val.y, names, val.members, settings)
 
 

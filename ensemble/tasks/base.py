@@ -244,8 +244,12 @@ class Task(ABC):
         Returns:
             The content of `aggregators.json`: `fitted_on`, the task's `fit_entries`, `n_rows`,
             `members`, `aggregators`, `best_member` (lowest `member_losses`), `params`
-            `{name: params}` and `validation_nll` `{name: NLL or None}`.
+            `{name: params}` (fitted on every row), `validation_nll` `{name: NLL or None}`
+            (in-sample for a fitted aggregator), `out_of_fold_nll` `{name: NLL or None}` and
+            `out_of_fold` `{"folds", "rows"}` (`ensemble.tasks.crossfit`: each fitted one
+            scored on rows it was not fitted on; what `ensemble.tasks.choice` ranks).
         """
+        from ensemble.tasks import crossfit
         from ensemble.tasks.aggregation_config import AggregationConfig
 
         self.check_aggregators(names)
@@ -254,10 +258,11 @@ class Task(ABC):
         params = {a: self.aggregators[a].fit_on(outputs, y, cfg) for a in self.fitted_names(names)}
         nll = {a: self.ensemble_nll(y, self.aggregate(outputs, a, params.get(a)), a)
                for a in names}
+        oof, how = crossfit.out_of_fold_nll(self, outputs, y, names, cfg, params)
         return {"fitted_on": "validation", **self.fit_entries, "n_rows": int(len(y)),
                 "members": list(members), "aggregators": list(names),
                 "best_member": int(list(members)[best]), "params": params,
-                "validation_nll": nll}
+                "validation_nll": nll, "out_of_fold_nll": oof, "out_of_fold": how}
 
 
 def all_aggregator_names(tasks: Sequence[Task]) -> tuple[str, ...]:

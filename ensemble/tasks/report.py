@@ -101,7 +101,18 @@ def fitted_lines(fit: dict | None, describe) -> list[str]:
             out.append(f"  {name}: weights {ws}{describe(name, p) or ''}")
         elif describe(name, p):
             out.append(f"  {name}: {describe(name, p)}")
-    return out
+    return out + _choice_line(fit)
+
+
+def _choice_line(fit: dict) -> list[str]:
+    """The line naming the out-of-fold NLLs predict's default is chosen on (none for a run
+    from before them)."""
+    how, scores = fit.get("out_of_fold"), fit.get("out_of_fold_nll") or {}
+    shown = [f"{a} {v:.4f}" for a, v in scores.items() if v is not None]
+    if not how or not shown:
+        return []
+    return [f"out-of-fold validation NLL ({how['folds']}-fold cross-fitting on {how['rows']} "
+            "rows; the lowest is predict's default):", f"  {', '.join(shown)}"]
 
 
 def kept_members(fit: dict | None, aggregator: str | None, n_members: int) -> int:

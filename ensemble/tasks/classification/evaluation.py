@@ -10,7 +10,7 @@ import textwrap
 
 import pyarrow as pa
 
-from ensemble.tasks.choice import default_aggregator
+from ensemble.tasks.choice import choice_scores, default_aggregator
 from ensemble.tasks.classification.metrics import LOWER_IS_BETTER, METRICS
 from ensemble.tasks.report import (fitted_lines, kept_members, members_and_best, number,
                                    rows_and_splits, split_block)
@@ -68,8 +68,8 @@ def _gain_block(split: str, rows: list[dict]) -> list[str]:
 def verdict(metrics: pa.Table, split: str = "test", fit: dict | None = None) -> str:
     """One sentence on what the ensemble gained on `split`: the ensemble with the lowest
     validation NLL (`choice.default_aggregator`, as predict chooses: on the run's
-    `aggregators.json` `fit` when given, else on the table's validation rows; the first
-    aggregator when neither has one), its NLL change against the
+    `aggregators.json` `fit` when given, out of fold, else on the table's validation rows;
+    the first aggregator when neither has one), its NLL change against the
     mean member and the best member (chosen on validation), and its accuracy change. `fit`
     also gives how many members a fitted selection kept."""
     rows = [r for r in metrics.to_pylist() if r["split"] == split]
@@ -78,7 +78,7 @@ def verdict(metrics: pa.Table, split: str = "test", fit: dict | None = None) -> 
     if not cands or not members:
         return ""
     names = [r["aggregator"] for r in cands]
-    val = {a: v for a, v in ((fit or {}).get("validation_nll") or {}).items()
+    val = {a: v for a, v in choice_scores(fit).items()
            if a in names and isinstance(v, (int, float)) and math.isfinite(v)} or {
         r["aggregator"]: r["nll"] for r in metrics.to_pylist()
         if r["split"] == "validation" and r["aggregator"] in names and r["nll"] is not None}

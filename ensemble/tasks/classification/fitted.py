@@ -97,11 +97,14 @@ def greedy_selection(probs: np.ndarray, y: np.ndarray, rounds: int) -> dict[str,
     return {"order": order, "size": size, "weights": (counts / size).tolist()}
 
 
-def fit_stacking(probs: np.ndarray, y: np.ndarray, folds: int, seed: int = 0) -> dict[str, Any]:
+def fit_stacking(probs: np.ndarray, y: np.ndarray, folds: int, seed: int = 0,
+                 c: float | None = None) -> dict[str, Any]:
     """Multinomial logistic regression on the members' validation probabilities.
 
-    `C` is chosen by `LogisticRegressionCV` (stratified `folds`-fold cross-validation, NLL),
-    with `folds` lowered to the smallest class count (no cross-validation, C = 1, below 2).
+    `C` is `c` when given (no cross-validation: the out-of-fold scoring's folds reuse the C
+    the fit on every row chose), else chosen by `LogisticRegressionCV` (stratified
+    `folds`-fold cross-validation, NLL), with `folds` lowered to the smallest class count (no
+    cross-validation, C = 1, below 2).
 
     Returns:
         `{"coef": [n_classes, n_members * n_classes], "intercept": [n_classes], "C": float,
@@ -113,8 +116,8 @@ def fit_stacking(probs: np.ndarray, y: np.ndarray, folds: int, seed: int = 0) ->
     probs, y = _check(probs, y)
     x, n_classes = A.stacking_features(probs), probs.shape[2]
     present = np.unique(y)
-    folds = int(min(folds, np.bincount(y)[present].min()))
-    c = 1.0
+    folds = 0 if c is not None else int(min(folds, np.bincount(y)[present].min()))
+    c = 1.0 if c is None else float(c)
     if folds >= 2 and len(present) >= 2:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -159,8 +162,10 @@ def fit_greedy(probs: np.ndarray, y: np.ndarray, settings: dict) -> dict[str, An
 
 
 def fit_stacking_on(probs: np.ndarray, y: np.ndarray, settings: dict) -> dict[str, Any]:
-    """`stacking`: `fit_stacking` with `settings["stacking_folds"]` folds."""
-    return fit_stacking(probs, y, int(settings["stacking_folds"]))
+    """`stacking`: `fit_stacking` with `settings["stacking_folds"]` folds, or with the C of
+    `settings["refit"]` (the parameters fitted on every validation row) when given."""
+    c = (settings.get("refit") or {}).get("C")
+    return fit_stacking(probs, y, int(settings["stacking_folds"]), c=c)
 
 
 def fit_temperature_on(probs: np.ndarray, y: np.ndarray, settings: dict) -> dict[str, Any]:

@@ -116,8 +116,11 @@ def format_table(metrics: pa.Table, fit: dict | None = None, extra=()) -> str:
     lines += ["cov_90/cov_95: share of rows inside the central 90%/95% interval (nominal "
               "0.90/0.95);", "cal_err: mean |p - observed| over quantile levels 0.05..0.95"]
     lines += list(extra)
-    # the run's choice (`aggregators.json`, what predict answers with), else the table's own
-    val = (fit or {}).get("validation_nll") or {
+    from ensemble.tasks.choice import choice_scores
+
+    # the run's choice (`aggregators.json`, out of fold: what predict answers with), else the
+    # table's own
+    val = choice_scores(fit) or {
         r["aggregator"]: r["nll"] for r in rows
         if r["split"] == "validation" and r["aggregator"] is not None}
     sentence = textwrap.fill(verdict([r for r in rows if r["split"] == last], last, val),
