@@ -35,12 +35,46 @@ def test_an_overfitting_weighting_loses_to_the_mean_out_of_fold():
     assert default_aggregator(names, fit) == "mean"
 
 
+def _sure_members(rng, n, wrong=0.05, members=4, classes=3):
+    """Members that agree, right on all but a share `wrong` of the rows, each giving its
+    class 0.9 (on rows all right, a sharper temperature looks better)."""
+    y = rng.integers(0, classes, n)
+    said = np.where(rng.random(n) < wrong, (y + 1) % classes, y)
+    p = np.full((members, n, classes), 0.1 / (classes - 1))
+    p[:, np.arange(n), said] = 0.9
+    return p, y
+
+
+def test_a_validation_split_without_mistakes_keeps_the_mean():
+    """30 rows the mean gets all right: every held-out fold says a temperature near 0 costs
+    nothing, so cross-fitting alone still chose it; the first wrong test row pays for it."""
+    rng = np.random.default_rng(2)
+    probs, y = _sure_members(rng, 30)
+    assert np.all(probs.mean(0).argmax(1) == y)  # no mistake among them
+    names = ["mean", "temperature"]
+    fit = CLS.fit_aggregators(probs, y, names, list(range(4)))
+    assert fit["params"]["temperature"]["temperature"] < 0.2  # sharpened five-fold or more
+    assert fit["validation_nll"]["temperature"] < 1e-3
+    assert fit["out_of_fold"]["mistakes"] == 0 and fit["out_of_fold_nll"]["temperature"] is None
+    assert default_aggregator(names, fit) == "mean"
+    fresh, y_fresh = _sure_members(rng, 20_000)  # 5% wrong rows
+    sharp = CLS.aggregate(fresh, "temperature", fit["params"]["temperature"])
+    assert M.nll(y_fresh, fresh.mean(0)) < M.nll(y_fresh, sharp) / 2
+    # one mistake among the rows: the fold holding it prices the sharpening
+    probs[:, 0] = np.roll(probs[:, 0], 1, axis=-1)
+    fit = CLS.fit_aggregators(probs, y, names, list(range(4)))
+    assert fit["out_of_fold"]["mistakes"] == 1
+    assert fit["out_of_fold_nll"]["temperature"] > fit["out_of_fold_nll"]["mean"]
+    assert default_aggregator(names, fit) == "mean"
+
+
 def test_out_of_fold_nll_is_the_held_out_folds_nll():
     rng = np.random.default_rng(1)
     probs, y = _noise(rng, 40)
     scores, how = crossfit.out_of_fold_nll(CLS, probs, y, ["mean", "weighted"],
                                            {"weights": ()}, None)
-    assert how == {"folds": 5, "rows": 40}
+    mistakes = int(np.sum(probs.mean(0).argmax(1) != y))
+    assert how == {"folds": 5, "rows": 40, "mistakes": mistakes} and mistakes > 0
     # by hand: every class has >= 5 rows, so stratified folds; weights fitted on 4 of them
     from sklearn.model_selection import StratifiedKFold
 
@@ -112,7 +146,8 @@ def test_small_validation_notice(capsys):
     err = capsys.readouterr().err
     assert "(temperature) are fitted on only 30 validation rows" in err
     assert "data.validation_size" in err and "--aggregator mean" in err
-    assert fit["out_of_fold"] == {"folds": 5, "rows": 30}
+    assert fit["out_of_fold"] == {"folds": 5, "rows": 30,
+                                  "mistakes": int(np.sum(probs.mean(0).argmax(1) != y))}
     posthoc.fit(CLS, {"validation": split}, ["mean", "vote"])  # nothing fitted: silent
     assert crossfit.small_validation_notice(100, ["temperature"]) is None
     assert capsys.readouterr().err == ""
@@ -138,5 +173,8 @@ def test_evaluate_prints_the_out_of_fold_nll():
     lines = fitted_lines(fit, lambda name, p: f"T = {p['temperature']:.3f}")
     assert lines[-2:] == ["out-of-fold validation NLL (5-fold cross-fitting on 30 rows; the "
                           "lowest is predict's default):", "  mean 0.5000, temperature 0.7500"]
+    blind = fitted_lines({**fit, "out_of_fold": {"folds": 5, "rows": 30, "mistakes": 0}},
+                         lambda *a: None)
+    assert blind[-1].startswith("  the mean gets every one of these rows right")
     assert fitted_lines({**fit, "out_of_fold_nll": None}, lambda *a: None)[-1] == \
         "fitted on the validation split (30 rows):"  # a run from before them

@@ -92,7 +92,13 @@ def fit(task, splits: dict[str, SplitMembers], names: Sequence[str],
     small = crossfit.small_validation_notice(len(val.y), task.fitted_names(names))
     if small:
         notice(small)
-    return task.fit_aggregators(val.probs, val.y, names, val.members, settings)
+    fit_ = task.fit_aggregators(val.probs, val.y, names, val.members, settings)
+    if fit_["out_of_fold"]["mistakes"] == 0 and task.fitted_names(names):
+        notice(f"the mean gets all {fit_['out_of_fold']['rows']} validation rows right, so "
+               f"their NLL cannot judge the fitted aggregators "
+               f"({', '.join(task.fitted_names(names))}): predict's default stays with one "
+               "that fits nothing; name a fitted one with `--aggregator NAME`.")
+    return fit_
 
 
 def rebuild(splits: dict[str, SplitMembers], classes: np.ndarray, names: Sequence[str],

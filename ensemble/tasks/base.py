@@ -185,6 +185,12 @@ class Task(ABC):
     def refusal(self, name: str, names: Sequence[str]) -> str:
         """The one-line message refusing aggregator `name` (not this task's) in `names`."""
 
+    def mistakes(self, outputs: np.ndarray, y: np.ndarray) -> int | None:
+        """How many rows of `outputs` `[n_members, n_rows, k]` the plain mean gets wrong
+        (classification), or None where the task counts none. With 0 an NLL cannot price a
+        sharper fitted aggregator (`ensemble.tasks.crossfit`)."""
+        return None
+
     def target_type(self):
         """The Arrow type of the `y_true` column of a member's prediction file."""
         import pyarrow as pa

@@ -5,7 +5,8 @@ signature, hence `ensemble serve`) and the Python API apply one rule, for both t
 run's aggregator with the lowest out-of-fold validation NLL in `aggregators.json`
 (`out_of_fold_nll`, `ensemble.tasks.crossfit`: a fitted aggregator scored on validation rows
 it was not fitted on, so one that overfits a small validation split does not beat the plain
-mean by its in-sample NLL; Gaussian NLL of the mixture for regression, NLL of the
+mean by its in-sample NLL, and has none when the mean gets every validation row right,
+as NLL cannot judge its sharpness there; Gaussian NLL of the mixture for regression, NLL of the
 probabilities for classification; `vote` has none). A run from before `out_of_fold_nll` is
 ranked on its `validation_nll`. Ties go to the earlier aggregator of the run's list (the mean
 comes first by default); a run without either (one from before `aggregators.json`) answers

@@ -11,6 +11,15 @@ that fits nothing (`mean`, `geometric`) is scored on the same rows, so its out-o
 its validation NLL. The parameters a run applies are still the ones fitted on every
 validation row; only the choice among aggregators (`ensemble.tasks.choice`) uses these scores.
 
+Cross-fitting is blind in one case, common on small splits: validation rows the plain mean
+gets all right (a classifier's 30 rows, none wrong). Every held-out fold then says a sharper
+temperature or stacker costs nothing (NLL near 0), and the first wrong row at test time pays
+for it (digits, 31 validation rows: temperature's test NLL 0.53 against the mean's 0.14).
+NLL cannot price overconfidence without a mistake to price it on, so then the fitted
+aggregators get no out-of-fold NLL (None) and the default stays with those fitting nothing
+(`Task.mistakes`: the classification task counts the mean's wrong rows; regression has no
+such case, a residual is never 0).
+
 Above `MAX_ROWS` validation rows the folds are drawn from a seeded sample of `MAX_ROWS` rows
 (every aggregator scored on the same sample): at that size an in-sample NLL hardly flatters,
 and `ensemble aggregate` keeps to a few times one fit.
@@ -83,9 +92,11 @@ def out_of_fold_nll(task, outputs: np.ndarray, y: np.ndarray, names: Sequence[st
             large on a few dozen rows, where the nested one costs nothing).
 
     Returns:
-        `({name: NLL or None}, {"folds": folds used, "rows": rows scored})`: None for an
-        aggregator with no NLL (`vote`), for a fitted one when fewer than 2 rows leave nothing
-        to hold out, and where the NLL is not finite.
+        `({name: NLL or None}, {"folds": folds used, "rows": rows scored, "mistakes": rows of
+        them the mean gets wrong, None where the task counts none})`: None for an aggregator
+        with no NLL (`vote`), for a fitted one when fewer than 2 rows leave nothing to hold
+        out or when the mean gets no row wrong (`mistakes` 0), and where the NLL is not
+        finite.
 
     Raises:
         UsageError: an aggregator `task` does not have, or a fit refusing its rows.
@@ -94,12 +105,13 @@ def out_of_fold_nll(task, outputs: np.ndarray, y: np.ndarray, names: Sequence[st
     rows = sample_rows(len(y), MAX_ROWS)
     outputs, y = np.asarray(outputs)[:, rows], np.asarray(y)[rows]
     pairs = folds(y, task.stratified, FOLDS)
+    mistakes = task.mistakes(outputs, y)
     fitted = set(task.fitted_names(names))
     scores: dict[str, float | None] = {}
     for name in names:
         if name not in fitted:
             held = task.aggregate(outputs, name)
-        elif not pairs:
+        elif not pairs or mistakes == 0:
             scores[name] = None
             continue
         else:
@@ -113,7 +125,7 @@ def out_of_fold_nll(task, outputs: np.ndarray, y: np.ndarray, names: Sequence[st
                 held[test_rows] = part
         value = task.ensemble_nll(y, held, name)
         scores[name] = float(value) if value is not None and math.isfinite(value) else None
-    return scores, {"folds": len(pairs), "rows": int(len(y))}
+    return scores, {"folds": len(pairs), "rows": int(len(y)), "mistakes": mistakes}
 
 
 def small_validation_notice(n_rows: int, fitted_names: Sequence[str],

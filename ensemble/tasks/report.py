@@ -111,8 +111,11 @@ def _choice_line(fit: dict) -> list[str]:
     shown = [f"{a} {v:.4f}" for a, v in scores.items() if v is not None]
     if not how or not shown:
         return []
+    blind = ["  the mean gets every one of these rows right: NLL cannot judge a fitted "
+             "aggregator's sharpness there, so none is predict's default"] \
+        if how.get("mistakes") == 0 and fit.get("params") else []
     return [f"out-of-fold validation NLL ({how['folds']}-fold cross-fitting on {how['rows']} "
-            "rows; the lowest is predict's default):", f"  {', '.join(shown)}"]
+            "rows; the lowest is predict's default):", f"  {', '.join(shown)}", *blind]
 
 
 def kept_members(fit: dict | None, aggregator: str | None, n_members: int) -> int:

@@ -103,6 +103,11 @@ class Classification(Task):
 
         return fitted.member_losses(outputs, y)
 
+    def mistakes(self, outputs: np.ndarray, y: np.ndarray) -> int:
+        """Rows whose most probable class under the mean of `[n_members, n_rows, n_classes]`
+        probabilities is not `y` `[n_rows]`."""
+        return int(np.sum(np.argmax(np.mean(outputs, axis=0), axis=1) != np.asarray(y)))
+
     def ensemble_nll(self, y: np.ndarray, rows: np.ndarray, name: str) -> float | None:
         """The NLL of an aggregator's `[n_rows, n_classes]` probabilities; None for vote
         shares."""
