@@ -9,11 +9,6 @@ The options of every command are in `pipelines.options`.
 
 from __future__ import annotations
 
-if __name__ == "__main__":  # `python -m pipelines.cli`: the console script's entry, which
-    import pipelines  # loads this module itself (a Ctrl-C while it loads is one line too)
-
-    pipelines.entry()
-
 import os
 import re
 import sys
@@ -371,3 +366,7 @@ def entry() -> None:
         print("interrupted (SIGINT)", file=sys.stderr, flush=True)
         status = 130
     sys.exit(status)
+
+
+if __name__ == "__main__":
+    entry()

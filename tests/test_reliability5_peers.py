@@ -68,7 +68,7 @@ def test_numpy_command_completes_under_a_small_address_space(iris_run, tmp_path)
                                                            "OMP_NUM_THREADS")}
     proc = subprocess.run([*CLI, "aggregate", "--run", str(run)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=120,
-                          preexec_fn=_limit_as(640 << 20))
+                          preexec_fn=_limit_as(896 << 20))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"aggregated: {run}" in proc.stdout
 

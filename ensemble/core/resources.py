@@ -11,7 +11,8 @@ thread start-up. So, before NumPy or TensorFlow load:
 - `check` (once the command is known): a limit below what the command needs to start is
   refused in one line naming the limit, its value and the need. The needs are floors measured
   on Linux x86-64 (TensorFlow 2.21: 2.8 GiB of address space to import and run a small
-  graph, plus a stack per thread of its two pools; NumPy/pyarrow commands 0.5 GiB).
+  graph, plus a stack per thread of its two pools; NumPy/pyarrow/scikit-learn commands 0.75
+  GiB: `aggregate` cross-fitting with scikit-learn needed 0.65).
 
 The cgroup's memory limit is `ensemble.core.memory.cgroup_limit`'s (this process's cgroup),
 the figure a run's memory estimate is checked against too (`ensemble.runs.budget`).
@@ -28,7 +29,7 @@ from ensemble.core.memory import cgroup_limit, gib
 GIB = 1 << 30
 MIB = 1 << 20
 TF_ADDRESS_SPACE = int(2.8 * GIB)  # import TensorFlow and run a small graph (measured)
-LEAN_ADDRESS_SPACE = 512 * MIB  # NumPy, pyarrow, scikit-learn with one BLAS thread
+LEAN_ADDRESS_SPACE = 768 * MIB  # NumPy, pyarrow, scikit-learn with one BLAS thread (0.65 measured)
 TF_MEMORY = 768 * MIB  # resident memory TensorFlow needs to start and predict a little
 LEAN_MEMORY = 256 * MIB
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
