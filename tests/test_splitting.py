@@ -51,7 +51,20 @@ def test_the_refusal_counts_rare_classes_in_words_that_agree():
 
     y = np.array(["x", "y", "x", "y", "x"])
     one = split_refusal("t.csv", y, np.array(["x", "y"]), np.array([3, 2]))
-    assert "1 of its 2 classes has fewer than 3 rows (the smallest 2)" in one
+    assert "1 of its 2 classes has fewer than 3 rows ('y' 2 rows)" in one
     two = split_refusal("t.csv", y, np.array(["x", "y"]), np.array([2, 2]))
     assert "2 of its 2 classes have fewer than 3 rows" in two
     assert "merge or drop the rarest classes" in one
+
+
+def test_the_refusal_names_a_few_rare_classes_the_rarest_first():
+    """The rare classes are named (was: only counted), the rarest first, `...` beyond three:
+    a numeric target may have hundreds."""
+    from ensemble.data.messages import split_refusal
+
+    classes, counts = np.array(["a", "b", "c", "d", "e"]), np.array([9, 2, 1, 1, 2])
+    msg = split_refusal("t.csv", np.repeat(classes, counts), classes, counts)
+    assert ("4 of its 5 classes have fewer than 3 rows ('c' 1 row, 'd' 1 row, 'b' 2 rows, "
+            "...)") in msg
+    few = split_refusal("t.csv", np.repeat(classes[:2], [9, 1]), classes[:2], np.array([9, 1]))
+    assert "('b' 1 row);" in few and "..." not in few

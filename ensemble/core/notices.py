@@ -27,6 +27,13 @@ def one_line(text: str) -> str:
     return str(text).translate(_CONTROL)
 
 
+def few(values, limit: int = 3, show=repr) -> str:
+    """The first `limit` of `values` as `show` writes them (Python's `repr`), `...` beyond:
+    `'a', 'b', 'c', ...` (a message names a few values, never hundreds)."""
+    values = list(values)
+    return ", ".join(map(show, values[:limit])) + (", ..." if len(values) > limit else "")
+
+
 def notice(message: str, once: bool = False) -> None:
     """One informational line on stderr (never stdout: stdout belongs to the user); with
     `once`, inside a `said_once` block, a message the block already printed is not printed

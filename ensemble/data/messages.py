@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from ensemble.core.errors import UsageError
+from ensemble.core.notices import few
 
 
 def did_you_mean(name: str, columns: Sequence[str]) -> str:
@@ -67,9 +68,12 @@ def read_error(exc: Exception, source, names: Sequence[str] = (), hint: str = ""
 
 def split_refusal(name: str, y: np.ndarray, classes: np.ndarray, counts: np.ndarray) -> str:
     """One line on a stratified split that cannot be made: how many classes are too rare
-    (never their labels: a numeric target may have hundreds), and `--task regression` when
-    the labels are numbers."""
+    and a few of them, the rarest first (`notices.few`: a numeric target may have hundreds),
+    and `--task regression` when the labels are numbers."""
     rare = int(np.sum(counts < 3))
+    order = np.argsort(counts, kind="stable")[:4]
+    named = few([(classes[i].item(), int(counts[i])) for i in order if counts[i] < 3],
+                show=lambda c: f"{c[0]!r} {c[1]} row{'s' * (c[1] != 1)}")
     numeric = np.asarray(y).dtype.kind in "iuf"
     hint = ("; a numeric target to predict as a number? Pass --task regression" if numeric
             else "; merge or drop the rarest classes")
@@ -79,8 +83,28 @@ def split_refusal(name: str, y: np.ndarray, classes: np.ndarray, counts: np.ndar
                 f"expected fewer classes or more rows{hint}.")
     return (f"Cannot split {name} into stratified train/validation/test sets: {rare:,} of its "
             f"{len(classes):,} classes {'has' if rare == 1 else 'have'} fewer than 3 rows "
-            f"(the smallest {counts.min()}); "
+            f"({named}); "
             f"expected at least 3 rows per class{hint}.")
+
+
+def unknown_categories(unknown: dict[str, dict]) -> str:
+    """The notice of categories a run never saw, `{column: {value: rows}}` (a missing value:
+    None): rows and a few values of each column, the most frequent first."""
+    parts = []
+    for col, values in unknown.items():
+        n = sum(values.values())
+        top = sorted(values, key=lambda v: -values[v])
+        parts.append(f"{n} row{'s' * (n != 1)} in {col!r} ({few(top)})")
+    return "unknown categories ignored (all-zero encoding): " + ", ".join(parts)
+
+
+def merge_unknown(total: dict, part: dict) -> dict:
+    """Add the unknown values `{column: {value: rows}}` of `part` (a batch) to `total`."""
+    from collections import Counter
+
+    for col, values in part.items():
+        total.setdefault(col, Counter()).update(values)
+    return total
 
 
 def check_drop(drop: Sequence[str], columns: Sequence[str], path) -> None:

@@ -10,12 +10,11 @@ reported in one notice.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 
 from ensemble.core import background, splitfiles
 from ensemble.core.notices import notice
+from ensemble.data.messages import merge_unknown, unknown_categories
 from ensemble.data.sources import Dataset
 
 SPLITS = ("train", "validation", "test")
@@ -132,13 +131,12 @@ def write_splits(run_dir, scan, pre, rows: dict[str, np.ndarray], y: np.ndarray)
         UsageError: a chunk the preprocessing refuses (named row); nothing is left under
             the final names then.
     """
-    unknown: Counter = Counter()
+    unknown: dict = {}
     with _Splits(run_dir, scan, rows, y) as splits:
         for start, chunk in background.prefetch(scan.chunks()):  # next chunk read meanwhile
             x, unk = pre.encode_scaled(chunk, start)
-            unknown.update(unk)
+            merge_unknown(unknown, unk)
             splits.write(start, x)
     if unknown:
-        notice("unknown categories ignored (all-zero encoding): " + ", ".join(
-            f"{n} row{'s' * (n != 1)} in {c!r}" for c, n in unknown.items()))
+        notice(unknown_categories(unknown))
     return splits.sha256s()

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ensemble.data import sources
+from ensemble.data import messages, sources
+from ensemble.data.messages import merge_unknown
 from ensemble.data.settings import DataConfig
 from ensemble.data.sources import Dataset
 from ensemble.core.errors import UsageError
@@ -137,7 +138,7 @@ class Preprocessing:
 
     def _encode(self, ds: Dataset, rows: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
         """Impute and one-hot encode (before scaling); returns (`[n_rows, n_outputs]` float64,
-        {column: count of unknown categories})."""
+        {column: {unknown category: rows}})."""
         pos = {name: i for i, name in enumerate(ds.feature_names)}
         missing = [n for n in self.columns if n not in pos and n not in ds.categorical]
         if missing:
@@ -153,7 +154,7 @@ class Preprocessing:
             x = np.where(np.isnan(x), self.fill, x)
         blocks, unknown = [x], {}
         for name, cats in self.categories.items():
-            col = np.asarray(ds.categorical[name][take], dtype=object)
+            col = raw = np.asarray(ds.categorical[name][take], dtype=object)
             if name in self.category_fill:
                 col = np.where(col == None, self.category_fill[name], col)  # noqa: E711
             col = col.astype(str)
@@ -163,8 +164,8 @@ class Preprocessing:
             other = onehot.sum(axis=1) == 0
             if name in self.infrequent:  # infrequent and unknown categories: one column
                 onehot = np.concatenate([onehot, other[:, None].astype(np.float64)], axis=1)
-            elif other.any():
-                unknown[name] = int(other.sum())
+            elif other.any():  # value -> rows (a missing value: None)
+                unknown[name] = Counter(None if v is None else str(v) for v in raw[other])
             blocks.append(onehot)
         return (np.concatenate(blocks, axis=1) if len(blocks) > 1 else x), unknown
 
@@ -181,8 +182,7 @@ class Preprocessing:
         """
         x, unknown = self.encode_scaled(ds)
         if unknown:
-            sources.notice("unknown categories ignored (all-zero encoding): " + ", ".join(
-                f"{n} row{'s' * (n != 1)} in {c!r}" for c, n in unknown.items()))
+            sources.notice(messages.unknown_categories(unknown))
         return x
 
     def encode_scaled(self, ds: Dataset, first_row: int | np.ndarray = 0
@@ -192,8 +192,7 @@ class Preprocessing:
         row's position in the source).
 
         Returns:
-            (`[n_rows, n_outputs]` float32, {categorical column: rows with an unknown
-            category}).
+            (`[n_rows, n_outputs]` float32, {categorical column: {unknown category: rows}}).
 
         Raises:
             UsageError: an unexpected column, or a value that scaled by the run's
@@ -203,7 +202,7 @@ class Preprocessing:
         if extra:
             raise UsageError(f"Unexpected column {extra[0]!r} in {ds.name}; not a training feature.")
         z32 = np.empty((len(ds.x), len(self.output_names)), np.float32)
-        unknown: Counter = Counter()
+        unknown: dict[str, Counter] = {}
         for lo in range(0, max(len(z32), 1), BLOCK_ROWS):  # float64 blocks that stay in
             # the cache (one, empty, for no rows: `_encode` checks the columns)
             z, unk = self._encode(ds, slice(lo, lo + BLOCK_ROWS))  # new: scaled in place
@@ -211,7 +210,7 @@ class Preprocessing:
             z /= self.scale
             with np.errstate(over="ignore"):  # beyond float32 becomes inf: found below
                 z32[lo:lo + len(z)] = z
-            unknown.update(unk)
+            merge_unknown(unknown, unk)
         if z32.size and not (-sources.FLOAT32_MAX <= z32.min()
                              and z32.max() <= sources.FLOAT32_MAX):  # two reductions
             x = self._encode(ds)[0]

@@ -22,6 +22,7 @@ No TensorFlow here: between-graph clients and the launcher's early check use it 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
@@ -92,7 +93,7 @@ class InputStream:
             raise UsageError(f"Expected --batch-size >= 1. Received: {batch_rows}")
         self.pre, self.source, self.target = pre, str(source), target
         self.strict, self.batch_rows, self.quiet = strict, int(batch_rows), quiet
-        self.unknown: dict[str, int] = {}  # unknown categories seen, per column
+        self.unknown: dict[str, Counter] = {}  # unknown categories seen: column -> value -> rows
         self.passthrough = False  # carry the non-feature columns (an id) in `Batch.extra`
         self._dataset = None
         self._labels: bool | None = None  # labels used for `y`: decided once (`labels_used`)
@@ -245,8 +246,7 @@ class InputStream:
         if self._dataset is None:
             return
         for _, _, table in self._validated(False):  # checked, not encoded
-            for col, n in whole_input.unknown_categories(table, self.pre).items():
-                self.unknown[col] = self.unknown.get(col, 0) + n
+            messages.merge_unknown(self.unknown, whole_input.unknown_categories(table, self.pre))
         self._notice_unknown()
 
     def _tables(self, all_columns: bool = False) -> Iterator[pa.Table]:
@@ -342,12 +342,10 @@ class InputStream:
 
     def _batch(self, part: sources.Dataset, first: int) -> Batch:
         x, unknown = self.pre.encode_scaled(part, first)
-        for col, n in unknown.items():
-            self.unknown[col] = self.unknown.get(col, 0) + n
+        messages.merge_unknown(self.unknown, unknown)
         y = None if part.y is None else encode(part.y, self.pre.classes)
         return Batch(first, x, y)
 
     def _notice_unknown(self) -> None:
         if self.unknown and not self.quiet:
-            sources.notice("unknown categories ignored (all-zero encoding): " + ", ".join(
-                f"{n} row{'s' * (n != 1)} in {c!r}" for c, n in self.unknown.items()))
+            sources.notice(messages.unknown_categories(self.unknown))

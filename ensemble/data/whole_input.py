@@ -12,6 +12,7 @@ a value beyond float32, with the first such row, so a user fixes the file once.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from typing import Iterable
 
 import numpy as np
@@ -90,8 +91,8 @@ def error(exc: UsageError, pre, table: pa.Table, first_row: int,
 
 
 
-def unknown_categories(table: pa.Table, pre) -> dict[str, int]:
-    """`{categorical column: rows whose category the run never saw}` of a checked batch
+def unknown_categories(table: pa.Table, pre) -> dict[str, Counter]:
+    """`{categorical column: {category the run never saw: rows}}` of a checked batch
     `table`, as `Preprocessing.encode_scaled` counts them (values as text; a missing value
     takes the column's fill category when the run has one, else is unknown; a column with an
     infrequent group has none), without encoding the rows (Arrow's hash lookup)."""
@@ -109,12 +110,13 @@ def unknown_categories(table: pa.Table, pre) -> dict[str, int]:
                 col = pc.if_else(pc.fill_null(pc.is_in(col, pa.array(spellings)), False),
                                  word, col)
         fill = getattr(pre, "category_fill", {}).get(name)
-        known = pc.is_in(col, value_set=pa.array([str(c) for c in cats], pa.string()))
-        n = int(pc.sum(pc.invert(pc.fill_null(known, False))).as_py() or 0)
+        known = pc.fill_null(pc.is_in(col, value_set=pa.array([str(c) for c in cats],
+                                                               pa.string())), False)
         if fill is not None and str(fill) in map(str, cats):
-            n -= col.null_count  # a missing value is the fill category: known
-        if n:
-            found[name] = n
+            known = pc.or_(known, pc.is_null(col))  # a missing value is the fill category
+        counts = pc.value_counts(col.filter(pc.invert(known))).to_pylist()
+        if counts:
+            found[name] = Counter({c["values"]: c["counts"] for c in counts})
     return found
 
 
