@@ -354,6 +354,32 @@ def test_predict_labels_a_class_folders_nested_images_by_their_class(tmp_path):
     assert batches[0].y.tolist() == [0, 0, 1, 1]
 
 
+def test_array_labels_the_run_never_saw_leave_only_their_rows_unlabelled(tmp_path, capsys):
+    """As a table's target column: a label the run never saw (an `.npz`'s `y`, a class
+    folder) leaves `y_true` null on its rows alone, with one notice naming it (was: silently
+    no `y_true` for the whole batch); an image at the top of the folder has no label."""
+    from PIL import Image
+
+    from ensemble.data.arrays import ArrayPreprocessing, ArrayStream
+
+    pre = ArrayPreprocessing((4, 4, 1), np.array([0, 1]), "uint8", None, None,
+                             color_mode="grayscale")
+    np.savez(tmp_path / "new.npz", x=np.zeros((6, 4, 4, 1), np.uint8), y=[0, 1, 5, 1, 7, 5])
+    capsys.readouterr()
+    batches = list(ArrayStream(pre, str(tmp_path / "new.npz"), batch_rows=4))
+    assert [b.y.tolist() for b in batches] == [[0, 1, -1, 1], [-1, -1]]
+    assert (f"notice: 3 rows of the y array of {tmp_path / 'new.npz'} hold labels the run "
+            "never saw (5, 7): predicted, with y_true null on them (the run's classes: 0, 1)"
+            ) in capsys.readouterr().err
+    for rel in ["0/a.png", "1/b.png", "9/c.png", "top.png"]:
+        (tmp_path / "imgs" / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((4, 4), 7, np.uint8), "L").save(tmp_path / "imgs" / rel)
+    (batch,) = ArrayStream(pre, str(tmp_path / "imgs"), batch_rows=8)
+    assert batch.y.tolist() == [0, 1, -1, -1]  # 9/c.png: never seen; top.png: no class
+    err = capsys.readouterr().err
+    assert "1 row of the class folders of" in err and "holds a label the run never saw (9)" in err
+
+
 def test_an_image_folder_for_a_run_of_uint8_arrays_reads_grey_rows_as_grey(tmp_path):
     """A uint8 `.npz` (or `digits_images`) run records `color_mode` "rgb" whatever its rows:
     images for its `[h, w]` rows were read as RGB and cut to the red channel, and for its

@@ -86,6 +86,31 @@ def test_labels_of_a_complete_input_fill_every_row(run, tmp_path, capsys):
     assert got.column("y_true").to_pylist() == _iris().column("species").to_pylist()
 
 
+@pytest.mark.parametrize("mode", ["in-graph", "between-graph"])
+def test_labels_the_run_never_saw_leave_only_their_rows_unlabelled(run, tmp_path, capsys,
+                                                                   mode):
+    """Labels that are not classes of the run, in three batches (was: the whole predict
+    refused, naming neither row nor count): every row is predicted, `y_true` is null on
+    those rows alone, and one notice names the labels and counts their rows."""
+    table = _iris()
+    label = table.column("species").to_pylist()
+    for r, new in ((5, "s7"), (70, "s9"), (71, "s7"), (140, "s7")):
+        label[r] = new
+    data = tmp_path / "in.parquet"
+    pq.write_table(table.set_column(6, "species", pa.array(label)), data)
+    out = tmp_path / "out.parquet"
+    capsys.readouterr()
+    assert run_cli("predict", "--run", run / "run", "--data", data, "--out", out,
+                   "--batch-size", "32", "--mode", mode, "--target", "species") == 0
+    err = capsys.readouterr().err
+    assert err.count("never saw") == 1, err
+    assert (f"4 rows of target column 'species' of {data} hold labels the run never saw "
+            "('s7', 's9'): predicted, with y_true null on them (the run's classes: 's0', "
+            "'s1', 's2')") in err
+    got = pq.read_table(out).column("y_true").to_pylist()
+    assert got == [None if v in ("s7", "s9") else v for v in label]
+
+
 @pytest.mark.parametrize("mode, where", [("in-graph", [100, 10, 140]),  # first bad: row 10
                                          ("in-graph", [100, 140, 70]),  # mid-stream
                                          ("between-graph", [100, 140, 70])])

@@ -9,6 +9,8 @@ import numpy as np
 
 from ensemble.core.errors import UsageError
 
+UNKNOWN = -1  # `encode_known`'s class index of a label the run never saw
+
 
 def encode(y: np.ndarray, classes: np.ndarray) -> np.ndarray:
     """Map labels `[n_rows]` to class indices `[n_rows]` int32 (`classes` sorted).
@@ -19,20 +21,57 @@ def encode(y: np.ndarray, classes: np.ndarray) -> np.ndarray:
         UsageError: a label that is not among `classes`.
     """
     y, classes = np.asarray(y), np.asarray(classes)
+    codes, unknown = encode_known(y, classes)
+    if unknown and not _same_kind(y, classes):
+        raise UsageError(
+            f"Labels of type {y.dtype} do not match the run's classes {classes.tolist()}"
+        )
+    if unknown:
+        raise UsageError(
+            f"Label {y[codes == UNKNOWN][0].item()!r} is not a class of this run; expected "
+            f"one of {classes.tolist()}"
+        )
+    return codes
+
+
+def encode_known(y: np.ndarray, classes: np.ndarray) -> tuple[np.ndarray, dict]:
+    """`encode` for new rows to predict: a label that is not among `classes` (or of another
+    type than theirs) becomes class index `UNKNOWN` (-1; `y_true` null) instead of a refusal.
+
+    Returns:
+        (`[n_rows]` int32 class indices, or float64 targets of a regression run; {unknown
+        label: its rows}).
+
+    Raises:
+        UsageError: non-numeric targets of a regression run.
+    """
+    y, classes = np.asarray(y), np.asarray(classes)
     if classes.size == 0:  # regression
         if y.dtype.kind not in "iuf":
             raise UsageError(f"Targets of type {y.dtype} are not numbers; this regression "
                              "run needs numeric targets.")
-        return y.astype(np.float64)
-    if (y.dtype.kind in "USO") != (classes.dtype.kind in "USO"):
-        raise UsageError(
-            f"Labels of type {y.dtype} do not match the run's classes {classes.tolist()}"
-        )
-    pos = np.clip(np.searchsorted(classes, y), 0, len(classes) - 1)
-    unknown = classes[pos] != y
-    if np.any(unknown):
-        raise UsageError(
-            f"Label {y[unknown][0].item()!r} is not a class of this run; expected one of "
-            f"{classes.tolist()}"
-        )
-    return pos.astype(np.int32)
+        return y.astype(np.float64), {}
+    pos = np.zeros(len(y), np.intp)
+    known = np.zeros(len(y), bool)
+    if _same_kind(y, classes):
+        pos = np.clip(np.searchsorted(classes, y), 0, len(classes) - 1)
+        known = classes[pos] == y
+    values, counts = np.unique(y[~known], return_counts=True)
+    return (np.where(known, pos, UNKNOWN).astype(np.int32),
+            {v.item(): int(n) for v, n in zip(values, counts)})
+
+
+def spread(codes: np.ndarray, has: np.ndarray) -> np.ndarray | None:
+    """`codes` (`encode_known`) of the rows where `has` `[n_rows]` is True, over all rows:
+    the others `UNKNOWN` (`y_true` null); None when they are a regression run's targets and
+    a row has none (no float stands for a missing target)."""
+    if codes.dtype.kind == "f":
+        return codes if has.all() else None
+    out = np.full(len(has), UNKNOWN, np.int32)
+    out[has] = codes
+    return out
+
+
+def _same_kind(y: np.ndarray, classes: np.ndarray) -> bool:
+    """Labels and classes both text, or both numbers (else no label can be a class)."""
+    return (y.dtype.kind in "USO") == (classes.dtype.kind in "USO")

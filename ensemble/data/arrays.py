@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,15 +174,20 @@ class ArrayStream:
     row's file path or array index). An image folder is read batch by batch; an `.npz` at
     once (its arrays are in one file).
 
+    Labels (an `.npz`'s `y`, an image's class folder) fill `y` as a table's target column
+    does (`stream.InputStream`): a label the run never saw leaves that row's `y_true` null,
+    with one notice naming it (unless `quiet`); an image at the top of the folder has none.
+
     Raises:
-        UsageError: unreadable source, rows of another shape than the run's, labels that are
-            not classes of the run.
+        UsageError: unreadable source, rows of another shape than the run's.
     """
 
-    def __init__(self, pre: ArrayPreprocessing, source: str, batch_rows: int):
+    def __init__(self, pre: ArrayPreprocessing, source: str, batch_rows: int,
+                 quiet: bool = False):
         if batch_rows < 1:
             raise UsageError(f"Expected --batch-size >= 1. Received: {batch_rows}")
         self.pre, self.source, self.batch_rows = pre, str(source), int(batch_rows)
+        self.quiet, self.unknown_labels = quiet, Counter()  # label the run never saw -> rows
         self._files = None
         self._class_of = {}  # an image's class: the sub-folder of the source holding it
         self._whole = None
@@ -259,26 +265,58 @@ class ArrayStream:
         self.pre.check_input(first)
 
     def survey(self) -> None:
-        """`check` only: a between-graph launcher's whole-input pass (`InputStream.survey`)
-        would decode every image once more; each image is checked as a client decodes it."""
+        """`check` and the labels (a between-graph launcher's whole-input pass,
+        `InputStream.survey`): decoding every image once more would be slow; each image is
+        checked as a client decodes it."""
         self.check()
+        for lo in range(0, self._rows(), self.batch_rows):
+            self._labels(lo)
+        self._notice_unknown()
+
+    def _rows(self) -> int:
+        return len(self._files) if self._files is not None else len(self._load().x)
+
+    def _labels(self, lo: int) -> np.ndarray | None:
+        """The class indices of the batch at row `lo` (`labels.encode_known`: -1 for a label
+        the run never saw, counted in `unknown_labels`, and for an image at the top of the
+        folder); None when no row has a label (or a regression row has none)."""
+        from ensemble.core.labels import encode_known, spread
+        from ensemble.data.images import folder_labels
+
+        if self._files is None:
+            y = self._load().y
+            if y is None:
+                return None
+            y = y[lo:lo + self.batch_rows]
+            has = np.ones(len(y), bool)
+        else:
+            files = self._files[lo:lo + self.batch_rows]
+            has = np.asarray([f in self._class_of for f in files])
+            if not has.any():
+                return None
+            y = folder_labels([self._class_of[f] for f, h in zip(files, has) if h])
+        codes, unseen = encode_known(y, self.pre.classes)
+        self.unknown_labels.update(unseen)
+        return spread(codes, has)
+
+    def _notice_unknown(self) -> None:
+        if self.unknown_labels and not self.quiet:
+            from ensemble.core.notices import notice
+            from ensemble.data.messages import unknown_labels
+
+            where = "the class folders" if self._files is not None else "the y array"
+            notice(unknown_labels(f"{where} of {self.source}", self.unknown_labels,
+                                  self.pre.classes))
 
     def __iter__(self):
-        from ensemble.core.labels import encode
-
-        n = len(self._files) if self._files is not None else len(self._load().x)
-        for lo in range(0, n, self.batch_rows):
+        for lo in range(0, self._rows(), self.batch_rows):
             if self._files is not None:
                 part = self._load(self._files[lo:lo + self.batch_rows])
-                x, y, ids = part.x, part.y, part.ids
+                x, ids = part.x, part.ids
             else:
                 whole = self._load()
-                x, y, ids = (whole.x[lo:lo + self.batch_rows],
-                             None if whole.y is None else whole.y[lo:lo + self.batch_rows],
-                             whole.ids[lo:lo + self.batch_rows])
+                x, ids = whole.x[lo:lo + self.batch_rows], whole.ids[lo:lo + self.batch_rows]
             self.pre.check_input(ArrayData(self.source, x, None, ids))
-            try:
-                y = None if y is None else encode(y, self.pre.classes)
-            except UsageError:  # labels that are not the run's (classes, or numbers): unused
-                y = None
-            yield Batch(lo, self.pre.transform(ArrayData(self.source, x, None, ids)), y, ids)
+            yield Batch(lo, self.pre.transform(ArrayData(self.source, x, None, ids)),
+                        self._labels(lo), ids)
+        self._notice_unknown()

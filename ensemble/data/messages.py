@@ -107,6 +107,17 @@ def merge_unknown(total: dict, part: dict) -> dict:
     return total
 
 
+def unknown_labels(where: str, unknown: dict, classes) -> str:
+    """The notice of labels `{label: rows}` of `where` (`target column 'label' of x.csv`)
+    that are not among the run's `classes`: their rows are predicted, with `y_true` null."""
+    n = sum(unknown.values())
+    top = sorted(unknown, key=lambda v: -unknown[v])
+    return (f"{n:,} row{'s' * (n != 1)} of {where} hold{'s' * (n == 1)} "
+            f"{'labels' if len(top) > 1 else 'a label'} the run never saw ({few(top)}): "
+            f"predicted, with y_true null on {'it' if n == 1 else 'them'} (the run's classes: "
+            f"{few(np.asarray(classes).tolist(), 5)})")
+
+
 def check_drop(drop: Sequence[str], columns: Sequence[str], path) -> None:
     """Raises UsageError naming the `--drop` columns that `columns` (of `path`) lacks."""
     unknown = [c for c in drop if c not in columns]

@@ -10,7 +10,7 @@ batch, so resident memory stays flat however large the input is.
   with the bad rows of each column counted over the whole input (`ensemble.data.whole_input`).
   Decided once for the whole input, never per batch: whether the labels fill `y` (no label
   missing in any row: `labels_used`), and each notice (printed once, counts over the whole
-  input). `survey()` checks every batch before any prediction (a between-graph launcher).
+  input). A label the run never saw is class index -1 (`y_true` null on its row alone). `survey()` checks every batch before any prediction (a between-graph launcher).
   Built-in data sets (`digits`, ...) are small and read whole, then sliced.
 - `PredictionWriter` (`ensemble.data.prediction_io`, re-exported here) writes tables with one
   `pyarrow.parquet.ParquetWriter` to a temporary name beside the output and renames it into
@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from ensemble.data import whole_input
 from ensemble.data import csv_format, messages, sources
-from ensemble.core.labels import encode
+from ensemble.core.labels import encode_known
 from ensemble.data.containers import Batch
 from ensemble.core.errors import UsageError
 from ensemble.data.preprocessing import Preprocessing
@@ -94,6 +94,7 @@ class InputStream:
         self.pre, self.source, self.target = pre, str(source), target
         self.strict, self.batch_rows, self.quiet = strict, int(batch_rows), quiet
         self.unknown: dict[str, Counter] = {}  # unknown categories seen: column -> value -> rows
+        self.unknown_labels: Counter = Counter()  # labels the run never saw -> rows
         self.passthrough = False  # carry the non-feature columns (an id) in `Batch.extra`
         self._dataset = None
         self._labels: bool | None = None  # labels used for `y`: decided once (`labels_used`)
@@ -245,8 +246,10 @@ class InputStream:
         self.check()
         if self._dataset is None:
             return
-        for _, _, table in self._validated(False):  # checked, not encoded
+        for part, _, table in self._validated(False):  # checked, not encoded
             messages.merge_unknown(self.unknown, whole_input.unknown_categories(table, self.pre))
+            if part.y is not None:
+                self.unknown_labels.update(encode_known(part.y, self.pre.classes)[1])
         self._notice_unknown()
 
     def _tables(self, all_columns: bool = False) -> Iterator[pa.Table]:
@@ -343,9 +346,18 @@ class InputStream:
     def _batch(self, part: sources.Dataset, first: int) -> Batch:
         x, unknown = self.pre.encode_scaled(part, first)
         messages.merge_unknown(self.unknown, unknown)
-        y = None if part.y is None else encode(part.y, self.pre.classes)
+        y = None
+        if part.y is not None:  # a label the run never saw: -1, its y_true null
+            y, unseen = encode_known(part.y, self.pre.classes)
+            self.unknown_labels.update(unseen)
         return Batch(first, x, y)
 
     def _notice_unknown(self) -> None:
-        if self.unknown and not self.quiet:
+        if self.quiet:
+            return
+        if self.unknown:
             sources.notice(messages.unknown_categories(self.unknown))
+        if self.unknown_labels:
+            sources.notice(messages.unknown_labels(
+                f"target column {self.target!r} of {self.source}", self.unknown_labels,
+                self.pre.classes))

@@ -49,7 +49,8 @@ def model_rows(key: ModelRows, y_true: np.ndarray | None, probs: np.ndarray,
     Args:
         key: the model, split and rows (`table_parts.ModelRows`: columns `model`, `member`,
             `aggregator`, `split`, `row` and `source_row`).
-        y_true: `[n_rows]` int class indices, or None when the labels are unknown.
+        y_true: `[n_rows]` int class indices (-1: a label the run never saw), or None when
+            the labels are unknown.
         probs: `[n_rows, n_classes]` probabilities.
         classes: `[n_classes]` sorted class labels (int or str).
         uncertainty: ensemble rows: `{"entropy", "expected_entropy", "mutual_information"}`
@@ -60,8 +61,11 @@ def model_rows(key: ModelRows, y_true: np.ndarray | None, probs: np.ndarray,
     label = _label_type(classes)
     labels = pa.array(classes, label)
     cols = key_columns(key)
-    cols["y_true"] = (pa.nulls(n, label) if y_true is None
-                      else labels.take(pa.array(np.asarray(y_true, np.int64))))
+    if y_true is None:
+        cols["y_true"] = pa.nulls(n, label)
+    else:  # a label the run never saw (`labels.encode_known`: -1): null
+        y_true = np.asarray(y_true, np.int64)
+        cols["y_true"] = labels.take(pa.array(y_true, mask=y_true < 0))
     cols["y_pred"] = labels.take(pa.array(np.argmax(probs, axis=1).astype(np.int64)))
     cols["source_row"] = source_row(key)
     for c, name in enumerate(classes.tolist()):
