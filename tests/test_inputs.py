@@ -380,6 +380,18 @@ def test_array_labels_the_run_never_saw_leave_only_their_rows_unlabelled(tmp_pat
     assert "1 row of the class folders of" in err and "holds a label the run never saw (9)" in err
 
 
+def test_predict_refuses_target_for_an_image_folder_run(pngs, tmp_path, capsys):
+    """An image folder's labels are its class folders: `--target` was silently ignored."""
+    capsys.readouterr()
+    assert run_cli("predict", "--run", pngs / "ig", "--data", pngs / "new", "--out",
+                   tmp_path / "p.parquet", "--target", "label") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: Cannot use --target 'label': the run reads arrays, whose labels "
+                   f"are the class folders of {pngs / 'new'}, not a column; expected no "
+                   "--target"]
+    assert not (tmp_path / "p.parquet").exists()
+
+
 def test_an_image_folder_for_a_run_of_uint8_arrays_reads_grey_rows_as_grey(tmp_path):
     """A uint8 `.npz` (or `digits_images`) run records `color_mode` "rgb" whatever its rows:
     images for its `[h, w]` rows were read as RGB and cut to the red channel, and for its

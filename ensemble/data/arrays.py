@@ -183,11 +183,12 @@ class ArrayStream:
     """
 
     def __init__(self, pre: ArrayPreprocessing, source: str, batch_rows: int,
-                 quiet: bool = False):
+                 quiet: bool = False, target: str | None = None):
         if batch_rows < 1:
             raise UsageError(f"Expected --batch-size >= 1. Received: {batch_rows}")
         self.pre, self.source, self.batch_rows = pre, str(source), int(batch_rows)
-        self.quiet, self.unknown_labels = quiet, Counter()  # label the run never saw -> rows
+        self.quiet, self.target = quiet, target  # `--target`: refused (`check_target`)
+        self.unknown_labels = Counter()  # label the run never saw -> its rows
         self._files = None
         self._class_of = {}  # an image's class: the sub-folder of the source holding it
         self._whole = None
@@ -211,7 +212,16 @@ class ArrayStream:
         return len(self._files) if self._files is not None else None
 
     def check_target(self) -> None:
-        """`InputStream.check_target`: an array's labels are its `y`, no column to check."""
+        """Refuse `--target` (`InputStream.check_target`): an array's labels are its `y` or
+        its class folders, not a column.
+
+        Raises:
+            UsageError: always (the option was given).
+        """
+        where = "the class folders" if self._files is not None else "the y array"
+        raise UsageError(f"Cannot use --target {self.target!r}: the run reads arrays, whose "
+                         f"labels are {where} of {self.source}, not a column; expected no "
+                         "--target")
 
     def _load(self, files=None) -> ArrayData:
         if files is None:

@@ -120,7 +120,7 @@ class Arrays(Source):
         return ArrayScan(cfg)
 
     def stream(self, pre, source, target, strict, batch_rows, quiet):
-        return arrays.ArrayStream(pre, source, batch_rows, quiet)
+        return arrays.ArrayStream(pre, source, batch_rows, quiet, target)
 
 
 class Tables(Source):
