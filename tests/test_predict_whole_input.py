@@ -111,6 +111,31 @@ def test_labels_the_run_never_saw_leave_only_their_rows_unlabelled(run, tmp_path
     assert got == [None if v in ("s7", "s9") else v for v in label]
 
 
+def test_an_empty_label_is_missing_as_a_csvs_empty_cell_is(run, tmp_path, capsys):
+    """`""` in a Parquet target column is a missing label, as the same CSV cell reads (was a
+    class of its own, probability column `p_`): training drops its rows with the notice,
+    `predict` counts it among the missing labels."""
+    from ensemble.data.settings import DataConfig
+    from ensemble.data.table_scan import TableScan
+
+    table = _iris()
+    label = table.column("species").to_pylist()
+    for r in UNLABELLED:
+        label[r] = ""
+    data = tmp_path / "empty.parquet"
+    pq.write_table(table.set_column(6, "species", pa.array(label)), data)
+    capsys.readouterr()
+    scan = TableScan(DataConfig(source=str(data), target="species", drop=("id",)))
+    assert sorted(set(scan.y.tolist())) == ["s0", "s1", "s2"] and len(scan.y) == 145
+    assert scan.file_rows(np.arange(5)).tolist() == [0, 1, 2, 4, 5]
+    assert f"dropped 5 rows of {data} whose label 'species' is missing" in capsys.readouterr().err
+    out = tmp_path / "out.parquet"
+    assert run_cli("predict", "--run", run / "run", "--data", data, "--out", out,
+                   "--batch-size", "32") == 0
+    assert "5 missing labels in 150 rows" in capsys.readouterr().err
+    assert pq.read_table(out).column("y_true").null_count == 150
+
+
 @pytest.mark.parametrize("mode, where", [("in-graph", [100, 10, 140]),  # first bad: row 10
                                          ("in-graph", [100, 140, 70]),  # mid-stream
                                          ("between-graph", [100, 140, 70])])

@@ -117,6 +117,16 @@ def _read_table(path: Path) -> pa.Table:
         raise UsageError(f"Cannot read {path} as {kind}: {str(exc).splitlines()[0]}") from None
 
 
+def target_column(col):
+    """A target column (array or chunked) with its empty labels `""` as missing (null), as a
+    CSV's empty cell is read: a Parquet file's `""` is no class of its own (a class `p_`)."""
+    if pa.types.is_dictionary(col.type) and pa.types.is_string(col.type.value_type):
+        col = pc.dictionary_decode(col)
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return pc.if_else(pc.equal(col, ""), pa.scalar(None, col.type), col)
+    return col
+
+
 def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
     if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
         problems.append(columns.not_utf8(target, col, 1))  # pyarrow's type for such text
@@ -202,7 +212,8 @@ def _split_target(table: pa.Table, name: str, target: str, require_target: bool,
     problem appended to `problems` when it is required."""
     y = None
     if target in table.column_names:
-        col = table.column(target)
+        col = target_column(table.column(target))
+        table = table.set_column(table.column_names.index(target), target, col)
         if col.null_count and require_target:
             keep = pc.is_valid(col)
             table = table.filter(keep)

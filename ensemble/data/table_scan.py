@@ -113,7 +113,7 @@ class TableScan:
         if first is None or first.num_rows == 0:
             raise UsageError(f"Data {self.name} has no rows; expected at least one.")
         if cfg.target in first.column_names:  # (the whole column's notice follows)
-            first = first.filter(pc.is_valid(first.column(cfg.target)))
+            first = first.filter(pc.is_valid(sources.target_column(first.column(cfg.target))))
         # the first chunk decides the columns, checked as a whole file's would be
         head = sources.table_to_dataset(first, self.name, cfg.target, True, cfg.categorical,
                                         cfg.impute)
@@ -148,7 +148,8 @@ class TableScan:
         """(`[n]` labels of the labelled rows, `[n_source]` bool: rows with a label, or None
         when every row has one)."""
         target = self.cfg.target
-        col = pa.concat_tables(self._batches([target], 1 << 20)).column(target)
+        col = sources.target_column(pa.concat_tables(self._batches([target], 1 << 20))
+                                    .column(target))
         valid = None
         if col.null_count:
             valid = np.asarray(pc.is_valid(col))

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from ensemble.core.errors import UsageError
 from ensemble.data.preprocessing import BOOL_WORDS, is_boolean
-from ensemble.data.sources import FLOAT32_MAX
+from ensemble.data.sources import FLOAT32_MAX, target_column
 
 KINDS = ("missing", "inf", "beyond float32")
 
@@ -132,7 +132,8 @@ def missing_labels(dataset, target: str, batch_rows: int) -> tuple[int, int]:
         for rb in dataset.to_batches(columns=[target], batch_size=max(batch_rows, 1 << 16),
                                      batch_readahead=1, fragment_readahead=1,
                                      use_threads=False):
-            missing, rows = missing + rb.column(0).null_count, rows + rb.num_rows
+            missing += target_column(rb.column(0)).null_count  # "" is missing too
+            rows += rb.num_rows
     except (pa.ArrowInvalid, OSError) as exc:
         raise UsageError(f"Cannot read the input: {str(exc).splitlines()[0]}") from None
     return missing, rows
