@@ -60,6 +60,34 @@ def test_data_problems_at_train_name_the_column_and_row(tmp_path, capsys):
         assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("nan_rows", [[5, 1500, 2500, 2999], [1500, 2500]])
+def test_impute_error_counts_missing_values_over_the_whole_file(tmp_path, capsys, nan_rows):
+    """Training streams a Parquet file of three row groups; `--impute error` refused with the
+    count of the first bad chunk alone (1 row). The whole file is counted: the missing
+    values of every row group, and of a text column, with the first row of each, whether the
+    first chunk or a later one holds the first missing value; rows without a label (which
+    training drops) are not counted."""
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=3000)
+    x[nan_rows] = np.nan
+    x[7] = np.nan  # unlabelled: dropped, not counted
+    kind = rng.choice(["u", "v"], 3000).astype(object)
+    kind[2000] = None
+    label = np.where(rng.normal(size=3000) > 0, "a", "b").astype(object)
+    label[7] = None
+    pq.write_table(pa.table({"x": x, "kind": kind.tolist(), "label": label.tolist()}),
+                   tmp_path / "t.parquet", row_group_size=1000)
+    assert run_cli("train", "--data", tmp_path / "t.parquet", "--target", "label",
+                   "--impute", "error", "--run-dir", tmp_path / "run") == 2
+    _one_line(capsys, "column 'x' (1 row) holds NaN or inf: missing values",
+              f"In the whole input (3,000 rows): column 'x' {len(nan_rows)} rows missing "
+              f"(first at row {nan_rows[0]:,}); column 'kind' 1 row missing (first at row "
+              "2,000).")
+    assert not (tmp_path / "run").exists()
+
+
 def test_latin1_text_in_a_categorical_column_is_named(tmp_path, capsys):
     rows = b"".join(b"%d,%s,%d\n" % (i, [b"caf\xe9", b"th\xe9", b"ok"][i % 3], i % 2)
                     for i in range(40))

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from ensemble.core import background
 from ensemble.core.errors import UsageError
-from ensemble.data import csv_format, messages, sources
+from ensemble.data import columns, csv_format, messages, sources
 from ensemble.data.settings import DataConfig
 
 CHUNK_ROWS = 1 << 16
@@ -109,14 +109,17 @@ class TableScan:
         sources.check_unique_columns(names, self.name)
         sources.check_drop(cfg.drop, names, self.path)
         self._read = [c for c in names if c not in cfg.drop]
-        first = next(self._batches(self._read, self.chunk_rows), None)
+        tables = self._batches(self._read, self.chunk_rows)
+        first = raw = next(tables, None)
         if first is None or first.num_rows == 0:
             raise UsageError(f"Data {self.name} has no rows; expected at least one.")
         if cfg.target in first.column_names:  # (the whole column's notice follows)
-            first = first.filter(pc.is_valid(sources.target_column(first.column(cfg.target))))
-        # the first chunk decides the columns, checked as a whole file's would be
-        head = sources.table_to_dataset(first, self.name, cfg.target, True, cfg.categorical,
-                                        cfg.impute)
+            first = first.filter(self._labelled(first))
+        try:  # the first chunk decides the columns, checked as a whole file's would be
+            head = sources.table_to_dataset(first, self.name, cfg.target, True,
+                                            cfg.categorical, cfg.impute)
+        except UsageError as exc:
+            raise self._whole_file_error(exc, raw, 0, tables) from None
         self.identifiers, self._categorical = head.identifiers, tuple(head.categorical)
         self.columns, self.feature_names = head.columns, head.feature_names
         self.y, self._valid = self._labels()
@@ -176,18 +179,44 @@ class TableScan:
             return
         cfg, start, source_row = self.cfg, 0, 0
         categorical = self._categorical or "none"
-        for table in self._batches(self._read, self.chunk_rows):
-            n = table.num_rows
+        tables = self._batches(self._read, self.chunk_rows)
+        for raw in tables:
+            n, table = raw.num_rows, raw
             if self._valid is not None:
                 table = table.filter(pa.array(self._valid[source_row:source_row + n]))
             table = table.drop_columns([cfg.target, *self.identifiers])
             if table.num_rows:
-                part = sources.table_to_dataset(
-                    table, self.name, cfg.target, False, categorical, cfg.impute,
-                    first_row=source_row, detect_identifiers=False)
+                try:
+                    part = sources.table_to_dataset(
+                        table, self.name, cfg.target, False, categorical, cfg.impute,
+                        first_row=source_row, detect_identifiers=False)
+                except UsageError as exc:
+                    raise self._whole_file_error(exc, raw, source_row, tables) from None
                 yield start, part
                 start += table.num_rows
             source_row += n
+
+    def _labelled(self, table: pa.Table) -> pa.ChunkedArray:
+        """The rows of a chunk (the target column read) that have a label: those trained on."""
+        return pc.is_valid(sources.target_column(table.column(self.cfg.target)))
+
+    def _whole_file_error(self, exc: UsageError, table: pa.Table, first_row: int,
+                          rest: Iterator[pa.Table]) -> UsageError:
+        """`exc`, the refusal of chunk `table` (rows from `first_row`, which counts that
+        chunk's bad rows alone), with the bad rows of each column counted over the rest of the
+        file too (`whole_input.error`; labelled rows only, as training reads them)."""
+        from types import SimpleNamespace
+
+        from ensemble.data import whole_input
+
+        drop = {self.cfg.target, *self.cfg.drop}
+        fields = [f for f in self._dataset.schema if f.name not in drop]
+        text = [f.name for f in fields if columns.is_category_like(f.type)]
+        names = SimpleNamespace(feature_names=[f.name for f in fields if f.name not in text],
+                                categories=dict.fromkeys(text), impute=self.cfg.impute)
+        return whole_input.error(exc, names, table, first_row, rest, keep=lambda t: (
+            self._labelled(t).to_numpy(zero_copy_only=False)
+            if self.cfg.target in t.column_names else None))
 
     def file_rows(self, rows: np.ndarray) -> np.ndarray:
         """The positions in the source of the rows `rows` (positions of `y`): what a run's

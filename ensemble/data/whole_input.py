@@ -27,17 +27,21 @@ KINDS = ("missing", "inf", "beyond float32")
 
 
 def bad_rows(table: pa.Table, numeric: Iterable[str], categorical: Iterable[str],
-          missing: bool) -> dict[tuple[str, str], tuple[int, int]]:
+             missing: bool, keep: np.ndarray | None = None
+             ) -> dict[tuple[str, str], tuple[int, int]]:
     """`{(column, kind): (bad rows, first bad row's position in `table`)}` of one table.
 
     Args:
         numeric, categorical: the run's feature columns of each kind (absent ones skipped;
             a numeric column that does not convert to numbers is skipped: its message names it).
         missing: count missing values (the run refuses them: `impute = "error"`).
+        keep: `[n_rows]` bool, the rows to count (None: all; training drops unlabelled rows).
     """
     found = {}
 
     def note(name: str, kind: str, mask: np.ndarray) -> None:
+        if keep is not None:
+            mask = mask & keep
         if mask.any():
             found[name, kind] = (int(mask.sum()), int(np.argmax(mask)))
 
@@ -59,13 +63,15 @@ def bad_rows(table: pa.Table, numeric: Iterable[str], categorical: Iterable[str]
 
 
 def error(exc: UsageError, pre, table: pa.Table, first_row: int,
-                rest: Iterable[pa.Table]) -> UsageError:
+          rest: Iterable[pa.Table], keep=None) -> UsageError:
     """The error of the first bad batch `table` (rows from `first_row`), with the bad rows of
     every column counted over the whole input: that batch and every table of `rest` (the
     batches after it; the batches before it passed, so held none).
 
     Args:
-        pre: the run's preprocessing (`feature_names`, `categories`, `impute`).
+        pre: the run's preprocessing (`feature_names`, `categories`, `impute`), or at training
+            the same names of the source's columns.
+        keep: `keep(table)`, the `[n_rows]` bool rows of a table to count (None: all).
 
     Returns:
         A UsageError: `exc`'s message, then the whole-input counts (when any were found).
@@ -76,7 +82,8 @@ def error(exc: UsageError, pre, table: pa.Table, first_row: int,
     position = first_row
     try:
         for t in itertools.chain([table], rest):
-            for key, (n, at) in bad_rows(t, numeric, categorical, missing).items():
+            for key, (n, at) in bad_rows(t, numeric, categorical, missing,
+                                         None if keep is None else keep(t)).items():
                 entry = totals.setdefault(key, [0, position + at])
                 entry[0] += n
             position += t.num_rows
