@@ -88,6 +88,33 @@ def test_impute_error_counts_missing_values_over_the_whole_file(tmp_path, capsys
     assert not (tmp_path / "run").exists()
 
 
+def test_a_column_dropped_at_training_is_not_named_as_ignored_at_predict(tmp_path, capsys):
+    """`--drop batch` at train: predict named `batch` again among the ignored columns. It is
+    carried through to the wide output unnamed (as an id is, `--strict-columns` included);
+    a column the run never saw is still named."""
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(120, 2))
+    table = pa.table({"f1": x[:, 0], "f2": x[:, 1], "batch": np.arange(120) % 7,
+                      "label": np.where(x[:, 0] > 0, "a", "b")})
+    pq.write_table(table, tmp_path / "t.parquet")
+    assert run_cli("train", "--data", tmp_path / "t.parquet", "--target", "label", "--drop",
+                   "batch", "--members", "2", "--epochs", "1", "--devices", "cpu:2",
+                   "--run-dir", tmp_path / "run", "--quiet") == 0
+    pq.write_table(table.append_column("note", pa.array(["x"] * 120)), tmp_path / "new.parquet")
+    out = tmp_path / "p.parquet"
+    capsys.readouterr()
+    assert run_cli("predict", "--run", tmp_path / "run", "--data", tmp_path / "new.parquet",
+                   "--out", out) == 0
+    err = capsys.readouterr().err
+    assert "ignoring column 'note' of" in err and "'batch'" not in err, err
+    assert pq.read_table(out).column("batch").to_pylist() == table.column("batch").to_pylist()
+    assert run_cli("predict", "--run", tmp_path / "run", "--data", tmp_path / "t.parquet",
+                   "--out", out, "--strict-columns") == 0
+    assert "batch" not in capsys.readouterr().err
+
+
 def test_latin1_text_in_a_categorical_column_is_named(tmp_path, capsys):
     rows = b"".join(b"%d,%s,%d\n" % (i, [b"caf\xe9", b"th\xe9", b"ok"][i % 3], i % 2)
                     for i in range(40))

@@ -96,6 +96,7 @@ class InputStream:
         self.unknown: dict[str, Counter] = {}  # unknown categories seen: column -> value -> rows
         self.unknown_labels: Counter = Counter()  # labels the run never saw -> rows
         self.passthrough = False  # carry the non-feature columns (an id) in `Batch.extra`
+        self.dropped: tuple = ()  # columns training dropped: neither named nor refused
         self._dataset = None
         self._labels: bool | None = None  # labels used for `y`: decided once (`labels_used`)
         if self.source not in sources.BUILTIN:
@@ -208,7 +209,8 @@ class InputStream:
         return sources.table_to_dataset(table, name, self.target, require_target=False,
                                         categorical=tuple(pre.categories) or "none",
                                         impute=pre.impute, expected=pre.columns, strict=strict,
-                                        first_row=first_row, identifiers=pre.identifiers)
+                                        first_row=first_row,
+                                        identifiers=(*pre.identifiers, *self.dropped))
 
     def check(self) -> None:
         """Check the columns (missing, extra, types) and the first batch's values; prints the

@@ -69,6 +69,7 @@ def open_input(request: PredictRequest):
     manifest, pre = open_run(r.run_dir, r.trust_builder)
     target = r.target or manifest.dataset.target_or("target")
     stream = kinds.input_stream(pre, r.source, target, r.strict_columns, r.batch_size)
+    stream.dropped = tuple(config_of(manifest).data.drop)  # carried as ids: not named
     if r.target:  # named explicitly: not optional
         stream.check_target()
     return manifest, pre, stream
