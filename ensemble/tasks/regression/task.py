@@ -29,7 +29,7 @@ class Regression(Task):
 
     name = spec = "regression"
     gaussian = True  # outputs are per-row Gaussians: (mean, variance), target units
-    target_dtype = np.float32
+    target_dtype = np.float64  # fed as such: float32 steps by 64 near 1e9
     tf_module = "ensemble.tasks.regression.tf_ops"
     stratified = False  # its splits are stratified by class
     losses = ("gaussian_nll", "mse")
@@ -63,7 +63,7 @@ class Regression(Task):
         return GaussianHead(self.loc, self.scale, self.point, name=name)(logits)
 
     def loss(self, y, outputs):
-        """Mean Gaussian NLL (or MSE) of `y` `[batch]` float32 targets under `outputs`
+        """Mean Gaussian NLL (or MSE) of `y` `[batch]` float64 targets under `outputs`
         `[batch, 2]`, on the standardised target (`ensemble.tasks.regression.tf_ops`)."""
         from ensemble.tasks.regression import tf_ops as RT
 

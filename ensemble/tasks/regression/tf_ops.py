@@ -24,14 +24,15 @@ LOG_2PI = math.log(2 * math.pi)
 
 @keras.saving.register_keras_serializable(package="ensemble")
 class GaussianHead(keras.layers.Layer):
-    """`[batch, 2]` (or `[batch, 1]` when `point`) builder outputs -> `[batch, 2]` (mean,
-    variance), target units. `loc`, `scale`: the training target's mean and std."""
+    """`[batch, 2]` (or `[batch, 1]` when `point`) builder outputs -> `[batch, 2]` float64
+    (mean, variance), target units. `loc`, `scale`: the training target's mean and std."""
 
     def __init__(self, loc: float = 0.0, scale: float = 1.0, point: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.loc, self.scale, self.point = float(loc), float(scale), bool(point)
 
     def call(self, out):
+        out = tf.cast(out, tf.float64)  # target units: float64 (a price near 1e9 keeps its digits)
         mean = self.loc + self.scale * out[:, 0]
         if self.point:
             var = tf.zeros_like(mean)
@@ -47,27 +48,34 @@ class GaussianHead(keras.layers.Layer):
                 "point": self.point}
 
 
+def standardised(y, outputs, loc: float, scale: float):
+    """`(y, mean, variance)` `[batch]` float32 on the standardised target, standardised in
+    float64 (`y - loc` of a target near 1e9 loses its digits in float32)."""
+    out = tf.cast(outputs, tf.float64)
+    y = (tf.cast(y, tf.float64) - loc) / scale
+    return tuple(tf.cast(t, tf.float32) for t in (y, (out[:, 0] - loc) / scale,
+                                                   out[:, 1] / (scale * scale)))
+
+
 def gaussian_nll(y, outputs, loc: float, scale: float):
     """Mean Gaussian NLL (natural log) of `y` `[batch]` under `outputs` `[batch, 2]` (mean,
     variance in target units), computed on the standardised target: the target-unit NLL
     minus `log scale` (same gradients). Scalar float32."""
-    y = (tf.cast(y, tf.float32) - loc) / scale
-    mu = (outputs[:, 0] - loc) / scale
-    var = outputs[:, 1] / (scale * scale)
+    y, mu, var = standardised(y, outputs, loc, scale)
     return tf.reduce_mean(0.5 * (LOG_2PI + tf.math.log(var) + tf.square(y - mu) / var))
 
 
 def mse(y, outputs, loc: float, scale: float):
     """Mean squared error of the standardised target and mean (point members). Scalar."""
-    y = (tf.cast(y, tf.float32) - loc) / scale
-    return tf.reduce_mean(tf.square(y - (outputs[:, 0] - loc) / scale))
+    y, mu, _ = standardised(y, outputs, loc, scale)
+    return tf.reduce_mean(tf.square(y - mu))
 
 
 def mixture_tf(member_outputs, weights=None, scale: float = 1.0) -> tf.Tensor:
     """TensorFlow twin of `ensemble.tasks.regression.aggregators.mixture`: `[n_members, n_rows,
-    2]` (mean, variance) -> `[n_rows, 3]` float32 (mean, aleatoric and epistemic variance,
-    both times `scale^2`), float64 inside; `weights` `[n_members]` or None (uniform)."""
-    p = tf.cast(tf.convert_to_tensor(member_outputs, tf.float32), tf.float64)
+    2]` (mean, variance) -> `[n_rows, 3]` float64 (mean, aleatoric and epistemic variance,
+    both times `scale^2`); `weights` `[n_members]` or None (uniform)."""
+    p = tf.cast(tf.convert_to_tensor(member_outputs), tf.float64)
     mu_m, var_m = p[..., 0], p[..., 1]
     if weights is None:
         mu = tf.reduce_mean(mu_m, axis=0)
@@ -79,7 +87,7 @@ def mixture_tf(member_outputs, weights=None, scale: float = 1.0) -> tf.Tensor:
         ale = tf.tensordot(w, var_m, axes=1)
         epi = tf.tensordot(w, tf.square(mu_m - mu), axes=1)
     s2 = float(scale) ** 2
-    return tf.cast(tf.stack([mu, ale * s2, epi * s2], axis=1), tf.float32)
+    return tf.stack([mu, ale * s2, epi * s2], axis=1)
 
 
 def mean(member_outputs, params=None) -> tf.Tensor:
@@ -101,13 +109,13 @@ def aggregate_tf(member_outputs, name: str, params: dict | None = None) -> tf.Te
     """TensorFlow twin of `ensemble.tasks.regression.aggregators.aggregate`.
 
     Args:
-        member_outputs: `[n_members, n_rows, 2]` float32 (mean, variance); `n_members`
+        member_outputs: `[n_members, n_rows, 2]` float64 (mean, variance); `n_members`
             static for the fitted aggregators.
         name: `mean`, `weighted`, `greedy` or `std-scaling`.
         params: the fitted parameters (`aggregators.json`).
 
     Returns:
-        `[n_rows, 3]` float32: mean, aleatoric variance, epistemic variance (float64 inside).
+        `[n_rows, 3]` float64: mean, aleatoric variance, epistemic variance.
 
     Raises:
         ValueError: an aggregator that is not for regression, or missing parameters.
@@ -130,8 +138,10 @@ def uncertainty_tf(ensemble) -> dict:
 def serving_outputs(stacked, name: str, params: dict | None, classes=None) -> dict:
     """An exported signature's outputs of aggregator `name` over `stacked` `[n_members, batch,
     2]` (mean, variance): `mean`, `std`, `aleatoric_std`, `epistemic_std` `[batch]` and
-    `member_mean`, `member_std` `[batch, n_members]`, target units."""
+    `member_mean`, `member_std` `[batch, n_members]`, target units; the means float64 (a
+    target near 1e9 keeps its digits), the stds float32."""
     ens = aggregate_tf(stacked, name, params)
+    stacked = tf.cast(stacked, tf.float64)
     return {"mean": ens[:, 0], **uncertainty_tf(ens),
             "member_mean": tf.transpose(stacked[..., 0]),
-            "member_std": tf.transpose(tf.sqrt(stacked[..., 1]))}
+            "member_std": tf.cast(tf.transpose(tf.sqrt(stacked[..., 1])), tf.float32)}
