@@ -36,6 +36,38 @@ def table_format(path: str | Path) -> str | None:
     return None
 
 
+def table_files(source: str, builtin=()) -> tuple[list[str], str]:
+    """The files of a file or folder source and their format (`parquet` or `csv`; a CSV file
+    may be compressed, `table_format`): a folder's `.parquet` or `.csv` files of one kind,
+    sorted by name (hidden ones and `_`-prefixed left out); `builtin`: the built-in data
+    sets' names, for the message of an unknown name.
+
+    Raises:
+        UsageError: no such file, an empty one, an unknown name, a folder of mixed kinds.
+    """
+    from ensemble.core.errors import UsageError
+
+    path = Path(source)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if table_format(p) and p.is_file()
+                       and not p.name.startswith((".", "_")))
+        kinds = {table_format(p) for p in files}
+        if len(kinds) != 1:
+            raise UsageError(f"Expected folder {source} to hold .parquet or .csv files (one "
+                             f"kind). Received: {', '.join(sorted(kinds)) or 'none'}")
+        return [str(p) for p in files], kinds.pop()
+    kind = table_format(path)
+    if kind is None:
+        raise UsageError(f"Unknown data source {source!r}; expected one of "
+                         f"{', '.join(builtin)}, a .parquet or .csv (or .csv.gz) file, "
+                         "or a folder of them.")
+    if not path.is_file():
+        raise UsageError(f"Data file not found: {source}")
+    if path.stat().st_size == 0:
+        raise UsageError(f"Data file is empty: {source}")
+    return [str(path)], kind
+
+
 def open_text(path: str | Path):
     """The CSV file at `path` as UTF-8 text (bytes that are not UTF-8 as U+FFFD), decompressed
     when its name ends in one of `COMPRESSED`."""

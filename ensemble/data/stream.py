@@ -10,7 +10,8 @@ batch, so resident memory stays flat however large the input is.
   with the bad rows of each column counted over the whole input (`ensemble.data.whole_input`).
   Decided once for the whole input, never per batch: whether the labels fill `y` (no label
   missing in any row: `labels_used`), and each notice (printed once, counts over the whole
-  input). A label the run never saw is class index -1 (`y_true` null on its row alone). `survey()` checks every batch before any prediction (a between-graph launcher).
+  input). A label the run never saw is class index -1 (`y_true` null on its row alone).
+  `survey()` checks every batch before any prediction (a between-graph launcher).
   Built-in data sets (`digits`, ...) are small and read whole, then sliced.
 - `PredictionWriter` (`ensemble.data.prediction_io`, re-exported here) writes tables with one
   `pyarrow.parquet.ParquetWriter` to a temporary name beside the output and renames it into
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from pathlib import Path
 from typing import Iterator
 
 import pyarrow as pa
@@ -48,30 +48,6 @@ def default_batch_rows(values_per_row: int) -> int:
 
 
 _CHECKED: set = set()  # inputs whose check passed in this process
-
-
-def _files(source: str) -> tuple[list[str], str]:
-    """The files of a file or folder source and their format (`parquet` or `csv`; a CSV file
-    may be compressed, `csv_format.table_format`)."""
-    path = Path(source)
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if csv_format.table_format(p) and p.is_file()
-                       and not p.name.startswith((".", "_")))
-        kinds = {csv_format.table_format(p) for p in files}
-        if len(kinds) != 1:
-            raise UsageError(f"Expected folder {source} to hold .parquet or .csv files (one "
-                             f"kind). Received: {', '.join(sorted(kinds)) or 'none'}")
-        return [str(p) for p in files], kinds.pop()
-    kind = csv_format.table_format(path)
-    if kind is None:
-        raise UsageError(f"Unknown data source {source!r}; expected one of "
-                         f"{', '.join(sources.BUILTIN)}, a .parquet or .csv (or .csv.gz) file, "
-                         "or a folder of them.")
-    if not path.is_file():
-        raise UsageError(f"Data file not found: {source}")
-    if path.stat().st_size == 0:
-        raise UsageError(f"Data file is empty: {source}")
-    return [str(path)], kind
 
 
 class InputStream:
@@ -102,7 +78,7 @@ class InputStream:
         if self.source not in sources.BUILTIN:
             import pyarrow.dataset as ds
 
-            files, fmt = _files(self.source)
+            files, fmt = csv_format.table_files(self.source, sources.BUILTIN)
             if fmt == "csv":
                 for f in files:
                     # names of bytes that are not UTF-8, or a name twice: refused
