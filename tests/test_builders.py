@@ -382,7 +382,7 @@ import keras
 
 def build(input_shape, n_outputs, *, seed):
     model = keras.Sequential([keras.Input(input_shape), keras.layers.Dense(n_outputs)])
-    model.compile(optimizer="sgd", loss="mse")
+    model.compile(optimizer="adam", loss="mse")
     return model
 
 
@@ -409,3 +409,26 @@ def test_a_compiled_builder_model_gets_a_notice(tmp_path, capsys):
     assert err.count("notice: builder") == 1
     assert "compiled its model; its optimizer, loss and metrics are not used" in err
     assert "plain" not in err
+
+
+def test_a_compiled_builder_model_saves_and_loads_without_keras_warnings(tmp_path):
+    """The builder's `compile` is undone: its never-built optimiser saved with the member
+    made every load warn "Skipping variable loading for optimizer" (train, predict, evaluate)."""
+    import warnings
+
+    from ensemble import tasks
+    from ensemble.models.members import build_member, load_member, save_member
+
+    path = tmp_path / "compiled_builder.py"
+    path.write_text(COMPILED_BUILDER)
+    for name in ("build", "plain"):
+        model = build_member(f"{path}:{name}", {}, (5,), 3, 0, "m", tasks.get())
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        model.fit(np.zeros((8, 5), "float32"), np.zeros(8, "int64"), verbose=0)
+        save_member(model, tmp_path / f"{name}.keras")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loaded = load_member(tmp_path / f"{name}.keras", None)
+        assert not [w for w in caught if issubclass(w.category, UserWarning)], name
+        np.testing.assert_allclose(loaded(np.ones((2, 5), "float32")),
+                                   model(np.ones((2, 5), "float32")), rtol=1e-6)

@@ -107,9 +107,10 @@ def _say_if_compiled(model, spec: str) -> None:
     import keras
 
     from ensemble.core.notices import notice
+    from ensemble.models.members import compiled_by_builder
 
     net = next((layer for layer in model.layers if isinstance(layer, keras.Model)), None)
-    if net is not None and getattr(net, "compiled", False):
+    if net is not None and compiled_by_builder(net):
         notice(f"builder {spec!r} compiled its model; its optimizer, loss and metrics are not "
                "used: members train with the task's loss and the [training] optimizer "
                "(training.optimizer, training.learning_rate).", once=True)

@@ -84,7 +84,27 @@ def build_network(spec: str, params: dict[str, Any], input_shape: Sequence[int],
     if _ends_in_softmax(net, layers):
         raise UsageError(f"Builder {spec!r} ends in a softmax; a builder returns logits (the "
                          "task adds the head): drop the final softmax activation.")
+    if getattr(net, "compiled", False):
+        _forget_compile(net)
     return net
+
+
+def _forget_compile(net) -> None:
+    """Drop what the builder's `net.compile(...)` attached (members train with the task's loss
+    and the `[training]` optimiser): saved with the member, its never-built optimiser made
+    Keras warn "Skipping variable loading for optimizer" at every load of the member.
+    `compiled_by_builder(net)` remembers it for the notice (`cost.member_flops`)."""
+    net.optimizer = None
+    for name in ("loss", "_compile_loss", "_compile_metrics", "_compile_config"):
+        if hasattr(net, name):
+            setattr(net, name, None)
+    net.compiled = False
+    object.__setattr__(net, "_ensemble_compiled_by_builder", True)  # past Keras's tracking
+
+
+def compiled_by_builder(net) -> bool:
+    """Whether the builder compiled network `net` (`build_network` undid it)."""
+    return bool(getattr(net, "_ensemble_compiled_by_builder", False))
 
 
 def _all_layers(model) -> list:
