@@ -185,6 +185,18 @@ def test_a_run_whose_every_member_diverges_fails_with_one_line(tmp_path, capsys,
                    tmp_path / "p.parquet") == 2
 
 
+def test_every_member_diverging_in_one_epoch_with_progress_lines_fails_with_one_line(
+        tmp_path, capsys):
+    """Without `--quiet`: the epoch in which the last members diverge has no records, and the
+    progress line of its members' means raised IndexError instead of the one-line failure."""
+    cfg = _config(tmp_path, "sgd", training='optimizer = "sgd"\nlearning_rate = 10.0')
+    run_dir = tmp_path / "run"
+    assert run_cli("train", "--config", cfg, "--run-dir", run_dir) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "every member diverged" in err[-1], err
+    assert not any("Traceback" in line for line in err)
+
+
 @pytest.mark.parametrize("scale", [1e30, 1e38, -3e20])
 def test_a_regression_target_beyond_float32_is_refused_at_the_data_check(tmp_path, capsys,
                                                                        scale):

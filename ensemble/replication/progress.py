@@ -94,6 +94,8 @@ class LogProgress(Callback):
 
     def on_epoch_end(self, epoch, records):
         self.last = time.monotonic()
+        if not records:  # every member still training diverged in this epoch: no line
+            return
         mean = {k: float(np.mean([r[k] for r in records]))
                 for k in ("loss", "val_loss", _score(records[0]))}
         many = f" (mean of {len(records)} members)" if len(records) > 1 else ""
