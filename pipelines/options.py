@@ -217,8 +217,9 @@ def _evaluate(p) -> None:
     _add(p, "--predictions", metavar="FILE.parquet",
          help="a predictions Parquet file (default: the run's)")
     _add(p, "--plots", action="store_true",
-         help="also write PNGs beside the metrics: reliability, ensemble size, members "
-              "(needs matplotlib)")
+         help="also write PNGs beside the metrics: reliability, ensemble size, members, "
+              "confidence (regression: PIT, coverage, error against std, confidence); with "
+              "--ood or --shift, their ood_entropy.png or shift.png instead (needs matplotlib)")
     _add(p, "--ood", metavar="SOURCE",
          help="out-of-distribution inputs (a table, .npz or image folder the run takes, or a "
               "long-layout predictions .parquet): AUROC/AUPR of telling the test split from "

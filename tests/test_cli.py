@@ -221,6 +221,19 @@ def test_tabular_csv_as_people_have_it(mode, tmp_path, capsys):
     assert sorted(set(table.column("y_true").to_pylist())) == ["Adelie", "Chinstrap", "Gentoo"]
 
 
+def test_evaluate_plots_help_names_every_picture_it_writes():
+    """`evaluate --plots` writes confidence.png too (and a regression run's own pictures);
+    its help named only reliability, ensemble size and members."""
+    from pipelines.cli import COMMANDS
+    from pipelines.options import build_parser
+
+    sub = build_parser(COMMANDS).commands["evaluate"]
+    text = next(a.help for a in sub._actions if "--plots" in a.option_strings)
+    for picture in ("reliability", "ensemble size", "members", "confidence", "PIT", "coverage",
+                    "error against std", "ood_entropy.png", "shift.png"):
+        assert picture in text, picture
+
+
 def test_ensemble_alone_and_help_list_the_commands_with_examples(capsys):
     from pipelines.cli import COMMANDS
     from pipelines.options import build_parser
