@@ -197,6 +197,29 @@ def test_every_member_diverging_in_one_epoch_with_progress_lines_fails_with_one_
     assert not any("Traceback" in line for line in err)
 
 
+def test_a_diverging_member_is_left_out_of_the_ensembles_tensorboard_scalars(tmp_path):
+    """In-graph `--tensorboard`: the ensemble's per-epoch scalars came from every member's
+    validation outputs, the diverged one's NaN too, and ECE's binning raised ValueError."""
+    import glob
+
+    import numpy as np
+    import tensorflow as tf
+
+    cfg = _config(tmp_path, "one", POISON_ONE)
+    run_dir = tmp_path / "run"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert run_cli("train", "--config", cfg, "--run-dir", run_dir, "--tensorboard",
+                       "--quiet") == 0
+    assert artifacts.read_manifest(run_dir)["members"][1]["status"] == "diverged"
+    values = {}
+    for f in glob.glob(str(run_dir / "tensorboard" / "ensemble" / "*")):
+        for event in tf.compat.v1.train.summary_iterator(f):
+            for v in event.summary.value:
+                values[(v.tag, event.step)] = float(tf.make_ndarray(v.tensor))
+    assert ("mean/val_nll", 1) in values
+    assert all(np.isfinite(v) for v in values.values()), values
+
+
 @pytest.mark.parametrize("scale", [1e30, 1e38, -3e20])
 def test_a_regression_target_beyond_float32_is_refused_at_the_data_check(tmp_path, capsys,
                                                                        scale):

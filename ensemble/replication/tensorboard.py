@@ -84,7 +84,8 @@ class EnsembleScalars(Callback):
     fitted on validation after training only, so they have no per-epoch curve.
 
     Args:
-        predict_val: returns the members' validation outputs `[n_members, n_val, k]` (e.g.
+        predict_val: returns the validation outputs `[n_members, n_val, k]` of the members not
+            diverged (none: no scalars) (e.g.
             `InGraphEnsemble.predict(x_val)[0]`).
         y_val: `[n_val]` validation targets.
         aggregators: aggregator names of the run.
@@ -102,6 +103,8 @@ class EnsembleScalars(Callback):
         if self.writer is None:
             self.writer = tf.summary.create_file_writer(str(self.root / "ensemble"))
         outputs = np.asarray(self.predict_val())
+        if not len(outputs):  # every member diverged: no ensemble
+            return
         _write(self.writer, self.task.epoch_scalars(self.y_val, outputs, self.aggregators),
                epoch)
 

@@ -100,6 +100,14 @@ class _FirstEpoch:
             self.unix = time.time()
 
 
+def _healthy_outputs(ens, x_val) -> np.ndarray:
+    """The validation outputs `[n_healthy, n_val, k]` of the members that have not diverged
+    (`ens.divergence`): a diverged member's NaN outputs are left out of the ensemble's
+    per-epoch TensorBoard scalars as out of everything else."""
+    outputs = np.asarray(ens.predict(x_val)[0])
+    return outputs if ens.divergence is None else outputs[ens.divergence.healthy()]
+
+
 def _keep_healthy(ens, placed: list[str], run_dir: Path, manifest: Manifest, task):
     """Save the members that did not diverge (`divergence.settle`: fails when none is left)
     and record every member's status; returns (their `InGraphEnsemble`, their devices)."""
@@ -145,7 +153,7 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: Manifest, callbacks: 
         from ensemble.replication.tensorboard import EnsembleScalars, MemberScalars
 
         callbacks = [*callbacks, MemberScalars(run_dir),
-                     EnsembleScalars(run_dir, lambda: ens.predict(x_val)[0], y_val,
+                     EnsembleScalars(run_dir, lambda: _healthy_outputs(ens, x_val), y_val,
                                      cfg.aggregation.aggregators, task)]
     steady, first = SteadyState(cfg.training.batch_size, len(x_tr)), _FirstEpoch()
     history = ens.fit(x_tr, y_tr, (x_val, y_val), Schedule.of(cfg.training),
