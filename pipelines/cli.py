@@ -150,7 +150,7 @@ def _check_input_early(args) -> None:
     from ensemble.core import artifacts
     from ensemble.core.outputs import table_format
     from ensemble.data import kinds
-    from ensemble.runs.run_record import Manifest, config_of
+    from ensemble.runs.run_record import Manifest, dropped_columns
 
     try:
         manifest = Manifest.load(Path(args.run))
@@ -159,7 +159,7 @@ def _check_input_early(args) -> None:
         return
     target = args.target or manifest.dataset.target_or("target")
     stream = kinds.input_stream(pre, args.data, target, args.strict_columns, args.batch_size)
-    stream.dropped = tuple(config_of(manifest).data.drop)  # carried as ids: not named
+    stream.dropped = dropped_columns(manifest)  # carried as ids: not named
     if args.target:  # named explicitly: not optional
         stream.check_target()
     stream.check()

@@ -20,7 +20,7 @@ from typing import Any
 from ensemble.core import artifacts
 from ensemble.replication import devices
 from ensemble.runs import prepare
-from ensemble.runs.run_record import Manifest, config_of
+from ensemble.runs.run_record import Manifest, config_of, dropped_columns
 from ensemble.core import runlock
 from ensemble.tasks import tables
 from ensemble.tasks.predicted import SplitPredictions
@@ -69,7 +69,7 @@ def open_input(request: PredictRequest):
     manifest, pre = open_run(r.run_dir, r.trust_builder)
     target = r.target or manifest.dataset.target_or("target")
     stream = kinds.input_stream(pre, r.source, target, r.strict_columns, r.batch_size)
-    stream.dropped = tuple(config_of(manifest).data.drop)  # carried as ids: not named
+    stream.dropped = dropped_columns(manifest)  # carried as ids: not named
     if r.target:  # named explicitly: not optional
         stream.check_target()
     return manifest, pre, stream

@@ -20,6 +20,13 @@ def config_of(manifest: Manifest) -> Config:
     return from_dict(manifest.config)
 
 
+def dropped_columns(manifest: Manifest) -> tuple[str, ...]:
+    """The columns the run's training left out (`data.drop`), read from the recorded config
+    as it is: resolving it (`config_of`) would import the run's builder before `predict`'s
+    preflight checks the builder file's sha256."""
+    return tuple((manifest.config.get("data") or {}).get("drop") or ())
+
+
 def record_process(run_dir: str | Path, ready_unix: float) -> Manifest:
     """Record, under the manifest lock, the training process's `process_ready_unix` (when it
     was ready to work: `time.time()`, seconds) and `process_peak_rss_bytes` (its peak resident
