@@ -193,3 +193,19 @@ def test_a_search_runs_members_read_in_batches_are_by_splits(tmp_path, monkeypat
         assert s.members == old[split].members == [0, 1, 2]
         assert np.array_equal(s.probs, old[split].probs) and s.probs.dtype == np.float32
         assert np.array_equal(s.rows, old[split].rows) and np.array_equal(s.y, old[split].y)
+
+
+def test_the_confidence_block_scores_the_labelled_rows_of_a_partly_labelled_split():
+    """A few test rows with an unknown `y_true` (labels the run never saw, at predict) leave
+    those rows out of the confidence block, as out of the metrics and of confidence.png; the
+    block used to drop every model of the split, so it vanished."""
+    table = _classification(60)
+    unknown = pc.and_(pc.equal(table.column("split"), "test"), pc.less(table.column("row"), 4))
+    partly = table.set_column(table.schema.get_field_index("y_true"), "y_true", pc.if_else(
+        unknown, pa.scalar(None, pa.string()), table.column("y_true")))
+    labelled = table.filter(pc.invert(unknown))
+    block = confidence.block(model_arrays.of_table(partly))
+    assert block and "on test" in block[0]
+    assert block == confidence.block(model_arrays.of_table(labelled))
+    assert [line.split()[0] for line in block[2:]] == [
+        "member-0", "member-1", "member-2", "ensemble-mean"]

@@ -19,11 +19,12 @@ REGRESSION_SHARES = (0.5, 0.8, 0.9)
 
 
 def _models(preds: PredictionArrays, split: str):
-    """`(model, y, p)` per model of `split`, rows by `row` (regression: `p` = `[n_rows, 2]`
-    mean and std); a model with an unknown `y_true` on the split and hard voting skipped
-    (vote shares are not confidences)."""
+    """`(model, y, p)` per model of `split`, its labelled rows by `row` (regression: `p` =
+    `[n_rows, 2]` mean and std), as the metrics table scores them (a row with an unknown
+    `y_true`, a label the run never saw at predict, is left out, not its whole model); hard
+    voting skipped (vote shares are not confidences)."""
     for (s, model), a in preds.models.items():
-        if s == split and not a.unlabelled and model != "ensemble-vote":
+        if s == split and len(a.y) and model != "ensemble-vote":
             a = a.by_row()
             yield model, a.y, a.values
 
