@@ -88,6 +88,26 @@ def test_impute_error_counts_missing_values_over_the_whole_file(tmp_path, capsys
     assert not (tmp_path / "run").exists()
 
 
+def test_impute_error_whole_file_count_leaves_the_identifier_out(tmp_path, capsys):
+    """An identifier column (carried through, never a feature: its missing value is not
+    refused) was counted and named among the whole file's missing values."""
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=3000)
+    x[[1500, 2500]] = np.nan
+    ids = [f"id{i}" for i in range(3000)]
+    ids[2200] = None
+    label = np.where(rng.normal(size=3000) > 0, "a", "b")
+    pq.write_table(pa.table({"id": ids, "x": x, "label": label}), tmp_path / "t.parquet",
+                   row_group_size=1000)
+    assert run_cli("train", "--data", tmp_path / "t.parquet", "--target", "label",
+                   "--impute", "error", "--run-dir", tmp_path / "run") == 2
+    line = _one_line(capsys, "In the whole input (3,000 rows): column 'x' 2 rows missing "
+                     "(first at row 1,500).")
+    assert "'id'" not in line, line
+
+
 def test_a_column_dropped_at_training_is_not_named_as_ignored_at_predict(tmp_path, capsys):
     """`--drop batch` at train: predict named `batch` again among the ignored columns. It is
     carried through to the wide output unnamed (as an id is, `--strict-columns` included);

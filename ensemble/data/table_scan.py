@@ -204,12 +204,13 @@ class TableScan:
                           rest: Iterator[pa.Table]) -> UsageError:
         """`exc`, the refusal of chunk `table` (rows from `first_row`, which counts that
         chunk's bad rows alone), with the bad rows of each column counted over the rest of the
-        file too (`whole_input.error`; labelled rows only, as training reads them)."""
+        file too (`whole_input.error`; labelled rows only, as training reads them; the
+        identifier columns, which are carried through and never refused, left out)."""
         from types import SimpleNamespace
 
         from ensemble.data import whole_input
 
-        drop = {self.cfg.target, *self.cfg.drop}
+        drop = {self.cfg.target, *self.cfg.drop, *getattr(self, "identifiers", ())}
         fields = [f for f in self._dataset.schema if f.name not in drop]
         text = [f.name for f in fields if columns.is_category_like(f.type)]
         names = SimpleNamespace(feature_names=[f.name for f in fields if f.name not in text],
