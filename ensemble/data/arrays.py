@@ -218,9 +218,8 @@ class ArrayStream:
         Raises:
             UsageError: always (the option was given).
         """
-        where = "the class folders" if self._files is not None else "the y array"
         raise UsageError(f"Cannot use --target {self.target!r}: the run reads arrays, whose "
-                         f"labels are {where} of {self.source}, not a column; expected no "
+                         f"labels are {self._label_source()}, not a column; expected no "
                          "--target")
 
     def _load(self, files=None) -> ArrayData:
@@ -283,6 +282,11 @@ class ArrayStream:
             self._labels(lo)
         self._notice_unknown()
 
+    def _label_source(self) -> str:
+        """Where the labels come from: `the class folders of SOURCE` or `the y array of SOURCE`."""
+        where = "the class folders" if self._files is not None else "the y array"
+        return f"{where} of {self.source}"
+
     def _rows(self) -> int:
         return len(self._files) if self._files is not None else len(self._load().x)
 
@@ -314,8 +318,7 @@ class ArrayStream:
             from ensemble.core.notices import notice
             from ensemble.data.messages import unknown_labels
 
-            where = "the class folders" if self._files is not None else "the y array"
-            notice(unknown_labels(f"{where} of {self.source}", self.unknown_labels,
+            notice(unknown_labels(self._label_source(), self.unknown_labels,
                                   self.pre.classes))
 
     def __iter__(self):
