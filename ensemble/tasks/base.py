@@ -252,8 +252,9 @@ class Task(ABC):
             `members`, `aggregators`, `best_member` (lowest `member_losses`), `params`
             `{name: params}` (fitted on every row), `validation_nll` `{name: NLL or None}`
             (in-sample for a fitted aggregator), `out_of_fold_nll` `{name: NLL or None}` and
-            `out_of_fold` `{"folds", "rows"}` (`ensemble.tasks.crossfit`: each fitted one
-            scored on rows it was not fitted on; what `ensemble.tasks.choice` ranks).
+            `out_of_fold` `{"folds", "rows", "mistakes"}` (`ensemble.tasks.crossfit`: each
+            fitted one scored on rows it was not fitted on; what `ensemble.tasks.choice`
+            ranks).
         """
         from ensemble.tasks import crossfit
         from ensemble.tasks.aggregation_config import AggregationConfig

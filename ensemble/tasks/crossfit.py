@@ -8,8 +8,9 @@ folds (scikit-learn `StratifiedKFold` for a stratified task whose every class ha
 else `KFold`, shuffled with seed 0), fit each fitted aggregator on K - 1 folds, apply it to
 the held-out fold, and score the NLL of the held-out rows put back together. An aggregator
 that fits nothing (`mean`, `geometric`) is scored on the same rows, so its out-of-fold NLL is
-its validation NLL. The parameters a run applies are still the ones fitted on every
-validation row; only the choice among aggregators (`ensemble.tasks.choice`) uses these scores.
+its validation NLL (above `MAX_ROWS` rows: its NLL on the sample). The parameters a run
+applies are still the ones fitted on every validation row; only the choice among aggregators
+(`ensemble.tasks.choice`) uses these scores.
 
 Cross-fitting is blind in one case, common on small splits: validation rows the plain mean
 gets all right (a classifier's 30 rows, none wrong). Every held-out fold then says a sharper

@@ -31,8 +31,8 @@ def members_and_best(rows: list[dict]) -> tuple[list[dict], dict | None]:
 
 def answering(rows: list[dict], run_dir) -> dict | None:
     """The ensemble row among one split's metrics rows of the aggregator `ensemble predict`
-    answers with (`ensemble.tasks.choice.default_aggregator`: lowest validation NLL in the
-    run's `aggregators.json`; without a run, the first aggregator), or None."""
+    answers with (`ensemble.tasks.choice.default_aggregator`: lowest out-of-fold validation
+    NLL in the run's `aggregators.json`; without a run, the first aggregator), or None."""
     import json
     from pathlib import Path
 
