@@ -88,23 +88,24 @@ def test_impute_error_counts_missing_values_over_the_whole_file(tmp_path, capsys
     assert not (tmp_path / "run").exists()
 
 
-def test_impute_error_whole_file_count_leaves_the_identifier_out(tmp_path, capsys):
+@pytest.mark.parametrize("nan_rows", [[1500, 2500], [10, 2500]])  # a later chunk, the first
+def test_impute_error_whole_file_count_leaves_the_identifier_out(tmp_path, capsys, nan_rows):
     """An identifier column (carried through, never a feature: its missing value is not
     refused) was counted and named among the whole file's missing values."""
     import pyarrow.parquet as pq
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=3000)
-    x[[1500, 2500]] = np.nan
+    x[nan_rows] = np.nan
     ids = [f"id{i}" for i in range(3000)]
-    ids[2200] = None
+    ids[20] = ids[2200] = None
     label = np.where(rng.normal(size=3000) > 0, "a", "b")
     pq.write_table(pa.table({"id": ids, "x": x, "label": label}), tmp_path / "t.parquet",
                    row_group_size=1000)
     assert run_cli("train", "--data", tmp_path / "t.parquet", "--target", "label",
                    "--impute", "error", "--run-dir", tmp_path / "run") == 2
     line = _one_line(capsys, "In the whole input (3,000 rows): column 'x' 2 rows missing "
-                     "(first at row 1,500).")
+                     f"(first at row {nan_rows[0]:,}).")
     assert "'id'" not in line, line
 
 

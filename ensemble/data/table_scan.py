@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -119,7 +119,7 @@ class TableScan:
             head = sources.table_to_dataset(first, self.name, cfg.target, True,
                                             cfg.categorical, cfg.impute)
         except UsageError as exc:
-            raise self._whole_file_error(exc, raw, 0, tables) from None
+            raise self._whole_file_error(exc, raw, 0, tables, self._identifiers(first)) from None
         self.identifiers, self._categorical = head.identifiers, tuple(head.categorical)
         self.columns, self.feature_names = head.columns, head.feature_names
         self.y, self._valid = self._labels()
@@ -191,7 +191,8 @@ class TableScan:
                         table, self.name, cfg.target, False, categorical, cfg.impute,
                         first_row=source_row, detect_identifiers=False)
                 except UsageError as exc:
-                    raise self._whole_file_error(exc, raw, source_row, tables) from None
+                    raise self._whole_file_error(exc, raw, source_row, tables,
+                                                 self.identifiers) from None
                 yield start, part
                 start += table.num_rows
             source_row += n
@@ -200,17 +201,26 @@ class TableScan:
         """The rows of a chunk (the target column read) that have a label: those trained on."""
         return pc.is_valid(sources.target_column(table.column(self.cfg.target)))
 
+    def _identifiers(self, first: pa.Table) -> tuple[str, ...]:
+        """The identifier columns of the labelled first chunk `first`, as the head check
+        would have left them out (`identifiers.split_identifiers`, no notice)."""
+        from ensemble.data.identifiers import split_identifiers
+
+        features = first.drop_columns([c for c in (self.cfg.target,) if c in first.column_names])
+        return split_identifiers(features, self.name, self.cfg.categorical,
+                                 lambda *a, **k: None)[1]
+
     def _whole_file_error(self, exc: UsageError, table: pa.Table, first_row: int,
-                          rest: Iterator[pa.Table]) -> UsageError:
+                          rest: Iterator[pa.Table], identifiers: Sequence[str]) -> UsageError:
         """`exc`, the refusal of chunk `table` (rows from `first_row`, which counts that
         chunk's bad rows alone), with the bad rows of each column counted over the rest of the
         file too (`whole_input.error`; labelled rows only, as training reads them; the
-        identifier columns, which are carried through and never refused, left out)."""
+        `identifiers`, carried through and never refused, left out)."""
         from types import SimpleNamespace
 
         from ensemble.data import whole_input
 
-        drop = {self.cfg.target, *self.cfg.drop, *getattr(self, "identifiers", ())}
+        drop = {self.cfg.target, *self.cfg.drop, *identifiers}
         fields = [f for f in self._dataset.schema if f.name not in drop]
         text = [f.name for f in fields if columns.is_category_like(f.type)]
         names = SimpleNamespace(feature_names=[f.name for f in fields if f.name not in text],
