@@ -94,7 +94,9 @@ def fit(task, splits: dict[str, SplitMembers], names: Sequence[str],
         notice(small)
     fit_ = task.fit_aggregators(val.probs, val.y, names, val.members, settings)
     if fit_["out_of_fold"]["mistakes"] == 0 and task.fitted_names(names):
-        notice(f"the mean gets all {fit_['out_of_fold']['rows']} validation rows right, so "
+        rows = fit_["out_of_fold"]["rows"]
+        rows = f"{rows}" if rows == len(val.y) else f"{rows} sampled"  # crossfit.MAX_ROWS
+        notice(f"the mean gets all {rows} validation rows right, so "
                f"their NLL cannot judge the fitted aggregators "
                f"({', '.join(task.fitted_names(names))}): predict's default stays with one "
                "that fits nothing; name a fitted one with `--aggregator NAME`.")

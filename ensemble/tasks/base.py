@@ -254,7 +254,7 @@ class Task(ABC):
             (in-sample for a fitted aggregator), `out_of_fold_nll` `{name: NLL or None}` and
             `out_of_fold` `{"folds", "rows", "mistakes"}` (`ensemble.tasks.crossfit`: each
             fitted one scored on rows it was not fitted on; what `ensemble.tasks.choice`
-            ranks).
+            ranks). With one name there is nothing to choose: its validation NLL, 0 folds.
         """
         from ensemble.tasks import crossfit
         from ensemble.tasks.aggregation_config import AggregationConfig
@@ -265,7 +265,10 @@ class Task(ABC):
         params = {a: self.aggregators[a].fit_on(outputs, y, cfg) for a in self.fitted_names(names)}
         nll = {a: self.ensemble_nll(y, self.aggregate(outputs, a, params.get(a)), a)
                for a in names}
-        oof, how = crossfit.out_of_fold_nll(self, outputs, y, names, cfg, params)
+        if len(names) > 1:
+            oof, how = crossfit.out_of_fold_nll(self, outputs, y, names, cfg, params)
+        else:  # nothing to choose between (an estimator's one aggregator): no cross-fitting
+            oof, how = dict(nll), {"folds": 0, "rows": 0, "mistakes": None}
         return {"fitted_on": "validation", **self.fit_entries, "n_rows": int(len(y)),
                 "members": list(members), "aggregators": list(names),
                 "best_member": int(list(members)[best]), "params": params,
