@@ -287,3 +287,25 @@ def test_a_folder_shard_whose_column_changes_type_is_named(tmp_path):
     with pytest.raises(UsageError, match=r"Column 'a' of .*part-1.parquet is string; expected "
                                          r"double as in .*part-0.parquet"):  # was pyarrow's
         list(TableScan(DataConfig(source=str(tmp_path / "parts"), target="label")).chunks())
+
+
+def test_a_partitioned_folder_is_read_alike_by_training_and_predict(tmp_path):
+    """A Spark-style folder (`year=2020/part-0.parquet`, `_SUCCESS`, `_temporary/`): training
+    and predict read the same files, in sub-folders, leaving out `_`/`.`-prefixed ones (train
+    read `_temporary/`'s file and predict refused a folder without top-level files)."""
+    from ensemble.data.csv_format import table_files
+    from ensemble.data.table_scan import TableScan
+
+    root = tmp_path / "ds"
+    for year in (2020, 2021):
+        (root / f"year={year}").mkdir(parents=True)
+        pq.write_table(pa.table({"a": [0.5, 1.5, 2.5, 3.5], "label": ["x", "y", "x", "y"]}),
+                       root / f"year={year}" / "part-0.parquet")
+    (root / "_temporary").mkdir()
+    pq.write_table(pa.table({"junk": [1]}), root / "_temporary" / "part-9.parquet")
+    (root / "_SUCCESS").write_text("")
+    files, kind = table_files(str(root))
+    assert kind == "parquet" and [Path(f).relative_to(root).as_posix() for f in files] == [
+        "year=2020/part-0.parquet", "year=2021/part-0.parquet"]
+    scan = TableScan(DataConfig(source=str(root), target="label"))
+    assert sum(len(chunk.x) for _, chunk in scan.chunks()) == 8

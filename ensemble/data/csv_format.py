@@ -36,11 +36,22 @@ def table_format(path: str | Path) -> str | None:
     return None
 
 
+def folder_files(folder: Path) -> list[Path]:
+    """The `.parquet` or `.csv` files (`table_format`) in `folder` and its sub-folders (a
+    partitioned data set, as Spark or `pyarrow.dataset.write_dataset` write it), sorted by
+    path; a file or folder whose name starts with `.` or `_` is left out with all it holds
+    (`_SUCCESS`, `_temporary/`, `.ipynb_checkpoints/`). Training and `predict` read the same
+    files."""
+    return sorted(p for p in folder.rglob("*") if table_format(p) and p.is_file()
+                  and not any(part.startswith((".", "_"))
+                              for part in p.relative_to(folder).parts))
+
+
 def table_files(source: str, builtin=()) -> tuple[list[str], str]:
     """The files of a file or folder source and their format (`parquet` or `csv`; a CSV file
-    may be compressed, `table_format`): a folder's `.parquet` or `.csv` files of one kind,
-    sorted by name (hidden ones and `_`-prefixed left out); `builtin`: the built-in data
-    sets' names, for the message of an unknown name.
+    may be compressed, `table_format`): a folder's `.parquet` or `.csv` files of one kind
+    (`folder_files`); `builtin`: the built-in data sets' names, for the message of an unknown
+    name.
 
     Raises:
         UsageError: no such file, an empty one, an unknown name, a folder of mixed kinds.
@@ -49,8 +60,7 @@ def table_files(source: str, builtin=()) -> tuple[list[str], str]:
 
     path = Path(source)
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if table_format(p) and p.is_file()
-                       and not p.name.startswith((".", "_")))
+        files = folder_files(path)
         kinds = {table_format(p) for p in files}
         if len(kinds) != 1:
             raise UsageError(f"Expected folder {source} to hold .parquet or .csv files (one "

@@ -36,7 +36,8 @@ def _open(path: Path, categorical=()):
     import pyarrow.dataset as pds
 
     if path.is_dir():
-        shards = sorted(p for p in path.rglob("*.parquet") if p.is_file())
+        shards = [p for p in csv_format.folder_files(path)
+                  if csv_format.table_format(p) == "parquet"]
         if not shards:
             raise UsageError(f"Data folder {path} holds no .parquet files.")
         return pds.dataset([str(p) for p in shards], format="parquet"), "Parquet"
@@ -278,7 +279,8 @@ class TableScan:
             return self._ds.sha256()
         h = hashlib.sha256()
         files = ([self.path] if self.path.is_file()
-                 else sorted(p for p in self.path.rglob("*.parquet") if p.is_file()))
+                 else [p for p in csv_format.folder_files(self.path)
+                       if csv_format.table_format(p) == "parquet"])
         for f in files:
             h.update(str(f.relative_to(self.path)).encode() if f != self.path else b"")
             with open(f, "rb") as fh:
