@@ -159,8 +159,9 @@ def held(t: pa.DataType) -> str:
 
 def numeric_values(f: pa.Field, col, first_row: int, expected: Sequence[str] | None,
                     problems: list[str]) -> np.ndarray | None:
-    """A numeric, decimal or boolean column as numbers (`[n_rows]`: an integer or float column
-    in its own numpy dtype, float64 where it has NaN or nulls or is decimal or boolean), or
+    """A numeric, decimal, boolean or all-null column as numbers (`[n_rows]`: an integer or
+    float column in its own numpy dtype, float64 where it has NaN or nulls or is decimal,
+    boolean or null: all missing, as a Parquet float column of NaN is), or
     None when its type cannot be a feature; a problem is appended for that, inf, or |x|
     beyond float32."""
     if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type):
@@ -174,7 +175,8 @@ def numeric_values(f: pa.Field, col, first_row: int, expected: Sequence[str] | N
     if pa.types.is_nested(f.type):
         problems.append(nested_problem(f, expected))
         return None
-    if not (is_numeric(f.type) or pa.types.is_boolean(f.type) or pa.types.is_decimal(f.type)):
+    if not (is_numeric(f.type) or pa.types.is_boolean(f.type) or pa.types.is_decimal(f.type)
+            or pa.types.is_null(f.type)):  # null: a CSV column with every cell empty
         problems.append(f"column {f.name!r} holds {held(f.type)}; expected numbers (or list it "
                         "in [data] categorical to one-hot encode it)")
         return None
