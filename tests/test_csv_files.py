@@ -211,3 +211,17 @@ def test_a_csv_column_with_every_cell_empty_is_a_missing_number_as_in_parquet(tm
                    "--run-dir", tmp_path / "run2", "--quiet")
     err = capsys.readouterr().err
     assert code == 2 and "'empty' (60 rows)" in err and "type null" not in err, err
+
+
+def test_labels_differing_only_in_spaces_around_them_are_named_at_train_time(tmp_path, capsys):
+    # ' yes ' and 'yes' (a hand-written CSV, a spreadsheet) were silently four classes for two
+    from ensemble.data.settings import DataConfig
+    from ensemble.data.table_scan import TableScan
+
+    labels = [" yes ", "no", " no", "yes"]
+    rows = "".join(f"{i * 0.37 % 5:.3f};{labels[i % 4]}\n" for i in range(40))
+    data = _write(tmp_path / "spaced.csv", "x;label\n" + rows)
+    scan = TableScan(DataConfig(source=str(data), target="label"))
+    assert sorted(set(scan.y.tolist())) == [" no", " yes ", "no", "yes"]
+    err = capsys.readouterr().err
+    assert "differ only in spaces around them (' no', 'no'; ' yes ', 'yes')" in err, err

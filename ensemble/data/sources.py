@@ -151,6 +151,22 @@ def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
     return y
 
 
+def spaced_labels_notice(y: np.ndarray, target: str, name: str) -> None:
+    """A notice naming text labels that differ only in spaces around them (`' yes '`, `'yes'`):
+    each is a class of its own, which a CSV written by hand or a spreadsheet often did not mean."""
+    if y.dtype.kind != "U":
+        return
+    groups: dict[str, list[str]] = {}
+    for label in np.unique(y).tolist():
+        groups.setdefault(label.strip(), []).append(label)
+    clashes = [g for g in groups.values() if len(g) > 1]
+    if clashes:
+        shown = "; ".join(", ".join(map(repr, g)) for g in clashes[:3])
+        notice(f"labels of target column {target!r} of {name} differ only in spaces around "
+               f"them ({shown}{'; ...' if len(clashes) > 3 else ''}): each is a class of its "
+               "own; strip the spaces in the data if they are the same class", once=True)
+
+
 def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bool,
                      categorical: str | Sequence[str] = "auto", impute: str = "error",
                      expected: Sequence[str] | None = None, strict: bool = False,

@@ -164,6 +164,7 @@ class TableScan:
         y = sources._labels(col, target, self.name, problems)
         if problems:
             raise UsageError(f"1 problem in data {self.name}: {problems[0]}.")
+        sources.spaced_labels_notice(y, target, self.name)
         return y, valid
 
     def chunks(self) -> Iterator[tuple[int, sources.Dataset]]:
