@@ -393,3 +393,7 @@ def test_a_target_named_at_predict_must_be_in_the_input(trained, tmp_path, capsy
     pq.write_table(pcsv.read_csv(data).drop_columns(["target"]), bare)
     assert run_cli("predict", "--run", trained, "--data", bare, "--out", out, "--quiet") == 0
     assert pq.read_table(out).column("y_true").null_count == 20
+    # a feature named as the target was refused as "training column missing from the input"
+    assert run_cli("predict", "--run", trained, "--data", data, "--target", "pixel_0_1",
+                   "--out", out, "--quiet") == 2
+    _one_line(capsys, "Target column 'pixel_0_1' (--target) is a feature of this run")

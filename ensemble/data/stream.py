@@ -133,8 +133,13 @@ class InputStream:
         run's own target stays optional: new rows seldom have labels). Built-in sets pass.
 
         Raises:
-            UsageError: the column is not in the input (names the closest one).
+            UsageError: the column is not in the input (names the closest one), or it is a
+                feature of the run (it was refused as "missing from the input").
         """
+        if self.target in self.pre.columns:
+            raise UsageError(f"Target column {self.target!r} (--target) is a feature of this "
+                             "run, not its label; expected the column the run was trained to "
+                             "predict, or no --target (the run's own is used when present)")
         names = self._dataset.schema.names if self._dataset is not None else [self.target]
         if self.target not in names:
             raise UsageError(f"Target column {self.target!r} (--target) not found in "
