@@ -297,11 +297,17 @@ def test_text_in_a_numeric_column_at_predict_names_the_column_and_row(trained, t
     assert not out.exists()
 
 
-def test_dropping_the_target_is_refused_as_such(tmp_path, capsys):
+def test_dropping_or_one_hot_encoding_the_target_is_refused_as_such(tmp_path, capsys):
     data = _write(tmp_path / "t.csv", "a,label\n" + "".join(f"{i},{i % 2}\n" for i in range(40)))
     assert run_cli("train", "--data", data, "--target", "label", "--drop", "label",
                    "--run-dir", tmp_path / "run") == 2
     _one_line(capsys, "Cannot drop the target column 'label'")
+    assert not (tmp_path / "run").exists()
+    # was "column 'label' holds text that is not UTF-8; ...; categorical column 'label' not
+    # found" for a CSV (Parquet: "not found" alone), of a column that is there
+    assert run_cli("train", "--data", data, "--target", "label", "--categorical", "label",
+                   "--run-dir", tmp_path / "run") == 2
+    _one_line(capsys, "Cannot one-hot encode the target column 'label'")
     assert not (tmp_path / "run").exists()
 
 

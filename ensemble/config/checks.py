@@ -183,6 +183,11 @@ def _check_data(cfg: Config) -> None:
         raise UsageError(f"Cannot drop the target column {cfg.data.target!r} (--drop / data.drop "
                          "names feature columns to leave out); expected --target to name the "
                          "label column and --drop other columns")
+    if not isinstance(cfg.data.categorical, str) and cfg.data.target in cfg.data.categorical:
+        raise UsageError(f"Cannot one-hot encode the target column {cfg.data.target!r} "
+                         "(--categorical / data.categorical names feature columns; a label "
+                         "column is read as classes by --task); expected --categorical to "
+                         "name other columns")
     if isinstance(cfg.data.categorical, str) and cfg.data.categorical not in CATEGORICAL:
         raise UsageError(f"Expected `data.categorical` to be \"auto\", \"none\" or a list of "
                          f"column names. Received: {cfg.data.categorical!r}")
