@@ -151,7 +151,8 @@ def test_latin1_header_and_labels_are_named_at_train_and_predict(trained, tmp_pa
     rows = b"".join(b"%d,%d,%s\n" % (i, i % 3, [b"s\xe9tosa", b"ok"][i % 2]) for i in range(40))
     labels = _write(tmp_path / "labels.csv", b"f1,f2,target\n" + rows)
     assert run_cli("train", "--data", labels, "--run-dir", tmp_path / "run") == 2
-    _one_line(capsys, "column 'target' row", "holds text that is not UTF-8", "iconv")
+    # row 0 (the rows counted from 0, as a feature's are), not row 1
+    _one_line(capsys, "column 'target' row 0 holds text that is not UTF-8", "iconv")
     header = _write(tmp_path / "header.csv", b"f1,f\xe4rbung,target\n" + b"1,2,0\n" * 40)
     assert run_cli("train", "--data", header, "--run-dir", tmp_path / "run") == 2
     _one_line(capsys, "header of", "not UTF-8", "f\ufffdrbung", "iconv")

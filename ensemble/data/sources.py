@@ -129,7 +129,7 @@ def target_column(col):
 
 def _labels(col: pa.ChunkedArray, target: str, name: str, problems: list[str]):
     if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
-        problems.append(columns.not_utf8(target, col, 1))  # pyarrow's type for such text
+        problems.append(columns.not_utf8(target, col, 0))  # pyarrow's type for such text
         return None
     if pa.types.is_decimal(col.type):  # (Parquet's money and SQL NUMERIC): a number
         col = pc.cast(col, pa.float64())
