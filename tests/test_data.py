@@ -310,3 +310,18 @@ def test_a_partitioned_folder_is_read_alike_by_training_and_predict(tmp_path):
         "year=2020/part-0.parquet", "year=2021/part-0.parquet"]
     scan = TableScan(DataConfig(source=str(root), target="label"))
     assert sum(len(chunk.x) for _, chunk in scan.chunks()) == 8
+
+
+def test_pandas_index_of_a_parquet_file_is_not_a_feature(tmp_path, capsys):
+    """`DataFrame.to_parquet` of a shuffled frame writes its index as `__index_level_0__`;
+    it was trained on as a feature (on iris it follows the classes)."""
+    import pandas as pd
+
+    from ensemble.data.table_scan import TableScan
+
+    frame = pd.DataFrame({"a": np.arange(40) % 7 * 0.5, "label": ["x", "y"] * 20})
+    frame.sample(frac=1, random_state=0).to_parquet(tmp_path / "t.parquet")
+    assert "__index_level_0__" in pq.read_schema(tmp_path / "t.parquet").names
+    scan = TableScan(DataConfig(source=str(tmp_path / "t.parquet"), target="label"))
+    assert list(scan.feature_names) == ["a"]
+    assert "left out '__index_level_0__'" in capsys.readouterr().err

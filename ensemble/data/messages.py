@@ -118,6 +118,28 @@ def unknown_labels(where: str, unknown: dict, classes) -> str:
             f"{few(np.asarray(classes).tolist(), 5)})")
 
 
+def read_columns(names: Sequence[str], drop: Sequence[str], source) -> list[str]:
+    """The columns of a table source that training reads: `names` without the `drop` ones
+    and without pandas' unnamed index (`__index_level_0__`, ...: `DataFrame.to_parquet`
+    writes it, `pandas.read_parquet` makes it the index again, never a column; a shuffled
+    frame's index can even give the label away), which a notice names. `predict` carries
+    such a column through as an extra one.
+
+    Raises:
+        UsageError: a `drop` column `names` lacks (`check_drop`).
+    """
+    import re
+
+    from ensemble.core.notices import notice
+
+    check_drop(drop, names, source)
+    index = [c for c in names if re.fullmatch(r"__index_level_\d+__", c) and c not in drop]
+    if index:
+        notice(f"left out {', '.join(map(repr, index))} of {source}: pandas' index "
+               "(DataFrame.to_parquet wrote it), not a feature", once=True)
+    return [c for c in names if c not in drop and c not in index]
+
+
 def check_drop(drop: Sequence[str], columns: Sequence[str], path) -> None:
     """Raises UsageError naming the `--drop` columns that `columns` (of `path`) lacks."""
     unknown = [c for c in drop if c not in columns]

@@ -30,7 +30,7 @@ from ensemble.data.settings import DataConfig
 from ensemble.data.splitting import stratified_split
 from ensemble.core.errors import UsageError
 from ensemble.data.messages import (  # noqa: F401 (`sources.check_*`)
-    check_drop, check_unique_columns, csv_header, did_you_mean, split_refusal)
+    check_drop, check_unique_columns, csv_header, did_you_mean, read_columns, split_refusal)
 from ensemble.core.notices import notice  # noqa: F401 (`data.notice`)
 
 BUILTIN = ("digits", "breast_cancer", "wine", "iris", "synthetic", "diabetes")
@@ -285,9 +285,8 @@ def _load_file(cfg: DataConfig, _stat_key, require_target: bool,
                identifiers: tuple[str, ...] = ()) -> Dataset:
     path = Path(cfg.source)
     table = _read_table(path)
-    if cfg.drop and expected is None:  # at predict time a dropped column is an extra one
-        check_drop(cfg.drop, table.column_names, path)
-        table = table.drop_columns([c for c in dict.fromkeys(cfg.drop)])
+    if expected is None:  # at predict time a dropped column is an extra one
+        table = table.select(read_columns(table.column_names, cfg.drop, path))
     return table_to_dataset(table, str(path), cfg.target, require_target,
                             cfg.categorical, cfg.impute, expected, strict,
                             identifiers=identifiers)

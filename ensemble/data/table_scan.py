@@ -108,8 +108,7 @@ class TableScan:
         self._dataset, self._kind = _open(self.path, cfg.categorical)
         names = self._dataset.schema.names
         sources.check_unique_columns(names, self.name)
-        sources.check_drop(cfg.drop, names, self.path)
-        self._read = [c for c in names if c not in cfg.drop]
+        self._read = messages.read_columns(names, cfg.drop, self.path)
         tables = self._batches(self._read, self.chunk_rows)
         first = raw = next(tables, None)
         if first is None or first.num_rows == 0:
