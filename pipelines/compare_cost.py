@@ -163,19 +163,22 @@ def cost_lines(a: dict, b: dict, epochs: int, n_train: int, spread) -> list[str]
     alone = "" if a.get("repeats", 1) > 1 else " (one sample of each: indicative, no verdict)"
     if e is None:
         lines.append(f"the faster mode does not change with the epoch count: {win['mode']} "
-                     f"at every count{alone}")
+                     f"at every count{alone}" + (" (with the medians)" if a.get("repeats", 1) > 1
+                                                 and _overlap(a, b, "epoch_seconds") else ""))
     else:
         early, late = faster_at(e / 2, a, b), faster_at(e * 2, a, b)
         lines.append(f"the faster mode changes at {e:.1f} epochs: {early['mode']} below, "
                      f"{late['mode']} from {int(e) + 1} epochs on{alone}")
     if a.get("repeats", 1) > 1 and _overlap(a, b, "epoch_seconds"):
         lines.append(f"per epoch the two modes are level within the spread of "
-                     f"{a['repeats']} repeats: where the faster mode changes is uncertain")
+                     f"{a['repeats']} repeats: " + ("where the faster mode changes is uncertain"
+                                                    if e is not None else "it may change"))
     band = crossover_band(a, b)
     if a.get("repeats", 1) > 1 and band["low"] is not None:
-        high = "no upper bound" if band["high"] == float("inf") else f"{band['high']:.1f}"
-        lines.append(f"the spreads (min-max) of {a['repeats']} repeats put the crossover "
-                     f"between {band['low']:.1f} and {high} epochs"
+        where = (f"from {band['low']:.1f} epochs on" if band["high"] == float("inf")
+                 else f"between {band['low']:.1f} and {band['high']:.1f} epochs")
+        lines.append(f"the spreads (min-max) of {a['repeats']} repeats "
+                     f"{'allow a' if e is None else 'put the'} crossover {where}"
                      + (" (uncertain)" if band["uncertain"] else ""))
     if win["epoch_seconds_median"] > lose["epoch_seconds_median"]:
         rows = crossover(win["fixed_seconds_median"], epochs * win["row_epoch_us_median"] / 1e6,
