@@ -325,3 +325,23 @@ def test_pandas_index_of_a_parquet_file_is_not_a_feature(tmp_path, capsys):
     scan = TableScan(DataConfig(source=str(tmp_path / "t.parquet"), target="label"))
     assert list(scan.feature_names) == ["a"]
     assert "left out '__index_level_0__'" in capsys.readouterr().err
+
+
+def test_text_targets_of_a_regression_run_are_named_at_predict(capsys):
+    """The refusal named numpy's dtype (`<U6`), not the value."""
+    from ensemble.core.labels import encode_known
+
+    with pytest.raises(UsageError, match=r"Expected numbers as the targets of this regression "
+                                         r"run\. Received: '151\.0x' \(text\)"):
+        encode_known(np.array(["151.0x", "2"]), np.array([]))
+    with pytest.raises(UsageError, match=r"Received: 'a' \(text\)"):  # not the None before it
+        encode_known(np.array([1.0, None, "a"], dtype=object), np.array([]))
+
+
+def test_one_predicted_row_is_one_row(capsys):
+    from ensemble.replication.progress import RowProgress
+
+    progress = RowProgress(total=1, verbosity=1)
+    progress.rows = 1
+    progress.end()
+    assert "predicted 1 row in" in capsys.readouterr().out

@@ -48,8 +48,11 @@ def encode_known(y: np.ndarray, classes: np.ndarray) -> tuple[np.ndarray, dict]:
     y, classes = np.asarray(y), np.asarray(classes)
     if classes.size == 0:  # regression
         if y.dtype.kind not in "iuf":
-            raise UsageError(f"Targets of type {y.dtype} are not numbers; this regression "
-                             "run needs numeric targets.")
+            values = y.tolist()
+            first = next((v for v in values if v is not None and not isinstance(
+                v, (int, float))), values[0])
+            raise UsageError(f"Expected numbers as the targets of this regression run. "
+                             f"Received: {first!r} ({'text' if y.dtype.kind in 'USO' else y.dtype})")
         return y.astype(np.float64), {}
     pos = np.zeros(len(y), np.intp)
     known = np.zeros(len(y), bool)

@@ -239,6 +239,6 @@ class RowProgress:
         """Print the closing line; returns the seconds since the start."""
         seconds = time.monotonic() - self.start
         if self.verbosity > 0:
-            print(f"predicted {self.rows:,} rows in {seconds:.1f} s "
+            print(f"predicted {self.rows:,} row{'s' * (self.rows != 1)} in {seconds:.1f} s "
                   f"({self._rate():,.0f} rows/s)", file=self.stream or sys.stdout, flush=True)
         return seconds
