@@ -159,17 +159,16 @@ def cost_lines(a: dict, b: dict, epochs: int, n_train: int, spread) -> list[str]
                  f"against {lose['mode']} {model[lose['mode']]:.2f} s (medians, modelled)")
     e = crossover(a["fixed_seconds_median"], a["epoch_seconds_median"],
                   b["fixed_seconds_median"], b["epoch_seconds_median"])
-    # one sample of each mode has no spread: the model is indicative, not a verdict
     alone = "" if a.get("repeats", 1) > 1 else " (one sample of each: indicative, no verdict)"
+    level = a.get("repeats", 1) > 1 and _overlap(a, b, "epoch_seconds")
     if e is None:
         lines.append(f"the faster mode does not change with the epoch count: {win['mode']} "
-                     f"at every count{alone}" + (" (with the medians)" if a.get("repeats", 1) > 1
-                                                 and _overlap(a, b, "epoch_seconds") else ""))
+                     f"at every count{alone}" + " (with the medians)" * level)
     else:
         early, late = faster_at(e / 2, a, b), faster_at(e * 2, a, b)
         lines.append(f"the faster mode changes at {e:.1f} epochs: {early['mode']} below, "
                      f"{late['mode']} from {int(e) + 1} epochs on{alone}")
-    if a.get("repeats", 1) > 1 and _overlap(a, b, "epoch_seconds"):
+    if level:
         lines.append(f"per epoch the two modes are level within the spread of "
                      f"{a['repeats']} repeats: " + ("where the faster mode changes is uncertain"
                                                     if e is not None else "it may change"))
