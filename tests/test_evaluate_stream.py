@@ -61,40 +61,40 @@ def _interleaved(table: pa.Table, rows: int) -> pa.Table:
     return table.take(pa.array(order))
 
 
+def _old_groups(table: pa.Table):
+    """`(split, model, its labelled rows)` as evaluate filtered the whole table before it
+    streamed: splits sorted, models in the order of their first row."""
+    labelled = table.filter(pc.is_valid(table.column("y_true")))
+    for split in sorted(set(labelled.column("split").to_pylist())):
+        part = labelled.filter(pc.equal(labelled.column("split"), split))
+        for model in dict.fromkeys(part.column("model").to_pylist()):
+            yield split, model, part.filter(pc.equal(part.column("model"), model))
+
+
 def _old_classification(table: pa.Table) -> pa.Table:
     """`metrics_table` as evaluate computed it before it streamed: the whole table, filtered
     by split and model."""
     classes = tables.classes_from(table)
-    labelled = table.filter(pc.is_valid(table.column("y_true")))
     outputs = {}
-    for split in sorted(set(labelled.column("split").to_pylist())):
-        part = labelled.filter(pc.equal(labelled.column("split"), split))
-        outputs[split] = []
-        for model in dict.fromkeys(part.column("model").to_pylist()):
-            t = part.filter(pc.equal(part.column("model"), model))
-            mi = t.column("mutual_information") if t.column("aggregator")[0].as_py() else None
-            outputs[split].append(tables.ModelOutput(
-                model, t.column("member")[0].as_py(), t.column("aggregator")[0].as_py(),
-                encode(t.column("y_true").to_numpy(zero_copy_only=False), classes),
-                tables.probabilities(t, classes),
-                None if mi is None or mi.null_count else float(np.mean(mi.to_numpy()))))
+    for split, model, t in _old_groups(table):
+        mi = t.column("mutual_information") if t.column("aggregator")[0].as_py() else None
+        outputs.setdefault(split, []).append(tables.ModelOutput(
+            model, t.column("member")[0].as_py(), t.column("aggregator")[0].as_py(),
+            encode(t.column("y_true").to_numpy(zero_copy_only=False), classes),
+            tables.probabilities(t, classes),
+            None if mi is None or mi.null_count else float(np.mean(mi.to_numpy()))))
     return tables.metrics_of(outputs)
 
 
 def _old_regression(table: pa.Table) -> pa.Table:
-    labelled = table.filter(pc.is_valid(table.column("y_true")))
     outputs = {}
-    for split in sorted(set(labelled.column("split").to_pylist())):
-        part = labelled.filter(pc.equal(labelled.column("split"), split))
-        outputs[split] = []
-        for model in dict.fromkeys(part.column("model").to_pylist()):
-            t = part.filter(pc.equal(part.column("model"), model))
-            t = t.take(pc.sort_indices(t.column("row")))
-            agg = t.column("aggregator")[0].as_py()
-            outputs[split].append(regression_tables.ModelOutput(
-                model, t.column("member")[0].as_py(), agg,
-                *(t.column(c).to_numpy() for c in ("y_true", "y_pred", "std")),
-                None if agg is None else float(np.mean(t.column("epistemic_std").to_numpy()))))
+    for split, model, t in _old_groups(table):
+        t = t.take(pc.sort_indices(t.column("row")))
+        agg = t.column("aggregator")[0].as_py()
+        outputs.setdefault(split, []).append(regression_tables.ModelOutput(
+            model, t.column("member")[0].as_py(), agg,
+            *(t.column(c).to_numpy() for c in ("y_true", "y_pred", "std")),
+            None if agg is None else float(np.mean(t.column("epistemic_std").to_numpy()))))
     mix = json.loads(table.schema.metadata[b"mixture"])
     return regression_tables.metrics_of(outputs, mix)
 
