@@ -150,18 +150,16 @@ def _check_input_early(args) -> None:
     from ensemble.core import artifacts
     from ensemble.core.outputs import table_format
     from ensemble.data import kinds
-    from ensemble.runs.run_record import Manifest, dropped_columns
+    from ensemble.runs.predict import input_stream
+    from ensemble.runs.run_record import Manifest
 
     try:
         manifest = Manifest.load(Path(args.run))
         pre = kinds.read_preprocessing(Path(args.run) / artifacts.PREPROCESSING)
     except (UsageError, OSError):
         return
-    target = args.target or manifest.dataset.target_or("target")
-    stream = kinds.input_stream(pre, args.data, target, args.strict_columns, args.batch_size)
-    stream.dropped = dropped_columns(manifest)  # carried as ids: not named
-    if args.target:  # named explicitly: not optional
-        stream.check_target()
+    stream = input_stream(manifest, pre, args.data, args.target, args.strict_columns,
+                          args.batch_size)
     stream.check()
     if args.layout == "wide" and table_format(Path(args.out)) == "csv" and hasattr(
             stream, "check_csv_out"):  # a table's (images and arrays have no such columns)

@@ -67,12 +67,26 @@ def open_input(request: PredictRequest):
     """
     r = request
     manifest, pre = open_run(r.run_dir, r.trust_builder)
-    target = r.target or manifest.dataset.target_or("target")
-    stream = kinds.input_stream(pre, r.source, target, r.strict_columns, r.batch_size)
+    return manifest, pre, input_stream(manifest, pre, r.source, r.target, r.strict_columns,
+                                       r.batch_size)
+
+
+def input_stream(manifest: Manifest, pre, source: str, target: str | None, strict: bool,
+                 batch_rows: int | None):
+    """The stream of new rows `source` for the run of `manifest` and `pre`
+    (`kinds.input_stream`), with the columns training dropped carried as ids; `target`
+    (`--target`), when given, must be in the input (`check_target`); else the run's own
+    target column is read when present.
+
+    Raises:
+        UsageError: as `kinds.input_stream`; a `target` the input lacks.
+    """
+    stream = kinds.input_stream(pre, source, target or manifest.dataset.target_or("target"),
+                                strict, batch_rows)
     stream.dropped = dropped_columns(manifest)  # carried as ids: not named
-    if r.target:  # named explicitly: not optional
+    if target:  # named explicitly: not optional
         stream.check_target()
-    return manifest, pre, stream
+    return stream
 
 
 def check_out(out: Path) -> Path:
