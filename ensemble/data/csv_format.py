@@ -125,6 +125,28 @@ def read_csv(path: str | Path):
     return pcsv.read_csv(path, parse_options=parse, convert_options=convert)
 
 
+def csv_dataset(files: list[str], parse, convert):
+    """The `pyarrow.dataset` of the CSV `files` read with `parse` and `convert` options
+    (`read_options`); a column its first block leaves untyped (empty there, values further
+    on) is typed by all its values (`settled_types`), the types `convert` gives winning.
+
+    Raises:
+        pyarrow.ArrowInvalid, OSError: as `pyarrow.dataset.dataset`.
+    """
+    import pyarrow as pa
+    import pyarrow.dataset as pds
+
+    dataset = pds.dataset(files, format=pds.CsvFileFormat(parse_options=parse,
+                                                          convert_options=convert))
+    empty = [f.name for f in dataset.schema if pa.types.is_null(f.type)]
+    settled = settled_types(files, empty) if empty else {}
+    if not settled:
+        return dataset
+    convert.column_types = {**settled, **convert.column_types}
+    return pds.dataset(files, format=pds.CsvFileFormat(parse_options=parse,
+                                                       convert_options=convert))
+
+
 def settled_types(path: str | Path | list, names) -> dict:
     """Column name -> `float64` or `string` for the columns `names` of the CSV file at `path`
     (or files, read in the first one's dialect; the columns a first block left untyped: empty

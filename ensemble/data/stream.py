@@ -87,20 +87,15 @@ class InputStream:
                 types.update({n: pa.string() for n in pre.categories})
                 parse, convert = csv_format.read_options(  # a folder's files alike: the first
                     files[0], strings_can_be_null=True, column_types=types)
-                fmt = ds.CsvFileFormat(parse_options=parse, convert_options=convert)
-            else:  # pre-buffering reads row groups far ahead: memory would grow with the file
-                fmt = ds.ParquetFileFormat(default_fragment_scan_options=ds.
-                                           ParquetFragmentScanOptions(pre_buffer=False))
             try:
-                self._dataset = ds.dataset(files, format=fmt)
-                empty = [f.name for f in self._dataset.schema if pa.types.is_null(f.type)]
-                if isinstance(fmt, ds.CsvFileFormat) and empty:  # carried columns empty in
-                    types.update(csv_format.settled_types(files, empty))  # the first block
-                    convert.column_types = types
-                    self._dataset = ds.dataset(files, format=ds.CsvFileFormat(
-                        parse_options=parse, convert_options=convert))
+                if fmt == "csv":  # (carried columns empty in the first block: typed by all)
+                    self._dataset = csv_format.csv_dataset(files, parse, convert)
+                else:  # pre-buffering reads row groups far ahead: memory would grow with it
+                    self._dataset = ds.dataset(files, format=ds.ParquetFileFormat(
+                        default_fragment_scan_options=ds.ParquetFragmentScanOptions(
+                            pre_buffer=False)))
             except (pa.ArrowInvalid, OSError) as exc:
-                if isinstance(fmt, ds.ParquetFileFormat):  # name a duplicate column if any
+                if fmt == "parquet":  # name a duplicate column if any
                     import pyarrow.parquet as pq
 
                     for f in files:

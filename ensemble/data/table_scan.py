@@ -53,24 +53,14 @@ def _open(path: Path, categorical=()):
     kind = "Parquet" if csv_format.table_format(path) == "parquet" else "CSV"
     if kind == "CSV":  # a dataset refuses a header with a name twice: name it first
         sources.check_unique_columns(messages.csv_header(path), str(path))
-    if kind == "Parquet":
-        fmt = "parquet"
-    else:
+    try:
+        if kind == "Parquet":
+            return pds.dataset(str(path), format="parquet"), kind
         text = {} if categorical in ("auto", "none") else {  # (bytes: UTF-8 checked later)
             n: pa.binary() for n in categorical}
         parse, convert = csv_format.read_options(path, strings_can_be_null=True,
                                                  column_types=text)
-        fmt = pds.CsvFileFormat(parse_options=parse, convert_options=convert)
-    try:
-        dataset = pds.dataset(str(path), format=fmt)
-        empty = [f.name for f in dataset.schema if pa.types.is_null(f.type)]
-        types = csv_format.settled_types(path, empty) if kind == "CSV" and empty else {}
-        if types:  # empty in the first block, values further on: typed by all of them
-            parse, convert = csv_format.read_options(path, strings_can_be_null=True,
-                                                     column_types={**types, **text})
-            dataset = pds.dataset(str(path), format=pds.CsvFileFormat(
-                parse_options=parse, convert_options=convert))
-        return dataset, kind
+        return csv_format.csv_dataset([str(path)], parse, convert), kind
     except (pa.ArrowInvalid, OSError) as exc:
         names = messages.csv_header(path) if kind == "CSV" else []
         raise UsageError(messages.read_error(exc, f"{path} as {kind}", names,
