@@ -5,6 +5,7 @@ The image folder is made here from scikit-learn's digits (`DIR/<class>/*.png`, t
 Run: `python examples/images_own_model.py [--images DIR] [--members 4] [--epochs 10]`.
 """
 import argparse
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -48,8 +49,9 @@ def main() -> None:
     p.add_argument("--workdir", help="keep the run here (default: a temporary folder, "
                    "removed at the end)")
     args = p.parse_args()
-    with tempfile.TemporaryDirectory(prefix="ensemble-example-") as tmp:
-        run_example(Path(args.workdir or tmp), args)
+    with (contextlib.nullcontext(args.workdir) if args.workdir
+          else tempfile.TemporaryDirectory(prefix="ensemble-example-")) as work:
+        run_example(Path(work), args)
 
 
 def run_example(work: Path, args: argparse.Namespace) -> None:

@@ -5,6 +5,7 @@ central 90% interval `mean +- 1.645 std` per row, split into aleatoric (noise) a
 (the members disagree) parts. Run: `python examples/regression_intervals.py [--epochs 30]`.
 """
 import argparse
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -16,8 +17,9 @@ def main() -> None:
     p.add_argument("--workdir", help="keep the run here (default: a temporary folder, "
                    "removed at the end)")
     args = p.parse_args()
-    with tempfile.TemporaryDirectory(prefix="ensemble-example-") as tmp:
-        run_example(Path(args.workdir or tmp), args)
+    with (contextlib.nullcontext(args.workdir) if args.workdir
+          else tempfile.TemporaryDirectory(prefix="ensemble-example-")) as work:
+        run_example(Path(work), args)
 
 
 def run_example(work: Path, args: argparse.Namespace) -> None:

@@ -4,12 +4,13 @@ the refusal of a stratified split that cannot be made."""
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import numpy as np
 
 from ensemble.core.errors import UsageError
-from ensemble.core.notices import few
+from ensemble.core.notices import few, notice
 
 
 def did_you_mean(name: str, columns: Sequence[str]) -> str:
@@ -128,10 +129,6 @@ def read_columns(names: Sequence[str], drop: Sequence[str], source) -> list[str]
     Raises:
         UsageError: a `drop` column `names` lacks (`check_drop`).
     """
-    import re
-
-    from ensemble.core.notices import notice
-
     check_drop(drop, names, source)
     index = [c for c in names if re.fullmatch(r"__index_level_\d+__", c) and c not in drop]
     if index:
