@@ -32,48 +32,9 @@ from ensemble.core.errors import UsageError
 from ensemble.core.notices import reworded
 from ensemble.replication import modes, placement_log
 from ensemble.runs import operations  # noqa: F401 (supplies the built-in modes' operations)
+from ensemble.runs.api_config import as_config, builder_spec, train_config
 from ensemble.runs.api_inputs import as_source, without_temporary_ids
 from ensemble.runs.run_record import Manifest, record_process
-
-
-def as_config(config: Config | Mapping | str | Path | None = None,
-              overrides: Mapping[str, Any] | None = None) -> Config:
-    """A `Config` from a `Config`, nested tables (`{"members": {"count": 4}}`, the TOML
-    layout), a TOML path, or None (the defaults), with dotted-key `overrides` applied
-    (`{"training.epochs": 2}`).
-
-    Raises:
-        UsageError: unknown key, wrong type or value (names the key).
-    """
-    from ensemble.config import schema
-
-    if isinstance(config, Config):
-        return schema.load(base=config.to_dict(), overrides=dict(overrides or {}))
-    if isinstance(config, Mapping):
-        return schema.load(base=_builder_names(dict(config)), overrides=dict(overrides or {}))
-    if config is None or isinstance(config, (str, Path)):
-        return schema.load(config, overrides=dict(overrides or {}))
-    raise UsageError(f"Expected `config` to be a Config, a dict of tables or a TOML path. "
-                     f"Received: config={config!r}")
-
-
-def _builder_names(tables: dict) -> dict:
-    """`{"model": fn}` or `{"model": {"builder": fn}}`: the function's name
-    (`builders.spec_of`); a Keras model instance is refused (each member needs its own)."""
-    from ensemble.models import builders
-
-    model = tables.get("model")
-    if callable(model) and not isinstance(model, Mapping) or isinstance(model, Mapping) \
-            and callable(model.get("builder")):
-        fn = model if not isinstance(model, Mapping) else model["builder"]
-        if type(fn).__name__ in ("Sequential", "Functional", "Model") or hasattr(fn, "layers"):
-            raise UsageError("Expected `model` to be a builder function "
-                             "build(input_shape, n_outputs, *, seed, **params) that returns a "
-                             f"new keras.Model; received a model instance ({fn.name!r}): every "
-                             "member needs its own, freshly initialised network.")
-        params = dict(model.get("params", {})) if isinstance(model, Mapping) else {}
-        tables = {**tables, "model": {"builder": builders.spec_of(fn), "params": params}}
-    return tables
 
 
 def to_pandas(table):
@@ -107,7 +68,8 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
     """Train an ensemble and write its run directory; the same path as `ensemble train`.
 
     Args:
-        config: see `as_config`; `overrides` are dotted keys applied on top.
+        config: see `ensemble.runs.api_config.as_config`; `overrides` are dotted keys
+            applied on top.
         mode: a registered mode (`ensemble.replication.modes`): `in-graph` (one process, one
             graph) or `between-graph` (one client process per device, then the aggregator
             process).
@@ -135,9 +97,9 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
     ready = time.time()  # the process is ready to work (`record_process`)
     strategy = modes.get(mode)
     run_dir = None if run_dir is None else Path(run_dir).expanduser()
-    cfg = _train_config(config, overrides, resume, run_dir, tensorboard)
+    cfg = train_config(config, overrides, resume, run_dir, tensorboard)
     if model is not None:
-        cfg = as_config(cfg, {"model.builder": _builder_spec(model, strategy)})
+        cfg = as_config(cfg, {"model.builder": builder_spec(model, strategy)})
     for text in devices.configure_gpus(cfg.placement.memory_growth, cfg.placement.memory_limit_mb):
         _notice(text)
     run_dir = run_dir if run_dir is not None else default_run_dir(cfg)
@@ -162,44 +124,6 @@ API_WORDING = [(r"`ensemble train --resume --run-dir ([^`]+)`",
                 r"`ensemble.train(resume=True, run_dir='\1')`"),
                (r"pass --overwrite", "pass overwrite=True"),
                (r"another --run-dir", "another run_dir")]
-
-
-def _train_config(config, overrides, resume: bool, run_dir, tensorboard) -> Config:
-    """`train`'s resolved config: `config` (on resume, by default the run's own) with
-    `overrides` and `tensorboard` applied.
-
-    Raises:
-        UsageError: resume without `run_dir`, or a bad config.
-    """
-    if resume:
-        if run_dir is None:
-            raise UsageError("Expected run_dir, the run to continue, with resume=True. "
-                             "Received: run_dir=None.")
-        base = Manifest.load(run_dir).config
-        cfg = as_config(config if config is not None else base, overrides)
-    else:
-        cfg = as_config(config, overrides)
-    if tensorboard is not None:
-        cfg = as_config(cfg, {"training.tensorboard": bool(tensorboard)})
-    return cfg
-
-
-def _builder_spec(model, strategy: modes.Mode) -> str:
-    """The builder name of `model` (a name or a function), checked importable by name when
-    the mode's members train in processes of their own.
-
-    Raises:
-        UsageError: a function those processes cannot import.
-    """
-    from ensemble.models import builders
-
-    spec = model if isinstance(model, str) else \
-        _builder_names({"model": model})["model"]["builder"]
-    if strategy.member_processes and not builders.importable(spec):
-        raise UsageError(f"Mode {strategy.name} trains in client processes, which import the "
-                         f"builder by name; {model!r} is not importable: define it at "
-                         "module level, or pass 'package.module:function'.")
-    return spec
 
 
 def load_run(path: str | Path) -> "Run":
