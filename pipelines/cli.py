@@ -125,7 +125,7 @@ def cmd_search(args) -> int:
 
 def cmd_devices(args) -> int:
     from ensemble.config import schema
-    from ensemble.replication import devices
+    from ensemble.replication import device_report, devices
 
     cfg = schema.load(args.config)
     spec = args.devices or cfg.placement.devices
@@ -136,7 +136,7 @@ def cmd_devices(args) -> int:
     if kind == "cpu":
         devices.split_cpu(n)
     used = devices.resolve(spec, cfg.members.count) if kind == "auto" else None  # as train's
-    print(devices.format_description(devices.describe()))
+    print(device_report.format_description(device_report.describe()))
     if used:
         print(f"--devices auto (for the config's {cfg.members.count} members) uses: "
               f"{', '.join(used)}")
