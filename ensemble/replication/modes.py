@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import statistics
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from ensemble.core.errors import UsageError
+from ensemble.replication.epoch_cost import one_graph_epoch_seconds, queued_epoch_seconds
 
 FILES_ENV = "ENSEMBLE_MODE_FILES"  # os.pathsep-separated files of modes registered elsewhere
 DEFAULT = "in-graph"
@@ -170,51 +170,14 @@ class Mode(ABC):
     def epoch_seconds(self, history: Sequence[dict], timings: dict, n_train: int
                       ) -> float | None:
         """The marginal seconds of one more epoch of a trained run (`ensemble compare`'s cost
-        model, `pipelines.compare_cost`). By default members train one after another: the
-        sum over members of each one's median epoch after its first (or, with one epoch, its
-        steady rate in `timings.clients[<member>].steady` times `n_train` rows); None when a
-        member has neither.
+        model, `pipelines.compare_cost`; `ensemble.replication.epoch_cost`). By default
+        members train one after another: one queue (`queued_epoch_seconds`).
 
         Args:
             history: `history.parquet` rows (`member`, `epoch`, `seconds`).
             timings: the manifest's `timings`.
         """
         return queued_epoch_seconds(history, timings, n_train, lambda member: 0)
-
-
-def epochs_after_first(history: Sequence[dict], member: int | None = None) -> list[float]:
-    """Seconds of the epochs after each member's first (`member`: that member's only); the
-    first also pays for tracing. Records of one epoch count once (their largest `seconds`:
-    in-graph every member's record of an epoch holds the same seconds)."""
-    rows = [r for r in history if member is None or r["member"] == member]
-    first = min((r["epoch"] for r in rows), default=0)
-    by_epoch: dict = {}
-    for r in rows:
-        if r["epoch"] > first:
-            by_epoch[r["epoch"]] = max(by_epoch.get(r["epoch"], 0.0), float(r["seconds"]))
-    return list(by_epoch.values())
-
-
-def queued_epoch_seconds(history: Sequence[dict], timings: dict, n_train: int,
-                         default_queue: Callable[[int], Any]) -> float | None:
-    """Seconds of one more epoch when members train one after another within a queue
-    (`timings.clients[<member>].client`, else `default_queue(member)`) and queues run at
-    once: the slowest queue's sum of its members' epoch seconds (`Mode.epoch_seconds`)."""
-    clients = timings.get("clients") or {}
-    queues: dict = {}
-    for member in sorted({r["member"] for r in history}):
-        entry = clients.get(str(member), {})
-        later = epochs_after_first(history, member)
-        if later:
-            cost = statistics.median(later)
-        else:
-            rows, secs = (entry.get("steady") or {}).get(str(member), (0, 0.0))
-            cost = n_train * secs / rows if rows else None
-        if cost is None:
-            return None
-        queue = entry.get("client", default_queue(member))
-        queues[queue] = queues.get(queue, 0.0) + cost
-    return max(queues.values()) if queues else None
 
 
 _implementations: dict[str, dict[str, Callable]] = {}
@@ -257,13 +220,8 @@ class InGraph(_Implemented):
                                    "run directory for clients started by hand or by a scheduler"}
 
     def epoch_seconds(self, history, timings, n_train):
-        """One graph trains every member: the median epoch after the first, or with one
-        epoch the steady rate (`timings.steady_rows`, `steady_seconds`) times `n_train`."""
-        later = epochs_after_first(history)
-        if later:
-            return statistics.median(later)
-        rows, seconds = timings.get("steady_rows", 0), timings.get("steady_seconds", 0.0)
-        return n_train * seconds / rows if rows else None
+        """One graph trains every member (`one_graph_epoch_seconds`)."""
+        return one_graph_epoch_seconds(history, timings, n_train)
 
 
 class BetweenGraph(_Implemented):
