@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ensemble.core.notices import notice
+from ensemble.data import spelling
 from ensemble.data.messages import did_you_mean
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # the model's dtype: larger values do not fit
@@ -135,14 +136,15 @@ def nested_problem(f: pa.Field, expected) -> str:
 
 
 def category_values(f: pa.Field, col, first_row: int, problems: list[str], expected=None):
-    """A categorical column's values as text (`[n_rows]` object array, None where missing),
-    or None with a problem appended (bytes that are not UTF-8, a nested column)."""
+    """A categorical column's values as text in their canonical spelling (`[n_rows]` object
+    array, None where missing: `spelling.arrow_text`, so that a CSV's `1935.0` and a Parquet
+    1935 are one category), or None with a problem appended (bytes that are not UTF-8, a
+    nested column)."""
     if pa.types.is_nested(f.type):
         problems.append(nested_problem(f, expected))
         return None
     try:
-        values = pc.cast(col, pa.string()) if not pa.types.is_dictionary(f.type) \
-            else pc.cast(pc.dictionary_decode(col), pa.string())
+        values = spelling.arrow_text(col)
     except pa.ArrowInvalid:  # bytes that are not UTF-8 (a Latin-1 file)
         problems.append(not_utf8(f.name, col, first_row))
         return None

@@ -97,7 +97,8 @@ def _columnar_graph(pre, mean, scale, fill):
     """One named input per original column (TF Serving's columnar `inputs`): numeric columns
     float32 `[batch]` (NaN where missing), categorical columns string `[batch]` (`""` where
     missing); imputation, one-hot encoding and standardisation as `Preprocessing.transform`
-    (an unknown category is an all-zero block)."""
+    (numbers in a categorical column in their canonical spelling, `G.canonical_numbers`; an
+    unknown category is an all-zero block)."""
     import tensorflow as tf
 
     from ensemble.data import export_graph as G
@@ -127,6 +128,7 @@ def _columnar_graph(pre, mean, scale, fill):
             col = inputs[key[c]]
             if c in pre.category_fill:
                 col = tf.where(tf.equal(col, ""), pre.category_fill[c], col)
+            col = G.canonical_numbers(col, cats)  # `1935.0`: `1935`, as training spelt it
             if is_boolean(cats):  # `True`, `1`: as `Preprocessing` matches them
                 for word, spellings in BOOL_WORDS.items():
                     hit = tf.reduce_any(tf.equal(col[:, None], tf.constant(spellings)[None, :]),

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ensemble.data import messages, sources
+from ensemble.data import messages, sources, spelling
 from ensemble.data.messages import merge_unknown
 from ensemble.data.settings import DataConfig
 from ensemble.data.sources import Dataset
@@ -264,13 +264,18 @@ class Preprocessing:
     @classmethod
     def from_dict(cls, d: dict) -> "Preprocessing":
         """The preprocessing stored as `d` (`to_json`'s content; read by
-        `ensemble.data.kinds.read_preprocessing`, which turns its errors into one line)."""
+        `ensemble.data.kinds.read_preprocessing`, which turns its errors into one line).
+        Categories in their canonical spelling (`spelling.canonical_vocabulary`: a run
+        trained before it stored a CSV's `1935.0`, which new rows spell `1935`)."""
         classes = np.asarray(d["classes"])
+        saved = {str(k): [str(c) for c in v] for k, v in d.get("categories", {}).items()}
+        cats = {k: spelling.canonical_vocabulary(v) for k, v in saved.items()}
+        fill = {str(k): str(v) for k, v in d.get("category_fill", {}).items()}
+        fill = {k: dict(zip(saved.get(k, []), cats.get(k, []))).get(v, spelling.canonical(v))
+                for k, v in fill.items()}
         return cls(tuple(d["feature_names"]), np.asarray(d["mean"], np.float64),
                    np.asarray(d["scale"], np.float64), classes,
-                   np.asarray(d.get("fill", []), np.float64),
-                   {str(k): [str(c) for c in v] for k, v in d.get("categories", {}).items()},
-                   {str(k): str(v) for k, v in d.get("category_fill", {}).items()},
+                   np.asarray(d.get("fill", []), np.float64), cats, fill,
                    d.get("impute", "error"),
                    tuple(str(c) for c in d.get("identifiers", [])),
                    tuple(str(c) for c in d.get("infrequent", [])))

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ensemble.core.errors import UsageError
+from ensemble.data import spelling
 from ensemble.data.preprocessing import BOOL_WORDS, is_boolean
 from ensemble.data.sources import FLOAT32_MAX, target_column
 
@@ -102,16 +103,14 @@ def unknown_categories(table: pa.Table, pre) -> dict[str, Counter]:
     """`{categorical column: {category the run never saw: rows}}` of a checked batch
     `table`, as `Preprocessing.encode_scaled` counts them (values as text; a missing value
     takes the column's fill category when the run has one, else is unknown; a column with an
-    infrequent group has none), without encoding the rows (Arrow's hash lookup)."""
+    infrequent group has none), without encoding the rows (Arrow's hash lookup); values in
+    their canonical spelling (`spelling.arrow_text`), as `columns.category_values` gives them."""
     found = {}
     grouped = set(getattr(pre, "infrequent", ()))  # unknown values join the infrequent column
     for name, cats in pre.categories.items():
         if name in grouped:
             continue
-        col = table.column(name)
-        if pa.types.is_dictionary(col.type):
-            col = pc.dictionary_decode(col)
-        col = pc.cast(col, pa.string())
+        col = spelling.arrow_text(table.column(name))  # `1935.0`: `1935`, as training spelt it
         if is_boolean(cats):  # `True`, `1`: as `Preprocessing` matches a boolean column
             for word, spellings in BOOL_WORDS.items():
                 col = pc.if_else(pc.fill_null(pc.is_in(col, pa.array(spellings)), False),
