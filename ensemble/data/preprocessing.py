@@ -22,6 +22,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ensemble.data import messages, sources, spelling
 from ensemble.data.messages import merge_unknown
@@ -50,6 +52,18 @@ def boolean_words(col: np.ndarray) -> np.ndarray:
     out = col.astype(object)
     for word, spellings in BOOL_WORDS.items():
         out[np.isin(col, spellings)] = word
+    return out
+
+
+def _one_hot(col: np.ndarray, categories: list[str]) -> np.ndarray:
+    """`[n_rows, len(categories)]` float64 one-hot rows of the text `col` `[n_rows]` (all
+    zeros for a value not among `categories`), by Arrow's hash lookup: its cost does not grow
+    with the categories (a comparison with each took 20 s for 4,000 of them on 336k rows)."""
+    at = pc.fill_null(pc.index_in(pa.array(col, pa.string()),
+                                  value_set=pa.array(categories, pa.string())), -1).to_numpy()
+    out = np.zeros((len(col), len(categories)))
+    hit = np.flatnonzero(at >= 0)
+    out[hit, at[hit]] = 1.0
     return out
 
 
@@ -160,7 +174,7 @@ class Preprocessing:
             col = col.astype(str)
             if is_boolean(cats):
                 col = boolean_words(col)
-            onehot = (col[:, None] == np.asarray(cats)[None, :]).astype(np.float64)
+            onehot = _one_hot(col, cats)
             other = onehot.sum(axis=1) == 0
             if name in self.infrequent:  # infrequent and unknown categories: one column
                 onehot = np.concatenate([onehot, other[:, None].astype(np.float64)], axis=1)
