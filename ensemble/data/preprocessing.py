@@ -93,7 +93,8 @@ class Preprocessing:
             columns, then the one-hot columns), from `StandardScaler`.
         classes: sorted class labels `[n_classes]` (int64 or str).
         fill: numeric fill values `[len(feature_names)]` (empty when `impute == "error"`).
-        categories: categorical column -> its sorted training categories (one output each).
+        categories: categorical column -> its sorted training categories (one output each),
+            in their canonical spelling (`ensemble.data.spelling`: `1935`, never `1935.0`).
         category_fill: categorical column -> fill category for missing values.
         impute: the `data.impute` setting the run was trained with.
         identifiers: identifier-like text columns left out of the features at training
