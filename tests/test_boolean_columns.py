@@ -188,7 +188,7 @@ def test_a_run_saved_before_the_canonical_spelling_still_matches(year_runs, caps
     respelt = Preprocessing.from_dict(pre)
     assert respelt.categories["year"][:2] == ["1935", "1936"]
     assert respelt.category_fill == {"year": "1936"}
-    assert respelt.categories["code"] == ["1", "1.0", "1.5"]  # `1` is the first: kept
+    assert respelt.categories["code"] == ["1", "1.0", "1.50"]  # `1` is the first: kept
 
 
 def test_the_exported_graph_spells_numbers_as_training(year_runs):
@@ -232,8 +232,8 @@ def test_the_scikit_learn_estimator_spells_a_dataframe_alike():
 
 
 def test_the_canonical_spelling_of_every_source():
-    """Numbers of any type and text spelling a number are one category; other text (a code
-    with leading zeros, `A`, `.5`) as written; the whole-input count of unknown categories
+    """Numbers of any type and text spelling a whole number are one category; other text (a
+    code with leading zeros, `A`, `.5`, a number that is not whole: `3.10`) as written; the whole-input count of unknown categories
     agrees."""
     import pyarrow as pa
 
@@ -241,10 +241,10 @@ def test_the_canonical_spelling_of_every_source():
     from ensemble.data.spelling import arrow_text, canonical
     from ensemble.data.whole_input import unknown_categories
 
-    text = ["1935.0", "1935", "1.50", "1.5E-5", "-0.0", "1e+16", "007", "A", ".5", None,
-            "9007199254740993"]
-    spelt = ["1935", "1935", "1.5", "1.5e-05", "0", "10000000000000000", "007", "A", ".5",
-             None, "9007199254740993"]
+    text = ["1935.0", "1935", "1.935E3", "3.10", "3.1", "1.5E-5", "-0.0", "1e+16", "007", "A",
+            ".5", None, "9007199254740993"]
+    spelt = ["1935", "1935", "1935", "3.10", "3.1", "1.5E-5", "0", "10000000000000000", "007",
+             "A", ".5", None, "9007199254740993"]
     assert arrow_text(pa.array(text)).to_pylist() == spelt
     assert [canonical(t) for t in text[:-2]] == spelt[:-2]
     assert arrow_text(pa.array([1935.0, 1.5, 1.5e-5, -0.0, 1e16, None, float("nan")])) \
@@ -254,7 +254,7 @@ def test_the_canonical_spelling_of_every_source():
     assert arrow_text(pa.array(["1935.0", "A"]).dictionary_encode()).to_pylist() == ["1935", "A"]
     pre = Preprocessing(("x",), np.zeros(4), np.ones(4), np.array(["down", "up"]),
                         categories={"year": ["1935", "1.5", "007"]})
-    table = pa.table({"x": [1.0] * 5, "year": ["1935.0", "1.50", "007", "7", "1936.0"]})
-    assert unknown_categories(table, pre) == {"year": {"7": 1, "1936": 1}}
+    table = pa.table({"x": [1.0] * 6, "year": ["1935.0", "1.5", "007", "7", "1936.0", "1.50"]})
+    assert unknown_categories(table, pre) == {"year": {"7": 1, "1936": 1, "1.50": 1}}
     floats = pa.table({"x": [1.0, 2.0], "year": [1935.0, 1.5]})
     assert unknown_categories(floats, pre) == {}

@@ -23,8 +23,6 @@ answers as `ensemble predict` does, under plain TensorFlow Serving too:
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import tensorflow as tf
 
@@ -81,37 +79,17 @@ def refuse_unfit(z, name: str | None, columns) -> list:
                     "trained on", list(columns))]
 
 
-def canonical_numbers(col, categories):
-    """String input `col` `[batch]` with numbers in their canonical spelling, as
-    `spelling.arrow_text` spells them at training and predict (`1935.0` -> `1935`, `1.50` ->
-    `1.5`; `007`, `A` as written), so that the lookup in the run's `categories` (the
-    column's vocabulary) agrees: integral values below 2**63 by their int64 digits; another
-    number (`1.50`, `1.5E-5`) takes the vocabulary's entry of the same float64 value (the
-    graph has no shortest float text; an unknown value stays as written, unknown either way).
-    Returns the string tensor `[batch]`."""
+def canonical_numbers(col):
+    """String input `col` `[batch]` with whole numbers in their canonical spelling, as
+    `spelling.arrow_text` spells them at training and predict (`1935.0`, `1.935e3` ->
+    `1935`; `1.5`, `007`, `A` as written), so that the lookup in the run's vocabulary agrees:
+    integral values below 2**63 by their int64 digits. Returns the string tensor `[batch]`."""
     from ensemble.data import spelling
 
-    number = tf.strings.regex_full_match(col, spelling.NUMBER)
-    parse = tf.logical_and(number, tf.logical_not(tf.strings.regex_full_match(
-        col, spelling.INTEGER)))
+    parse = tf.logical_and(tf.strings.regex_full_match(col, spelling.NUMBER),
+                           tf.logical_not(tf.strings.regex_full_match(col, spelling.INTEGER)))
     x = tf.strings.to_number(tf.where(parse, col, "0"), tf.float64)
     integral = parse & tf.equal(x, tf.floor(x)) & (tf.abs(x) < spelling.INT_LIMIT)
     whole = tf.strings.as_string(tf.cast(tf.where(integral, x, tf.zeros_like(x)), tf.int64))
     out = tf.where(integral, whole, col)
-    words = [c for c in categories if not re.fullmatch(spelling.INTEGER, c)
-             and _float_text(c)]
-    if words:  # the vocabulary's other numbers, matched by value
-        hit = tf.equal(x[:, None], tf.constant([float(c) for c in words], tf.float64)[None, :])
-        hit &= (parse & tf.logical_not(integral))[:, None]
-        found = tf.gather(tf.constant(words), tf.argmax(tf.cast(hit, tf.int32), axis=1))
-        out = tf.where(tf.reduce_any(hit, axis=1), found, out)
     return tf.where(tf.equal(out, "-0"), "0", out)
-
-
-def _float_text(c: str) -> bool:
-    """True when `c` is the canonical text of a float (`1.5`, `1e+20`, `inf`; not `nan`,
-    which equals no value)."""
-    try:
-        return repr(float(c)) == c and c != "nan"
-    except ValueError:
-        return False

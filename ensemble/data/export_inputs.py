@@ -128,7 +128,7 @@ def _columnar_graph(pre, mean, scale, fill):
             col = inputs[key[c]]
             if c in pre.category_fill:
                 col = tf.where(tf.equal(col, ""), pre.category_fill[c], col)
-            col = G.canonical_numbers(col, cats)  # `1935.0`: `1935`, as training spelt it
+            col = G.canonical_numbers(col)  # `1935.0`: `1935`, as training spelt it
             if is_boolean(cats):  # `True`, `1`: as `Preprocessing` matches them
                 for word, spellings in BOOL_WORDS.items():
                     hit = tf.reduce_any(tf.equal(col[:, None], tf.constant(spellings)[None, :]),

@@ -11,10 +11,13 @@ predict (`columns.category_values`, `whole_input.unknown_categories`; the export
   its integer digits (`1935.0`, `1935` and `-0.0` become `1935` and `0`), any other as Python
   writes the float (`repr`: `1.5`, `1.5e-05`, `1e+20`, `inf`, `nan`; a float32 column's
   shortest float32 text, `0.1`, as pandas writes it to a CSV);
-- text that spells a decimal number without a leading zero (`-?(0|[1-9][0-9]*)`, then an
-  optional `.digits` and exponent): the same as that number (`1935.0`, `1.50`, `1.5E-5` become
-  `1935`, `1.5`, `1.5e-05`); plain integer text keeps its digits exactly (`-0` becomes `0`);
-- any other text as written: `007` (a code: leading zeros kept), ` 5`, `+5`, `.5`, `A`.
+- text that spells a whole number in decimal form without a leading zero (`-?(0|[1-9][0-9]*)`,
+  then an optional `.digits` and exponent, of an integral value): its integer digits
+  (`1935.0`, `1.935e3` become `1935`); plain integer text keeps its digits exactly (`-0`
+  becomes `0`);
+- any other text as written: `007` (a code: leading zeros kept), ` 5`, `+5`, `.5`, `A`, and
+  text of a number that is not whole (`3.10` stays apart from `3.1`, as two versions of a
+  program would; pandas writes a float column's `1.5` to a CSV as a Parquet float is spelt).
 
 Booleans are matched in their own way (`preprocessing.BOOL_WORDS`): only in a column whose
 training categories are booleans. A run trained before this rule keeps its vocabulary file;
@@ -36,23 +39,29 @@ INT_LIMIT = 2.0 ** 63  # integral values below it in size are written as integer
 
 def canonical(value: str) -> str:
     """The canonical spelling of one categorical value `value` (text), as `arrow_text` gives
-    it: `"1935.0"` -> `"1935"`, `"1.50"` -> `"1.5"`, `"007"` and `"A"` unchanged."""
+    it: `"1935.0"` -> `"1935"`; `"1.50"`, `"007"` and `"A"` unchanged."""
     if re.fullmatch(INTEGER, value):
         return "0" if value == "-0" else value
     if not re.fullmatch(NUMBER, value):
         return value
     x = float(value)
-    return str(int(x)) if x == np.floor(x) and abs(x) < INT_LIMIT else repr(x)
+    return str(int(x)) if x == np.floor(x) and abs(x) < INT_LIMIT else value
+
+
+def _whole(x) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+    """Float Arrow array `x` `[n]` as float64 values `[n]`, the mask of its integral values
+    below `INT_LIMIT` in size `[n]`, and their int64 digits `[n]` (`0` elsewhere)."""
+    v = np.asarray(x.to_numpy(zero_copy_only=False), np.float64)
+    with np.errstate(invalid="ignore"):
+        integral = (v == np.floor(v)) & (np.abs(v) < INT_LIMIT)
+    return v, integral, pc.cast(pa.array(np.where(integral, v, 0).astype(np.int64)), pa.string())
 
 
 def _numbers(x, short=repr) -> pa.Array:
     """Float Arrow array `x` `[n]` as canonical text `[n]` (null where `x` is): integral
     values as int64 digits, the others as `short` (the shortest text of the float) writes
     them, once per distinct value (a hash lookup)."""
-    v = np.asarray(x.to_numpy(zero_copy_only=False), np.float64)
-    with np.errstate(invalid="ignore"):
-        integral = (v == np.floor(v)) & (np.abs(v) < INT_LIMIT)
-    whole = pc.cast(pa.array(np.where(integral, v, 0).astype(np.int64)), pa.string())
+    v, integral, whole = _whole(x)
     if not integral.all():
         other = pa.array(v[~integral]).unique()  # NaN once: `nan`
         words = pa.array([short(f) for f in other.to_pylist()], pa.string())
@@ -63,12 +72,12 @@ def _numbers(x, short=repr) -> pa.Array:
 
 
 def _text(s: pa.Array) -> pa.Array:
-    """Text `s` `[n]` in canonical spelling: numbers written as numbers (`_numbers`)."""
+    """Text `s` `[n]` in canonical spelling: whole numbers in decimal form as their digits."""
     parse = pc.fill_null(pc.and_(pc.match_substring_regex(s, f"^{NUMBER}$"),
                                  pc.invert(pc.match_substring_regex(s, f"^{INTEGER}$"))), False)
     if pc.any(parse).as_py():
-        numbers = _numbers(pc.cast(pc.if_else(parse, s, "0"), pa.float64()))
-        s = pc.if_else(parse, numbers, s)
+        _, integral, whole = _whole(pc.cast(pc.if_else(parse, s, "0"), pa.float64()))
+        s = pc.if_else(pc.and_(parse, pa.array(integral)), whole, s)
     return pc.if_else(pc.fill_null(pc.equal(s, "-0"), False), "0", s)
 
 
