@@ -6,7 +6,8 @@ table, its target and its task given) and scikit-learn's `HistGradientBoostingCl
 train/validation/test rows: the run's own split (`data.split_seed` = 0, 1, 2), read back from
 its `predictions.parquet`. Tables ship inside installed packages (nothing is downloaded):
 scikit-learn's `breast_cancer` and `diabetes`, statsmodels' `anes96` (vote), `fair` (affairs)
-and `randhie` (doctor visits, a whole-number target), palmerpenguins' `penguins` (species).
+`randhie` (doctor visits, a whole-number target) and `modechoice` (the travel mode taken,
+0/1, 840 rows of 210 travellers), palmerpenguins' `penguins` (species).
 
 Each side runs in its own process (`os.wait4` gives its peak resident memory); wall time is
 that process's, start-up included (TensorFlow's import for the ensemble). HGB runs with one
@@ -58,6 +59,15 @@ def _statsmodels(name: str, drop: tuple[str, ...] = ()):
     return frame.drop(columns=list(drop))
 
 
+def _modechoice():
+    """statsmodels' `modechoice` (Greene): 210 travellers x 4 modes, one row per pair, `choice`
+    1 on the mode taken. `individual` (an identifier) is dropped; `mode` (coded 1-4) becomes
+    its names, a categorical column for both sides."""
+    frame = _statsmodels("modechoice", ("individual",))
+    names = {1.0: "air", 2.0: "train", 3.0: "bus", 4.0: "car"}
+    return frame.assign(mode=frame["mode"].map(names), choice=frame["choice"].astype(int))
+
+
 def _penguins():
     import palmerpenguins
 
@@ -69,6 +79,7 @@ TABLES = {
     "breast_cancer": (lambda: _sklearn("breast_cancer"), "target", CLS),
     "anes96": (lambda: _statsmodels("anes96", ("logpopul",)), "vote", CLS),
     "penguins": (_penguins, "species", CLS),  # missing values: impute median
+    "modechoice": (_modechoice, "choice", CLS),
     "diabetes": (lambda: _sklearn("diabetes"), "target", REG),
     "fair": (lambda: _statsmodels("fair"), "affairs", REG),
     "randhie": (lambda: _statsmodels("randhie"), "mdvis", REG),
