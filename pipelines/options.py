@@ -79,7 +79,7 @@ def _common_run_options(parser, what: str) -> None:
     _add(parser, "--members", type=_positive, metavar="N",
          help=f"number of members {what} (default: the config's, 4)")
     _add(parser, "--epochs", type=_positive, metavar="N",
-         help="training epochs of every member (default: the config's, 30)")
+         help="training epochs of every member (default: the config's, auto: from the training rows)")
     _add(parser, "--devices", metavar="SPEC", type=DEVICES,
          help="auto, cpu:N (the CPU split into N logical devices, N <= "
               f"{B.LOGICAL_CPU_MAX}), or device names such as /GPU:0,/GPU:1 (default: the "

@@ -47,7 +47,9 @@ def test_overrides_win_and_none_is_ignored():
     ({"training": {"early_stopping": -1}}, r"training.early_stopping"),
     ({"members": 3}, r"`members` to be a table"),
     ({"members": {"count": 0}}, r"members.count` to be positive"),
-    ({"training": {"epochs": -1}}, r"training.epochs` to be positive"),
+    ({"training": {"epochs": -1}}, r"training.epochs` to be auto or a positive integer"),
+    ({"training": {"epochs": "long"}}, r"training.epochs` to be auto or a positive integer"),
+    ({"training": {"min_delta": -0.1}}, r"training.min_delta` >= 0"),
     ({"members": {"dropout": 1.0}}, r"members.dropout"),
     ({"members": {"activation": "magic"}}, r"members.activation.*'magic'"),
     ({"aggregation": {"aggregators": ["median"]}}, r"aggregation.aggregators.*median"),
@@ -92,12 +94,41 @@ def test_auto_batch_size_and_early_stopping_follow_the_rows():
     assert sizes == {50: 32, 2047: 32, 2048: 64, 8192: 128, 229_000: 512, 10 ** 7: 1024}
     concrete, chosen = auto.resolve(cfg, 5000, 500)
     assert concrete.training.early_stopping == 6  # max(5, 30 // 5)
-    assert set(chosen) == {"training.batch_size", "training.early_stopping"}
+    assert set(chosen) == {"training.batch_size", "training.epochs", "training.early_stopping"}
     assert auto.resolve(cfg, 5000, 0)[0].training.early_stopping == 0  # no validation rows
-    mine = schema.load(overrides={"training.batch_size": 16, "training.early_stopping": 0})
+    mine = schema.load(overrides={"training.batch_size": 16, "training.early_stopping": 0,
+                                  "training.epochs": 30})
     assert auto.resolve(mine, 5000, 500) == (mine, {})
     with pytest.raises(UsageError, match="batch_size` to be auto or a positive integer"):
         schema.load(overrides={"training.batch_size": "big"})
+
+
+def test_auto_epochs_give_small_tables_a_step_budget():
+    """`"auto"` epochs: at least 2,000 optimizer steps (steps = ceil(rows / batch) an epoch),
+    within [30, 200]; 30 without validation rows; the patience follows the chosen epochs."""
+    from ensemble.config import auto
+
+    cfg = schema.load()
+    assert cfg.training.epochs == "auto" and cfg.training.min_delta == 0.001
+
+    def epochs(n_train, n_val=50):
+        t = auto.resolve(cfg, n_train, n_val)[0].training
+        return t.batch_size, t.epochs, t.early_stopping
+
+    assert epochs(240) == (32, 200, 40)      # 8 steps an epoch: 250 epochs, capped
+    assert epochs(588) == (32, 106, 21)      # modechoice: 19 steps, ceil(2000 / 19)
+    assert epochs(1500) == (32, 43, 8)       # 47 steps
+    assert epochs(2047) == (32, 32, 6)       # 64 steps
+    assert epochs(2048) == (64, 63, 12)      # the batch doubles: 32 steps
+    assert epochs(4456) == (64, 30, 6)       # fair: 70 steps, 30 is 2,100 steps
+    assert epochs(14_133) == (128, 30, 6)    # randhie
+    assert epochs(588, 0) == (32, 30, 0)     # no validation rows: no early stopping, 30
+    assert auto.epochs_for(588, 32) == 106 and auto.epochs_for(1, 32) == 200
+    _, chosen = auto.resolve(cfg, 588, 84)
+    assert chosen["training.epochs"] == {
+        "value": 106, "rule": "at least 2,000 steps of 19 per epoch, within [30, 200]"}
+    assert "up to 106 epochs (auto)" in auto.describe(auto.resolve(cfg, 588, 84)[0], chosen)
+    assert schema.load(overrides={"training.epochs": 7}).training.epochs == 7
 
 
 def test_an_override_without_its_member_index_is_named():

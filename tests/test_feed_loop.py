@@ -146,3 +146,22 @@ def test_the_call_that_traces_does_not_size_the_next_calls(monkeypatch):
     assert min(sizes[:-1]) >= training.FIRST_CALL_STEPS  # the last call may be short
     assert max(sizes) > 4 * training.FIRST_CALL_STEPS  # then K grows with fast calls
     assert sum(sizes) == 300
+
+
+def test_early_stopping_counts_only_drops_larger_than_min_delta():
+    """Keras's `min_delta`: a validation loss creeping towards 0 (every validation row right)
+    stops the member and restores the epoch of its last real improvement; with 0 it never
+    stops. `Schedule.of` takes it from `training.min_delta`."""
+    creeping = [0.5, 0.01, 0.005, 0.0045, 0.0042, 0.004, 0.0038, 0.0036, 0.0034]
+    for min_delta, stopped, best in ((1e-3, True, 2), (0.0, False, 8)):
+        restored = []
+        stop = training.EarlyStopping(3, 1, lambda k: None, restored.append, min_delta)
+        for epoch, loss in enumerate(creeping):
+            if stop.active[0]:
+                stop.update(0, epoch, loss)
+        stop.finish()
+        assert (not stop.active[0]) == stopped and stop.best_epoch[0] == best
+        assert restored == [0]
+    t = SimpleNamespace(seed=0, epochs=5, batch_size=8, steps_per_execution=0,
+                        checkpoint_every=1, early_stopping=3, min_delta=0.01)
+    assert Schedule.of(t).min_delta == 0.01

@@ -48,7 +48,10 @@ def _positive(key: str, value: float) -> None:
 def _check_counts(cfg: Config) -> None:
     """Positive counts, the training loop's integers, the widths of `members.hidden`."""
     _positive("members.count", cfg.members.count)
-    _positive("training.epochs", cfg.training.epochs)
+    if cfg.training.epochs != "auto":
+        if not isinstance(cfg.training.epochs, int) or cfg.training.epochs <= 0:
+            raise UsageError("Expected `training.epochs` to be auto or a positive integer. "
+                             f"Received: training.epochs={cfg.training.epochs!r}")
     if cfg.training.batch_size != "auto":
         if not isinstance(cfg.training.batch_size, int) or cfg.training.batch_size <= 0:
             raise UsageError("Expected `training.batch_size` to be auto or a positive integer. "
@@ -103,6 +106,9 @@ def _check_training(cfg: Config) -> None:
                                            and t.early_stopping >= 0):
         raise UsageError("Expected `training.early_stopping` to be auto or >= 0 (patience in "
                          f"epochs; 0: off). Received: {t.early_stopping!r}")
+    if not t.min_delta >= 0.0:
+        raise UsageError("Expected `training.min_delta` >= 0 (the drop of validation loss that "
+                         f"counts as better). Received: {t.min_delta!r}")
     if not 0.0 <= t.adversarial_epsilon <= 1.0:
         raise UsageError("Expected `training.adversarial_epsilon` in [0, 1] (the sign step in "
                          "units of the scaled input's range; 0: off, the paper's 0.01). "

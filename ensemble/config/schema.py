@@ -79,18 +79,22 @@ class TrainingConfig:
     `keras.optimizers` name (`sgd`, `adamw`, `rmsprop`, ...) with `optimizer_params` (e.g.
     `{momentum = 0.9}`). `lr_schedule`: `constant` or `cosine` (cosine decay to 0 over the
     run's steps). `early_stopping`: patience in epochs on each member's validation loss
-    (0: off); a member that stops keeps the weights of its best epoch. `batch_size` and
+    (0: off); a member that stops keeps the weights of its best epoch. `min_delta`: the drop
+    of validation loss (nats per row for the NLL losses; squared target units for `mse`) an
+    epoch must beat the best by to count as better. `epochs`, `batch_size` and
     `early_stopping` default to `"auto"`: chosen from the training rows when the run starts
-    (`ensemble.config.auto`), the chosen numbers recorded in the run's manifest.
+    (`ensemble.config.auto`: at least 2,000 steps within [30, 200] epochs, ...), the chosen
+    numbers recorded in the run's manifest.
     """
 
-    epochs: int = 30
+    epochs: int | str = "auto"
     batch_size: int | str = "auto"
     learning_rate: float = 1e-3
     optimizer: str = "adam"
     optimizer_params: dict = field(default_factory=dict)
     lr_schedule: str = "constant"
     early_stopping: int | str = "auto"
+    min_delta: float = 1e-3
     loss: str = "auto"  # regression: gaussian_nll (auto) or mse; classification: cross_entropy
     seed: int = 0
     deterministic: bool = True

@@ -43,6 +43,8 @@ class Schedule:
         checkpoint_every: epochs between checkpoints (the last epoch is always saved).
         patience: early stopping: a member whose validation loss has not improved for this
             many epochs stops and gets its best epoch's weights back (0: off).
+        min_delta: the drop of validation loss below the best that counts as an improvement
+            (the loss's units: nats per row for the NLL losses).
     """
 
     run_seed: int
@@ -51,13 +53,14 @@ class Schedule:
     steps_per_call: int = 0
     checkpoint_every: int = 1
     patience: int = 0
+    min_delta: float = 0.0
 
     @classmethod
     def of(cls, training) -> "Schedule":
         """The schedule of a `config.TrainingConfig`."""
         return cls(training.seed, training.epochs, training.batch_size,
                    training.steps_per_execution, training.checkpoint_every,
-                   training.early_stopping)
+                   training.early_stopping, training.min_delta)
 
     def steps_per_epoch(self, n_train: int) -> int:
         """Optimiser updates per epoch (the ragged last batch is one)."""
@@ -122,7 +125,8 @@ class Callback:
 class EarlyStopping:
     """Early stopping of each member on its validation loss, restoring its best weights.
 
-    A member whose validation loss has not improved (strictly) for `patience` epochs stops:
+    A member whose validation loss has not dropped more than `min_delta` below its best for
+    `patience` epochs stops (Keras's `EarlyStopping(min_delta=..., restore_best_weights=True)`):
     its steps are masked from then on and it gets the weights of its best epoch back; members
     still training at the last epoch get theirs back too.
 
@@ -131,11 +135,14 @@ class EarlyStopping:
         n: members in the group.
         save, restore: `save(k)` copies member `k`'s weights aside, `restore(k)` puts them
             back (`group.MemberGroup.save_best`, `restore_best`).
+        min_delta: the smallest drop below the best validation loss that is an improvement
+            (>= 0; the loss's units).
     """
 
     def __init__(self, patience: int, n: int, save: Callable[[int], None],
-                 restore: Callable[[int], None]):
+                 restore: Callable[[int], None], min_delta: float = 0.0):
         self.patience, self.save, self.restore = patience, save, restore
+        self.min_delta = min_delta
         self.best = [float("inf")] * n
         self.best_epoch = [-1] * n
         self.active = np.ones(n, bool)
@@ -143,7 +150,7 @@ class EarlyStopping:
     def update(self, k: int, epoch: int, val_loss: float, live: bool = True) -> None:
         """Record member `k`'s validation loss of `epoch`; `live`: act on the weights (False
         when replaying restored history, whose weights the checkpoint holds)."""
-        if val_loss < self.best[k]:
+        if val_loss < self.best[k] - self.min_delta:
             self.best[k], self.best_epoch[k] = val_loss, epoch
             if live:
                 self.save(k)

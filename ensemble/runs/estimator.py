@@ -51,10 +51,11 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
         hidden: hidden layer widths of every member (`members.hidden`).
         activation: `relu`, `tanh`, `gelu`, `elu`, `sigmoid` or `swish`.
         dropout: dropout rate in [0, 1) after every hidden layer.
-        epochs, batch_size, learning_rate: Adam training of every member; `batch_size="auto"`
-            follows the training rows (`ensemble.config.auto`). With `validation_data`, each
-            member stops early on its validation loss and keeps its best epoch (patience
-            `max(5, epochs // 5)`).
+        epochs, batch_size, learning_rate: Adam training of every member; `"auto"` epochs and
+            batch size follow the training rows (`ensemble.config.auto`: with
+            `validation_data` at least 2,000 steps within [30, 200] epochs, else 30). With
+            `validation_data`, each member stops early on its validation loss and keeps its
+            best epoch (patience `max(5, epochs // 5)`, improvements above 0.001).
         random_state: run seed: an int >= 0 (`--seed`), a `RandomState` or None (a fresh seed
             drawn per fit). Member `k`'s initialisation and batch order depend only on
             (seed, k).

@@ -57,7 +57,7 @@ class DeepEnsembleBase(BaseEstimator):
     _aggregators: tuple = ()  # each estimator's: the `aggregator` names its task has
 
     def __init__(self, n_members=4, hidden=(256, 128), activation="relu", dropout=0.1,
-                 epochs=30, batch_size="auto", learning_rate=1e-3, random_state=None,
+                 epochs="auto", batch_size="auto", learning_rate=1e-3, random_state=None,
                  mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
                  model="mlp", categorical="auto", impute="error", **kwargs):
         self.model = model

@@ -55,7 +55,7 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
     _aggregators = AGGREGATORS
 
     def __init__(self, n_members=4, hidden=(256, 128), activation="relu", dropout=0.1,
-                 epochs=30, batch_size="auto", learning_rate=1e-3, random_state=None,
+                 epochs="auto", batch_size="auto", learning_rate=1e-3, random_state=None,
                  mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
                  model="mlp", loss="gaussian_nll", categorical="auto", impute="error",
                  **kwargs):
