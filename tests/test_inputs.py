@@ -380,6 +380,23 @@ def test_array_labels_the_run_never_saw_leave_only_their_rows_unlabelled(tmp_pat
     assert "1 row of the class folders of" in err and "holds a label the run never saw (9)" in err
 
 
+def test_npz_labels_that_are_nan_leave_only_their_rows_unlabelled(tmp_path, capsys):
+    """An `.npz` `y` of floats with NaN (a missing label, as numpy stores one): those rows'
+    `y_true` are null, the others keep their class (was: no label on any row)."""
+    from ensemble.data.arrays import ArrayPreprocessing, ArrayStream
+
+    pre = ArrayPreprocessing((4, 4, 1), np.array([0, 1]), "uint8", None, None,
+                             color_mode="grayscale")
+    path = tmp_path / "new.npz"
+    np.savez(path, x=np.zeros((6, 4, 4, 1), np.uint8), y=[0, np.nan, 1, 1, np.nan, np.nan])
+    capsys.readouterr()
+    batches = list(ArrayStream(pre, str(path), batch_rows=4))
+    assert [None if b.y is None else b.y.tolist() for b in batches] == [[0, -1, 1, 1], None]
+    err = capsys.readouterr().err
+    assert f"the y array of {path} has 3 missing labels in 6 rows" in err
+    assert "never saw" not in err
+
+
 def test_predict_refuses_target_for_an_image_folder_run(pngs, tmp_path, capsys):
     """An image folder's labels are its class folders: `--target` was silently ignored."""
     capsys.readouterr()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -66,14 +67,29 @@ def test_predict_fills_y_true_in_both_modes_and_evaluate_reads_the_run(keras_run
     assert "rmse" in capsys.readouterr().out
 
 
-def test_predict_on_targets_with_nan_leaves_y_true_empty(keras_run, capsys):
+@pytest.mark.parametrize("mode", ["in-graph", "between-graph"])
+def test_predict_on_targets_with_nan_leaves_only_their_y_true_empty(keras_run, capsys, mode):
+    """A NaN or inf target is a row without one: its y_true is null, the others keep theirs
+    (was: null on every row), one notice counts them; evaluate scores the others."""
     base, x, y = keras_run
-    np.savez(base / "nan.npz", x=x[:5], y=np.where(np.arange(5) == 2, np.nan, y[:5]))
-    out = base / "nan.parquet"
+    bad = np.isin(np.arange(5), [2, 4])
+    np.savez(base / "nan.npz", x=x[:5], y=np.where(np.arange(5) == 2, np.nan,
+                                                    np.where(bad, np.inf, y[:5])))
+    out = base / f"nan-{mode}.parquet"
+    capsys.readouterr()
     assert run_cli("predict", "--run", base / "run", "--data", base / "nan.npz", "--out", out,
-                   "--quiet") == 0
-    assert pq.read_table(out).column("y_true").null_count == 5
-    assert "hold NaN or inf; labels not used" in capsys.readouterr().err
+                   "--mode", mode, "--layout", "long") == 0
+    assert (f"the y array of {base / 'nan.npz'} has 2 missing labels in 5 rows"
+            in capsys.readouterr().err)
+    got = pq.read_table(out)
+    ens = got.filter(pc.equal(got.column("model"), "ensemble-mean"))
+    got_y = ens.column("y_true").to_pylist()
+    assert [v is None for v in got_y] == bad.tolist()
+    np.testing.assert_allclose([v for v in got_y if v is not None], y[:5][~bad], rtol=1e-12)
+    assert got.column("y_true").null_count == 2 * len({*got.column("model").to_pylist()})
+    assert run_cli("evaluate", "--predictions", out) == 0
+    cap = capsys.readouterr()
+    assert "predict (3 rows)" in cap.out and "left out 2 rows of split 'predict'" in cap.err
 
 
 def test_task_regression_takes_integer_targets(tmp_path):

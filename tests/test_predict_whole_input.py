@@ -1,6 +1,6 @@
 """`ensemble predict` on an input larger than one streamed batch decides once for the whole
-input, not per batch: the labels (y_true filled on every row or null on every row, one notice
-counting the missing ones), the notices (once), the bad rows (counted over the whole input);
+input, not per batch: the notices (once, counts over the whole input: the missing labels,
+whose rows alone have y_true null), the bad rows (counted over the whole input);
 and a run's `source_row` is the row's position in the user's file even when training dropped
 rows without a label. Small batches (`--batch-size 32`) stand in for a large file.
 """
@@ -53,26 +53,62 @@ def test_source_row_is_the_position_in_the_users_file(run):
     assert any(r["source_row"] > UNLABELLED[0] for r in preds)  # past a dropped row
 
 
-@pytest.mark.parametrize("mode", ["in-graph", "between-graph"])
-def test_labels_and_notices_are_decided_once_for_the_whole_input(run, tmp_path, capsys, mode):
-    """Missing labels in several batches: y_true null on every row (not only the batches that
-    had one), one notice counting them over the whole input, the unknown categories of every
-    batch counted in one notice, in both modes."""
-    data = tmp_path / "in.csv"
-    pcsv.write_csv(_iris(UNLABELLED, unknown=[5, 70, 140]), data)
+@pytest.mark.parametrize("mode, fmt", [("in-graph", "csv"), ("in-graph", "parquet"),
+                                       ("between-graph", "csv")])
+def test_missing_labels_leave_only_their_rows_unlabelled(run, tmp_path, capsys, mode, fmt):
+    """Missing labels in several batches: y_true null on those 5 rows alone, the other 145
+    keep their labels (was: null on every row, so the output could not be evaluated); one
+    notice counts them over the whole input, the unknown categories of every batch are
+    counted in one notice, in both modes; `evaluate` of the long layout scores the 145
+    labelled rows and says it left 5 out."""
+    data = tmp_path / f"in.{fmt}"
+    table = _iris(UNLABELLED, unknown=[5, 70, 140])
+    pcsv.write_csv(table, data) if fmt == "csv" else pq.write_table(table, data)
     out = tmp_path / "out.parquet"
     capsys.readouterr()
     assert run_cli("predict", "--run", run / "run", "--data", data, "--out", out,
                    "--batch-size", "32", "--mode", mode) == 0
     err = capsys.readouterr().err
     assert err.count("missing label") == 1, err
-    assert ("target column 'species' of " f"{data} has 5 missing labels in 150 rows: labels "
-            "not used (y_true is null on every row)") in err
+    assert f"target column 'species' of {data} has 5 missing labels in 150 rows" in err
     assert err.count("unknown categories") == 1 and "3 rows in 'kind' ('new')" in err
     got = pq.read_table(out)
-    assert got.num_rows == 150 and got.column("y_true").null_count == 150
+    assert got.column("y_true").to_pylist() == table.column("species").to_pylist()
+    assert got.column("y_true").null_count == 5
     assert got.column("source_row").to_pylist() == list(range(150))
     assert got.column("id").to_pylist() == [f"r{i}" for i in range(150)]
+    long = tmp_path / "long.parquet"
+    assert run_cli("predict", "--run", run / "run", "--data", data, "--out", long,
+                   "--batch-size", "32", "--mode", mode, "--layout", "long", "--quiet") == 0
+    capsys.readouterr()
+    assert run_cli("evaluate", "--predictions", long) == 0
+    cap = capsys.readouterr()
+    assert "predict (145 rows)" in cap.out
+    assert (f"left out 5 rows of split 'predict' of {long} without a y_true") in cap.err
+
+
+def test_a_batch_without_any_label_and_an_input_without_any(run, tmp_path, capsys):
+    """A whole batch of missing labels among labelled ones keeps the others' labels; an
+    input whose target column is empty on every row (a CSV's null-typed column) predicts
+    every row with y_true null, and evaluate refuses it in one line."""
+    table = _iris(range(32, 64))
+    data = tmp_path / "batch.csv"
+    pcsv.write_csv(table, data)
+    out = tmp_path / "out.parquet"
+    assert run_cli("predict", "--run", run / "run", "--data", data, "--out", out,
+                   "--batch-size", "32") == 0
+    assert pq.read_table(out).column("y_true").to_pylist() == \
+        table.column("species").to_pylist()
+    data = tmp_path / "none.csv"
+    pcsv.write_csv(_iris(range(150)), data)
+    long = tmp_path / "long.parquet"
+    capsys.readouterr()
+    assert run_cli("predict", "--run", run / "run", "--data", data, "--out", long,
+                   "--batch-size", "32", "--layout", "long") == 0
+    assert "150 missing labels in 150 rows" in capsys.readouterr().err
+    assert pq.read_table(long).column("y_true").null_count == pq.read_table(long).num_rows
+    assert run_cli("evaluate", "--predictions", long) == 2
+    assert "has no rows with a known y_true" in capsys.readouterr().err
 
 
 def test_labels_of_a_complete_input_fill_every_row(run, tmp_path, capsys):
@@ -133,7 +169,8 @@ def test_an_empty_label_is_missing_as_a_csvs_empty_cell_is(run, tmp_path, capsys
     assert run_cli("predict", "--run", run / "run", "--data", data, "--out", out,
                    "--batch-size", "32") == 0
     assert "5 missing labels in 150 rows" in capsys.readouterr().err
-    assert pq.read_table(out).column("y_true").null_count == 150
+    assert pq.read_table(out).column("y_true").to_pylist() == [
+        None if v == "" else v for v in label]
 
 
 @pytest.mark.parametrize("mode, where", [("in-graph", [100, 10, 140]),  # first bad: row 10

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 from scipy import integrate, stats
@@ -541,3 +543,35 @@ def test_targets_near_1e9_keep_their_digits_in_predict_and_export(tmp_path):
     out = serve(features=tf.constant(x[:, None], tf.float32))
     assert out["mean"].dtype == tf.float64 and out["member_mean"].dtype == tf.float64
     np.testing.assert_allclose(out["mean"].numpy(), mean, rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("mode", ["in-graph", "between-graph"])
+def test_predict_keeps_the_targets_of_the_rows_that_have_one(runs, tmp_path, capsys, mode):
+    """A regression input with a few targets missing (a CSV's empty cell, a Parquet NaN):
+    y_true is null on those rows alone, the others keep their targets (was: null on every
+    row), and evaluate scores the labelled rows."""
+    from sklearn.datasets import load_diabetes
+
+    d = load_diabetes()
+    y = d.target.astype(np.float64)
+    missing = [1, 7, 20]
+    with_nan = y.copy()
+    with_nan[missing] = np.nan
+    cols = {n: d.data[:, i] for i, n in enumerate(d.feature_names)}
+    for name, target in (("in.csv", pa.array(with_nan, mask=np.isnan(with_nan))),
+                         ("in.parquet", pa.array(with_nan))):  # null, or a stored NaN
+        table = pa.table({**cols, "target": target})
+        data = tmp_path / name
+        pcsv.write_csv(table, data) if name.endswith(".csv") else pq.write_table(table, data)
+        out = tmp_path / f"{name}.long.parquet"
+        capsys.readouterr()
+        assert run_cli("predict", "--run", runs[mode], "--data", data, "--out", out,
+                       "--layout", "long", "--batch-size", "64", "--mode", mode) == 0
+        assert f"has 3 missing labels in {len(y)} rows" in capsys.readouterr().err
+        got = pq.read_table(out).to_pandas()
+        ens = got[got["model"] == "ensemble-mean"].sort_values("row")
+        assert ens["y_true"].isna().tolist() == [i in missing for i in range(len(y))]
+        np.testing.assert_allclose(ens["y_true"].dropna(), np.delete(y, missing))
+        assert run_cli("evaluate", "--predictions", out) == 0
+        cap = capsys.readouterr()
+        assert f"predict ({len(y) - 3} rows)" in cap.out and "left out 3 rows" in cap.err

@@ -64,12 +64,14 @@ def encode_known(y: np.ndarray, classes: np.ndarray) -> tuple[np.ndarray, dict]:
             {v.item(): int(n) for v, n in zip(values, counts)})
 
 
-def spread(codes: np.ndarray, has: np.ndarray) -> np.ndarray | None:
+def spread(codes: np.ndarray, has: np.ndarray) -> np.ndarray:
     """`codes` (`encode_known`) of the rows where `has` `[n_rows]` is True, over all rows:
-    the others `UNKNOWN` (`y_true` null); None when they are a regression run's targets and
-    a row has none (no float stands for a missing target)."""
+    the others `UNKNOWN` (-1), or NaN for a regression run's float64 targets (`y_true`
+    null on those rows either way)."""
     if codes.dtype.kind == "f":
-        return codes if has.all() else None
+        out = np.full(len(has), np.nan)
+        out[has] = codes
+        return out
     out = np.full(len(has), UNKNOWN, np.int32)
     out[has] = codes
     return out

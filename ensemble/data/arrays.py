@@ -33,6 +33,7 @@ import numpy as np
 from ensemble.core.errors import UsageError
 from ensemble.data.containers import ArrayData, Batch
 from ensemble.data.images import IMAGE_SUFFIXES, image_files, load_image_folder, read_images
+from ensemble.data import npz
 from ensemble.data.npz import KERAS_KEYS, NPZ_KEYS, is_npz, load_npz  # noqa: F401 (re-exported)
 
 
@@ -175,8 +176,9 @@ class ArrayStream:
     once (its arrays are in one file).
 
     Labels (an `.npz`'s `y`, an image's class folder) fill `y` as a table's target column
-    does (`stream.InputStream`): a label the run never saw leaves that row's `y_true` null,
-    with one notice naming it (unless `quiet`); an image at the top of the folder has none.
+    does (`stream.InputStream`): a label the run never saw, or an `.npz` label that is NaN or
+    inf (missing), leaves that row's `y_true` null, with one notice naming or counting them
+    (unless `quiet`); an image at the top of the folder has none.
 
     Raises:
         UsageError: unreadable source, rows of another shape than the run's.
@@ -189,6 +191,7 @@ class ArrayStream:
         self.pre, self.source, self.batch_rows = pre, str(source), int(batch_rows)
         self.quiet, self.target = quiet, target  # `--target`: refused (`check_target`)
         self.unknown_labels = Counter()  # label the run never saw -> its rows
+        self.missing_labels = 0  # rows of an .npz whose y is NaN or inf (no label)
         self._files = None
         self._class_of = {}  # an image's class: the sub-folder of the source holding it
         self._whole = None
@@ -302,7 +305,11 @@ class ArrayStream:
             if y is None:
                 return None
             y = y[lo:lo + self.batch_rows]
-            has = np.ones(len(y), bool)
+            has = npz.labelled(y)
+            self.missing_labels += int(len(y) - has.sum())  # NaN or inf: no label
+            if not has.any():
+                return None
+            y = y[has]
         else:
             files = self._files[lo:lo + self.batch_rows]
             has = np.asarray([f in self._class_of for f in files])
@@ -314,10 +321,14 @@ class ArrayStream:
         return spread(codes, has)
 
     def _notice_unknown(self) -> None:
-        if self.unknown_labels and not self.quiet:
-            from ensemble.core.notices import notice
-            from ensemble.data.messages import unknown_labels
+        from ensemble.core.notices import notice
+        from ensemble.data.messages import missing_labels, unknown_labels
 
+        if self.quiet:
+            return
+        if self.missing_labels:
+            notice(missing_labels(self._label_source(), self.missing_labels, self._rows()))
+        if self.unknown_labels:
             notice(unknown_labels(self._label_source(), self.unknown_labels,
                                   self.pre.classes))
 

@@ -57,7 +57,9 @@ class Batch:
 
     Attributes:
         x: `[n_rows, n_outputs]` float32, imputed, encoded and scaled.
-        y: `[n_rows]` int32 class indices, or None when the batch has no (complete) labels.
+        y: `[n_rows]` int32 class indices (-1: a row without a label, or with one the run
+            never saw) or a regression run's float64 targets (NaN: none), or None when no row
+            of the batch has a label; `y_true` is null where a row has none.
     """
 
     first_row: int

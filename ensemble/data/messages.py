@@ -119,6 +119,14 @@ def unknown_labels(where: str, unknown: dict, classes) -> str:
             f"{few(np.asarray(classes).tolist(), 5)})")
 
 
+def missing_labels(where: str, n: int, rows: int) -> str:
+    """The notice of `n` rows of `where` (`target column 'label' of x.csv`, `the y array of
+    x.npz`) out of `rows` without a label: predicted, `y_true` null on them alone."""
+    return (f"{where} has {n:,} missing label{'s' * (n != 1)} in {rows:,} rows: predicted, "
+            f"with y_true null on {'it' if n == 1 else 'them'} (kept on the others; "
+            "`ensemble evaluate` scores the labelled rows)")
+
+
 def read_columns(names: Sequence[str], drop: Sequence[str], source) -> list[str]:
     """The columns of a table source that training reads: `names` without the `drop` ones
     and without pandas' unnamed index (`__index_level_0__`, ...: `DataFrame.to_parquet`

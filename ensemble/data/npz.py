@@ -30,8 +30,9 @@ def is_npz(path) -> bool:
 def _labels(y: np.ndarray, name: str, required: bool = True) -> np.ndarray | None:
     """Targets `[n]` (or `[n, 1]`) as int64 or str class labels, or float64 when they are
     non-integer numbers (a regression target, as a table's: `sources._labels`; the task is
-    `ensemble.runs.prepare.resolve_task`'s to decide). Not `required` (predict), targets with
-    NaN or inf are not used (None, with a notice), as a table's missing labels.
+    `ensemble.runs.prepare.resolve_task`'s to decide). Not `required` (predict), NaN or inf
+    is a row without a label (kept, float64: `arrays.ArrayStream` leaves its `y_true` null),
+    as a table's missing label.
 
     Raises:
         UsageError: another shape, NaN or inf (when `required`), numbers beyond float32
@@ -58,22 +59,25 @@ def _labels(y: np.ndarray, name: str, required: bool = True) -> np.ndarray | Non
                          f"dtype {y.dtype}")
     if y.dtype.kind == "f":
         bad = ~np.isfinite(y)
-        if np.any(bad) and not required:
-            from ensemble.core.notices import notice
-
-            notice(f"labels y of {name} hold NaN or inf; labels not used")
-            return None
-        if np.any(bad):
+        if np.any(bad) and required:
             raise UsageError(f"Labels in {name} hold {int(bad.sum())} missing or non-finite "
                              f"target(s) (NaN or inf; first at row {int(np.argmax(bad))}); "
                              "expected class labels or finite numbers")
-        if y.size and np.abs(y).max() > FLOAT32_MAX:
-            raise UsageError(f"Labels in {name} hold {np.abs(y).max():.6g}, beyond float32 "
+        ok = y[~bad]
+        if ok.size and np.abs(ok).max() > FLOAT32_MAX:
+            raise UsageError(f"Labels in {name} hold {np.abs(ok).max():.6g}, beyond float32 "
                              f"(the model's dtype: |y| <= {FLOAT32_MAX:.4g}); expected class "
                              "labels or numbers that fit")
-        if not np.all(y == np.round(y)) or (y.size and np.abs(y).max() >= 2.0 ** 63):
-            return y.astype(np.float64)  # non-integer numbers: a regression target
+        if np.any(bad) or not np.all(ok == np.round(ok)) or (
+                ok.size and np.abs(ok).max() >= 2.0 ** 63):
+            return y.astype(np.float64)  # non-integer numbers (a regression target), or NaN
     return y.astype(np.int64)
+
+
+def labelled(y: np.ndarray) -> np.ndarray:
+    """`[n]` bool, the rows of labels `y` `[n]` (`load_npz` at predict) that have one: NaN or
+    inf in float labels is a missing label, whatever the task."""
+    return np.isfinite(y) if np.issubdtype(y.dtype, np.floating) else np.ones(len(y), bool)
 
 
 def _x(x: np.ndarray, name: str) -> np.ndarray:
@@ -95,8 +99,8 @@ def _x(x: np.ndarray, name: str) -> np.ndarray:
 
 def load_npz(path: str, require_target: bool = True) -> ArrayData:
     """Read an `.npz` in either layout (see the module docstring): `x` `[n, ...]` uint8 or
-    float32, `y` `[n]` (`_labels`; None without labels, or when not `require_target` and
-    they hold NaN or inf), Keras's test part as `test_rows`.
+    float32, `y` `[n]` (`_labels`; None without labels; when not `require_target`, NaN or
+    inf where a row has none), Keras's test part as `test_rows`.
 
     Raises:
         UsageError: missing or unreadable file, pickled (object) arrays, missing keys, `x` and

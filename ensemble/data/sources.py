@@ -43,7 +43,8 @@ class Dataset:
     Attributes:
         name: source name or file path.
         x: `[n_rows, n_features]` float32 numeric features (NaN where a value is missing).
-        y: `[n_rows]` labels (int64 or str), or None when the target column is absent.
+        y: `[n_rows]` labels (int64 or str), or None when the target column is absent; with
+            `labelled`, the labels of its True rows alone (None when no row has one).
         feature_names: the `n_features` numeric column names (columns of `x`).
         categorical: raw categorical columns, name -> `[n_rows]` object array of str (None
             where missing); empty for all-numeric data.
@@ -57,6 +58,9 @@ class Dataset:
     feature_names: tuple[str, ...]
     categorical: dict[str, np.ndarray] = field(default_factory=dict)
     identifiers: tuple[str, ...] = ()  # text columns left out as ids (ensemble.data.identifiers)
+    # predict: `[n_rows]` bool, the rows with a label when some row of the target column has
+    # none (missing, or a float NaN/inf); None when every row has one (or no column)
+    labelled: np.ndarray | None = None
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -173,7 +177,8 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
                      first_row: int = 0, identifiers: Sequence[str] = (),
                      detect_identifiers: bool = True) -> Dataset:
     """Validate a pyarrow table and split it into numeric features, categorical features and
-    labels. Rows whose label is missing are dropped (with a notice) when the target is required.
+    labels. Rows whose label is missing are dropped (with a notice) when the target is required,
+    kept otherwise (predict: `Dataset.labelled` marks the rows with one).
 
     Args:
         categorical: `"auto"` (string, boolean and dictionary columns), `"none"`, or names.
@@ -199,7 +204,7 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
         raise UsageError(f"Data {name} has no rows; expected at least one.")
     check_unique_columns(table.column_names, name)
     problems: list[str] = []
-    table, y = _split_target(table, name, target, require_target, problems)
+    table, y, labelled = _split_target(table, name, target, require_target, problems)
     if expected is not None:
         table = columns.select_expected(table, name, expected, identifiers, strict, problems)
     elif detect_identifiers:  # training: identifier-like text columns are not features
@@ -218,15 +223,16 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
         raise UsageError(f"{len(problems)} problem{'s' * (len(problems) > 1)} in data {name}: "
                          + "; ".join(problems) + ".")
     return Dataset(name, x, y, names, cats,
-                   tuple(identifiers) if expected is None else ())
+                   tuple(identifiers) if expected is None else (), labelled)
 
 
 def _split_target(table: pa.Table, name: str, target: str, require_target: bool,
-                  problems: list[str]) -> tuple[pa.Table, np.ndarray | None]:
-    """(the table without its target column, the labels or None). Rows without a label are
-    dropped (with a notice) when the target is required; a missing target column is a
-    problem appended to `problems` when it is required."""
-    y = None
+                  problems: list[str]) -> tuple[pa.Table, np.ndarray | None, np.ndarray | None]:
+    """(the table without its target column, the labels or None, `Dataset.labelled`). Rows
+    without a label are dropped (with a notice) when the target is required; otherwise
+    (predict) they are kept, and the labels are those of the other rows (`labelled`). A
+    missing target column is a problem appended to `problems` when it is required."""
+    y = labelled = None
     if target in table.column_names:
         col = target_column(table.column(target))
         table = table.set_column(table.column_names.index(target), target, col)
@@ -235,16 +241,21 @@ def _split_target(table: pa.Table, name: str, target: str, require_target: bool,
             table = table.filter(keep)
             notice(f"dropped {col.null_count} rows of {name} whose label {target!r} is missing")
             col = table.column(target)
-        if col.null_count:
-            notice(f"target column {target!r} of {name} has missing labels; labels not used")
-        else:
+        if not require_target:  # NaN or inf: no label either (refused at training)
+            has = pc.is_valid(col)
+            if pa.types.is_floating(col.type):
+                has = pc.and_(has, pc.is_finite(col))
+            has = np.asarray(has.fill_null(False), bool)
+            if not has.all():
+                labelled, col = has, col.filter(pa.array(has))
+        if len(col) or labelled is None:
             y = _labels(col, target, name, problems)
         table = table.drop_columns([target])
     elif require_target:
         problems.append(f"Target column {target!r} not found"
                         f"{did_you_mean(target, table.column_names)} (columns: "
                         f"{', '.join(table.column_names)})")
-    return table, y
+    return table, y, labelled
 
 
 def load(cfg: DataConfig, require_target: bool = True, expected: Sequence[str] | None = None,

@@ -8,9 +8,9 @@ batch, so resident memory stays flat however large the input is.
   validates the schema and the first batch (every problem in one message, before TensorFlow
   loads); a bad value further on stops the prediction with a `UsageError` naming its rows,
   with the bad rows of each column counted over the whole input (`ensemble.data.whole_input`).
-  Decided once for the whole input, never per batch: whether the labels fill `y` (no label
-  missing in any row: `labels_used`), and each notice (printed once, counts over the whole
-  input). A label the run never saw is class index -1 (`y_true` null on its row alone).
+  Each notice is printed once, with counts over the whole input. A row without a label (an
+  empty cell, a null, a float NaN) or with a label the run never saw is class index -1
+  (regression: NaN); `y_true` is null on that row alone, the other rows keep theirs.
   `survey()` checks every batch before any prediction (a between-graph launcher).
   Built-in data sets (`digits`, ...) are small and read whole, then sliced.
 - `PredictionWriter` (`ensemble.data.prediction_io`, re-exported here) writes tables with one
@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from ensemble.data import whole_input
 from ensemble.data import csv_format, messages, sources
-from ensemble.core.labels import encode_known
+from ensemble.core.labels import encode_known, spread
 from ensemble.data.containers import Batch
 from ensemble.core.errors import UsageError
 from ensemble.data.preprocessing import Preprocessing
@@ -74,7 +74,7 @@ class InputStream:
         self.passthrough = False  # carry the non-feature columns (an id) in `Batch.extra`
         self.dropped: tuple = ()  # columns training dropped: neither named nor refused
         self._dataset = None
-        self._labels: bool | None = None  # labels used for `y`: decided once (`labels_used`)
+        self.missing_labels = 0  # rows of the input without a label (a target column present)
         if self.source not in sources.BUILTIN:
             import pyarrow.dataset as ds
 
@@ -158,30 +158,9 @@ class InputStream:
                              f"{out}: CSV holds no nested values; expected --out ending in "
                              ".parquet, --layout long, or the input without that column.")
 
-    def labels_used(self) -> bool:
-        """Whether the input's labels fill `y` (`y_true`): decided once for the whole input,
-        when the target column is present with no label missing in any row (one pass over
-        that column alone); otherwise `y` is None for every batch, with one notice counting
-        the missing labels over the whole input. Built-in sets decide on their whole table."""
-        if self._labels is None:
-            names = self._dataset.schema.names if self._dataset is not None else ()
-            if self.target not in names:
-                self._labels = False
-                return False
-            missing, rows = whole_input.missing_labels(self._dataset, self.target,
-                                                       self.batch_rows)
-            self._labels = missing == 0
-            if missing and not self.quiet:
-                sources.notice(f"target column {self.target!r} of {self.source} has {missing:,} "
-                               f"missing label{'s' * (missing > 1)} in {rows:,} rows: labels not "
-                               "used (y_true is null on every row)", once=True)
-        return self._labels
-
     def _to_dataset(self, table: pa.Table, name: str, strict: bool,
                     first_row: int = 0) -> sources.Dataset:
         pre = self.pre
-        if self.target in table.column_names and not self.labels_used():
-            table = table.drop_columns([self.target])  # decided once: no notice per batch
         return sources.table_to_dataset(table, name, self.target, require_target=False,
                                         categorical=tuple(pre.categories) or "none",
                                         impute=pre.impute, expected=pre.columns, strict=strict,
@@ -224,11 +203,12 @@ class InputStream:
         self.check()
         if self._dataset is None:
             return
+        rows = 0
         for part, _, table in self._validated(False):  # checked, not encoded
             messages.merge_unknown(self.unknown, whole_input.unknown_categories(table, self.pre))
-            if part.y is not None:
-                self.unknown_labels.update(encode_known(part.y, self.pre.classes)[1])
-        self._notice_unknown()
+            self._labels(part)
+            rows += table.num_rows
+        self._notice_unknown(rows)
 
     def _tables(self, all_columns: bool = False) -> Iterator[pa.Table]:
         """The input as tables of exactly `batch_rows` rows (the last one shorter)."""
@@ -276,7 +256,7 @@ class InputStream:
                                        whole.feature_names,
                                        {k: v[span] for k, v in whole.categorical.items()})
                 yield self._batch(part, lo)  # a built-in set has no columns beyond features
-            self._notice_unknown()
+            self._notice_unknown(len(whole.x))
             return
         rows = 0
         for part, first, extra in self._validated(self.passthrough):
@@ -286,7 +266,7 @@ class InputStream:
             rows = first + len(part.x)
         if rows == 0:
             raise UsageError(f"Data {self.source} has no rows; expected at least one.")
-        self._notice_unknown()
+        self._notice_unknown(rows)
 
     def _validated(self, passthrough: bool) -> Iterator[tuple[sources.Dataset, int, pa.Table]]:
         """`(checked rows, their first row, their non-feature columns)` per batch of the input
@@ -324,17 +304,31 @@ class InputStream:
     def _batch(self, part: sources.Dataset, first: int) -> Batch:
         x, unknown = self.pre.encode_scaled(part, first)
         messages.merge_unknown(self.unknown, unknown)
-        y = None
-        if part.y is not None:  # a label the run never saw: -1, its y_true null
-            y, unseen = encode_known(part.y, self.pre.classes)
-            self.unknown_labels.update(unseen)
-        return Batch(first, x, y)
+        return Batch(first, x, self._labels(part))
 
-    def _notice_unknown(self) -> None:
+    def _labels(self, part: sources.Dataset):
+        """`[n_rows]` class indices of `part` (-1: no label, or one the run never saw;
+        regression: float64 targets, NaN without one), or None when no row has a label;
+        counts the rows without one and the labels the run never saw."""
+        if part.labelled is not None:
+            self.missing_labels += int(len(part.labelled) - part.labelled.sum())
+        if part.y is None:
+            return None
+        y, unseen = encode_known(part.y, self.pre.classes)
+        self.unknown_labels.update(unseen)
+        return y if part.labelled is None else spread(y, part.labelled)
+
+    def _notice_unknown(self, rows: int) -> None:
+        """The notices of the whole input (`rows` rows): unknown categories, missing labels,
+        labels the run never saw."""
         if self.quiet:
             return
         if self.unknown:
             sources.notice(messages.unknown_categories(self.unknown))
+        if self.missing_labels:
+            sources.notice(messages.missing_labels(
+                f"target column {self.target!r} of {self.source}", self.missing_labels, rows),
+                once=True)
         if self.unknown_labels:
             sources.notice(messages.unknown_labels(
                 f"target column {self.target!r} of {self.source}", self.unknown_labels,

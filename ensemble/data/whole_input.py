@@ -1,6 +1,5 @@
-"""What a streamed input decides once for the whole input, never per batch: its missing labels
-(`missing_labels`), its bad rows (`error`), its unknown categories (`unknown_categories`,
-counted without encoding).
+"""What a streamed input decides once for the whole input, never per batch: its bad rows
+(`error`), its unknown categories (`unknown_categories`, counted without encoding).
 
 A streamed input (`ensemble.data.stream.InputStream`) validates each batch as it reads it; the
 first bad batch stops the prediction. Its message names that batch's problems and counts; this
@@ -22,7 +21,7 @@ import pyarrow.compute as pc
 from ensemble.core.errors import UsageError
 from ensemble.data import spelling
 from ensemble.data.preprocessing import BOOL_WORDS, is_boolean
-from ensemble.data.sources import FLOAT32_MAX, target_column
+from ensemble.data.sources import FLOAT32_MAX
 
 KINDS = ("missing", "inf", "beyond float32")
 
@@ -124,22 +123,3 @@ def unknown_categories(table: pa.Table, pre) -> dict[str, Counter]:
         if counts:
             found[name] = Counter({c["values"]: c["counts"] for c in counts})
     return found
-
-
-def missing_labels(dataset, target: str, batch_rows: int) -> tuple[int, int]:
-    """(rows whose `target` is missing, rows) of a `pyarrow.dataset.Dataset`, reading that
-    column alone, in batches (memory bounded by one batch).
-
-    Raises:
-        UsageError: the input cannot be read.
-    """
-    missing = rows = 0
-    try:
-        for rb in dataset.to_batches(columns=[target], batch_size=max(batch_rows, 1 << 16),
-                                     batch_readahead=1, fragment_readahead=1,
-                                     use_threads=False):
-            missing += target_column(rb.column(0)).null_count  # "" is missing too
-            rows += rb.num_rows
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise UsageError(f"Cannot read the input: {str(exc).splitlines()[0]}") from None
-    return missing, rows

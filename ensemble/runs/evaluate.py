@@ -109,6 +109,10 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
     table = tables.metrics_table(preds, (fit or {}).get("best_member"))
     if table.num_rows == 0:
         raise UsageError(f"{predictions} has no rows with a known y_true; cannot evaluate.")
+    for split, (n, kept) in preds.unlabelled().items():
+        notice(f"left out {n:,} row{'s' * (n != 1)} of split {split!r} of {predictions} "
+               "without a y_true (a missing label, or one the run never saw, at predict); "
+               f"scored the {kept:,} labelled row{'s' * (kept != 1)}")
     written = []
     if writable:
         artifacts.write_parquet(out, table)

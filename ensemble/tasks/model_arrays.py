@@ -96,6 +96,15 @@ class PredictionArrays:
         """The models of `split` with at least one labelled row, in the file's order."""
         return [a for (s, _), a in self.models.items() if s == split and len(a.y)]
 
+    def unlabelled(self) -> dict[str, tuple[int, int]]:
+        """split -> (its rows with an unknown `y_true`, its labelled rows), per model (every
+        model of a split has the same rows), for the splits with at least one unlabelled row."""
+        out = {}
+        for (split, _), a in self.models.items():
+            if a.unlabelled and split not in out:
+                out[split] = (a.unlabelled, len(a.y))
+        return out
+
     def get(self, split: str, model: str) -> ModelArrays:
         """One model's arrays on one split. Raises KeyError when absent."""
         return self.models[(split, model)]

@@ -43,7 +43,7 @@ def model_rows(key: ModelRows, y_true: np.ndarray | None, outputs: np.ndarray) -
 
     Args:
         key: the model, split and rows (`ensemble.tasks.table_parts.ModelRows`).
-        y_true: `[n_rows]` targets, or None when unknown.
+        y_true: `[n_rows]` targets (NaN: unknown, null in `y_true`), or None when unknown.
         outputs: a member's `[n_rows, 2]` (mean, variance) or an aggregator's `[n_rows, 3]`
             (mean, aleatoric variance, epistemic variance), target units.
     """
@@ -57,7 +57,7 @@ def model_rows(key: ModelRows, y_true: np.ndarray | None, outputs: np.ndarray) -
     return pa.table({
         **key_columns(key),
         "y_true": pa.nulls(n, pa.float64()) if y_true is None
-        else pa.array(np.asarray(y_true, np.float64)),
+        else pa.array(y := np.asarray(y_true, np.float64), mask=np.isnan(y)),
         "y_pred": pa.array(out[:, 0]),
         "std": pa.array(std),
         "aleatoric_std": ale, "epistemic_std": epi,
