@@ -22,7 +22,8 @@ Columns (also printed under the table):
 - `peak_rss_bytes`: the driver's peak resident memory plus, between-graph, the `jobs` largest
   client peaks (clients that can run at once; an upper bound).
 - training only: `fixed_seconds`, `epoch_seconds` (marginal seconds of one more epoch) and
-  `row_epoch_us` (an epoch's microseconds per training row): `compare_cost`.
+  `row_epoch_us` (an epoch's microseconds per training row): `compare_cost` (null with
+  `--epochs 1`: no epoch past the first is measured).
 - training only: the task's test metrics `test_<metric>` (nll and accuracy, nll and rmse).
 
 The predict phase predicts the rows training used (`labelled_rows`). A phase that fails keeps
@@ -199,6 +200,9 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
     """
     check_folder(base, overwrite)
     check_data(cfg)  # every data problem now, before any process starts
+    if cfg.training.epochs < 2:
+        notice("--epochs 1: compare measures no per-epoch train cost (n/a) and no crossover "
+               "epoch count; --epochs 2 or more measures them")
     table = cfg.to_dict()
     source = Path(cfg.data.source)
     if names_a_path(cfg.data.source):  # the config is written elsewhere: absolute path

@@ -7,8 +7,8 @@ sample can be carried to the user's epochs and rows.
   first (which also pays for tracing), median. In-graph: the epoch's seconds (one graph trains
   every member). Between-graph: per client, the sum over its queue of members of each member's
   epoch seconds; the slowest client (clients run at once: the critical path). With one epoch
-  only: the steady rate of the traced calls after the first (manifest `timings.steady_rows`,
-  `steady_seconds`; a client's `steady`) times the training rows (validation not counted).
+  (`--epochs 1`) nothing past the first epoch is measured: the per-epoch cost, the split and
+  the crossover are not computed (None, `n/a`; the text suggests `--epochs 2` or more).
 - **fixed**: `wall - epochs x per_epoch`: process start-up, TensorFlow import, data
   preparation, tracing, the first epoch's warm-up, writing artifacts, (between-graph) client
   start-up and the aggregator.
@@ -47,10 +47,13 @@ def epoch_seconds(mode: str, history: Sequence[dict], timings: dict, n_train: in
         n_train: rows of the training split.
 
     Returns:
-        (seconds per epoch, or None when neither a second epoch nor a steady call was
-        measured; epochs trained: the most any member trained).
+        (seconds per epoch, or None with one epoch (it also pays for tracing: no epoch past
+        it was measured) or when a member has neither a second epoch nor a steady call;
+        epochs trained: the most any member trained).
     """
     epochs = len({r["epoch"] for r in history})
+    if epochs < 2:
+        return None, epochs
     return modes.get(mode).epoch_seconds(history, timings, n_train), epochs
 
 
@@ -143,8 +146,10 @@ def cost_lines(a: dict, b: dict, epochs: int, n_train: int, spread) -> list[str]
         n_train: training rows of the compared runs.
     """
     if a.get("epoch_seconds_median") is None or b.get("epoch_seconds_median") is None:
-        return ["train cost per epoch: not measured (a second epoch or a steady traced call "
-                "is needed: --epochs 2 or more)"]
+        why = ("with --epochs 1 (the one epoch also pays for tracing)" if epochs < 2 else
+               "(a member trained no epoch past its first)")
+        return [f"train cost per epoch: n/a, not measured {why}: no fixed and per-epoch "
+                "split, no crossover; --epochs 2 or more measures it"]
     lines = ["train cost = fixed + epochs x per epoch (fixed: start-up, preparation, tracing, "
              "writing; per epoch: the marginal seconds of one more epoch):"]
     for r in (a, b):

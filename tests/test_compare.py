@@ -314,11 +314,52 @@ def test_epoch_cost_from_history_in_both_modes():
     clients["2"]["client"] = 0
     assert cost.epoch_seconds("between-graph", between, {"clients": clients}, 100) == (6.0, 3)
     one = [{"member": 0, "epoch": 0, "seconds": 9.0}]
+    # one epoch: nothing past the first measured (a steady call's rate was reported instead)
     assert cost.epoch_seconds("in-graph", one, {"steady_rows": 50, "steady_seconds": 0.5},
-                              100) == (1.0, 1)
-    assert cost.epoch_seconds("in-graph", one, {"steady_rows": 0}, 100) == (None, 1)
+                              100) == (None, 1)
+    assert cost.epoch_seconds("between-graph", one, {"clients": {"0": {
+        "client": 0, "steady": {"0": [50, 0.5]}}}}, 100) == (None, 1)
     assert cost.split_cost(10.0, 2.0, 3, 1000) == {"fixed_seconds": 4.0, "epoch_seconds": 2.0,
                                                     "row_epoch_us": 2000.0}
+
+
+def test_one_epoch_reports_no_per_epoch_cost_and_no_crossover():
+    """`--epochs 1`: the per-epoch cost was a steady call's rate times the rows, not a measured
+    epoch; now n/a, no fixed/per-epoch split, no crossover, and the text suggests --epochs 2."""
+    from pipelines import compare_cost as cost
+
+    one = [{"member": 0, "epoch": 0, "seconds": 9.0}]
+    timings = {"steady_rows": 50, "steady_seconds": 0.5}
+    runs = []
+    for mode, wall in (("in-graph", 10.0), ("between-graph", 12.0)):
+        for _ in range(3):
+            per, epochs = cost.epoch_seconds(mode, one, timings, 1000)
+            runs += _runs({(mode, "train"): [wall]})
+            runs[-1].update(epochs=epochs, train_rows=1000,
+                            **cost.split_cost(wall, per, epochs, 1000))
+            runs += _runs({(mode, "predict"): [1.0]})
+    rows = compare.summarise(runs, PARITY)
+    train = [r for r in rows if r["phase"] == "train"]
+    assert all(r["epoch_seconds_median"] is None and r["fixed_seconds_median"] is None
+               for r in train)
+    assert cost.crossover_band(*train) is None
+    text = compare.verdict(pa.Table.from_pylist(rows))
+    assert ("train cost per epoch: n/a, not measured with --epochs 1 (the one epoch also pays "
+            "for tracing): no fixed and per-epoch split, no crossover; --epochs 2 or more "
+            "measures it") in text
+    assert "per epoch 0." not in text and "the faster mode" not in text
+
+
+def test_compare_with_one_epoch_says_so_before_it_runs(tmp_path, monkeypatch, capsys):
+    def stop(*args):
+        raise RuntimeError("stopped before any process")
+
+    monkeypatch.setattr(compare, "labelled_rows", stop)
+    cfg = schema.load(overrides={"data.source": "iris", "training.epochs": 1})
+    with pytest.raises(RuntimeError):
+        compare.compare(cfg, tmp_path / "cmp")
+    assert ("--epochs 1: compare measures no per-epoch train cost (n/a) and no crossover "
+            "epoch count; --epochs 2 or more measures them") in capsys.readouterr().err
 
 
 def test_one_repeat_calls_the_cost_model_indicative():
