@@ -353,19 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         api.CLI_WORDING = wording  # `main` called in-process (tests, notebooks): undone
 
 
-def entry() -> None:
-    """The process: `main()`'s status as the exit status; a Ctrl-C before `main` handles
-    signals (while its modules load) is one line and 130, as every later one."""
-    from pipelines.pipe import guard_std_streams
-
-    guard_std_streams()  # `ensemble train | head -3` completes the run (pipelines.pipe)
-    try:
-        status = main()
-    except KeyboardInterrupt:  # `main`'s own Interrupted never gets here
-        print("interrupted (SIGINT)", file=sys.stderr, flush=True)
-        status = 130
-    sys.exit(status)
-
-
 if __name__ == "__main__":
-    entry()
+    from pipelines.process import run
+
+    run(lambda: main)  # the exit status; a Ctrl-C before `main` handles signals: one line

@@ -85,3 +85,34 @@ def test_ctrl_c_while_the_cli_loads_is_one_line_and_130():
             proc.kill()
             proc.wait()
         assert (proc.returncode, err.splitlines()) == (130, ["interrupted (SIGINT)"]), (delay, err)
+
+
+def test_one_place_prints_the_early_ctrl_c_line():
+    """`pipelines.console` and `pipelines.cli` both printed "interrupted (SIGINT)" (import
+    phase, then start-up); now `pipelines.process.run` alone owns it, which both the console
+    script and `python -m pipelines.cli` end in."""
+    owners = [p.relative_to(ROOT).as_posix() for p in sorted(ROOT.glob("pipelines/*.py"))
+              if '"interrupted (SIGINT)"' in p.read_text()]
+    assert owners == ["pipelines/process.py"]
+
+
+def test_ctrl_c_before_main_handles_signals_is_one_line_even_if_pressed_twice(capsys):
+    """A Ctrl-C before `main` handles signals: one line, status 130; a second Ctrl-C while
+    the process exits is ignored (it raised a traceback out of the handler)."""
+    from pipelines import process
+
+    def main():
+        raise KeyboardInterrupt
+
+    old = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as exc:
+            process.run(lambda: main)
+        assert exc.value.code == 130
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert capsys.readouterr().err.splitlines() == ["interrupted (SIGINT)"]
+    with pytest.raises(SystemExit) as exc:
+        process.run(lambda: lambda: 7)
+    assert exc.value.code == 7

@@ -1,0 +1,30 @@
+"""The `ensemble` process around `pipelines.cli.main`, for both ways in (the console script
+`pipelines.console:entry` and `python -m pipelines.cli`): the one place that prints the line
+of a Ctrl-C that comes before `main` handles signals (while the CLI's modules load or its
+streams are set up): `interrupted (SIGINT)` and exit status 130, no traceback, as every later
+one (`main` prints its own, naming where a run stopped, and returns its status).
+"""
+
+import signal
+import sys
+from typing import Callable
+
+
+def run(load_main: Callable[[], Callable[[], int]]) -> None:
+    """Load `main` (`load_main()`, inside the Ctrl-C guard), run it, exit with its status.
+
+    Raises:
+        SystemExit: always: `main()`'s status, or 130 after a Ctrl-C before it handled
+            signals (a second Ctrl-C then is ignored: one line, no traceback).
+    """
+    try:
+        main = load_main()
+        from pipelines.pipe import guard_std_streams
+
+        guard_std_streams()  # `ensemble train | head -3` completes the run (pipelines.pipe)
+        status = main()
+    except KeyboardInterrupt:  # `main`'s own Interrupted never gets here
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # we are exiting: no second line
+        print("interrupted (SIGINT)", file=sys.stderr, flush=True)
+        status = 130
+    sys.exit(status)
