@@ -83,16 +83,48 @@ def test_devices_command_splits_the_cpu_in_a_fresh_process():
 
 
 def test_devices_without_options_shows_the_devices_train_would_use_with_auto():
+    """On 2 cores (the process pinned to two), `ensemble devices` for the default 4 members
+    shows and splits CPU:0 and CPU:1: one device per core, not per member (the expectation
+    is written out, not taken from `auto_cpu_devices`)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores")
     env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    pin = sorted(os.sched_getaffinity(0))[:2]
     out = subprocess.run([sys.executable, "-m", "pipelines.cli", "devices"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120,
+                         preexec_fn=lambda: os.sched_setaffinity(0, pin))
     assert out.returncode == 0, out.stderr
-    auto = [f"/device:CPU:{i}" for i in range(devices.auto_cpu_devices(4))]  # 4: the default
     logical = [ln.split()[0] for ln in out.stdout.splitlines()
                if ln.strip().startswith("/device:CPU:")]
-    assert logical == auto  # auto_cpu_devices: what train --devices auto splits
+    assert logical == ["/device:CPU:0", "/device:CPU:1"]
     assert out.stdout.splitlines()[-1] == (
-        f"--devices auto (for the config's 4 members) uses: {', '.join(auto)}")
+        "--devices auto (for the config's 4 members) uses: /device:CPU:0, /device:CPU:1")
+
+
+@pytest.mark.parametrize("cores, members, expected", [
+    (2, 4, 2),    # this machine: one device per core, members interleave on them
+    (16, 4, 4),   # one per member when cores are plenty
+    (16, 12, 8),  # at most 8 (AUTO_CPU_CAP): more only adds executor work
+    (1, 4, 1), (4, 1, 1), (4, 0, 1)])  # never fewer than one
+def test_auto_without_a_gpu_is_one_cpu_device_per_member_up_to_the_cores_and_8(
+        monkeypatch, cores, members, expected):
+    monkeypatch.setattr(devices, "cpu_count", lambda: cores)
+    monkeypatch.setattr(devices, "gpu_possible", lambda: False)
+    assert devices.resolve("auto", members, names_only=True) == [
+        f"/device:CPU:{i}" for i in range(expected)]
+
+
+def test_auto_with_gpus_is_every_gpu_whatever_the_members_and_cores(monkeypatch):
+    import tensorflow as tf
+
+    gpus = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(3)]
+    real = tf.config.list_physical_devices
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: gpus if kind == "GPU" else real(kind))
+    monkeypatch.setattr(devices, "cpu_count", lambda: 2)
+    for members in (1, 5):
+        assert devices.resolve("auto", members) == [
+            "/device:GPU:0", "/device:GPU:1", "/device:GPU:2"]
 
 
 def test_log_device_placement_names_each_members_device(tmp_path, tiny_config):
