@@ -245,6 +245,27 @@ def test_served_uncertainty_equals_predict(served_digits, tmp_path):
     assert np.abs(probs - want[[f"p_{k}" for k in range(10)]].to_numpy()).max() <= 1e-5
 
 
+def test_the_serving_guides_sample_answer_names_what_serve_answers(served_digits):
+    """The sample answer of docs/guides/serving.md left out the entropy fields a real answer
+    has: its keys are those of one prediction of `ensemble serve`."""
+    import re
+
+    import httpx
+
+    from conftest import ROOT
+
+    _, url = served_digits
+    x, _ = _digits(1)
+    r = httpx.post(f"{url}/v1/models/digits:predict", json={"instances": x.tolist()},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    text = (ROOT / "docs" / "guides" / "serving.md").read_text().splitlines()
+    start = next(i for i, ln in enumerate(text) if ln.startswith('# {"predictions": [{'))
+    sample = " ".join(ln for ln in text[start:start + 5] if ln.startswith("#"))
+    sample = sample[:sample.index("}]}") + 3]
+    assert set(re.findall(r'"(\w+)":', sample)) - {"predictions"} == set(r.json()["predictions"][0])
+
+
 def test_array_and_columnar_exports_refuse_in_the_graph(tmp_path):
     """An image array run (`features` `[batch, 8, 8, 1]`) refuses NaN and inf; a run with a string
     column and no imputation refuses NaN in a numeric input and `""` in the string one,
