@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ensemble.replication import feed, training
+from ensemble.replication import early_stopping, feed, training
 from ensemble.replication.training import LoopSpec, Schedule, train_loop
 
 TASK = SimpleNamespace(score_names=("val_loss",),
@@ -155,7 +155,7 @@ def test_early_stopping_counts_only_drops_larger_than_min_delta():
     creeping = [0.5, 0.01, 0.005, 0.0045, 0.0042, 0.004, 0.0038, 0.0036, 0.0034]
     for min_delta, stopped, best in ((1e-3, True, 2), (0.0, False, 8)):
         restored = []
-        stop = training.EarlyStopping(3, 1, lambda k: None, restored.append, min_delta)
+        stop = early_stopping.EarlyStopping(3, 1, lambda k: None, restored.append, min_delta)
         for epoch, loss in enumerate(creeping):
             if stop.active[0]:
                 stop.update(0, epoch, loss)

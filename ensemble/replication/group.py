@@ -18,7 +18,8 @@ from ensemble.config.schema import Config, member_hparams
 from ensemble.models.members import build_member, member_seed
 from ensemble.models.optimizer import build_optimizer
 from ensemble.replication.steps import StepsCall, StepsSpec, make_steps_fn
-from ensemble.replication.training import EarlyStopping, LoopSpec, Schedule, train_loop
+from ensemble.replication.early_stopping import EarlyStopping
+from ensemble.replication.training import LoopSpec, Schedule, train_loop
 
 CLIENT_DEVICE = "/device:CPU:0"
 PREDICT_ROWS = 16384  # rows per prediction call, at most

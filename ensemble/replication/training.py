@@ -18,13 +18,16 @@ from __future__ import annotations
 import time
 from contextlib import closing
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from ensemble.core import hooks, interrupt
 from ensemble.replication.feed import prefetched
 from ensemble.models.members import batch_order, member_rng
+
+if TYPE_CHECKING:
+    from ensemble.replication.early_stopping import EarlyStopping
 
 CALL_SECONDS = 1.0  # automatic K aims at calls of about this long (progress every call)
 FIRST_CALL_STEPS = 8
@@ -122,50 +125,6 @@ class Callback:
         epoch's history records, one per member (see `train_loop`)."""
 
 
-class EarlyStopping:
-    """Early stopping of each member on its validation loss, restoring its best weights.
-
-    A member whose validation loss has not dropped more than `min_delta` below its best for
-    `patience` epochs stops (Keras's `EarlyStopping(min_delta=..., restore_best_weights=True)`):
-    its steps are masked from then on and it gets the weights of its best epoch back; members
-    still training at the last epoch get theirs back too.
-
-    Args:
-        patience: epochs without improvement before a member stops (> 0).
-        n: members in the group.
-        save, restore: `save(k)` copies member `k`'s weights aside, `restore(k)` puts them
-            back (`group.MemberGroup.save_best`, `restore_best`).
-        min_delta: the smallest drop below the best validation loss that is an improvement
-            (>= 0; the loss's units).
-    """
-
-    def __init__(self, patience: int, n: int, save: Callable[[int], None],
-                 restore: Callable[[int], None], min_delta: float = 0.0):
-        self.patience, self.save, self.restore = patience, save, restore
-        self.min_delta = min_delta
-        self.best = [float("inf")] * n
-        self.best_epoch = [-1] * n
-        self.active = np.ones(n, bool)
-
-    def update(self, k: int, epoch: int, val_loss: float, live: bool = True) -> None:
-        """Record member `k`'s validation loss of `epoch`; `live`: act on the weights (False
-        when replaying restored history, whose weights the checkpoint holds)."""
-        if val_loss < self.best[k] - self.min_delta:
-            self.best[k], self.best_epoch[k] = val_loss, epoch
-            if live:
-                self.save(k)
-        elif epoch - self.best_epoch[k] >= self.patience:
-            self.active[k] = False
-            if live and self.best_epoch[k] >= 0:
-                self.restore(k)
-
-    def finish(self) -> None:
-        """At the end of training: members still active get their best weights back."""
-        for k in np.flatnonzero(self.active):
-            if self.best_epoch[k] >= 0:
-                self.restore(int(k))
-
-
 @dataclass
 class LoopSpec:
     """What `train_loop` trains, on what, and with which hooks.
@@ -186,7 +145,7 @@ class LoopSpec:
             newest checkpoint and saves one every `schedule.checkpoint_every` epochs and after
             the last.
         callbacks: `Callback` hooks, called in order.
-        stopping: `EarlyStopping` (with `schedule.patience`), or None.
+        stopping: `early_stopping.EarlyStopping` (with `schedule.patience`), or None.
         divergence: an `ensemble.replication.divergence.Divergence` of `indices` that records the
             members whose loss sums (checked after every call) or validation outputs
             (after every epoch) turn non-finite; their steps are masked from then on, like
