@@ -24,7 +24,7 @@ from typing import Any
 
 from ensemble.core import artifacts, runlock
 from ensemble.config import schema
-from ensemble.runs import prepare
+from ensemble.runs import prepare, run_status
 from ensemble.runs import search_report
 from ensemble.runs.run_record import Manifest
 from ensemble.runs.search_report import selected
@@ -94,7 +94,7 @@ def _train(cfg: schema.Config, run_dir: Path, o: SearchOptions) -> None:
             "and --set make its runs' configs: resume with the ones it started with.")
     if o.resume and (run_dir / artifacts.MANIFEST).is_file():
         manifest = Manifest.load(run_dir)
-        if prepare.effective_status(manifest) == "completed":  # kept, if it is this search's
+        if run_status.effective_status(manifest) == "completed":  # kept, if it is this search's
             run_cfg = prepare.run_config(cfg, manifest)
             if run_cfg.sha256() != manifest.config_sha256:
                 changes = config_changes(manifest.config, run_cfg.to_dict())

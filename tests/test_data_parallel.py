@@ -15,7 +15,7 @@ from ensemble.core import artifacts
 from ensemble.core.record import Manifest
 from ensemble.config import schema
 from ensemble.replication import placement_log
-from ensemble.runs import prepare
+from ensemble.runs import run_status
 
 CONFIG = """
 [data]
@@ -217,7 +217,7 @@ def test_resume_of_a_replicated_run_is_exact(replicated, cfg_path, tmp_path):
     run_dir = tmp_path / "run"
     with pytest.raises(RuntimeError, match="stop here"):
         train_in_graph(TrainRequest(cfg, run_dir, verbosity=0), callbacks=[_StopAfter(0)])
-    assert prepare.effective_status(Manifest.load(run_dir), run_dir) == "failed"
+    assert run_status.effective_status(Manifest.load(run_dir), run_dir) == "failed"
     assert run_cli("train", "--resume", "--run-dir", run_dir, "--quiet") == 0
     _same_members(run_dir, replicated, atol=1e-6)
 

@@ -29,6 +29,7 @@ class Sequential(modes.Mode):
         from ensemble.config import schema
         from ensemble.replication import client_work, devices
         from ensemble.runs import prepare as run
+        from ensemble.runs import run_status
         from ensemble.runs.aggregate import aggregate_run
         from ensemble.runs.train import open_run
 
@@ -39,7 +40,7 @@ class Sequential(modes.Mode):
             manifest = open_run(r, self.name, devs, None)
             work = client_work.MemberWork.open(r.run_dir, manifest,
                                                schema.from_dict(manifest.config))
-            with run.recording_outcome(r.run_dir):
+            with run_status.recording_outcome(r.run_dir):
                 for m in manifest.members:  # one after another, each in its own graph
                     client_work.train_member(work, m.index, m.device)
                     client_work.record_member(r.run_dir, m.index, "completed")

@@ -16,7 +16,7 @@ from conftest import run_cli, start_held
 
 from ensemble.core import artifacts
 from ensemble.core.record import Manifest
-from ensemble.runs import prepare
+from ensemble.runs import run_status
 from ensemble.core import runlock
 from ensemble.replication.visible import local_devices
 from ensemble.core.errors import UsageError
@@ -173,7 +173,7 @@ def test_a_killed_launcher_leaves_no_client_behind(tiny_config, tmp_path):
         marker.unlink(missing_ok=True)
         _end(proc)
     manifest = Manifest.load(run_dir)
-    assert prepare.effective_status(manifest, run_dir) == "interrupted"  # its lock died with it
+    assert run_status.effective_status(manifest, run_dir) == "interrupted"  # its lock died with it
 
 
 def test_manifest_updates_lose_nothing_under_concurrency(tmp_path):

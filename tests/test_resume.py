@@ -15,7 +15,7 @@ from conftest import run_cli, set_status, start_held
 
 from ensemble.core import artifacts
 from ensemble.core.record import Manifest
-from ensemble.runs import prepare
+from ensemble.runs import run_status
 
 
 def _probs(path):
@@ -56,7 +56,7 @@ def test_in_graph_killed_mid_epoch_resumes_to_the_same_predictions(clean, tiny_c
                            hold_at="1:5")  # epoch 1, after step 5: mid-epoch
     assert code == -signal.SIGKILL
     manifest = Manifest.load(run_dir)
-    assert manifest.status == "running" and prepare.effective_status(manifest) == "interrupted"
+    assert manifest.status == "running" and run_status.effective_status(manifest) == "interrupted"
     assert not (run_dir / "predictions.parquet").exists()
     assert run_cli("evaluate", "--run", run_dir) == 2
     assert "interrupted" in capsys.readouterr().err

@@ -27,7 +27,7 @@ from ensemble.tasks.classification import fitted
 from ensemble.runs import posthoc
 from ensemble.runs import records
 from ensemble.runs.run_record import Manifest
-from ensemble.runs import prepare
+from ensemble.runs import run_status
 from ensemble.core import runlock
 from ensemble.tasks import eval_writer, tables
 from ensemble.tasks.predicted import SplitPredictions
@@ -131,7 +131,7 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
     if between:
         members = _between_graph_members(run_dir, manifest, min_members)
     elif manifest.failed_by != "aggregate":  # a fault in aggregate: it may redo it
-        prepare.require_completed(run_dir, manifest)
+        run_status.require_completed(run_dir, manifest)
     if not between:
         preflight.check_predictions(run_dir, manifest,
                                     preflight.check_members(run_dir, manifest))
@@ -166,5 +166,5 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
         artifacts.write_parquet(run_dir / artifacts.METRICS, table)
     records.write_members(run_dir, manifest, splits.get("validation"))  # held: not read back
     manifest.failed_by = None
-    prepare.finish(run_dir, manifest, "completed", aggregate_seconds=time.perf_counter() - start)
+    run_status.finish(run_dir, manifest, "completed", aggregate_seconds=time.perf_counter() - start)
     return manifest

@@ -169,7 +169,7 @@ class Run:
     @property
     def status(self) -> str:
         """`completed`, `running`, `interrupted`, `failed`, ... (`run.effective_status`)."""
-        from ensemble.runs.prepare import effective_status
+        from ensemble.runs.run_status import effective_status
 
         return effective_status(self.record)
 

@@ -30,7 +30,7 @@ from ensemble.replication import divergence
 from ensemble.core import faults
 from ensemble.core import interrupt
 from ensemble.core import staging
-from ensemble.runs import prepare
+from ensemble.runs import prepare, run_status
 from ensemble.runs.run_record import Manifest
 from ensemble.core.errors import ClientFailed, UsageError
 from ensemble.replication.placement import client_queues, default_jobs, place
@@ -209,8 +209,8 @@ def train_between_graph(request: TrainRequest, prepared: Manifest | None = None)
             print(auto.describe(prepare.run_config(r.cfg, manifest), manifest.defaults or {}),
                   flush=True)
         if r.prepare_only:  # the clients, started by hand or a scheduler, take over
-            return prepare.set_status(r.run_dir, "prepared")
-        with prepare.recording_outcome(r.run_dir):
+            return run_status.set_status(r.run_dir, "prepared")
+        with run_status.recording_outcome(r.run_dir):
             final = _launch(r.run_dir, manifest, devs, r.jobs, r.verbosity)
     if r.cfg.training.tensorboard:
         from ensemble.replication.tensorboard import write_ensemble_metrics

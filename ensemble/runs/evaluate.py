@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from ensemble.core import artifacts
 from ensemble.tasks.classification import fitted
 from ensemble.runs import posthoc
-from ensemble.runs import prepare
+from ensemble.runs import run_status
 from ensemble.core import runlock
 from ensemble.core.record import Manifest
 from ensemble.runs import search_report
@@ -88,7 +88,7 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
     if predictions is None:
         if run_dir is None:
             raise UsageError("Expected --run PATH or --predictions FILE.parquet.")
-        prepare.require_completed(run_dir, manifest)
+        run_status.require_completed(run_dir, manifest)
         predictions = own_predictions(run_dir, manifest)
         out = run_dir / artifacts.METRICS
     else:

@@ -46,13 +46,13 @@ class Context:
     parameters; `predict(x)` gives the members' outputs on new scaled rows."""
 
     def __init__(self, run_dir: Path):
-        from ensemble.runs import prepare
+        from ensemble.runs import run_status
         from ensemble import tasks
 
         self.run_dir = Path(run_dir)
         self.manifest = Manifest.load(self.run_dir)
         runlock.require_free(self.run_dir)
-        prepare.require_completed(self.run_dir, self.manifest)
+        run_status.require_completed(self.run_dir, self.manifest)
         self.task = tasks.for_run(self.manifest)
         from ensemble.runs.evaluate import own_predictions
 

@@ -45,7 +45,7 @@ import numpy as np
 
 from ensemble.core import artifacts, hooks
 from ensemble.config import bounds
-from ensemble.runs import prepare
+from ensemble.runs import run_status
 from ensemble.runs import preflight
 from ensemble.core import staging
 from ensemble.core.record import Manifest
@@ -161,7 +161,7 @@ def _read_run(run_dir: Path, aggregator: str | None, trust_builder: bool):
 
     with runlock.reading(run_dir):
         manifest = Manifest.load(run_dir)
-        prepare.require_completed(run_dir, manifest)
+        run_status.require_completed(run_dir, manifest)
         used = preflight.verify_run(run_dir, manifest, trust_builder)  # before any import
         pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
                                                         run_dir / artifacts.PREPROCESSING))

@@ -25,7 +25,7 @@ import numpy as np
 
 from ensemble.core import artifacts
 from ensemble.tasks.classification import fitted
-from ensemble.runs import prepare
+from ensemble.runs import prepare, run_status
 from ensemble.runs.run_record import Manifest
 from ensemble.tasks import tables
 from ensemble import tasks
@@ -217,7 +217,7 @@ def save(est, path: Path, overwrite: bool = False) -> Path:
         fitted.write(path, est.aggregators_)
     artifacts.write_parquet(path / artifacts.HISTORY, tables.history_table(
         est.history_.to_dict("records")))
-    prepare.finish(path, manifest, "completed")
+    run_status.finish(path, manifest, "completed")
     return path
 
 
@@ -253,7 +253,7 @@ def load(cls, path: Path):
     from ensemble.runs.posthoc import run_aggregators
 
     manifest = Manifest.load(path)
-    prepare.require_completed(path, manifest)
+    run_status.require_completed(path, manifest)
     import_tensorflow_quietly()  # Keras loads the members: no C++ banners in the notebook
     task = check_task(cls, path, manifest)
     cfg = from_dict(manifest.config)

@@ -19,7 +19,7 @@ from typing import Any
 
 from ensemble.core import artifacts
 from ensemble.replication import devices
-from ensemble.runs import prepare
+from ensemble.runs import run_status
 from ensemble.runs.run_record import Manifest, config_of, dropped_columns
 from ensemble.core import runlock
 from ensemble.tasks import tables
@@ -47,7 +47,7 @@ def open_run(run_dir: Path, trust_builder: bool = False):
 
     manifest = Manifest.load(run_dir)
     runlock.require_free(run_dir)
-    prepare.require_completed(run_dir, manifest)
+    run_status.require_completed(run_dir, manifest)
     preflight.verify_run(run_dir, manifest, trust_builder)
     pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
                                               Path(run_dir) / artifacts.PREPROCESSING))

@@ -1,8 +1,9 @@
-"""Preparing a run directory and keeping its manifest (shared by both replication modes).
+"""Preparing a run directory and its first manifest (shared by both replication modes).
 
 `prepare` loads and splits the data, fits the scaler, stores the scaled splits under `data/`,
-places the members and writes the first manifest (status `running`). Builders then train, and
-`finish` records the artifacts' sha256 and the final status.
+places the members and writes the first manifest (status `running`); `reopen` marks an
+unfinished run running again for `--resume`. Builders then train, and
+`ensemble.runs.run_status.finish` records the artifacts' sha256 and the final status.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from ensemble.core import artifacts, background, memory, versions
 from ensemble.data import kinds
 from ensemble.data import sources
 from ensemble.core import runlock
-from ensemble.core import record, staging
 from ensemble.core.record import Manifest
 from ensemble import tasks
 from ensemble.config.schema import Config, member_hparams
@@ -34,6 +34,7 @@ from ensemble.models.members import member_seed
 from ensemble.replication.modes import TrainRequest
 from ensemble.replication.placement import place
 from ensemble.data.preprocessing import Preprocessing
+from ensemble.runs.run_status import effective_status
 
 
 def run_id_for(run_dir: Path, cfg: Config) -> str:
@@ -125,45 +126,6 @@ def writing(run_dir: Path, command: str) -> Iterator[None]:
         if created and not (run_dir / artifacts.MANIFEST).exists():
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
-
-
-def set_status(run_dir: Path, status: str, members: dict[int, str] | None = None) -> Manifest:
-    """Record the run's `status` (and members' statuses `{index: status}`) by a
-    read-modify-write of the manifest under its lock; returns the manifest."""
-    def change(m: Manifest) -> None:
-        m.status = status
-        for i, st in (members or {}).items():
-            m.member(i).status = st
-
-    return record.update(run_dir, change)
-
-
-@contextmanager
-def recording_outcome(run_dir: Path) -> Iterator[None]:
-    """Record how the work inside leaves the run: `interrupted` on SIGINT/SIGTERM
-    (`interrupt.Interrupted`, which then carries `run_dir` for its resume line), `failed` on
-    any other exception; the exception goes on."""
-    from ensemble.core import interrupt
-
-    try:
-        yield
-    except interrupt.Interrupted as exc:
-        _set_status_if_possible(run_dir, "interrupted")
-        exc.run_dir = run_dir
-        raise
-    except BaseException:
-        _set_status_if_possible(run_dir, "failed")
-        raise
-
-
-def _set_status_if_possible(run_dir: Path, status: str) -> None:
-    """`set_status`, unless the manifest itself cannot be written (a full disk): then it is
-    left as it was (`running` shows as `interrupted` once the lock is gone) and the original
-    error is the one reported."""
-    try:
-        set_status(run_dir, status)
-    except (OSError, RuntimeError):
-        pass
 
 
 def prepare(request: TrainRequest, mode: str, devices: list[str],
@@ -322,36 +284,11 @@ def _placement(cfg: Config, devices: list[str], flops: list) -> tuple[list[str],
     return [g[0] for g in groups], groups
 
 
-def finish(run_dir: Path, manifest: Manifest, status: str, **timings: float) -> None:
-    """Record the final status, timings (seconds) and every artifact's sha256."""
-    manifest.status = status
-    manifest.timings.update(timings)
-    manifest.artifacts = artifacts.artifact_hashes(run_dir)
-    manifest.save(run_dir)
-
-
-def effective_status(manifest: Manifest, run_dir: str | Path | None = None) -> str:
-    """The run status, with `running` turned into `interrupted` when no process holds the
-    run's lock (`run_dir` given) or the recorded driver process (on this host) is gone."""
-    status = manifest.status or "unknown"
-    if status != "running":
-        return status
-    if run_dir is not None and not runlock.is_held(run_dir):
-        return "interrupted"
-    if manifest.host == socket.gethostname() and not staging.is_alive(int(_or(manifest.pid, -1))):
-        return "interrupted"
-    return status
-
-
 def run_config(cfg: Config, manifest: Manifest) -> Config:
     """The concrete config a run of `manifest` trains with: `cfg` with its `"auto"` keys
     resolved for the run's rows, as `prepare` recorded them (`ensemble.config.auto`)."""
     rows = manifest.dataset.rows
     return auto.resolve(cfg, rows["train"], rows.get("validation", 0))[0]
-
-
-def _or(value, default):
-    return default if value is None else value
 
 
 def reopen(run_dir: Path, cfg: Config, mode: str) -> Manifest:
@@ -381,15 +318,3 @@ def reopen(run_dir: Path, cfg: Config, mode: str) -> Manifest:
     manifest.status, manifest.pid, manifest.host = "running", os.getpid(), socket.gethostname()
     manifest.save(run_dir)
     return manifest
-
-
-def require_completed(run_dir: Path, manifest: Manifest) -> None:
-    """Raises UsageError unless the run is completed (names its status and the fix)."""
-    status = effective_status(manifest, run_dir)
-    if status != "completed":
-        hint = ("resume it with `ensemble train --resume --run-dir "
-                f"{run_dir}`" if status in ("interrupted", "failed", "prepared")
-                else "wait for it")
-        if status == "failed" and manifest.failed_by == "aggregate":  # its files half replaced
-            hint = f"run `ensemble aggregate --run {run_dir}` again"
-        raise UsageError(f"Run {run_dir} is {status}, not completed; {hint}.")

@@ -13,7 +13,7 @@ from ensemble.tasks.classification import aggregators
 from ensemble.core import artifacts
 from ensemble.core.record import Manifest
 from ensemble.tasks.classification import metrics
-from ensemble.runs import posthoc, prepare, records
+from ensemble.runs import posthoc, records, run_status
 from ensemble.tasks import model_arrays
 from ensemble.core.errors import UsageError
 
@@ -102,5 +102,5 @@ def record_search(run_dir: str | Path, info: dict[str, Any]) -> Manifest:
     manifest = Manifest.load(run_dir)
     manifest.search = info
     records.write_members(run_dir, manifest)
-    prepare.finish(Path(run_dir), manifest, "completed")
+    run_status.finish(Path(run_dir), manifest, "completed")
     return manifest

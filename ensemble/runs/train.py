@@ -17,7 +17,7 @@ from ensemble.runs import posthoc
 from ensemble.replication import progress
 from ensemble.runs import records
 from ensemble.runs.run_record import Manifest
-from ensemble.runs import prepare
+from ensemble.runs import prepare, run_status
 from ensemble.tasks import eval_writer, tables
 from ensemble.replication.cluster import naming_unreachable_tasks
 from ensemble.config.schema import Config
@@ -76,7 +76,7 @@ def train_in_graph(request: TrainRequest, callbacks: Sequence = ()) -> Manifest:
         cfg = prepare.run_config(r.cfg, manifest)  # "auto" batch size and early stopping resolved
         if r.verbosity:
             print(auto.describe(cfg, manifest.defaults or {}), flush=True)
-        with prepare.recording_outcome(r.run_dir), naming_unreachable_tasks(cluster):
+        with run_status.recording_outcome(r.run_dir), naming_unreachable_tasks(cluster):
             _train_and_write(cfg, r.run_dir, manifest,
                              [*progress.for_people(r.verbosity), *callbacks])
     return manifest
@@ -183,5 +183,5 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: Manifest, callbacks: 
     eval_writer.write(run_dir, predicted, classes, names, fit["params"])
     artifacts.write_parquet(run_dir / artifacts.HISTORY, tables.history_table(history))
     records.write_members(run_dir, manifest, splits["validation"])
-    prepare.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
+    run_status.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
                predict_seconds=time.perf_counter() - start)
