@@ -1,8 +1,9 @@
 """The `ensemble` command line's options: the parser of every command (help with defaults,
 examples), and the refusals of options that do not apply to the chosen mode.
 
-`pipelines.cli` holds the commands themselves; `pipelines.guide` the parser's behaviour (no
-abbreviations, did-you-mean, help formatting).
+`pipelines.training_options` holds the options of the commands that train; `pipelines.cli` the
+commands themselves; `pipelines.guide` the parser's behaviour (no abbreviations, did-you-mean,
+help formatting).
 """
 
 from __future__ import annotations
@@ -13,18 +14,14 @@ from typing import Callable
 from ensemble.config import bounds as B
 from ensemble.replication import modes
 from ensemble.core.errors import UsageError
-from ensemble.tasks import TASKS
 from pipelines.guide import HelpFormatter as _HelpFormatter
 from pipelines.guide import Parser as _Parser
 from pipelines.guide import add as _add
 from pipelines.guide import nonneg as _nonneg
 from pipelines.guide import positive as _positive
 from pipelines.guide import unknown_options
-from pipelines.option_values import (BATCH_ROWS, DEVICES, JOBS, bounded, member_list, replicas,
-                                     replicas_value)
-from pipelines.flags import add_options as add_flags
-
-IMPUTE = ("error", "median", "most_frequent")
+from pipelines import training_options
+from pipelines.option_values import BATCH_ROWS, DEVICES, JOBS, bounded, replicas
 
 
 def _trust_builder(parser) -> None:
@@ -45,80 +42,6 @@ examples:
   ensemble compare --data digits --members 4 --epochs 5 --repeats 3
 
 'ensemble COMMAND --help' shows a command's options."""
-
-
-def _common_run_options(parser, what: str) -> None:
-    """The options `train` and `compare` share (they override the config)."""
-    _add(parser, "--config", metavar="PATH",
-         help="TOML config; relative paths in it are read beside it "
-              "(default: the built-in digits config, equal to configs/digits.toml)")
-    _add(parser, "--data", metavar="SOURCE",
-         help="digits, breast_cancer, wine, iris, diabetes (regression), digits_images, "
-              "synthetic, a .csv/.parquet/.npz file, or a folder of images (one sub-folder "
-              "per class) "
-              "(default: the config's [data] source, digits)")
-    _add(parser, "--target", metavar="COL",
-         help="label column of a .csv/.parquet file (default: the config's, 'target')")
-    _add(parser, "--drop", metavar="COL[,COL]",
-         help="columns of a .csv/.parquet file to leave out (an id, a date, free text; "
-              "default: the config's [data] drop, none)")
-    _add(parser, "--categorical", metavar="COL[,COL]",
-         help="columns to one-hot encode (default: the config's [data] categorical, auto: "
-              "string, boolean and dictionary columns)")
-    _add(parser, "--task", choices=("auto", *TASKS),
-         help="what the target is: auto (text or few whole numbers: classification; "
-              "non-integer numbers: regression), classification, regression "
-              "(default: the config's, auto)")
-    _add(parser, "--impute", choices=IMPUTE,
-         help="missing feature values: refuse them, or fill them from the training split "
-              "(default: the config's, error)")
-    _add(parser, "--model", metavar="BUILDER",
-         help="the members' network: mlp, cnn, package.module:function or "
-              "path/to/file.py:function returning a keras.Model of logits (default: the "
-              "config's [model] builder, mlp)")
-    _add(parser, "--members", type=_positive, metavar="N",
-         help=f"number of members {what} (default: the config's, 4)")
-    _add(parser, "--epochs", type=_positive, metavar="N",
-         help="training epochs of every member (default: the config's, auto: from the training rows)")
-    _add(parser, "--devices", metavar="SPEC", type=DEVICES,
-         help="auto, cpu:N (the CPU split into N logical devices, N <= "
-              f"{B.LOGICAL_CPU_MAX}), or device names such as /GPU:0,/GPU:1 (default: the "
-              "config's, auto)")
-    _add(parser, "--cluster", metavar="FILE",
-         help="TensorFlow cluster spec FILE.json (default: TF_CONFIG, if set)")
-    add_flags(parser)
-
-
-def _train(p) -> None:
-    """`ensemble train`'s options."""
-    _common_run_options(p, "to train")
-    _add(p, "--mode", choices=modes.names(),
-         help="in-graph: one process, one graph holding every member; between-graph: one "
-              "client process per device (default: in-graph; on --resume: the run's)")
-    _add(p, "--seed", type=_nonneg, metavar="N", help="run seed (default: the config's, 0)")
-    _add(p, "--jobs", type=JOBS, metavar="N",
-         help="between-graph only: concurrent client processes "
-              "(default: as many as members, GPUs or cores allow)")
-    _add(p, "--replicas", type=replicas_value, metavar="auto|N",
-         help="data parallelism: replicas of each member on distinct devices, each batch "
-              "split across them and the gradients averaged; auto: devices // members "
-              "(default: the config's [placement] replicas, 1)")
-    _add(p, "--run-dir", metavar="PATH", help="output folder (default: artifacts/<run_id>)")
-    _add(p, "--overwrite", action="store_true", help="replace a run already in --run-dir")
-    _add(p, "--resume", action="store_true",
-         help="continue the interrupted run in --run-dir from its checkpoints")
-    _add(p, "--prepare-only", action="store_true",
-         help="between-graph only: prepare the run for separately launched clients")
-    _add(p, "--tensorboard", action="store_true",
-         help="write tf.summary scalars under RUN/tensorboard/ (default: the config's "
-              "[training] tensorboard, false)")
-    _add(p, "--log-device-placement", action="store_true",
-         help="print where every member's ops ran (TensorFlow's placement log, filtered to "
-              "the members; kept under RUN/placement/)")
-    loud = p.add_mutually_exclusive_group()
-    _add(loud, "--quiet", action="store_true", help="no progress output")
-    _add(loud, "--verbose", action="store_true",
-         help="more progress: a line per member and epoch, lines within long epochs")
 
 
 def _predict(p) -> None:
@@ -241,69 +164,6 @@ def _aggregate(p) -> None:
     _trust_builder(p)
 
 
-def _compare(p) -> None:
-    """`ensemble compare`'s options."""
-    _common_run_options(p, "in each mode")
-    _add(p, "--run-dir", metavar="PATH", help="output folder (default: artifacts/compare)")
-    _add(p, "--repeats", type=bounded(B.check_int, "--repeats", 1, 1000), metavar="N",
-         default=3,
-         help="runs of each phase of each mode, order alternated")
-    _add(p, "--overwrite", action="store_true", help="replace an existing comparison folder")
-
-
-def _search(p) -> None:
-    """`ensemble search`'s options."""
-    _add(p, "--config", required=True, metavar="PATH",
-         help="TOML config with a [search] table (see configs/search.toml)")
-    _add(p, "--candidates", required=True, type=_positive, metavar="N",
-         help="candidate members sampled from the [search] space and trained")
-    _add(p, "--select", required=True, type=_positive, metavar="K",
-         help="greedy selection (on validation NLL, repeats allowed) of at most K candidates")
-    _add(p, "--stratify", type=_nonneg, metavar="S", default=0,
-         help="train every selected configuration again with S new seeds, then select again")
-    _add(p, "--mode", choices=modes.names(), default="in-graph",
-         help="in-graph: one graph holding every candidate; between-graph: client processes")
-    _add(p, "--epochs", type=_positive, metavar="N",
-         help="training epochs of every candidate (default: the config's)")
-    _add(p, "--devices", metavar="SPEC", type=DEVICES,
-         help="auto, cpu:N or device names (default: the config's)")
-    _add(p, "--jobs", type=JOBS, metavar="N",
-         help="between-graph only: concurrent client processes (default: as many as allowed)")
-    _add(p, "--run-dir", metavar="PATH", help="output folder (default: artifacts/<run_id>)")
-    _add(p, "--overwrite", action="store_true", help="replace a run already in --run-dir")
-    _add(p, "--resume", action="store_true",
-         help="continue an interrupted search in --run-dir: only unfinished candidates train")
-    _add(p, "--quiet", action="store_true", help="no progress output")
-    add_flags(p)
-
-
-def _client(p) -> None:
-    """`ensemble client`'s options."""
-    _add(p, "--run", required=True, metavar="PATH", help="the prepared run directory")
-    _add(p, "--member", required=True, type=member_list, metavar="I[,J,...]",
-         help="member index, or a queue of members trained one after another")
-    _add(p, "--progress", choices=("log", "report", "none"), default="log",
-         help="log: lines on stdout; report: machine-readable lines on stderr for a launcher")
-    _add(p, "--threads", type=bounded(B.check_int, "--threads", 1, B.JOBS_MAX), metavar="N",
-         help="TensorFlow inter-op threads, and intra-op ones when the run's "
-         "training.intra_op_threads is 0 (default: TensorFlow's)")
-    _add(p, "--predict", metavar="X.npz|SOURCE",
-         help="predict this input instead of training: scaled X.npz, or a data source "
-              "streamed in batches (default: train)")
-    _add(p, "--batch-size", type=BATCH_ROWS, metavar="ROWS",
-         help="with --predict SOURCE: rows per batch (default: 65536)")
-    _add(p, "--target", metavar="COL", help="with --predict SOURCE: label column "
-                                           "(default: the run's)")
-    _add(p, "--out", metavar="FILE.parquet|DIR",
-         help="with --predict: the members' predictions, a .parquet file (one member, a "
-              "scaled .npz) or a folder of member-<i>.parquet files (default: none)")
-    _add(p, "--device", metavar="NAME[,NAME...]",
-         help="with --predict: run the members here, one device per member "
-              "(default: their training devices)")
-    _add(p, "--cluster", metavar="FILE", help="with --predict: cluster spec FILE.json "
-                                             "(default: none)")
-
-
 def _devices(p) -> None:
     """`ensemble devices`'s options."""
     _add(p, "--config", metavar="PATH",
@@ -322,7 +182,7 @@ def _server(p) -> None:
 
 
 COMMAND_OPTIONS = (  # (name, one-line help, the builder of its options), in the help's order
-    ("train", "train an ensemble and write a run directory", _train),
+    ("train", "train an ensemble and write a run directory", training_options.train),
     ("predict", "predict a data set with a trained run", _predict),
     ("export", "write a run as a SavedModel for TensorFlow Serving (DIR/<version>/)", _export),
     ("serve", "serve an export folder with TF Serving's REST API (predict, "
@@ -330,10 +190,13 @@ COMMAND_OPTIONS = (  # (name, one-line help, the builder of its options), in the
     ("evaluate", "print the ensemble against its members, validation and test", _evaluate),
     ("aggregate", "recompute a run's ensemble from its stored member predictions "
      "(no TensorFlow)", _aggregate),
-    ("compare", "train and predict in both modes; measure which is faster here", _compare),
+    ("compare", "train and predict in both modes; measure which is faster here",
+     training_options.compare),
     ("search", "hyperparameter ensemble: sample candidates from the config's "
-     "[search] space, train them as one run, keep a greedy selection", _search),
-    ("client", "train (or predict) members of a prepared between-graph run", _client),
+     "[search] space, train them as one run, keep a greedy selection",
+     training_options.search),
+    ("client", "train (or predict) members of a prepared between-graph run",
+     training_options.client),
     ("devices", "list the physical and logical devices TensorFlow sees, with "
      "their memory", _devices),
     ("server", "serve one task of a TensorFlow cluster", _server),
