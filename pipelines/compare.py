@@ -200,7 +200,7 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
     """
     check_folder(base, overwrite)
     check_data(cfg)  # every data problem now, before any process starts
-    if cfg.training.epochs < 2:
+    if isinstance(cfg.training.epochs, int) and cfg.training.epochs < 2:
         notice("--epochs 1: compare measures no per-epoch train cost (n/a) and no crossover "
                "epoch count; --epochs 2 or more measures them")
     table = cfg.to_dict()
@@ -235,8 +235,11 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
                                   for p in preds.values()]) for k, ph in enumerate(PHASES)}
     summary = summarise(runs, parities, parity_setting(cfg))
     runs_table = _runs_table(runs)
+    epochs = cfg.training.epochs  # "auto": as the runs resolved it for the training rows
+    if not isinstance(epochs, int):
+        epochs = config_of(Manifest.load(base / mode_order(0)[0])).training.epochs
     context = {"data": Path(cfg.data.source).name, "members": cfg.members.count,
-               "epochs": cfg.training.epochs, "devices": cfg.placement.devices,
+               "epochs": epochs, "devices": cfg.placement.devices,
                "cores": devices.cpu_count(), "repeats": repeats}
     summary_table = pa.Table.from_pylist(summary).replace_schema_metadata(
         {b"context": json.dumps(context).encode()})

@@ -455,3 +455,18 @@ def test_chart_draws_an_uncertain_crossover_dashed_over_its_band():
                            "crossover range the spreads allow (40.0 to no upper bound)"]
     assert level["crossover range the spreads allow (40.0 to no upper bound)"][0] == \
         pytest.approx((40.0, 48.0))
+
+
+def test_compare_with_auto_epochs_starts_without_the_one_epoch_notice(tmp_path, monkeypatch,
+                                                                       capsys):
+    """`training.epochs = "auto"` (the default) is resolved by each run from its training rows:
+    compare starts (no comparison of "auto" with a number) and says nothing of one epoch."""
+    def stop(*args):
+        raise RuntimeError("stopped before any process")
+
+    monkeypatch.setattr(compare, "labelled_rows", stop)
+    cfg = schema.load(overrides={"data.source": "iris"})
+    assert cfg.training.epochs == "auto"
+    with pytest.raises(RuntimeError, match="stopped before any process"):
+        compare.compare(cfg, tmp_path / "cmp")
+    assert "--epochs 1" not in capsys.readouterr().err
