@@ -235,18 +235,25 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
                                   for p in preds.values()]) for k, ph in enumerate(PHASES)}
     summary = summarise(runs, parities, parity_setting(cfg))
     runs_table = _runs_table(runs)
-    epochs = cfg.training.epochs  # "auto": as the runs resolved it for the training rows
-    if not isinstance(epochs, int):
-        epochs = config_of(Manifest.load(base / mode_order(0)[0])).training.epochs
-    context = {"data": Path(cfg.data.source).name, "members": cfg.members.count,
-               "epochs": epochs, "devices": cfg.placement.devices,
-               "cores": devices.cpu_count(), "repeats": repeats}
+    context = _context(cfg, base, repeats)
     summary_table = pa.Table.from_pylist(summary).replace_schema_metadata(
         {b"context": json.dumps(context).encode()})
     artifacts.write_parquet(base / "runs.parquet", runs_table)
     artifacts.write_parquet(base / "comparison.parquet", summary_table)
     compare_chart.chart(summary, context, base / "comparison.png")
     return summary_table, runs_table
+
+
+def _context(cfg: Config, base: Path, repeats: int) -> dict:
+    """What a comparison in `base` ran (the chart's title, `comparison.parquet`'s metadata):
+    data, members, epochs (`"auto"` as the runs resolved it for their training rows),
+    devices, cores, repeats."""
+    epochs = cfg.training.epochs
+    if not isinstance(epochs, int):
+        epochs = config_of(Manifest.load(base / mode_order(0)[0])).training.epochs
+    return {"data": Path(cfg.data.source).name, "members": cfg.members.count,
+            "epochs": epochs, "devices": cfg.placement.devices,
+            "cores": devices.cpu_count(), "repeats": repeats}
 
 
 def labelled_rows(source: str, target: str, base: Path) -> str:

@@ -162,6 +162,27 @@ def cost_lines(a: dict, b: dict, epochs: int, n_train: int, spread) -> list[str]
     lose = b if win is a else a
     lines.append(f"at {epochs} epochs (as configured): {win['mode']} {model[win['mode']]:.2f} s "
                  f"against {lose['mode']} {model[lose['mode']]:.2f} s (medians, modelled)")
+    lines += _crossover_lines(a, b, win)
+    if win["epoch_seconds_median"] > lose["epoch_seconds_median"]:
+        rows = crossover(win["fixed_seconds_median"], epochs * win["row_epoch_us_median"] / 1e6,
+                         lose["fixed_seconds_median"], epochs * lose["row_epoch_us_median"] / 1e6)
+        lines.append(
+            f"the verdict rests on fixed costs: per epoch {lose['mode']} is faster "
+            f"({_us(lose['row_epoch_us_median'])} against {_us(win['row_epoch_us_median'])} per "
+            f"training row), so with more epochs or more rows it wins"
+            + (f" (at {epochs} epochs: from about {rows:,.0f} training rows; these runs had "
+               f"{n_train:,})" if rows else "")
+            + ". Measured on a sample? The per-row cost carries to the full data, the verdict "
+              "does not.")
+    return lines
+
+
+def _crossover_lines(a: dict, b: dict, win: dict) -> list[str]:
+    """The lines of `cost_lines` on the epoch count at which the faster mode changes: the
+    medians' crossover (or none), whether the per-epoch costs are level within the spread,
+    and the range of counts the spreads allow (`crossover_band`). `win`: the faster of the
+    two train summary rows `a`, `b` at the configured epochs."""
+    lines: list[str] = []
     e = crossover(a["fixed_seconds_median"], a["epoch_seconds_median"],
                   b["fixed_seconds_median"], b["epoch_seconds_median"])
     alone = "" if a.get("repeats", 1) > 1 else " (one sample of each: indicative, no verdict)"
@@ -184,15 +205,4 @@ def cost_lines(a: dict, b: dict, epochs: int, n_train: int, spread) -> list[str]
         lines.append(f"the spreads (min-max) of {a['repeats']} repeats "
                      f"{'allow a' if e is None else 'put the'} crossover {where}"
                      + (" (uncertain)" if band["uncertain"] else ""))
-    if win["epoch_seconds_median"] > lose["epoch_seconds_median"]:
-        rows = crossover(win["fixed_seconds_median"], epochs * win["row_epoch_us_median"] / 1e6,
-                         lose["fixed_seconds_median"], epochs * lose["row_epoch_us_median"] / 1e6)
-        lines.append(
-            f"the verdict rests on fixed costs: per epoch {lose['mode']} is faster "
-            f"({_us(lose['row_epoch_us_median'])} against {_us(win['row_epoch_us_median'])} per "
-            f"training row), so with more epochs or more rows it wins"
-            + (f" (at {epochs} epochs: from about {rows:,.0f} training rows; these runs had "
-               f"{n_train:,})" if rows else "")
-            + ". Measured on a sample? The per-row cost carries to the full data, the verdict "
-              "does not.")
     return lines
