@@ -81,3 +81,17 @@ def test_tensorboard_of_a_regression_run(mode, tmp_path):
     row = metrics[(metrics.model == "ensemble-mean") & (metrics.split == "validation")].iloc[0]
     assert ens[("mean/val_rmse", 1)] == pytest.approx(row.rmse, rel=1e-4)
     assert ens[("mean/val_nll", 1)] == pytest.approx(row.nll, rel=1e-4)
+
+
+def test_between_graph_tensorboard_with_auto_epochs(tmp_path, tiny_config, monkeypatch):
+    """`training.epochs = "auto"` (the default): the ensemble's scalars go at the last epoch
+    the run resolved (the driver's config still says "auto")."""
+    from ensemble.config import auto
+
+    monkeypatch.setattr(auto, "epochs_for", lambda *a, **k: 2)  # resolved in this process
+    run_dir = tmp_path / "run"
+    assert run_cli("train", "--config", tiny_config, "--mode", "between-graph", "--members", 2,
+                   "--set", "training.epochs=auto", "--run-dir", run_dir, "--tensorboard",
+                   "--quiet") == 0
+    ens = _scalars(run_dir / "tensorboard" / "ensemble")
+    assert {step for _, step in ens} == {1}

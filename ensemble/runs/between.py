@@ -216,7 +216,8 @@ def train_between_graph(request: TrainRequest, prepared: Manifest | None = None)
         from ensemble.replication.tensorboard import write_ensemble_metrics
 
         metrics = artifacts.read_parquet(r.run_dir / artifacts.METRICS)  # the aggregator's
-        write_ensemble_metrics(r.run_dir, metrics.to_pylist(), r.cfg.training.epochs - 1)
+        epochs = prepare.run_config(r.cfg, final).training.epochs  # "auto": as resolved
+        write_ensemble_metrics(r.run_dir, metrics.to_pylist(), epochs - 1)
     return final
 
 
