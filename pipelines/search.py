@@ -29,7 +29,7 @@ from ensemble.runs import search_report
 from ensemble.runs.run_record import Manifest
 from ensemble.runs.search_report import selected
 from ensemble.config import search_space as S
-from ensemble.config.changes import config_changes
+from ensemble.config.changes import resume_changes
 from ensemble.core.errors import UsageError
 
 CANDIDATES_DIR = "candidates"
@@ -96,8 +96,8 @@ def _train(cfg: schema.Config, run_dir: Path, o: SearchOptions) -> None:
         manifest = Manifest.load(run_dir)
         if run_status.effective_status(manifest) == "completed":  # kept, if it is this search's
             run_cfg = prepare.run_config(cfg, manifest)
-            if run_cfg.sha256() != manifest.config_sha256:
-                changes = config_changes(manifest.config, run_cfg.to_dict())
+            changes = resume_changes(manifest.config, run_cfg.to_dict())
+            if changes:
                 raise UsageError(f"Config changed since run {run_dir} was trained "
                                  f"({'; '.join(changes)}). {same}")
             return

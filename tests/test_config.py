@@ -149,3 +149,34 @@ def test_config_changes_name_tables_by_count_and_entry():
     more = {"members": {"count": 4, "override": old["members"]["override"] * 2}}
     assert config_changes(old, more) == ["members.count: 3 -> 4",
                                          "members.override: 2 entries -> 4"]
+
+
+def test_a_run_recorded_before_min_delta_resumes_with_the_value_it_trained_with():
+    """A manifest from before `training.min_delta` has no such key: it trained with none (0.0),
+    so that is what a resume is compared with, and the change says how to resume."""
+    from ensemble.config.changes import resume_changes
+
+    new = schema.load(overrides={"training.epochs": 30}).to_dict()
+    old = {k: dict(v) if isinstance(v, dict) else v for k, v in new.items()}
+    del old["training"]["min_delta"]
+    assert new["training"]["min_delta"] == 0.001
+    assert resume_changes(old, new) == [
+        "training.min_delta: 0.0 -> 0.001 (a key added since the run started, which trained "
+        "with 0.0: resume with --set training.min_delta=0.0)"]
+    again = schema.load(overrides={"training.epochs": 30, "training.min_delta": 0.0}).to_dict()
+    assert resume_changes(old, again) == []
+    assert resume_changes(new, new) == []
+    assert resume_changes(new, again) == ["training.min_delta: 0.001 -> 0.0"]  # recorded: kept
+
+
+def test_min_delta_is_in_the_units_of_each_tasks_validation_loss():
+    """NLL losses: nats per row whatever the target's scale; a point regression member's
+    validation loss is its MSE in squared target units, so the drop scales with the target's
+    variance (a target of std 0.01 has MSEs near 1e-4, which 0.001 would never let improve)."""
+    from ensemble.tasks import Classification as classification
+    from ensemble.tasks import Regression as regression
+
+    assert regression(0.0, 0.01, "mse").loss_delta(0.001) == pytest.approx(1e-7)
+    assert regression(5.0, 200.0, "mse").loss_delta(0.001) == pytest.approx(40.0)
+    assert regression(0.0, 0.01).loss_delta(0.001) == 0.001  # gaussian_nll: nats
+    assert classification().loss_delta(0.001) == 0.001

@@ -23,3 +23,29 @@ def config_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -
         elif a != b:
             out.append(f"{name}: {a!r} -> {b!r}")
     return out
+
+
+# keys added to the config since runs were recorded without them -> the value such a run
+# trained with (its behaviour before the key existed)
+ADDED = {("training", "min_delta"): 0.0}
+
+
+def resume_changes(recorded: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The changes (`config_changes`) between a run's recorded config `recorded` (its
+    manifest's) and the config `new` a resume is given. A key of `ADDED` that `recorded`
+    lacks counts as the value the run trained with, and its change says how to resume
+    (`--set training.min_delta=0.0`), so that a run recorded before the key existed can be."""
+    old = {section: dict(values) if isinstance(values, dict) else values
+           for section, values in recorded.items()}
+    added = {}
+    for (section, key), value in ADDED.items():
+        if isinstance(old.get(section), dict) and key not in old[section]:
+            old[section][key] = added[f"{section}.{key}"] = value
+    out = []
+    for change in config_changes(old, new):
+        key = change.split(":", 1)[0]
+        if key in added:
+            change += (f" (a key added since the run started, which trained with "
+                       f"{added[key]!r}: resume with --set {key}={added[key]!r})")
+        out.append(change)
+    return out

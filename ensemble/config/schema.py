@@ -80,8 +80,8 @@ class TrainingConfig:
     `{momentum = 0.9}`). `lr_schedule`: `constant` or `cosine` (cosine decay to 0 over the
     run's steps). `early_stopping`: patience in epochs on each member's validation loss
     (0: off); a member that stops keeps the weights of its best epoch. `min_delta`: the drop
-    of validation loss (nats per row for the NLL losses; squared target units for `mse`) an
-    epoch must beat the best by to count as better. `epochs`, `batch_size` and
+    of validation loss (nats per row for the NLL losses; for `mse`, times the training
+    target's variance: `Task.loss_delta`) an epoch must beat the best by to count as better. `epochs`, `batch_size` and
     `early_stopping` default to `"auto"`: chosen from the training rows when the run starts
     (`ensemble.config.auto`: at least 2,000 steps within [30, 200] epochs, ...), the chosen
     numbers recorded in the run's manifest.

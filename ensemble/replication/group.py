@@ -199,7 +199,7 @@ class MemberGroup:
         if self._best is None:
             self.keep_best_weights()
         return EarlyStopping(schedule.patience, len(self.models), self.save_best,
-                             self.restore_best, schedule.min_delta)
+                             self.restore_best, self.task.loss_delta(schedule.min_delta))
 
     def fit(self, x_train, y_train, validation, schedule: Schedule, checkpoint_dir=None,
             callbacks=()) -> list[dict]:

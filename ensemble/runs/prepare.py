@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from ensemble.config.changes import config_changes
+from ensemble.config.changes import resume_changes
 from ensemble.config import auto
 from ensemble.core import artifacts, background, memory, versions
 from ensemble.data import kinds
@@ -297,8 +297,8 @@ def reopen(run_dir: Path, cfg: Config, mode: str) -> Manifest:
     Call it holding the run lock: a `running` status then means its driver died.
 
     Raises:
-        UsageError: not a run, another mode, completed, or a config whose sha256 differs from
-        the run's (names the changed keys).
+        UsageError: not a run, another mode, completed, or a config that differs from the
+        run's (names the changed keys: `resume_changes`).
     """
     manifest = Manifest.load(run_dir)
     if manifest.mode != mode:
@@ -311,8 +311,8 @@ def reopen(run_dir: Path, cfg: Config, mode: str) -> Manifest:
     if manifest.status == "completed" and not left:
         raise UsageError(f"Run {run_dir} is already completed; nothing to resume.")
     cfg = run_config(cfg, manifest)  # "auto" keys as `prepare` resolved them
-    if cfg.sha256() != manifest.config_sha256:
-        changes = config_changes(manifest.config, cfg.to_dict())
+    changes = resume_changes(manifest.config, cfg.to_dict())
+    if changes:
         raise UsageError(f"Config changed since run {run_dir} started ({'; '.join(changes)}); "
                          "resume needs the same config.")
     manifest.status, manifest.pid, manifest.host = "running", os.getpid(), socket.gethostname()

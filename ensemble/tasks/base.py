@@ -185,6 +185,12 @@ class Task(ABC):
     def refusal(self, name: str, names: Sequence[str]) -> str:
         """The one-line message refusing aggregator `name` (not this task's) in `names`."""
 
+    def loss_delta(self, min_delta: float) -> float:
+        """`training.min_delta` in the units of this task's validation loss (`val_loss`,
+        which early stopping compares): as given for the NLL losses (nats per row, the same
+        on any scale of the target)."""
+        return min_delta
+
     def mistakes(self, outputs: np.ndarray, y: np.ndarray) -> int | None:
         """How many rows of `outputs` `[n_members, n_rows, k]` the plain mean gets wrong
         (classification), or None where the task counts none. With 0 an NLL cannot price a

@@ -51,6 +51,13 @@ class Regression(Task):
     def point(self) -> bool:
         return self.loss_name == "mse"
 
+    def loss_delta(self, min_delta: float) -> float:
+        """`min_delta` for the validation loss: nats per row for `gaussian_nll`; for point
+        members (`mse`, squared target units) `min_delta x scale^2`, the same drop on the
+        standardised target whatever the target's units (0.001 of a 1e-2-sized target's
+        variance, not 0.001 squared units, which no epoch of it beats)."""
+        return min_delta * self.scale ** 2 if self.point else min_delta
+
     def n_outputs(self, n_classes: int = 0) -> int:
         """Outputs the builder must return: mean and raw variance (1 for point members)."""
         return 1 if self.point else 2
