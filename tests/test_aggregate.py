@@ -106,3 +106,26 @@ def test_the_verdict_names_the_aggregator_predict_answers_with():
     fit = {"validation_nll": {"mean": 1.4, "temperature": 1.2}}
     assert verdict(pa.Table.from_pylist(rows), "test", fit).startswith(
         "The 2-member ensemble (ensemble-temperature, chosen on validation)")
+
+
+def test_a_gain_of_a_thousand_percent_keeps_its_cells_apart():
+    """Against a best member with a tiny Brier score the relative gain runs to four digits
+    (`-0.0500 (-2133%)`, 16 characters in a 16-character column): the cell touched the one
+    before it (`-0.0576 (-646%)-0.0500 (-2133%)`)."""
+    import pyarrow as pa
+
+    from ensemble.tasks.classification.evaluation import format_table
+
+    def row(model, nll, brier, member=None, aggregator=None):
+        return {"split": "test", "model": model, "member": member, "aggregator": aggregator,
+                "best_member": 0, "n": 22, "accuracy": 1.0, "nll": nll, "brier": brier,
+                "ece": 0.01, "gain_vs_mean_accuracy": 0.0, "gain_vs_mean_nll": 0.0,
+                "gain_vs_mean_brier": 0.0, "gain_vs_mean_ece": 0.0,
+                "gain_vs_best_accuracy": 0.0, "gain_vs_best_nll": -0.0576,
+                "gain_vs_best_brier": -0.05, "gain_vs_best_ece": 0.0}
+
+    rows = [row("member-0", 0.0089, 0.0023, member=0), row("member-1", 0.2, 0.09, member=1),
+            row("ensemble-mean", 0.0665, 0.0523, aggregator="mean")]
+    text = format_table(pa.Table.from_pylist(rows))
+    line = next(x for x in text.splitlines() if x.startswith("ensemble-mean vs best member"))
+    assert "(-647%) -0.0500 (-2174%)" in line and "%)-" not in line, line

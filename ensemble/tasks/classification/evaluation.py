@@ -16,6 +16,7 @@ from ensemble.tasks.report import (fitted_lines, kept_members, members_and_best,
                                    rows_and_splits, split_block)
 
 NAME_WIDTH, COL = 35, 16  # 35 + 4 * 16 = 99 columns; a cell holds at most 15 characters
+# (a gain of 1,000% or more, `-0.0500 (-2133%)`, holds 16: `_line` still keeps a space before it)
 
 
 def _gain_cell(gain: float | None, reference: float | None, metric: str) -> str:
@@ -30,7 +31,9 @@ def _gain_cell(gain: float | None, reference: float | None, metric: str) -> str:
 
 
 def _line(name: str, cells: list[str]) -> str:
-    return f"{name:<{NAME_WIDTH}}" + "".join(f"{c:>{COL}}" for c in cells)
+    """`name` and the cells right-aligned in columns of `COL`, at least one space before each
+    cell (a wider cell pushes the rest of its line right rather than touching its neighbour)."""
+    return f"{name:<{NAME_WIDTH}}" + "".join(f" {c:>{COL - 1}}" for c in cells)
 
 
 def _references(rows: list[dict]) -> tuple[dict, dict | None, list[dict]]:
