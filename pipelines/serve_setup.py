@@ -8,7 +8,9 @@ from pathlib import Path
 
 from ensemble.core.errors import UsageError
 
-EXTRA = 'pip install "ensemble-replication[serve]"'
+# from a checkout (as the README installs it), or from a package index
+EXTRA = ('pip install ".[serve]" in a checkout of the project, or pip install '
+         '"ensemble-replication[serve]" from a package index (or pip install starlette uvicorn)')
 
 
 def require_extra() -> None:

@@ -129,3 +129,15 @@ def test_a_gain_of_a_thousand_percent_keeps_its_cells_apart():
     text = format_table(pa.Table.from_pylist(rows))
     line = next(x for x in text.splitlines() if x.startswith("ensemble-mean vs best member"))
     assert "(-647%) -0.0500 (-2174%)" in line and "%)-" not in line, line
+
+
+def test_the_plots_refusal_names_the_checkout_install_first(monkeypatch):
+    """Without matplotlib, `--plots` named only `pip install 'ensemble-replication[bench]'`,
+    a distribution on no package index: the README's user installed from a checkout."""
+    import sys
+
+    from ensemble.tasks.report import pyplot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed
+    with pytest.raises(UsageError, match=r"pip install '\.\[bench\]' in a checkout"):
+        pyplot()

@@ -143,8 +143,9 @@ def pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise UsageError("Expected matplotlib for --plots: pip install "
-                         "'ensemble-replication[bench]' (or pip install matplotlib).") from None
+        raise UsageError("Expected matplotlib for --plots: pip install '.[bench]' in a "
+                         "checkout of the project, or pip install 'ensemble-replication[bench]' "
+                         "from a package index (or pip install matplotlib).") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
