@@ -18,7 +18,8 @@ Columns (also printed under the table):
   start in parallel, so their start-ups are not summed).
 - `work_seconds`: `wall_seconds - startup_seconds`: training or prediction, writing artifacts
   and (between-graph) aggregation.
-- `member_rows_per_second`: rows times members (times epochs when training) per wall second.
+- `member_rows_per_second`: rows times members (times the epochs each trained, when training)
+  per wall second.
 - `peak_rss_bytes`: the driver's peak resident memory plus, between-graph, the `jobs` largest
   client peaks (clients that can run at once; an upper bound).
 - training only: `fixed_seconds`, `epoch_seconds` (marginal seconds of one more epoch) and
@@ -101,13 +102,13 @@ def test_metrics(run_dir: Path, manifest: Manifest) -> dict[str, float | None]:
 
 def _train_row(mode: str, run_dir: Path, res: dict) -> dict:
     m = Manifest.load(run_dir)
-    t, cfg = m.timings, config_of(m)
+    t = m.timings
     clients = client_processes(t.get("clients", {}))
     startup = (t["process_ready_unix"] - res["spawned_unix"] + t.get("prepare_seconds", 0.0)
                + _first_client_startup(clients))
     n_train = m.dataset.rows["train"]
-    rows = n_train * cfg.training.epochs * cfg.members.count
     history = artifacts.read_parquet(run_dir / artifacts.HISTORY).to_pylist()
+    rows = n_train * len(history)  # a record per member and epoch trained (early stopping)
     per_epoch, epochs = compare_cost.epoch_seconds(mode, history, t, n_train)
     return {"mode": mode, "phase": "train", "wall_seconds": res["seconds"],
             "startup_seconds": startup, "work_seconds": res["seconds"] - startup,

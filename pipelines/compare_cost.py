@@ -160,7 +160,7 @@ def cost_lines(a: dict, b: dict, epochs: int, n_train: int, spread) -> list[str]
              for r in (a, b)}
     win = faster_at(epochs, a, b)
     lose = b if win is a else a
-    lines.append(f"at {epochs} epochs (as configured): {win['mode']} {model[win['mode']]:.2f} s "
+    lines.append(f"at {epochs} epochs (as trained): {win['mode']} {model[win['mode']]:.2f} s "
                  f"against {lose['mode']} {model[lose['mode']]:.2f} s (medians, modelled)")
     lines += _crossover_lines(a, b, win)
     if win["epoch_seconds_median"] > lose["epoch_seconds_median"]:
@@ -181,7 +181,7 @@ def _crossover_lines(a: dict, b: dict, win: dict) -> list[str]:
     """The lines of `cost_lines` on the epoch count at which the faster mode changes: the
     medians' crossover (or none), whether the per-epoch costs are level within the spread,
     and the range of counts the spreads allow (`crossover_band`). `win`: the faster of the
-    two train summary rows `a`, `b` at the configured epochs."""
+    two train summary rows `a`, `b` at the epochs trained."""
     lines: list[str] = []
     e = crossover(a["fixed_seconds_median"], a["epoch_seconds_median"],
                   b["fixed_seconds_median"], b["epoch_seconds_median"])

@@ -135,7 +135,7 @@ def verdict(table: pa.Table) -> str:
             ratio = slow["wall_seconds_median"] / fast["wall_seconds_median"]
             head = f"{phase}: {fast['mode']} is {ratio:.2f}x faster" + (
                 f" than {slow['mode']}" if len(mine) > 2 else "") + (
-                f" at the configured {a['epochs']} epoch{'s' * (a['epochs'] != 1)}"
+                f" over the {a['epochs']} epoch{'s' * (a['epochs'] != 1)} trained"
                 if a.get("epochs") else "")
         went = "; ".join(
             f"{r['mode']} start-up {r['startup_seconds_median']:.2f} s, {phase} and the rest "

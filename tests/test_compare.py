@@ -187,6 +187,8 @@ def test_compare_end_to_end(tmp_path, capsys):
             r = mine[0]
             assert r["fixed_seconds"] + 2 * r["epoch_seconds"] == pytest.approx(wall)
             assert 0 < r["epoch_seconds"] < wall and r["train_rows"] == 277
+            # 277 rows x 2 members x the 2 epochs each trained, per wall second
+            assert r["member_rows_per_second"] == pytest.approx(277 * 2 * 2 / wall)
             assert f"{s['test_rmse']:.4f}" in line
     assert "test rmse" in printed.splitlines()[0]
     assert "train cost = fixed + epochs x per epoch" in printed
@@ -261,7 +263,7 @@ def test_crossover_is_where_fixed_plus_epochs_times_per_epoch_meet():
 
 
 def test_verdict_flips_with_the_epoch_count_and_says_it_rests_on_fixed_costs():
-    """Built so the faster mode changes with the epochs: at the configured 3 epochs in-graph
+    """Built so the faster mode changes with the epochs: at the 3 epochs trained in-graph
     wins on its lower fixed cost (5 s vs 7.5 s), from 9 epochs on between-graph wins on its
     lower per-epoch cost; per row, between-graph's epoch costs 500 us against 1,000 us, so at
     3 epochs it wins from 2,667 training rows (2 + 3n/1000 = 6 + 1.5n/1000)."""
@@ -276,8 +278,8 @@ def test_verdict_flips_with_the_epoch_count_and_says_it_rests_on_fixed_costs():
     assert (ig["row_epoch_us_median"], bg["row_epoch_us_median"]) == (1000.0, 500.0)
     assert by["in-graph", "predict"]["fixed_seconds_median"] is None
     text = compare.verdict(pa.Table.from_pylist(rows))
-    assert "train: in-graph is 1.50x faster at the configured 3 epochs" in text
-    assert "at 3 epochs (as configured): in-graph 5.00 s against between-graph 7.50 s" in text
+    assert "train: in-graph is 1.50x faster over the 3 epochs trained" in text
+    assert "at 3 epochs (as trained): in-graph 5.00 s against between-graph 7.50 s" in text
     assert ("the faster mode changes at 8.0 epochs: in-graph below, between-graph from 9 "
             "epochs on") in text
     assert "the verdict rests on fixed costs: per epoch between-graph is faster" in text

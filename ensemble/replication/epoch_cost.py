@@ -3,8 +3,10 @@ run, from its `history.parquet` rows (`member`, `epoch`, `seconds`) and its mani
 `timings`. Each mode picks its formula (`Mode.epoch_seconds` in
 `ensemble.replication.modes`): members in one graph, or in queues that run at once.
 
-The first epoch also pays for tracing, so it is left out; a run of one epoch falls back on
-its steady-state rate (rows per second of its traced calls) times the training rows.
+The first epoch also pays for tracing, so it is left out; a member of one epoch in a run of
+more (one that diverged or stopped in its first) falls back on its steady-state rate (rows
+per second of its traced calls) times the training rows. A run of one epoch has no
+per-epoch cost (`pipelines.compare_cost.epoch_seconds`).
 """
 
 from __future__ import annotations
