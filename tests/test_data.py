@@ -327,6 +327,96 @@ def test_pandas_index_of_a_parquet_file_is_not_a_feature(tmp_path, capsys):
     assert "left out '__index_level_0__'" in capsys.readouterr().err
 
 
+def _indexed(n: int = 60):
+    """A shuffled frame indexed by `id` (whole numbers, one per row: an "(an id?)" feature
+    before) as `df.set_index('id')` leaves it."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    return pd.DataFrame({"id": rng.permutation(n) * 7 + 1000, "a": np.arange(n) % 7 * 0.5,
+                         "label": ["x", "y"] * (n // 2)}).set_index("id")
+
+
+def test_named_pandas_index_of_a_parquet_file_is_an_identifier(tmp_path, capsys):
+    """`df.set_index('id').to_parquet(...)` writes `id` as a column that the pandas metadata
+    lists in `index_columns`: it was trained on as a feature. Now an identifier, left out with
+    a notice, streamed or whole, file or folder; the same rows as a CSV (no pandas metadata)
+    and an unnamed index behave as before."""
+    from ensemble.data.table_scan import TableScan
+
+    frame = _indexed()
+    frame.to_parquet(tmp_path / "t.parquet")
+    (tmp_path / "parts" / "k=1").mkdir(parents=True)
+    (tmp_path / "parts" / "k=2").mkdir()
+    frame.iloc[:30].to_parquet(tmp_path / "parts" / "k=1" / "p.parquet")
+    frame.iloc[30:].to_parquet(tmp_path / "parts" / "k=2" / "p.parquet")
+    for source in (tmp_path / "t.parquet", tmp_path / "parts"):
+        scan = TableScan(DataConfig(source=str(source), target="label"), chunk_rows=16)
+        assert list(scan.feature_names) == ["a"] and scan.identifiers == ("id",)
+        assert sum(len(chunk.x) for _, chunk in scan.chunks()) == 60
+        err = capsys.readouterr().err
+        assert "left out 'id'" in err and "named index" in err and "an id?" not in err
+    ds = sources.load(DataConfig(source=str(tmp_path / "t.parquet"), target="label"))
+    assert ds.feature_names == ("a",) and ds.identifiers == ("id",)
+    named = DataConfig(source=str(tmp_path / "t.parquet"), target="label",
+                       categorical=("id",))  # asked for as a feature: one
+    assert TableScan(named).identifiers == () and "id" in sources.load(named).categorical
+    frame.to_csv(tmp_path / "t.csv")  # a CSV: `id` an ordinary column, a feature
+    assert "id" in TableScan(DataConfig(source=str(tmp_path / "t.csv"),
+                                        target="label")).feature_names
+    frame.reset_index(drop=True).to_parquet(tmp_path / "r.parquet")  # a range index: no column
+    frame.set_axis(frame.index.rename(None)).to_parquet(tmp_path / "u.parquet")  # unnamed
+    for name in ("r.parquet", "u.parquet"):
+        scan = TableScan(DataConfig(source=str(tmp_path / name), target="label"))
+        assert list(scan.feature_names) == ["a"] and scan.identifiers == ()
+
+
+def test_pandas_index_reads_only_pandas_metadata_naming_columns():
+    from ensemble.data.identifiers import pandas_index
+
+    schema = pa.schema([("id", pa.int64()), ("a", pa.float64()), ("label", pa.string())])
+    meta = b'{"index_columns": ["label", "id", "gone", {"kind": "range", "name": "r"}]}'
+    assert pandas_index(schema.with_metadata({b"pandas": meta})) == ("id", "label")
+    assert pandas_index(schema.with_metadata({b"pandas": meta}), skip=("label",)) == ("id",)
+    for bad in (b"not json", b"[1]", b'{"index_columns": "id"}'):
+        assert pandas_index(schema.with_metadata({b"pandas": bad})) == ()
+    assert pandas_index(schema) == () and pandas_index(None) == ()
+
+
+def test_a_run_trained_on_a_named_index_carries_it_through_predict(tmp_path, capsys):
+    """Train and predict agree: the index is recorded as an identifier, carried through to
+    the predictions (a join back by it), and not needed at predict; a run that never saw it
+    carries an input's index through too, without the "ignoring" notice, even under
+    --strict-columns."""
+    import json
+
+    import pandas as pd
+
+    from conftest import run_cli
+
+    frame = _indexed(90)
+    frame.to_parquet(tmp_path / "t.parquet")
+    frame.reset_index(drop=True).to_csv(tmp_path / "plain.csv", index=False)
+    small = ["--members", "2", "--epochs", "1", "--devices", "cpu:2", "--quiet"]
+    for data, run in (("t.parquet", "run"), ("plain.csv", "plain")):
+        assert run_cli("train", "--data", tmp_path / data, "--target", "label", *small,
+                       "--run-dir", tmp_path / run) == 0
+    pre = json.loads((tmp_path / "run" / "preprocessing.json").read_text())
+    assert pre["identifiers"] == ["id"] and "id" not in pre["output_names"]
+    capsys.readouterr()
+    for run, data, strict in (("run", "t.parquet", []), ("run", "plain.csv", []),
+                              ("plain", "t.parquet", ["--strict-columns"])):
+        out = tmp_path / f"{run}-{data}.csv"
+        assert run_cli("predict", "--run", tmp_path / run, "--data", tmp_path / data,
+                       "--out", out, "--quiet", *strict) == 0
+        assert "ignoring" not in capsys.readouterr().err
+        got = pd.read_csv(out)
+        if data == "t.parquet":
+            assert got.columns[0] == "id" and list(got["id"]) == list(frame.index)
+        else:
+            assert "id" not in got.columns and len(got) == 90
+
+
 def test_text_targets_of_a_regression_run_are_named_at_predict(capsys):
     """The refusal named numpy's dtype (`<U6`), not the value."""
     from ensemble.core.labels import encode_known

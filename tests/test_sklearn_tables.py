@@ -166,3 +166,14 @@ def test_categorical_takes_any_list_of_names(frame):
         np.testing.assert_array_equal(got, expected)
     with pytest.raises(ValueError, match=r"Received: categorical=\{'colour': 1\}"):
         DeepEnsembleClassifier(**TINY, categorical={"colour": 1}).fit(x, y)
+
+
+def test_a_named_index_of_a_frame_is_never_a_feature(frame):
+    """`df.set_index('id')`: the estimators read the frame's columns alone
+    (`Table.from_pandas(preserve_index=False)`), as a Parquet file's named index is an
+    identifier on the CLI's path."""
+    from ensemble.runs import estimator_tables
+
+    indexed = frame.assign(id=np.arange(100, 112)).set_index("id")
+    ds = estimator_tables._dataset(DeepEnsembleClassifier(), indexed, None)
+    assert ds.columns == ("size", "colour") and ds.identifiers == ()

@@ -12,6 +12,10 @@ The column is left out of the features with a notice naming `--categorical` to u
 the run records it (`preprocessing.json` `identifiers`, the manifest's dataset), so `predict`
 carries it through to its wide layout like any non-feature column, without the "ignoring"
 notice.
+
+A Parquet file's named pandas index (`df.set_index('id').to_parquet(...)`, a column `id` that
+the file's pandas metadata lists in `index_columns`) is an identifier too, whatever its
+values: row labels, which `pandas.read_parquet` makes the index again (`pandas_index`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,34 @@ from ensemble.data.columns import number_markers
 
 MIN_DISTINCT = 50
 SHARE = 0.9
+
+
+def pandas_index(schema: pa.Schema | None, skip: Sequence[str] = ()) -> tuple[str, ...]:
+    """The columns of a Parquet schema that pandas wrote from a named index: the names its
+    pandas metadata (`schema.pandas_metadata["index_columns"]`) lists that `schema` holds, in
+    schema order, without `skip` (the target, `--drop`) and without pandas' unnamed index
+    `__index_level_N__` (`messages.read_columns` leaves that out as before). A range index is
+    a dict there and no column: nothing. A CSV, a schema without pandas metadata, or
+    metadata that is not pandas' JSON: `()`.
+    """
+    import re
+
+    try:
+        listed = (schema.pandas_metadata or {}).get("index_columns") or ()
+    except (AttributeError, ValueError, TypeError):  # no schema; bytes that are not JSON
+        return ()
+    if not isinstance(listed, (list, tuple)):
+        return ()
+    named = {c for c in listed if isinstance(c, str) and c not in skip
+             and not re.fullmatch(r"__index_level_\d+__", c)}
+    return tuple(n for n in schema.names if n in named)
+
+
+def training_index(schema: pa.Schema | None, cfg) -> tuple[str, ...]:
+    """`pandas_index` of a training source's `schema` under `cfg` (`[data]`): without the
+    target, the `--drop` columns and a column `--categorical` names (a feature, as asked)."""
+    listed = () if isinstance(cfg.categorical, str) else tuple(cfg.categorical)
+    return pandas_index(schema, (cfg.target, *cfg.drop, *listed))
 
 
 def _is_text(tp: pa.DataType) -> bool:

@@ -127,22 +127,31 @@ def missing_labels(where: str, n: int, rows: int) -> str:
             "`ensemble evaluate` scores the labelled rows)")
 
 
-def read_columns(names: Sequence[str], drop: Sequence[str], source) -> list[str]:
-    """The columns of a table source that training reads: `names` without the `drop` ones
-    and without pandas' unnamed index (`__index_level_0__`, ...: `DataFrame.to_parquet`
+def read_columns(names: Sequence[str], drop: Sequence[str], source,
+                 index: Sequence[str] = ()) -> list[str]:
+    """The columns of a table source that training reads: `names` without the `drop` ones,
+    without pandas' unnamed index (`__index_level_0__`, ...: `DataFrame.to_parquet`
     writes it, `pandas.read_parquet` makes it the index again, never a column; a shuffled
-    frame's index can even give the label away), which a notice names. `predict` carries
-    such a column through as an extra one.
+    frame's index can even give the label away) and without `index`, a named pandas index
+    (`identifiers.pandas_index`: row labels, which the run records as identifiers and
+    `predict` carries through); a notice names each kind. `predict` carries an unnamed
+    index through as an extra column.
 
     Raises:
         UsageError: a `drop` column `names` lacks (`check_drop`).
     """
     check_drop(drop, names, source)
-    index = [c for c in names if re.fullmatch(r"__index_level_\d+__", c) and c not in drop]
-    if index:
-        notice(f"left out {', '.join(map(repr, index))} of {source}: pandas' index "
+    unnamed = [c for c in names if re.fullmatch(r"__index_level_\d+__", c) and c not in drop]
+    if unnamed:
+        notice(f"left out {', '.join(map(repr, unnamed))} of {source}: pandas' index "
                "(DataFrame.to_parquet wrote it), not a feature", once=True)
-    return [c for c in names if c not in drop and c not in index]
+    index = [c for c in index if c in names and c not in drop]
+    if index:
+        notice(f"left out {', '.join(map(repr, index))} of {source}: pandas' named index "
+               "(DataFrame.to_parquet wrote it), row labels, not a feature; carried through "
+               "to predictions like an id (to train on it: reset_index() before to_parquet)",
+               once=True)
+    return [c for c in names if c not in drop and c not in unnamed and c not in index]
 
 
 def check_drop(drop: Sequence[str], columns: Sequence[str], path) -> None:

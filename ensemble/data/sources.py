@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -294,13 +294,21 @@ def load(cfg: DataConfig, require_target: bool = True, expected: Sequence[str] |
 def _load_file(cfg: DataConfig, _stat_key, require_target: bool,
                expected: tuple[str, ...] | None, strict: bool,
                identifiers: tuple[str, ...] = ()) -> Dataset:
+    from ensemble.data.identifiers import pandas_index, training_index
+
     path = Path(cfg.source)
     table = _read_table(path)
+    # a named pandas index: an identifier (at predict, unless the run has it as a feature)
+    index = (training_index(table.schema, cfg) if expected is None else
+             pandas_index(table.schema, (cfg.target, *expected)))
     if expected is None:  # at predict time a dropped column is an extra one
-        table = table.select(read_columns(table.column_names, cfg.drop, path))
-    return table_to_dataset(table, str(path), cfg.target, require_target,
-                            cfg.categorical, cfg.impute, expected, strict,
-                            identifiers=identifiers)
+        table = table.select(read_columns(table.column_names, cfg.drop, path, index))
+    ds = table_to_dataset(table, str(path), cfg.target, require_target,
+                          cfg.categorical, cfg.impute, expected, strict,
+                          identifiers=(*identifiers, *index))
+    if expected is None and index:  # training: recorded, so predict carries it through
+        ds = replace(ds, identifiers=(*index, *ds.identifiers))
+    return ds
 
 
 def split(ds: Dataset, cfg: DataConfig, seed: int, stratify: bool = True

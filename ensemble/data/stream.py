@@ -32,6 +32,7 @@ from ensemble.data import whole_input
 from ensemble.data import csv_format, messages, sources
 from ensemble.core.labels import encode_known, spread
 from ensemble.data.containers import Batch
+from ensemble.data.identifiers import pandas_index
 from ensemble.core.errors import UsageError
 from ensemble.data.preprocessing import Preprocessing
 from ensemble.data.prediction_io import PredictionWriter, flat_heap, prefetch  # noqa: F401
@@ -73,6 +74,7 @@ class InputStream:
         self.unknown_labels: Counter = Counter()  # labels the run never saw -> rows
         self.passthrough = False  # carry the non-feature columns (an id) in `Batch.extra`
         self.dropped: tuple = ()  # columns training dropped: neither named nor refused
+        self.index: tuple = ()  # the input's named pandas index: carried, neither named nor refused
         self._dataset = None
         self.missing_labels = 0  # rows of the input without a label (a target column present)
         if self.source not in sources.BUILTIN:
@@ -107,6 +109,9 @@ class InputStream:
                 raise UsageError(messages.read_error(exc, self.source, self._header(files))) \
                     from None
             sources.check_unique_columns(self._dataset.schema.names, self.source)
+            # a named pandas index (Parquet schema metadata, read once): row labels, carried
+            # through like the run's identifiers, unless the run has it as a feature
+            self.index = pandas_index(self._dataset.schema, (*pre.columns, target))
 
     @staticmethod
     def _header(files: list[str]) -> list[str]:
@@ -165,7 +170,8 @@ class InputStream:
                                         categorical=tuple(pre.categories) or "none",
                                         impute=pre.impute, expected=pre.columns, strict=strict,
                                         first_row=first_row,
-                                        identifiers=(*pre.identifiers, *self.dropped))
+                                        identifiers=(*pre.identifiers, *self.dropped,
+                                                     *self.index))
 
     def check(self) -> None:
         """Check the columns (missing, extra, types) and the first batch's values; prints the

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from ensemble.core import background
 from ensemble.core.errors import UsageError
 from ensemble.data import columns, csv_format, messages, sources
+from ensemble.data.identifiers import training_index
 from ensemble.data.settings import DataConfig
 
 CHUNK_ROWS = 1 << 16
@@ -74,7 +75,8 @@ class TableScan:
     Attributes:
         name: the source's name; y: `[n_rows]` labels of the rows that have one (rows with a
             missing label are dropped, with a notice); columns: the feature columns;
-        identifiers: identifier-like text columns left out (decided on the first chunk).
+        identifiers: a named pandas index (`identifiers.pandas_index`, not read) and the
+            identifier-like text columns left out (decided on the first chunk).
 
     Raises:
         UsageError: an unreadable or empty source, a missing target or `--drop` column, bad
@@ -98,7 +100,9 @@ class TableScan:
         self._dataset, self._kind = _open(self.path, cfg.categorical)
         names = self._dataset.schema.names
         sources.check_unique_columns(names, self.name)
-        self._read = messages.read_columns(names, cfg.drop, self.path)
+        # a named pandas index (the dataset's schema metadata, read once): identifiers
+        index = training_index(self._dataset.schema, cfg)
+        self._read = messages.read_columns(names, cfg.drop, self.path, index)
         tables = self._batches(self._read, self.chunk_rows)
         first = raw = next(tables, None)
         if first is None or first.num_rows == 0:
@@ -110,7 +114,8 @@ class TableScan:
                                             cfg.categorical, cfg.impute)
         except UsageError as exc:
             raise self._whole_file_error(exc, raw, 0, tables, self._identifiers(first)) from None
-        self.identifiers, self._categorical = head.identifiers, tuple(head.categorical)
+        self.identifiers = (*index, *head.identifiers)  # the index is not read: not in chunks
+        self._categorical = tuple(head.categorical)
         self.columns, self.feature_names = head.columns, head.feature_names
         self.y, self._valid = self._labels()
         if self._valid is not None:  # labelled row i is the file's row _positions[i]
@@ -175,7 +180,8 @@ class TableScan:
             n, table = raw.num_rows, raw
             if self._valid is not None:
                 table = table.filter(pa.array(self._valid[source_row:source_row + n]))
-            table = table.drop_columns([cfg.target, *self.identifiers])
+            table = table.drop_columns([c for c in (cfg.target, *self.identifiers)
+                                        if c in table.column_names])
             if table.num_rows:
                 try:
                     part = sources.table_to_dataset(
@@ -211,8 +217,8 @@ class TableScan:
 
         from ensemble.data import whole_input
 
-        drop = {self.cfg.target, *self.cfg.drop, *identifiers}
-        fields = [f for f in self._dataset.schema if f.name not in drop]
+        drop = {self.cfg.target, *identifiers}  # of the columns read (`--drop`, an index: not)
+        fields = [f for f in self._dataset.schema if f.name in self._read and f.name not in drop]
         text = [f.name for f in fields if columns.is_category_like(f.type)]
         names = SimpleNamespace(feature_names=[f.name for f in fields if f.name not in text],
                                 categories=dict.fromkeys(text), impute=self.cfg.impute)
