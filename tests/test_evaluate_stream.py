@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ensemble.core.labels import encode
-from ensemble.tasks import confidence, model_arrays, tables
+from ensemble.tasks import confidence, metrics_tables, model_arrays, tables
 from ensemble.tasks.predicted import SplitPredictions
 from ensemble.tasks.regression import tables as regression_tables
 
@@ -78,12 +78,12 @@ def _old_classification(table: pa.Table) -> pa.Table:
     outputs = {}
     for split, model, t in _old_groups(table):
         mi = t.column("mutual_information") if t.column("aggregator")[0].as_py() else None
-        outputs.setdefault(split, []).append(tables.ModelOutput(
+        outputs.setdefault(split, []).append(metrics_tables.ModelOutput(
             model, t.column("member")[0].as_py(), t.column("aggregator")[0].as_py(),
             encode(t.column("y_true").to_numpy(zero_copy_only=False), classes),
             tables.probabilities(t, classes),
             None if mi is None or mi.null_count else float(np.mean(mi.to_numpy()))))
-    return tables.metrics_of(outputs)
+    return metrics_tables.metrics_of(outputs)
 
 
 def _old_regression(table: pa.Table) -> pa.Table:
@@ -129,7 +129,7 @@ def test_a_many_batch_read_scores_as_the_whole_table(tmp_path, layout):
     pq.write_table(table, tmp_path / "p.parquet", row_group_size=50)
 
     arrays = model_arrays.read(tmp_path / "p.parquet", batch_rows=7)
-    metrics = tables.metrics_table(arrays)
+    metrics = metrics_tables.metrics_table(arrays)
     assert metrics.equals(_old_classification(table))
     assert set(metrics.column("n").to_pylist()) == {96, 101}  # validation, test
     assert confidence.block(arrays) == _old_block(table) and "on test" in _old_block(table)[0]
@@ -142,7 +142,7 @@ def test_a_many_batch_read_scores_a_regression_file_as_the_whole_table(tmp_path)
     table = _interleaved(_regression(83), 9)  # rows out of `row` order: regression sorts
     pq.write_table(table, tmp_path / "r.parquet", row_group_size=40)
     arrays = model_arrays.read(tmp_path / "r.parquet", batch_rows=11)
-    new, old = tables.metrics_table(arrays), _old_regression(table)
+    new, old = metrics_tables.metrics_table(arrays), _old_regression(table)
     assert new.equals(old)
     assert new.column("mixture_nll").null_count == 0 and new.num_rows == 10
 

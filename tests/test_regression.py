@@ -431,13 +431,13 @@ def test_verdict_names_the_ensemble_predict_answers_with(runs, tmp_path):
     """A predict file has no validation split: the verdict took the run's first aggregator
     ("ensemble-mean") while predict, export and the plots answer with the lowest validation
     NLL of the run's `aggregators.json`. The verdict now reads it too."""
-    from ensemble.tasks import tables
+    from ensemble.tasks import metrics_tables
     from ensemble.tasks.registry import format_table
 
     run, out = runs["between-graph"], tmp_path / "long.parquet"
     assert run_cli("predict", "--run", run, "--data", "diabetes", "--layout", "long",
                    "--out", out, "--quiet") == 0
-    metrics = tables.metrics_table(pq.read_table(out), None)
+    metrics = metrics_tables.metrics_table(pq.read_table(out), None)
     names = [a for a in dict.fromkeys(metrics.column("aggregator").to_pylist()) if a]
     assert len(names) > 1
     for best in names:
@@ -497,19 +497,20 @@ def test_best_member_is_never_chosen_on_the_split_it_is_scored_on(runs, tmp_path
     """A predict file without the run has no validation split: the best member was picked on
     the very rows it was then scored on (an optimistic "gain vs best member"). It is now
     left out, as for classification; the run's `aggregators.json` still names it."""
-    from ensemble.tasks import tables
+    from ensemble.tasks import metrics_tables
     from ensemble.tasks.registry import format_table
 
     run, out = runs["in-graph"], tmp_path / "long.parquet"
     assert run_cli("predict", "--run", run, "--data", "diabetes", "--layout", "long",
                    "--out", out, "--quiet") == 0
-    rows = tables.metrics_table(pq.read_table(out), None).to_pylist()
+    rows = metrics_tables.metrics_table(pq.read_table(out), None).to_pylist()
     ens = [r for r in rows if r["aggregator"] is not None]
     assert ens and all(r["best_member"] is None and r["gain_vs_best_rmse"] is None
                        for r in ens)
-    assert "best member" not in format_table(tables.metrics_table(pq.read_table(out), None))
+    assert "best member" not in format_table(
+        metrics_tables.metrics_table(pq.read_table(out), None))
     best = json.loads((run / "aggregators.json").read_text())["best_member"]
-    rows = tables.metrics_table(pq.read_table(out), best).to_pylist()
+    rows = metrics_tables.metrics_table(pq.read_table(out), best).to_pylist()
     member = next(r for r in rows if r["member"] == best)
     for r in (r for r in rows if r["aggregator"] is not None):
         assert r["best_member"] == best

@@ -111,7 +111,7 @@ class EnsembleScalars(Callback):
 
 def write_ensemble_metrics(run_dir: str | Path, metrics_rows: list[dict], step: int) -> None:
     """After aggregation (between-graph): the ensemble rows of the run's validation metrics
-    (`tables.metrics_table` rows) as scalars at `step` (the last epoch)."""
+    (`metrics_tables.metrics_table` rows) as scalars at `step` (the last epoch)."""
     import tensorflow as tf
 
     scalars: dict[str, float] = {}

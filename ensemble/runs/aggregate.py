@@ -29,7 +29,7 @@ from ensemble.runs import records
 from ensemble.runs.run_record import Manifest
 from ensemble.runs import run_status
 from ensemble.core import runlock
-from ensemble.tasks import eval_writer, tables
+from ensemble.tasks import eval_writer, metrics_tables, tables
 from ensemble.tasks.predicted import SplitPredictions
 from ensemble import tasks
 from ensemble.core.errors import UsageError
@@ -161,7 +161,7 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
         preds = posthoc.rebuild(splits, classes, aggregators, fit["params"])
         preds = preds.replace_schema_metadata({**preds.schema.metadata,
                                                b"members": json.dumps(used).encode()})
-        table = tables.metrics_table(preds, fit["best_member"])
+        table = metrics_tables.metrics_table(preds, fit["best_member"])
         artifacts.write_parquet(run_dir / artifacts.PREDICTIONS, preds)
         artifacts.write_parquet(run_dir / artifacts.METRICS, table)
     records.write_members(run_dir, manifest, splits.get("validation"))  # held: not read back

@@ -21,7 +21,7 @@ from ensemble.runs import run_status
 from ensemble.core import runlock
 from ensemble.core.record import Manifest
 from ensemble.runs import search_report
-from ensemble.tasks import model_arrays, tables
+from ensemble.tasks import metrics_tables, model_arrays
 from ensemble.core.errors import UsageError
 from ensemble.core.notices import notice
 from ensemble.tasks.classification.evaluation import _line
@@ -106,7 +106,7 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
                          f"--layout long`. Received: {predictions}")
     _check_long(predictions)
     preds = model_arrays.read(predictions)  # a record batch at a time into compact arrays
-    table = tables.metrics_table(preds, (fit or {}).get("best_member"))
+    table = metrics_tables.metrics_table(preds, (fit or {}).get("best_member"))
     if table.num_rows == 0:
         raise UsageError(f"{predictions} has no rows with a known y_true; cannot evaluate.")
     for split, (n, kept) in preds.unlabelled().items():

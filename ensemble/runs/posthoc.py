@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from ensemble.core import artifacts
 from ensemble.core.record import Manifest
 from ensemble.tasks.classification import fitted
-from ensemble.tasks import tables
+from ensemble.tasks import metrics_tables, tables
 from ensemble.tasks.predicted import SplitPredictions
 from ensemble.core.labels import encode
 from ensemble.core.errors import UsageError
@@ -115,7 +115,7 @@ def rebuild(splits: dict[str, SplitMembers], classes: np.ndarray, names: Sequenc
 
 def size_curve(task, splits: dict[str, SplitMembers], fit: dict[str, Any] | None,
                settings: dict[str, Any] | None = None) -> pa.Table:
-    """`ensemble_size.parquet`: the curve of `tables.ensemble_size_table` on every labelled
+    """`ensemble_size.parquet`: the curve of `metrics_tables.ensemble_size_table` on every labelled
     split, the greedy order from `fit` (or the `task`'s greedy selection run on validation for
     it); both curves stop at the run's member count (greedy's later picks, with repeats, are
     left out, so k never exceeds the members there are)."""
@@ -126,7 +126,7 @@ def size_curve(task, splits: dict[str, SplitMembers], fit: dict[str, Any] | None
         greedy = task.aggregators["greedy"].fit_on(val.probs, val.y, {"greedy_rounds": rounds})
     labelled = {k: s for k, s in splits.items() if s.y is not None}
     n_members = max((len(s.probs) for s in labelled.values()), default=0)
-    return tables.ensemble_size_table({k: s.probs for k, s in labelled.items()},
+    return metrics_tables.ensemble_size_table({k: s.probs for k, s in labelled.items()},
                                       {k: s.y for k, s in labelled.items()},
                                       list(greedy["order"])[:n_members] if greedy else None)
 

@@ -4,9 +4,9 @@
 a split of 800,000 rows and 8 models, 6.4 million rows, about 0.7 GB as one Arrow table. The
 writer here never builds it whole: the rows go to one `ParquetWriter` a chunk at a time, model
 by model in `predictions_table`'s order (the file is the one `predictions_table` would give),
-and the metrics are computed from the arrays themselves (`tables.split_outputs`,
-`tables.metrics_of`; the regression twins), which is what `metrics_table` reads back from those
-rows. What stays in memory is the predicted arrays, `[n_members + n_aggregators, n_rows,
+and the metrics are computed from the arrays themselves (`metrics_tables.split_outputs`,
+`metrics_tables.metrics_of`; the regression twins), which is what `metrics_table` reads back
+from those rows. What stays in memory is the predicted arrays, `[n_members + n_aggregators, n_rows,
 n_outputs]` float32 per split.
 """
 
@@ -30,7 +30,7 @@ def write(run_dir: str | Path, splits: dict[str, SplitPredictions], classes: np.
           aggregators: Sequence[str], params: dict | None, meta: dict | None = None
           ) -> pa.Table:
     """Write `predictions.parquet` (streamed) and `metrics.parquet` of a run, each atomically;
-    returns the metrics table (`tables.metrics_table`'s rows).
+    returns the metrics table (`metrics_tables.metrics_table`'s rows).
 
     Args:
         splits: split -> its predictions; `ensembles` None: the numpy aggregators' outputs
@@ -57,12 +57,14 @@ def _task_tables(splits, classes, aggregators, params):
         ensembles=_aggregated(p.members, classes, aggregators, params))
         for s, p in splits.items()}
     if len(classes):
+        from ensemble.tasks import metrics_tables as MT
         from ensemble.tasks import tables as T
 
         chunks = (t for s, p in splits.items() for t in T.prediction_chunks(
             s, p, classes, aggregators, params, CHUNK_ROWS))
-        metrics = T.metrics_of({s: T.split_outputs(p.members, p.y, aggregators, p.ensembles,
-                                                   params) for s, p in splits.items()})
+        metrics = MT.metrics_of({s: MT.split_outputs(p.members, p.y, aggregators,
+                                                     p.ensembles, params)
+                                 for s, p in splits.items()})
         return chunks, T.classes_metadata(classes), metrics
     import json
 

@@ -7,7 +7,8 @@ a 4.8M-row file of 3 classes took 2.5 GB (docs/benchmarks.md, "Streaming evaluat
 keeps of each row only its position `row`, its target and its model's outputs (`[n_classes]`
 float32 probabilities, or the float64 mean and std of a regression run), in the file's order,
 so memory is a few dozen bytes per row whatever the strings; the metrics are then computed by
-the tasks' own functions, exactly as from the whole table (`ensemble.tasks.tables.metrics_table`).
+the tasks' own functions, exactly as from the whole table
+(`ensemble.tasks.metrics_tables.metrics_table`).
 """
 
 from __future__ import annotations

@@ -221,7 +221,7 @@ def _gains(rows: list[dict], out: list[dict], best_member: int | None) -> None:
 
 def ensemble_size_table(member_outputs: dict[str, np.ndarray], y: dict[str, np.ndarray],
                         greedy_order: list[int] | None = None) -> pa.Table:
-    """The ensemble-size curve of a regression run (`ensemble.tasks.tables.ensemble_size_table`):
+    """The ensemble-size curve of a regression run (`ensemble.tasks.metrics_tables.ensemble_size_table`):
     metrics of the mean mixture of the first k members, and of greedy's first k picks."""
 
     def scores(split, stacked, order):  # the mixture of the first k picks, k = 1, 2, ...

@@ -1,0 +1,178 @@
+"""The metrics tables of a classification run: `metrics.parquet`'s rows (one per model and
+split, with the ensemble's gain over the mean and the best member) and the ensemble-size curve
+(`ensemble_size.parquet`), computed from a predictions table, its arrays or the arrays a run
+predicted (docs/reference/run-directory.md). A regression run's twins are in
+`ensemble.tasks.regression.tables`; `ensemble.tasks.tables` builds the predictions tables.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from ensemble.tasks import model_arrays
+from ensemble.tasks.classification import metrics as M
+from ensemble.tasks.classification.aggregators import REGISTRY, disagreement, member_weights
+from ensemble.tasks.model_arrays import PredictionArrays
+from ensemble.tasks.table_parts import metrics_schema, size_table
+
+NOT_PROBABILITIES = {n for n, a in REGISTRY.items() if not a.probabilities}  # vote shares
+
+GAINS, METRICS_SCHEMA = metrics_schema(
+    M.METRICS, ("disagreement", "mean_pairwise_kl", "mean_mutual_information"), M.METRICS)
+
+
+def gain(ensemble: float | None, reference: float | None, metric: str) -> float | None:
+    """Ensemble gain on `metric`: positive = ensemble better (lower NLL/Brier/ECE, higher
+    accuracy); None when either value is None."""
+    if ensemble is None or reference is None:
+        return None
+    return reference - ensemble if metric in M.LOWER_IS_BETTER else ensemble - reference
+
+
+def _best_member(rows: list[dict]) -> int | None:
+    """The member with the lowest validation NLL (ties: higher accuracy, smaller index)."""
+    val = [r for r in rows if r["member"] is not None and r["split"] == "validation"]
+    if not val:
+        return None
+    return min(val, key=lambda r: (r["nll"], -r["accuracy"], r["member"]))["member"]
+
+
+def metrics_table(predictions: pa.Table | PredictionArrays, best_member: int | None = None
+                  ) -> pa.Table:
+    """One row per model and split with `n`, accuracy, NLL, Brier and ECE; rows with unknown
+    `y_true` are left out. Vote rows have null NLL/Brier/ECE (vote shares are not
+    probabilities).
+
+    Ensemble rows also carry, per split: the members' `disagreement`, `mean_pairwise_kl`, the
+    ensemble's `mean_mutual_information`, `best_member` (chosen on the validation split, or
+    given by `best_member`, e.g. from the run's `aggregators.json`), and the ensemble gain
+    `gain_vs_{mean,best}_<metric>` over the mean member (mean of the members' metrics) and
+    over the best member on that split (positive = ensemble better).
+
+    Args:
+        predictions: a long predictions table, or a file's arrays (`model_arrays.read`,
+            which never holds the table whole).
+    """
+    arrays = model_arrays.of(predictions)
+    if arrays.regression:
+        from ensemble.tasks.regression import tables as regression_tables
+
+        return regression_tables.metrics_table(arrays, best_member)
+    outputs = {}
+    for split in sorted(arrays.splits):
+        outputs[split] = [ModelOutput(
+            a.model, a.member, a.aggregator, a.y, a.values,
+            None if a.aggregator is None or a.extra is None or a.extra_nulls
+            else float(np.mean(a.extra))) for a in arrays.of_split(split)]
+    return metrics_of({s: o for s, o in outputs.items() if o}, best_member)
+
+
+class ModelOutput(NamedTuple):
+    """One model's labelled rows of one split, what its metrics row is computed from.
+
+    Attributes:
+        model, member, aggregator: as the predictions table's columns.
+        y: `[n_rows]` class indices; p: `[n_rows, n_classes]` float32 probabilities (vote
+            shares for `vote`).
+        mean_mutual_information: the ensemble rows' mean mutual information, None for
+            members and vote.
+    """
+
+    model: str
+    member: int | None
+    aggregator: str | None
+    y: np.ndarray
+    p: np.ndarray
+    mean_mutual_information: float | None = None
+
+
+def split_outputs(member_probs: dict[int, np.ndarray], y: np.ndarray,
+                  aggregators: Sequence[str], ensemble_probs: dict[str, np.ndarray],
+                  params: dict | None = None) -> list[ModelOutput]:
+    """The `ModelOutput`s of one labelled split from the arrays a run predicted (what
+    `metrics_table` reads back from `predictions_table`'s rows, without building them).
+
+    Args:
+        member_probs: member index -> `[n_rows, n_classes]`; y: `[n_rows]` class indices;
+        ensemble_probs: aggregator -> `[n_rows, n_classes]`; params: fitted aggregators'.
+    """
+    params = params or {}
+    stacked = np.stack([p for _, p in sorted(member_probs.items())])
+    out = [ModelOutput(f"member-{i}", i, None, y, np.asarray(p, np.float32))
+           for i, p in sorted(member_probs.items())]
+    for a in aggregators:
+        mi = None
+        if a not in NOT_PROBABILITIES and len(y):
+            mi = float(np.mean(M.uncertainty(
+                stacked, ensemble_probs[a],
+                member_weights(a, len(stacked), params.get(a)))["mutual_information"]))
+        out.append(ModelOutput(f"ensemble-{a}", None, a, y,
+                               np.asarray(ensemble_probs[a], np.float32), mi))
+    return out
+
+
+def metrics_of(outputs: dict[str, list[ModelOutput]], best_member: int | None = None
+               ) -> pa.Table:
+    """`metrics_table`'s rows from each split's `ModelOutput`s (members and ensembles)."""
+    out = []
+    for split, models in sorted(outputs.items()):
+        member_p, first = {}, len(out)
+        for o in models:
+            if o.member is not None:
+                member_p[o.member] = o.p
+            row = {"model": o.model, "member": o.member, "aggregator": o.aggregator,
+                   "split": split, "n": len(o.y), **M.all_metrics(o.y, o.p),
+                   "mean_mutual_information": o.mean_mutual_information}
+            if o.aggregator in NOT_PROBABILITIES:
+                row.update(nll=None, brier=None, ece=None)
+            out.append(row)
+        stacked = np.stack([p for _, p in sorted(member_p.items())]) if member_p else None
+        for row in out[first:]:
+            is_ens = row["aggregator"] is not None and stacked is not None
+            row["disagreement"] = disagreement(stacked) if is_ens else None
+            row["mean_pairwise_kl"] = M.mean_pairwise_kl(stacked) if is_ens else None
+    for split in {r["split"] for r in out}:
+        rows = [r for r in out if r["split"] == split]
+        members = {r["member"]: r for r in rows if r["member"] is not None}
+        best = best_member if best_member in members else _best_member(out)
+        best = best if best in members else (
+            min(members.values(), key=lambda r: (r["nll"], r["member"]))["member"]
+            if members else None)
+        for r in rows:
+            if r["aggregator"] is None or not members:
+                continue
+            r["best_member"] = best
+            for m in M.METRICS:
+                mean = float(np.mean([x[m] for x in members.values()]))
+                r[f"gain_vs_mean_{m}"] = gain(r[m], mean, m)
+                r[f"gain_vs_best_{m}"] = gain(r[m], members[best][m], m)
+    return pa.Table.from_pylist(out, schema=METRICS_SCHEMA)
+
+
+def ensemble_size_table(member_probs: dict[str, np.ndarray], y: dict[str, np.ndarray],
+                        greedy_order: list[int] | None = None) -> pa.Table:
+    """The ensemble-size curve: metrics of the mean of the first k members, k = 1..n_members
+    (`order` = "first": members in index order; k = 1 is member 0 and k = n_members the
+    mean ensemble), and of the first k picks of greedy selection (`order` = "greedy", picks
+    with replacement, k = 1..len(greedy_order)).
+
+    Args:
+        member_probs: split -> `[n_members, n_rows, n_classes]` (members in index order).
+        y: split -> `[n_rows]` class indices.
+        greedy_order: member positions in the order greedy selection picked them.
+    """
+    if any(np.asarray(v).dtype.kind == "f" for v in y.values()):  # regression targets
+        from ensemble.tasks.regression import tables as regression_tables
+
+        return regression_tables.ensemble_size_table(member_probs, y, greedy_order)
+
+    def scores(split, probs, order):  # the mean of the first k members, k = 1, 2, ...
+        total = np.zeros(probs.shape[1:])
+        for k, m in enumerate(order, start=1):
+            total += probs[m]
+            yield M.all_metrics(y[split], (total / k).astype(np.float32))
+
+    return size_table(member_probs, greedy_order, scores, M.METRICS)
