@@ -435,3 +435,16 @@ def test_one_predicted_row_is_one_row(capsys):
     progress.rows = 1
     progress.end()
     assert "predicted 1 row in" in capsys.readouterr().out
+
+
+def test_the_missing_labels_notice_fits_how_many_rows_lack_one():
+    """No row labelled: no "others" to keep and nothing for evaluate; some: evaluate needs the
+    long layout to score the labelled ones."""
+    from ensemble.data.messages import missing_labels
+
+    assert missing_labels("target column 'y' of x.csv", 442, 442) == (
+        "target column 'y' of x.csv has no label in its 442 rows: predicted, with y_true null "
+        "on every row")
+    some = missing_labels("target column 'y' of x.csv", 3, 150)
+    assert some.startswith("target column 'y' of x.csv has 3 missing labels in 150 rows")
+    assert "kept on the others" in some and "--layout long" in some

@@ -105,7 +105,7 @@ def test_a_batch_without_any_label_and_an_input_without_any(run, tmp_path, capsy
     capsys.readouterr()
     assert run_cli("predict", "--run", run / "run", "--data", data, "--out", long,
                    "--batch-size", "32", "--layout", "long") == 0
-    assert "150 missing labels in 150 rows" in capsys.readouterr().err
+    assert "has no label in its 150 rows" in capsys.readouterr().err
     assert pq.read_table(long).column("y_true").null_count == pq.read_table(long).num_rows
     assert run_cli("evaluate", "--predictions", long) == 2
     assert "has no rows with a known y_true" in capsys.readouterr().err

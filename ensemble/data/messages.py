@@ -122,9 +122,13 @@ def unknown_labels(where: str, unknown: dict, classes) -> str:
 def missing_labels(where: str, n: int, rows: int) -> str:
     """The notice of `n` rows of `where` (`target column 'label' of x.csv`, `the y array of
     x.npz`) out of `rows` without a label: predicted, `y_true` null on them alone."""
+    if n >= rows:
+        return (f"{where} has no label in its {rows:,} row{'s' * (rows != 1)}: predicted, "
+                "with y_true null on every row")
     return (f"{where} has {n:,} missing label{'s' * (n != 1)} in {rows:,} rows: predicted, "
-            f"with y_true null on {'it' if n == 1 else 'them'} (kept on the others; "
-            "`ensemble evaluate` scores the labelled rows)")
+            f"with y_true null on {'it' if n == 1 else 'them'} and kept on the others "
+            "(`ensemble evaluate --predictions` of a `--layout long` output scores the "
+            "labelled rows)")
 
 
 def read_columns(names: Sequence[str], drop: Sequence[str], source,
