@@ -68,3 +68,34 @@ def test_the_refusal_names_a_few_rare_classes_the_rarest_first():
             "...)") in msg
     few = split_refusal("t.csv", np.repeat(classes[:2], [9, 1]), classes[:2], np.array([9, 1]))
     assert "('b' 1 row);" in few and "..." not in few
+
+
+def test_a_numeric_target_with_a_few_text_markers_names_them():
+    """A numeric target with one `unknown` and one `?` cell reads as text: auto makes hundreds
+    of classes and the split fails; regression refuses text. Both name the markers and the fix
+    (empty cells are missing labels) rather than leave the user to find them."""
+    import numpy as np
+
+    from ensemble.core.errors import UsageError
+    from ensemble.core.labels import text_among_numbers
+    from ensemble.data.messages import split_refusal
+    from ensemble.tasks import registry
+
+    y = np.array([f"{v}.0" for v in range(100, 140)] + ["unknown", "?", "120.0"])
+    assert text_among_numbers(y) == {"?": 1, "unknown": 1}
+    assert text_among_numbers(np.array(["cat", "dog", "1"])) is None  # class names
+    assert text_among_numbers(np.array(["1", "2"])) is None and text_among_numbers(
+        np.array([1.0, 2.0])) is None
+    with pytest.raises(UsageError, match=r"holds numbers but for 1 row of '\?', 1 row of "
+                                         r"'unknown'; --task regression needs numbers: leave "
+                                         r"those cells empty"):
+        registry.resolve(y, "regression", "x.csv")
+    with pytest.raises(UsageError, match="holds text labels"):
+        registry.resolve(np.array(["a", "b", "1"]), "regression", "x.csv")
+    classes, counts = np.unique(y, return_counts=True)
+    text = split_refusal("x.csv", y, classes, counts)
+    assert ("its labels are numbers but for 1 row of '?', 1 row of 'unknown': a numeric "
+            "target? Leave those cells empty") in text and "--task regression" in text
+    names = np.array(["a", "b", "c", "d"] * 2 + ["e"])
+    classes, counts = np.unique(names, return_counts=True)
+    assert "merge or drop the rarest classes" in split_refusal("x.csv", names, classes, counts)

@@ -80,3 +80,25 @@ def spread(codes: np.ndarray, has: np.ndarray) -> np.ndarray:
 def _same_kind(y: np.ndarray, classes: np.ndarray) -> bool:
     """Labels and classes both text, or both numbers (else no label can be a class)."""
     return (y.dtype.kind in "USO") == (classes.dtype.kind in "USO")
+
+
+def text_among_numbers(y: np.ndarray) -> dict[str, int] | None:
+    """The values of a text target `y` `[n_rows]` that are not numbers, when most of its
+    distinct values are (a numeric target with a few markers such as `unknown` or `?`):
+    `{value: rows}`; None when `y` is not text, every value is a number, or fewer than half
+    of its distinct values are (class names)."""
+    y = np.asarray(y)
+    if y.dtype.kind not in "USO" or not len(y):
+        return None
+    values, counts = np.unique(y.astype(str), return_counts=True)
+    number = np.array([_is_number(v) for v in values])
+    if number.all() or number.mean() < 0.5:
+        return None
+    return {str(v): int(c) for v, c, ok in zip(values, counts, number) if not ok}
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return bool(np.isfinite(float(text)))
+    except ValueError:
+        return False

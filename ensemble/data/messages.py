@@ -10,6 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from ensemble.core.errors import UsageError
+from ensemble.core.labels import text_among_numbers
 from ensemble.core.notices import few, notice
 
 
@@ -76,8 +77,13 @@ def split_refusal(name: str, y: np.ndarray, classes: np.ndarray, counts: np.ndar
     named = few([(classes[i].item(), int(counts[i])) for i in order if counts[i] < 3],
                 show=lambda c: f"{c[0]!r} {c[1]} row{'s' * (c[1] != 1)}")
     numeric = np.asarray(y).dtype.kind in "iuf"
+    markers = None if numeric else text_among_numbers(y)
     hint = ("; a numeric target to predict as a number? Pass --task regression" if numeric
-            else "; merge or drop the rarest classes")
+            else "; merge or drop the rarest classes" if not markers else
+            "; its labels are numbers but for " + few(
+                list(markers.items()), show=lambda m: f"{m[1]} row{'s' * (m[1] != 1)} of "
+                f"{m[0]!r}") + ": a numeric target? Leave those cells empty (rows without a "
+            "label are dropped) and pass --task regression")
     if not rare:
         return (f"Cannot split {name} into stratified train/validation/test sets: its "
                 f"{len(classes):,} classes outnumber the rows of its validation or test split; "

@@ -61,6 +61,17 @@ def resolve(y: np.ndarray | None, requested: str = "auto", source: str = "") -> 
     whole = not text and bool(np.all(np.isfinite(y)) and np.all(y == np.round(y)))
     if requested == "regression":
         if text:
+            from ensemble.core.labels import text_among_numbers
+            from ensemble.core.notices import few
+
+            markers = text_among_numbers(y)
+            if markers:
+                raise UsageError(
+                    f"Target of {source or 'the data'} holds numbers but for "
+                    + few(list(markers.items()),
+                          show=lambda m: f"{m[1]} row{'s' * (m[1] != 1)} of {m[0]!r}")
+                    + "; --task regression needs numbers: leave those cells empty (rows "
+                    "without a label are dropped at training) or correct them.")
             raise UsageError(f"Target of {source or 'the data'} holds text labels; "
                              "--task regression needs numbers.")
         return requested
