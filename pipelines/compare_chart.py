@@ -10,6 +10,7 @@ import numpy as np
 
 from ensemble.replication import modes
 from ensemble.core import artifacts
+from ensemble.core.notices import notice
 from pipelines import compare_cost
 
 PALETTE = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
@@ -106,7 +107,7 @@ def chart(rows: list[dict], context: dict, path: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib not installed (pip install '.[bench]'): no chart written")
+        notice("matplotlib not installed (pip install '.[bench]'): no chart written")
         return
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     _walls(axes[0], rows)

@@ -207,7 +207,7 @@ def test_tabular_csv_as_people_have_it(mode, tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert run_cli("train", "--config", folder / "c.toml", "--mode", mode,
                    "--run-dir", run_dir) == 0
-    assert "dropped 1 rows" in capsys.readouterr().err
+    assert "dropped 1 row of" in capsys.readouterr().err
     pre = json.loads((run_dir / "preprocessing.json").read_text())
     assert pre["categories"]["island"] == ["Biscoe", "Dream", "Torgersen"]
     assert pre["impute"] == "median" and "island=Biscoe" in pre["output_names"]

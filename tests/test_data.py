@@ -173,7 +173,7 @@ def test_categorical_and_imputation_fitted_on_train_rows_only(tmp_path, capsys):
     path = tmp_path / "traits.csv"
     path.write_text(TRAITS)
     ds = sources.load(DataConfig(source=str(path), target="species", impute="median"))
-    assert "dropped 1 rows" in capsys.readouterr().err  # the row with no label
+    assert "dropped 1 row of" in capsys.readouterr().err  # the row with no label
     assert ds.feature_names == ("bill", "mass") and set(ds.categorical) == {"island", "sex",
                                                                              "tagged"}
     assert len(ds.y) == 6
@@ -448,3 +448,19 @@ def test_the_missing_labels_notice_fits_how_many_rows_lack_one():
     some = missing_labels("target column 'y' of x.csv", 3, 150)
     assert some.startswith("target column 'y' of x.csv has 3 missing labels in 150 rows")
     assert "kept on the others" in some and "--layout long" in some
+
+
+def test_a_misspelt_target_prints_no_identifier_notice(capsys):
+    """With the target not found, the id-column notice would list the real target among the
+    text columns to pass to --categorical: only the target's refusal is printed."""
+    from ensemble.core.errors import UsageError
+    from ensemble.data.sources import table_to_dataset
+
+    table = pa.table({"x": [float(i) for i in range(60)],
+                      "bottle_id": [f"b{i:03d}" for i in range(60)], "label": ["a", "b"] * 30})
+    with pytest.raises(UsageError, match=r"Target column 'lable' not found \(did you mean "
+                                         r"'label'\?\)"):
+        table_to_dataset(table, "w.csv", "lable", require_target=True)
+    assert "identifier" not in capsys.readouterr().err
+    table_to_dataset(table, "w.csv", "label", require_target=True)  # found: the notice is kept
+    assert "column 'bottle_id' of w.csv has 60 distinct values" in capsys.readouterr().err

@@ -207,7 +207,8 @@ def table_to_dataset(table: pa.Table, name: str, target: str, require_target: bo
     table, y, labelled = _split_target(table, name, target, require_target, problems)
     if expected is not None:
         table = columns.select_expected(table, name, expected, identifiers, strict, problems)
-    elif detect_identifiers:  # training: identifier-like text columns are not features
+    elif detect_identifiers and not problems:  # training: identifier-like text columns are
+        # not features (not with the target missing: its notice would list the target too)
         from ensemble.data.identifiers import split_identifiers
 
         table, identifiers = split_identifiers(table, name, categorical,
@@ -239,7 +240,8 @@ def _split_target(table: pa.Table, name: str, target: str, require_target: bool,
         if col.null_count and require_target:
             keep = pc.is_valid(col)
             table = table.filter(keep)
-            notice(f"dropped {col.null_count} rows of {name} whose label {target!r} is missing")
+            n = col.null_count
+            notice(f"dropped {n} row{'s' * (n != 1)} of {name} whose label {target!r} is missing")
             col = table.column(target)
         if not require_target:  # NaN or inf: no label either (refused at training)
             has = pc.is_valid(col)

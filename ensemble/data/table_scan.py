@@ -151,7 +151,8 @@ class TableScan:
         valid = None
         if col.null_count:
             valid = np.asarray(pc.is_valid(col))
-            sources.notice(f"dropped {col.null_count} rows of {self.name} whose label "
+            n = col.null_count
+            sources.notice(f"dropped {n} row{'s' * (n != 1)} of {self.name} whose label "
                            f"{target!r} is missing", once=True)  # checked, then prepared
             col = col.filter(pc.is_valid(col))
         problems: list[str] = []
