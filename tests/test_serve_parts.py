@@ -205,3 +205,12 @@ def test_every_status_the_server_answers_has_its_metrics_label():
     text = metrics.render()
     assert 'status="RESOURCE_EXHAUSTED"} 1' in text and 'status="CANCELLED"} 1' in text
     assert "INTERNAL" not in text
+
+
+def test_a_number_for_a_text_input_names_the_input():
+    """A served categorical column is text: a JSON number for it is refused naming the input
+    (a request has many), not just the value."""
+    req = {"inputs": {"city": [1935, 1936], "area": [1.0, 2.0]}}
+    with pytest.raises(BadRequest, match=r"^input `city`: expected a string \(or "
+                                         r"\{\"b64\": ...\}\); received 1935$"):
+        decode_inputs(req, NAMED)

@@ -153,7 +153,9 @@ def _array(name: str, value, info: TensorInfo) -> np.ndarray:
                                  "(null or NaN for a missing value)")
     except ValueError as exc:
         if isinstance(exc, BadRequest):
-            raise
+            if str(exc).startswith("input `"):
+                raise
+            raise BadRequest(f"input `{name}`: {exc}") from None  # a leaf of `_strings`
         raise BadRequest(f"input `{name}`: rows of different shapes (ragged nested lists)"
                          ) from None
     if info.shape is not None:
