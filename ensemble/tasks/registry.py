@@ -61,19 +61,7 @@ def resolve(y: np.ndarray | None, requested: str = "auto", source: str = "") -> 
     whole = not text and bool(np.all(np.isfinite(y)) and np.all(y == np.round(y)))
     if requested == "regression":
         if text:
-            from ensemble.core.labels import text_among_numbers
-            from ensemble.core.notices import few
-
-            markers = text_among_numbers(y)
-            if markers:
-                raise UsageError(
-                    f"Target of {source or 'the data'} holds numbers but for "
-                    + few(list(markers.items()),
-                          show=lambda m: f"{m[1]} row{'s' * (m[1] != 1)} of {m[0]!r}")
-                    + "; --task regression needs numbers: leave those cells empty (rows "
-                    "without a label are dropped at training) or correct them.")
-            raise UsageError(f"Target of {source or 'the data'} holds text labels; "
-                             "--task regression needs numbers.")
+            raise UsageError(_text_refusal(y, source))
         return requested
     if requested == "classification":
         if not text and not whole:
@@ -97,6 +85,23 @@ def resolve(y: np.ndarray | None, requested: str = "auto", source: str = "") -> 
                "regression (--task classification to take them as classes)", once=True)
         return "regression"
     return "classification"
+
+
+def _text_refusal(y: np.ndarray, source: str) -> str:
+    """The refusal of text target `y` `[n_rows]` for `--task regression`: the values that are
+    not numbers when most are (`labels.text_among_numbers`: markers such as `unknown`)."""
+    from ensemble.core.labels import text_among_numbers
+    from ensemble.core.notices import few
+
+    markers = text_among_numbers(y)
+    if not markers:
+        return (f"Target of {source or 'the data'} holds text labels; --task regression needs "
+                "numbers.")
+    return (f"Target of {source or 'the data'} holds numbers but for "
+            + few(list(markers.items()), show=lambda m: f"{m[1]} row{'s' * (m[1] != 1)} of "
+                  f"{m[0]!r}")
+            + "; --task regression needs numbers: leave those cells empty (rows without a "
+            "label are dropped at training) or correct them.")
 
 
 def get(name: str = "classification", **options) -> Task:
