@@ -115,11 +115,14 @@ def test_auto_epochs_give_small_tables_a_step_budget():
         t = auto.resolve(cfg, n_train, n_val)[0].training
         return t.batch_size, t.epochs, t.early_stopping
 
-    assert epochs(240) == (32, 200, 40)      # 8 steps an epoch: 250 epochs, capped
-    assert epochs(588) == (32, 106, 21)      # modechoice: 19 steps, ceil(2000 / 19)
+    assert epochs(240) == (32, 200, 20)      # 8 steps an epoch: 250 epochs, capped;
+    # patience 200 // 5 = 40, capped at 20
+    assert epochs(588) == (32, 106, 20)      # modechoice: 19 steps, ceil(2000 / 19); 21 -> 20
     assert epochs(1500) == (32, 43, 8)       # 47 steps
     assert epochs(2047) == (32, 32, 6)       # 64 steps
-    assert epochs(2048) == (64, 63, 12)      # the batch doubles: 32 steps
+    assert epochs(2048) == (64, 63, 12)      # the batch doubles: 32 steps; 63 // 5
+    assert auto.patience_for(99, 10) == 19 and auto.patience_for(100, 10) == 20 \
+        and auto.patience_for(200, 10) == 20 and auto.patience_for(24, 10) == 5
     assert epochs(4456) == (64, 30, 6)       # fair: 70 steps, 30 is 2,100 steps
     assert epochs(14_133) == (128, 30, 6)    # randhie
     assert epochs(588, 0) == (32, 30, 0)     # no validation rows: no early stopping, 30

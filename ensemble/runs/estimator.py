@@ -55,7 +55,7 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
             batch size follow the training rows (`ensemble.config.auto`: with
             `validation_data` at least 2,000 steps within [30, 200] epochs, else 30). With
             `validation_data`, each member stops early on its validation loss and keeps its
-            best epoch (patience `max(5, epochs // 5)`, improvements above 0.001).
+            best epoch (patience `min(20, max(5, epochs // 5))`, improvements above 0.001).
         random_state: run seed: an int >= 0 (`--seed`), a `RandomState` or None (a fresh seed
             drawn per fit). Member `k`'s initialisation and batch order depend only on
             (seed, k).
