@@ -15,7 +15,8 @@ def run(load_main: Callable[[], Callable[[], int]]) -> None:
 
     Raises:
         SystemExit: always: `main()`'s status, or 130 after a Ctrl-C before it handled
-            signals (a second Ctrl-C then is ignored: one line, no traceback).
+            signals (a second Ctrl-C then is ignored: one line, no traceback). Once the
+            status is decided, SIGINT is ignored while the process exits.
     """
     try:
         main = load_main()
@@ -27,4 +28,8 @@ def run(load_main: Callable[[], Callable[[], int]]) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # we are exiting: no second line
         print("interrupted (SIGINT)", file=sys.stderr, flush=True)
         status = 130
+    # the command's work is done and its status decided: a Ctrl-C during the interpreter's
+    # teardown (TensorFlow's takes seconds; Python restores the default action there) would
+    # kill the process silently with status 130 after a run that completed
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(status)
