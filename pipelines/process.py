@@ -5,9 +5,14 @@ streams are set up): `interrupted (SIGINT)` and exit status 130, no traceback, a
 one (`main` prints its own, naming where a run stopped, and returns its status).
 """
 
+from __future__ import annotations
+
 import signal
 import sys
-from typing import Callable
+
+TYPE_CHECKING = False  # `typing` (with functools, collections, re) is not imported at run time:
+if TYPE_CHECKING:  # the fewer modules before `run`'s guard, the smaller the window a Ctrl-C
+    from typing import Callable  # can land in with a traceback (the console script's import)
 
 
 def run(load_main: Callable[[], Callable[[], int]]) -> None:
