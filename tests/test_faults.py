@@ -276,8 +276,11 @@ LAUNCHER = """import sys
 from ensemble.replication.processes import run_process
 run_process(["-n", "1", sys.argv[1]], module="timeit")
 """
-WAIT_FOR_PARENT = ("import os, time\nparent = os.getppid()\n"
-                   "while os.getppid() == parent: time.sleep(0.05)")  # the client: ends with it
+# the client: ends with its launcher; a launcher killed before the client read its parent
+# leaves it a child of init (parent 1 from the start): it ends then too, and after 120 s anyway
+WAIT_FOR_PARENT = ("import os, time\nparent, end = os.getppid(), time.monotonic() + 120\n"
+                   "while os.getppid() == parent != 1 and time.monotonic() < end:\n"
+                   "    time.sleep(0.05)")
 
 
 def test_a_killed_launchers_report_file_is_removed_by_the_next_launch(tmp_path, monkeypatch):
