@@ -26,8 +26,6 @@ training categories are booleans. A run trained before this rule keeps its vocab
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,13 +37,9 @@ INT_LIMIT = 2.0 ** 63  # integral values below it in size are written as integer
 
 def canonical(value: str) -> str:
     """The canonical spelling of one categorical value `value` (text), as `arrow_text` gives
-    it: `"1935.0"` -> `"1935"`; `"1.50"`, `"007"` and `"A"` unchanged."""
-    if re.fullmatch(INTEGER, value):
-        return "0" if value == "-0" else value
-    if not re.fullmatch(NUMBER, value):
-        return value
-    x = float(value)
-    return str(int(x)) if x == np.floor(x) and abs(x) < INT_LIMIT else value
+    it (the same rule, `_text`): `"1935.0"` -> `"1935"`; `"1.50"`, `"007"` and `"A"`
+    unchanged."""
+    return _text(pa.array([value], pa.string()))[0].as_py()
 
 
 def _whole(x) -> tuple[np.ndarray, np.ndarray, pa.Array]:
@@ -110,8 +104,7 @@ def canonical_vocabulary(categories: list[str]) -> list[str]:
     has keeps its old spelling (the run learned `1` and `1.0` as two categories: new rows,
     spelt `1`, take the first)."""
     out, taken = [], set(categories)
-    for c in categories:
-        new = canonical(c)
+    for c, new in zip(categories, _text(pa.array(categories, pa.string())).to_pylist()):
         if new != c and new not in taken:
             taken.add(new)
             c = new
