@@ -20,6 +20,7 @@ values: row labels, which `pandas.read_parquet` makes the index again (`pandas_i
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Sequence
 
@@ -27,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ensemble.data.columns import number_markers
+from ensemble.data.messages import UNNAMED_INDEX
 
 MIN_DISTINCT = 50
 SHARE = 0.9
@@ -40,8 +42,6 @@ def pandas_index(schema: pa.Schema | None, skip: Sequence[str] = ()) -> tuple[st
     a dict there and no column: nothing. A CSV, a schema without pandas metadata, or
     metadata that is not pandas' JSON: `()`.
     """
-    import re
-
     try:
         listed = (schema.pandas_metadata or {}).get("index_columns") or ()
     except (AttributeError, ValueError, TypeError):  # no schema; bytes that are not JSON
@@ -49,7 +49,7 @@ def pandas_index(schema: pa.Schema | None, skip: Sequence[str] = ()) -> tuple[st
     if not isinstance(listed, (list, tuple)):
         return ()
     named = {c for c in listed if isinstance(c, str) and c not in skip
-             and not re.fullmatch(r"__index_level_\d+__", c)}
+             and not re.fullmatch(UNNAMED_INDEX, c)}
     return tuple(n for n in schema.names if n in named)
 
 

@@ -13,6 +13,8 @@ from ensemble.core.errors import UsageError
 from ensemble.core.labels import text_among_numbers
 from ensemble.core.notices import few, notice
 
+UNNAMED_INDEX = r"__index_level_\d+__"  # pandas' unnamed index column (DataFrame.to_parquet)
+
 
 def did_you_mean(name: str, columns: Sequence[str]) -> str:
     """` (did you mean 'X'?)` for the column of `columns` closest to the misspelt `name`
@@ -151,7 +153,7 @@ def read_columns(names: Sequence[str], drop: Sequence[str], source,
         UsageError: a `drop` column `names` lacks (`check_drop`).
     """
     check_drop(drop, names, source)
-    unnamed = [c for c in names if re.fullmatch(r"__index_level_\d+__", c) and c not in drop]
+    unnamed = [c for c in names if re.fullmatch(UNNAMED_INDEX, c) and c not in drop]
     if unnamed:
         notice(f"left out {', '.join(map(repr, unnamed))} of {source}: pandas' index "
                "(DataFrame.to_parquet wrote it), not a feature", once=True)

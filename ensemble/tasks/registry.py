@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ensemble.core import specs
+from ensemble.core.labels import text_among_numbers
+from ensemble.core.notices import few
 from ensemble.core.record import Manifest
 from ensemble.tasks.base import Task, all_aggregator_names
 from ensemble.tasks.classification.task import Classification
@@ -90,9 +92,6 @@ def resolve(y: np.ndarray | None, requested: str = "auto", source: str = "") -> 
 def _text_refusal(y: np.ndarray, source: str) -> str:
     """The refusal of text target `y` `[n_rows]` for `--task regression`: the values that are
     not numbers when most are (`labels.text_among_numbers`: markers such as `unknown`)."""
-    from ensemble.core.labels import text_among_numbers
-    from ensemble.core.notices import few
-
     markers = text_among_numbers(y)
     if not markers:
         return (f"Target of {source or 'the data'} holds text labels; --task regression needs "
