@@ -17,6 +17,7 @@ UPPER = {  # key -> the largest value a run can use (beyond: memory, overflow, d
     "training.checkpoint_every": 2 ** 31 - 1, "training.steps_per_execution": 2 ** 31 - 1,
     "training.intra_op_threads": 4096,
     "training.learning_rate": 10.0, "members.l2": 100.0, "training.seed": SEED_MAX,
+    "training.min_delta": 1000.0,  # a validation-loss drop (nats per row): beyond, nothing improves
     "data.split_seed": SEED_MAX, "data.synthetic.seed": SEED_MAX,
     "data.synthetic.rows": 100_000_000, "data.synthetic.features": 100_000,
     "data.synthetic.classes": 10_000, "placement.memory_limit_mb": 2 ** 31 - 1,
