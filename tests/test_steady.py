@@ -1,11 +1,11 @@
 """Steady-state rates: when a process's steady calls ran (`SteadyState.spans`), and the rate of
-several processes over the time when all of them were training (`pipelines.benchmark`)."""
+several processes over the time when all of them were training (`benchmarks.benchmark`)."""
 from types import SimpleNamespace
 
 import pytest
 
 from ensemble.replication.steady import SteadyState
-from pipelines.benchmark import _clients_steady, concurrent_flops_rate
+from benchmarks.benchmark import _clients_steady, concurrent_flops_rate
 
 
 def test_the_rate_counts_only_the_time_when_every_process_trains():

@@ -1,5 +1,5 @@
 """The steady-state training rate of a run: a `training.Callback` that counts the rows and seconds
-of every traced call after the first (`pipelines.benchmark`, `ensemble compare`)."""
+of every traced call after the first (`benchmarks.benchmark`, `ensemble compare`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class SteadyState(Callback):
             work between calls, small, is included; validation and checkpoints are not).
         spans: `[start_unix, end_unix, rows]` of each run of back-to-back steady calls (one
             per epoch): when the calls ran, so that the calls of processes training at once
-            can be told apart from those that ran alone (`pipelines.benchmark`).
+            can be told apart from those that ran alone (`benchmarks.benchmark`).
     """
 
     def __init__(self, batch_size: int, n_train: int):

@@ -30,7 +30,7 @@ def dropped_columns(manifest: Manifest) -> tuple[str, ...]:
 def record_process(run_dir: str | Path, ready_unix: float) -> Manifest:
     """Record, under the manifest lock, the training process's `process_ready_unix` (when it
     was ready to work: `time.time()`, seconds) and `process_peak_rss_bytes` (its peak resident
-    memory so far, bytes) in `timings`; `pipelines.benchmark` and `compare` read them."""
+    memory so far, bytes) in `timings`; `benchmarks.benchmark` and `compare` read them."""
     from ensemble.replication.devices import peak_rss_bytes
 
     peak = peak_rss_bytes()

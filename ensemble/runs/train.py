@@ -85,7 +85,7 @@ def train_in_graph(request: TrainRequest, callbacks: Sequence = ()) -> Manifest:
 class _FirstEpoch:
     """A `training.Callback` noting when the first epoch this process trained ended (its
     progress line printed): `unix` (`time.time()`), None until then; what a user waits for
-    before seeing training work (`pipelines.benchmark`'s `first epoch s`)."""
+    before seeing training work (`benchmarks.benchmark`'s `first epoch s`)."""
 
     unix: float | None = None
 

@@ -1,4 +1,4 @@
-"""`python -m pipelines.tabular_bench`: the default ensemble against HistGradientBoosting on real tables.
+"""`python -m benchmarks.tabular_bench`: the default ensemble against HistGradientBoosting on real tables.
 
 What a tabular user compares first: `ensemble train` with the project's defaults (only the
 table, its target and its task given) and scikit-learn's `HistGradientBoostingClassifier` /
@@ -194,7 +194,7 @@ def one_split(name: str, seed: int, out: Path, sets: dict, skip_hgb: bool) -> di
     if not skip_hgb:
         rows_file, hgb_out = out / f"{name}-{seed}.rows.json", out / f"{name}-{seed}.hgb.json"
         rows_file.write_text(json.dumps({k: v.tolist() for k, v in run_rows(run).items()}))
-        wall, mem = run_child([sys.executable, "-m", "pipelines.tabular_bench", "--hgb-worker",
+        wall, mem = run_child([sys.executable, "-m", "benchmarks.tabular_bench", "--hgb-worker",
                                name, str(table), str(rows_file), str(seed), str(hgb_out)],
                               {"OMP_NUM_THREADS": "1"})
         result["hgb"] = {**json.loads(hgb_out.read_text()), "wall_s": wall, "peak_mib": mem}
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         _, target, task = TABLES[name]
         hgb_worker(Path(table), target, task, Path(rows), int(seed), Path(out))
         return 0
-    parser = argparse.ArgumentParser(prog="python -m pipelines.tabular_bench")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.tabular_bench")
     parser.add_argument("--tables", default=",".join(TABLES))
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--out", type=Path)

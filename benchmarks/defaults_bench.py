@@ -1,4 +1,4 @@
-"""`python -m pipelines.defaults_bench`: the regression defaults' figures on `diabetes`.
+"""`python -m benchmarks.defaults_bench`: the regression defaults' figures on `diabetes`.
 
 What a user gets from `ensemble train --data diabetes` with no other setting, over split seeds
 `[data] split_seed` = 0..N-1 (one `ensemble train` process per seed): the test NLL (Gaussian,
@@ -63,7 +63,7 @@ def accepted(f: dict) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.defaults_bench")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.defaults_bench")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--out", type=Path)
     parser.add_argument("train", nargs="*", help="extra `ensemble train` options (after --)")

@@ -1,12 +1,11 @@
 """Memory of the training data: peak RSS of one in-graph epoch of 8 CNN members on 8 logical
 CPU devices over 10,000 random 32x32x3 images held as uint8 (as a run keeps images) against
-float32 rows (batches are gathered on the host either way; `pipelines.scale_bench` measures
+float32 rows (batches are gathered on the host either way; `benchmarks.scale_bench` measures
 runs whose splits are memory-mapped files).
 
-    python -m pipelines.memory_bench [--rows 10000] [--members 8]
+    python -m benchmarks.memory_bench [--rows 10000] [--members 8]
 
 Each variant runs in its own fresh process (peak RSS is per process, `VmHWM`); prints a table.
-Never run by the tests.
 """
 
 from __future__ import annotations
@@ -62,7 +61,7 @@ def main(argv=None) -> int:
         return 0
     out = {}
     for variant in ("before", "after"):
-        proc = subprocess.run([sys.executable, "-m", "pipelines.memory_bench", "--worker",
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.memory_bench", "--worker",
                                variant, "--rows", str(args.rows), "--members",
                                str(args.members)], capture_output=True, text=True, check=True)
         out[variant] = json.loads(proc.stdout.strip().splitlines()[-1])

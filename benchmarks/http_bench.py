@@ -1,6 +1,6 @@
 """HTTP serving benchmark: `ensemble serve` under 1..64 concurrent clients on loopback.
 
-    python -m pipelines.serve_bench --http [--model DIR] [--requests N] [--seconds S]
+    python -m benchmarks.serve_bench --http [--model DIR] [--requests N] [--seconds S]
                                            [--clients 1,8,32,64] [--out DIR]
 
 Without `--model`, trains the default digits ensemble (4 members, 256-128, 2 epochs) and
@@ -11,7 +11,6 @@ connection, the next when the answer came; at most `--requests` requests and `--
 seconds per point) and prints requests per second and p50/p99 latency in a Markdown table;
 `results.json` in `--out`. The load driver is a small asyncio HTTP/1.1 client (lighter than
 an HTTP library, so the driver, which shares the machine's cores, takes less of them).
-Never run by the test suite.
 """
 
 from __future__ import annotations
@@ -30,12 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-SETTINGS = [  # (label, serve flags)
-    ("batching, 1 replica", ["--replicas", "1", "--max-batch-size", "64"]),
-    ("batching, N replicas", ["--replicas", "auto", "--max-batch-size", "64"]),
-    ("no batching, 1 replica", ["--replicas", "1", "--max-batch-size", "1"]),
-    ("no batching, N replicas", ["--replicas", "auto", "--max-batch-size", "1"]),
-]
+SETTINGS = {  # name: (label, serve flags)
+    "batching-1": ("batching, 1 replica", ["--replicas", "1", "--max-batch-size", "64"]),
+    "batching-n": ("batching, N replicas", ["--replicas", "auto", "--max-batch-size", "64"]),
+    "no-batching-1": ("no batching, 1 replica", ["--replicas", "1", "--max-batch-size", "1"]),
+    "no-batching-n": ("no batching, N replicas", ["--replicas", "auto", "--max-batch-size", "1"]),
+}
 
 
 async def _client(port: int, request: bytes, budget: dict, latencies: list, errors: list):
@@ -124,7 +123,7 @@ def stop_server(proc) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipelines.serve_bench --http",
+    p = argparse.ArgumentParser(prog="python -m benchmarks.serve_bench --http",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="an export folder (default: train and export digits)")
@@ -132,7 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=5.0, help="per point, at most")
     p.add_argument("--clients", default="1,8,32,64")
     p.add_argument("--out", default="artifacts/serve_bench_http")
+    p.add_argument("--settings", default=",".join(SETTINGS),
+                   help="server settings to measure (default: all of " + ", ".join(SETTINGS) + ")")
     args = p.parse_args(argv)
+    unknown = set(args.settings.split(",")) - set(SETTINGS)
+    if unknown:
+        p.error(f"unknown --settings {sorted(unknown)}; expected from {', '.join(SETTINGS)}")
+    settings = [SETTINGS[name] for name in args.settings.split(",")]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -146,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     body = json.dumps({"instances": [load_digits().data[0].tolist()]}).encode()
     levels = [int(c) for c in args.clients.split(",")]
     results = []
-    for label, flags in SETTINGS:
+    for label, flags in settings:
         proc, port = start_server(model, flags)
         try:
             load(port, body, 4, 200, 2.0)  # warm-up: traced calls, connections
@@ -163,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['setting']} | {r['clients']} | {r['rps']:.0f} | {r['p50_ms']:.1f} | "
               f"{r['p99_ms']:.1f} | {r['errors']} |")
     by = {(r["setting"], r["clients"]): r["rps"] for r in results}
-    for label, _ in SETTINGS:
+    for label, _ in settings:
         if (label, 32) in by and (label, 1) in by:
             print(f"{label}: 32 clients = {by[(label, 32)] / by[(label, 1)]:.1f}x the "
                   "requests per second of 1 client")

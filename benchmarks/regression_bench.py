@@ -1,4 +1,4 @@
-"""`python -m pipelines.regression_bench`: the regression protocol of Lakshminarayanan et al.
+"""`python -m benchmarks.regression_bench`: the regression protocol of Lakshminarayanan et al.
 2017 (deep ensembles, section 3.2 and Table 1) on the regression data sets that ship offline.
 
 Protocol: 5 Gaussian members, one hidden layer of 50 ReLU units, batch 100, 40 epochs, Adam;
@@ -41,15 +41,10 @@ def protocol_config(source: str, split_seed: int, epochs: int, learning_rate: fl
 def run_split(source: str, split_seed: int, root: Path, epochs: int, lr: float) -> dict:
     """Train one split; returns test `{name: (rmse, nll)}` for the mean member, `mean` and
     `std-scaling`."""
-    import pyarrow.parquet as pq
-
-    from ensemble.replication.modes import TrainRequest
-    from ensemble.runs.train import train_in_graph
+    import ensemble
 
     cfg = protocol_config(source, split_seed, epochs, lr)
-    run_dir = root / f"{source}-{split_seed}"
-    train_in_graph(TrainRequest(cfg, run_dir, overwrite=True, verbosity=0))
-    m = pq.read_table(run_dir / "metrics.parquet").to_pandas()
+    m = ensemble.train(cfg, run_dir=root / f"{source}-{split_seed}", overwrite=True).metrics
     test = m[m["split"] == "test"]
     members = test[test["member"].notna()]
     out = {"mean member": (members["rmse"].mean(), members["nll"].mean())}
@@ -72,7 +67,7 @@ def table(results: dict[str, list[dict]]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.regression_bench",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.regression_bench",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--splits", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=40)

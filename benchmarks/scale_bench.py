@@ -1,6 +1,6 @@
 """Data at scale: peak memory against data size for both modes, and prepare seconds per million rows.
 
-    python -m pipelines.scale_bench [--rows 250000] [--factors 1,4,16] [--features 64]
+    python -m benchmarks.scale_bench [--rows 250000] [--factors 1,4,16] [--features 64]
                                     [--limit-gib 0] [--images 0] [--out DIR]
 
 Writes a Parquet table of `rows x factor` float32 rows (`features` columns, a binary label
@@ -10,7 +10,7 @@ its own cgroup-v1 memory cgroup when this runs as root (`/sys/fs/cgroup/memory/`
 `--limit-gib` as its limit when > 0, and its peak is the cgroup's `memory.max_usage_in_bytes`
 (anonymous memory and page cache together; the kernel reclaims the cache at the limit);
 without cgroups, the peak RSS of `/usr/bin/time -v`. With `--images N`, a folder of N 64x64 RGB
-PNGs trains the built-in `cnn` too. Prints one table; never run by the tests.
+PNGs trains the built-in `cnn` too. Prints one table.
 """
 
 from __future__ import annotations

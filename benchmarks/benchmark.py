@@ -1,6 +1,6 @@
 """Benchmark harness: the project's two modes against what users would pick instead.
 
-    python -m pipelines.benchmark [--workload digits|wide|wide-long|tabular|cnn|data-parallel|all]
+    python -m benchmarks.benchmark [--workload digits|wide|wide-long|tabular|cnn|data-parallel|all]
                                   [--repeats 3]
                                   [--methods in-graph,between-graph,naive,sklearn] [--out DIR]
 
@@ -27,7 +27,7 @@ each member data-parallel over that many logical CPU devices: the `data-parallel
 other repeat, so drift of a shared machine does not favour one method. The summary gives the
 median and [min-max] over the repeats; `x in-graph` is a method's median whole-process wall over
 in-graph's, `x fastest peer` over the fastest of the peers run (`naive`, `sklearn`). Writes `runs.parquet` (every process), `results.parquet` and `results.md` (the
-summary). Never run by the test suite.
+summary).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipelines.bench_peers import WORKERS, _timed
+from benchmarks.bench_peers import WORKERS, timed
 
 if TYPE_CHECKING:
     from ensemble.runs.run_record import Manifest
@@ -73,7 +73,7 @@ def gemm_rate(n: int = 2048, repeats: int = 5) -> float:
     """Best float32 GEMM rate of numpy on this machine, FLOP/s (`2 n^3` per product)."""
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     a @ a
-    best = min(_timed(lambda: a @ a) for _ in range(repeats))
+    best = min(timed(lambda: a @ a) for _ in range(repeats))
     return 2 * n**3 / best
 
 
@@ -192,7 +192,7 @@ def _run_worker(name: str, prepared: Path, trained: Path | None) -> dict:
     from ensemble.runs.run_record import Manifest
 
     res = _measured([name, str(trained if name == "predict-1m" else prepared)],
-                    module="pipelines.benchmark")
+                    module="benchmarks.benchmark")
     out = last_report(res)
     m = Manifest.load(prepared)
     row = {"wall_seconds": res["seconds"], "train_seconds": out.get("train_seconds"),
@@ -206,18 +206,20 @@ def _run_worker(name: str, prepared: Path, trained: Path | None) -> dict:
     return row
 
 
-def run_workload(workload: str, out: Path, repeats: int, methods: list[str]) -> list[dict]:
+def run_workload(workload: str, out: Path, repeats: int, methods: list[str],
+                 sets: list[str] = ()) -> list[dict]:
     """Every method on one workload, `repeats` times, order reversed every other repeat;
-    returns one row per process run."""
+    returns one row per process run. `sets`: `KEY=VALUE` config overrides of the workload."""
     cfg_path, extra, _ = WORKLOADS[workload]
-    cfg_args = [*(["--config", cfg_path] if cfg_path else []), *extra]
+    cfg_args = [*(["--config", cfg_path] if cfg_path else []), *extra,
+                *(a for kv in sets for a in ("--set", kv))]
     base = out / workload
     prepared = base / "data"  # the splits every method reads (no TensorFlow needed)
     _measured(["train", *cfg_args, "--mode", "between-graph", "--prepare-only", "--run-dir",
                str(prepared), "--overwrite"])
     rows, trained = [], None
     for r in range(repeats):
-        gemm = json.loads(_measured(["gemm", "-"], module="pipelines.benchmark")["stdout"]
+        gemm = json.loads(_measured(["gemm", "-"], module="benchmarks.benchmark")["stdout"]
                           .strip().splitlines()[-1])["flops_per_second"]
         order = methods if r % 2 == 0 else methods[::-1]
         if "predict-1m" in order and trained is None:  # it needs a trained in-graph run
@@ -315,13 +317,15 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in (*WORKERS, "gemm"):
         _worker_main(argv)
         return 0
-    p = argparse.ArgumentParser(prog="python -m pipelines.benchmark", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.benchmark", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
     p.add_argument("--repeats", type=int, default=3, help="runs of every method (default 3)")
     p.add_argument("--methods", help="comma-separated subset of " + ", ".join(METHODS)
                    + " (default: the workload's own list)")
     p.add_argument("--out", default="artifacts/benchmark")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every workload's `ensemble train` (repeatable)")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error(f"--repeats must be at least 1; got {args.repeats}")
@@ -336,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     runs = []
     for w in (WORKLOADS if args.workload == "all" else [args.workload]):
-        runs += run_workload(w, out, args.repeats, chosen or list(WORKLOADS[w][2]))
+        runs += run_workload(w, out, args.repeats, chosen or list(WORKLOADS[w][2]), args.set)
         print(markdown(summarise([r for r in runs if r["workload"] == w])), flush=True)
     summary = summarise(runs)
     artifacts.write_parquet(out / "runs.parquet", pa.Table.from_pylist(runs))

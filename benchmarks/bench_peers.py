@@ -2,7 +2,7 @@
 
 `naive`: a plain Keras `fit` loop per member, one after another; `sklearn`: scikit-learn's
 `MLPClassifier` per member; `predict-1m`: prediction of a million rows by the run. Each reads
-a run directory that `pipelines.benchmark` prepared, so every peer sees the same split.
+a run directory that `benchmarks.benchmark` prepared, so every peer sees the same split.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 PREDICT_ROWS = 1_000_000
 
 
-def _timed(fn) -> float:
+def timed(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
@@ -126,7 +126,7 @@ def worker_predict_1m(run_dir: Path) -> dict:
     x = np.random.default_rng(0).standard_normal((PREDICT_ROWS, split["train"][0].shape[1]),
                                                  dtype=np.float32)
     ens.predict(x[:16384])  # trace once
-    seconds = _timed(lambda: ens.predict(x, batch_size=32768))
+    seconds = timed(lambda: ens.predict(x, batch_size=32768))
     return {"predict_seconds": seconds, "rows": PREDICT_ROWS, "peak_rss_bytes": _peak_bytes()}
 
 

@@ -8,7 +8,7 @@
 4. adversarial training (`training.adversarial_epsilon = 0.01`, the paper's) against none:
    test NLL on digits (all classes) and diabetes, and training seconds per epoch.
 
-    python -m pipelines.ood_bench [--seeds 0,1,2] [--epochs 30] [--members 5] [--out DIR]
+    python -m benchmarks.ood_bench [--seeds 0,1,2] [--epochs 30] [--members 5] [--out DIR]
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def ood_and_shift(folder: Path, seeds, members: int, epochs: int) -> None:
         # the paper's Fig. 6: test plus the OOD rows, which are always wrong (label -1)
         import pandas as pd
 
-        out = run.predict(pd.read_csv(ood_csv))
+        out = run.predict(pd.read_csv(ood_csv), layout="long")
         out = out[out.model == "ensemble-mean"]
         y = np.r_[test.y_true.to_numpy(), -np.ones(len(out), int)]
         p = np.r_[test[cols].to_numpy(), out[cols].to_numpy()]

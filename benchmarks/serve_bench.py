@@ -1,8 +1,8 @@
 """Serving benchmark: streaming `ensemble predict` of a large Parquet file by a trained ensemble.
 
-    python -m pipelines.serve_bench [--run RUN] [--rows 1000000] [--big-rows 10000000]
+    python -m benchmarks.serve_bench [--run RUN] [--rows 1000000] [--big-rows 10000000]
                                     [--batch-size ROWS] [--out DIR]
-    python -m pipelines.serve_bench --http ...   # `ensemble serve` under load: http_bench
+    python -m benchmarks.serve_bench --http ...   # `ensemble serve` under load: http_bench
 
 Without `--run`, trains the 8-member `wide` ensemble (configs/wide.toml, in-graph) first.
 Writes `rows` (and `big-rows`) random float32 rows with the run's feature names to Parquet,
@@ -12,7 +12,6 @@ GEMM rate measured in the same run), its peak resident memory against the in-gra
 `big-rows` rows (streaming should keep it flat), and between-graph prediction of the same file
 (its wall time against in-graph). Prints a Markdown table and writes `results.json` in `--out`.
 FLOPs: the members' `flops_per_row` (dense layers, `2 * w_in * w_out`) x rows.
-Never run by the test suite.
 """
 
 from __future__ import annotations
@@ -80,11 +79,11 @@ def _print_summary(results: list[dict], summary: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "--http" in argv:  # `ensemble serve` over HTTP: pipelines.http_bench
-        from pipelines import http_bench
+    if "--http" in argv:  # `ensemble serve` over HTTP: benchmarks.http_bench
+        from benchmarks import http_bench
 
         return http_bench.main([a for a in argv if a != "--http"])
-    p = argparse.ArgumentParser(prog="python -m pipelines.serve_bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.serve_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", help="a trained run (default: train configs/wide.toml)")
     p.add_argument("--rows", type=int, default=1_000_000)
@@ -94,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from ensemble.core import artifacts
     from ensemble.runs.run_record import Manifest
-    from pipelines.benchmark import gemm_rate
+    from benchmarks.benchmark import gemm_rate
     from ensemble.replication.processes import checked, run_process
 
     out = Path(args.out)

@@ -1,6 +1,6 @@
 """Reproduction: what decides whether a member's float sums are the same in two processes.
 
-    python -m pipelines.parity_repro [--threads 1,2,4] [--steps 30]
+    python -m benchmarks.parity_repro [--threads 1,2,4] [--steps 30]
 
 Trains small networks (one Conv2D; the built-in-style CNN on 8x8x1; a CNN on 25x25x1; a CNN
 with batch normalisation; an MLP) for `--steps` Adam steps from the same seeds and batches,
@@ -8,7 +8,7 @@ each configuration in its own fresh process (a process's thread pools and oneDNN
 when TensorFlow starts): every intra-op thread count of `--threads`, with oneDNN on and off
 (`TF_ENABLE_ONEDNN_OPTS`), op determinism on. Prints, per network, the largest absolute
 difference of the trained weights against 1 thread with oneDNN on (0 means bit-identical).
-Never run by the tests; docs/concepts/parity.md quotes its figures.
+docs/concepts/parity.md quotes its figures.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "worker":
         worker(int(argv[1]), int(argv[2]), argv[3])
         return 0
-    p = argparse.ArgumentParser(prog="python -m pipelines.parity_repro", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.parity_repro", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", default="1,2,4", help="intra-op thread counts (default 1,2,4)")
     p.add_argument("--steps", type=int, default=30, help="Adam steps (default 30)")
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                 out = str(Path(tmp) / f"{onednn}-{t}.npz")
                 env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=str(onednn),
                            TF_CPP_MIN_LOG_LEVEL="3")
-                subprocess.run([sys.executable, "-m", "pipelines.parity_repro", "worker", str(t),
+                subprocess.run([sys.executable, "-m", "benchmarks.parity_repro", "worker", str(t),
                                 str(args.steps), out], env=env, check=True)
                 with np.load(out) as z:
                     runs[(onednn, t)] = dict(z)

@@ -1,0 +1,120 @@
+"""Every script of `benchmarks/` runs end to end at a tiny size, as `python -m benchmarks.NAME`
+from the repository root, and prints its table (the figures themselves are not asserted: the
+machine is shared and noisy)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--members", "2", "--epochs", "1"]
+SCRIPTS = {p.stem for p in (ROOT / "benchmarks").glob("*.py")} - {"__init__"}
+
+
+def _bench(name: str, *argv, timeout: float = 240) -> str:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *map(str, argv)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout
+
+
+def _cli(*argv) -> None:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, "-m", "pipelines.cli", *map(str, argv)], cwd=ROOT, env=env,
+                   check=True, capture_output=True, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A 2-member, 1-epoch digits run and its export: (run, export folder)."""
+    root = tmp_path_factory.mktemp("bench")
+    _cli("train", "--data", "digits", *TINY, "--run-dir", root / "run", "--quiet")
+    _cli("export", "--run", root / "run", "--out", root / "export")
+    return root / "run", root / "export"
+
+
+def test_every_benchmark_script_has_a_smoke_test():
+    tested = {name.removeprefix("test_") for name in globals() if name.startswith("test_")}
+    assert SCRIPTS - {"bench_peers"} <= tested  # bench_peers: benchmark's worker processes
+
+
+def test_no_benchmark_module_is_installed():
+    import tomllib
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]["find"]["include"]
+    assert not any(pattern.startswith("benchmarks") for pattern in include)
+    assert not any((ROOT / "pipelines" / f"{name}.py").exists() for name in SCRIPTS)
+
+
+def test_benchmark(tmp_path):
+    out = _bench("benchmark", "--workload", "digits", "--repeats", "1", "--methods",
+                 "in-graph,naive,sklearn", "--set", "training.epochs=1", "--set",
+                 "members.count=2", "--out", tmp_path)
+    import pyarrow.parquet as pq
+
+    runs = pq.read_table(tmp_path / "runs.parquet").to_pylist()
+    assert sorted(r["method"] for r in runs) == ["in-graph", "naive", "sklearn"]
+    assert all(0.0 <= r["test_accuracy"] <= 1.0 for r in runs)
+    assert "naive" in out and (tmp_path / "results.md").is_file()
+
+
+def test_defaults_bench(tmp_path):
+    out = _bench("defaults_bench", "--seeds", "1", "--out", tmp_path, "--", *TINY)
+    assert "split 0: ensemble-" in out and "over 1 splits" in out
+
+
+def test_regression_bench(tmp_path):
+    out = _bench("regression_bench", "--splits", "1", "--epochs", "1", "--out", tmp_path)
+    assert "diabetes" in out and "rmse" in out.lower()
+
+
+def test_ood_bench(tmp_path):
+    out = _bench("ood_bench", "--seeds", "0", "--epochs", "1", "--members", "2", "--out",
+                 tmp_path, "--skip", "adversarial")
+    assert "digits 0-4 -> OOD 5-9" in out and "shift gaussian_noise" in out
+
+
+def test_memory_bench():
+    out = _bench("memory_bench", "--rows", "64", "--members", "2")
+    assert "after / before:" in out
+
+
+def test_parity_repro():
+    out = _bench("parity_repro", "--threads", "1", "--steps", "2")
+    table = json.loads(out.strip().splitlines()[-1])
+    assert {(r["onednn"], r["threads"]) for r in table} == {(1, 1), (0, 1)}
+    assert all(r["mlp_b256"] == 0.0 for r in table if r["onednn"] == 1)  # the reference itself
+
+
+def test_scale_bench(tmp_path):
+    out = _bench("scale_bench", "--rows", "400", "--factors", "1", "--features", "4",
+                 "--modes", "in-graph", "--out", tmp_path)
+    assert "in-graph" in out
+
+
+def test_serve_bench(tiny_run, tmp_path):
+    run, _ = tiny_run
+    _bench("serve_bench", "--run", run, "--rows", "300", "--big-rows", "600", "--out", tmp_path)
+    summary = json.loads((tmp_path / "results.json").read_text())
+    assert [r["rows"] for r in summary["runs"]] == [300, 300, 600]
+
+
+def test_http_bench(tiny_run, tmp_path):
+    _, export = tiny_run
+    _bench("serve_bench", "--http", "--model", export, "--settings", "batching-1",
+           "--clients", "1,2", "--requests", "20", "--seconds", "1", "--out", tmp_path)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["clients"], r["errors"]) for r in results] == [(1, 0), (2, 0)]
+
+
+def test_tabular_bench(tmp_path):
+    out = _bench("tabular_bench", "--tables", "diabetes", "--seeds", "1", "--set",
+                 "training.epochs=1", "--set", "members.count=2", "--out", tmp_path)
+    assert "diabetes" in out
