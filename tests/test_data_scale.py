@@ -142,7 +142,8 @@ def test_one_pass_over_a_numeric_table_equals_fit_then_write(tmp_path, monkeypat
 
 def test_high_cardinality_column_is_grouped_with_a_notice(tmp_path, monkeypatch, capsys):
     source = _write_csv(tmp_path / "t.csv")
-    run = _prepare(tmp_path, "r", source, 1 << 20, monkeypatch, max_categories=5)
+    run = _prepare(tmp_path, "r", source, 1 << 20, monkeypatch, max_categories=5,
+                  embed_above=0)
     pre = json.loads((run / "preprocessing.json").read_text())
     assert [n for n in pre["output_names"] if n.startswith("k=")][-1] == "k=infrequent"
     assert len([n for n in pre["output_names"] if n.startswith("k=")]) == 5
@@ -183,7 +184,7 @@ def test_members_from_chunked_mapped_splits_equal_in_memory_members(tmp_path, mo
     np.testing.assert_allclose(np.asarray(mapped[0]), x[rows["train"]], atol=1e-6)
     devs = ["/device:CPU:0", "/device:CPU:1"]
     ens = InGraphEnsemble.build(cfg, x.shape[1:], len(classes), devs, aggregators=(),
-                                n_train=len(rows["train"]))
+                                n_train=len(rows["train"]), pre=pre)
     ens.fit(x[rows["train"]], y[rows["train"]], (x[rows["validation"]],
             y[rows["validation"]]), Schedule.of(cfg.training))
     for mode, run in runs.items():

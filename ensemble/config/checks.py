@@ -174,6 +174,11 @@ def _check_data(cfg: Config) -> None:
     if cfg.data.max_categories < 0 or cfg.data.max_categories == 1:
         raise UsageError("Expected `data.max_categories` to be 0 (no limit) or at least 2. "
                          f"Received: {cfg.data.max_categories}")
+    for key, low in (("embed_above", 0), ("min_frequency", 1)):
+        value = getattr(cfg.data, key)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 10**9:
+            raise UsageError(f"Expected `data.{key}` to be an integer in {low}..1000000000. "
+                             f"Received: {value!r}")
     if cfg.data.color_mode not in ("auto", "grayscale", "rgb"):
         raise UsageError("Expected `data.color_mode` to be \"auto\", \"grayscale\" or \"rgb\". "
                          f"Received: {cfg.data.color_mode!r}")

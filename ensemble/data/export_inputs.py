@@ -93,12 +93,27 @@ def input_names(columns) -> dict[str, str]:
     return out
 
 
+def _index_table(vocabulary, rare):
+    """The lookup of an embedded column's index, as `Preprocessing.indices`: a
+    `tf.lookup.StaticHashTable` from string to float64 (`2 + k` for `vocabulary[k]`, `1` for
+    a `rare` (infrequent) category, default `0`: out of vocabulary), whose cost does not grow
+    with the categories. Made outside the traced signature; the exported module tracks it
+    (`to_x.resources`)."""
+    import tensorflow as tf
+
+    keys = [*vocabulary, *rare] or [""]  # ("": missing, never a category: index 0)
+    values = [2.0 + k for k in range(len(vocabulary))] + [1.0] * len(rare) or [0.0]
+    return tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.string),
+                                            tf.constant(values, tf.float64)), default_value=0.0)
+
+
 def _columnar_graph(pre, mean, scale, fill):
     """One named input per original column (TF Serving's columnar `inputs`): numeric columns
     float32 `[batch]` (NaN where missing), categorical columns string `[batch]` (`""` where
     missing); imputation, one-hot encoding and standardisation as `Preprocessing.transform`
     (numbers in a categorical column in their canonical spelling, `G.canonical_numbers`; an
-    unknown category is an all-zero block)."""
+    unknown category is an all-zero block; an embedded column becomes its index, `_index_table`)."""
     import tensorflow as tf
 
     from ensemble.data import export_graph as G
@@ -108,6 +123,8 @@ def _columnar_graph(pre, mean, scale, fill):
     specs = {key[n]: tf.TensorSpec([None], tf.float32, name=key[n]) for n in pre.feature_names}
     specs.update({key[c]: tf.TensorSpec([None], tf.string, name=key[c])
                   for c in pre.categories})
+
+    tables = {c: _index_table(pre.categories[c], pre.rare.get(c, [])) for c in pre.embedded}
 
     def to_x(inputs):
         first = inputs[next(iter(specs))]
@@ -123,9 +140,9 @@ def _columnar_graph(pre, mean, scale, fill):
         x = tf.stack(num, axis=1) if num else tf.zeros([tf.shape(first)[0], 0], tf.float64)
         if fill is not None:
             x = tf.where(tf.math.is_nan(x), fill, x)
-        blocks = [x]
-        for c, cats in pre.categories.items():
-            col = inputs[key[c]]
+        blocks, index = [x], []
+        for c in [*pre.one_hot, *pre.embedded]:
+            cats, col = pre.categories[c], inputs[key[c]]
             if c in pre.category_fill:
                 col = tf.where(tf.equal(col, ""), pre.category_fill[c], col)
             col = G.canonical_numbers(col)  # `1935.0`: `1935`, as training spelt it
@@ -134,11 +151,15 @@ def _columnar_graph(pre, mean, scale, fill):
                     hit = tf.reduce_any(tf.equal(col[:, None], tf.constant(spellings)[None, :]),
                                         axis=1)
                     col = tf.where(hit, word, col)
+            if c in pre.embedded:
+                index.append(tables[c].lookup(col)[:, None])
+                continue
             blocks.append(tf.cast(tf.equal(col[:, None], tf.constant(cats)[None, :]),
                                   tf.float64))
-        return _scaled(tf.cast((tf.concat(blocks, axis=1) - mean) / scale, tf.float32), pre,
-                       None)
+        return _scaled(tf.cast((tf.concat(blocks + index, axis=1) - mean) / scale,
+                               tf.float32), pre, None)
 
+    to_x.resources = list(tables.values())  # the lookups, for the module to track
     doc = ("one input per column: " + ", ".join(
         f"{key[n]} float32 [batch]" for n in pre.feature_names) + ", " + ", ".join(
         f"{key[c]} string [batch]" for c in pre.categories))

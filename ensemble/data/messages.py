@@ -104,7 +104,8 @@ def unknown_categories(unknown: dict[str, dict]) -> str:
         n = sum(values.values())
         top = sorted(values, key=lambda v: -values[v])
         parts.append(f"{n} row{'s' * (n != 1)} in {col!r} ({few(top)})")
-    return "unknown categories ignored (all-zero encoding): " + ", ".join(parts)
+    return ("unknown categories ignored (all-zero encoding; an embedded column's "
+            "out-of-vocabulary index): " + ", ".join(parts))
 
 
 def merge_unknown(total: dict, part: dict) -> dict:

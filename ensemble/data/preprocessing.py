@@ -7,7 +7,10 @@ The parameters are those scikit-learn's `SimpleImputer`, `OneHotEncoder(max_cate
 stored in `preprocessing.json` and applied with numpy, which is exactly the estimators'
 `transform` for these parameters (one-hot: an unknown category is an all-zero block, or joins
 the column's infrequent group when it has one: `handle_unknown="infrequent_if_exist"`) and
-needs no pickled estimator.
+needs no pickled estimator. A categorical column with more categories than
+`data.embed_above` is embedded instead (`ensemble.data.embedding`): one index column (`0`
+out of vocabulary, `1` infrequent, `2 + k` its k-th category), looked up the same way, and
+the members learn its embedding: memory per row and column, whatever its categories.
 
 `Preprocessing.read_input` is the one place where new data meets a trained run: it reads a
 source, matches its columns to the training columns by name (any order), ignores extra columns
@@ -101,6 +104,10 @@ class Preprocessing:
             (`ensemble.data.identifiers`); predict carries them through without a notice.
         infrequent: categorical columns whose infrequent categories (and unknown ones) share
             one last one-hot column, `<column>=infrequent` (`data.max_categories`).
+        embedded: categorical columns encoded as one index column each, `<column>:index`
+            (after the one-hot columns), their `categories` the vocabulary
+            (`ensemble.data.embedding`).
+        rare: embedded column -> its infrequent training categories (the infrequent index).
     """
 
     kind = "table"  # its input kind (`ensemble.data.kinds`)
@@ -115,6 +122,8 @@ class Preprocessing:
     impute: str = "error"
     identifiers: tuple[str, ...] = ()  # text columns carried as ids (ensemble.data.identifiers)
     infrequent: tuple[str, ...] = ()  # categorical columns with an infrequent group
+    embedded: tuple[str, ...] = ()  # categorical columns as an index and an embedding
+    rare: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -122,15 +131,45 @@ class Preprocessing:
         return self.feature_names + tuple(self.categories)
 
     @property
+    def one_hot(self) -> dict[str, list[str]]:
+        """The one-hot encoded columns' categories (every categorical column not embedded)."""
+        return {c: v for c, v in self.categories.items() if c not in self.embedded}
+
+    @property
     def output_names(self) -> list[str]:
-        """Names of the `n_outputs` model inputs (`column=category` for one-hot columns)."""
+        """Names of the `n_outputs` model inputs (`column=category` for one-hot columns, then
+        `column:index` for embedded ones)."""
         return list(self.feature_names) + [
-            f"{c}={v}" for c, cats in self.categories.items()
-            for v in [*cats, *([INFREQUENT] if c in self.infrequent else [])]]
+            f"{c}={v}" for c, cats in self.one_hot.items()
+            for v in [*cats, *([INFREQUENT] if c in self.infrequent else [])]] + [
+            f"{c}:index" for c in self.embedded]
+
+    def indices(self, name: str, col: np.ndarray) -> np.ndarray:
+        """`[n_rows]` float64 indices of embedded column `name`'s text values `col` `[n_rows]`
+        (filled and respelt): `2 + k` for the vocabulary's k-th category, `1` for an
+        infrequent one, `0` for a category the training rows never held."""
+        text = pa.array(col, pa.string())
+        at = pc.fill_null(pc.index_in(text, value_set=pa.array(self.categories[name],
+                                                               pa.string())), -1).to_numpy()
+        out = at.astype(np.float64) + 2
+        out[at < 0] = 0
+        if self.rare.get(name):
+            rare = pc.is_in(text, value_set=pa.array(self.rare[name], pa.string())).to_numpy(
+                zero_copy_only=False)
+            out[(at < 0) & rare] = 1
+        return out
 
     def scaling_layer(self):
-        """None: table rows are scaled before the model (`transform`)."""
-        return None
+        """The members' first layer: None (table rows are scaled before the model,
+        `transform`), or with embedded columns their `CategoryEmbedding`
+        (`ensemble.data.embedding`; Keras imported)."""
+        if not self.embedded:
+            return None
+        from ensemble.data.embedding import CategoryEmbedding
+
+        return CategoryEmbedding(len(self.output_names) - len(self.embedded),
+                                 [len(self.categories[c]) + 2 for c in self.embedded],
+                                 columns=list(self.embedded), name="category_embedding")
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -147,7 +186,8 @@ class Preprocessing:
 
         _notice_id_columns(ds.feature_names, ds.x[train_rows])
         stats = TableStats(ds.feature_names, tuple(ds.categorical), impute,
-                           cfg.max_categories if cfg else 0, cfg.split_seed if cfg else 0)
+                           cfg.max_categories if cfg else 0, cfg.split_seed if cfg else 0,
+                           cfg.embed_above if cfg else 0, cfg.min_frequency if cfg else 1)
         stats.update(ds.rows(train_rows))
         return cls(**stats.fitted(classes, ds.identifiers))
 
@@ -167,14 +207,21 @@ class Preprocessing:
         x = x.astype(np.float64)
         if len(self.fill):
             x = np.where(np.isnan(x), self.fill, x)
-        blocks, unknown = [x], {}
-        for name, cats in self.categories.items():
+        blocks, index, unknown = [x], [], {}
+        for name in [*self.one_hot, *self.embedded]:
+            cats = self.categories[name]
             col = raw = np.asarray(ds.categorical[name][take], dtype=object)
             if name in self.category_fill:
                 col = np.where(col == None, self.category_fill[name], col)  # noqa: E711
             col = col.astype(str)
             if is_boolean(cats):
                 col = boolean_words(col)
+            if name in self.embedded:
+                at = self.indices(name, col)
+                if (at == 0).any():
+                    unknown[name] = Counter(None if v is None else str(v) for v in raw[at == 0])
+                index.append(at[:, None])
+                continue
             onehot = _one_hot(col, cats)
             other = onehot.sum(axis=1) == 0
             if name in self.infrequent:  # infrequent and unknown categories: one column
@@ -182,6 +229,7 @@ class Preprocessing:
             elif other.any():  # value -> rows (a missing value: None)
                 unknown[name] = Counter(None if v is None else str(v) for v in raw[other])
             blocks.append(onehot)
+        blocks += index
         return (np.concatenate(blocks, axis=1) if len(blocks) > 1 else x), unknown
 
     def transform(self, ds: Dataset) -> np.ndarray:
@@ -274,6 +322,8 @@ class Preprocessing:
             "output_names": self.output_names,
             "identifiers": list(self.identifiers),
             "infrequent": list(self.infrequent),
+            "embedded": list(self.embedded),
+            "rare": self.rare,
         }, indent=1)
 
     @classmethod
@@ -293,4 +343,6 @@ class Preprocessing:
                    np.asarray(d.get("fill", []), np.float64), cats, fill,
                    d.get("impute", "error"),
                    tuple(str(c) for c in d.get("identifiers", [])),
-                   tuple(str(c) for c in d.get("infrequent", [])))
+                   tuple(str(c) for c in d.get("infrequent", [])),
+                   tuple(str(c) for c in d.get("embedded", [])),
+                   {str(k): [str(c) for c in v] for k, v in d.get("rare", {}).items()})

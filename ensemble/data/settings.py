@@ -34,7 +34,11 @@ class DataConfig:
     every image is, `grayscale` or `rgb`): how an image folder is read (`ensemble.data.arrays`).
     `max_categories`: one-hot columns of a categorical column at most, its infrequent
     categories grouped into the last (scikit-learn's `OneHotEncoder(max_categories=)`); 0
-    gives every category its own column.
+    gives every category its own column. `embed_above`: a categorical column with more
+    training categories than this becomes an integer index and a learned entity embedding in
+    each member (`ensemble.data.embedding`); 0 one-hot encodes every column. `min_frequency`:
+    an embedded column's categories seen fewer times in the training rows share one
+    infrequent index.
     """
 
     source: str = "digits"
@@ -46,6 +50,8 @@ class DataConfig:
     impute: str = "error"
     drop: tuple[str, ...] = ()
     max_categories: int = 64
+    embed_above: int = 16
+    min_frequency: int = 2
     image_size: tuple[int, ...] = ()
     color_mode: str = "auto"
     task: str = "auto"  # auto | classification | regression (ensemble.tasks.registry.resolve)

@@ -252,7 +252,8 @@ class TableScan:
 
         cfg = self.cfg
         stats = TableStats(self.feature_names, self._categorical, cfg.impute,
-                           cfg.max_categories, cfg.split_seed)
+                           cfg.max_categories, cfg.split_seed, cfg.embed_above,
+                           cfg.min_frequency)
         in_train = np.zeros(len(self.y), bool)
         in_train[train_rows] = True
 

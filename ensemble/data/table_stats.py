@@ -15,7 +15,10 @@ once (a test checks this against scikit-learn):
   the fill category (the most frequent, ties to the smallest, as `SimpleImputer`), the grouping
   of infrequent categories (`OneHotEncoder(max_categories=)`'s rule: the `max_categories - 1`
   most frequent categories stay, ties kept for the larger in sort order, the rest share one
-  column) and each one-hot column's mean `p` and variance `p (1 - p)`.
+  column) and each one-hot column's mean `p` and variance `p (1 - p)`; a column with more
+  categories than `embed_above` is embedded instead (`ensemble.data.embedding`): its
+  vocabulary is the categories seen at least `min_frequency` times, the others are its
+  infrequent categories, and its one index column is not standardised (mean 0, scale 1).
 
 Own code rather than the estimators' `partial_fit`: `SimpleImputer` and `OneHotEncoder` have
 none, and the scaler's statistics depend on both.
@@ -43,12 +46,16 @@ class TableStats:
         max_categories: one-hot columns per categorical column at most, the infrequent group
             included (0: every category its own column).
         seed: the sample's seed (`data.split_seed`).
+        embed_above: columns with more categories are embedded (0: none is).
+        min_frequency: an embedded column's categories seen fewer times are infrequent.
     """
 
     def __init__(self, feature_names, categorical, impute: str = "error",
-                 max_categories: int = 0, seed: int = 0):
+                 max_categories: int = 0, seed: int = 0, embed_above: int = 0,
+                 min_frequency: int = 1):
         self.names, self.impute = tuple(feature_names), impute
         self.max_categories = max_categories
+        self.embed_above, self.min_frequency = int(embed_above), int(min_frequency)
         f = len(self.names)
         self.n, self.known = 0, np.zeros(f)
         self.mean, self.m2 = np.zeros(f), np.zeros(f)
@@ -127,6 +134,19 @@ class TableStats:
                f"{shlex.quote(name)}")
         return kept, True, counts, fill
 
+    def _vocabulary(self, name: str) -> tuple[list[str], list[str], str | None]:
+        """An embedded column's (vocabulary: the categories seen at least `min_frequency`
+        times, sorted; its infrequent categories, sorted; the fill category or None)."""
+        counts = dict(self.counts[name])
+        fill = None
+        if self.impute != "error" and counts:
+            top = max(counts.values())
+            fill = min(c for c, k in counts.items() if k == top)  # SimpleImputer's tie rule
+            counts[fill] += self.missing[name]
+        vocabulary = sorted(c for c, k in counts.items() if k >= self.min_frequency)
+        rare = sorted(c for c, k in counts.items() if k < self.min_frequency)
+        return vocabulary, rare, fill
+
     def fitted(self, classes, identifiers=()) -> dict:
         """The fitted `preprocessing.Preprocessing`'s fields (`classes`: the sorted class
         labels; `identifiers`: the identifier columns left out)."""
@@ -139,7 +159,14 @@ class TableStats:
                    + miss * (fill - new_mean) ** 2) / max(self.n, 1)
             mean = new_mean
         means, variances, categories, category_fill, infrequent = [mean], [var], {}, {}, []
+        embedded, rare = {}, {}
         for name in self.counts:
+            if self.embed_above and len(self.counts[name]) > self.embed_above:
+                vocabulary, rare[name], fill_category = self._vocabulary(name)
+                embedded[name] = vocabulary
+                if fill_category is not None:
+                    category_fill[name] = fill_category
+                continue
             cats, grouped, counts, fill_category = self._categories(name)
             if fill_category is not None:
                 category_fill[name] = fill_category
@@ -156,12 +183,15 @@ class TableStats:
                 notice(f"column {name!r} has {many} distinct values in {self.n} training rows "
                        f"(free text?): one-hot encoded into {many} columns; leave it out with "
                        f"--drop {shlex.quote(name)}")
+        means.append(np.zeros(len(embedded)))  # index columns: as they are
+        variances.append(np.ones(len(embedded)))
         mean, var = np.concatenate(means), np.concatenate(variances)
         # StandardScaler's constant features (`_is_constant_feature`) keep scale 1
         eps, n = np.finfo(np.float64).eps, max(self.n, 1)
         constant = var <= n * eps * var + (n * mean * eps) ** 2
         scale = np.where(constant, 1.0, np.sqrt(var))
         return dict(feature_names=self.names, mean=mean, scale=scale,
-                    classes=np.asarray(classes), fill=fill, categories=categories,
-                    category_fill=category_fill, impute=self.impute,
-                    identifiers=tuple(identifiers), infrequent=tuple(infrequent))
+                    classes=np.asarray(classes), fill=fill,
+                    categories={**categories, **embedded}, category_fill=category_fill,
+                    impute=self.impute, identifiers=tuple(identifiers),
+                    infrequent=tuple(infrequent), embedded=tuple(embedded), rare=rare)

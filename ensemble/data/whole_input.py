@@ -115,6 +115,7 @@ def unknown_categories(table: pa.Table, pre) -> dict[str, Counter]:
                 col = pc.if_else(pc.fill_null(pc.is_in(col, pa.array(spellings)), False),
                                  word, col)
         fill = getattr(pre, "category_fill", {}).get(name)
+        cats = [*cats, *getattr(pre, "rare", {}).get(name, [])]  # embedded: infrequent ones
         known = pc.fill_null(pc.is_in(col, value_set=pa.array([str(c) for c in cats],
                                                                pa.string())), False)
         if fill is not None and str(fill) in map(str, cats):

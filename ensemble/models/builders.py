@@ -191,6 +191,16 @@ def check_params(spec: str, fn: Callable, params: dict[str, Any], key: str) -> N
                          f"takes: {', '.join(known) or 'no parameters'}.")
 
 
+def takes_embedded(spec: str) -> bool:
+    """Whether builder `spec` names a keyword parameter `embedded` (then it receives a table's
+    index columns and their description, and embeds them itself:
+    `ensemble.models.members.build_member`)."""
+    try:
+        return "embedded" in inspect.signature(resolve(spec)).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def builder_file(spec: str) -> Path | None:
     """The source file of user builder `spec`, found without importing it: the `file.py` of
     `path/file.py:function`; for `package.module:function` the module's origin

@@ -71,7 +71,7 @@ def count_flops(model, input_shape: Sequence[int]) -> int:
 
 
 def member_flops(spec: str, params: dict[str, Any], input_shape: Sequence[int],
-                 n_outputs: int, task, seed: int = 0) -> int:
+                 n_outputs: int, task, seed: int = 0, scaling=None) -> int:
     """FLOPs per row of a member of builder `spec` with `params`: `count_flops` of a fresh
     build on the CPU, which also checks the builder (`members.build_network`) and, for a
     user's builder, that its model saves and loads safely (`members.check_serializable`).
@@ -94,7 +94,8 @@ def member_flops(spec: str, params: dict[str, Any], input_shape: Sequence[int],
     from ensemble.models.members import build_member, check_serializable
 
     with tf.device("/device:CPU:0"):
-        model = build_member(spec, params, input_shape, n_outputs, seed, "check", task)
+        model = build_member(spec, params, input_shape, n_outputs, seed, "check", task,
+                             scaling() if scaling is not None else None)
         if spec not in BUILTINS:
             check_serializable(model, spec)
             _say_if_compiled(model, spec)
@@ -117,9 +118,11 @@ def _say_if_compiled(model, spec: str) -> None:
 
 
 def member_costs(hparams: Sequence[dict[str, Any]], input_shape: Sequence[int],
-                 n_outputs: int, task) -> list[int]:
+                 n_outputs: int, task, scaling=None) -> list[int]:
     """FLOPs per row of every member (`member_flops`), `hparams` `[n_members]` as
     `config.member_hparams` gives them; each distinct builder and params built once.
+    `scaling`: the preprocessing's `scaling_layer` (called only when a member is built: a
+    table's entity embeddings, `members.build_member`).
 
     Raises:
         UsageError: a bad builder.
@@ -131,6 +134,7 @@ def member_costs(hparams: Sequence[dict[str, Any]], input_shape: Sequence[int],
     for h in hparams:
         key = json.dumps([h["builder"], h["params"]], sort_keys=True)
         if key not in done:
-            done[key] = member_flops(h["builder"], h["params"], input_shape, n_outputs, task)
+            done[key] = member_flops(h["builder"], h["params"], input_shape, n_outputs, task,
+                                     scaling=scaling)
         out.append(done[key])
     return out

@@ -130,9 +130,12 @@ def build_member(spec: str, params: dict[str, Any], input_shape: Sequence[int],
                  n_outputs: int, seed: int, name: str, task, scaling=None):
     """A member: builder `spec`'s network (`build_network`) with `task`'s head, as one Keras
     model `[batch, *input_shape] -> ` the task's outputs (classification: `[batch,
-    n_classes]` probabilities). `scaling` (a Keras layer, e.g. the input's
-    array preprocessing's `scaling_layer()`) comes first when given, so the member takes raw
-    rows (image pixels).
+    n_classes]` probabilities). `scaling` (a Keras layer, the input's preprocessing's
+    `scaling_layer()`) comes first when given, so the member takes raw rows (image pixels;
+    a table's index columns, embedded by its `CategoryEmbedding`, seeded by the member's
+    `seed`). A builder whose signature names `embedded` gets the rows with their index
+    columns instead, and `embedded` (`CategoryEmbedding.embedded`: one dict per index column,
+    `column`, `position`, `n_indices`, `width`), and embeds them itself.
 
     Call it under `tf.device(...)` so its variables live on the member's device.
 
@@ -141,7 +144,16 @@ def build_member(spec: str, params: dict[str, Any], input_shape: Sequence[int],
     """
     import keras
 
-    net = build_network(spec, params, input_shape, n_outputs, seed)
+    embedded = getattr(scaling, "embedded", None)  # a table's `CategoryEmbedding`
+    if embedded:
+        scaling = scaling.for_member((seed + EMBEDDING_SALT) % 2 ** 31)
+    if builders.takes_embedded(spec):  # the builder embeds the index columns itself
+        net = build_network(spec, {**params, "embedded": scaling.embedded if embedded else []},
+                            input_shape, n_outputs, seed)
+        scaling = None if embedded else scaling
+    else:  # the builder takes the rows as the first layer gives them
+        net = build_network(spec, params, scaling.compute_output_shape(
+            (None, *input_shape))[1:] if embedded else input_shape, n_outputs, seed)
     inputs = keras.Input(tuple(input_shape), name="features")
     x = scaling(inputs) if scaling is not None else inputs
     model = keras.Model(inputs, task.head(net(x)), name=name)
@@ -153,6 +165,7 @@ def build_member(spec: str, params: dict[str, Any], input_shape: Sequence[int],
     return model
 
 
+EMBEDDING_SALT = 30_011  # the member's entity embeddings' seed: `seed + EMBEDDING_SALT`
 RNG_SALT = 0x5EED  # keeps the member's global-generator seed apart from its builder's seed
 
 
@@ -297,6 +310,7 @@ def load_member(path, device: str | None):
 
     import ensemble.tasks.regression.tf_ops  # noqa: F401 (registers the regression head's layer)
     import ensemble.models.layers  # noqa: F401 (registers the built-in builders' layers)
+    import ensemble.data.embedding  # noqa: F401 (registers the tables' entity embeddings)
 
     if not Path(path).is_file():
         raise UsageError(f"Member model not found: {path}")

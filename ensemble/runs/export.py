@@ -91,6 +91,7 @@ def build_module(models, pre: Preprocessing, aggregators, params: dict, default:
     mod.classes = tf.Variable(classes.astype(str) if classes.dtype.kind in "OUS"
                               else classes.astype(np.int64), trainable=False, name="classes")
     spec, to_x, doc = kinds.export_inputs_of(pre)
+    mod.lookups = list(getattr(to_x, "resources", []))  # embedded columns' index tables
     task = tasks.for_classes(pre.classes)  # its outputs: `Task.serving_outputs`
 
     def make(aggregator: str):

@@ -235,7 +235,8 @@ def new_manifest(cfg: Config, mode: str, devices: list[str], pre: Preprocessing,
     task = task or tasks.get()
     hparams = [member_hparams(cfg, i) for i in range(cfg.members.count)]
     check_optimizer(cfg.training.optimizer, cfg.training.optimizer_params)
-    flops = cost.member_costs(hparams, pre.input_shape, task.n_outputs(len(pre.classes)), task)
+    flops = cost.member_costs(hparams, pre.input_shape, task.n_outputs(len(pre.classes)), task,
+                              pre.scaling_layer if getattr(pre, "embedded", ()) else None)
     placement, replicas = _placement(cfg, devices, flops)
     model = {"builder": cfg.model.builder, "params": cfg.model.params,
              "builders": {b: builders.source_sha256(b)
