@@ -13,6 +13,7 @@ import tomllib
 from typing import Any
 
 from ensemble.core.errors import UsageError
+from ensemble.models.precision import PRECISIONS
 from pipelines.guide import add as _add
 from pipelines.guide import positive as _positive
 
@@ -33,12 +34,18 @@ def positive_float(text: str) -> float:
 
 
 def add_options(parser, batch_size: bool = True) -> None:
-    """`--set`, `--learning-rate` and (unless the command has its own) `--batch-size`."""
+    """`--set`, `--learning-rate`, `--precision` and (unless the command has its own)
+    `--batch-size`."""
     _add(parser, "--set", action="append", metavar="SECTION.KEY=VALUE", dest="set",
          help=SET_HELP)
     _add(parser, "--learning-rate", type=positive_float, metavar="LR",
          help="every member's learning rate (default: the config's [training] "
               "learning_rate, 0.001)")
+    _add(parser, "--precision", choices=PRECISIONS,
+         help="the members' Keras dtype policy: float32, or mixed_bfloat16 / mixed_float16 "
+              "(variables in float32, computation in the lower type; faster on CPUs with AMX "
+              "or AVX-512 BF16 and GPUs with tensor cores) (default: the config's [training] "
+              "precision, float32)")
     if batch_size:
         _add(parser, "--batch-size", type=_positive, metavar="ROWS",
              help="rows per training step of each member (default: the config's [training] "
@@ -76,11 +83,14 @@ def parse_set(items: list[str] | None) -> dict[str, Any]:
 
 
 def overrides(args) -> dict[str, Any]:
-    """The config overrides of `--learning-rate`, `--batch-size` (train, compare, search)
+    """The config overrides of `--learning-rate`, `--precision`, `--batch-size` (train,
+    compare, search)
     and then `--set` (which wins)."""
     out: dict[str, Any] = {}
     if getattr(args, "learning_rate", None) is not None:
         out["training.learning_rate"] = args.learning_rate
+    if getattr(args, "precision", None) is not None:
+        out["training.precision"] = args.precision
     if getattr(args, "command", None) != "predict" and \
             getattr(args, "batch_size", None) is not None:
         out["training.batch_size"] = args.batch_size

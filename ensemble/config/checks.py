@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ensemble.tasks.registry import AGGREGATOR_NAMES, LOSSES, TASKS
 from ensemble.models.builtin import ACTIVATIONS
+from ensemble.models.precision import PRECISIONS
 from ensemble.core.errors import UsageError
 
 if TYPE_CHECKING:
@@ -102,6 +103,9 @@ def _check_training(cfg: Config) -> None:
     if t.lr_schedule not in LR_SCHEDULES:
         raise UsageError(f"Expected `training.lr_schedule` to be one of "
                          f"{', '.join(LR_SCHEDULES)}. Received: {t.lr_schedule!r}")
+    if t.precision not in PRECISIONS:
+        raise UsageError(f"Expected `training.precision` to be one of "
+                         f"{', '.join(PRECISIONS)}. Received: {t.precision!r}")
     if t.early_stopping != "auto" and not (isinstance(t.early_stopping, int)
                                            and t.early_stopping >= 0):
         raise UsageError("Expected `training.early_stopping` to be auto or >= 0 (patience in "

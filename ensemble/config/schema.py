@@ -106,6 +106,9 @@ class TrainingConfig:
     tensorboard: bool = False  # tf.summary scalars under RUN/tensorboard/ (members, ensemble)
     # fast gradient sign step in units of the scaled input's range (0: off; paper: 0.01)
     adversarial_epsilon: float = 0.0
+    # the members' Keras dtype policy: float32, mixed_bfloat16 or mixed_float16 (variables
+    # in float32, computation in the lower type; `ensemble.models.precision`)
+    precision: str = "float32"
 
 
 @dataclass(frozen=True)

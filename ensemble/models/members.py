@@ -127,7 +127,8 @@ def _ends_in_softmax(net, layers) -> bool:
 
 
 def build_member(spec: str, params: dict[str, Any], input_shape: Sequence[int],
-                 n_outputs: int, seed: int, name: str, task, scaling=None):
+                 n_outputs: int, seed: int, name: str, task, scaling=None,
+                 precision: str = "float32"):
     """A member: builder `spec`'s network (`build_network`) with `task`'s head, as one Keras
     model `[batch, *input_shape] -> ` the task's outputs (classification: `[batch,
     n_classes]` probabilities). `scaling` (a Keras layer, the input's preprocessing's
@@ -137,6 +138,11 @@ def build_member(spec: str, params: dict[str, Any], input_shape: Sequence[int],
     columns instead, and `embedded` (`CategoryEmbedding.embedded`: one dict per index column,
     `column`, `position`, `n_indices`, `width`), and embeds them itself.
 
+    The network is built under the Keras dtype policy `precision` (`training.precision`,
+    `ensemble.models.precision`: float32 variables, computation in the lower type), the
+    scaling and the head under float32: the head casts the logits to float32, so the member's
+    outputs and the loss are float32 in every precision.
+
     Call it under `tf.device(...)` so its variables live on the member's device.
 
     Raises:
@@ -144,16 +150,20 @@ def build_member(spec: str, params: dict[str, Any], input_shape: Sequence[int],
     """
     import keras
 
+    from ensemble.models.precision import dtype_policy
+
     embedded = getattr(scaling, "embedded", None)  # a table's `CategoryEmbedding`
     if embedded:
         scaling = scaling.for_member((seed + EMBEDDING_SALT) % 2 ** 31)
-    if builders.takes_embedded(spec):  # the builder embeds the index columns itself
-        net = build_network(spec, {**params, "embedded": scaling.embedded if embedded else []},
-                            input_shape, n_outputs, seed)
-        scaling = None if embedded else scaling
-    else:  # the builder takes the rows as the first layer gives them
-        net = build_network(spec, params, scaling.compute_output_shape(
-            (None, *input_shape))[1:] if embedded else input_shape, n_outputs, seed)
+    with dtype_policy(precision):
+        if builders.takes_embedded(spec):  # the builder embeds the index columns itself
+            net = build_network(spec, {**params,
+                                       "embedded": scaling.embedded if embedded else []},
+                                input_shape, n_outputs, seed)
+            scaling = None if embedded else scaling
+        else:  # the builder takes the rows as the first layer gives them
+            net = build_network(spec, params, scaling.compute_output_shape(
+                (None, *input_shape))[1:] if embedded else input_shape, n_outputs, seed)
     inputs = keras.Input(tuple(input_shape), name="features")
     x = scaling(inputs) if scaling is not None else inputs
     model = keras.Model(inputs, task.head(net(x)), name=name)

@@ -4,7 +4,8 @@ Own Adam instead of `keras.optimizers.Adam` because Keras's optimiser emits abou
 per variable (and a Python-side iteration counter check) where the fused kernel emits one: the
 traced graph of 8 members stays small and each step cheap. Any other `keras.optimizers` name
 (`sgd`, `adamw`, `rmsprop`, ...) runs Keras's own optimiser behind the same two-method
-interface (`apply(grads)`, `variables`), built on the member's device before tracing.
+interface (`apply(grads)`, `variables`, `scale_loss(loss)`), built on the member's device
+before tracing; `mixed_float16` wraps either in `precision.LossScaled`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ class Adam:
         """The optimiser's state: step counter and both slots of every variable."""
         return [self.iterations, *self.m, *self.v]
 
+    def scale_loss(self, loss):
+        """The loss the gradients are taken of: `loss` itself (no loss scaling)."""
+        return loss
+
     def apply(self, grads) -> None:
         """Apply one update with `grads` (same order as the variables)."""
         import tensorflow as tf
@@ -85,6 +90,10 @@ class KerasOptimizer:
         """The optimiser's state (step counter, slots, learning rate)."""
         return list(self.optimizer.variables)
 
+    def scale_loss(self, loss):
+        """The loss the gradients are taken of: `loss` itself (no loss scaling)."""
+        return loss
+
     def apply(self, grads) -> None:
         """Apply one update with `grads` (same order as the variables)."""
         self.optimizer.apply(grads, self.weights)
@@ -114,15 +123,18 @@ def check_optimizer(name: str, params: dict[str, Any]) -> None:
 
 def build_optimizer(model, learning_rate: float, name: str = "adam",
                     params: dict[str, Any] | None = None, schedule: str = "constant",
-                    total_steps: int | None = None):
+                    total_steps: int | None = None, precision: str = "float32"):
     """The optimiser of `model.trainable_variables`, its state created now (on the current
-    device).
+    device); under `precision` `mixed_float16`, with dynamic loss scaling
+    (`precision.LossScaled`).
 
     Args:
         name: `adam` (fused; `params` among beta_1, beta_2, epsilon, weight_decay) or a
             `keras.optimizers`
             name; `params` are its keyword arguments.
         schedule: `constant` or `cosine` (decay to 0 over `total_steps` updates).
+        precision: `training.precision`; `mixed_float16` wraps the optimiser in
+            `precision.LossScaled`.
 
     Raises:
         UsageError: an unknown optimiser name or a parameter it does not take (names both).
@@ -132,7 +144,8 @@ def build_optimizer(model, learning_rate: float, name: str = "adam",
     params = dict(params or {})
     steps = total_steps if schedule == "cosine" else None
     if name == "adam" and set(params) <= set(FUSED_ADAM_PARAMS):
-        return Adam(model.trainable_variables, learning_rate, total_steps=steps, **params)
+        return _scaled(Adam(model.trainable_variables, learning_rate, total_steps=steps,
+                            **params), precision)
     import keras
 
     lr = (keras.optimizers.schedules.CosineDecay(learning_rate, steps) if steps
@@ -145,4 +158,13 @@ def build_optimizer(model, learning_rate: float, name: str = "adam",
                          f"{str(exc).splitlines()[0][:200]}; expected a keras.optimizers name "
                          "(adam, sgd, adamw, rmsprop, ...) and its keyword arguments in "
                          "[training.optimizer_params].") from None
-    return KerasOptimizer(opt, model.trainable_variables)
+    return _scaled(KerasOptimizer(opt, model.trainable_variables), precision)
+
+
+def _scaled(optimizer, precision: str):
+    """`optimizer` with loss scaling when `precision` computes in float16."""
+    if precision != "mixed_float16":
+        return optimizer
+    from ensemble.models.precision import LossScaled
+
+    return LossScaled(optimizer)

@@ -42,7 +42,7 @@ def _key(cfg: Config, input_shape, n_classes: int, devices: Sequence[str],
     the first fit that needs them (`MemberGroup.early_stopping`)."""
     d = cfg.to_dict()
     training = {k: d["training"][k] for k in ("learning_rate", "optimizer", "optimizer_params",
-                                              "lr_schedule", "batch_size")}
+                                              "lr_schedule", "batch_size", "precision")}
     if cfg.training.lr_schedule == "cosine":
         training["n_train"], training["epochs"] = n_train, cfg.training.epochs
     return json.dumps([list(input_shape), n_classes, list(devices), d["model"], d["members"],

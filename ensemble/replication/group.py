@@ -98,9 +98,11 @@ class MemberGroup:
                 model = build_member(h["builder"], h["params"], shape,
                                      task.n_outputs(n_classes),
                                      member_seed(t.seed, i), f"member_{i}", task,
-                                     pre.scaling_layer() if pre is not None else None)
+                                     pre.scaling_layer() if pre is not None else None,
+                                     t.precision)
                 optimizers.append(build_optimizer(model, h["learning_rate"], t.optimizer,
-                                                  t.optimizer_params, t.lr_schedule, total))
+                                                  t.optimizer_params, t.lr_schedule, total,
+                                                  t.precision))
             models.append(model)
         group = cls(models, devices, indices=indices, task=task, **kwargs)
         group.optimizers = optimizers

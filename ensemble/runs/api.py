@@ -30,6 +30,7 @@ from ensemble.core import artifacts
 from ensemble.config.schema import Config
 from ensemble.core.errors import UsageError
 from ensemble.core.notices import reworded
+from ensemble.models.precision import check_hardware
 from ensemble.replication import modes, placement_log
 from ensemble.runs import operations  # noqa: F401 (supplies the built-in modes' operations)
 from ensemble.runs.api_config import as_config, builder_spec, train_config
@@ -102,6 +103,9 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
         cfg = as_config(cfg, {"model.builder": builder_spec(model, strategy)})
     for text in devices.configure_gpus(cfg.placement.memory_growth, cfg.placement.memory_limit_mb):
         _notice(text)
+    slow = check_hardware(cfg.training.precision, devices.gpu_possible())
+    if slow:
+        _notice(slow)
     run_dir = run_dir if run_dir is not None else default_run_dir(cfg)
     for option, given in (("prepare_only", prepare_only), ("jobs", jobs)):
         reason = strategy.refusal("train", [option] if given else [])

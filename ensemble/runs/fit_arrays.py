@@ -208,7 +208,8 @@ def save(est, path: Path, overwrite: bool = False) -> Path:
         h = member_hparams(cfg, i)
         model = build_member(h["builder"], h["params"], pre.input_shape,
                              task.n_outputs(n_classes), member_seed(cfg.training.seed, i),
-                             f"member_{i}", task, pre.scaling_layer())
+                             f"member_{i}", task, pre.scaling_layer(),
+                             cfg.training.precision)
         model.set_weights(weights)
         save_member(model, artifacts.member_model_path(path, i))
         manifest.member(i).status = "completed"
