@@ -118,3 +118,9 @@ def test_tabular_bench(tmp_path):
     out = _bench("tabular_bench", "--tables", "diabetes", "--seeds", "1", "--set",
                  "training.epochs=1", "--set", "members.count=2", "--out", tmp_path)
     assert "diabetes" in out
+
+
+def test_embedding_bench(tmp_path):
+    out = _bench("embedding_bench", "--rows", "600", "--categories", "40", "--set",
+                 "training.epochs=1", "--set", "members.count=2", "--out", tmp_path)
+    assert "one-hot, every category" in out and "HistGradientBoosting" in out
