@@ -464,3 +464,30 @@ def test_a_misspelt_target_prints_no_identifier_notice(capsys):
     assert "identifier" not in capsys.readouterr().err
     table_to_dataset(table, "w.csv", "label", require_target=True)  # found: the notice is kept
     assert "column 'bottle_id' of w.csv has 60 distinct values" in capsys.readouterr().err
+
+
+def test_a_row_counter_is_an_identifier_carried_through(tmp_path, capsys):
+    """R's `rownames` (1..n) and pandas' `to_csv()` index (0..n-1, here with a gap where a
+    row has no label) are set aside as identifiers, recorded, and carried to predict's
+    input; a column that does not count the rows stays a feature."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    from ensemble.config.schema import DataConfig
+    from ensemble.data.identifiers import is_row_counter
+
+    n = 120
+    rng = np.random.default_rng(0)
+    label = rng.integers(0, 2, n).astype(float)
+    label[7] = np.nan  # dropped: a gap in the counter
+    pcsv.write_csv(pa.table({"rownames": np.arange(1, n + 1), "idx": np.arange(n),
+                             "x": rng.normal(size=n), "label": label}), tmp_path / "t.csv")
+    ds = sources.load(DataConfig(source=str(tmp_path / "t.csv"), target="label"))
+    assert ds.identifiers == ("rownames", "idx") and ds.feature_names == ("x",)
+    assert "'rownames'" in capsys.readouterr().err
+    col = pa.chunked_array
+    assert not is_row_counter(col([np.arange(2, 200, 2)]))  # steps of 2: a feature
+    assert not is_row_counter(col([np.arange(500, 600)]))  # starts far from 0 or 1
+    assert not is_row_counter(col([np.arange(40)]))  # too few rows
+    assert not is_row_counter(col([rng.permutation(100)]))  # not in file order
+    assert is_row_counter(col([np.arange(100.0)]))  # whole floats count too

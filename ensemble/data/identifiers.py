@@ -13,6 +13,12 @@ the run records it (`preprocessing.json` `identifiers`, the manifest's dataset),
 carries it through to its wide layout like any non-feature column, without the "ignoring"
 notice.
 
+A numeric column that counts the rows (`rownames` of R's `write.csv`, pandas' `Unnamed: 0`,
+any name) is an identifier too (`is_row_counter`): whole numbers, strictly increasing, from 0
+or 1 (or a little later: the first rows may have no label), nine steps in ten exactly 1 (the
+rows without a label leave gaps), more than `MIN_DISTINCT` rows, in a table with another
+feature column.
+
 A Parquet file's named pandas index (`df.set_index('id').to_parquet(...)`, a column `id` that
 the file's pandas metadata lists in `index_columns`) is an identifier too, whatever its
 values: row labels, which `pandas.read_parquet` makes the index again (`pandas_index`).
@@ -78,6 +84,21 @@ def is_identifier(col: pa.ChunkedArray) -> tuple[bool, int, int]:
     return distinct > MIN_DISTINCT and distinct >= SHARE * known, distinct, known
 
 
+def is_row_counter(col: pa.ChunkedArray) -> bool:
+    """Whether the numeric column `col` (the labelled rows of a training table, in file
+    order) counts the rows (the module's rule): no missing value, whole numbers, strictly
+    increasing, starting at most `1 + len(col) // 10`, at least `SHARE` of its steps 1."""
+    if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)) \
+            or len(col) <= MIN_DISTINCT or col.null_count:
+        return False
+    import numpy as np
+
+    v = np.asarray(col.to_numpy(), np.float64)
+    step = np.diff(v)
+    return bool(np.all(v == np.round(v)) and 0 <= v[0] <= 1 + len(v) // 10
+                and np.all(step > 0) and np.mean(step == 1) >= SHARE)
+
+
 def split_identifiers(table: pa.Table, name: str, categorical: str | Sequence[str],
                       notice) -> tuple[pa.Table, tuple[str, ...]]:
     """Leave identifier-like text columns of a training table out of its features.
@@ -94,15 +115,27 @@ def split_identifiers(table: pa.Table, name: str, categorical: str | Sequence[st
     """
     listed = set() if isinstance(categorical, str) else set(categorical)
     found = []
+    counters = []
     for f in table.schema:
-        if f.name in listed or not _is_text(f.type):
+        if f.name in listed:
+            continue
+        if is_row_counter(table.column(f.name)):
+            counters.append(f.name)
+        if not _is_text(f.type):
             continue
         ident, distinct, known = is_identifier(table.column(f.name))
         if ident and not number_markers(table.column(f.name)):  # numbers, refused later
             found.append((f.name, distinct, known))
-    if not found:
+    if len(counters) + len(found) == table.num_columns:  # nothing else: features after all
+        counters = []
+    for col in counters:
+        notice(f"column {col!r} of {name} counts the rows ({table.column(col)[0]}, "
+               f"{table.column(col)[1]}, ... in file order: a row label): not a feature, "
+               "carried through to predictions like an id")
+    if not found and not counters:
         return table, ()
-    ids = [n for n, _, _ in found]
+    ids = [f.name for f in table.schema if f.name in counters or f.name in
+           {n for n, _, _ in found}]
     if categorical == "auto":
         others = [f.name for f in table.schema if f.name not in ids and (
             _is_text(f.type) or pa.types.is_boolean(f.type))]
