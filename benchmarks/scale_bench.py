@@ -96,9 +96,9 @@ def train(data: str, run_dir: Path, mode: str, limit: int, extra=()) -> dict:
     argv = [sys.executable, "-m", "pipelines.cli", "train", "--data", data, "--members", "2",
             "--epochs", "1", "--mode", mode, "--run-dir", str(run_dir), "--overwrite",
             "--set", "training.batch_size=256", *extra]
-    from ensemble.replication import modes
+    from ensemble.runs import builtin_modes
 
-    if modes.get(mode).member_processes:  # clients of their own: two at once
+    if builtin_modes.get(mode).member_processes:  # clients of their own: two at once
         argv += ["--jobs", "2"]
     code, wall, peak = run(argv, limit)
     out = {"mode": mode, "code": code, "wall_s": wall, "peak_gib": peak / (1 << 30)}

@@ -25,7 +25,8 @@ from ensemble.replication.devices import peak_rss_bytes  # noqa: E402
 from ensemble.core.errors import ClientFailed, UsageError  # noqa: E402
 from ensemble.core.notices import one_line  # noqa: E402
 from ensemble.core.tfimport import import_tensorflow_quietly  # noqa: E402
-from ensemble.replication import modes  # noqa: E402
+from ensemble.replication.modes import PredictRequest  # noqa: E402
+from ensemble.runs import builtin_modes  # noqa: E402
 from pipelines.guide import (environment_line, failed_line, fault_line,  # noqa: E402
                             interrupted_line, refuse_inapplicable, report, search_resume,
                             uses_tensorflow)
@@ -63,7 +64,7 @@ def _train(args) -> int:
         from ensemble.runs.prepare import check_data
 
         check_data(cfg)
-    if modes.get(args.mode).launcher_loads_tensorflow or args.cluster or \
+    if builtin_modes.get(args.mode).launcher_loads_tensorflow or args.cluster or \
             os.environ.get("TF_CONFIG"):  # a launcher of clients leaves TensorFlow to them
         import_tensorflow_quietly()
     from ensemble.runs import api
@@ -102,7 +103,7 @@ def cmd_search(args) -> int:
         from ensemble.runs.prepare import check_data
 
         check_data(plan.config)
-    if modes.get(args.mode).launcher_loads_tensorflow:  # a launcher of clients: they load it
+    if builtin_modes.get(args.mode).launcher_loads_tensorflow:  # a client launcher: they load it
         import_tensorflow_quietly()
     from ensemble.runs import evaluate
     from ensemble.runs import train
@@ -182,13 +183,12 @@ def _predict(args) -> int:
 
     check_out(Path(args.out))
     _check_input_early(args)
-    mode = modes.get(args.mode)
+    mode = builtin_modes.get(args.mode)
     if mode.launcher_loads_tensorflow:  # a launcher of clients never loads TensorFlow
         import_tensorflow_quietly()
-    from ensemble.runs import operations  # noqa: F401 (the built-in modes' operations)
 
     ready = time.time()
-    rec, measured = mode.predict(modes.PredictRequest(
+    rec, measured = mode.predict(PredictRequest(
         Path(args.run), args.data, Path(args.out), args.target, args.devices or "auto",
         args.batch_size, args.cluster, _cluster(args), strict_columns=args.strict_columns,
         replicas=args.replicas or "auto", jobs=args.jobs, verbosity=0 if args.quiet else 1,
@@ -259,10 +259,12 @@ def cmd_evaluate(args) -> int:
 def cmd_aggregate(args) -> int:
     from ensemble.runs import aggregate
     from ensemble.runs import evaluate
+    from ensemble.runs.run_record import Manifest
 
     names = aggregate.parse_aggregators(args.aggregators)
+    mode = builtin_modes.get(Manifest.load(Path(args.run)).mode)
     aggregate.aggregate_run(Path(args.run), names, args.min_members,
-                            trust_builder=args.trust_builder)
+                            trust_builder=args.trust_builder, member_files=mode.member_files)
     print(f"aggregated: {args.run}")
     if args.aggregators:
         print(evaluate.evaluate(Path(args.run))[1])

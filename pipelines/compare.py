@@ -38,6 +38,7 @@ import contextlib
 import json
 import shutil
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -47,7 +48,8 @@ from ensemble.core import artifacts
 from ensemble.replication import devices
 from ensemble.tasks import tables
 from ensemble.config.schema import Config
-from ensemble.replication import modes
+from ensemble.replication.modes import Mode
+from ensemble.runs import builtin_modes
 from ensemble.core.errors import UsageError
 from ensemble.core.notices import notice
 from ensemble.data.settings import names_a_path
@@ -100,7 +102,7 @@ def test_metrics(run_dir: Path, manifest: Manifest) -> dict[str, float | None]:
     return {f"test_{n}": row.get(n) for n in names}
 
 
-def _train_row(mode: str, run_dir: Path, res: dict) -> dict:
+def _train_row(mode: Mode, run_dir: Path, res: dict) -> dict:
     m = Manifest.load(run_dir)
     t = m.timings
     clients = client_processes(t.get("clients", {}))
@@ -110,7 +112,7 @@ def _train_row(mode: str, run_dir: Path, res: dict) -> dict:
     history = artifacts.read_parquet(run_dir / artifacts.HISTORY).to_pylist()
     rows = n_train * len(history)  # a record per member and epoch trained (early stopping)
     per_epoch, epochs = compare_cost.epoch_seconds(mode, history, t, n_train)
-    return {"mode": mode, "phase": "train", "wall_seconds": res["seconds"],
+    return {"mode": mode.name, "phase": "train", "wall_seconds": res["seconds"],
             "startup_seconds": startup, "work_seconds": res["seconds"] - startup,
             "member_rows_per_second": rows / res["seconds"],
             "peak_rss_bytes": concurrent_peak(t["process_peak_rss_bytes"], clients, t.get("jobs", 1)),
@@ -167,7 +169,8 @@ def parity(a: pa.Table, b: pa.Table) -> tuple[float, float]:
     return float(diff), float(same.mean())
 
 
-def check_folder(base: Path, overwrite: bool) -> None:
+def check_folder(base: Path, overwrite: bool, names: Sequence[str] = builtin_modes.names()
+                 ) -> None:
     """Refuse a comparison folder that already holds something, unless `overwrite`.
 
     Raises:
@@ -179,18 +182,21 @@ def check_folder(base: Path, overwrite: bool) -> None:
         if not overwrite:
             raise UsageError(f"Comparison folder {base} already exists; pass --overwrite to "
                              "replace it or choose another --run-dir.")
-        for mode in modes.names():
+        for mode in names:  # the compared modes' run folders
             shutil.rmtree(base / mode, ignore_errors=True)
         (base / PREDICT_INPUT).unlink(missing_ok=True)  # written again when needed
 
 
 def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
-            cluster_file: str | None = None) -> tuple[pa.Table, pa.Table]:
+            cluster_file: str | None = None, modes: Sequence[Mode | str] = builtin_modes.names()
+            ) -> tuple[pa.Table, pa.Table]:
     """Run both modes `repeats` times (train, then predict on the config's data source; mode
     order alternated between repeats) and write `base/runs.parquet` (one row per mode, phase and
     repeat), `base/comparison.parquet` (the summary: median, min and max per mode and phase,
     rounded as printed) and `base/comparison.png`. With `cluster_file`, both modes run on that
-    TensorFlow cluster.
+    TensorFlow cluster. `modes`: the modes compared (mode objects, names or specs,
+    `ensemble.runs.builtin_modes.get`), in-graph and between-graph by default; each phase runs
+    in a process of its own, which finds the mode by its `Mode.spec`.
 
     Returns:
         (summary table, runs table).
@@ -199,7 +205,8 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
         UsageError: an existing folder without `overwrite`, bad data, or a phase that failed on
         bad input.
     """
-    check_folder(base, overwrite)
+    strategies = [builtin_modes.get(m) for m in modes]
+    check_folder(base, overwrite, [m.name for m in strategies])
     check_data(cfg)  # every data problem now, before any process starts
     if isinstance(cfg.training.epochs, int) and cfg.training.epochs < 2:
         notice("--epochs 1: compare measures no per-epoch train cost (n/a) and no crossover "
@@ -215,28 +222,29 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
     on = ["--cluster", str(cluster_file)] if cluster_file else []
     runs, preds = [], {}
     for repeat in range(repeats):
-        for position, mode in enumerate(mode_order(repeat)):
-            run_dir = base / mode
-            out = base / f"{mode}.predictions.parquet"
-            with _keeping(runs, base, mode, predict_source):
-                res = checked(run_process(["train", "--config", str(cfg_file), "--mode", mode,
-                                          "--run-dir", str(run_dir), "--overwrite", *on],
-                                          module=CLI), f"{mode} training")
+        for position, mode in enumerate(mode_order(repeat, strategies)):
+            run_dir = base / mode.name
+            out = base / f"{mode.name}.predictions.parquet"
+            with _keeping(runs, base, [m.name for m in strategies], predict_source):
+                res = checked(run_process(["train", "--config", str(cfg_file), "--mode",
+                                           mode.spec(), "--run-dir", str(run_dir),
+                                           "--overwrite", *on],
+                                          module=CLI), f"{mode.name} training")
                 runs.append(_train_row(mode, run_dir, res) | {"repeat": repeat,
                                                               "position": position})
                 res = checked(run_process(["predict", "--run", str(run_dir), "--data",
-                                          predict_source, "--mode", mode, "--out", str(out),
-                                          *on, *_predict_devices(mode, cfg, on)],
-                                          module=CLI), f"{mode} prediction")
-                runs.append(_predict_row(mode, res, cfg.members.count, runs[-1]["devices"])
+                                          predict_source, "--mode", mode.spec(), "--out",
+                                          str(out), *on, *_predict_devices(mode, cfg, on)],
+                                          module=CLI), f"{mode.name} prediction")
+                runs.append(_predict_row(mode.name, res, cfg.members.count, runs[-1]["devices"])
                             | {"repeat": repeat, "position": position})
-            preds[mode] = (artifacts.read_parquet(run_dir / artifacts.PREDICTIONS),
+            preds[mode.name] = (artifacts.read_parquet(run_dir / artifacts.PREDICTIONS),
                            artifacts.read_parquet(out))
     parities = {ph: worst_parity([members_test(p[k]) if ph == "train" else p[k]
                                   for p in preds.values()]) for k, ph in enumerate(PHASES)}
     summary = summarise(runs, parities, parity_setting(cfg))
     runs_table = _runs_table(runs)
-    context = _context(cfg, base, repeats)
+    context = _context(cfg, base / strategies[0].name, repeats)
     summary_table = pa.Table.from_pylist(summary).replace_schema_metadata(
         {b"context": json.dumps(context).encode()})
     artifacts.write_parquet(base / "runs.parquet", runs_table)
@@ -245,13 +253,13 @@ def compare(cfg: Config, base: Path, repeats: int = 3, overwrite: bool = False,
     return summary_table, runs_table
 
 
-def _context(cfg: Config, base: Path, repeats: int) -> dict:
+def _context(cfg: Config, first_run: Path, repeats: int) -> dict:
     """What a comparison in `base` ran (the chart's title, `comparison.parquet`'s metadata):
     data, members, epochs (`"auto"` as the runs resolved it for their training rows),
     devices, cores, repeats."""
     epochs = cfg.training.epochs
     if not isinstance(epochs, int):
-        epochs = config_of(Manifest.load(base / mode_order(0)[0])).training.epochs
+        epochs = config_of(Manifest.load(first_run)).training.epochs
     return {"data": Path(cfg.data.source).name, "members": cfg.members.count,
             "epochs": epochs, "devices": cfg.placement.devices,
             "cores": devices.cpu_count(), "repeats": repeats}
@@ -301,13 +309,13 @@ def _runs_table(runs: list[dict]) -> pa.Table:
 
 
 @contextlib.contextmanager
-def _keeping(runs: list[dict], base: Path, mode: str, predict_source: str):
+def _keeping(runs: list[dict], base: Path, names: Sequence[str], predict_source: str):
     """A failed phase keeps what finished: the runs measured so far are written to
     `base/runs.parquet` and the error says so and how to continue."""
     try:
         yield
     except (UsageError, RuntimeError) as exc:
-        kept = [str(base / m) for m in modes.names() if (base / m / artifacts.MANIFEST).is_file()]
+        kept = [str(base / m) for m in names if (base / m / artifacts.MANIFEST).is_file()]
         if runs:
             artifacts.write_parquet(base / "runs.parquet", _runs_table(runs))
         text = (f"{exc} Kept: {len(runs)} finished phase{'s' * (len(runs) != 1)} in "
@@ -320,18 +328,18 @@ def _keeping(runs: list[dict], base: Path, mode: str, predict_source: str):
         raise type(exc)(text) from None
 
 
-def mode_order(repeat: int) -> tuple[str, ...]:
-    """The order the registered modes (`ensemble.replication.modes.names`) run in at `repeat`
-    (0-based): as registered (in-graph first) on even repeats, reversed on odd ones, so no
+def mode_order(repeat: int, modes: Sequence = builtin_modes.names()) -> tuple:
+    """The order `modes` (the built-in modes' names by default) run in at `repeat`
+    (0-based): as given (in-graph first) on even repeats, reversed on odd ones, so no
     mode always meets a warm or a cold machine."""
-    names = modes.names()
+    names = tuple(modes)
     return names if repeat % 2 == 0 else names[::-1]
 
 
-def _predict_devices(mode: str, cfg: Config, cluster_args: list[str]) -> list[str]:
+def _predict_devices(mode: Mode, cfg: Config, cluster_args: list[str]) -> list[str]:
     """`--devices` of a mode's predict phase: the config's devices, unless on a cluster or the
     mode refuses the option (its clients predict on the members' devices)."""
-    if cluster_args or modes.get(mode).refusal("predict", ["devices"]):
+    if cluster_args or mode.refusal("predict", ["devices"]):
         return []
     return ["--devices", cfg.placement.devices]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ensemble.replication import modes
+from ensemble.runs import builtin_modes
 from ensemble.core import artifacts
 from ensemble.core.notices import notice
 from pipelines import compare_cost
@@ -17,9 +17,9 @@ PALETTE = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:
 
 
 def colour(mode: str) -> str:
-    """A mode's colour: the registry's order (`ensemble.replication.modes.names`) over
-    `PALETTE`, in-graph blue and between-graph orange."""
-    known = modes.names()
+    """A mode's colour: the built-in modes' order (`ensemble.runs.builtin_modes.names`) over
+    `PALETTE`, in-graph blue and between-graph orange; any other mode the next colour."""
+    known = builtin_modes.names()
     return PALETTE[(known.index(mode) if mode in known else len(known)) % len(PALETTE)]
 
 

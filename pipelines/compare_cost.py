@@ -26,20 +26,22 @@ sample can be carried to the user's epochs and rows.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from ensemble.replication import modes
+if TYPE_CHECKING:
+    from ensemble.replication.modes import Mode
+
 
 COST_MEASURES = ("fixed_seconds", "epoch_seconds", "row_epoch_us")
 COST_DIGITS = {"fixed_seconds": 2, "epoch_seconds": 4, "row_epoch_us": 3}
 
 
-def epoch_seconds(mode: str, history: Sequence[dict], timings: dict, n_train: int
+def epoch_seconds(mode: Mode, history: Sequence[dict], timings: dict, n_train: int
                   ) -> tuple[float | None, int]:
     """The marginal seconds of one epoch of a training run and the epochs it trained.
 
     Args:
-        mode: a registered mode's name (`ensemble.replication.modes`; its `epoch_seconds`).
+        mode: the run's mode object (`ensemble.replication.modes.Mode`; its `epoch_seconds`).
         history: the run's `history.parquet` rows (`member`, `epoch`, `seconds`).
         timings: the manifest's `timings` (`steady_rows`, `steady_seconds`; between-graph:
             `clients`, member index (str) -> `{"client": queue, "steady": {member: [rows,
@@ -54,7 +56,7 @@ def epoch_seconds(mode: str, history: Sequence[dict], timings: dict, n_train: in
     epochs = len({r["epoch"] for r in history})
     if epochs < 2:
         return None, epochs
-    return modes.get(mode).epoch_seconds(history, timings, n_train), epochs
+    return mode.epoch_seconds(history, timings, n_train), epochs
 
 
 def split_cost(wall: float, per_epoch: float | None, epochs: int, n_train: int) -> dict:

@@ -9,7 +9,6 @@ import statistics
 
 import pyarrow as pa
 
-from ensemble.replication import modes
 from pipelines import compare_cost
 
 PHASES = ("train", "predict")
@@ -33,8 +32,7 @@ def summarise(runs: list[dict], parities: dict[str, tuple[float, float]],
         setting: `parity_setting` of the run config (`parity_setting` column).
     """
     rows = []
-    present = {r["mode"] for r in runs}
-    for mode in [m for m in modes.names() if m in present]:
+    for mode in dict.fromkeys(r["mode"] for r in runs):  # as they first ran
         for phase in PHASES:
             mine = [r for r in runs if r["mode"] == mode and r["phase"] == phase]
             row = {"mode": mode, "phase": phase, "repeats": len(mine)}

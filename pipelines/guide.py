@@ -13,7 +13,8 @@ import sys
 import re
 
 from ensemble.core.errors import UsageError
-from ensemble.replication import modes, protocol
+from ensemble.replication import protocol
+from ensemble.runs import builtin_modes
 
 
 def suggest(word: str, known) -> str:
@@ -201,7 +202,7 @@ def refuse_inapplicable(args) -> None:
     if mode is not None:
         given = [o for o in ("jobs", "prepare_only", "devices", "replicas")
                  if getattr(args, o, None)]
-        reason = modes.get(mode).refusal(args.command, given)
+        reason = builtin_modes.get(mode).refusal(args.command, given)
         if reason:
             raise UsageError(reason)
     if args.command == "predict" and args.replicas and args.replicas != "auto" and \

@@ -9,7 +9,9 @@ import argparse
 from typing import Callable
 
 from ensemble.config import bounds as B
+from ensemble.core import specs
 from ensemble.core.errors import UsageError
+from ensemble.runs import builtin_modes
 
 
 def bounded(check: Callable, *args) -> Callable:
@@ -38,6 +40,20 @@ def replicas(flag: str) -> Callable:
 DEVICES = bounded(B.check_devices, "--devices")
 JOBS = bounded(B.check_int, "--jobs", 1, B.JOBS_MAX)
 BATCH_ROWS = bounded(B.check_int, "--batch-size", 1, B.BATCH_ROWS_MAX)
+
+
+MODE_METAVAR = "{" + ",".join(builtin_modes.names()) + "}"
+
+
+def mode(text: str) -> str:
+    """`--mode`: a built-in mode's name, or the `package.module:Class` / `path/file.py:Class`
+    spec of a `Mode` subclass (`ensemble.runs.builtin_modes.get` loads it)."""
+    if text in builtin_modes.names() or specs.is_spec(text):
+        return text
+    names = ", ".join(repr(n) for n in builtin_modes.names())
+    raise argparse.ArgumentTypeError(
+        f"invalid choice: {text!r} (choose from {names}, or a Mode subclass as "
+        "package.module:Class or path/file.py:Class)")
 
 
 def member_list(text: str) -> list[int]:

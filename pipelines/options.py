@@ -12,7 +12,6 @@ import argparse
 from typing import Callable
 
 from ensemble.config import bounds as B
-from ensemble.replication import modes
 from ensemble.core.errors import UsageError
 from pipelines.guide import HelpFormatter as _HelpFormatter
 from pipelines.guide import Parser as _Parser
@@ -21,7 +20,8 @@ from pipelines.guide import nonneg as _nonneg
 from pipelines.guide import positive as _positive
 from pipelines.guide import unknown_options
 from pipelines import training_options
-from pipelines.option_values import BATCH_ROWS, DEVICES, JOBS, bounded, replicas
+from pipelines.option_values import (BATCH_ROWS, DEVICES, JOBS, MODE_METAVAR, bounded, mode,
+                                     replicas)
 
 
 def _trust_builder(parser) -> None:
@@ -61,7 +61,7 @@ def _predict(p) -> None:
               "and input (every member and aggregator)")
     _add(p, "--aggregator", metavar="NAME",
          help="aggregator of the wide layout (default: the run's best on validation NLL)")
-    _add(p, "--mode", choices=modes.names(), default="in-graph",
+    _add(p, "--mode", type=mode, metavar=MODE_METAVAR, default="in-graph",
          help="in-graph: one process; between-graph: one client per member")
     _add(p, "--devices", metavar="SPEC", type=DEVICES,
          help="in-graph only: devices to predict on (default: auto)")

@@ -7,13 +7,12 @@ that override the config), `search`, and `client` (members of a prepared between
 from __future__ import annotations
 
 from ensemble.config import bounds as B
-from ensemble.replication import modes
 from ensemble.tasks import TASKS
 from pipelines.guide import add as _add
 from pipelines.guide import nonneg as _nonneg
 from pipelines.guide import positive as _positive
-from pipelines.option_values import (BATCH_ROWS, DEVICES, JOBS, bounded, member_list,
-                                     replicas_value)
+from pipelines.option_values import (BATCH_ROWS, DEVICES, JOBS, MODE_METAVAR, bounded,
+                                     member_list, mode, replicas_value)
 from pipelines.flags import add_options as add_flags
 
 IMPUTE = ("error", "median", "most_frequent")
@@ -64,7 +63,7 @@ def _common_run_options(parser, what: str) -> None:
 def train(p) -> None:
     """`ensemble train`'s options."""
     _common_run_options(p, "to train")
-    _add(p, "--mode", choices=modes.names(),
+    _add(p, "--mode", type=mode, metavar=MODE_METAVAR,
          help="in-graph: one process, one graph holding every member; between-graph: one "
               "client process per device (default: in-graph; on --resume: the run's)")
     _add(p, "--seed", type=_nonneg, metavar="N", help="run seed (default: the config's, 0)")
@@ -113,7 +112,7 @@ def search(p) -> None:
          help="greedy selection (on validation NLL, repeats allowed) of at most K candidates")
     _add(p, "--stratify", type=_nonneg, metavar="S", default=0,
          help="train every selected configuration again with S new seeds, then select again")
-    _add(p, "--mode", choices=modes.names(), default="in-graph",
+    _add(p, "--mode", type=mode, metavar=MODE_METAVAR, default="in-graph",
          help="in-graph: one graph holding every candidate; between-graph: client processes")
     _add(p, "--epochs", type=_positive, metavar="N",
          help="training epochs of every candidate (default: the config's)")

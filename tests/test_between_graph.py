@@ -207,15 +207,16 @@ def test_predict_applies_the_fitted_aggregators_in_both_modes(aggregated, tmp_pa
 def test_split_depends_on_split_seed_only(tiny_config, tmp_path):
     from ensemble.config import schema
     from ensemble.replication.modes import TrainRequest
+    from ensemble.runs.builtin_modes import InGraph
     from ensemble.runs import prepare
 
     rows = []
     for seed in (0, 7):
         cfg = schema.load(tiny_config, overrides={"training.seed": seed})
-        prepare.prepare(TrainRequest(cfg, tmp_path / f"s{seed}"), "in-graph",
+        prepare.prepare(TrainRequest(cfg, tmp_path / f"s{seed}"), InGraph(),
                         ["/device:CPU:0"])
         rows.append(artifacts.read_split(tmp_path / f"s{seed}", "test")[2])
     assert np.array_equal(rows[0], rows[1])
     cfg = schema.load(tiny_config, overrides={"data.split_seed": 1})
-    prepare.prepare(TrainRequest(cfg, tmp_path / "other"), "in-graph", ["/device:CPU:0"])
+    prepare.prepare(TrainRequest(cfg, tmp_path / "other"), InGraph(), ["/device:CPU:0"])
     assert not np.array_equal(rows[0], artifacts.read_split(tmp_path / "other", "test")[2])

@@ -210,13 +210,15 @@ class _StopAfter:
 
 def test_resume_of_a_replicated_run_is_exact(replicated, cfg_path, tmp_path):
     from ensemble.replication.modes import TrainRequest
+    from ensemble.runs.builtin_modes import InGraph
     from ensemble.runs.train import train_in_graph
 
     cfg = schema.load(cfg_path, overrides={"placement.devices": "cpu:4",
                                            "placement.replicas": 2})
     run_dir = tmp_path / "run"
     with pytest.raises(RuntimeError, match="stop here"):
-        train_in_graph(TrainRequest(cfg, run_dir, verbosity=0), callbacks=[_StopAfter(0)])
+        train_in_graph(TrainRequest(cfg, run_dir, verbosity=0), InGraph(),
+                       callbacks=[_StopAfter(0)])
     assert run_status.effective_status(Manifest.load(run_dir), run_dir) == "failed"
     assert run_cli("train", "--resume", "--run-dir", run_dir, "--quiet") == 0
     _same_members(run_dir, replicated, atol=1e-6)

@@ -66,13 +66,14 @@ def _prepare(tmp_path, name, source, chunk_rows, monkeypatch, **data):
     from ensemble.config import schema
     from ensemble.data import table_scan
     from ensemble.replication.modes import TrainRequest
+    from ensemble.runs.builtin_modes import InGraph
     from ensemble.runs import prepare
 
     monkeypatch.setattr(table_scan, "CHUNK_ROWS", chunk_rows)
     cfg = schema.from_dict({"data": {"source": str(source), "target": "label",
                                      "impute": "median", **data},
                             "members": {"count": 2, "hidden": [8]}})
-    prepare.prepare(TrainRequest(cfg, tmp_path / name), "in-graph", ["/device:CPU:0"])
+    prepare.prepare(TrainRequest(cfg, tmp_path / name), InGraph(), ["/device:CPU:0"])
     return tmp_path / name
 
 
@@ -275,9 +276,10 @@ def test_fewer_clients_at_once_is_a_lever_that_works(tmp_path, monkeypatch, caps
     launcher starts (`--jobs`, one per member at most; by default one per core), not one per
     device."""
     from ensemble.core import memory
-    from ensemble.replication import devices, modes
+    from ensemble.replication import devices
+    from ensemble.runs.builtin_modes import BetweenGraph
 
-    between = modes.get("between-graph")
+    between = BetweenGraph()
     two = ["/device:CPU:0", "/device:CPU:1"]
     monkeypatch.setattr(devices, "cpu_count", lambda: 2)
     assert [between.processes(4, two, jobs) for jobs in (None, 1, 2, 4, 8)] == [2, 1, 2, 4, 4]
@@ -380,9 +382,10 @@ def test_cgroup_limit_is_read_from_the_process_cgroup(tmp_path, monkeypatch):
 def test_streamed_evaluation_tables_equal_the_whole_table_ones(tmp_path, monkeypatch, task):
     """`eval_writer.write` (rows written a few at a time, metrics from the arrays) gives the
     predictions and metrics that building the whole long table gives (`predictions_table`,
-    `write_outputs`)."""
+    `metrics_table`)."""
     from ensemble.core import artifacts
     from ensemble.tasks import eval_writer, tables
+    from ensemble.tasks.metrics_tables import metrics_table
 
     rng = np.random.default_rng(3)
     n, k = 53, 3
@@ -412,8 +415,9 @@ def test_streamed_evaluation_tables_equal_the_whole_table_ones(tmp_path, monkeyp
             from ensemble.tasks.regression.aggregators import aggregate
         ens = {a: aggregate(stacked, a, params.get(a)) for a in aggs}
         splits[s] = eval_writer.SplitPredictions(members, ens, rows, y[s])
-    history = tables.history_table([])
-    tables.write_outputs(tmp_path / "whole", pa.concat_tables(whole), history)
+    whole = pa.concat_tables(whole)
+    artifacts.write_parquet(tmp_path / "whole" / artifacts.PREDICTIONS, whole)
+    artifacts.write_parquet(tmp_path / "whole" / artifacts.METRICS, metrics_table(whole))
     monkeypatch.setattr(eval_writer, "CHUNK_ROWS", 7)  # 8 chunks per model and split
     eval_writer.write(tmp_path / "streamed", splits, classes, aggs, params)
     for name in (artifacts.PREDICTIONS, artifacts.METRICS):

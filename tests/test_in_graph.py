@@ -10,6 +10,7 @@ from ensemble.core import artifacts
 from ensemble.config import schema
 from ensemble.replication import devices
 from ensemble.replication.modes import TrainRequest
+from ensemble.runs.builtin_modes import InGraph
 from ensemble.runs import prepare
 from ensemble.replication.placement import place
 
@@ -21,7 +22,7 @@ CFG = schema.from_dict({"members": {"count": 4, "hidden": [16], "dropout": 0.1},
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("prepared")
-    prepare.prepare(TrainRequest(CFG, run_dir), "in-graph", ["/device:CPU:0"])
+    prepare.prepare(TrainRequest(CFG, run_dir), InGraph(), ["/device:CPU:0"])
     return {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}
 
 

@@ -1,7 +1,8 @@
 """A third replication mode defined here alone: `sequential` trains the members one after
 another in this one process (each in its own graph, as a user without this project would train
-them by hand), registers itself, and trains, predicts and is timed by `ensemble compare` like
-the built-in modes, with members identical to in-graph's."""
+them by hand); passed in as an object, it trains, predicts and is timed by `ensemble compare`
+like the built-in modes (its processes find it by its spec, this file's `Sequential`), with
+members identical to in-graph's."""
 
 from __future__ import annotations
 
@@ -37,14 +38,14 @@ class Sequential(modes.Mode):
         devices.configure(r.cfg)
         devs = self.devices(r.cfg)
         with run.writing(r.run_dir, "ensemble train --mode sequential"):
-            manifest = open_run(r, self.name, devs, None)
+            manifest = open_run(r, self, devs, None)
             work = client_work.MemberWork.open(r.run_dir, manifest,
                                                schema.from_dict(manifest.config))
             with run_status.recording_outcome(r.run_dir):
                 for m in manifest.members:  # one after another, each in its own graph
                     client_work.train_member(work, m.index, m.device)
                     client_work.record_member(r.run_dir, m.index, "completed")
-        return aggregate_run(r.run_dir)
+        return aggregate_run(r.run_dir, member_files=self.member_files)
 
     def predict(self, request: modes.PredictRequest) -> tuple[dict, dict]:
         from ensemble.data.stream import PredictionWriter, prefetch
@@ -70,36 +71,36 @@ class Sequential(modes.Mode):
         return job.finish(self.name, rows, time.monotonic() - start, placed), {}
 
 
-if __name__.startswith("_ensemble_mode_"):  # loaded by a process that compare started
-    modes.register(Sequential)
+def test_get_refuses_what_is_not_a_mode():
+    from ensemble.core.errors import UsageError
+    from ensemble.runs import builtin_modes
+
+    for bad in (dict, "sideways", "collections:OrderedDict", 3):
+        with pytest.raises(UsageError, match="Expected `mode` to be one of in-graph"):
+            builtin_modes.get(bad)
+    assert builtin_modes.names() == ("in-graph", "between-graph")
 
 
-@pytest.fixture
-def sequential_beside_in_graph(monkeypatch):
-    """Only in-graph and sequential registered while the test runs: compare then trains and
-    predicts each once (between-graph in `ensemble compare` is test_compare's end-to-end run;
-    four processes fewer here). The full registry, order included, is restored after."""
-    monkeypatch.setattr(modes, "_registry", {k: v for k, v in modes._registry.items()
-                                             if k != "between-graph"})
-    modes.register(Sequential)
-    yield
-    modes.unregister(Sequential.name)
+def test_a_mode_object_is_found_again_by_its_spec():
+    from ensemble.runs import builtin_modes
+
+    spec = Sequential().spec()
+    assert spec == f"{Path(__file__).resolve()}:Sequential"
+    again = builtin_modes.get(spec)  # as a process that `compare` starts loads it
+    assert again.name == "sequential" and again.member_files
+    assert builtin_modes.get("in-graph").spec() == "in-graph"
 
 
-def test_registry_refuses_what_is_not_a_mode():
-    with pytest.raises(TypeError, match="Mode subclass"):
-        modes.register(dict)
-    assert "sequential" not in modes.names()
-
-
-def test_compare_times_a_third_mode_with_members_identical_to_in_graph(
-        sequential_beside_in_graph, tiny_config, tmp_path):
+def test_compare_times_a_third_mode_with_members_identical_to_in_graph(tiny_config, tmp_path):
+    """Only in-graph and sequential: compare then trains and predicts each once
+    (between-graph in `ensemble compare` is test_compare's end-to-end run)."""
     from ensemble.config import schema
     from ensemble.core import artifacts
     from pipelines import compare
 
     cfg = schema.load(tiny_config, overrides={"members.count": 2, "training.epochs": 1})
-    summary, runs = compare.compare(cfg, tmp_path, repeats=1)
+    summary, runs = compare.compare(cfg, tmp_path, repeats=1,
+                                    modes=["in-graph", Sequential()])
     assert set(summary.column("mode").to_pylist()) == {"in-graph", "sequential"}
     assert set(runs.column("phase").to_pylist()) == {"train", "predict"}
     assert all(w > 0 for w in runs.column("wall_seconds").to_pylist())

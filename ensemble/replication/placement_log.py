@@ -20,9 +20,10 @@ import threading
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from ensemble.replication import modes
+if TYPE_CHECKING:
+    from ensemble.replication.modes import Mode
 
 LINE = re.compile(r"^(?P<op>\S.*?): \((?P<type>[A-Za-z0-9_]+)\): (?P<device>/\S+)$")
 MEMBER = re.compile(r"(?:^|/)member_(\d+)(?:_\d+)?/")  # Keras may suffix a scope: member_0_1
@@ -118,14 +119,14 @@ def format_summary(paths: list[Path]) -> str:
 
 
 @contextmanager
-def logging(run_dir: Path, mode: str, enabled: bool):
+def logging(run_dir: Path, mode: Mode, enabled: bool):
     """`--log-device-placement` around training: in-graph, capture this process's log; between-graph, ask
     the clients (environment) to write theirs; then print the per-member summary."""
     if not enabled:
         yield
         return
     path = run_dir / "placement" / "in-graph.log"
-    if modes.get(mode).launcher_loads_tensorflow:  # the members train in this process
+    if mode.launcher_loads_tensorflow:  # the members train in this process
         with capture(path):
             yield
     else:

@@ -18,7 +18,6 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from ensemble.replication import modes
 from ensemble.core import artifacts
 from ensemble.config import schema
 from ensemble.replication import divergence
@@ -77,7 +76,8 @@ def _between_graph_members(run_dir: Path, manifest: Manifest, min_members: int |
 
 
 def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
-                  min_members: int | None = None, trust_builder: bool = False) -> Manifest:
+                  min_members: int | None = None, trust_builder: bool = False, *,
+                  member_files: bool) -> Manifest:
     """Recompute a run's ensemble from its member predictions and write `predictions.parquet`,
     `metrics.parquet`, `aggregators.json`, `ensemble_size.parquet` and `members.parquet`
     (between-graph: also `history.parquet`, and the run is marked completed).
@@ -88,6 +88,9 @@ def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
         min_members: between-graph: aggregate a partial ensemble of at least this many members;
             the manifest and the predictions' metadata record which were used.
         trust_builder: accept a builder file whose sha256 changed (`runs.preflight`).
+        member_files: the run's mode writes each member's files (`Mode.member_files`, as
+            between-graph clients do), which this combines; else `predictions.parquet` holds
+            every member's rows.
 
     Returns:
         The final manifest.
@@ -105,11 +108,11 @@ def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
                          f"Received: {min_members}")
     with runlock.writing(run_dir, "ensemble aggregate"), faults.failing_run_on_fault(
             run_dir, "aggregate"):
-        return _aggregate(run_dir, aggregators, min_members, trust_builder)
+        return _aggregate(run_dir, aggregators, min_members, trust_builder, member_files)
 
 
 def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: int | None,
-               trust_builder: bool = False) -> Manifest:
+               trust_builder: bool, between: bool) -> Manifest:
     from ensemble.runs import preflight
 
     start = time.perf_counter()
@@ -127,7 +130,6 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
         aggregators = old["aggregators"] if old else task.applied_aggregators(
             cfg.aggregation.aggregators)
     task.check_aggregators(aggregators)
-    between = modes.get(manifest.mode).member_files  # the clients' files, not the run's
     if between:
         members = _between_graph_members(run_dir, manifest, min_members)
     elif manifest.failed_by != "aggregate":  # a fault in aggregate: it may redo it

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         from ensemble.replication.devices import peak_rss_bytes
         from ensemble.runs.aggregate import aggregate_run
 
-        aggregate_run(Path(args.run))
+        aggregate_run(Path(args.run), member_files=True)  # the clients' files
         return {"peak_rss_bytes": peak_rss_bytes()}
 
     return processes.entry(body)

@@ -31,8 +31,9 @@ from ensemble.config.schema import Config
 from ensemble.core.errors import UsageError
 from ensemble.core.notices import reworded
 from ensemble.models.precision import check_hardware
-from ensemble.replication import modes, placement_log
-from ensemble.runs import operations  # noqa: F401 (supplies the built-in modes' operations)
+from ensemble.replication import placement_log
+from ensemble.replication.modes import Mode, PredictRequest, TrainRequest
+from ensemble.runs import builtin_modes
 from ensemble.runs.api_config import as_config, builder_spec, train_config
 from ensemble.runs.api_inputs import as_source, without_temporary_ids
 from ensemble.runs.run_record import Manifest, record_process
@@ -60,7 +61,7 @@ def _notice(text: str) -> None:
     print(f"notice: {text}", file=sys.stderr, flush=True)
 
 
-def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-graph",
+def train(config: Config | Mapping | str | Path | None = None, mode: Mode | str = "in-graph",
           run_dir: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None,
           overwrite: bool = False, resume: bool = False, jobs: int | None = None,
           cluster: dict | None = None, prepare_only: bool = False,
@@ -71,9 +72,10 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
     Args:
         config: see `ensemble.runs.api_config.as_config`; `overrides` are dotted keys
             applied on top.
-        mode: a registered mode (`ensemble.replication.modes`): `in-graph` (one process, one
-            graph) or `between-graph` (one client process per device, then the aggregator
-            process).
+        mode: a mode object (`ensemble.replication.modes.Mode`), or the name of a built-in
+            one: `in-graph` (one process, one graph) or `between-graph` (one client process
+            per device, then the aggregator process), or a `module:Class` spec of a mode class
+            (`ensemble.runs.builtin_modes.get`).
         run_dir: output folder (default `artifacts/<run_id>`).
         resume: continue the interrupted run in `run_dir` (its config is the base).
         jobs, prepare_only: between-graph only (see `ensemble train --help`).
@@ -96,7 +98,7 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
     from ensemble.runs.train import default_run_dir
 
     ready = time.time()  # the process is ready to work (`record_process`)
-    strategy = modes.get(mode)
+    strategy = builtin_modes.get(mode)
     run_dir = None if run_dir is None else Path(run_dir).expanduser()
     cfg = train_config(config, overrides, resume, run_dir, tensorboard)
     if model is not None:
@@ -112,9 +114,9 @@ def train(config: Config | Mapping | str | Path | None = None, mode: str = "in-g
         if reason:
             raise UsageError(reason.replace("--prepare-only", "prepare_only")
                              .replace("--jobs", "jobs").replace("--mode ", "mode "))
-    request = modes.TrainRequest(cfg, run_dir, overwrite, resume, jobs, cluster, prepare_only,
+    request = TrainRequest(cfg, run_dir, overwrite, resume, jobs, cluster, prepare_only,
                                  verbosity)
-    with placement_log.logging(run_dir, mode, log_device_placement and not prepare_only), \
+    with placement_log.logging(run_dir, strategy, log_device_placement and not prepare_only), \
             reworded([] if CLI_WORDING else API_WORDING):
         strategy.train(request)
     if not prepare_only:
@@ -275,7 +277,7 @@ class Run:
         with as_source(self, data) as (src, label), \
                 tempfile.TemporaryDirectory(prefix="ensemble-api-") as tmp:
             out = Path(tmp) / "predictions.parquet"
-            predict_in_graph(modes.PredictRequest(self.path, src, out, target, devices,
+            predict_in_graph(PredictRequest(self.path, src, out, target, devices,
                                                   layout=layout))
             return without_temporary_ids(to_pandas(artifacts.read_parquet(out)), label)
 

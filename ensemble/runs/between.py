@@ -36,8 +36,7 @@ from ensemble.core.errors import ClientFailed, UsageError
 from ensemble.replication.placement import client_queues, default_jobs, place
 from ensemble.replication import processes, protocol
 from ensemble.replication.processes import checked, last_error, last_report, run_process
-from ensemble.replication import modes
-from ensemble.replication.modes import PredictRequest, TrainRequest
+from ensemble.replication.modes import Mode, PredictRequest, TrainRequest
 from ensemble.replication.protocol import ClientRequest
 from ensemble.runs import aggregator
 
@@ -175,7 +174,8 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
             for q, queue in enumerate(queues) for i in queue}
 
 
-def train_between_graph(request: TrainRequest, prepared: Manifest | None = None) -> Manifest:
+def train_between_graph(request: TrainRequest, mode: Mode,
+                        prepared: Manifest | None = None) -> Manifest:
     """Prepare the run, train every member in its own client process, then aggregate.
 
     Args:
@@ -201,10 +201,10 @@ def train_between_graph(request: TrainRequest, prepared: Manifest | None = None)
 
     r = request
     cluster = run_cluster(r)
-    devs = modes.get("between-graph").devices(r.cfg, cluster)
-    with prepare.writing(r.run_dir, "ensemble train --mode between-graph"):
+    devs = mode.devices(r.cfg, cluster)
+    with prepare.writing(r.run_dir, f"ensemble train --mode {mode.name}"):
         manifest = prepared if prepared is not None and not r.resume else \
-            open_run(r, "between-graph", devs, cluster)
+            open_run(r, mode, devs, cluster)
         if not r.resume and prepared is None and r.verbosity:
             print(auto.describe(prepare.run_config(r.cfg, manifest), manifest.defaults or {}),
                   flush=True)

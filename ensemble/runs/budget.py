@@ -17,7 +17,7 @@ from __future__ import annotations
 from ensemble.core import memory
 from ensemble.core.errors import UsageError
 from ensemble.replication.feed import CALL_BYTES  # one traced call's batches
-from ensemble.replication import modes
+from ensemble.replication.modes import Mode
 
 TF_PROCESS = 400 << 20  # anonymous bytes of a process running TensorFlow and Keras (measured)
 LEAN_PROCESS = 256 << 20  # a process without TensorFlow (NumPy, pyarrow, scikit-learn)
@@ -120,7 +120,7 @@ def check(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: i
         f"{memory.gib(have)} of {what}; {_LEVERS[phase]}{jobs}, or raise the limit.")
 
 
-def check_run(cfg, mode: str, devices: list[str], rows: dict[str, int], n_outputs: int,
+def check_run(cfg, mode: Mode, devices: list[str], rows: dict[str, int], n_outputs: int,
               jobs: int | None = None) -> None:
     """`check` for a run of config `cfg` in `mode` on `devices`, with `jobs` clients at once
     (between-graph; None: the launcher's default, `placement.default_jobs`).
@@ -128,6 +128,6 @@ def check_run(cfg, mode: str, devices: list[str], rows: dict[str, int], n_output
     Raises:
         UsageError: the estimate exceeds the memory available (one line).
     """
-    members, mode = cfg.members.count, modes.get(mode)
+    members = cfg.members.count
     check(rows, n_outputs, members, len(cfg.aggregation.aggregators),
           mode.processes(members, devices, jobs), member_rows=mode.member_files)

@@ -19,7 +19,7 @@ from ensemble.config import schema
 from ensemble.runs import fit_arrays
 from ensemble.runs import estimator_tables
 from ensemble.replication import devices as device_specs, modes
-from ensemble.runs import operations  # noqa: F401 (the built-in modes' operations)
+from ensemble.runs import builtin_modes
 from ensemble.core.errors import UsageError
 
 # estimator parameter -> config key (messages of config validation name the parameter)
@@ -78,14 +78,15 @@ class DeepEnsembleBase(BaseEstimator):
         self.run_dir = run_dir
 
     def _mode(self) -> modes.Mode:
-        """The estimator's replication mode (`ensemble.replication.modes`); raises ValueError
-        naming the parameter for an unknown mode or one without array training."""
+        """The estimator's replication mode (a `modes.Mode` object, or a built-in mode's
+        name); raises ValueError naming the parameter for an unknown mode or one without
+        array training."""
         try:
-            mode = modes.get(self.mode) if isinstance(self.mode, str) else None
+            mode = builtin_modes.get(self.mode)
         except UsageError:
             mode = None
         if mode is None or not mode.trains_arrays():
-            known = [n for n in modes.names() if modes.get(n).trains_arrays()]
+            known = [n for n in builtin_modes.names() if builtin_modes.get(n).trains_arrays()]
             raise ValueError(f"Expected `mode` to be one of {', '.join(known)}. "
                              f"Received: mode={self.mode!r}")
         return mode

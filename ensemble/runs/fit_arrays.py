@@ -103,9 +103,11 @@ def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preproce
 
 
 def train_between_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preprocessing,
-                        run_dir=None) -> dict[str, Any]:
+                        run_dir=None, *, mode) -> dict[str, Any]:
     """Train every member in its own client process through a run directory (`run_dir`, or
-    a temporary one removed afterwards); same arguments and result as `train_in_graph`."""
+    a temporary one removed afterwards); same arguments and result as `train_in_graph`, and
+    `mode` the between-graph mode object (`ensemble.replication.modes.Mode`) that launches
+    the clients."""
     from ensemble.models.members import load_member
     from ensemble.replication.modes import TrainRequest
     from ensemble.runs.between import train_between_graph as launch  # client processes
@@ -121,11 +123,11 @@ def train_between_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Pre
         artifacts.write_splits(path, {"train": x, "validation": xv, "test": xv},
                                {"train": y, "validation": yv, "test": yv}, rows)
         artifacts.write_text(path / artifacts.PREPROCESSING, pre.to_json())
-        manifest = manifest_for(cfg, "between-graph", pre,
+        manifest = manifest_for(cfg, mode.name, pre,
                                 {k: len(v) for k, v in rows.items()}, devs)
         manifest.artifacts = artifacts.artifact_hashes(path)  # clients verify the splits
         manifest.save(path)
-        launch(TrainRequest(cfg, path, verbosity=0), prepared=manifest)
+        launch(TrainRequest(cfg, path, verbosity=0), mode, prepared=manifest)
         n = cfg.members.count
         weights = [load_member(artifacts.member_model_path(path, i), "/device:CPU:0")
                    .get_weights() for i in range(n)]

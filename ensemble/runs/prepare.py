@@ -31,7 +31,7 @@ from ensemble.replication.devices import build_info
 from ensemble.core.errors import UsageError
 from ensemble.core.labels import encode
 from ensemble.models.members import member_seed
-from ensemble.replication.modes import TrainRequest
+from ensemble.replication.modes import Mode, TrainRequest
 from ensemble.replication.placement import place
 from ensemble.data.preprocessing import Preprocessing
 from ensemble.runs.run_status import effective_status
@@ -128,7 +128,7 @@ def writing(run_dir: Path, command: str) -> Iterator[None]:
         raise
 
 
-def prepare(request: TrainRequest, mode: str, devices: list[str],
+def prepare(request: TrainRequest, mode: Mode, devices: list[str],
             cluster: dict | None = None) -> Manifest:
     """Create the run directory up to training: data splits, preprocessing, placement.
 
@@ -139,7 +139,8 @@ def prepare(request: TrainRequest, mode: str, devices: list[str],
 
     Args:
         request: the run's `cfg`, `run_dir`, `overwrite`, `jobs` (for the memory estimate).
-        mode: the replication mode's name.
+        mode: the replication mode (its `name` is recorded; its facts size the memory
+            estimate).
         devices: canonical device names; members are placed on them round robin.
         cluster: the cluster spec the devices belong to (recorded), or None.
 
@@ -178,7 +179,7 @@ def prepare(request: TrainRequest, mode: str, devices: list[str],
     pre, hashed = prepare_splits(run_dir, scan, rows, y, classes)  # `row`: file positions
     memory.release_arrow_pool()  # the pass's buffers: training never reads through pyarrow
     artifacts.write_text(run_dir / artifacts.PREPROCESSING, pre.to_json())
-    manifest = new_manifest(cfg, mode, devices, pre, {
+    manifest = new_manifest(cfg, mode.name, devices, pre, {
         "name": scan.name, "source": cfg.data.source, "target": cfg.data.target,
         "rows": {s: int(len(r)) for s, r in rows.items()}, "columns": list(scan.columns),
         "sha256": sha256(), **target}, cluster, task)
@@ -292,7 +293,7 @@ def run_config(cfg: Config, manifest: Manifest) -> Config:
     return auto.resolve(cfg, rows["train"], rows.get("validation", 0))[0]
 
 
-def reopen(run_dir: Path, cfg: Config, mode: str) -> Manifest:
+def reopen(run_dir: Path, cfg: Config, mode: Mode) -> Manifest:
     """Reopen an interrupted, failed or prepared run, or a partial ensemble whose other members
     are left to train, for `--resume`; marks it running again.
     Call it holding the run lock: a `running` status then means its driver died.
@@ -302,9 +303,9 @@ def reopen(run_dir: Path, cfg: Config, mode: str) -> Manifest:
         run's (names the changed keys: `resume_changes`).
     """
     manifest = Manifest.load(run_dir)
-    if manifest.mode != mode:
+    if manifest.mode != mode.name:
         raise UsageError(f"Run {run_dir} was trained with --mode {manifest.mode}; "
-                         f"resume it with that mode, not {mode}.")
+                         f"resume it with that mode, not {mode.name}.")
     from ensemble.replication import divergence
 
     # a partial ensemble (`aggregate --min-members`) is completed with members left to train

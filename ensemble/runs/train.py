@@ -21,7 +21,7 @@ from ensemble.runs import prepare, run_status
 from ensemble.tasks import eval_writer, tables
 from ensemble.replication.cluster import naming_unreachable_tasks
 from ensemble.config.schema import Config
-from ensemble.replication import modes
+from ensemble.replication.modes import Mode
 from ensemble.replication.modes import TrainRequest
 
 
@@ -36,7 +36,7 @@ def run_cluster(request: TrainRequest) -> dict | None:
     return request.cluster
 
 
-def open_run(request: TrainRequest, mode: str, devs: list[str],
+def open_run(request: TrainRequest, mode: Mode, devs: list[str],
              cluster: dict | None) -> Manifest:
     """The manifest a `mode` run starts from, under the run's writer lock (`run.writing`):
     the interrupted run reopened (`request.resume`), or a new run prepared on `devs`."""
@@ -45,7 +45,7 @@ def open_run(request: TrainRequest, mode: str, devs: list[str],
     return prepare.prepare(request, mode, devs, cluster)
 
 
-def train_in_graph(request: TrainRequest, callbacks: Sequence = ()) -> Manifest:
+def train_in_graph(request: TrainRequest, mode: Mode, callbacks: Sequence = ()) -> Manifest:
     """Train every member in one graph (in-graph replication) and write the run directory.
 
     A checkpoint of the whole graph (all members at the same epoch) is saved after every
@@ -54,7 +54,8 @@ def train_in_graph(request: TrainRequest, callbacks: Sequence = ()) -> Manifest:
     aggregation stays on this client.
 
     Progress goes to stdout (`progress.for_people(request.verbosity)`); `callbacks` are
-    further `training.Callback`s (per call and per epoch).
+    further `training.Callback`s (per call and per epoch). `mode` is the in-graph mode object
+    (`ensemble.runs.builtin_modes.InGraph`, or a subclass): its devices and name.
 
     Returns:
         The final manifest.
@@ -68,9 +69,9 @@ def train_in_graph(request: TrainRequest, callbacks: Sequence = ()) -> Manifest:
     r = request
     cluster = run_cluster(r)
     devices.configure(r.cfg)  # threads first: resolving named devices initialises TensorFlow
-    devs = modes.get("in-graph").devices(r.cfg, cluster)
-    with prepare.writing(r.run_dir, "ensemble train --mode in-graph"):
-        manifest = open_run(r, "in-graph", devs, cluster)
+    devs = mode.devices(r.cfg, cluster)
+    with prepare.writing(r.run_dir, f"ensemble train --mode {mode.name}"):
+        manifest = open_run(r, mode, devs, cluster)
         if r.resume:
             callbacks = [progress.ResumeNotice(), *callbacks]
         cfg = prepare.run_config(r.cfg, manifest)  # "auto" batch size and early stopping resolved
