@@ -51,7 +51,7 @@ def test_disagreement_by_hand():
 
 @pytest.mark.parametrize("name", ["mean", "vote"])
 def test_tensorflow_twin_agrees_with_numpy(name):
-    from ensemble.replication.in_graph import aggregate_tf
+    from ensemble.tasks.classification.aggregators_tf import aggregate_tf
 
     rng = np.random.default_rng(1)
     p = rng.dirichlet(np.ones(10), size=(5, 300)).astype(np.float32)

@@ -328,10 +328,15 @@ def test_flops_of_the_built_mlp_equal_the_formula():
     from ensemble import tasks
     from ensemble.models.cost import count_flops
     from ensemble.models.members import build_member
-    from ensemble.models.cost import mlp_flops
+    from ensemble.models.cost import member_flops, mlp_flops
 
     model = build_member("mlp", {"hidden": [32, 16]}, (64,), 10, 0, "m", tasks.get())
     assert count_flops(model, (64,)) == mlp_flops(64, [32, 16], 10)
+    # the periodic embedding: 5 features x (2 x 4 sines/cosines) x 2 -> dense 10->8, 8->3
+    periodic = {"hidden": [8], "embedding": "periodic", "n_frequencies": 4, "d_embedding": 2}
+    model = build_member("mlp", periodic, (5,), 3, 0, "p", tasks.get())
+    assert count_flops(model, (5,)) == 2 * (5 * 8 * 2 + 10 * 8 + 8 * 3)
+    assert member_flops("mlp", periodic, (5,), 3, tasks.get()) == count_flops(model, (5,))
     cnn = build_member("cnn", {"filters": [4], "dense": 8}, (8, 8, 1), 10, 0, "c", tasks.get())
     # conv 3x3x1->4 on 8x8 (same padding), pool to 4x4, dense 64->8, 8->10
     assert count_flops(cnn, (8, 8, 1)) == 2 * (9 * 1 * 4 * 64 + 64 * 8 + 8 * 10)

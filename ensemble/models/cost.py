@@ -13,12 +13,20 @@ from typing import Any, Sequence
 import numpy as np
 
 
-
-def mlp_flops(n_features: int, hidden: Sequence[int], n_classes: int) -> int:
-    """FLOPs of one row through an MLP's dense layers: `2 * sum(w_in * w_out)`
-    (a multiply and an add per weight; biases and activations left out)."""
-    widths = [n_features, *hidden, n_classes]
-    return int(sum(2 * a * b for a, b in zip(widths, widths[1:])))
+def mlp_flops(n_features: int, hidden: Sequence[int], n_classes: int, embedding: str = "none",
+              n_frequencies: int = 16, d_embedding: int = 8) -> int:
+    """FLOPs of one row through the built-in MLP (`ensemble.models.builtin.mlp`): its dense
+    layers, `2 * sum(w_in * w_out)` (a multiply and an add per weight; biases and activations
+    left out), and with `embedding = "periodic"` the embedding's per-feature product of the
+    `2 * n_frequencies` sines and cosines with its `[2 * n_frequencies, d_embedding]` kernel,
+    `2 * n_features * 2 * n_frequencies * d_embedding`, after which the first dense layer
+    reads `n_features * d_embedding` values."""
+    first, embed = n_features, 0
+    if embedding == "periodic":
+        first = n_features * d_embedding
+        embed = 2 * n_features * (2 * n_frequencies) * d_embedding
+    widths = [first, *hidden, n_classes]
+    return int(embed + sum(2 * a * b for a, b in zip(widths, widths[1:])))
 
 
 def _dims(tensor) -> list[int]:
@@ -82,10 +90,15 @@ def member_flops(spec: str, params: dict[str, Any], input_shape: Sequence[int],
     Raises:
         UsageError: a bad builder.
     """
+    import inspect
+
     from ensemble.models.builders import BUILTINS
 
     if spec == "mlp" and len(input_shape) == 1:
-        return mlp_flops(int(input_shape[0]), list(params.get("hidden", (256, 128))), n_outputs)
+        defaults = inspect.signature(BUILTINS["mlp"]).parameters.items()
+        p = {k: a.default for k, a in defaults if a.default is not a.empty} | dict(params)
+        return mlp_flops(int(input_shape[0]), list(p["hidden"]), n_outputs, p["embedding"],
+                         p["n_frequencies"], p["d_embedding"])
     from ensemble.core.tfimport import import_tensorflow_quietly
 
     import_tensorflow_quietly()  # maybe first here (a between-graph launcher): no banners

@@ -11,10 +11,9 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from ensemble.tasks.classification.aggregators_tf import aggregate_tf
 from ensemble.replication.group import CLIENT_DEVICE, MemberGroup
 
-__all__ = ["CLIENT_DEVICE", "InGraphEnsemble", "aggregate_tf"]
+__all__ = ["CLIENT_DEVICE", "InGraphEnsemble"]
 
 
 class InGraphEnsemble(MemberGroup):

@@ -57,19 +57,6 @@ class SignatureInfo:
                    for t in (*self.inputs.values(), *self.outputs.values()))
 
 
-def parse_request(body: bytes) -> dict:
-    """The request body as a JSON object. Raises BadRequest for malformed JSON or a
-    non-object. (`NaN` is accepted, as TF Serving does: the graph may impute it.)"""
-    try:
-        req = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"malformed JSON request body: {exc}") from None
-    if not isinstance(req, dict):
-        raise BadRequest(f"expected a JSON object with `instances` or `inputs`; received "
-                         f"a JSON {type(req).__name__}")
-    return req
-
-
 def signature_name(req: dict) -> str:
     """The request's `signature_name` (default `serving_default`). Raises BadRequest."""
     name = req.get("signature_name", DEFAULT_SIGNATURE)

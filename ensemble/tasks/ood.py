@@ -29,8 +29,6 @@ from ensemble.tasks.regression import aggregators as R
 from ensemble.tasks.base import is_gaussian
 from ensemble.core.errors import UsageError
 
-CLASSIFICATION_SCORES = ("max_probability", "entropy", "mutual_information")
-REGRESSION_SCORES = ("std", "epistemic_std")
 SCHEMA = pa.schema([
     ("model", pa.string()), ("member", pa.int32()), ("aggregator", pa.string()),
     ("score", pa.string()), ("auroc", pa.float64()), ("aupr", pa.float64()),

@@ -16,7 +16,7 @@ import pyarrow as pa
 from ensemble.tasks.classification import metrics as M
 from ensemble.tasks.classification.aggregators import aggregate, member_weights
 from ensemble.core.notices import notice
-from ensemble.tasks.metrics_tables import NOT_PROBABILITIES, metrics_table
+from ensemble.tasks.metrics_tables import NOT_PROBABILITIES
 from ensemble.tasks.predicted import SplitPredictions
 from ensemble.tasks.table_parts import ModelRows, chunks, key_columns, source_row
 
@@ -187,18 +187,3 @@ def history_table(records: list[dict]) -> pa.Table:
     if any("val_rmse" in r for r in records):
         from ensemble.tasks.regression.tables import HISTORY_SCHEMA as schema
     return pa.Table.from_pylist(records, schema=schema)
-
-
-def write_outputs(run_dir, predictions: pa.Table, history: pa.Table) -> pa.Table:
-    """Write `predictions.parquet`, `metrics.parquet` and `history.parquet` of a run
-    (atomically); returns the metrics table."""
-    from pathlib import Path
-
-    from ensemble.core import artifacts
-
-    run_dir = Path(run_dir)
-    table = metrics_table(predictions)
-    artifacts.write_parquet(run_dir / artifacts.PREDICTIONS, predictions)
-    artifacts.write_parquet(run_dir / artifacts.METRICS, table)
-    artifacts.write_parquet(run_dir / artifacts.HISTORY, history)
-    return table
