@@ -210,3 +210,27 @@ def test_ood_detection_matches_scikit_learn(fitted, iris):
     expected = roc_auc_score(np.r_[np.zeros(len(xv)), np.ones(len(far))], np.r_[h_in, h_out])
     assert row.auroc == pytest.approx(expected, abs=1e-6)
     assert table.score.nunique() == 3 and row.n_in == len(xv) == row.n_out
+
+
+def test_labels_mixing_text_and_numbers_are_refused_before_tensorflow_loads():
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import numpy as np, pandas as pd
+from ensemble.sklearn import DeepEnsembleClassifier
+y = np.array([0, 1, 2] * 20, dtype=object)
+y[::7] = "high"
+try:
+    DeepEnsembleClassifier(n_members=1, epochs=1).fit(pd.DataFrame({"x": np.arange(60.0)}), y)
+except ValueError as exc:
+    print(exc)
+print("tensorflow" in sys.modules)
+"""
+    from conftest import ROOT
+
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120).stdout.splitlines()
+    assert out[0].startswith("y mixes text and numbers: 51 rows hold numbers (such as 1)")
+    assert "9 hold text (such as 'high')" in out[0] and out[1] == "False"

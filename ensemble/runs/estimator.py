@@ -35,6 +35,22 @@ from ensemble.tasks.classification.task import Classification
 from ensemble.runs.estimator_base import DeepEnsembleBase
 
 
+def _check_label_types(y) -> None:
+    """Raises ValueError when the labels `y` `[n_rows]` mix text and numbers (`1`, `2`,
+    `"high"`: no order, so no class list), naming how many rows of each and an example."""
+    y = np.asarray(y, dtype=object) if np.asarray(y).dtype == object else None
+    if y is None:
+        return
+    text = np.fromiter((isinstance(v, (str, bytes)) for v in y), bool, len(y))
+    known = np.fromiter((v is not None and v == v for v in y), bool, len(y))  # not NaN
+    numbers = known & ~text
+    if text.any() and numbers.any():
+        raise ValueError(f"y mixes text and numbers: {int(numbers.sum())} rows hold numbers "
+                         f"(such as {y[numbers][0]!r}), {int(text.sum())} hold text (such "
+                         f"as {y[text][0]!r}); expected labels of one type (all text, "
+                         "e.g. y.astype(str), or all numbers)")
+
+
 class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
     """A deep ensemble (Lakshminarayanan et al. 2017) of any Keras model as a scikit-learn
     classifier; defaults are those of the config (`configs/digits.toml`).
@@ -112,6 +128,7 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
             X, y = estimator_tables.check_input(self, X, y)
         else:
             X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], allow_nd=True)
+        _check_label_types(y)
         check_classification_targets(y)
         classes, y_idx = np.unique(y, return_inverse=True)
         if len(classes) < 2:
