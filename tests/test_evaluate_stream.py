@@ -83,7 +83,7 @@ def _old_classification(table: pa.Table) -> pa.Table:
             encode(t.column("y_true").to_numpy(zero_copy_only=False), classes),
             tables.probabilities(t, classes),
             None if mi is None or mi.null_count else float(np.mean(mi.to_numpy()))))
-    return metrics_tables.metrics_of(outputs)
+    return metrics_tables.metrics_of(outputs, classes=classes.tolist())
 
 
 def _old_regression(table: pa.Table) -> pa.Table:

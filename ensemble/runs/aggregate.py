@@ -30,6 +30,7 @@ from ensemble.runs import run_status
 from ensemble.core import runlock
 from ensemble.tasks import eval_writer, metrics_tables, tables
 from ensemble.tasks.predicted import SplitPredictions
+from ensemble.tasks.table_parts import prior_metadata
 from ensemble import tasks
 from ensemble.core.errors import UsageError
 
@@ -146,12 +147,13 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
     fit = posthoc.fit(task, splits, aggregators, settings)
     used = splits["validation"].members
     posthoc.write_fit(run_dir, task, fit, splits, settings)
+    prior = posthoc.run_prior(run_dir, classes)
     if between:  # streamed from the arrays (`eval_writer`): flat memory at any size
         eval_writer.write(run_dir, {k: SplitPredictions(dict(zip(s.members, s.probs)), None,
                                                         s.rows, s.y)
                                     for k, s in splits.items()},
                           classes, aggregators, fit["params"],
-                          {b"members": json.dumps(used).encode()})
+                          {b"members": json.dumps(used).encode()}, prior)
         history = [r for i in used
                    for r in artifacts.read_parquet(artifacts.verify(
                        run_dir, manifest, artifacts.member_history_path(run_dir, i))).to_pylist()]
@@ -162,6 +164,7 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
     else:
         preds = posthoc.rebuild(splits, classes, aggregators, fit["params"])
         preds = preds.replace_schema_metadata({**preds.schema.metadata,
+                                               **prior_metadata(prior),
                                                b"members": json.dumps(used).encode()})
         table = metrics_tables.metrics_table(preds, fit["best_member"])
         artifacts.write_parquet(run_dir / artifacts.PREDICTIONS, preds)

@@ -40,6 +40,31 @@ class SplitMembers:
     y: np.ndarray | None
 
 
+def prior(classes: np.ndarray, y_train: np.ndarray | None) -> list | dict | None:
+    """The run's prior, the metrics tables' baseline row (`eval_writer.write`): the training
+    split's class shares `[n_classes]` (from its class indices `y_train`), or for regression
+    (no `classes`) its targets' `{"mean", "std"}` (population std, target units); None without
+    training labels, or for a constant regression target (a Gaussian of std 0 has no NLL)."""
+    if y_train is None or len(y_train) == 0:
+        return None
+    if len(classes):
+        counts = np.bincount(np.asarray(y_train, np.int64), minlength=len(classes))
+        return (counts[:len(classes)] / counts.sum()).tolist()
+    y = np.asarray(y_train, np.float64)
+    std = float(np.std(y))
+    return {"mean": float(np.mean(y)), "std": std} if std > 0 else None
+
+
+def run_prior(run_dir: str | Path, classes: np.ndarray) -> list | dict | None:
+    """`prior` of a run's prepared training split (its labels only), None when the run
+    directory holds none."""
+    try:
+        y = artifacts.read_split(Path(run_dir), "train")[1]
+    except UsageError:
+        return None
+    return prior(classes, y)
+
+
 def member_rows(predictions: pa.Table) -> pa.Table:
     """The member rows of a predictions table (ensemble rows dropped)."""
     return predictions.filter(pc.is_valid(predictions.column("member")))

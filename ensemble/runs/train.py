@@ -164,25 +164,39 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: Manifest, callbacks: 
                             first_epoch_end_unix=first.unix)
     ens, placed = _keep_healthy(ens, placed, run_dir, manifest, task)
     start = time.perf_counter()
-    # the fitted aggregators fit on the validation members' predictions, then the graph
-    # applies them with the TensorFlow twins
+    with eval_writer.output_files(run_dir) as files:  # predictions on disk as predicted
+        _evaluate(ens, placed, task, cfg, run_dir, manifest, split, files)
+    artifacts.write_parquet(run_dir / artifacts.HISTORY, tables.history_table(history))
+    run_status.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
+               predict_seconds=time.perf_counter() - start)
+
+
+def _evaluate(ens, placed, task, cfg: Config, run_dir: Path, manifest: Manifest, split: dict,
+              files) -> None:
+    """Fit the fitted aggregators on the validation members' predictions, predict the
+    evaluation splits with the graph applying them (the TensorFlow twins), a chunk of rows at
+    a time into the memory maps of `files` (`eval_writer.predict_to`), and write
+    `aggregators.json`, `ensemble_size.parquet`, `predictions.parquet`, `metrics.parquet`
+    and `members.parquet`."""
+    from ensemble.replication.in_graph import InGraphEnsemble
+
     names = task.applied_aggregators(cfg.aggregation.aggregators)
     settings = dataclasses.asdict(cfg.aggregation)
-    members = posthoc.SplitMembers(ens.indices, ens.predict(x_val)[0], split["validation"][2],
-                                   y_val)
-    fit = posthoc.fit(task, {"validation": members}, names, settings)
+    x_val, y_val, rows_val = split["validation"]
+    val_p, _ = eval_writer.predict_to(files, ens.predict, x_val)
+    fit = posthoc.fit(task, {"validation": posthoc.SplitMembers(ens.indices, val_p, rows_val,
+                                                                y_val)}, names, settings)
     graph = InGraphEnsemble(ens.models, placed, names, ens.indices, params=fit["params"],
                             task=task)
     predicted, splits = {}, {}
     for s in artifacts.EVAL_SPLITS:
         x, y, rows = split[s]
-        member_p, ens_p = graph.predict(x)
+        member_p, ens_p = eval_writer.predict_to(files, graph.predict, x)
         splits[s] = posthoc.SplitMembers(ens.indices, member_p, rows, y)
         predicted[s] = eval_writer.SplitPredictions(dict(zip(ens.indices, member_p)), ens_p,
                                                     rows, y)
     posthoc.write_fit(run_dir, task, fit, splits, settings)
-    eval_writer.write(run_dir, predicted, classes, names, fit["params"])
-    artifacts.write_parquet(run_dir / artifacts.HISTORY, tables.history_table(history))
+    classes = np.asarray(manifest.dataset.classes)
+    eval_writer.write(run_dir, predicted, classes, names, fit["params"],
+                      prior=posthoc.prior(classes, split["train"][1]))
     records.write_members(run_dir, manifest, splits["validation"])
-    run_status.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
-               predict_seconds=time.perf_counter() - start)

@@ -2,60 +2,152 @@
 
 `predictions.parquet` holds one row per model, split and row (members and every aggregator): for
 a split of 800,000 rows and 8 models, 6.4 million rows, about 0.7 GB as one Arrow table. The
-writer here never builds it whole: the rows go to one `ParquetWriter` a chunk at a time, model
-by model in `predictions_table`'s order (the file is the one `predictions_table` would give),
-and the metrics are computed from the arrays themselves (`metrics_tables.split_outputs`,
-`metrics_tables.metrics_of`; the regression twins), which is what `metrics_table` reads back
-from those rows. What stays in memory is the predicted arrays, `[n_members + n_aggregators, n_rows,
-n_outputs]` float32 per split.
+writer here never builds it whole, nor any model's outputs: the members' outputs are arrays
+or memory maps (`OutputFiles`, files in the run directory the predictions went to as they were
+predicted), the aggregators' outputs are computed a chunk of rows at a time into memory maps of
+their own, the rows go to one `ParquetWriter` a chunk at a time, model by model in
+`predictions_table`'s order (the file is the one `predictions_table` would give), and every
+metric is a running sum or an exact count over chunks (`metrics_tables.metrics_of`, the
+regression twin), equal to what `metrics_table` reads back from those rows. What stays in
+memory is a few chunks of rows.
 """
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from ensemble.core import artifacts
+from ensemble.core.notices import notice
 from ensemble.tasks.predicted import SplitPredictions
+from ensemble.tasks.table_parts import PRIOR, prior_metadata
 
-CHUNK_ROWS = 65536  # rows of one model built and written at a time
+CHUNK_ROWS = 65536  # rows of one model built, written and scored at a time
+IMBALANCED = 0.10  # a smallest class share below this: `imbalance_notice` speaks
 
-__all__ = ["CHUNK_ROWS", "SplitPredictions", "write"]
+__all__ = ["CHUNK_ROWS", "OutputFiles", "SplitPredictions", "output_files", "write"]
+
+
+class OutputFiles:
+    """Memory-mapped float arrays in a scratch folder of the run directory (removed with the
+    `output_files` context): a run's predictions go there as they are predicted."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.count = 0
+
+    def new(self, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+        """A zeroed writable memory map of `shape` (a plain empty array when it holds no
+        element: a file of 0 bytes cannot be mapped)."""
+        if int(np.prod(shape)) == 0:
+            return np.zeros(shape, dtype)
+        self.count += 1
+        return np.lib.format.open_memmap(self.folder / f"outputs-{self.count}.npy", "w+",
+                                         dtype, shape)
+
+
+@contextlib.contextmanager
+def output_files(run_dir: str | Path) -> Iterator[OutputFiles]:
+    """`OutputFiles` in a hidden scratch folder of `run_dir`, removed on exit."""
+    with tempfile.TemporaryDirectory(dir=run_dir, prefix=".outputs-") as folder:
+        yield OutputFiles(Path(folder))
+
+
+def predict_to(files: OutputFiles, predict, x, chunk_rows: int = CHUNK_ROWS
+               ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The outputs of `predict(x[lo:hi]) -> (members [n_members, n, k], {aggregator:
+    [n, k']})` over `x` `[n_rows, ...]` (an array or memory map), `chunk_rows` rows at a
+    time, into memory maps of `files`: `[n_members, n_rows, k]` and `{aggregator: [n_rows,
+    k']}` (arrays when `x` has no row)."""
+    n = len(x)
+    if n == 0:
+        m, e = predict(x[:0])
+        return np.asarray(m), {a: np.asarray(v) for a, v in e.items()}
+    members, ensembles = None, {}
+    for lo in range(0, n, chunk_rows):
+        m, e = predict(x[lo:lo + chunk_rows])
+        m = np.asarray(m)
+        if members is None:
+            members = files.new((m.shape[0], n, *m.shape[2:]), m.dtype)
+        members[:, lo:lo + m.shape[1]] = m
+        for a, v in e.items():
+            v = np.asarray(v)
+            if a not in ensembles:
+                ensembles[a] = files.new((n, *v.shape[1:]), v.dtype)
+            ensembles[a][lo:lo + len(v)] = v
+    return members, ensembles
 
 
 def write(run_dir: str | Path, splits: dict[str, SplitPredictions], classes: np.ndarray,
-          aggregators: Sequence[str], params: dict | None, meta: dict | None = None
-          ) -> pa.Table:
+          aggregators: Sequence[str], params: dict | None, meta: dict | None = None,
+          prior: list | dict | None = None) -> pa.Table:
     """Write `predictions.parquet` (streamed) and `metrics.parquet` of a run, each atomically;
-    returns the metrics table (`metrics_tables.metrics_table`'s rows).
+    returns the metrics table (`metrics_tables.metrics_table`'s rows). Prints a notice when the
+    training split's smallest class is under `IMBALANCED` of its rows, and when no ensemble
+    beats the prior in NLL on test.
 
     Args:
-        splits: split -> its predictions; `ensembles` None: the numpy aggregators' outputs
-            of the members, computed here.
+        splits: split -> its predictions (outputs as arrays or memory maps); `ensembles`
+            None: the numpy aggregators' outputs of the members, computed here a chunk at a
+            time.
         classes: `[n_classes]` class labels; empty for regression.
         aggregators: the aggregators whose rows the tables hold, in order.
         params: the fitted aggregators' parameters (`aggregators.json`).
         meta: more key-value metadata of `predictions.parquet` (bytes to bytes).
+        prior: the training split's class shares `[n_classes]` (regression: its target's
+            `{"mean", "std"}`), the baseline `prior` row of every split; none when None.
 
     Raises:
         OSError: a file cannot be written (nothing under the final names changes).
     """
     run_dir = Path(run_dir)
-    chunks, task_meta, metrics = _task_tables(splits, classes, aggregators, params)
-    with artifacts.atomic_path(run_dir / artifacts.PREDICTIONS) as tmp:
-        _write_chunks(tmp, chunks, {**task_meta, **(meta or {})})
+    if len(classes) and prior is not None:
+        imbalance_notice(classes, prior)
+    with output_files(run_dir) as files:
+        splits = {s: p if p.ensembles is not None else p._replace(
+            ensembles=_aggregated(files, p.members, classes, aggregators, params))
+            for s, p in splits.items()}
+        chunks, task_meta, metrics = _task_tables(splits, classes, aggregators, params, prior)
+        with artifacts.atomic_path(run_dir / artifacts.PREDICTIONS) as tmp:
+            _write_chunks(tmp, chunks, {**task_meta, **prior_metadata(prior), **(meta or {})})
     artifacts.write_parquet(run_dir / artifacts.METRICS, metrics)
+    baseline_notice(metrics)
     return metrics
 
 
-def _task_tables(splits, classes, aggregators, params):
+def imbalance_notice(classes: np.ndarray, shares: Sequence[float]) -> None:
+    """The notice naming the class shares of an imbalanced training split (smallest class
+    under `IMBALANCED`)."""
+    if min(shares) >= IMBALANCED:
+        return
+    named = ", ".join(f"{c} {100 * s:.1f}%" for c, s in zip(np.asarray(classes).tolist(), shares))
+    notice(f"the classes are imbalanced (training rows: {named}): accuracy says little "
+           "here; see roc_auc, average_precision, balanced_accuracy and the recall_<class> "
+           "columns of metrics.parquet.")
+
+
+def baseline_notice(metrics: pa.Table, split: str = "test") -> None:
+    """The notice when no ensemble has a lower NLL than the `prior` row on `split`."""
+    rows = [r for r in metrics.to_pylist() if r["split"] == split]
+    prior = next((r for r in rows if r["model"] == PRIOR), None)
+    ens = [r for r in rows if r["aggregator"] is not None and r["nll"] is not None]
+    if prior is None or prior["nll"] is None or not ens:
+        return
+    best = min(ens, key=lambda r: r["nll"])
+    if best["nll"] >= prior["nll"]:
+        what = "class shares" if "accuracy" in rows[0] else "mean and std"
+        notice(f"no ensemble beats the prior (the training split's {what}) on "
+               f"{split}: NLL {best['nll']:.4f} ({best['model']}) against {prior['nll']:.4f}; "
+               "the members learned little from the features.")
+
+
+def _task_tables(splits, classes, aggregators, params, prior):
     """(the prediction chunks, the file's metadata, the metrics table) of the run's task."""
-    splits = {s: p if p.ensembles is not None else p._replace(
-        ensembles=_aggregated(p.members, classes, aggregators, params))
-        for s, p in splits.items()}
     if len(classes):
         from ensemble.tasks import metrics_tables as MT
         from ensemble.tasks import tables as T
@@ -64,7 +156,8 @@ def _task_tables(splits, classes, aggregators, params):
             s, p, classes, aggregators, params, CHUNK_ROWS))
         metrics = MT.metrics_of({s: MT.split_outputs(p.members, p.y, aggregators,
                                                      p.ensembles, params)
-                                 for s, p in splits.items()})
+                                 for s, p in splits.items()},
+                                classes=np.asarray(classes).tolist(), prior=prior)
         return chunks, T.classes_metadata(classes), metrics
     import json
 
@@ -76,18 +169,28 @@ def _task_tables(splits, classes, aggregators, params):
         s, p, aggregators, params, CHUNK_ROWS))
     outputs = {s: regression_tables.split_outputs(p.members, p.y, aggregators, p.ensembles)
                for s, p in splits.items()}
-    metrics = regression_tables.metrics_of(outputs, json.loads(meta[b"mixture"]))
+    metrics = regression_tables.metrics_of(outputs, json.loads(meta[b"mixture"]), prior=prior)
     return chunks, meta, metrics
 
 
-def _aggregated(members: dict, classes, aggregators, params) -> dict:
-    """The numpy aggregators' outputs `{name: [n_rows, n_outputs]}` of `members`."""
+def _aggregated(files: OutputFiles, members: dict, classes, aggregators, params) -> dict:
+    """The numpy aggregators' outputs `{name: [n_rows, n_outputs]}` of `members` (arrays or
+    memory maps `[n_rows, k]`), computed `CHUNK_ROWS` rows at a time into memory maps."""
     if len(classes):
         from ensemble.tasks.classification.aggregators import aggregate
     else:
         from ensemble.tasks.regression.aggregators import aggregate
-    stacked = np.stack([o for _, o in sorted(members.items())])
-    return {a: aggregate(stacked, a, (params or {}).get(a)) for a in aggregators}
+    ordered = [o for _, o in sorted(members.items())]
+    n = len(ordered[0]) if ordered else 0
+    out: dict = {}
+    for lo in range(0, max(n, 1), CHUNK_ROWS):
+        stacked = np.stack([o[lo:lo + CHUNK_ROWS] for o in ordered])
+        for a in aggregators:
+            part = aggregate(stacked, a, (params or {}).get(a))
+            if a not in out:
+                out[a] = files.new((n, *part.shape[1:]), part.dtype)
+            out[a][lo:lo + len(part)] = part
+    return out
 
 
 def _write_chunks(path: Path, chunks, meta: dict) -> None:

@@ -14,10 +14,12 @@ import pyarrow as pa
 
 from ensemble.tasks import model_arrays
 from ensemble.tasks.classification import metrics as M
+from ensemble.tasks.classification import running
 from ensemble.tasks.classification.aggregators import REGISTRY, disagreement, member_weights
 from ensemble.tasks.model_arrays import PredictionArrays
-from ensemble.tasks.table_parts import metrics_schema, size_table
+from ensemble.tasks.table_parts import PRIOR, metrics_schema, prior_of, size_table
 
+CHUNK_ROWS = 65536  # rows of one model's outputs scored at a time
 NOT_PROBABILITIES = {n for n, a in REGISTRY.items() if not a.probabilities}  # vote shares
 
 GAINS, METRICS_SCHEMA = metrics_schema(
@@ -67,7 +69,8 @@ def metrics_table(predictions: pa.Table | PredictionArrays, best_member: int | N
             a.model, a.member, a.aggregator, a.y, a.values,
             None if a.aggregator is None or a.extra is None or a.extra_nulls
             else float(np.mean(a.extra))) for a in arrays.of_split(split)]
-    return metrics_of({s: o for s, o in outputs.items() if o}, best_member)
+    return metrics_of({s: o for s, o in outputs.items() if o}, best_member,
+                      arrays.classes.tolist(), prior_of(arrays.metadata))
 
 
 class ModelOutput(NamedTuple):
@@ -91,49 +94,121 @@ class ModelOutput(NamedTuple):
 
 def split_outputs(member_probs: dict[int, np.ndarray], y: np.ndarray,
                   aggregators: Sequence[str], ensemble_probs: dict[str, np.ndarray],
-                  params: dict | None = None) -> list[ModelOutput]:
+                  params: dict | None = None, chunk_rows: int = CHUNK_ROWS
+                  ) -> list[ModelOutput]:
     """The `ModelOutput`s of one labelled split from the arrays a run predicted (what
-    `metrics_table` reads back from `predictions_table`'s rows, without building them).
+    `metrics_table` reads back from `predictions_table`'s rows, without building them); the
+    outputs may be memory maps, read `chunk_rows` rows at a time.
 
     Args:
         member_probs: member index -> `[n_rows, n_classes]`; y: `[n_rows]` class indices;
         ensemble_probs: aggregator -> `[n_rows, n_classes]`; params: fitted aggregators'.
     """
     params = params or {}
-    stacked = np.stack([p for _, p in sorted(member_probs.items())])
-    out = [ModelOutput(f"member-{i}", i, None, y, np.asarray(p, np.float32))
-           for i, p in sorted(member_probs.items())]
+    members = [p for _, p in sorted(member_probs.items())]
+    out = [ModelOutput(f"member-{i}", i, None, y, p) for i, p in sorted(member_probs.items())]
     for a in aggregators:
         mi = None
         if a not in NOT_PROBABILITIES and len(y):
-            mi = float(np.mean(M.uncertainty(
-                stacked, ensemble_probs[a],
-                member_weights(a, len(stacked), params.get(a)))["mutual_information"]))
-        out.append(ModelOutput(f"ensemble-{a}", None, a, y,
-                               np.asarray(ensemble_probs[a], np.float32), mi))
+            w = member_weights(a, len(members), params.get(a))
+            total = 0.0
+            for span in _spans(len(y), chunk_rows):
+                stacked = np.stack([p[span] for p in members])
+                total += float(np.sum(M.uncertainty(stacked, ensemble_probs[a][span], w)[
+                    "mutual_information"]))
+            mi = total / len(y)
+        out.append(ModelOutput(f"ensemble-{a}", None, a, y, ensemble_probs[a], mi))
     return out
 
 
-def metrics_of(outputs: dict[str, list[ModelOutput]], best_member: int | None = None
-               ) -> pa.Table:
-    """`metrics_table`'s rows from each split's `ModelOutput`s (members and ensembles)."""
+def _spans(n: int, chunk_rows: int) -> list[slice]:
+    """The `slice`s of `n` rows `chunk_rows` at a time."""
+    return [slice(lo, min(n, lo + chunk_rows)) for lo in range(0, n, max(1, chunk_rows))]
+
+
+def diversity(members: list[np.ndarray], chunk_rows: int = CHUNK_ROWS) -> tuple[float, float]:
+    """`(disagreement, mean_pairwise_kl)` of the members' `[n_rows, n_classes]` outputs (as
+    `aggregators.disagreement` and `metrics.mean_pairwise_kl` on the stacked arrays), summed
+    over chunks of `chunk_rows` rows; `(0.0, 0.0)` for one member."""
+    n_members, n = len(members), len(members[0]) if members else 0
+    if n_members < 2 or n == 0:
+        return 0.0, 0.0
+    differ = np.zeros((n_members, n_members))
+    kl = np.zeros((n_members, n_members))
+    for span in _spans(n, chunk_rows):
+        raw = np.stack([np.asarray(m[span], np.float64) for m in members])
+        labels, p = np.argmax(raw, axis=2), np.clip(raw, M.NLL_CLIP, 1.0)
+        logp = np.log(p)
+        for i in range(n_members):
+            for j in range(n_members):
+                if i != j:
+                    differ[i, j] += np.sum(labels[i] != labels[j])
+                    kl[i, j] += np.sum(p[i] * (logp[i] - logp[j]))
+    upper = [differ[i, j] / n for i in range(n_members) for j in range(i + 1, n_members)]
+    pairs = [kl[i, j] / n for i in range(n_members) for j in range(n_members) if i != j]
+    return float(np.mean(upper)), float(np.mean(pairs))
+
+
+def scores(y: np.ndarray, p: np.ndarray, chunk_rows: int = CHUNK_ROWS,
+           probabilities: bool = True) -> dict[str, float | None]:
+    """Every metric of one model's labelled rows (`running.Running`, over chunks of
+    `chunk_rows` rows): `M.METRICS`, `running.RANK_METRICS` and `recall` (a per-class list);
+    vote shares (`probabilities` False) get null NLL, Brier, ECE, ROC AUC and average
+    precision."""
+    row = running.metrics(y, p, chunk_rows, rank=probabilities)
+    if not probabilities:
+        row.update(nll=None, brier=None, ece=None)
+    return row
+
+
+def prior_output(shares: Sequence[float], y: np.ndarray) -> ModelOutput:
+    """The `prior` baseline of one split: every row gets the training split's class shares
+    `shares` `[n_classes]` as its probabilities (a read-only broadcast view: no per-row
+    copy)."""
+    p = np.broadcast_to(np.asarray(shares, np.float32), (len(y), len(shares)))
+    return ModelOutput(PRIOR, None, None, y, p)
+
+
+def schema_of(classes: Sequence) -> pa.Schema:
+    """`metrics.parquet`'s schema for a run of `classes`: `METRICS_SCHEMA`, then the rank
+    metrics and one `recall_<class>` column per class."""
+    schema = METRICS_SCHEMA
+    for name in (*running.RANK_METRICS, *(f"recall_{c}" for c in classes)):
+        schema = schema.append(pa.field(name, pa.float64()))
+    return schema
+
+
+def metrics_of(outputs: dict[str, list[ModelOutput]], best_member: int | None = None,
+               classes: Sequence | None = None, prior: Sequence[float] | None = None,
+               chunk_rows: int = CHUNK_ROWS) -> pa.Table:
+    """`metrics_table`'s rows from each split's `ModelOutput`s (members and ensembles), each
+    model's metrics over chunks of `chunk_rows` rows (its outputs may be memory maps), with a
+    `prior` row per split when the training split's class shares `prior` are given.
+
+    Args:
+        classes: the class labels, naming the `recall_<class>` columns (class positions when
+            None).
+    """
     out = []
     for split, models in sorted(outputs.items()):
-        member_p, first = {}, len(out)
+        if prior is not None and models:
+            models = [*models, prior_output(prior, models[0].y)]
+        first = len(out)
         for o in models:
-            if o.member is not None:
-                member_p[o.member] = o.p
             row = {"model": o.model, "member": o.member, "aggregator": o.aggregator,
-                   "split": split, "n": len(o.y), **M.all_metrics(o.y, o.p),
+                   "split": split, "n": len(o.y),
+                   **scores(o.y, o.p, chunk_rows, o.aggregator not in NOT_PROBABILITIES),
                    "mean_mutual_information": o.mean_mutual_information}
-            if o.aggregator in NOT_PROBABILITIES:
-                row.update(nll=None, brier=None, ece=None)
+            names = classes if classes is not None else range(len(row["recall"]))
+            row.update({f"recall_{c}": r for c, r in zip(names, row.pop("recall"))})
             out.append(row)
-        stacked = np.stack([p for _, p in sorted(member_p.items())]) if member_p else None
+        members = [o.p for o in sorted((o for o in models if o.member is not None),
+                                       key=lambda o: o.member)]
+        div = diversity(members, chunk_rows) if members else (None, None)
         for row in out[first:]:
-            is_ens = row["aggregator"] is not None and stacked is not None
-            row["disagreement"] = disagreement(stacked) if is_ens else None
-            row["mean_pairwise_kl"] = M.mean_pairwise_kl(stacked) if is_ens else None
+            is_ens = row["aggregator"] is not None and members
+            row["disagreement"] = div[0] if is_ens else None
+            row["mean_pairwise_kl"] = div[1] if is_ens else None
     for split in {r["split"] for r in out}:
         rows = [r for r in out if r["split"] == split]
         members = {r["member"]: r for r in rows if r["member"] is not None}
@@ -149,7 +224,10 @@ def metrics_of(outputs: dict[str, list[ModelOutput]], best_member: int | None = 
                 mean = float(np.mean([x[m] for x in members.values()]))
                 r[f"gain_vs_mean_{m}"] = gain(r[m], mean, m)
                 r[f"gain_vs_best_{m}"] = gain(r[m], members[best][m], m)
-    return pa.Table.from_pylist(out, schema=METRICS_SCHEMA)
+    n_classes = len(classes) if classes is not None else max(
+        (len([k for k in r if k.startswith("recall_")]) for r in out), default=0)
+    return pa.Table.from_pylist(out, schema=schema_of(
+        classes if classes is not None else range(n_classes)))
 
 
 def ensemble_size_table(member_probs: dict[str, np.ndarray], y: dict[str, np.ndarray],

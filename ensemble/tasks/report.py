@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ensemble.core import artifacts
 from ensemble.core.errors import UsageError
+from ensemble.tasks.table_parts import PRIOR
 
 SPLIT_ORDER = ("validation", "test", "predict", "train")
 
@@ -69,6 +70,8 @@ def split_block(split: str, rows: list[dict], references, columns, fmt, line) ->
         out.append(line(f"  best member ({best['model']})", [fmt(best[m]) for m in columns]))
     out += [line("  " + r["model"], [fmt(r[m]) for m in columns])
             for r in rows if r["aggregator"] is not None]
+    out += [line("  prior (training split)", [fmt(r[m]) for m in columns])
+            for r in rows if r["model"] == PRIOR]
     return out
 
 

@@ -10,6 +10,25 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 import numpy as np
 import pyarrow as pa
 
+PRIOR = "prior"  # the baseline row's model: the training split's prior on every row
+
+
+def prior_metadata(prior: list | dict | None) -> dict[bytes, bytes]:
+    """`predictions.parquet` key-value metadata holding the run's prior (the baseline row of
+    the metrics tables): the training split's class shares `[n_classes]`, or a regression
+    target's training `{"mean", "std"}`; none when `prior` is None."""
+    import json
+
+    return {} if prior is None else {b"prior": json.dumps(prior).encode()}
+
+
+def prior_of(metadata: dict | None) -> list | dict | None:
+    """The prior `prior_metadata` stored, None when the file has none."""
+    import json
+
+    raw = (metadata or {}).get(b"prior")
+    return None if raw is None else json.loads(raw)
+
 
 class ModelRows(NamedTuple):
     """Which rows of a predictions table one `model_rows` call builds.

@@ -105,16 +105,16 @@ def prediction_chunks(split: str, pred: SplitPredictions, classes: np.ndarray,
     rows in the same order as `predictions_table`, never more than one chunk of them built at
     once (a split of any size is written with flat memory)."""
     params = params or {}
-    members = pred.members
-    stacked = np.stack([p for _, p in sorted(members.items())]) if members else None
+    members = [p for _, p in sorted(pred.members.items())]
     ensembles = pred.ensembles
     if ensembles is None:
+        stacked = np.stack(members)
         ensembles = {a: aggregate(stacked, a, params.get(a)) for a in aggregators}
-    weights = {a: member_weights(a, len(stacked), params.get(a)) for a in aggregators}
+    weights = {a: member_weights(a, len(members), params.get(a)) for a in aggregators}
     for key, y, p, span in chunks(split, pred, ensembles, aggregators, chunk_rows):
         a = key.aggregator
         unc = None if a is None or a in NOT_PROBABILITIES else M.uncertainty(
-            stacked[:, span], p, weights[a])
+            np.stack([m[span] for m in members]), p, weights[a])
         yield model_rows(key, y, p, classes, unc)
 
 

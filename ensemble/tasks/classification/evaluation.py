@@ -12,6 +12,8 @@ import pyarrow as pa
 
 from ensemble.tasks.choice import choice_scores, default_aggregator
 from ensemble.tasks.classification.metrics import LOWER_IS_BETTER, METRICS
+from ensemble.tasks.classification.running import RANK_METRICS
+from ensemble.tasks.table_parts import PRIOR
 from ensemble.tasks.report import (fitted_lines, kept_members, members_and_best, number,
                                    rows_and_splits, split_block)
 
@@ -65,6 +67,26 @@ def _gain_block(split: str, rows: list[dict]) -> list[str]:
         out.append(f"diversity on {split}: disagreement {number(e['disagreement'])}, mean "
                    f"pairwise KL {number(e['mean_pairwise_kl'])} nats"
                    + (f",\n  mean mutual information ({mi[0]} nats)" if mi else ""))
+    return out
+
+
+def _rank_block(split: str, rows: list[dict]) -> list[str]:
+    """The ranking and class-balance metrics of `split`'s models (ROC AUC one-vs-rest macro,
+    average precision, balanced accuracy), and the per-class recall of the answering
+    ensemble's first row; nothing when the table has no such column."""
+    if not rows or "roc_auc" not in rows[0]:
+        return []
+    shown = [r for r in rows if r["member"] is not None or r["aggregator"] is not None
+             or r["model"] == PRIOR]
+    out = [f"ranking and class balance on {split}",
+           _line("model", list(RANK_METRICS))]
+    out += [_line("  " + r["model"], [number(r[m]) for m in RANK_METRICS]) for r in shown]
+    ens = next((r for r in rows if r["aggregator"] is not None), None)
+    if ens is not None:
+        recall = [(k[len("recall_"):], v) for k, v in ens.items()
+                  if k.startswith("recall_") and v is not None]
+        out.append(textwrap.fill(f"recall per class ({ens['model']}): " + ", ".join(
+            f"{c} {number(v, 3)}" for c, v in recall), NAME_WIDTH + 4 * COL))
     return out
 
 
@@ -135,6 +157,7 @@ def format_table(metrics: pa.Table, fit: dict | None = None, extra=()) -> str:
     for s in splits:
         lines += _split_block(s, [r for r in rows if r["split"] == s])
     lines += _gain_block(last, [r for r in rows if r["split"] == last])
+    lines += _rank_block(last, [r for r in rows if r["split"] == last])
     lines += fitted_lines(fit, _describe)
     if any(r["aggregator"] == "vote" for r in rows):
         lines.append("ensemble-vote: vote shares are not probabilities, so NLL, Brier and ECE "

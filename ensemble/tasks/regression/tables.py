@@ -20,12 +20,14 @@ import pyarrow as pa
 
 from ensemble.tasks.regression import aggregators as R
 from ensemble.tasks.regression import metrics as RM
+from ensemble.tasks.regression import running
 from ensemble.tasks import model_arrays
 from ensemble.tasks.model_arrays import PredictionArrays
 from ensemble.tasks.predicted import SplitPredictions
-from ensemble.tasks.table_parts import (ModelRows, chunks, key_columns, metrics_schema,
-                                         size_table, source_row)
+from ensemble.tasks.table_parts import (PRIOR, ModelRows, chunks, key_columns,
+                                         metrics_schema, prior_of, size_table, source_row)
 
+CHUNK_ROWS = 65536  # rows of one model's outputs scored at a time
 COLUMNS = ("y_true", "y_pred", "std", "aleatoric_std", "epistemic_std")
 
 
@@ -134,7 +136,8 @@ def metrics_table(predictions: pa.Table | PredictionArrays, best_member: int | N
             epi = None if a.aggregator is None else float(np.mean(a.extra))
             outputs[split].append(ModelOutput(a.model, a.member, a.aggregator, a.y,
                                               a.values[:, 0], a.values[:, 1], epi))
-    return metrics_of({s: o for s, o in outputs.items() if o}, mix, best_member)
+    return metrics_of({s: o for s, o in outputs.items() if o}, mix, best_member,
+                      prior_of(arrays.metadata))
 
 
 class ModelOutput(NamedTuple):
@@ -171,29 +174,41 @@ def split_outputs(member_outputs: dict[int, np.ndarray], y: np.ndarray,
 
 
 def metrics_of(outputs: dict[str, list[ModelOutput]], mix: dict,
-               best_member: int | None = None) -> pa.Table:
-    """`metrics_table`'s rows from each split's `ModelOutput`s; `mix`: the `mixture` metadata
-    (`metadata`: each aggregator's member weights and std scale)."""
+               best_member: int | None = None, prior: dict | None = None,
+               chunk_rows: int = CHUNK_ROWS) -> pa.Table:
+    """`metrics_table`'s rows from each split's `ModelOutput`s, each model's metrics over
+    chunks of `chunk_rows` rows (`running.Running`; its arrays may be memory maps); `mix`: the
+    `mixture` metadata (`metadata`: each aggregator's member weights and std scale); `prior`:
+    the training split's `{"mean", "std"}`, the Gaussian of a `prior` row per split."""
     out = []
     for split, models in sorted(outputs.items()):
-        members, first = {}, len(out)
+        if prior is not None and models:
+            y = models[0].y
+            models = [*models, ModelOutput(
+                PRIOR, None, None, y, np.broadcast_to(np.float64(prior["mean"]), y.shape),
+                np.broadcast_to(np.float64(prior["std"]), y.shape))]
+        members = sorted((o for o in models if o.member is not None), key=lambda o: o.member)
         for o in models:
-            if o.member is not None:  # (mean, variance) as the table stores them
-                members[o.member] = np.column_stack([o.mu, o.sd ** 2])
-            out.append({"model": o.model, "member": o.member, "aggregator": o.aggregator,
-                        "split": split, "n": len(o.y), "_o": o,
-                        "mean_epistemic_std": o.mean_epistemic_std})
-        stacked = np.stack([v for _, v in sorted(members.items())]) if members else None
-        for row in out[first:]:
-            o, agg = row.pop("_o"), row["aggregator"]
-            if agg is None or stacked is None:
-                row.update(RM.all_metrics(o.y, o.mu, o.sd))
-                continue
-            m = mix.get(agg, {"weights": None, "scale": 1.0})
-            mu_m, var_m, w = R.components(stacked, agg, {"weights": m["weights"],
-                                                         "scale": m["scale"]})
-            row.update(RM.all_metrics(o.y, o.mu, o.sd, mu_m, var_m, w))
-            row["disagreement"] = R.disagreement(stacked)
+            row = {"model": o.model, "member": o.member, "aggregator": o.aggregator,
+                   "split": split, "n": len(o.y), "mean_epistemic_std": o.mean_epistemic_std}
+            acc, spread = running.Running(), 0.0
+            m = mix.get(o.aggregator, {"weights": None, "scale": 1.0})
+            for lo in range(0, len(o.y), chunk_rows):
+                span = slice(lo, lo + chunk_rows)
+                if o.aggregator is None or not members:
+                    acc.update(o.y[span], o.mu[span], o.sd[span])
+                    continue
+                stacked = np.stack([np.column_stack([np.asarray(x.mu[span], np.float64),
+                                                     np.asarray(x.sd[span], np.float64) ** 2])
+                                    for x in members])
+                mu_m, var_m, w = R.components(stacked, o.aggregator,
+                                              {"weights": m["weights"], "scale": m["scale"]})
+                acc.update(o.y[span], o.mu[span], o.sd[span], mu_m, var_m, w)
+                spread += R.disagreement(stacked) * stacked.shape[1]
+            row.update(acc.result())
+            if o.aggregator is not None and members:
+                row["disagreement"] = spread / len(o.y)
+            out.append(row)
     for split in {r["split"] for r in out}:
         _gains([r for r in out if r["split"] == split], out, best_member)
     return pa.Table.from_pylist(out, schema=METRICS_SCHEMA)

@@ -1,0 +1,187 @@
+"""Flat memory: peak memory of `ensemble train` on an N x 64 float32 10-class Parquet table, per
+mode, against the run's memory estimate, at 1x, 4x and 16x rows.
+
+    python benchmarks/memory_flat.py [--rows 500000] [--factors 1,4,16] [--classes 10]
+        [--modes in-graph,between-graph] [--limit-gib 0] [--out DIR] [--keep]
+
+Each run is one `ensemble train --members 2 --epochs 1 --batch-size 512` in its own cgroup-v1
+memory cgroup (root, `/sys/fs/cgroup/memory/`), with `--limit-gib` as its limit when > 0
+(between-graph runs `--jobs 2`). Printed per run: exit status, wall seconds, the cgroup's peak
+(`memory.max_usage_in_bytes`: anonymous memory and page cache), the peak of its anonymous
+memory (`total_rss` of `memory.stat`, sampled every 0.2 s), the estimate of
+`ensemble.runs.budget.estimate`, their ratio, prepare seconds per million rows, and whether
+every table of the run directory was written. Without cgroups (not root) the peak is
+`/usr/bin/time -v`'s maximum resident set size. Never run by the tests (a smoke test runs the
+table writer and the measuring wrapper at a tiny size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+MEMCG = Path("/sys/fs/cgroup/memory")
+TABLES = ("predictions.parquet", "metrics.parquet", "history.parquet", "aggregators.json",
+          "ensemble_size.parquet", "members.parquet")
+
+
+def make_table(path: Path, rows: int, features: int = 64, classes: int = 10,
+               seed: int = 0) -> None:
+    """A Parquet table of `rows` float32 rows and a `target` of `classes` classes (the argmax
+    of a linear map plus noise), written 2**18 rows at a time (flat memory)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=(features, classes)).astype(np.float32)
+    names = [f"x{i}" for i in range(features)]
+    schema = pa.schema([*[(n, pa.float32()) for n in names], ("target", pa.int64())])
+    with pq.ParquetWriter(path, schema) as out:
+        for lo in range(0, rows, 1 << 18):
+            x = rng.normal(size=(min(1 << 18, rows - lo), features)).astype(np.float32)
+            y = np.argmax(x @ w + rng.normal(size=(len(x), classes)), axis=1).astype(np.int64)
+            out.write_table(pa.table({**{n: x[:, j] for j, n in enumerate(names)},
+                                      "target": y}, schema=schema))
+
+
+def measure(argv: list[str], limit: int = 0, log: Path | None = None) -> dict:
+    """Run `argv` in a memory cgroup of its own (root) or under `/usr/bin/time -v`.
+
+    Returns:
+        `{"code", "wall_s", "peak_bytes", "anon_bytes"}` (anon_bytes None without cgroups);
+        stderr goes to `log` when given.
+    """
+    start = time.perf_counter()
+    err = open(log, "w") if log else subprocess.DEVNULL
+    try:
+        if os.geteuid() == 0 and MEMCG.is_dir() and os.access(MEMCG, os.W_OK):
+            return _in_cgroup(argv, limit, err, start)
+        proc = subprocess.run(["/usr/bin/time", "-v", *argv], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+        if log:
+            err.write(proc.stderr)
+        kb = [int(line.split()[-1]) for line in proc.stderr.splitlines()
+              if "Maximum resident set size" in line]
+        return {"code": proc.returncode, "wall_s": time.perf_counter() - start,
+                "peak_bytes": kb[0] * 1024 if kb else None, "anon_bytes": None}
+    finally:
+        if log:
+            err.close()
+
+
+def _in_cgroup(argv, limit, err, start) -> dict:
+    cg = MEMCG / f"memory-flat-{os.getpid()}-{time.monotonic_ns()}"
+    cg.mkdir()
+    anon, done = [0], threading.Event()
+
+    def sample():
+        while not done.wait(0.2):
+            try:
+                for line in (cg / "memory.stat").read_text().splitlines():
+                    if line.startswith("total_rss "):
+                        anon[0] = max(anon[0], int(line.split()[1]))
+            except OSError:
+                return
+
+    try:
+        if limit:
+            (cg / "memory.limit_in_bytes").write_text(str(limit))
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        proc = subprocess.run(["sh", "-c", f"echo $$ > {cg}/cgroup.procs && exec \"$@\"",
+                               "sh", *argv], stdout=subprocess.DEVNULL, stderr=err)
+        done.set()
+        sampler.join()
+        peak = int((cg / "memory.max_usage_in_bytes").read_text())
+    finally:
+        done.set()
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    return {"code": proc.returncode, "wall_s": time.perf_counter() - start,
+            "peak_bytes": peak, "anon_bytes": anon[0]}
+
+
+def estimate(rows: int, classes: int, mode: str) -> int:
+    """`budget.estimate`'s total for this benchmark's run (its default split sizes)."""
+    from ensemble.config.schema import Config
+    from ensemble.replication import modes
+    from ensemble.runs import budget
+
+    cfg = Config()
+    n_test = round(rows * cfg.data.test_size)
+    n_val = round(rows * cfg.data.validation_size)
+    split = {"train": rows - n_test - n_val, "validation": n_val, "test": n_test}
+    m = modes.get(mode)
+    return budget.estimate(split, classes, 2, len(cfg.aggregation.aggregators),
+                           m.processes(2, ["/cpu:0"], 2), m.member_files)["total"]
+
+
+def train(table: Path, run_dir: Path, mode: str, limit: int) -> dict:
+    """One benchmark run: its `measure` figures, prepare seconds and the tables written."""
+    argv = [sys.executable, "-m", "pipelines.cli", "train", "--data", str(table),
+            "--target", "target", "--members", "2", "--epochs", "1", "--batch-size", "512",
+            "--mode", mode, "--run-dir", str(run_dir), "--overwrite"]
+    if mode == "between-graph":
+        argv += ["--jobs", "2"]
+    out = measure(argv, limit, run_dir.with_suffix(".log"))
+    out["tables"] = all((run_dir / t).is_file() for t in TABLES)
+    out["prepare_s"] = None
+    if out["code"] == 0:
+        from ensemble.runs.run_record import Manifest
+
+        out["prepare_s"] = Manifest.load(run_dir).timings.get("prepare_seconds")
+    return out
+
+
+def gib(b) -> str:
+    return "n/a" if b is None else f"{b / (1 << 30):.2f}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=500_000)
+    p.add_argument("--factors", default="1,4,16")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--modes", default="in-graph,between-graph")
+    p.add_argument("--limit-gib", type=float, default=0.0)
+    p.add_argument("--out", default=None)
+    p.add_argument("--keep", action="store_true", help="keep the tables and runs")
+    args = p.parse_args(argv)
+    work = Path(args.out or tempfile.mkdtemp(prefix="memory-flat-"))
+    work.mkdir(parents=True, exist_ok=True)
+    limit = int(args.limit_gib * (1 << 30))
+    print(f"{'rows':>12} {'mode':<14}{'exit':>5}{'wall s':>8}{'peak GiB':>9}{'anon GiB':>9}"
+          f"{'est GiB':>8}{'est/anon':>9}{'prep s/M':>9} tables", flush=True)
+    for factor in [int(f) for f in args.factors.split(",")]:
+        rows = args.rows * factor
+        table = work / f"table-{rows}.parquet"
+        if not table.exists():
+            make_table(table, rows, classes=args.classes)
+        for mode in args.modes.split(","):
+            r = train(table, work / f"run-{rows}-{mode}", mode, limit)
+            est = estimate(rows, args.classes, mode)
+            ratio = est / r["anon_bytes"] if r["anon_bytes"] else float("nan")
+            prep = (r["prepare_s"] or float("nan")) / (rows / 1e6)
+            print(f"{rows:>12,} {mode:<14}{r['code']:>5}{r['wall_s']:>8.0f}"
+                  f"{gib(r['peak_bytes']):>9}{gib(r['anon_bytes']):>9}{gib(est):>8}"
+                  f"{ratio:>9.2f}{prep:>9.2f} {'all' if r['tables'] else 'missing'}",
+                  flush=True)
+    if not args.out and not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
