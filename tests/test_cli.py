@@ -81,8 +81,17 @@ def _independent_metrics(y, p):
 def test_metrics_recomputed_from_predictions_match(in_graph_run):
     preds = pq.read_table(in_graph_run / "predictions.parquet").to_pandas()
     metrics = pq.read_table(in_graph_run / "metrics.parquet").to_pandas()
-    assert len(metrics) == 6 * 2
-    for _, row in metrics.iterrows():
+    assert len(metrics) == 6 * 2 + 2  # and a prior row per split
+    from ensemble.core import artifacts
+
+    y_train = np.asarray(artifacts.read_split(in_graph_run, "train")[1])
+    shares = np.bincount(y_train, minlength=10) / len(y_train)
+    for _, row in metrics[metrics.model == "prior"].iterrows():
+        part = preds[(preds.model == "member-0") & (preds.split == row.split)]
+        y = part.y_true.to_numpy()
+        expected = _independent_metrics(y, np.tile(shares.astype(np.float32), (len(y), 1)))
+        assert abs(row["nll"] - expected["nll"]) <= 1e-6 and row["roc_auc"] == 0.5
+    for _, row in metrics[metrics.model != "prior"].iterrows():
         part = preds[(preds.model == row.model) & (preds.split == row.split)]
         p = part[[f"p_{c}" for c in range(10)]].to_numpy(np.float64)
         expected = _independent_metrics(part.y_true.to_numpy(), p)

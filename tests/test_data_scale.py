@@ -306,9 +306,9 @@ def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     from ensemble.runs import budget as b
 
     rows = {"train": 7_000_000, "validation": 1_000_000, "test": 2_000_000}
-    # 3M rows evaluated; 2 members + 3 aggregators, 2 outputs: float32 arrays of 5 models
-    # (3 copies: 120 B/row) and float64 temporaries of the members (96 B/row)
-    preds = 3_000_000 * (120 + 96)
+    # predictions memory-mapped; the rank metrics' counts of the larger split (2M test
+    # rows, 2 outputs, 40 B each)
+    preds = 2_000_000 * 2 * 40
     launcher = b.TF_PROCESS + 32 * 10_000_000  # in-graph: the launcher trains
     inside = b.estimate(rows, 2, 2, 3, clients=1, member_rows=False)
     assert inside["predictions"] == preds
@@ -317,7 +317,9 @@ def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     assert inside["training"] == launcher + 4 * CALL_BYTES + (4 * 2 + 8) * 7_000_000 \
         + b.FILE_SET
     assert inside["evaluation"] == launcher + b.EVAL_FIXED + preds + b.FILE_SET
-    assert inside["total"] == inside["evaluation"]  # phases never coexist: the largest
+    # phases never coexist: the largest (training here: evaluation holds no predictions)
+    assert inside["total"] == max(inside["training"], inside["evaluation"]) \
+        == inside["training"]
     # between-graph: a launcher without TensorFlow; 2 clients train at once, each with its
     # file pages; then an aggregator process (no TensorFlow) reads the members' rows
     # (2 members x (64 + 16) B, twice)
@@ -347,9 +349,9 @@ def test_refusal_names_the_phase_that_does_not_fit(monkeypatch):
 
     monkeypatch.setattr(memory, "available", lambda: (2 << 30, "the cgroup memory limit"))
     b.check({"train": 1000, "test": 100}, 2, 2, 1, clients=1, member_rows=False)  # fits
-    # evaluating 20M of 60M rows: 20M x (3 x 3 models x 2 x 4 + 96) B = 3.129 GiB, + 0.391 GiB
-    # of TensorFlow, 1.788 GiB of labels (32 B x 60M), 0.1875 + 0.1875 GiB (buffers, files)
-    with pytest.raises(UsageError, match=r"about 5\.68 GiB while evaluating \(60,000,000 rows"):
+    # evaluating 20M of 60M rows: rank counts 20M x 2 x 40 B = 1.490 GiB, + 0.391 GiB of
+    # TensorFlow, 1.788 GiB of labels (32 B x 60M), 0.1875 + 0.1875 GiB (buffers, files)
+    with pytest.raises(UsageError, match=r"about 4\.04 GiB while evaluating \(60,000,000 rows"):
         b.check({"train": 40_000_000, "test": 20_000_000}, 2, 2, 1, clients=1,
                 member_rows=False)
     with pytest.raises(UsageError, match=r"while training .* 3 TensorFlow processes.* fewer "

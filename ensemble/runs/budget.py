@@ -1,15 +1,16 @@
 """The memory a run will hold, estimated before work starts, and the refusal of a run that cannot fit.
 
-The prepared splits live on disk (memory-mapped), so what grows with the data is what a run
-keeps in memory besides them: the `[n_rows]` label and index arrays of preparing, and the
-validation and test predictions: the members' and aggregators' `[n_rows, n_outputs]` outputs,
-from which `predictions.parquet` is written a chunk of rows at a time
-(`ensemble.tasks.eval_writer`), and for between-graph's aggregator the members' own prediction
-rows, which it reads from their files. Each TensorFlow process adds its runtime (`TF_PROCESS`),
-the file pages it cannot run without (`FILE_SET`) and, while it trains, the batches of its
-traced calls (`feed.CALL_BYTES`, `IN_FLIGHT` of them). The figures are round upper estimates
-calibrated on runs inside memory cgroups: a run refused here would have been ended by the
-kernel's out-of-memory killer minutes later.
+The prepared splits live on disk (memory-mapped), and so do the validation and test predictions
+of an in-graph run (`ensemble.tasks.eval_writer`: written as predicted, scored and written to
+`predictions.parquet` a chunk of rows at a time). What grows with the data is then the `[n_rows]`
+label and index arrays of preparing, the exact counts of the rank metrics (per class, the
+positive and negative rows of each distinct float32 score: at most one entry per row of a
+split), and, for between-graph's aggregator, the members' own prediction rows, which it reads
+from their files. Each TensorFlow process adds its runtime (`TF_PROCESS`), the file pages it
+cannot run without (`FILE_SET`) and, while it trains, the batches of its traced calls
+(`feed.CALL_BYTES`, `IN_FLIGHT` of them). The figures are round upper estimates calibrated on
+runs inside memory cgroups (`benchmarks/memory_flat.py`): a run refused here would have been
+ended by the kernel's out-of-memory killer minutes later.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ EVAL_FIXED = 192 << 20  # evaluation's buffers besides its per-row arrays
 LABEL_ROW = 32  # bytes per source row the launcher holds: labels, split indices, their copies
 CLIENT_ROW = 16  # bytes per source row a client holds (its splits' labels and batch order)
 LONG_ROW = 64  # bytes of one predictions.parquet row besides its outputs (columns, copies)
+RANK_COUNT = 40  # bytes per row and class of the rank metrics' counts while they merge
 
 
 def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: int,
@@ -54,8 +56,8 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
         clients: TensorFlow processes at once (1 in-graph; between-graph clients).
         member_rows: between-graph: the launcher leaves TensorFlow to its clients, and the
             members' prediction rows are read whole (by the aggregator); else the launcher
-            trains and evaluates (in-graph). Always held: the output arrays (float32, plus
-            float64 temporaries of the uncertainty and metrics).
+            trains and evaluates (in-graph), its predictions memory-mapped. Always held: the
+            rank metrics' counts.
 
     Returns:
         `{"prepare", "training", "predictions", "evaluation", "total"}` in bytes: each
@@ -63,10 +65,10 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
     """
     launcher_tf = not member_rows
     n_eval = rows.get("validation", 0) + rows.get("test", 0)
+    n_split = max(rows.get("validation", 0), rows.get("test", 0))
     n_rows = sum(rows.values())
-    models = n_members + n_aggregators
-    # the output arrays and their float64 temporaries, and the members' rows read
-    predictions = (n_eval * (3 * models * n_outputs * 4 + 3 * n_members * n_outputs * 8)
+    # the rank metrics' counts (one model at a time), and the members' rows read whole
+    predictions = (n_split * n_outputs * RANK_COUNT
                    + (n_eval * n_members * (LONG_ROW + 8 * n_outputs) * 2
                       if member_rows else 0))
     n_train = rows.get("train", n_rows)

@@ -164,9 +164,9 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: Manifest, callbacks: 
                             first_epoch_end_unix=first.unix)
     ens, placed = _keep_healthy(ens, placed, run_dir, manifest, task)
     start = time.perf_counter()
+    artifacts.write_parquet(run_dir / artifacts.HISTORY, tables.history_table(history))
     with eval_writer.output_files(run_dir) as files:  # predictions on disk as predicted
         _evaluate(ens, placed, task, cfg, run_dir, manifest, split, files)
-    artifacts.write_parquet(run_dir / artifacts.HISTORY, tables.history_table(history))
     run_status.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
                predict_seconds=time.perf_counter() - start)
 

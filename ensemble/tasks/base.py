@@ -247,6 +247,21 @@ class Task(ABC):
         The `serving_outputs` of the task's `tf_module`."""
         return _resolve(f"{self.tf_module}:serving_outputs")(stacked, name, params, classes)
 
+    def aggregator_nll(self, outputs: np.ndarray, y: np.ndarray, name: str,
+                       params: dict | None = None, chunk_rows: int = 65536) -> float | None:
+        """`ensemble_nll` of aggregator `name` over `outputs` `[n_members, n_rows, k]` (an
+        array or a memory map) and `y` `[n_rows]`, a mean summed `chunk_rows` rows at a
+        time (the aggregators are row by row); None when a chunk's is."""
+        total = 0.0
+        for lo in range(0, len(y), chunk_rows):
+            part = np.asarray(outputs[:, lo:lo + chunk_rows])
+            nll = self.ensemble_nll(y[lo:lo + chunk_rows], self.aggregate(part, name, params),
+                                    name)
+            if nll is None:
+                return None
+            total += nll * part.shape[1]
+        return total / len(y)
+
     def fit_aggregators(self, outputs: np.ndarray, y: np.ndarray, names: Sequence[str],
                         members: Sequence[int], settings: dict | None = None) -> dict[str, Any]:
         """Fit every fitted aggregator of `names` on validation `outputs` `[n_members, n_rows,
@@ -269,8 +284,7 @@ class Task(ABC):
         cfg = dict(AggregationConfig().__dict__, **(settings or {}))
         best = int(np.argmin(self.member_losses(y, outputs)))  # checks the shapes first
         params = {a: self.aggregators[a].fit_on(outputs, y, cfg) for a in self.fitted_names(names)}
-        nll = {a: self.ensemble_nll(y, self.aggregate(outputs, a, params.get(a)), a)
-               for a in names}
+        nll = {a: self.aggregator_nll(outputs, y, a, params.get(a)) for a in names}
         if len(names) > 1:
             oof, how = crossfit.out_of_fold_nll(self, outputs, y, names, cfg, params)
         else:  # nothing to choose between (an estimator's one aggregator): no cross-fitting

@@ -88,7 +88,7 @@ def write(run_dir: str | Path, splits: dict[str, SplitPredictions], classes: np.
           prior: list | dict | None = None) -> pa.Table:
     """Write `predictions.parquet` (streamed) and `metrics.parquet` of a run, each atomically;
     returns the metrics table (`metrics_tables.metrics_table`'s rows). Prints a notice when the
-    training split's smallest class is under `IMBALANCED` of its rows, and when no ensemble
+    training split's smallest class is under `IMBALANCED` of its rows (`imbalance_notice`), and when no ensemble
     beats the prior in NLL on test.
 
     Args:
@@ -121,9 +121,10 @@ def write(run_dir: str | Path, splits: dict[str, SplitPredictions], classes: np.
 
 
 def imbalance_notice(classes: np.ndarray, shares: Sequence[float]) -> None:
-    """The notice naming the class shares of an imbalanced training split (smallest class
-    under `IMBALANCED`)."""
-    if min(shares) >= IMBALANCED:
+    """The notice naming the class shares of an imbalanced training split: its smallest
+    class under `IMBALANCED` of the rows and under half an equal share (ten balanced classes
+    hold 10% each)."""
+    if min(shares) >= min(IMBALANCED, 0.5 / len(shares)):
         return
     named = ", ".join(f"{c} {100 * s:.1f}%" for c, s in zip(np.asarray(classes).tolist(), shares))
     notice(f"the classes are imbalanced (training rows: {named}): accuracy says little "

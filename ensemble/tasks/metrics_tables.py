@@ -248,9 +248,14 @@ def ensemble_size_table(member_probs: dict[str, np.ndarray], y: dict[str, np.nda
         return regression_tables.ensemble_size_table(member_probs, y, greedy_order)
 
     def scores(split, probs, order):  # the mean of the first k members, k = 1, 2, ...
-        total = np.zeros(probs.shape[1:])
-        for k, m in enumerate(order, start=1):
-            total += probs[m]
-            yield M.all_metrics(y[split], (total / k).astype(np.float32))
+        labels = np.asarray(y[split])
+        for k in range(1, len(order) + 1):
+            acc = running.Running(probs.shape[2], rank=False)
+            for span in _spans(len(labels), CHUNK_ROWS):  # summed in pick order, as a whole
+                total = np.zeros((span.stop - span.start, probs.shape[2]))
+                for m in order[:k]:
+                    total += np.asarray(probs[m, span], np.float64)
+                acc.update(labels[span], (total / k).astype(np.float32))
+            yield {m: acc.result()[m] for m in M.METRICS}
 
     return size_table(member_probs, greedy_order, scores, M.METRICS)

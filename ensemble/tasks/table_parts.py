@@ -115,7 +115,7 @@ def size_table(member_outputs: dict[str, np.ndarray], greedy_order: Sequence[int
 
     Args:
         member_outputs: split -> `[n_members, n_rows, ...]` the members' outputs (index
-            order), taken as float64.
+            order; arrays or memory maps, which `scores` reads).
         greedy_order: member positions in the order greedy selection picked them (order
             `greedy`, with replacement); order `first` is the members in index order.
         scores: `scores(split, stacked, order)` yields the metrics `{name: value}` of the
@@ -123,8 +123,7 @@ def size_table(member_outputs: dict[str, np.ndarray], greedy_order: Sequence[int
         metrics: the metric names, the table's float64 columns after `member_added`.
     """
     out = []
-    for split, stacked in member_outputs.items():
-        stacked = np.asarray(stacked, np.float64)
+    for split, stacked in member_outputs.items():  # an array or memory map, as it is
         orders = {"first": list(range(len(stacked)))}
         if greedy_order:
             orders["greedy"] = list(greedy_order)

@@ -79,7 +79,7 @@ def _rank_block(split: str, rows: list[dict]) -> list[str]:
     shown = [r for r in rows if r["member"] is not None or r["aggregator"] is not None
              or r["model"] == PRIOR]
     out = [f"ranking and class balance on {split}",
-           _line("model", list(RANK_METRICS))]
+           _line("model", ["roc_auc", "avg_precision", "balanced_acc"])]
     out += [_line("  " + r["model"], [number(r[m]) for m in RANK_METRICS]) for r in shown]
     ens = next((r for r in rows if r["aggregator"] is not None), None)
     if ens is not None:

@@ -34,15 +34,37 @@ from ensemble.core.errors import UsageError
 from ensemble.tasks.base import fit_member_weights
 
 FILENAME = "aggregators.json"
+CHUNK_ROWS = 65536  # validation rows read at a time by the fits
+STACKING_ROWS = 200_000  # stacking fits on a uniform sample of at most this many rows
 MISSING_CLASS_LOGIT = -50.0  # a class absent from the validation labels gets no mass
 
 
 def _check(probs: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    probs = A._check(probs).astype(np.float64)
+    """`probs` as it is (an array or a memory map: read a chunk at a time, never copied
+    whole) and `y` as int64, their shapes checked."""
+    probs = A._check(probs)
     y = np.asarray(y, np.int64)
     if y.shape != (probs.shape[1],):
         raise UsageError(f"Expected {probs.shape[1]} validation labels. Received: {y.shape}")
     return probs, y
+
+
+def _spans(n: int) -> list[slice]:
+    """The `CHUNK_ROWS`-row slices of `n` rows."""
+    return [slice(lo, min(n, lo + CHUNK_ROWS)) for lo in range(0, n, CHUNK_ROWS)]
+
+
+def _nll_sum(y: np.ndarray, p: np.ndarray) -> float:
+    """The summed (not mean) NLL of `p` `[n, n_classes]` at class indices `y` `[n]`."""
+    return float(-np.sum(np.log(np.clip(np.asarray(p, np.float64)[np.arange(len(y)), y],
+                                        M.NLL_CLIP, 1.0))))
+
+
+def chunked_nll(probs: np.ndarray, y: np.ndarray, combine) -> float:
+    """The mean NLL over all rows of `combine(probs[:, span]) -> [n, n_classes]` (an
+    aggregator's outputs of the rows of `span`), summed a chunk of rows at a time."""
+    return sum(_nll_sum(y[s], combine(np.asarray(probs[:, s], np.float64)))
+               for s in _spans(len(y))) / len(y)
 
 
 def fit_weights(probs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
@@ -54,12 +76,18 @@ def fit_weights(probs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     from scipy.optimize import minimize
 
     probs, y = _check(probs, y)
-    true = np.clip(probs[:, np.arange(len(y)), y].T, 0.0, 1.0)  # [n_rows, n_members]
     n = probs.shape[0]
+    spans = _spans(len(y))
 
-    def loss(w):
-        mix = np.clip(true @ w, M.NLL_CLIP, None)
-        return -np.mean(np.log(mix)), -(true / mix[:, None]).mean(axis=0)
+    def loss(w):  # the mean NLL of the mixture and its gradient, summed over chunks
+        total, grad = 0.0, np.zeros(n)
+        for sp in spans:
+            true = np.clip(np.asarray(probs[:, sp], np.float64)[
+                :, np.arange(sp.stop - sp.start), y[sp]].T, 0.0, 1.0)  # [rows, n_members]
+            mix = np.clip(true @ w, M.NLL_CLIP, None)
+            total -= np.sum(np.log(mix))
+            grad -= (true / mix[:, None]).sum(axis=0)
+        return total / len(y), grad / len(y)
 
     res = minimize(loss, np.full(n, 1.0 / n), jac=True, method="SLSQP",
                    bounds=[(0.0, 1.0)] * n,
@@ -84,13 +112,18 @@ def greedy_selection(probs: np.ndarray, y: np.ndarray, rounds: int) -> dict[str,
     probs, y = _check(probs, y)
     if rounds < 1:
         raise UsageError(f"Expected `aggregation.greedy_rounds` >= 1. Received: {rounds}")
-    total = np.zeros(probs.shape[1:])
     order, best, size = [], np.inf, 0
     for r in range(1, rounds + 1):
-        scores = [M.nll(y, (total + p) / r) for p in probs]
+        sums = np.zeros(len(probs))
+        for sp in _spans(len(y)):  # the running average's chunk, summed in pick order
+            chunk = np.asarray(probs[:, sp], np.float64)
+            total = np.zeros(chunk.shape[1:])
+            for pick in order:
+                total += chunk[pick]
+            sums += [_nll_sum(y[sp], (total + p) / r) for p in chunk]
+        scores = sums / len(y)
         pick = int(np.argmin(scores))
         order.append(pick)
-        total += probs[pick]
         if scores[pick] < best - 1e-12:
             best, size = scores[pick], r
     counts = np.bincount(order[:size], minlength=probs.shape[0])
@@ -114,7 +147,10 @@ def fit_stacking(probs: np.ndarray, y: np.ndarray, folds: int, seed: int = 0,
     from sklearn.model_selection import StratifiedKFold
 
     probs, y = _check(probs, y)
-    x, n_classes = A.stacking_features(probs), probs.shape[2]
+    rows = stacking_sample(len(y), seed)
+    if rows is not None:  # a uniform sample (sorted: read in file order)
+        probs, y = np.asarray(probs[:, rows]), y[rows]
+    x, n_classes = A.stacking_features(np.asarray(probs, np.float64)), probs.shape[2]
     present = np.unique(y)
     folds = 0 if c is not None else int(min(folds, np.bincount(y)[present].min()))
     c = 1.0 if c is None else float(c)
@@ -129,14 +165,31 @@ def fit_stacking(probs: np.ndarray, y: np.ndarray, folds: int, seed: int = 0,
     intercept = np.full(n_classes, MISSING_CLASS_LOGIT)
     if len(present) < 2:  # one class only: it gets all the mass
         intercept[present] = 0.0
-        return {"coef": coef.tolist(), "intercept": intercept.tolist(), "C": c, "folds": 0}
+        return {"coef": coef.tolist(), "intercept": intercept.tolist(), "C": c, "folds": 0,
+                "rows": int(len(y))}
     model = LogisticRegression(C=c, max_iter=1000).fit(x, y)
     if len(model.classes_) == 2:  # binary: sigmoid(z) = softmax([0, z])
         coef[model.classes_[1]], intercept[model.classes_] = model.coef_[0], [0.0,
                                                                              model.intercept_[0]]
     else:
         coef[model.classes_], intercept[model.classes_] = model.coef_, model.intercept_
-    return {"coef": coef.tolist(), "intercept": intercept.tolist(), "C": c, "folds": folds}
+    return {"coef": coef.tolist(), "intercept": intercept.tolist(), "C": c, "folds": folds,
+            "rows": int(len(y))}
+
+
+def stacking_sample(n_rows: int, seed: int = 0) -> np.ndarray | None:
+    """The sorted positions of a seeded uniform sample of `STACKING_ROWS` of `n_rows`
+    validation rows (stacking's design matrix), None when every row fits; prints a notice
+    naming the sample size."""
+    if n_rows <= STACKING_ROWS:
+        return None
+    from ensemble.core.notices import notice
+
+    notice(f"stacking fits on a uniform sample of {STACKING_ROWS:,} of the {n_rows:,} "
+           "validation rows (its design matrix held in memory); `rows` in aggregators.json.",
+           once=True)
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(n_rows, STACKING_ROWS, replace=False))
 
 
 def fit_temperature(probs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
@@ -145,7 +198,8 @@ def fit_temperature(probs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     from scipy.optimize import minimize_scalar
 
     probs, y = _check(probs, y)
-    res = minimize_scalar(lambda t: M.nll(y, A.temperature_scaled(probs, np.exp(t))),
+    res = minimize_scalar(lambda t: chunked_nll(probs, y, lambda p: A.temperature_scaled(
+                              p, np.exp(t))),
                           bounds=(np.log(0.05), np.log(20.0)), method="bounded",
                           options={"xatol": 1e-6})
     return {"temperature": float(np.exp(res.x))}
@@ -180,7 +234,7 @@ def member_losses(probs: np.ndarray, y: np.ndarray) -> list[float]:
         UsageError: `y` not `[n_rows]` labels.
     """
     probs, y = _check(probs, y)
-    return [M.nll(y, p) for p in probs]
+    return [chunked_nll(probs[m:m + 1], y, lambda p: p[0]) for m in range(len(probs))]
 
 
 def member_params(fitted: dict[str, Any] | None, members: Sequence[int]) -> dict[str, Any]:

@@ -82,7 +82,10 @@ class Classification(Task):
     def member_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float | None]:
         """`members.parquet`'s scores of a trained member on validation: NLL and accuracy of
         its `[n_rows, n_classes]` probabilities against `y` `[n_rows]` class indices."""
-        return {"val_nll": metrics.nll(y, outputs), "val_accuracy": metrics.accuracy(y, outputs)}
+        from ensemble.tasks.classification import running
+
+        scores = running.metrics(y, outputs, rank=False)  # chunked: `outputs` may be a map
+        return {"val_nll": scores["nll"], "val_accuracy": scores["accuracy"]}
 
     def format_table(self, metrics_table, fit: dict | None = None, extra=()) -> str:
         """The `ensemble evaluate` table of a classification run's `metrics.parquet` table;

@@ -240,6 +240,7 @@ def ensemble_size_table(member_outputs: dict[str, np.ndarray], y: dict[str, np.n
     metrics of the mean mixture of the first k members, and of greedy's first k picks."""
 
     def scores(split, stacked, order):  # the mixture of the first k picks, k = 1, 2, ...
+        stacked = np.asarray(stacked, np.float64)
         mu_m, var_m = stacked[..., 0], stacked[..., 1]
         for k in range(1, len(order) + 1):
             picks = np.bincount(order[:k], minlength=len(stacked)) / k
