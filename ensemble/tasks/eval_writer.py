@@ -106,6 +106,7 @@ def write(run_dir: str | Path, splits: dict[str, SplitPredictions], classes: np.
         OSError: a file cannot be written (nothing under the final names changes).
     """
     run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     if len(classes) and prior is not None:
         imbalance_notice(classes, prior)
     with output_files(run_dir) as files:
