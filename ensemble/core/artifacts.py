@@ -49,21 +49,49 @@ def _file_mode() -> int:
     return 0o666 & ~_UMASK[0]
 
 
-def _fsync_tree(path: Path) -> None:
+def _fsync_tree(path: Path) -> str | None:
+    """Flush `path` (a file, or every file under a folder) to disk; returns a file's sha256,
+    read in the same pass as the flush (None for a folder)."""
     paths = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    h = hashlib.sha256() if path.is_file() else None
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
         try:
+            while h is not None and (chunk := os.read(fd, 1 << 20)):
+                h.update(chunk)
             os.fsync(fd)
         finally:
             os.close(fd)
+    return None if h is None else h.hexdigest()
+
+
+# sha256 of the files this process wrote: {resolved path: (size, mtime_ns, inode, hex)}
+_WRITTEN: dict[str, tuple[int, int, int, str]] = {}
+
+
+def _remember(path: Path, digest: str) -> None:
+    st = os.stat(path)
+    _WRITTEN[str(path.resolve())] = (st.st_size, st.st_mtime_ns, st.st_ino, digest)
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes: as hashed when this process wrote it (`atomic_path`), if
+    its size, modification time and inode are still those it had then; else read."""
+    path = Path(path)
+    known = _WRITTEN.get(str(path.resolve()))
+    if known is not None:
+        st = os.stat(path)
+        if known[:3] == (st.st_size, st.st_mtime_ns, st.st_ino):
+            return known[3]
+    return sha256_file(path)
 
 
 @contextmanager
 def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
     """Yield a staging path (`ensemble.core.staging`, ending in `suffix`) beside `path`; when the
-    block succeeds, flush it (`fsync`), give it the umask's permissions, rename it onto `path`
-    and flush the folder; delete it when the block raises (a full disk included).
+    block succeeds, flush it (`fsync`, hashing a file in the same read: `file_sha256`), give it
+    the umask's permissions, rename it onto `path` and flush the folder; delete it when the
+    block raises (a full disk included).
 
     A FIFO, a device or `/dev/stdout` is yielded itself and written through, never replaced
     (`ensemble.core.outputs.writes_through`)."""
@@ -77,10 +105,12 @@ def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
     tmp = staging.new_path(path, suffix)  # owned name; stale ones of dead writers swept
     try:
         yield tmp
-        _fsync_tree(tmp)
+        digest = _fsync_tree(tmp)
         os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
         fsync_dir(path.parent)
+        if digest is not None:
+            _remember(path, digest)
     except OSError as exc:  # pyarrow's and numpy's write errors name no file: name it
         if exc.errno is None or exc.filename is not None:
             raise
@@ -211,7 +241,7 @@ def artifact_hashes(run_dir: str | Path, known: dict[Path, str] | None = None
     gives some already (`{path under run_dir: hex}`, such as the splits hashed as written)."""
     run_dir, known = Path(run_dir), known or {}
     return {
-        str(p.relative_to(run_dir)): known.get(p) or sha256_file(p)
+        str(p.relative_to(run_dir)): known.get(p) or file_sha256(p)
         for p in sorted(run_dir.rglob("*"))
         if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
     }
@@ -251,7 +281,7 @@ def verify(run_dir: str | Path, manifest, path: str | Path) -> Path:
         raise UsageError(f"No sha256 recorded for {path} in {Path(run_dir) / MANIFEST}; "
                          "the file cannot be trusted (the run is unfinished, or the file was "
                          "added by hand).")
-    if sha256_file(path) != expected:
+    if file_sha256(path) != expected:
         raise UsageError(f"Damaged artifact {path}: its sha256 does not match the manifest.")
     return path
 

@@ -276,7 +276,7 @@ class Manifest(_Record):
     def record_hashes(self, run_dir: str | Path, paths) -> None:
         """Record the sha256 of `paths` (files of run `run_dir`) in `artifacts`."""
         for p in paths:
-            self.artifacts[os.path.relpath(p, run_dir)] = artifacts.sha256_file(p)
+            self.artifacts[os.path.relpath(p, run_dir)] = artifacts.file_sha256(p)
 
     def diverged(self) -> dict[int, int]:
         """`{index: diverged_epoch}` of the members recorded as diverged."""

@@ -160,7 +160,7 @@ def record_member(run_dir: Path, index: int, status: str, epoch: int | None = No
     client's own record, which the aggregator verifies); read-modify-write under the lock."""
     from ensemble.core.artifacts import member_files
 
-    hashes = ({os.path.relpath(p, run_dir): artifacts.sha256_file(p)
+    hashes = ({os.path.relpath(p, run_dir): artifacts.file_sha256(p)
                for p in member_files(run_dir, index)} if status == "completed" else None)
 
     def change(manifest: Manifest) -> None:
