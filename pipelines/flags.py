@@ -143,7 +143,8 @@ def load_config(args, base: dict | None = None):
         "data.categorical": columns(getattr(args, "categorical", None)),
         "data.task": getattr(args, "task", None),
         "placement.replicas": getattr(args, "replicas", None) if args.command == "train"
-        else None, **overrides(args)})
+        else None, "placement.engine": getattr(args, "engine", None),
+        "placement.address": getattr(args, "address", None), **overrides(args)})
     spec, n = cfg.placement.devices.strip(), cfg.members.count
     if isinstance(cfg.placement.replicas, int):  # replicas use more devices (issue #24)
         n *= cfg.placement.replicas

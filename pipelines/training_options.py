@@ -57,6 +57,13 @@ def _common_run_options(parser, what: str) -> None:
               "config's, auto)")
     _add(parser, "--cluster", metavar="FILE",
          help="TensorFlow cluster spec FILE.json (default: TF_CONFIG, if set)")
+    _add(parser, "--engine", choices=("local", "ray"),
+         help="where clients run: local (processes on this machine) or ray (a Ray cluster: "
+              "members as Ray tasks, in-graph's TensorFlow servers as Ray actors) "
+              "(default: the config's [placement] engine, local)")
+    _add(parser, "--address", metavar="HOST:PORT",
+         help="with --engine ray: the Ray cluster's head, or auto (default: the config's "
+              "[placement] address, else RAY_ADDRESS, else a local Ray cluster)")
     add_flags(parser)
 
 

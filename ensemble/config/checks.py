@@ -124,6 +124,9 @@ def _check_placement(cfg: Config) -> None:
     if cfg.placement.strategy not in ("round-robin", "balanced"):
         raise UsageError("Expected `placement.strategy` to be \"round-robin\" or \"balanced\". "
                          f"Received: {cfg.placement.strategy!r}")
+    if cfg.placement.engine not in ("local", "ray"):
+        raise UsageError("Expected `placement.engine` to be \"local\" or \"ray\". "
+                         f"Received: {cfg.placement.engine!r}")
     rep = cfg.placement.replicas  # data-parallel members (issue #24)
     if rep != "auto" and not (isinstance(rep, int) and rep >= 1):
         raise UsageError("Expected `placement.replicas` to be auto or a positive integer. "

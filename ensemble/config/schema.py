@@ -124,6 +124,10 @@ class PlacementConfig:
     `replicas`: data parallelism in training: each member runs as this many replicas on
     distinct devices, each batch split across them (`ensemble.replication.steps`); `auto`:
     devices // members; 1: one device per member.
+
+    `engine`: where clients run: `local` (processes on this machine) or `ray` (a Ray cluster,
+    `ensemble.replication.ray_engine`); `address`: the Ray cluster's head (`host:port`, or
+    `auto`; empty: `$RAY_ADDRESS`, else a local cluster started for the run).
     """
 
     devices: str = "auto"
@@ -131,6 +135,8 @@ class PlacementConfig:
     memory_growth: bool = True
     memory_limit_mb: int = 0
     replicas: int | str = 1
+    engine: str = "local"
+    address: str = ""
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,8 @@ class MemberRecord(_Record):
         flops_per_row: forward FLOPs per input row (`ensemble.models.cost`).
         sha256: `{relative path: hex}` of its files, recorded by a between-graph client.
         diverged_epoch: the epoch (from 0) its loss or outputs turned non-finite.
+        node: where it trained under the Ray engine: `{"id": the Ray node id, "ip": its
+            address, "device": the worker's device, "gpus": the GPU ids Ray assigned}`.
     """
 
     index: int
@@ -94,6 +96,7 @@ class MemberRecord(_Record):
     flops_per_row: float | None = None
     sha256: dict[str, str] | None = None
     diverged_epoch: int | None = None
+    node: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     _ALWAYS = frozenset({"device"})

@@ -18,6 +18,15 @@ from ensemble.core import artifacts
 from ensemble.core.errors import UsageError
 
 KEEP = 2
+# checkpoint files are read and written by this process, also for variables on a cluster's
+# tasks (whose machines may not see the run directory)
+IO_DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+def _options():
+    import tensorflow as tf
+
+    return tf.train.CheckpointOptions(experimental_io_device=IO_DEVICE)
 
 
 class EpochCheckpoints:
@@ -57,7 +66,7 @@ class EpochCheckpoints:
         self.epoch.assign(epoch)
         self._remove_partial(epoch)
         try:
-            self.manager.save(checkpoint_number=epoch)
+            self.manager.save(checkpoint_number=epoch, options=_options())
         except Exception:  # a full disk: no partial checkpoint stays behind
             self._remove_partial(epoch)
             raise
@@ -90,7 +99,7 @@ class EpochCheckpoints:
         paths = list(reversed(self.manager.checkpoints))
         for path in paths:
             try:
-                self.checkpoint.read(path).assert_existing_objects_matched()
+                self.checkpoint.read(path, options=_options()).assert_existing_objects_matched()
             except (tf.errors.OpError, ValueError, AssertionError, IndexError, OSError) as exc:
                 print(f"warning: checkpoint {path} is damaged ({type(exc).__name__}); "
                       "trying the previous one", file=sys.stderr)

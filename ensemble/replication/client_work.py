@@ -137,20 +137,21 @@ def run_client(run_dir: Path, indices: int | Sequence[int], threads: int | None 
 
 def _run_member(work: "MemberWork", index: int, device: str, callbacks: Sequence,
                 replicas: Sequence[str] | None) -> Path | None:
-    """Train member `index` and record its outcome (completed, diverged: None, interrupted
-    or failed: re-raised with `member` set on an `Interrupted`)."""
+    """Train member `index`, write its files and record its outcome (completed, diverged:
+    None, interrupted or failed: re-raised with `member` set on an `Interrupted`)."""
     try:
         with _placement_log(work.run_dir, index):
-            path = train_member(work, index, device, callbacks, replicas)
+            outputs = train_member(work, index, device, callbacks, replicas)
     except BaseException as exc:
         stopped = isinstance(exc, interrupt.Interrupted)
         if stopped:
             exc.member = index
         record_member(work.run_dir, index, "interrupted" if stopped else "failed")
         raise
-    if isinstance(path, int):  # diverged in that epoch
-        record_member(work.run_dir, index, "diverged", path)
+    if isinstance(outputs, int):  # diverged in that epoch
+        record_member(work.run_dir, index, "diverged", outputs)
         return None
+    path = outputs.write(work.run_dir, index)
     record_member(work.run_dir, index, "completed")
     return path
 
@@ -188,60 +189,94 @@ def _placement_log(run_dir: Path, index: int):
 
 @dataclass(frozen=True)
 class MemberWork:
-    """A prepared run as its members are trained one after another (`train_member`): its
-    folder, manifest, resolved config (`schema.Config`) and splits (`split` -> `(x, y,
-    rows)`, `artifacts.read_split`), read once for every member."""
+    """What training a prepared run's members needs, read once for every member
+    (`train_member`): the manifest, its resolved config (`schema.Config`), the splits
+    (`split` -> `(x [n, *row_shape], y [n], rows [n] int64)`), the preprocessing
+    (`kinds.read_preprocessing`), where member checkpoints go (`checkpoints/member-<i>/`
+    under it), and the run directory when this process may write into it (None: a worker
+    that never opens it, as under the Ray engine; TensorBoard scalars then are not written).
+    """
 
-    run_dir: Path
     manifest: Manifest
     cfg: Any
     split: dict
+    pre: Any
+    checkpoints: Path
+    run_dir: Path | None = None
 
     @classmethod
     def open(cls, run_dir: Path, manifest: Manifest, cfg) -> "MemberWork":
-        return cls(Path(run_dir), manifest, cfg,
-                   {s: artifacts.read_split(run_dir, s, manifest) for s in artifacts.SPLITS})
+        """The work of the prepared run in `run_dir`, its files verified against `manifest`.
+
+        Raises:
+            UsageError: a split or the preprocessing is missing or damaged.
+        """
+        from ensemble.data import kinds
+
+        run_dir = Path(run_dir)
+        return cls(manifest, cfg,
+                   {s: artifacts.read_split(run_dir, s, manifest) for s in artifacts.SPLITS},
+                   kinds.run_preprocessing(run_dir, manifest), run_dir / "checkpoints", run_dir)
+
+
+@dataclass(frozen=True)
+class MemberOutputs:
+    """What training one member yields, in memory: its Keras 3 file's bytes (`model`), its
+    history (`tables.history_table`) and its validation and test predictions
+    (`tables.predictions_table`), written by `write` as the run's member files."""
+
+    model: bytes
+    history: pa.Table
+    predictions: pa.Table
+
+    def write(self, run_dir: Path, index: int) -> Path:
+        """Write `members/member-<i>.keras`, `.history.parquet` and `.predictions.parquet`
+        atomically; returns the predictions path."""
+        with artifacts.atomic_path(artifacts.member_model_path(run_dir, index),
+                                   suffix=".keras") as tmp:
+            Path(tmp).write_bytes(self.model)
+        artifacts.write_parquet(artifacts.member_history_path(run_dir, index), self.history)
+        out = artifacts.member_predictions_path(run_dir, index)
+        artifacts.write_parquet(out, self.predictions)
+        return out
 
 
 def train_member(work: MemberWork, index: int, device: str, callbacks: Sequence = (),
-                 replicas: Sequence[str] | None = None) -> Path | int:
+                 replicas: Sequence[str] | None = None) -> MemberOutputs | int:
     """Train member `index` of `work` on `device` (data parallel over `replicas` when more
-    than one) and write its files (`members/member-<i>.keras`, `.history.parquet`,
-    `.predictions.parquet`); returns its predictions path, or the epoch in which it diverged
-    (`ensemble.replication.divergence`: nothing written). `callbacks`: its
-    `training.Callback`s."""
+    than one); returns its `MemberOutputs`, or the epoch in which it diverged
+    (`ensemble.replication.divergence`). Writes nothing but its checkpoints (under
+    `work.checkpoints`) and, with a `work.run_dir`, its TensorBoard scalars. `callbacks`:
+    its `training.Callback`s."""
+    import tempfile
+
     from ensemble.replication.group import MemberGroup
     from ensemble.models.members import save_member
     from ensemble.replication.training import Schedule
 
-    run_dir, manifest, cfg, split = work.run_dir, work.manifest, work.cfg, work.split
-
+    manifest, cfg, split = work.manifest, work.cfg, work.split
     classes = np.asarray(manifest.dataset.classes)
     (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
-    from ensemble.data import kinds
-
     member = MemberGroup.build(cfg, x_tr.shape[1:], len(classes), [device], [index],
-                               n_train=len(x_tr), pre=kinds.run_preprocessing(run_dir, manifest),
-                               task=tasks.for_run(manifest))
+                               n_train=len(x_tr), pre=work.pre, task=tasks.for_run(manifest))
     if replicas is not None and len(replicas) > 1:  # data parallelism over the client's devices
         member.train_replicas = [list(replicas)]
-    if cfg.training.tensorboard:
+    if cfg.training.tensorboard and work.run_dir is not None:
         from ensemble.replication.tensorboard import MemberScalars
 
-        callbacks = [*callbacks, MemberScalars(run_dir)]
+        callbacks = [*callbacks, MemberScalars(work.run_dir)]
     history = member.fit(x_tr, y_tr, (x_val, y_val), Schedule.of(cfg.training),
-                         run_dir / "checkpoints" / f"member-{index}", callbacks)
+                         work.checkpoints / f"member-{index}", callbacks)
     if member.divergence.epochs:
         return member.divergence.epochs[index]
     parts = [tables.predictions_table(s, SplitPredictions(
         {index: member.predict(split[s][0])[0][0]}, None, split[s][2], split[s][1]), classes)
              for s in artifacts.EVAL_SPLITS]
-    save_member(member.models[0], artifacts.member_model_path(run_dir, index))
-    artifacts.write_parquet(artifacts.member_history_path(run_dir, index),
-                            tables.history_table(history))
-    out = artifacts.member_predictions_path(run_dir, index)
-    artifacts.write_parquet(out, pa.concat_tables(parts))
-    return out
+    with tempfile.TemporaryDirectory(prefix="ensemble-member-") as tmp:
+        path = Path(tmp) / f"member-{index}.keras"
+        save_member(member.models[0], path)
+        model = path.read_bytes()
+    return MemberOutputs(model, tables.history_table(history), pa.concat_tables(parts))
 
 
 def predict_client(request: ClientRequest, cluster: dict | None = None) -> list[Path]:

@@ -80,11 +80,11 @@ class _Listener:
         return before or True
 
 
-def _run_client(request: ClientRequest, listener: _Listener) -> dict:
-    """Run one client process (`python -m ensemble.replication.client`) to its end; returns
-    its measurements, or `{"returncode", "error"}` when it failed (its unfinished members
-    reported to `listener.on_member` as not ok)."""
-    env = dict(os.environ)  # the client maps its GPUs onto this CUDA_VISIBLE_DEVICES
+def _run_client(request: ClientRequest, listener: _Listener, extra_env: dict) -> dict:
+    """Run one client process (`python -m ensemble.replication.client`) to its end, with
+    `extra_env` in its environment; returns its measurements, or `{"returncode", "error"}`
+    when it failed (its unfinished members reported to `listener.on_member` as not ok)."""
+    env = {**os.environ, **extra_env}  # the client maps its GPUs onto CUDA_VISIBLE_DEVICES
     res = run_process(request.argv(), env, module=protocol.CLIENT_MODULE,
                       on_stderr_line=listener)
     if res["returncode"] != 0:
@@ -152,10 +152,12 @@ def run_clients(run_dir: Path, queues: list[list[int]], command: Callable[[list[
     """
     threads = max(1, devices.cpu_count() // max(1, len(queues)))
     listener = _Listener(on_member, verbosity)
+    # OpenMP's threads as Ray sets them in its workers (its CPUs): the same in both engines
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))}
 
     def launch(q: int) -> tuple[int, dict]:
         request = dataclasses.replace(command(queues[q]), threads=threads, progress="report")
-        return q, _run_client(request, listener)
+        return q, _run_client(request, listener, env)
 
     pool = ThreadPoolExecutor(max_workers=max(1, len(queues)))
     try:
@@ -211,7 +213,8 @@ def train_between_graph(request: TrainRequest, mode: Mode,
         if r.prepare_only:  # the clients, started by hand or a scheduler, take over
             return run_status.set_status(r.run_dir, "prepared")
         with run_status.recording_outcome(r.run_dir):
-            final = _launch(r.run_dir, manifest, devs, r.jobs, r.verbosity)
+            final = _launch(r.run_dir, manifest, devs, r.jobs, r.verbosity,
+                            prepare.run_config(r.cfg, manifest).placement)
     if r.cfg.training.tensorboard:
         from ensemble.replication.tensorboard import write_ensemble_metrics
 
@@ -222,13 +225,19 @@ def train_between_graph(request: TrainRequest, mode: Mode,
 
 
 def _launch(run_dir: Path, manifest: Manifest, devs: list[str], jobs: int | None,
-            verbosity: int) -> Manifest:
-    """Run the clients of the members not completed, then the aggregator; the manifest is
-    changed by read-modify-write only (clients record their members themselves)."""
+            verbosity: int, placement) -> Manifest:
+    """Run the clients of the members not completed on the `placement.engine`, then the
+    aggregator; the manifest is changed by read-modify-write only (local clients record
+    their members themselves, the driver those of Ray's tasks)."""
     todo = {m.index: m.device for m in manifest.members
             if m.status != divergence.STATUS and (
                 m.status != "completed"
                 or not all(p.is_file() for p in artifacts.member_files(run_dir, m.index)))}
+    if placement.engine == "ray":
+        start = time.perf_counter()
+        clients = _run_on_ray(run_dir, manifest, sorted(todo), jobs, verbosity,
+                              placement.address)
+        return _aggregate(run_dir, start, clients, len(clients))
     jobs = jobs or default_jobs(max(1, len(todo)), devs)
 
     def record(index: int, ok: bool) -> None:  # a client ended without finishing `index`
@@ -242,18 +251,85 @@ def _launch(run_dir: Path, manifest: Manifest, devs: list[str], jobs: int | None
     queues = client_queues(todo, jobs)
     clients = run_clients(run_dir, queues, lambda q: ClientRequest(str(run_dir), q),
                           todo, record, verbosity)
+    return _aggregate(run_dir, start, clients, len(queues))
+
+
+def _aggregate(run_dir: Path, start: float, clients: dict[int, dict], jobs: int) -> Manifest:
+    """Record the clients' measurements (`clients`: member -> its client's) and the training
+    time since `start` (`time.perf_counter()`), settle diverged members, run the aggregator."""
     builds = [c.pop("tensorflow_build", None) for c in clients.values()]
 
     def timings(m: Manifest) -> None:  # the launcher never loads TensorFlow: the clients tell
         m.tensorflow_build = m.tensorflow_build or next((b for b in builds if b), None)
-        m.timings.update(train_seconds=time.perf_counter() - start, jobs=len(queues),
+        m.timings.update(train_seconds=time.perf_counter() - start, jobs=jobs,
                          clients={str(i): c for i, c in clients.items()})
 
-    diverged = Manifest.update(run_dir, timings).diverged()
-    divergence.settle(diverged, len(manifest.members), run_dir)
+    final = Manifest.update(run_dir, timings)
+    divergence.settle(final.diverged(), len(final.members), run_dir)
     res = checked(run_process([str(run_dir)], module=aggregator.MODULE), "aggregator")
     return Manifest.update(run_dir, lambda m: m.timings.update(
         aggregator_peak_rss_bytes=last_report(res)["peak_rss_bytes"]))
+
+
+def _run_on_ray(run_dir: Path, manifest: Manifest, todo: list[int], jobs: int | None,
+                verbosity: int, address: str) -> dict[int, dict]:
+    """Train members `todo` as Ray tasks (`ray_engine.train_members`): the prepared splits
+    and preprocessing go to the workers through the object store, and this process writes
+    each member's files and record (status, node) as its result arrives.
+
+    Returns:
+        member index -> its measurements, as `run_clients`'s (each member its own client).
+
+    Raises:
+        interrupt.Interrupted, UsageError, ClientFailed: as `ray_engine.train_members`;
+            the members not finished are recorded as interrupted or failed.
+    """
+    from ensemble.data import kinds
+    from ensemble.replication import ray_engine
+    from ensemble.replication.client_work import record_member
+
+    ray_engine.connect(address or None)
+    submitted = time.time()
+    payload = {"manifest": manifest.to_dict(),
+               "split": {s: tuple(np.ascontiguousarray(a) for a in
+                                  artifacts.read_split(run_dir, s, manifest))
+                         for s in artifacts.SPLITS},
+               "pre": kinds.run_preprocessing(run_dir, manifest)}
+    threads = max(1, manifest.config["training"].get("intra_op_threads") or 1)
+    listener = _Listener(None, verbosity)
+    clients: dict[int, dict] = {}
+
+    def done(index: int, result: dict) -> None:
+        outputs = result.pop("outputs")
+        if isinstance(outputs, int):  # diverged in that epoch: no files
+            record_member(run_dir, index, "diverged", outputs)
+        else:
+            outputs.write(run_dir, index)
+            record_member(run_dir, index, "completed")
+        node = {"id": result["node"], "ip": result["node_ip"], "device": result["device"],
+                "gpus": result["gpus"]}
+        Manifest.update(run_dir, lambda m: setattr(m.member(index), "node", node))
+        clients[index] = {
+            "client": index, "seconds": time.time() - submitted,
+            "work_seconds": result["work_seconds"],
+            "startup_seconds": result["ready_unix"] - submitted,
+            "peak_rss_bytes": result["peak_rss_bytes"],
+            "tensorflow_build": result["tensorflow_build"],
+            "steady": {str(index): result["steady"]},
+            **({"spans": {str(index): result["spans"]}} if result["spans"] else {})}
+
+    try:
+        ray_engine.train_members(payload, todo, threads, listener, done, verbosity, jobs)
+    except BaseException as exc:
+        status = "interrupted" if isinstance(exc, interrupt.Interrupted) else "failed"
+
+        def unfinished(m: Manifest) -> None:
+            for i in todo:
+                if i not in clients and m.member(i).status != "completed":
+                    m.member(i).status = status
+        Manifest.update(run_dir, unfinished)
+        raise
+    return clients
 
 
 def predict_between_graph(request: PredictRequest) -> tuple[dict, dict]:

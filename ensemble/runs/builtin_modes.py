@@ -25,12 +25,23 @@ class InGraph(Mode):
                                    "run directory for clients started by hand or by a scheduler"}
 
     def train(self, request: TrainRequest) -> Manifest:
-        """Train every member in this process (`ensemble.runs.train.train_in_graph`)."""
+        """Train every member in this process (`ensemble.runs.train.train_in_graph`); under
+        the Ray engine on the TensorFlow servers it starts on the cluster's nodes
+        (`ray_engine.TensorFlowServers`), ended with the run."""
+        import dataclasses
+
         from ensemble.core.tfimport import import_tensorflow_quietly
         from ensemble.runs.train import train_in_graph
 
         import_tensorflow_quietly()
-        return train_in_graph(request, self)
+        placement = request.cfg.placement
+        if placement.engine != "ray":
+            return train_in_graph(request, self)
+        from ensemble.replication import ray_engine
+
+        ray_engine.connect(placement.address or None)
+        with ray_engine.TensorFlowServers(request.cfg.training.deterministic) as servers:
+            return train_in_graph(dataclasses.replace(request, cluster=servers.spec), self)
 
     def predict(self, request: PredictRequest) -> tuple[dict, dict]:
         """Predict with every member in this process (`ensemble.runs.predict`)."""
