@@ -252,7 +252,32 @@ def cmd_evaluate(args) -> int:
         if args.shift:
             print(evaluate_ood.evaluate_shift(Path(args.run), args.plots)[1])
         return 0
+    if getattr(args, "data", None):
+        return _evaluate_data(args)
     print(evaluate.evaluate(Path(args.run) if args.run else None, preds, args.plots)[1])
+    return 0
+
+
+def _evaluate_data(args) -> int:
+    """`ensemble evaluate --run RUN --data SOURCE`: predict the labelled `SOURCE` (long
+    layout, in a temporary folder) and print its table; nothing is written in the run."""
+    import tempfile
+
+    from ensemble.runs import evaluate
+
+    if not args.run or args.predictions or args.plots:
+        raise UsageError("Expected --data with --run PATH (and neither --predictions nor "
+                         f"--plots). Received: --run {args.run}, --predictions "
+                         f"{args.predictions}, --plots {args.plots}")
+    with tempfile.TemporaryDirectory(prefix="ensemble-evaluate-") as tmp:
+        out = Path(tmp) / "predictions.parquet"
+        argv = ["predict", "--run", args.run, "--data", args.data, "--layout", "long",
+                "--out", str(out), "--quiet", *(["--target", args.target] if args.target
+                                                else [])]
+        status = main(argv)
+        if status != 0:
+            return status
+        print(evaluate.evaluate(Path(args.run), out)[1])  # the run's best member
     return 0
 
 

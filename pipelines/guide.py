@@ -217,7 +217,8 @@ def uses_tensorflow(args) -> bool:
     if args.command == "aggregate":
         return False
     if args.command == "evaluate":
-        return bool(getattr(args, "ood", None) or getattr(args, "shift", None))
+        return bool(getattr(args, "ood", None) or getattr(args, "shift", None)
+                    or getattr(args, "data", None))
     return True
 
 

@@ -139,6 +139,11 @@ def _evaluate(p) -> None:
     _add(p, "--run", metavar="PATH", help="a run directory (default: none; or --predictions)")
     _add(p, "--predictions", metavar="FILE.parquet",
          help="a predictions Parquet file (default: the run's)")
+    _add(p, "--data", metavar="SOURCE",
+         help="labelled new data: predict it with --run's members and score the predictions "
+              "in one command (the run's target column holds the labels; default: none)")
+    _add(p, "--target", metavar="COL",
+         help="with --data, the label column (default: the run's)")
     _add(p, "--plots", action="store_true",
          help="also write PNGs beside the metrics: reliability, ensemble size, members, "
               "confidence (regression: PIT, coverage, error against std, confidence); with "

@@ -145,3 +145,31 @@ def build(input_shape, n_outputs, *, seed, embedded):
                    "--run-dir", tmp_path / "run") == 0
     pre = json.loads((tmp_path / "run" / "preprocessing.json").read_text())
     assert pre["embedded"] == ["city"]
+
+
+def test_evaluate_scores_what_predict_writes_and_labelled_new_data(runs, capsys):
+    """`evaluate --predictions` takes predict's wide layout (one row column) when y_true is
+    filled, and `evaluate --run --data` predicts and scores in one command: the same NLL as
+    scikit-learn's log loss of the wide file's probabilities."""
+    from sklearn.metrics import log_loss
+
+    base, ig, _, _ = runs
+    labelled = _table(120, seed=2)
+    labelled.to_csv(base / "labelled.csv", index=False)
+    assert run_cli("predict", "--run", ig, "--data", base / "labelled.csv",
+                   "--out", base / "wide.parquet", "--quiet") == 0
+    wide = pq.read_table(base / "wide.parquet").to_pandas()
+    assert "row" in wide.columns and "source_row" not in wide.columns
+    p = wide[["p_0", "p_1"]].to_numpy(np.float64)
+    nll = log_loss(wide.y_true.astype(int), p / p.sum(1, keepdims=True))
+    capsys.readouterr()
+    assert run_cli("evaluate", "--predictions", base / "wide.parquet") == 0
+    scored = pq.read_table(base / "wide.metrics.parquet").to_pandas()
+    assert scored.split.tolist() == ["predict"] and abs(scored.nll[0] - nll) < 1e-5
+    capsys.readouterr()
+    assert run_cli("evaluate", "--run", ig, "--data", base / "labelled.csv") == 0
+    out = capsys.readouterr().out
+    assert "predict (120 rows)" in out and "member-1" in out
+    line = next(t for t in out.splitlines() if t.strip().startswith("ensemble-mean"))
+    assert abs(float(line.split()[2]) - nll) < 1e-4
+    assert run_cli("evaluate", "--data", base / "labelled.csv") == 2

@@ -75,7 +75,8 @@ def test_missing_labels_leave_only_their_rows_unlabelled(run, tmp_path, capsys, 
     got = pq.read_table(out)
     assert got.column("y_true").to_pylist() == table.column("species").to_pylist()
     assert got.column("y_true").null_count == 5
-    assert got.column("source_row").to_pylist() == list(range(150))
+    assert got.column("row").to_pylist() == list(range(150))  # one row column
+    assert "source_row" not in got.column_names
     assert got.column("id").to_pylist() == [f"r{i}" for i in range(150)]
     long = tmp_path / "long.parquet"
     assert run_cli("predict", "--run", run / "run", "--data", data, "--out", long,

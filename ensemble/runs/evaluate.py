@@ -9,6 +9,7 @@ member, the mean and best member, each aggregator, the gains, the fitted paramet
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -102,10 +103,11 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
                          "(read-only); evaluate without --plots (the table only), or copy the "
                          "run or predictions to a writable folder first.")
     if predictions.suffix != ".parquet":
-        raise UsageError(f"Expected --predictions to be a .parquet file of `ensemble predict "
-                         f"--layout long`. Received: {predictions}")
-    _check_long(predictions)
-    preds = model_arrays.read(predictions)  # a record batch at a time into compact arrays
+        raise UsageError(f"Expected --predictions to be a .parquet file of `ensemble predict` "
+                         f"(either layout). Received: {predictions}")
+    with tempfile.TemporaryDirectory(prefix="ensemble-evaluate-") as tmp:
+        read = _as_long(predictions, Path(tmp))
+        preds = model_arrays.read(read)  # a record batch at a time into compact arrays
     table = metrics_tables.metrics_table(preds, (fit or {}).get("best_member"))
     if table.num_rows == 0:
         raise UsageError(f"{predictions} has no rows with a known y_true; cannot evaluate.")
@@ -140,19 +142,47 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
     return table, text
 
 
-def _check_long(predictions: Path) -> None:
-    """Raises UsageError unless `predictions` is a long-layout predictions file (its schema
-    alone is read)."""
+def _as_long(predictions: Path, tmp: Path) -> Path:
+    """`predictions` itself when it is a long-layout predictions file, or a long-layout copy
+    in folder `tmp` of `ensemble predict`'s wide layout with `y_true` (one model,
+    `ensemble-<aggregator>` as its metadata names it, split `predict`, `source_row` its
+    `row`). Only the schema of a long file is read.
+
+    Raises:
+        UsageError: a damaged file, or neither layout (names the columns expected).
+    """
     try:
         schema = pq.read_schema(predictions)
     except (pa.ArrowInvalid, OSError) as exc:
         raise UsageError(f"Damaged or invalid Parquet file {predictions}: {exc}") from None
     meta = schema.metadata or {}
+    if "model" in schema.names or "y_true" not in schema.names or b"classes" not in meta:
+        _check_long(schema, predictions)
+        return predictions
+    wide = pq.read_table(predictions)
+    n = wide.num_rows
+    aggregator = meta.get(b"aggregator", b"mean").decode()
+    rows = wide.column("row")  # the input's data row: `source_row` too
+    front = {"model": pa.array([f"ensemble-{aggregator}"] * n, pa.string()),
+             "member": pa.nulls(n, pa.int32()), "aggregator": pa.array([aggregator] * n),
+             "split": pa.array(["predict"] * n)}
+    keep = [c for c in wide.column_names if c not in front]
+    long = pa.table({**front, **{c: wide.column(c) for c in keep},
+                     "source_row": pa.array(rows, pa.int64())})
+    out = tmp / "long.parquet"
+    pq.write_table(long.replace_schema_metadata(meta), out)
+    return out
+
+
+def _check_long(schema: pa.Schema, predictions: Path) -> None:
+    """Raises UsageError unless `schema` is a long-layout predictions file's
+    (`predictions`)."""
+    meta = schema.metadata or {}
     if not {"model", "split", "y_true"} <= set(schema.names) or b"classes" not in meta:
         outputs = "y_pred, std" if meta.get(b"classes") == b"[]" else "p_<class>"  # regression
-        raise UsageError(f"{predictions} is not a predictions file in the long layout "
-                         f"(expected the columns model, split, y_true, {outputs}: write it "
-                         "with `ensemble predict --layout long`).")
+        raise UsageError(f"{predictions} is not a predictions file of `ensemble predict` "
+                         f"(expected the columns y_true, {outputs}, and model, split in the "
+                         "long layout; `ensemble predict --target COL` fills y_true).")
 
 
 def _answer_curves(curves: dict, regression: bool, rows: list[dict], run_dir

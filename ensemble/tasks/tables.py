@@ -121,16 +121,17 @@ def prediction_chunks(split: str, pred: SplitPredictions, classes: np.ndarray,
 def wide_rows(long: pa.Table, aggregator: str, extra: pa.Table | None = None,
               ids: np.ndarray | None = None) -> pa.Table:
     """`ensemble predict`'s default layout: one row per input, the `aggregator`'s rows of a
-    long predictions table (`predictions_table`) without `model`, `member`, `aggregator` and
-    `split`, after the input's own non-feature columns `extra` (an id, a timestamp: carried
+    long predictions table (`predictions_table`) without `model`, `member`, `aggregator`,
+    `split` and `source_row` (equal to `row`, the input's data-row number), after the input's own non-feature columns `extra` (an id, a timestamp: carried
     through unchanged; a name that collides with ours or an earlier one gets the prefix
     `input_`, as often as needed, so no two columns share a name) or, for array
-    inputs, `input` (each row's file path or array index)."""
+    inputs, `input` (each row's file path or array index). Its key-value metadata keeps the
+    long table's (`classes`) and names the `aggregator`."""
     import pyarrow.compute as pc
 
     t = long.filter(pc.equal(long.column("model"), f"ensemble-{aggregator}"))
-    t = t.drop_columns([c for c in ("model", "member", "aggregator", "split")
-                        if c in t.column_names])
+    t = t.drop_columns([c for c in ("model", "member", "aggregator", "split", "source_row")
+                        if c in t.column_names])  # (`source_row`: `row` on every input row)
     front: list[tuple[str, pa.Array]] = []
     taken = set(t.column_names)
     if ids is not None:
@@ -151,7 +152,8 @@ def wide_rows(long: pa.Table, aggregator: str, extra: pa.Table | None = None,
             front.append((new, extra.column(name)))
     for i, (name, col) in enumerate(front):
         t = t.add_column(i, name, col)
-    return t.replace_schema_metadata(long.schema.metadata)
+    return t.replace_schema_metadata({**(long.schema.metadata or {}),
+                                      b"aggregator": aggregator.encode()})
 
 
 def with_ids(long: pa.Table, ids: np.ndarray | None) -> pa.Table:
