@@ -310,3 +310,16 @@ def test_node_removed_mid_member_is_trained_again_elsewhere(cluster, classificat
     index = int(lost.split()[1])
     assert manifest["members"][index]["node"]["id"] == cluster.nodes["head"]
     _assert_identical(run_dir, local)
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--engine", "ray", "--replicas", "2", "--devices", "cpu:2"], "replicas"),
+    (["--mode", "between-graph", "--engine", "ray", "--prepare-only"], "--prepare-only"),
+    (["--address", "127.0.0.1:1"], "--engine ray"),
+])
+def test_options_the_ray_engine_does_not_take_are_refused(tmp_path, capsys, extra, expected):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(REGRESSION)
+    assert run_cli("train", "--config", cfg, "--run-dir", tmp_path / "run", *extra) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and expected in err and "Traceback" not in err

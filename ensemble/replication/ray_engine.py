@@ -88,6 +88,37 @@ def connect(address: str | None = None) -> Any:
     return ray
 
 
+def check(request, mode: str) -> None:
+    """Refuse what the Ray engine does not do for a `modes.TrainRequest` of `mode`, before anything
+    starts: a TensorFlow cluster spec of its own (the engine starts the servers), the
+    data-parallel replicas of a member, TensorBoard scalars of between-graph members (their
+    workers never open the run directory) and `--prepare-only`; `placement.address` without
+    the Ray engine.
+
+    Raises:
+        UsageError: names the option and why.
+    """
+    p, t = request.cfg.placement, request.cfg.training
+    if p.engine != "ray":
+        if p.address:
+            raise UsageError(f"Expected --engine ray with --address {p.address} (the address "
+                             f"of a Ray cluster). Received: engine {p.engine!r}")
+        return
+    reasons = [
+        (request.cluster is not None, "--cluster (or TF_CONFIG) does not apply with --engine "
+         "ray: it starts the TensorFlow servers on the Ray cluster's nodes itself"),
+        (p.replicas not in (1, "1"), "placement.replicas (data-parallel members) applies with "
+         "--engine local only"),
+        (request.prepare_only, "--prepare-only applies with --engine local only: under "
+         "--engine ray the workers never see the run directory"),
+        (t.tensorboard and mode == "between-graph", "--tensorboard applies to "
+         "--mode between-graph with --engine local only: Ray's workers never open the run "
+         "directory")]
+    for refused, reason in reasons:
+        if refused:
+            raise UsageError(reason)
+
+
 def _here(ray) -> Any:
     """A scheduling strategy that pins an actor to this driver's node."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

@@ -201,7 +201,10 @@ def train_between_graph(request: TrainRequest, mode: Mode,
     """
     from ensemble.runs.train import open_run, run_cluster
 
+    from ensemble.replication import ray_engine
+
     r = request
+    ray_engine.check(r, mode.name)
     cluster = run_cluster(r)
     devs = mode.devices(r.cfg, cluster)
     with prepare.writing(r.run_dir, f"ensemble train --mode {mode.name}"):

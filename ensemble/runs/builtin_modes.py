@@ -33,12 +33,13 @@ class InGraph(Mode):
         from ensemble.core.tfimport import import_tensorflow_quietly
         from ensemble.runs.train import train_in_graph
 
+        from ensemble.replication import ray_engine
+
+        ray_engine.check(request, self.name)
         import_tensorflow_quietly()
         placement = request.cfg.placement
         if placement.engine != "ray":
             return train_in_graph(request, self)
-        from ensemble.replication import ray_engine
-
         ray_engine.connect(placement.address or None)
         with ray_engine.TensorFlowServers(request.cfg.training.deterministic) as servers:
             return train_in_graph(dataclasses.replace(request, cluster=servers.spec), self)
