@@ -199,6 +199,17 @@ def in_memory_rows(x: np.ndarray, names: Sequence[str]):
                            tuple(str(n) for n in names))
 
 
+def from_json(text: str):
+    """The preprocessing object of a `preprocessing.json` text (`kind` names its input kind;
+    none: a table), as `read_preprocessing` reads it from the file.
+
+    Raises:
+        ValueError, KeyError, TypeError: malformed text.
+    """
+    d = json.loads(text)
+    return _named(d.get("kind", "table")).from_dict(d)
+
+
 def read_preprocessing(path: str | Path):
     """A run's `preprocessing.json` (`kind` names its input kind; none: a table).
 
@@ -206,8 +217,7 @@ def read_preprocessing(path: str | Path):
         UsageError: a missing or malformed file.
     """
     try:
-        d = json.loads(Path(path).read_text())
-        return _named(d.get("kind", "table")).from_dict(d)
+        return from_json(Path(path).read_text())
     except FileNotFoundError:
         raise UsageError(f"Preprocessing file not found: {path}") from None
     except (ValueError, KeyError, TypeError, AttributeError, StopIteration) as exc:

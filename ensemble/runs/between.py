@@ -209,7 +209,7 @@ def train_between_graph(request: TrainRequest, mode: Mode,
     devs = mode.devices(r.cfg, cluster)
     with prepare.writing(r.run_dir, f"ensemble train --mode {mode.name}"):
         manifest = prepared if prepared is not None and not r.resume else \
-            open_run(r, mode, devs, cluster)
+            open_run(r, mode, devs, cluster)[0]
         if not r.resume and prepared is None and r.verbosity:
             print(auto.describe(prepare.run_config(r.cfg, manifest), manifest.defaults or {}),
                   flush=True)

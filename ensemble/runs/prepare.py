@@ -145,8 +145,9 @@ def prepare(request: TrainRequest, mode: Mode, devices: list[str],
         cluster: the cluster spec the devices belong to (recorded), or None.
 
     Returns:
-        The manifest (also written to `run_dir/manifest.json`); its `config` is `cfg` with
-        the `"auto"` keys made concrete (`ensemble.config.auto`), listed in `defaults`.
+        (the manifest (also written to `run_dir/manifest.json`; its `config` is `cfg` with
+        the `"auto"` keys made concrete, `ensemble.config.auto`, listed in `defaults`), the
+        fitted preprocessing as `preprocessing.json` holds it).
 
     Raises:
         UsageError: bad data or an existing run (see `holds_run`); a run `overwrite`
@@ -178,7 +179,9 @@ def prepare(request: TrainRequest, mode: Mode, devices: list[str],
     sha256 = background.start(scan.sha256)  # the source's bytes hashed beside the pass(es)
     pre, hashed = prepare_splits(run_dir, scan, rows, y, classes)  # `row`: file positions
     memory.release_arrow_pool()  # the pass's buffers: training never reads through pyarrow
-    artifacts.write_text(run_dir / artifacts.PREPROCESSING, pre.to_json())
+    text = pre.to_json()
+    artifacts.write_text(run_dir / artifacts.PREPROCESSING, text)
+    pre = kinds.from_json(text)  # as every later reader of the file gets it
     manifest = new_manifest(cfg, mode.name, devices, pre, {
         "name": scan.name, "source": cfg.data.source, "target": cfg.data.target,
         "rows": {s: int(len(r)) for s, r in rows.items()}, "columns": list(scan.columns),
@@ -188,7 +191,7 @@ def prepare(request: TrainRequest, mode: Mode, devices: list[str],
     manifest.timings["prepare_seconds"] = time.perf_counter() - start
     manifest.artifacts = artifacts.artifact_hashes(run_dir, hashed)  # splits as written
     manifest.save(run_dir)
-    return manifest
+    return manifest, pre
 
 
 def check_data(cfg: Config) -> None:

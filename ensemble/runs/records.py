@@ -53,7 +53,8 @@ def _hparams(entry: MemberRecord, cfg) -> dict:
 
 
 def members_table(run_dir: str | Path, manifest: Manifest,
-                  val: "posthoc.SplitMembers | None" = None) -> pa.Table:
+                  val: "posthoc.SplitMembers | None" = None, history: list[dict] | None = None,
+                  fit: dict | None = None) -> pa.Table:
     """The members table of a run whose predictions, history and aggregators are written.
 
     Columns: `member`, `seed`, `builder`, `params` (the builder's parameters as JSON),
@@ -72,14 +73,17 @@ def members_table(run_dir: str | Path, manifest: Manifest,
     hyperparameters it repeats with a new seed).
 
     `val`: the members' validation predictions when the caller holds them (the same as the
-    member rows of `predictions.parquet`'s validation split), which saves reading them back.
+    member rows of `predictions.parquet`'s validation split), `history` the records of
+    `history.parquet` and `fit` the content of `aggregators.json` when the caller wrote them:
+    what the caller holds is not read back.
     """
     run_dir = Path(run_dir)
     if val is None:
         preds = artifacts.read_parquet(run_dir / artifacts.PREDICTIONS)
         val = posthoc.by_split(posthoc.member_rows(preds)).get("validation")
-    history = artifacts.read_parquet(run_dir / artifacts.HISTORY).to_pylist()
-    fit = fitted.read(run_dir) or {}
+    if history is None:
+        history = artifacts.read_parquet(run_dir / artifacts.HISTORY).to_pylist()
+    fit = (fitted.read(run_dir) if fit is None else fit) or {}
     greedy = fit.get("params", {}).get("greedy")
     weights = dict(zip(fit.get("members", []), greedy["weights"])) if greedy else {}
     task = tasks.for_run(manifest)
@@ -136,9 +140,10 @@ def _schema(task, search: bool) -> pa.Schema:
 
 
 def write_members(run_dir: str | Path, manifest: Manifest,
-                  val: "posthoc.SplitMembers | None" = None) -> Path:
-    """Write the run's `members.parquet` (atomically; `val` as in `members_table`). Returns
-    its path."""
+                  val: "posthoc.SplitMembers | None" = None, history: list[dict] | None = None,
+                  fit: dict | None = None) -> Path:
+    """Write the run's `members.parquet` (atomically; `val`, `history` and `fit` as in
+    `members_table`). Returns its path."""
     path = Path(run_dir) / MEMBERS_TABLE
-    artifacts.write_parquet(path, members_table(run_dir, manifest, val))
+    artifacts.write_parquet(path, members_table(run_dir, manifest, val, history, fit))
     return path

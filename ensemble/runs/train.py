@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -36,12 +36,14 @@ def run_cluster(request: TrainRequest) -> dict | None:
     return request.cluster
 
 
-def open_run(request: TrainRequest, mode: Mode, devs: list[str],
-             cluster: dict | None) -> Manifest:
+def open_run(request: TrainRequest, mode: Mode, devs: list[str], cluster: dict | None
+             ) -> tuple[Manifest, Any]:
     """The manifest a `mode` run starts from, under the run's writer lock (`run.writing`):
-    the interrupted run reopened (`request.resume`), or a new run prepared on `devs`."""
+    the interrupted run reopened (`request.resume`), or a new run prepared on `devs`; and
+    the run's preprocessing when this process prepared it (None on resume: read it from the
+    run, `kinds.run_preprocessing`)."""
     if request.resume:
-        return prepare.reopen(request.run_dir, request.cfg, mode)
+        return prepare.reopen(request.run_dir, request.cfg, mode), None
     return prepare.prepare(request, mode, devs, cluster)
 
 
@@ -71,7 +73,7 @@ def train_in_graph(request: TrainRequest, mode: Mode, callbacks: Sequence = ()) 
     devices.configure(r.cfg)  # threads first: resolving named devices initialises TensorFlow
     devs = mode.devices(r.cfg, cluster)
     with prepare.writing(r.run_dir, f"ensemble train --mode {mode.name}"):
-        manifest = open_run(r, mode, devs, cluster)
+        manifest, pre = open_run(r, mode, devs, cluster)
         if r.resume:
             callbacks = [progress.ResumeNotice(), *callbacks]
         cfg = prepare.run_config(r.cfg, manifest)  # "auto" batch size and early stopping resolved
@@ -79,7 +81,7 @@ def train_in_graph(request: TrainRequest, mode: Mode, callbacks: Sequence = ()) 
             print(auto.describe(cfg, manifest.defaults or {}), flush=True)
         with run_status.recording_outcome(r.run_dir), naming_unreachable_tasks(cluster):
             _train_and_write(cfg, r.run_dir, manifest,
-                             [*progress.for_people(r.verbosity), *callbacks])
+                             [*progress.for_people(r.verbosity), *callbacks], pre)
     return manifest
 
 
@@ -129,9 +131,11 @@ def _keep_healthy(ens, placed: list[str], run_dir: Path, manifest: Manifest, tas
             [placed[k] for k in keep])
 
 
-def _train_and_write(cfg: Config, run_dir: Path, manifest: Manifest, callbacks: Sequence) -> None:
+def _train_and_write(cfg: Config, run_dir: Path, manifest: Manifest, callbacks: Sequence,
+                     pre=None) -> None:
     """Build, train (with per-epoch checkpoints), save the members, predict the evaluation
-    splits and write the run's tables; updates `manifest` and finishes the run."""
+    splits and write the run's tables; updates `manifest` and finishes the run. `pre`: the
+    run's preprocessing when the caller holds it (else read from the run)."""
     from ensemble import tasks
     from ensemble.replication.in_graph import InGraphEnsemble
     from ensemble.replication.steady import SteadyState
@@ -146,7 +150,7 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: Manifest, callbacks: 
 
     task = tasks.for_run(manifest)
     ens = InGraphEnsemble.build(cfg, x_tr.shape[1:], len(classes), placed, aggregators=(),
-                                n_train=len(x_tr), pre=kinds.run_preprocessing(run_dir, manifest),
+                                n_train=len(x_tr), pre=pre or kinds.run_preprocessing(run_dir, manifest),
                                 task=task)
     if any(len(m.replicas or ()) > 1 for m in manifest.members):  # data parallelism
         ens.train_replicas = [m.replicas for m in manifest.members]
@@ -164,20 +168,21 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: Manifest, callbacks: 
                             first_epoch_end_unix=first.unix)
     ens, placed = _keep_healthy(ens, placed, run_dir, manifest, task)
     start = time.perf_counter()
-    artifacts.write_parquet(run_dir / artifacts.HISTORY, tables.history_table(history))
+    history = tables.history_table(history)
+    artifacts.write_parquet(run_dir / artifacts.HISTORY, history)
     with eval_writer.output_files(run_dir) as files:  # predictions on disk as predicted
-        _evaluate(ens, placed, task, cfg, run_dir, manifest, split, files)
+        _evaluate(ens, placed, task, cfg, run_dir, manifest, split, files, history.to_pylist())
     run_status.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
                predict_seconds=time.perf_counter() - start)
 
 
 def _evaluate(ens, placed, task, cfg: Config, run_dir: Path, manifest: Manifest, split: dict,
-              files) -> None:
+              files, history: list[dict]) -> None:
     """Fit the fitted aggregators on the validation members' predictions, predict the
     evaluation splits with the graph applying them (the TensorFlow twins), a chunk of rows at
     a time into the memory maps of `files` (`eval_writer.predict_to`), and write
     `aggregators.json`, `ensemble_size.parquet`, `predictions.parquet`, `metrics.parquet`
-    and `members.parquet`."""
+    and `members.parquet` (from the `history` records the caller wrote)."""
     from ensemble.replication.in_graph import InGraphEnsemble
 
     names = task.applied_aggregators(cfg.aggregation.aggregators)
@@ -199,4 +204,4 @@ def _evaluate(ens, placed, task, cfg: Config, run_dir: Path, manifest: Manifest,
     classes = np.asarray(manifest.dataset.classes)
     eval_writer.write(run_dir, predicted, classes, names, fit["params"],
                       prior=posthoc.prior(classes, split["train"][1]))
-    records.write_members(run_dir, manifest, splits["validation"])
+    records.write_members(run_dir, manifest, splits["validation"], history, fit)
