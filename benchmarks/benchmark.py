@@ -1,10 +1,13 @@
 """Benchmark harness: the project's two modes against what users would pick instead.
 
-    python -m benchmarks.benchmark [--workload digits|wide|wide-long|tabular|cnn|data-parallel|all]
+    python -m benchmarks.benchmark [--precisions float32,mixed_bfloat16] [--workload digits|wide|wide-long|tabular|cnn|data-parallel|all]
                                   [--repeats 3]
                                   [--methods in-graph,between-graph,naive,sklearn] [--out DIR]
 
-Every method runs in its own fresh process, as a user would run it, and is measured whole:
+Each of the project's modes runs in every precision of `--precisions` (`training.precision`;
+default float32 and mixed_bfloat16), the peers in float32; every row names its precision,
+and `steady x f32` is a row's steady rate over the same method's float32 rate of the same
+run. Every method runs in its own fresh process, as a user would run it, and is measured whole:
 `wall` is spawn to exit (what a user waits); `train` is the training phase alone (the
 process's own clock around its training loop); `steady` is the steady-state training rate,
 in GFLOP/s and as a fraction of the machine's float32 GEMM rate measured by numpy in the same
@@ -66,6 +69,8 @@ WORKLOADS = {
 REPLICATED = {"in-graph-r2": 2, "in-graph-r4": 4}  # in-graph, --replicas N on cpu:2N
 METHODS = ("in-graph", "between-graph", "naive", "sklearn", "predict-1m", *REPLICATED)
 PEERS = ("naive", "sklearn")
+MODES = ("in-graph", "between-graph", *REPLICATED)  # the project's: run in every precision
+PRECISIONS = ("float32", "mixed_bfloat16")
 REFERENCE = "in-graph"  # the method every other's wall time is compared with (`x in-graph`)  # what a user would reach for instead (`x fastest peer`)
 
 
@@ -156,18 +161,19 @@ def concurrent_flops_rate(spans: list[list[tuple[float, float, float]]]
     return (done / seconds, seconds) if seconds > 0 else None
 
 
-def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int) -> dict:
+def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int,
+              precision: str = "float32") -> dict:
     from ensemble.core import artifacts
     from ensemble.runs.run_record import Manifest
     from pipelines.compare import client_processes, concurrent_peak
 
-    run_dir = base / f"{mode}-{repeat}"
+    run_dir = base / f"{mode}-{precision}-{repeat}"
     if mode in REPLICATED:  # data parallelism: each member over R logical CPU devices
         r = REPLICATED[mode]
         cfg_args = [*cfg_args, "--replicas", str(r), "--devices", f"cpu:{2 * r}"]
         mode = "in-graph"
-    res = _measured(["train", *cfg_args, "--mode", mode, "--run-dir", str(run_dir),
-                     "--overwrite", "--quiet"])
+    res = _measured(["train", *cfg_args, "--mode", mode, "--precision", precision,
+                     "--run-dir", str(run_dir), "--overwrite", "--quiet"])
     m = Manifest.load(run_dir)
     t = m.timings
     metrics = artifacts.read_parquet(run_dir / artifacts.METRICS).to_pylist()
@@ -207,9 +213,10 @@ def _run_worker(name: str, prepared: Path, trained: Path | None) -> dict:
 
 
 def run_workload(workload: str, out: Path, repeats: int, methods: list[str],
-                 sets: list[str] = ()) -> list[dict]:
-    """Every method on one workload, `repeats` times, order reversed every other repeat;
-    returns one row per process run. `sets`: `KEY=VALUE` config overrides of the workload."""
+                 sets: list[str] = (), precisions: tuple[str, ...] = PRECISIONS) -> list[dict]:
+    """Every method on one workload (the modes in each of `precisions`), `repeats` times,
+    order reversed every other repeat; returns one row per process run. `sets`: `KEY=VALUE`
+    config overrides of the workload."""
     cfg_path, extra, _ = WORKLOADS[workload]
     cfg_args = [*(["--config", cfg_path] if cfg_path else []), *extra,
                 *(a for kv in sets for a in ("--set", kv))]
@@ -218,38 +225,46 @@ def run_workload(workload: str, out: Path, repeats: int, methods: list[str],
     _measured(["train", *cfg_args, "--mode", "between-graph", "--prepare-only", "--run-dir",
                str(prepared), "--overwrite"])
     rows, trained = [], None
+    runs = [(m, p) for m in methods for p in (precisions if m in MODES else ("float32",))]
     for r in range(repeats):
         gemm = json.loads(_measured(["gemm", "-"], module="benchmarks.benchmark")["stdout"]
                           .strip().splitlines()[-1])["flops_per_second"]
-        order = methods if r % 2 == 0 else methods[::-1]
-        if "predict-1m" in order and trained is None:  # it needs a trained in-graph run
-            order = [m for m in order if m != "predict-1m"] + ["predict-1m"]
-        for position, method in enumerate(order):
-            if method in ("in-graph", "between-graph", *REPLICATED):
-                row = _run_mode(method, base, cfg_args, r)
-                if method == REFERENCE:  # predict-1m predicts with in-graph's run
+        order = runs if r % 2 == 0 else runs[::-1]
+        if any(m == "predict-1m" for m, _ in order) and trained is None:  # needs in-graph's
+            order = [mp for mp in order if mp[0] != "predict-1m"] + [("predict-1m", "float32")]
+        for position, (method, precision) in enumerate(order):
+            if method in MODES:
+                row = _run_mode(method, base, cfg_args, r, precision)
+                if method == REFERENCE and precision == "float32":  # predict-1m's run
                     trained = Path(row["run_dir"])
             else:
                 row = _run_worker(method, prepared, trained)
-            row.update(workload=workload, method=method, repeat=r, position=position,
-                       gemm_flops_per_second=gemm)
+            row.update(workload=workload, method=method, precision=precision, repeat=r,
+                       position=position, gemm_flops_per_second=gemm)
             rows.append(row)
-            print(f"  {workload} repeat {r} {method}: {row['wall_seconds']:.2f} s", flush=True)
+            print(f"  {workload} repeat {r} {method} {precision}: {row['wall_seconds']:.2f} s",
+                  flush=True)
     return rows
 
 
 def summarise(runs: list[dict]) -> list[dict]:
-    """Median and [min, max] per workload and method over the repeats (see the module doc)."""
+    """Median and [min, max] per workload, method and precision over the repeats (see the
+    module doc)."""
     out = []
     for w in dict.fromkeys(r["workload"] for r in runs):
         mine = [r for r in runs if r["workload"] == w]
-        ig_wall = statistics.median(r["wall_seconds"] for r in mine if r["method"] == REFERENCE) \
-            if any(r["method"] == REFERENCE for r in mine) else None
+        for r in mine:
+            r.setdefault("precision", "float32")
+        ref = [r["wall_seconds"] for r in mine
+               if r["method"] == REFERENCE and r["precision"] == "float32"]
+        ig_wall = statistics.median(ref) if ref else None
         peer = min((statistics.median(r["wall_seconds"] for r in mine if r["method"] == m)
                     for m in PEERS if any(r["method"] == m for r in mine)), default=None)
-        for method in dict.fromkeys(r["method"] for r in mine):
-            rs = [r for r in mine if r["method"] == method]
-            row = {"workload": w, "method": method, "repeats": len(rs)}
+        f32_rate = {}  # method -> its float32 median steady rate
+        for method, precision in dict.fromkeys((r["method"], r["precision"]) for r in mine):
+            rs = [r for r in mine if r["method"] == method and r["precision"] == precision]
+            row = {"workload": w, "method": method, "precision": precision,
+                   "repeats": len(rs)}
             for key in ("wall_seconds", "train_seconds", "first_epoch_seconds",
                         "peak_rss_bytes", "test_accuracy"):
                 vals = [r[key] for r in rs if r.get(key) is not None]
@@ -261,6 +276,11 @@ def summarise(runs: list[dict]) -> list[dict]:
             fracs = [r["steady_rows"] * r["flops_per_row"] / r["steady_seconds"]
                      / r["gemm_flops_per_second"] for r in rs if r.get("steady_seconds")]
             row["steady_gflops_median"] = statistics.median(rates) / 1e9 if rates else None
+            if precision == "float32":
+                f32_rate[method] = row["steady_gflops_median"]
+            base_rate = f32_rate.get(method)
+            row["steady_vs_float32"] = (row["steady_gflops_median"] / base_rate
+                                        if base_rate and row["steady_gflops_median"] else None)
             sums = [r["steady_sum_rows"] * r["flops_per_row"] for r in rs
                     if r.get("steady_sum_rows")]
             row["steady_sum_gflops_median"] = statistics.median(sums) / 1e9 if sums else None
@@ -285,24 +305,27 @@ def markdown(summary: list[dict]) -> str:
         return (f"{format(r[key + '_median'], fmt)} [{format(r[key + '_min'], fmt)}-"
                 f"{format(r[key + '_max'], fmt)}]")
 
-    head = ("| workload | method | wall s | x in-graph | x fastest peer | first epoch s "
-            "| train s | steady GFLOP/s | of GEMM | peak MiB | test acc |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| workload | method | precision | wall s | x in-graph | x fastest peer "
+            "| first epoch s | train s | steady GFLOP/s | steady x f32 | of GEMM | peak MiB "
+            "| test acc |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in summary:
         ratio = "" if r["wall_vs_in_graph"] is None else f"{r['wall_vs_in_graph']:.2f}"
         vs_peer = ("" if r.get("wall_vs_fastest_peer") is None
                    else f"{r['wall_vs_fastest_peer']:.2f}")
         gflops = "" if r["steady_gflops_median"] is None else f"{r['steady_gflops_median']:.1f}"
+        vs_f32 = ("" if r.get("steady_vs_float32") is None
+                  else f"{r['steady_vs_float32']:.2f}")
         peak = ("" if r["peak_rss_bytes_median"] is None
                 else f"{r['peak_rss_bytes_median'] / 2**20:.0f}")
         lines.append(
-            f"| {r['workload']} | {r['method']} | {spread(r, 'wall_seconds', '.2f')} | {ratio} "
+            f"| {r['workload']} | {r['method']} | {r.get('precision', 'float32')} "
+            f"| {spread(r, 'wall_seconds', '.2f')} | {ratio} "
             f"| {vs_peer} | {spread(r, 'first_epoch_seconds', '.2f')} "
-            f"| {spread(r, 'train_seconds', '.2f')} | {gflops} "
+            f"| {spread(r, 'train_seconds', '.2f')} | {gflops} | {vs_f32} "
             f"| {spread(r, 'steady_gemm_fraction', '.0%')} | {peak} "
             f"| {spread(r, 'test_accuracy', '.4f')} |")
-    lines += [f"\n{r['workload']} {r['method']}: steady GFLOP/s while every client trained; "
+    lines += [f"\n{r['workload']} {r['method']} {r.get('precision', 'float32')}: steady GFLOP/s while every client trained; "
               f"the sum of each client's own rate would say {r['steady_sum_gflops_median']:.1f}"
               for r in summary if r.get("steady_sum_gflops_median")]
     gemm = ", ".join(f"{w}: {g:.0f}" for w, g in dict.fromkeys(
@@ -324,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", help="comma-separated subset of " + ", ".join(METHODS)
                    + " (default: the workload's own list)")
     p.add_argument("--out", default="artifacts/benchmark")
+    p.add_argument("--precisions", default=",".join(PRECISIONS),
+                   help="comma-separated training.precision values the modes run in "
+                        "(default: float32,mixed_bfloat16; the peers run in float32)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override for every workload's `ensemble train` (repeatable)")
     args = p.parse_args(argv)
@@ -333,6 +359,12 @@ def main(argv: list[str] | None = None) -> int:
     if chosen and set(chosen) - set(METHODS):
         p.error(f"unknown method(s) {sorted(set(chosen) - set(METHODS))}; "
                 f"expected from {', '.join(METHODS)}")
+    precisions = tuple(x.strip() for x in args.precisions.split(",") if x.strip())
+    from ensemble.models.precision import PRECISIONS as KNOWN
+
+    if not precisions or set(precisions) - set(KNOWN):
+        p.error(f"unknown precision(s) in --precisions {args.precisions!r}; expected from "
+                f"{', '.join(KNOWN)}")
     import pyarrow as pa
 
     from ensemble.core import artifacts
@@ -340,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     runs = []
     for w in (WORKLOADS if args.workload == "all" else [args.workload]):
-        runs += run_workload(w, out, args.repeats, chosen or list(WORKLOADS[w][2]), args.set)
+        runs += run_workload(w, out, args.repeats, chosen or list(WORKLOADS[w][2]), args.set,
+                             precisions)
         print(markdown(summarise([r for r in runs if r["workload"] == w])), flush=True)
     summary = summarise(runs)
     artifacts.write_parquet(out / "runs.parquet", pa.Table.from_pylist(runs))

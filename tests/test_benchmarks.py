@@ -60,9 +60,11 @@ def test_benchmark(tmp_path):
     import pyarrow.parquet as pq
 
     runs = pq.read_table(tmp_path / "runs.parquet").to_pylist()
-    assert sorted(r["method"] for r in runs) == ["in-graph", "naive", "sklearn"]
+    assert sorted((r["method"], r["precision"]) for r in runs) == [
+        ("in-graph", "float32"), ("in-graph", "mixed_bfloat16"), ("naive", "float32"),
+        ("sklearn", "float32")]  # the modes in both precisions by default, the peers in one
     assert all(0.0 <= r["test_accuracy"] <= 1.0 for r in runs)
-    assert "naive" in out and (tmp_path / "results.md").is_file()
+    assert "naive" in out and "mixed_bfloat16" in out and (tmp_path / "results.md").is_file()
 
 
 def test_defaults_bench(tmp_path):
