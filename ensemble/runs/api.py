@@ -119,9 +119,9 @@ def train(config: Config | Mapping | str | Path | None = None, mode: Mode | str 
     with placement_log.logging(run_dir, strategy, log_device_placement and not prepare_only), \
             reworded([] if CLI_WORDING else API_WORDING):
         strategy.train(request)
-    if not prepare_only:
-        record_process(run_dir, ready)
-    return Run(run_dir)
+    if prepare_only:
+        return Run(run_dir)
+    return Run(run_dir, record_process(run_dir, ready))  # the manifest as it last wrote it
 
 
 CLI_WORDING = False  # the `ensemble` command sets it: its hints name its own flags
@@ -150,9 +150,11 @@ class Run:
         record: the typed manifest (`ensemble.runs.run_record.Manifest`; re-read by `refresh`).
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, record: Manifest | None = None):
+        """`record`: the run's manifest when the caller holds the one it last wrote (else
+        read from `path`)."""
         self.path = Path(path).expanduser()  # `~/runs/x`, as a notebook user writes it
-        self.record = Manifest.load(self.path)
+        self.record = record if record is not None else Manifest.load(self.path)
 
     def __repr__(self) -> str:
         return (f"Run({str(self.path)!r}, mode={self.mode!r}, status={self.status!r}, "
