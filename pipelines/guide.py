@@ -70,7 +70,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 def add(parser, *flags, **kwargs):
-    """`add_argument` with help required (a test checks every option has help)."""
+    """`add_argument` with its help text required (every option has help)."""
     assert kwargs.get("help"), flags
     return parser.add_argument(*flags, **kwargs)
 

@@ -84,8 +84,8 @@ def member_flops(spec: str, params: dict[str, Any], input_shape: Sequence[int],
     build on the CPU, which also checks the builder (`members.build_network`) and, for a
     user's builder, that its model saves and loads safely (`members.check_serializable`).
     The built-in MLP on a flat input is counted by its formula (`mlp_flops`, equal
-    to `count_flops` of it: a test checks), so a process that only places members need not
-    load TensorFlow.
+    to `count_flops` of it), so a process that only places members need not load
+    TensorFlow.
 
     Raises:
         UsageError: a bad builder.

@@ -1,5 +1,5 @@
-"""Former home of the Task base and the built-in tasks, kept so that task specs written
-against it (`from ensemble.tasks.heads import Classification`) still import: use
+"""The import path `ensemble.tasks.heads` of the Task base and the built-in tasks, which
+recorded task specs name (`ensemble.tasks.heads:Classification`); new code imports
 `ensemble.tasks` (`ensemble.tasks.base`, `ensemble.tasks.registry`)."""
 
 from ensemble.tasks.base import Task
