@@ -43,6 +43,12 @@ class BinarySigmoid(Classification):
                                   kernel_initializer=keras.initializers.Constant([[0.0, 1.0]]))
         return keras.layers.Softmax(name=name)(pair(logits))
 
+    def serving_outputs(self, stacked, name, params, classes):
+        """The exported signature also answers the positive class's probability alone: the
+        export asks the run's task, not one inferred from its classes."""
+        out = super().serving_outputs(stacked, name, params, classes)
+        return {**out, "p_positive": out["probabilities"][:, 1]}
+
 
 SPEC = f"{os.path.abspath(__file__)}:BinarySigmoid"
 
@@ -115,7 +121,8 @@ def test_predict_evaluate_aggregate_and_export(runs, tmp_path, capsys):
     code = ("import sys, numpy as np, tensorflow as tf\n"
             "m = tf.saved_model.load(sys.argv[1])\n"
             "p = m.signatures['serving_default'](features=tf.constant(np.load(sys.argv[2])))\n"
-            "np.save(sys.argv[3], p['probabilities'].numpy())\n")
+            "np.save(sys.argv[3], p['probabilities'].numpy())\n"
+            "np.save(sys.argv[3] + '.positive.npy', p['p_positive'].numpy())\n")
     proc = subprocess.run([sys.executable, "-c", code, str(models / "1"), str(tmp_path / "x.npy"),
                            str(tmp_path / "served.npy")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=180)
@@ -123,3 +130,5 @@ def test_predict_evaluate_aggregate_and_export(runs, tmp_path, capsys):
     served = np.load(tmp_path / "served.npy")
     aggregated = _probs(run / "predictions.parquet", "ensemble-mean")
     assert np.abs(served - aggregated).max() <= 1e-5
+    positive = np.load(tmp_path / "served.npy.positive.npy")  # the task's own output
+    assert np.abs(positive - aggregated[:, 1]).max() <= 1e-5

@@ -67,7 +67,7 @@ def next_version(out: Path) -> int:
     return max(found, default=0) + 1
 
 
-def build_module(models, pre: Preprocessing, aggregators, params: dict, default: str):
+def build_module(models, pre: Preprocessing, aggregators, params: dict, default: str, task):
     """The `tf.Module` to save and its signatures.
 
     Args:
@@ -75,6 +75,7 @@ def build_module(models, pre: Preprocessing, aggregators, params: dict, default:
         pre: the run's preprocessing (`_input_graph` makes the signature's inputs from it).
         aggregators: the run's aggregator names; `default` among them.
         params: fitted aggregators' parameters `{name: params}` (`aggregators.json`).
+        task: the run's task (`ensemble.tasks.for_run`): its `serving_outputs`.
 
     Returns:
         (module, `{signature name: concrete function}`).
@@ -92,7 +93,6 @@ def build_module(models, pre: Preprocessing, aggregators, params: dict, default:
                               else classes.astype(np.int64), trainable=False, name="classes")
     spec, to_x, doc = kinds.export_inputs_of(pre)
     mod.lookups = list(getattr(to_x, "resources", []))  # embedded columns' index tables
-    task = tasks.for_classes(pre.classes)  # its outputs: `Task.serving_outputs`
 
     def make(aggregator: str):
         def serve(features):
@@ -152,8 +152,9 @@ def _free_target(out: Path, version: int | None) -> Path:
 
 
 def _read_run(run_dir: Path, aggregator: str | None, trust_builder: bool):
-    """The run's members (loaded), preprocessing, aggregators, parameters and default
-    aggregator, all read under the run's shared lock (`runlock.reading`)."""
+    """The run's members (loaded), preprocessing, aggregators, parameters, default aggregator
+    and task (the one its manifest records), all read under the run's shared lock
+    (`runlock.reading`)."""
     from ensemble.core import runlock
     from ensemble.models.members import load_run_member
     from ensemble.runs.posthoc import run_aggregators
@@ -169,7 +170,7 @@ def _read_run(run_dir: Path, aggregator: str | None, trust_builder: bool):
         names, fit = run_aggregators(run_dir, manifest)
         aggregator = default_aggregator(names, fit, aggregator)
         models = [load_run_member(run_dir, manifest, i, None) for i in used]
-    return models, pre, names, member_params(fit, used), aggregator
+    return models, pre, names, member_params(fit, used), aggregator, tasks.for_run(manifest)
 
 
 def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
@@ -199,7 +200,7 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
     _check_version(version)
     if out.is_dir():
         _free_target(out, version)  # refused at once, before the members load
-    models, pre, names, params, aggregator = _read_run(run_dir, aggregator, trust_builder)
+    models, pre, names, params, aggregator, task = _read_run(run_dir, aggregator, trust_builder)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -207,11 +208,11 @@ def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,
     with FileLock(out / EXPORT_LOCK):
         target = _free_target(out, version)
         staging.sweep(out)  # versions staged by exports that were killed
-        _save(models, pre, names, params, aggregator, target)
+        _save(models, pre, names, params, aggregator, task, target)
     return target
 
 
-def _save(models, pre, names, params, aggregator, target: Path) -> None:
+def _save(models, pre, names, params, aggregator, task, target: Path) -> None:
     """Trace and save the SavedModel under a staging name beside `target`, then rename it."""
     import tensorflow as tf
 
@@ -223,7 +224,7 @@ def _save(models, pre, names, params, aggregator, target: Path) -> None:
         assets.mkdir()
         for name, text in texts.items():
             (assets / name).write_text(text)
-        mod, sigs = build_module(models, pre, names, params, aggregator)
+        mod, sigs = build_module(models, pre, names, params, aggregator, task)
         mod.assets = [tf.saved_model.Asset(str(assets / name)) for name in texts]
         tf.saved_model.save(mod, str(tmp / "model"), signatures=sigs)
         hooks.fire("write", kind="export", path=target)  # written, not yet renamed into place
