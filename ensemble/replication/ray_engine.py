@@ -212,6 +212,15 @@ def member_resources(ray, threads: int) -> dict:
     return {"num_cpus": threads, "num_gpus": 1 if gpus >= 1 else 0}
 
 
+def tasks_at_once(threads: int, members: int, jobs: int | None = None) -> int:
+    """How many member tasks of `threads` CPUs each the connected cluster runs at once: its
+    CPUs over `threads`, at most `members` and `jobs`, at least 1."""
+    import ray
+
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    return max(1, min(cpus // threads, members, jobs or members))
+
+
 @dataclasses.dataclass
 class MemberRun:
     """What the driver learnt about one member's task: the nodes it started on (`starts`,
@@ -347,8 +356,10 @@ class _ServerActor:
 
 class TensorFlowServers:
     """The TensorFlow servers of an in-graph run on the Ray cluster: one per alive node
-    (`tf.distribute.Server` in a Ray actor pinned to the node, `num_cpus` of the node's
-    CPUs), job `worker`; a context manager that ends the actors on exit.
+    (`tf.distribute.Server` in a Ray actor pinned to the node, holding no Ray CPU: the run's
+    graph is its only work), job `worker`; each says in one line on stderr that it listens
+    on every interface (`cluster.exposure_warning`). A context manager that ends the actors
+    on exit.
 
     Attributes:
         spec: the cluster spec `{"worker": ["ip:port", ...]}`.

@@ -238,9 +238,9 @@ def _launch(run_dir: Path, manifest: Manifest, devs: list[str], jobs: int | None
                 or not all(p.is_file() for p in artifacts.member_files(run_dir, m.index)))}
     if placement.engine == "ray":
         start = time.perf_counter()
-        clients = _run_on_ray(run_dir, manifest, sorted(todo), jobs, verbosity,
-                              placement.address)
-        return _aggregate(run_dir, start, clients, len(clients))
+        clients, at_once = _run_on_ray(run_dir, manifest, sorted(todo), jobs, verbosity,
+                                       placement.address)
+        return _aggregate(run_dir, start, clients, at_once)
     jobs = jobs or default_jobs(max(1, len(todo)), devs)
 
     def record(index: int, ok: bool) -> None:  # a client ended without finishing `index`
@@ -281,7 +281,9 @@ def _run_on_ray(run_dir: Path, manifest: Manifest, todo: list[int], jobs: int | 
     each member's files and record (status, node) as its result arrives.
 
     Returns:
-        member index -> its measurements, as `run_clients`'s (each member its own client).
+        (member index -> its measurements, as `run_clients`'s, `client` being the queue it
+        joins: the k-th member of `todo` the (k mod tasks at once)-th; the tasks the
+        cluster runs at once: its CPUs over each task's, `jobs` at most).
 
     Raises:
         interrupt.Interrupted, UsageError, ClientFailed: as `ray_engine.train_members`;
@@ -299,6 +301,7 @@ def _run_on_ray(run_dir: Path, manifest: Manifest, todo: list[int], jobs: int | 
                          for s in artifacts.SPLITS},
                "pre": kinds.run_preprocessing(run_dir, manifest)}
     threads = max(1, manifest.config["training"].get("intra_op_threads") or 1)
+    at_once = ray_engine.tasks_at_once(threads, len(todo), jobs)
     listener = _Listener(None, verbosity)
     clients: dict[int, dict] = {}
 
@@ -313,7 +316,7 @@ def _run_on_ray(run_dir: Path, manifest: Manifest, todo: list[int], jobs: int | 
                 "gpus": result["gpus"]}
         Manifest.update(run_dir, lambda m: setattr(m.member(index), "node", node))
         clients[index] = {
-            "client": index, "seconds": time.time() - submitted,
+            "client": todo.index(index) % at_once, "seconds": time.time() - submitted,
             "work_seconds": result["work_seconds"],
             "startup_seconds": result["ready_unix"] - submitted,
             "peak_rss_bytes": result["peak_rss_bytes"],
@@ -332,7 +335,7 @@ def _run_on_ray(run_dir: Path, manifest: Manifest, todo: list[int], jobs: int | 
                     m.member(i).status = status
         Manifest.update(run_dir, unfinished)
         raise
-    return clients
+    return clients, at_once
 
 
 def predict_between_graph(request: PredictRequest) -> tuple[dict, dict]:
