@@ -234,3 +234,22 @@ print("tensorflow" in sys.modules)
                          text=True, timeout=120).stdout.splitlines()
     assert out[0].startswith("y mixes text and numbers: 51 rows hold numbers (such as 1)")
     assert "9 hold text (such as 'high')" in out[0] and out[1] == "False"
+
+
+def test_validation_fraction_holds_rows_out_for_early_stopping():
+    """Without validation_data, a tenth of the rows (stratified) is held out: members train
+    on the rest and report val_loss on it; validation_data given wins; 0 keeps every row."""
+    from sklearn.datasets import load_iris
+
+    X, y = load_iris(return_X_y=True)
+    clf = DeepEnsembleClassifier(n_members=1, epochs=2, hidden=(8,), random_state=0).fit(X, y)
+    assert clf.n_rows_ == {"train": 135, "validation": 15}
+    assert clf.history_.val_loss.notna().all()
+    given = DeepEnsembleClassifier(n_members=1, epochs=2, hidden=(8,), random_state=0).fit(
+        X[::2], y[::2], validation_data=(X[1::2], y[1::2]))
+    assert given.n_rows_ == {"train": 75, "validation": 75}
+    every = DeepEnsembleClassifier(n_members=1, epochs=2, hidden=(8,), random_state=0,
+                                   validation_fraction=0).fit(X, y)
+    assert every.n_rows_ == {"train": 150} and every.history_.val_loss.isna().all()
+    with pytest.raises(ValueError, match=r"validation_fraction=1\.5"):
+        DeepEnsembleClassifier(validation_fraction=1.5).fit(X, y)

@@ -80,7 +80,7 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
         devices: `auto`, `cpu:N` or device names such as `/GPU:0,/GPU:1` (`--devices`).
         aggregator: how `predict_proba` combines the members: `mean` (soft voting), `vote`,
             `geometric`, or a fitted one (`weighted`, `greedy`, `stacking`, `temperature`),
-            which needs `fit(..., validation_data=...)`.
+            fitted on the validation rows (`validation_fraction` or `validation_data`).
         run_dir: keep the run directory of each fit here (replaced by the next fit); None:
             in-graph fits write none, between-graph fits use a temporary one.
         categorical, impute: a pandas DataFrame `X` is prepared as `ensemble train` prepares
@@ -88,6 +88,11 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
             (`"auto"`: text, boolean and category columns one-hot encoded; identifier-like
             text columns left out), `impute` is `[data] impute` (`"error"` refuses missing
             values; `"median"`, `"most_frequent"` fill them from the training rows).
+        validation_fraction: without `validation_data`, the share of `fit`'s rows held out
+            (stratified for a classifier, seeded by `random_state`) as validation rows: the
+            members stop early on them and fitted aggregators fit on them, as
+            `MLPClassifier(early_stopping=True, validation_fraction=0.1)` does; 0 trains on
+            every row without early stopping. `validation_data` given takes precedence.
 
     Attributes:
         classes_: `[n_classes]` labels. n_features_in_, feature_names_in_: the input columns
@@ -123,6 +128,7 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
             ValueError: bad parameters, data or labels (fewer than 2 classes; validation
                 labels unseen in `y`; a fitted aggregator without `validation_data`).
         """
+        X, y, validation_data = self._carve(X, y, validation_data, stratify=True)
         table = estimator_tables.wants_table(self, X)
         if table:
             X, y = estimator_tables.check_input(self, X, y)

@@ -59,8 +59,10 @@ class DeepEnsembleBase(BaseEstimator):
     def __init__(self, n_members=4, hidden=(256, 128), activation="relu", dropout=0.1,
                  epochs="auto", batch_size="auto", learning_rate=1e-3, random_state=None,
                  mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
-                 model="mlp", categorical="auto", impute="error", **kwargs):
+                 model="mlp", categorical="auto", impute="error", validation_fraction=0.1,
+                 **kwargs):
         self.model = model
+        self.validation_fraction = validation_fraction
         self.categorical = categorical
         self.impute = impute
         self._take_routed(kwargs)
@@ -76,6 +78,43 @@ class DeepEnsembleBase(BaseEstimator):
         self.devices = devices
         self.aggregator = aggregator
         self.run_dir = run_dir
+
+    def _carve(self, X, y, validation_data, stratify: bool):
+        """`(X, y, validation_data)` for `fit`: `validation_data` given wins; else a share
+        `validation_fraction` of the rows (stratified by `y` when `stratify`; scikit-learn's
+        `train_test_split`, seeded by `random_state`) is held out for early stopping and the
+        fitted aggregators, as `MLPClassifier(early_stopping=True)` does. Too few rows for
+        both parts (fewer than 2 per class, or per part) keep every row for training.
+
+        Raises:
+            ValueError: `validation_fraction` outside [0, 1).
+        """
+        f = self.validation_fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f < 1:
+            raise ValueError("Expected `validation_fraction` in [0, 1). "
+                             f"Received: validation_fraction={f!r}")
+        if validation_data is not None or not f:
+            return X, y, validation_data
+        from sklearn.model_selection import train_test_split
+
+        labels = np.asarray(y)
+        n = len(labels)
+        n_val = int(np.ceil(n * f))
+        need = 2
+        if stratify:
+            try:
+                _, counts = np.unique(labels, return_counts=True)
+            except TypeError:  # labels of mixed types: refused by the caller's checks
+                return X, y, validation_data
+            need = max(2, len(counts))
+            if counts.min() < 2:
+                return X, y, validation_data
+        if n_val < need or n - n_val < need:
+            return X, y, validation_data
+        x_tr, x_val, y_tr, y_val = train_test_split(
+            X, y, test_size=n_val, random_state=self._seed(),
+            stratify=labels if stratify else None)
+        return x_tr, y_tr, (x_val, y_val)
 
     def _mode(self) -> modes.Mode:
         """The estimator's replication mode (a `modes.Mode` object, or a built-in mode's

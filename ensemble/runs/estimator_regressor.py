@@ -32,11 +32,12 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
     """A deep ensemble of Gaussian members as a scikit-learn regressor.
 
     `model`, `model__<name>`, `n_members`, `hidden`, `activation`, `dropout`, `epochs`,
-    `batch_size`, `learning_rate`, `random_state`, `mode`, `devices` and `run_dir` are those of
-    `DeepEnsembleClassifier`.
+    `batch_size`, `learning_rate`, `random_state`, `mode`, `devices`, `run_dir` and
+    `validation_fraction` (rows held out for early stopping unless `validation_data` is
+    given; not stratified) are those of `DeepEnsembleClassifier`.
 
     Args:
-        aggregator: `mean` (the moment-matched mixture), or fitted on `validation_data`:
+        aggregator: `mean` (the moment-matched mixture), or fitted on the validation rows:
             `weighted`, `greedy`, `std-scaling`.
         loss: `gaussian_nll` (members predict a variance) or `mse` (point members: the
             ensemble's std is then the members' spread alone).
@@ -58,12 +59,13 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
                  epochs="auto", batch_size="auto", learning_rate=1e-3, random_state=None,
                  mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
                  model="mlp", loss="gaussian_nll", categorical="auto", impute="error",
-                 **kwargs):
+                 validation_fraction=0.1, **kwargs):
         super().__init__(n_members=n_members, hidden=hidden, activation=activation,
                          dropout=dropout, epochs=epochs, batch_size=batch_size,
                          learning_rate=learning_rate, random_state=random_state, mode=mode,
                          devices=devices, aggregator=aggregator, run_dir=run_dir, model=model,
-                         categorical=categorical, impute=impute, **kwargs)
+                         categorical=categorical, impute=impute,
+                         validation_fraction=validation_fraction, **kwargs)
         self.loss = loss
 
     def _config(self, seed: int):
@@ -91,6 +93,7 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
             ValueError: bad parameters or data, or a fitted aggregator without
                 `validation_data`.
         """
+        X, y, validation_data = self._carve(X, y, validation_data, stratify=False)
         table = estimator_tables.wants_table(self, X)
         if table:
             X, y = estimator_tables.check_input(self, X, y)
