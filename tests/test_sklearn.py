@@ -59,7 +59,8 @@ def test_validation_data_gives_history_and_fitted_aggregator(iris, fitted):
     assert fitted.score(x, y) > 0.8
     np.testing.assert_allclose(fitted.predict_proba(xv), members.mean(axis=0), atol=1e-6)
     with pytest.raises(ValueError, match="validation_data"):
-        DeepEnsembleClassifier(**SMALL, aggregator="temperature").fit(x, y)
+        DeepEnsembleClassifier(**SMALL, aggregator="temperature",
+                               validation_fraction=0).fit(x, y)
     temp = DeepEnsembleClassifier(**SMALL, random_state=7, aggregator="temperature").fit(
         x, y, validation_data=(xv, yv))
     t = temp.aggregators_["params"]["temperature"]["temperature"]
@@ -106,7 +107,8 @@ def test_save_load_pickle_and_run_api(iris, fitted, tmp_path):
     import ensemble
 
     x, y, xv, yv = iris
-    kept = DeepEnsembleClassifier(**SMALL, random_state=7, run_dir=tmp_path / "kept").fit(x, y)
+    kept = DeepEnsembleClassifier(**SMALL, random_state=7, run_dir=tmp_path / "kept",
+                                  validation_fraction=0).fit(x, y)
     manifest = artifacts.read_manifest(tmp_path / "kept")
     assert manifest["mode"] == "in-graph" and manifest["status"] == "completed"
     assert manifest["dataset"]["rows"] == {"train": len(x)}
@@ -175,7 +177,7 @@ def test_same_members_as_ensemble_train_on_the_same_rows(tmp_path):
                            learning_rate=0.02, random_state=9, devices="cpu:2").fit(x, y)
     est = DeepEnsembleClassifier(n_members=2, hidden=(8,), dropout=0.1, epochs=3,
                                  batch_size=16, learning_rate=0.02, random_state=4,
-                                 devices="cpu:2").fit(x[rows], y[rows])
+                                 devices="cpu:2", validation_fraction=0).fit(x[rows], y[rows])
     for k in range(2):
         theirs = load_member(artifacts.member_model_path(run.path, k), "/device:CPU:0")
         for a, b in zip(est.member_weights_[k], theirs.get_weights(), strict=True):

@@ -64,7 +64,7 @@ def test_return_std_target_units_and_save_load(diabetes, tmp_path):
 def test_fitted_aggregator_needs_validation_data(diabetes):
     x, y, _, _ = diabetes
     with pytest.raises(ValueError, match="validation_data"):
-        DeepEnsembleRegressor(aggregator="greedy", epochs=1).fit(x, y)
+        DeepEnsembleRegressor(aggregator="greedy", epochs=1, validation_fraction=0).fit(x, y)
     with pytest.raises(ValueError, match="aggregator"):
         DeepEnsembleRegressor(aggregator="vote", epochs=1).fit(x, y)
 

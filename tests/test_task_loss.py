@@ -66,3 +66,23 @@ def test_eager_and_non_softmax_outputs_take_keras_path_with_the_same_value(batch
 
     traced = from_probabilities(probs, tf.constant(y))
     np.testing.assert_allclose(float(traced), want_loss, rtol=1e-5)
+
+
+def test_balanced_class_weight_is_scikit_learns_and_weights_the_loss_as_keras():
+    """`training.class_weight = "balanced"`: scikit-learn's weights n / (k n_c) over the
+    training labels; the loss is Keras's class_weight mean of w[y] * cross-entropy."""
+    import tensorflow as tf
+    from sklearn.utils.class_weight import compute_class_weight
+
+    from ensemble.tasks.classification.task import Classification
+
+    y = np.array([0] * 90 + [1] * 8 + [2] * 2)
+    task, entries = Classification().with_class_weight("balanced", y, 3)
+    expected = compute_class_weight("balanced", classes=np.arange(3), y=y)
+    np.testing.assert_allclose(entries["class_weight"], expected)
+    p = np.array([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [0.2, 0.2, 0.6]], np.float32)
+    yb = np.array([0, 1, 2], np.int32)
+    got = float(task.loss(tf.constant(yb), tf.constant(p)))
+    want = np.mean(expected[yb] * -np.log(p[np.arange(3), yb]))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert Classification().with_class_weight("none", y, 3)[1] == {}

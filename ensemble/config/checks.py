@@ -217,6 +217,9 @@ def _check_names(cfg: Config) -> None:
         names = ", ".join(_quoted(("auto", *TASKS)))
         raise UsageError(f"Expected `data.task` to be {names} or a task spec "
                          f"(\"module:Class\", \"file.py:Class\"). Received: {cfg.data.task!r}")
+    if cfg.training.class_weight not in ("none", "balanced"):
+        raise UsageError("Expected `training.class_weight` to be \"none\" or \"balanced\". "
+                         f"Received: {cfg.training.class_weight!r}")
     if cfg.training.loss not in LOSSES:
         raise UsageError(f"Expected `training.loss` to be {_either(LOSSES)}. "
                          f"Received: {cfg.training.loss!r}")

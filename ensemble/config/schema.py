@@ -96,6 +96,7 @@ class TrainingConfig:
     early_stopping: int | str = "auto"
     min_delta: float = 1e-3
     loss: str = "auto"  # regression: gaussian_nll (auto) or mse; classification: cross_entropy
+    class_weight: str = "none"  # classification: "balanced" weights each class n / (k n_c)
     seed: int = 0
     deterministic: bool = True
     # threads of one op (TensorFlow's intra-op pool) in every training and prediction process,

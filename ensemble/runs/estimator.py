@@ -128,7 +128,6 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
             ValueError: bad parameters, data or labels (fewer than 2 classes; validation
                 labels unseen in `y`; a fitted aggregator without `validation_data`).
         """
-        X, y, validation_data = self._carve(X, y, validation_data, stratify=True)
         table = estimator_tables.wants_table(self, X)
         if table:
             X, y = estimator_tables.check_input(self, X, y)
@@ -136,17 +135,20 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
             X, y = validate_data(self, X, y, dtype=[np.float64, np.float32], allow_nd=True)
         _check_label_types(y)
         check_classification_targets(y)
-        classes, y_idx = np.unique(y, return_inverse=True)
+        classes = np.unique(y)
         if len(classes) < 2:
             raise ValueError(f"DeepEnsembleClassifier needs at least 2 classes in y; "
                              f"received 1 class: {classes[0]!r}")
+        X, y, validation_data = self._carve(X, y, validation_data, stratify=True)
+        classes, y_idx = np.unique(y, return_inverse=True)
         cfg = self._config(self._seed())
         val = None
         if validation_data is not None:
             val = self._validation(validation_data, classes, table, X.shape[1:])
         elif self.aggregator in FITTED:
             raise ValueError(f"aggregator={self.aggregator!r} is fitted on validation data: "
-                             "pass fit(X, y, validation_data=(X_val, y_val))")
+                             "pass fit(X, y, validation_data=(X_val, y_val)), or keep "
+                             "validation_fraction > 0")
         self._fit_members(cfg, X, (y_idx, classes), y_idx, val, table)
         self.classes_ = classes
         if self.run_dir is not None and self._mode().trains_in_memory:

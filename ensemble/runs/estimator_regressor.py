@@ -93,7 +93,6 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
             ValueError: bad parameters or data, or a fitted aggregator without
                 `validation_data`.
         """
-        X, y, validation_data = self._carve(X, y, validation_data, stratify=False)
         table = estimator_tables.wants_table(self, X)
         if table:
             X, y = estimator_tables.check_input(self, X, y)
@@ -105,6 +104,7 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
             raise ValueError(f"Expected y to hold numbers. Received: {y[:3]!r} ...") from None
         # NaN and inf refused, `None` of an object y too (a NaN only once made float)
         y = check_array(y, ensure_2d=False, dtype=np.float64, input_name="y", estimator=self)
+        X, y, validation_data = self._carve(X, y, validation_data, stratify=False)
         cfg = self._config(self._seed())
         loc, scale = float(y.mean()), float(y.std()) or 1.0
         val = None
@@ -126,7 +126,8 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
             val = (x_val, (y_val - loc) / scale)
         elif self.aggregator in FITTED:
             raise ValueError(f"aggregator={self.aggregator!r} is fitted on validation data: "
-                             "pass fit(X, y, validation_data=(X_val, y_val))")
+                             "pass fit(X, y, validation_data=(X_val, y_val)), or keep "
+                             "validation_fraction > 0")
         self._fit_members(cfg, X, (None, np.zeros(0)), (y - loc) / scale, val, table)
         self.target_loc_, self.target_scale_ = loc, scale
         for col in ("val_loss", "val_rmse"):  # back to the target's units

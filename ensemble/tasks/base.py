@@ -145,6 +145,19 @@ class Task(ABC):
     def member_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float | None]:
         """`members.parquet`'s scores of a trained member on validation."""
 
+    def with_class_weight(self, mode: str, y_train: np.ndarray, n_classes: int
+                          ) -> tuple["Task", dict]:
+        """The task whose loss weights each class (`training.class_weight = mode`), and the
+        manifest `dataset` entries it adds (`Classification`'s).
+
+        Raises:
+            UsageError: a task without classes.
+        """
+        from ensemble.core.errors import UsageError
+
+        raise UsageError(f"Expected `training.class_weight = \"none\"` for a {self.name} "
+                         f"task (class weights need classes). Received: {mode!r}")
+
     @abstractmethod
     def fit_target(self, y_train: np.ndarray) -> tuple["Task", dict[str, float]]:
         """The task fitted to the training targets, and the manifest `dataset` entries it adds."""

@@ -9,6 +9,8 @@ between-graph client too), and the manifest records the spec. Such a task subcla
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from ensemble.core import specs
@@ -137,11 +139,16 @@ def _user_task(spec: str) -> Task:
 
 def for_run(manifest: Manifest) -> Task:
     """The task of a run from its manifest (`task`, the target's standardisation in
-    `dataset.target_loc` / `target_scale`, `config.training.loss`)."""
+    `dataset.target_loc` / `target_scale`, `config.training.loss`, the class weights in
+    `dataset.class_weight`)."""
     options = {} if manifest.task is None else {"name": manifest.task}
     task = get(**options, loss=manifest.config.get("training", {}).get("loss", "auto"))
     d = manifest.dataset
-    return task.with_target(_or(d.target_loc, 0.0), _or(d.target_scale, 1.0))
+    task = task.with_target(_or(d.target_loc, 0.0), _or(d.target_scale, 1.0))
+    if d.extra.get("class_weight") is not None:  # `training.class_weight = "balanced"`
+        task = copy.copy(task)
+        task.class_weight = tuple(map(float, d.extra["class_weight"]))
+    return task
 
 
 def _or(value, default):

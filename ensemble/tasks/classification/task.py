@@ -7,6 +7,7 @@ cross-entropy (natural log) as the loss, NLL and accuracy on validation; its agg
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import numpy as np
@@ -31,6 +32,22 @@ class Classification(Task):
     aggregators = A.REGISTRY
     default_aggregators = tuple(DEFAULT_AGGREGATORS)
 
+    class_weight: tuple[float, ...] | None = None  # per class index (`with_class_weight`)
+
+    def with_class_weight(self, mode: str, y_train: np.ndarray, n_classes: int
+                          ) -> tuple["Classification", dict]:
+        """The task whose loss weights class `c` by `n / (n_classes * n_c)` (`mode =
+        "balanced"`: scikit-learn's `compute_class_weight("balanced")`, over the training
+        class indices `y_train` `[n_train]`; a class without training rows: weight 1), and
+        `{"class_weight": [n_classes] weights}` for the manifest's `dataset`."""
+        if mode == "none":
+            return self, {}
+        counts = np.bincount(np.asarray(y_train, np.int64), minlength=n_classes)
+        weight = np.where(counts > 0, len(y_train) / (n_classes * np.maximum(counts, 1)), 1.0)
+        task = copy.copy(self)  # (a user's subclass keeps its own state)
+        task.class_weight = tuple(weight.tolist())
+        return task, {"class_weight": weight.tolist()}
+
     def n_outputs(self, n_classes: int) -> int:
         """Logits the builder must return: one per class."""
         return n_classes
@@ -44,7 +61,8 @@ class Classification(Task):
     def loss(self, y, outputs):
         """Mean sparse categorical cross-entropy (natural log) of `outputs` `[batch,
         n_classes]` probabilities against `y` `[batch]` int32 class indices (a scalar
-        float32 tensor). Traced on CPU it is computed from the softmax head's logits by
+        float32 tensor), each row's weighted by its class's `class_weight` when set (Keras's
+        `fit(class_weight=)`: the batch mean of `w[y] * cost`). Traced on CPU it is computed from the softmax head's logits by
         TensorFlow's fused kernel (`_fused_logits` says why); elsewhere by Keras.
 
         Raises:
@@ -56,9 +74,13 @@ class Classification(Task):
 
         logits = _fused_logits(outputs)
         if logits is None:
-            return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, outputs))
-        cost, _ = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(
-            features=logits, labels=tf.cast(y, tf.int32))  # no op for int32 targets
+            cost = keras.losses.sparse_categorical_crossentropy(y, outputs)
+        else:
+            cost, _ = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(
+                features=logits, labels=tf.cast(y, tf.int32))  # no op for int32 targets
+        if self.class_weight is not None:  # Keras's class_weight: mean of w[y] * cost
+            weight = tf.gather(tf.constant(self.class_weight, cost.dtype), tf.cast(y, tf.int32))
+            cost = cost * weight
         return tf.reduce_mean(cost)
 
     def validation_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
