@@ -26,7 +26,8 @@ one after another with Keras `model.fit`, then averaged), `sklearn` (`VotingClas
 `predict-1m` (in-graph prediction of 1,000,000 rows by the trained ensemble, time of the
 prediction alone), and `in-graph-r2` / `in-graph-r4` (in-graph with `--replicas 2` / `4`,
 each member data-parallel over that many logical CPU devices: the `data-parallel` workload,
-2 members; on one CPU no speed-up is expected, it measures the cost of splitting). Each workload runs `--repeats` times; the method order is reversed on every
+2 members; on one CPU no speed-up is expected, it measures the cost of splitting); `between-graph-ray`: between-graph under `--engine ray`
+on the Ray cluster `RAY_ADDRESS` names (docs/guides/ray.md). Each workload runs `--repeats` times; the method order is reversed on every
 other repeat, so drift of a shared machine does not favour one method. The summary gives the
 median and [min-max] over the repeats; `x in-graph` is a method's median whole-process wall over
 in-graph's, `x fastest peer` over the fastest of the peers run (`naive`, `sklearn`). Writes `runs.parquet` (every process), `results.parquet` and `results.md` (the
@@ -67,9 +68,12 @@ WORKLOADS = {
                       ("in-graph", "in-graph-r2", "in-graph-r4")),
 }
 REPLICATED = {"in-graph-r2": 2, "in-graph-r4": 4}  # in-graph, --replicas N on cpu:2N
-METHODS = ("in-graph", "between-graph", "naive", "sklearn", "predict-1m", *REPLICATED)
+# between-graph under the Ray engine, on the cluster RAY_ADDRESS names (else a local one)
+ENGINES = {"between-graph-ray": ["--engine", "ray"]}
+METHODS = ("in-graph", "between-graph", "naive", "sklearn", "predict-1m", *REPLICATED,
+           *ENGINES)
 PEERS = ("naive", "sklearn")
-MODES = ("in-graph", "between-graph", *REPLICATED)  # the project's: run in every precision
+MODES = ("in-graph", "between-graph", *REPLICATED, *ENGINES)  # the project's: run in every precision
 PRECISIONS = ("float32", "mixed_bfloat16")
 REFERENCE = "in-graph"  # the method every other's wall time is compared with (`x in-graph`)  # what a user would reach for instead (`x fastest peer`)
 
@@ -172,6 +176,8 @@ def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int,
         r = REPLICATED[mode]
         cfg_args = [*cfg_args, "--replicas", str(r), "--devices", f"cpu:{2 * r}"]
         mode = "in-graph"
+    if mode in ENGINES:
+        cfg_args, mode = [*cfg_args, *ENGINES[mode]], "between-graph"
     res = _measured(["train", *cfg_args, "--mode", mode, "--precision", precision,
                      "--run-dir", str(run_dir), "--overwrite", "--quiet"])
     m = Manifest.load(run_dir)
