@@ -153,6 +153,14 @@ def test_member_computes_in_the_lower_type_with_float32_variables_and_outputs(pr
     matmuls = [op for op in graph.get_operations() if op.type == "MatMul"]
     assert matmuls and all(op.get_attr("T") == lower for op in matmuls)
     assert model(x).dtype == "float32"
+    before = [v.numpy() for v in model.trainable_weights]
+    step()
+    # Adam's first step moves each weight by about the learning rate; gradients lost to
+    # float16 underflow, or unscaled by a scale they were never multiplied by, fall below
+    # its epsilon (1e-7) and barely move them
+    moved = np.concatenate([np.abs(v.numpy() - b).ravel()
+                            for v, b in zip(model.trainable_weights, before)])
+    assert np.median(moved) > 0.5e-2
     losses = [float(step()) for _ in range(60)]
     assert losses[-1] < 0.5 * losses[0]  # it trains (loss scaled and unscaled for float16)
 

@@ -72,7 +72,8 @@ def replicated_train_step(model, optimizer, batch, task, devices: Sequence[str],
                     loss = adversarial_loss(model, xj, yj, task, adversarial)
                 if model.losses:
                     loss = loss + tf.add_n(model.losses)
-            grads = tape.gradient(loss, model.trainable_variables)
+                scaled = optimizer.scale_loss(loss)  # the optimiser unscales the average
+            grads = tape.gradient(scaled, model.trainable_variables)
             weight = tf.cast(hi - lo, tf.float32) / rows
             # an empty part (a batch of fewer rows than replicas) has a NaN mean loss and
             # zero data gradients: it counts with weight 0

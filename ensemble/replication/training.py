@@ -99,7 +99,8 @@ def train_step(model, optimizer, xb, yb, task, adversarial=None):
             loss = adversarial_loss(model, xb, yb, task, adversarial)
         if model.losses:  # regularisation penalties (the mlp's `l2`, a user's regularisers)
             loss = loss + tf.add_n(model.losses)
-    grads = tape.gradient(loss, model.trainable_variables)
+        scaled = optimizer.scale_loss(loss)  # times the loss scale under mixed_float16
+    grads = tape.gradient(scaled, model.trainable_variables)
     optimizer.apply(grads)
     return loss
 
