@@ -68,3 +68,27 @@ def test_brier_matches_scikit_learn(n_classes):
         warnings.simplefilter("ignore")
         expected = brier_score_loss(y, p.astype(np.float64), labels=np.arange(n_classes))
     assert M.brier(y, p) == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+def test_reliability_diagram_counts_each_bins_rows_and_keeps_the_legend_off_the_data():
+    """Each point of the reliability diagram carries its bin's row count (15 equal-width
+    bins of the top probability), and the legend sits below the axes."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ensemble.tasks.classification.plots import _reliability
+    from ensemble.tasks.report import legend_below
+
+    top = np.array([0.55] * 3 + [0.95] * 5 + [0.99] * 2)  # bins 8 (3 rows) and 14 (7 rows)
+    p = np.stack([top, 1 - top], axis=1)
+    fig, ax = plt.subplots()
+    _reliability(ax, np.zeros(10, int), p, "m")
+    legend_below(ax)
+    assert sorted(int(t.get_text()) for t in ax.texts) == [3, 7]
+    fig.canvas.draw()
+    legend, axes = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert legend.y1 <= axes.y0  # under the axes, not over the points
+    plt.close(fig)

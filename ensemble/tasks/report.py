@@ -155,6 +155,12 @@ def pyplot():
     return plt
 
 
+def legend_below(ax) -> None:
+    """The legend of `ax` under its axes, outside the data (`save_figure`'s tight bounding
+    box keeps it in the PNG)."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=8, frameon=False)
+
+
 def save_figure(fig, path):
     """Write `fig` as a PNG at `path` atomically (a temporary file renamed: an interrupted
     plot leaves the earlier file or none, never half a PNG) and close it; returns the path."""

@@ -15,8 +15,8 @@ import pyarrow as pa
 
 from ensemble.core import artifacts
 from ensemble.tasks.model_arrays import PredictionArrays
-from ensemble.tasks.report import (ANSWER, answering, members_and_best, plotted_split, pyplot,
-                                   save_figure)
+from ensemble.tasks.report import (ANSWER, answering, legend_below, members_and_best,
+                                   plotted_split, pyplot, save_figure)
 from ensemble.tasks.classification.metrics import ECE_BINS, LOWER_IS_BETTER, METRICS
 
 
@@ -28,12 +28,16 @@ def _model(preds: PredictionArrays, model: str, split: str):
 def _reliability(ax, y, p, label):
     conf, correct = p.max(axis=1), (p.argmax(axis=1) == y)
     bins = np.minimum(np.floor(ECE_BINS * conf).astype(int), ECE_BINS - 1)
-    xs, accs = [], []
+    xs, accs, counts = [], [], []
     for b in range(ECE_BINS):
         if (bins == b).any():
             xs.append(conf[bins == b].mean())
             accs.append(correct[bins == b].mean())
-    ax.plot(xs, accs, marker="o", label=label)
+            counts.append(int((bins == b).sum()))
+    line, = ax.plot(xs, accs, marker="o", label=label)
+    for x, acc, n in zip(xs, accs, counts):  # each bin's rows: how much a point weighs
+        ax.annotate(f"{n}", (x, acc), textcoords="offset points", xytext=(0, 6), ha="center",
+                    fontsize=7, color=line.get_color())
 
 
 def write_plots(folder: Path, preds: PredictionArrays, metrics: pa.Table, run_dir: Path | None
@@ -58,8 +62,8 @@ def write_plots(folder: Path, preds: PredictionArrays, metrics: pa.Table, run_di
         label = r["model"] + (" (best member, chosen on validation)" if r is best else ANSWER)
         _reliability(ax, *_model(preds, r["model"], split), label)
     ax.set(xlabel="confidence (top probability)", ylabel="accuracy",
-           title=f"Reliability on {split}")
-    ax.legend()
+           title=f"Reliability on {split} (numbers: rows per bin)")
+    legend_below(ax)
     written.append(save_figure(fig, folder / "reliability.png"))
 
     curve_path = None if run_dir is None else Path(run_dir) / "ensemble_size.parquet"

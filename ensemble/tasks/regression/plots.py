@@ -21,8 +21,8 @@ import pyarrow as pa
 from scipy.stats import norm
 
 from ensemble.tasks.model_arrays import PredictionArrays
-from ensemble.tasks.report import (ANSWER, answering, members_and_best, plotted_split, pyplot,
-                                   save_figure)
+from ensemble.tasks.report import (ANSWER, answering, legend_below, members_and_best,
+                                   plotted_split, pyplot, save_figure)
 
 LEVELS = np.linspace(0.05, 0.95, 19)
 
@@ -76,7 +76,7 @@ def write_plots(folder: Path, preds: PredictionArrays, metrics: pa.Table, run_di
                 linewidth=2, label=label)
     ax.axhline(1.0, color="k", linestyle=":", label="calibrated")
     ax.set(xlabel="PIT = Phi((y - mean) / std)", ylabel="density", title=f"PIT histogram on {split}")
-    ax.legend()
+    legend_below(ax)
     written.append(save_figure(fig, folder / "pit.png"))
 
     fig, ax = plt.subplots(figsize=(5, 5))
@@ -85,7 +85,7 @@ def write_plots(folder: Path, preds: PredictionArrays, metrics: pa.Table, run_di
         ax.plot(LEVELS, coverage_curve(y, mu, std), marker="o", label=label)
     ax.set(xlabel="nominal level of the central interval", ylabel="observed coverage",
            title=f"Interval coverage on {split}")
-    ax.legend()
+    legend_below(ax)
     written.append(save_figure(fig, folder / "coverage.png"))
 
     fig, ax = plt.subplots(figsize=(5, 5))
@@ -96,6 +96,6 @@ def write_plots(folder: Path, preds: PredictionArrays, metrics: pa.Table, run_di
     ax.plot([0, top], [0, top * np.sqrt(2 / np.pi)], "k:", label="calibrated mean |error|")
     ax.set(xlabel="predicted std (target units)", ylabel="|error| (target units)",
            title=f"Error against predicted std on {split}")
-    ax.legend()
+    legend_below(ax)
     written.append(save_figure(fig, folder / "error_vs_std.png"))
     return written
