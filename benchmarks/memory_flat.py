@@ -116,14 +116,13 @@ def _in_cgroup(argv, limit, err, start) -> dict:
 def estimate(rows: int, classes: int, mode: str) -> int:
     """`budget.estimate`'s total for this benchmark's run (its default split sizes)."""
     from ensemble.config.schema import Config
-    from ensemble.replication import modes
-    from ensemble.runs import budget
+    from ensemble.runs import budget, builtin_modes
 
     cfg = Config()
     n_test = round(rows * cfg.data.test_size)
     n_val = round(rows * cfg.data.validation_size)
     split = {"train": rows - n_test - n_val, "validation": n_val, "test": n_test}
-    m = modes.get(mode)
+    m = builtin_modes.get(mode)
     return budget.estimate(split, classes, 2, len(cfg.aggregation.aggregators),
                            m.processes(2, ["/cpu:0"], 2), m.member_files)["total"]
 

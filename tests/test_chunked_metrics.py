@@ -139,3 +139,45 @@ def test_regression_prior_row_is_the_training_gaussian(tmp_path):
     back = regression_tables.metrics_table(model_arrays.read(tmp_path / "predictions.parquet"))
     assert back.column("nll").to_pylist() == pytest.approx(table.column("nll").to_pylist(),
                                                             rel=1e-9)
+
+
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_members_read_by_row_groups_equal_the_whole_tables(tmp_path, task):
+    """`posthoc.read_members` (member files read 7 rows at a time into memory maps, rows in
+    shuffled file order) gives `posthoc.by_split` of the concatenated tables."""
+    import pyarrow as pa
+
+    from ensemble.runs import posthoc
+    from ensemble.tasks import tables
+
+    rng = np.random.default_rng(4)
+    n = 40
+    classes = np.array(["a", "b", "c"]) if task == "classification" else np.array([])
+    paths, parts = [], []
+    for m in (1, 3):
+        t = []
+        for split in ("validation", "test"):
+            if task == "classification":
+                y, p = _probs(rng, n, 3)
+            else:
+                y = rng.normal(size=n)
+                p = np.column_stack([y + rng.normal(size=n), rng.uniform(0.1, 1, n)])
+            t.append(tables.predictions_table(split, SplitPredictions(
+                {m: p}, {}, np.arange(100, 100 + n), y), classes, ()))
+        table = pa.concat_tables(t)
+        table = table.take(rng.permutation(table.num_rows))  # any row order
+        parts.append(table)
+        paths.append(tmp_path / f"member-{m}.parquet")
+        pq.write_table(table, paths[-1], row_group_size=11)
+    whole = posthoc.by_split(pa.concat_tables(parts).replace_schema_metadata(
+        tables.classes_metadata(classes)))
+    files_dir = tmp_path / "maps"
+    files_dir.mkdir()
+    got = posthoc.read_members(paths, classes, eval_writer.OutputFiles(files_dir),
+                               batch_rows=7)
+    assert set(got) == set(whole)
+    for split, s in whole.items():
+        assert got[split].members == s.members == [1, 3]
+        np.testing.assert_array_equal(got[split].probs, s.probs)
+        np.testing.assert_array_equal(got[split].rows, s.rows)
+        np.testing.assert_array_equal(got[split].y, s.y)

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import pyarrow as pa
 
 from ensemble.core import artifacts
 from ensemble.config import schema
@@ -28,9 +27,8 @@ from ensemble.runs import records
 from ensemble.runs.run_record import Manifest
 from ensemble.runs import run_status
 from ensemble.core import runlock
-from ensemble.tasks import eval_writer, metrics_tables, tables
+from ensemble.tasks import eval_writer, tables
 from ensemble.tasks.predicted import SplitPredictions
-from ensemble.tasks.table_parts import prior_metadata
 from ensemble import tasks
 from ensemble.core.errors import UsageError
 
@@ -51,9 +49,10 @@ def parse_aggregators(text: str | None) -> list[str] | None:
     return names
 
 
-def _between_graph_members(run_dir: Path, manifest: Manifest, min_members: int | None) -> pa.Table:
-    """The clients' member files of a between-graph run, checked and concatenated; also
-    records the history. Raises UsageError naming missing members."""
+def _between_graph_members(run_dir: Path, manifest: Manifest, min_members: int | None
+                           ) -> list[Path]:
+    """The clients' member files of a between-graph run, checked (present, unchanged, no
+    client writing them). Raises UsageError naming missing members."""
     indices = [m.index for m in manifest.members
                if m.status != divergence.STATUS]  # left out of every aggregate
     if not indices:
@@ -72,8 +71,7 @@ def _between_graph_members(run_dir: Path, manifest: Manifest, min_members: int |
         runlock.require_free(run_dir, i)  # no client is still writing it
         for path in artifacts.member_files(run_dir, i):  # the model too: present and unchanged
             artifacts.verify(run_dir, manifest, path)
-    return pa.concat_tables([artifacts.read_parquet(artifacts.member_predictions_path(run_dir, i))
-                             for i in have], promote_options="default")
+    return [artifacts.member_predictions_path(run_dir, i) for i in have]
 
 
 def aggregate_run(run_dir: Path, aggregators: Sequence[str] | None = None,
@@ -132,28 +130,38 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
             cfg.aggregation.aggregators)
     task.check_aggregators(aggregators)
     if between:
-        members = _between_graph_members(run_dir, manifest, min_members)
+        paths = _between_graph_members(run_dir, manifest, min_members)
     elif manifest.failed_by != "aggregate":  # a fault in aggregate: it may redo it
         run_status.require_completed(run_dir, manifest)
     if not between:
         preflight.check_predictions(run_dir, manifest,
                                     preflight.check_members(run_dir, manifest))
-        preds = artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS)
-        members = posthoc.member_rows(artifacts.read_parquet(preds))
+        paths = [artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS)]
     classes = np.asarray(manifest.dataset.classes)
-    members = members.replace_schema_metadata(tables.classes_metadata(classes))
-    splits = posthoc.by_split(members)
-    del members  # the arrays of `splits` hold them
+    with eval_writer.output_files(run_dir) as files:  # the members' rows, memory-mapped
+        splits = posthoc.read_members(paths, classes, files)
+        _write_tables(run_dir, manifest, task, splits, classes, aggregators, settings, between)
+    manifest.failed_by = None
+    run_status.finish(run_dir, manifest, "completed", aggregate_seconds=time.perf_counter() - start)
+    return manifest
+
+
+def _write_tables(run_dir: Path, manifest: Manifest, task, splits: dict, classes: np.ndarray,
+                  aggregators: Sequence[str], settings: dict, between: bool) -> None:
+    """Fit the aggregators on the members' validation rows `splits` and write the run's
+    `aggregators.json`, `ensemble_size.parquet`, `predictions.parquet`, `metrics.parquet`,
+    `members.parquet` (between-graph: `history.parquet`, the members marked completed),
+    streamed from the arrays (`eval_writer`: flat memory at any size)."""
     fit = posthoc.fit(task, splits, aggregators, settings)
     used = splits["validation"].members
     posthoc.write_fit(run_dir, task, fit, splits, settings)
-    prior = posthoc.run_prior(run_dir, classes)
-    if between:  # streamed from the arrays (`eval_writer`): flat memory at any size
-        eval_writer.write(run_dir, {k: SplitPredictions(dict(zip(s.members, s.probs)), None,
-                                                        s.rows, s.y)
-                                    for k, s in splits.items()},
-                          classes, aggregators, fit["params"],
-                          {b"members": json.dumps(used).encode()}, prior)
+    eval_writer.write(run_dir, {k: SplitPredictions(dict(zip(s.members, s.probs)), None,
+                                                    s.rows, s.y)
+                                for k, s in splits.items()},
+                      classes, aggregators, fit["params"],
+                      {b"members": json.dumps(used).encode()},
+                      posthoc.run_prior(run_dir, classes), best_member=fit["best_member"])
+    if between:
         history = [r for i in used
                    for r in artifacts.read_parquet(artifacts.verify(
                        run_dir, manifest, artifacts.member_history_path(run_dir, i))).to_pylist()]
@@ -161,15 +169,4 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
         for i in used:
             manifest.member(i).status = "completed"
         manifest.aggregated_members = used
-    else:
-        preds = posthoc.rebuild(splits, classes, aggregators, fit["params"])
-        preds = preds.replace_schema_metadata({**preds.schema.metadata,
-                                               **prior_metadata(prior),
-                                               b"members": json.dumps(used).encode()})
-        table = metrics_tables.metrics_table(preds, fit["best_member"])
-        artifacts.write_parquet(run_dir / artifacts.PREDICTIONS, preds)
-        artifacts.write_parquet(run_dir / artifacts.METRICS, table)
     records.write_members(run_dir, manifest, splits.get("validation"))  # held: not read back
-    manifest.failed_by = None
-    run_status.finish(run_dir, manifest, "completed", aggregate_seconds=time.perf_counter() - start)
-    return manifest

@@ -98,6 +98,83 @@ def by_split(members_table: pa.Table) -> dict[str, SplitMembers]:
     return out
 
 
+def read_members(paths: Sequence[Path], classes: np.ndarray, files,
+                 batch_rows: int = 65536) -> dict[str, SplitMembers]:
+    """The member rows of predictions files (between-graph clients' member files, or a run's
+    `predictions.parquet`) read `batch_rows` rows at a time (Parquet page checksums verified)
+    into `{split: SplitMembers}` whose `probs` are memory maps of `files`
+    (`eval_writer.OutputFiles`): `[n_members, n_rows, k]` float32 probabilities (regression:
+    float64 mean and variance), each row at its column `row`; splits in the order of their
+    first row, members sorted.
+
+    Raises:
+        UsageError: a damaged file (names it); members whose rows of a split do not line up
+            (`source_row`), or a `row` outside its split.
+    """
+    import pyarrow.parquet as pq
+
+    wanted = ["split", "member", "row", "source_row", "y_true",
+              *(["y_pred", "std"] if len(classes) == 0
+                else [f"p_{c}" for c in np.asarray(classes).tolist()])]
+
+    def batches(path):
+        try:
+            f = pq.ParquetFile(path, page_checksum_verification=True, pre_buffer=False)
+            for batch in f.iter_batches(batch_size=batch_rows, columns=wanted):
+                batch = batch.filter(pc.is_valid(batch.column("member")))
+                for split in pc.unique(batch.column("split")).to_pylist():
+                    part = batch.filter(pc.equal(batch.column("split"), split))
+                    for m in pc.unique(part.column("member")).to_pylist():
+                        yield split, m, part.filter(pc.equal(part.column("member"), m))
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise UsageError(f"Damaged or invalid Parquet file {path}: {exc}") from None
+
+    counts: dict[str, dict[int, int]] = {}
+    for path in paths:  # pass 1: rows per split and member
+        for split, m, part in batches(path):
+            counts.setdefault(split, {}).setdefault(m, 0)
+            counts[split][m] += part.num_rows
+    out: dict[str, SplitMembers] = {}
+    labelled: dict[str, bool] = {}
+    for split, per_member in counts.items():
+        members = sorted(per_member)
+        n = per_member[members[0]]
+        k = len(classes) if len(classes) else 2
+        probs = files.new((len(members), n, k), np.float32 if len(classes) else np.float64)
+        y = np.zeros(n, np.int64 if len(classes) else np.float64)
+        out[split] = SplitMembers(members, probs, np.full(n, -1, np.int64), y)
+        labelled[split] = True
+    seen: dict[str, np.ndarray] = {s: np.zeros(len(o.rows), bool) for s, o in out.items()}
+    for path in paths:  # pass 2: each row at its place
+        for split, m, part in batches(path):
+            s = out[split]
+            rows = part.column("row").to_numpy().astype(np.int64)
+            if len(rows) and (rows.min() < 0 or rows.max() >= len(s.rows)):
+                raise UsageError(f"Rows of member {m} on split {split!r} do not match the "
+                                 "other members' rows.")
+            source = part.column("source_row").to_numpy().astype(np.int64)
+            s.probs[s.members.index(m), rows] = tables.probabilities(part, classes)
+            if m == s.members[0]:
+                s.rows[rows] = source
+                seen[split][rows] = True
+                y_true = part.column("y_true")
+                if y_true.null_count:
+                    labelled[split] = False
+                else:
+                    s.y[rows] = encode(y_true.to_numpy(zero_copy_only=False), classes)
+            elif not np.array_equal(s.rows[rows], source) and seen[split][rows].all():
+                raise UsageError(f"Rows of member {m} on split {split!r} do not match the "
+                                 "other members' rows.")
+    for split, s in out.items():
+        for m, n in counts[split].items():
+            if n != len(s.rows):
+                raise UsageError(f"Rows of member {m} on split {split!r} do not match the "
+                                 "other members' rows.")
+        if not labelled[split]:
+            out[split] = SplitMembers(s.members, s.probs, s.rows, None)
+    return out
+
+
 def fit(task, splits: dict[str, SplitMembers], names: Sequence[str],
         settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """Fit the fitted aggregators of `names` on the `validation` split only (the run's `task`,

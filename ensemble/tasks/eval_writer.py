@@ -85,7 +85,7 @@ def predict_to(files: OutputFiles, predict, x, chunk_rows: int = CHUNK_ROWS
 
 def write(run_dir: str | Path, splits: dict[str, SplitPredictions], classes: np.ndarray,
           aggregators: Sequence[str], params: dict | None, meta: dict | None = None,
-          prior: list | dict | None = None) -> pa.Table:
+          prior: list | dict | None = None, best_member: int | None = None) -> pa.Table:
     """Write `predictions.parquet` (streamed) and `metrics.parquet` of a run, each atomically;
     returns the metrics table (`metrics_tables.metrics_table`'s rows). Prints a notice when the
     training split's smallest class is under `IMBALANCED` of its rows (`imbalance_notice`), and when no ensemble
@@ -101,6 +101,8 @@ def write(run_dir: str | Path, splits: dict[str, SplitPredictions], classes: np.
         meta: more key-value metadata of `predictions.parquet` (bytes to bytes).
         prior: the training split's class shares `[n_classes]` (regression: its target's
             `{"mean", "std"}`), the baseline `prior` row of every split; none when None.
+        best_member: the best member (`aggregators.json`'s); chosen on the validation rows
+            when None.
 
     Raises:
         OSError: a file cannot be written (nothing under the final names changes).
@@ -113,7 +115,8 @@ def write(run_dir: str | Path, splits: dict[str, SplitPredictions], classes: np.
         splits = {s: p if p.ensembles is not None else p._replace(
             ensembles=_aggregated(files, p.members, classes, aggregators, params))
             for s, p in splits.items()}
-        chunks, task_meta, metrics = _task_tables(splits, classes, aggregators, params, prior)
+        chunks, task_meta, metrics = _task_tables(splits, classes, aggregators, params, prior,
+                                                  best_member)
         with artifacts.atomic_path(run_dir / artifacts.PREDICTIONS) as tmp:
             _write_chunks(tmp, chunks, {**task_meta, **prior_metadata(prior), **(meta or {})})
     artifacts.write_parquet(run_dir / artifacts.METRICS, metrics)
@@ -148,7 +151,7 @@ def baseline_notice(metrics: pa.Table, split: str = "test") -> None:
                "the members learned little from the features.")
 
 
-def _task_tables(splits, classes, aggregators, params, prior):
+def _task_tables(splits, classes, aggregators, params, prior, best_member):
     """(the prediction chunks, the file's metadata, the metrics table) of the run's task."""
     if len(classes):
         from ensemble.tasks import metrics_tables as MT
@@ -159,7 +162,7 @@ def _task_tables(splits, classes, aggregators, params, prior):
         metrics = MT.metrics_of({s: MT.split_outputs(p.members, p.y, aggregators,
                                                      p.ensembles, params)
                                  for s, p in splits.items()},
-                                classes=np.asarray(classes).tolist(), prior=prior)
+                                best_member, np.asarray(classes).tolist(), prior)
         return chunks, T.classes_metadata(classes), metrics
     import json
 
@@ -171,7 +174,8 @@ def _task_tables(splits, classes, aggregators, params, prior):
         s, p, aggregators, params, CHUNK_ROWS))
     outputs = {s: regression_tables.split_outputs(p.members, p.y, aggregators, p.ensembles)
                for s, p in splits.items()}
-    metrics = regression_tables.metrics_of(outputs, json.loads(meta[b"mixture"]), prior=prior)
+    metrics = regression_tables.metrics_of(outputs, json.loads(meta[b"mixture"]), best_member,
+                                           prior)
     return chunks, meta, metrics
 
 

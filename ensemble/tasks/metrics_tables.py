@@ -15,7 +15,7 @@ import pyarrow as pa
 from ensemble.tasks import model_arrays
 from ensemble.tasks.classification import metrics as M
 from ensemble.tasks.classification import running
-from ensemble.tasks.classification.aggregators import REGISTRY, disagreement, member_weights
+from ensemble.tasks.classification.aggregators import REGISTRY, member_weights
 from ensemble.tasks.model_arrays import PredictionArrays
 from ensemble.tasks.table_parts import PRIOR, metrics_schema, prior_of, size_table
 
