@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's `ensemble`, as the runs it starts use
 MEMCG = Path("/sys/fs/cgroup/memory")
 TABLES = ("predictions.parquet", "metrics.parquet", "history.parquet", "aggregators.json",
           "ensemble_size.parquet", "members.parquet")
@@ -129,7 +131,7 @@ def estimate(rows: int, classes: int, mode: str) -> int:
 
 def train(table: Path, run_dir: Path, mode: str, limit: int) -> dict:
     """One benchmark run: its `measure` figures, prepare seconds and the tables written."""
-    argv = [sys.executable, "-m", "pipelines.cli", "train", "--data", str(table),
+    argv = [sys.executable, "-m", "pipelines.cli", "train",  # run from ROOT (see main) "--data", str(table),
             "--target", "target", "--members", "2", "--epochs", "1", "--batch-size", "512",
             "--mode", mode, "--run-dir", str(run_dir), "--overwrite"]
     if mode == "between-graph":
@@ -158,7 +160,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--keep", action="store_true", help="keep the tables and runs")
     args = p.parse_args(argv)
-    work = Path(args.out or tempfile.mkdtemp(prefix="memory-flat-"))
+    work = Path(args.out or tempfile.mkdtemp(prefix="memory-flat-")).resolve()
+    os.chdir(ROOT)  # `python -m pipelines.cli` of this checkout
     work.mkdir(parents=True, exist_ok=True)
     limit = int(args.limit_gib * (1 << 30))
     print(f"{'rows':>12} {'mode':<14}{'exit':>5}{'wall s':>8}{'peak GiB':>9}{'anon GiB':>9}"

@@ -306,9 +306,9 @@ def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     from ensemble.runs import budget as b
 
     rows = {"train": 7_000_000, "validation": 1_000_000, "test": 2_000_000}
-    # predictions memory-mapped; the rank metrics' counts of the larger split (2M test
-    # rows, 2 outputs, 40 B each)
-    preds = 2_000_000 * 2 * 40
+    # predictions memory-mapped; one class's rank-metric counts of the larger split (2M
+    # test rows, 80 B each)
+    preds = 2_000_000 * 80
     launcher = b.TF_PROCESS + 32 * 10_000_000  # in-graph: the launcher trains
     inside = b.estimate(rows, 2, 2, 3, clients=1, member_rows=False)
     assert inside["predictions"] == preds
@@ -321,8 +321,7 @@ def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     assert inside["total"] == max(inside["training"], inside["evaluation"]) \
         == inside["training"]
     # between-graph: a launcher without TensorFlow; 2 clients train at once, each with its
-    # file pages; then an aggregator process (no TensorFlow) reads the members' rows
-    # (2 members x (64 + 16) B, twice)
+    # file pages; then an aggregator process (no TensorFlow) maps the members' rows
     between = b.estimate(rows, 2, 2, 3, clients=2, member_rows=True)
     launcher = b.LEAN_PROCESS + 32 * 10_000_000
     assert between["training"] == launcher + 2 * (b.TF_PROCESS + 4 * CALL_BYTES
@@ -332,7 +331,7 @@ def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     many = b.estimate(rows, 100, 2, 3, clients=2, member_rows=True)
     assert many["training"] == launcher + 2 * (b.TF_PROCESS + 3_000_000 * (864 + 400)
                                                + 16 * 10_000_000 + b.FILE_SET)
-    assert between["predictions"] == preds + 3_000_000 * 2 * 80 * 2
+    assert between["predictions"] == preds  # the members' rows memory-mapped
     assert between["evaluation"] == (launcher + b.EVAL_FIXED + between["predictions"]
                                      + b.LEAN_PROCESS)
     assert between["total"] == max(between["training"], between["evaluation"])
@@ -349,7 +348,7 @@ def test_refusal_names_the_phase_that_does_not_fit(monkeypatch):
 
     monkeypatch.setattr(memory, "available", lambda: (2 << 30, "the cgroup memory limit"))
     b.check({"train": 1000, "test": 100}, 2, 2, 1, clients=1, member_rows=False)  # fits
-    # evaluating 20M of 60M rows: rank counts 20M x 2 x 40 B = 1.490 GiB, + 0.391 GiB of
+    # evaluating 20M of 60M rows: rank counts 20M x 80 B = 1.490 GiB, + 0.391 GiB of
     # TensorFlow, 1.788 GiB of labels (32 B x 60M), 0.1875 + 0.1875 GiB (buffers, files)
     with pytest.raises(UsageError, match=r"about 4\.04 GiB while evaluating \(60,000,000 rows"):
         b.check({"train": 40_000_000, "test": 20_000_000}, 2, 2, 1, clients=1,

@@ -3,10 +3,10 @@
 The prepared splits live on disk (memory-mapped), and so do the validation and test predictions
 of an in-graph run (`ensemble.tasks.eval_writer`: written as predicted, scored and written to
 `predictions.parquet` a chunk of rows at a time). What grows with the data is then the `[n_rows]`
-label and index arrays of preparing, the exact counts of the rank metrics (per class, the
-positive and negative rows of each distinct float32 score: at most one entry per row of a
-split), and, for between-graph's aggregator, the members' own prediction rows, which it reads
-from their files. Each TensorFlow process adds its runtime (`TF_PROCESS`), the file pages it
+label and index arrays of preparing, and the exact counts of the rank metrics (one class at
+a time, the positive and negative rows of each distinct float32 score: at most one entry per
+row of a split); between-graph's aggregator reads the members' prediction files by row groups into
+memory maps too (`ensemble.runs.posthoc.read_members`). Each TensorFlow process adds its runtime (`TF_PROCESS`), the file pages it
 cannot run without (`FILE_SET`) and, while it trains, the batches of its traced calls
 (`feed.CALL_BYTES`, `IN_FLIGHT` of them). The figures are round upper estimates calibrated on
 runs inside memory cgroups (`benchmarks/memory_flat.py`): a run refused here would have been
@@ -31,7 +31,7 @@ EVAL_FIXED = 192 << 20  # evaluation's buffers besides its per-row arrays
 LABEL_ROW = 32  # bytes per source row the launcher holds: labels, split indices, their copies
 CLIENT_ROW = 16  # bytes per source row a client holds (its splits' labels and batch order)
 LONG_ROW = 64  # bytes of one predictions.parquet row besides its outputs (columns, copies)
-RANK_COUNT = 40  # bytes per row and class of the rank metrics' counts while they merge
+RANK_COUNT = 80  # bytes per row of a split: one class's rank-metric counts while they merge
 
 
 def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: int,
@@ -54,10 +54,10 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
         rows: `{split: rows}`; n_outputs: outputs per row (classes, or 2 for a Gaussian);
         n_members, n_aggregators: models whose predictions are kept;
         clients: TensorFlow processes at once (1 in-graph; between-graph clients).
-        member_rows: between-graph: the launcher leaves TensorFlow to its clients, and the
-            members' prediction rows are read whole (by the aggregator); else the launcher
-            trains and evaluates (in-graph), its predictions memory-mapped. Always held: the
-            rank metrics' counts.
+        member_rows: between-graph: the launcher leaves TensorFlow to its clients (each
+            writes its member's prediction rows), and an aggregator process evaluates; else
+            the launcher trains and evaluates (in-graph). Either way the predictions are
+            memory-mapped and what evaluation holds is the rank metrics' counts.
 
     Returns:
         `{"prepare", "training", "predictions", "evaluation", "total"}` in bytes: each
@@ -67,10 +67,8 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
     n_eval = rows.get("validation", 0) + rows.get("test", 0)
     n_split = max(rows.get("validation", 0), rows.get("test", 0))
     n_rows = sum(rows.values())
-    # the rank metrics' counts (one model at a time), and the members' rows read whole
-    predictions = (n_split * n_outputs * RANK_COUNT
-                   + (n_eval * n_members * (LONG_ROW + 8 * n_outputs) * 2
-                      if member_rows else 0))
+    # the rank metrics' counts (one model and class at a time); the members' rows are memory-mapped
+    predictions = n_split * RANK_COUNT
     n_train = rows.get("train", n_rows)
     launcher = (TF_PROCESS if launcher_tf else LEAN_PROCESS) + LABEL_ROW * n_rows
     calls = IN_FLIGHT * min(CALL_BYTES, BATCH_ROW * n_members * n_train)

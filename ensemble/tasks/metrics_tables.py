@@ -250,7 +250,7 @@ def ensemble_size_table(member_probs: dict[str, np.ndarray], y: dict[str, np.nda
     def scores(split, probs, order):  # the mean of the first k members, k = 1, 2, ...
         labels = np.asarray(y[split])
         for k in range(1, len(order) + 1):
-            acc = running.Running(probs.shape[2], rank=False)
+            acc = running.Running(probs.shape[2])
             for span in _spans(len(labels), CHUNK_ROWS):  # summed in pick order, as a whole
                 total = np.zeros((span.stop - span.start, probs.shape[2]))
                 for m in order[:k]:

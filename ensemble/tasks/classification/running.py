@@ -12,7 +12,8 @@ gives on the rows put together, whatever the chunks:
   ROC curve's trapezoids and the precision-recall steps are summed exactly as scikit-learn's
   `roc_auc_score` and `average_precision_score` compute them on the whole array (one-vs-rest
   macro averages over the classes with both positive and negative rows; the binary task
-  scores class 1). Memory is per distinct score, never per row beyond that.
+  scores class 1), one class at a time (`rank_metrics`): memory holds one class's counts, at
+  most one entry per row of the split.
 """
 
 from __future__ import annotations
@@ -66,15 +67,14 @@ class ScoreCounts:
 
 
 class Running:
-    """Every classification metric of one model over chunks of rows (module docstring).
+    """The running sums of one model's classification metrics over chunks of rows (module
+    docstring); `rank_metrics` gives ROC AUC and average precision.
 
     Args:
         n_classes: the probabilities' width.
-        rank: also count the scores for ROC AUC and average precision (memory per distinct
-            score); without it those are None.
     """
 
-    def __init__(self, n_classes: int, rank: bool = True) -> None:
+    def __init__(self, n_classes: int) -> None:
         self.k = int(n_classes)
         self.n = 0
         self.correct = 0
@@ -84,8 +84,6 @@ class Running:
         self.conf_bins = np.zeros(ECE_BINS)
         self.true_counts = np.zeros(self.k, np.int64)
         self.hit_counts = np.zeros(self.k, np.int64)
-        self.scores = ([ScoreCounts() for _ in range(1 if self.k == 2 else self.k)]
-                       if rank else None)
 
     def update(self, y: np.ndarray, p: np.ndarray) -> None:
         """Add one chunk: `y` `[n]` class indices, `p` `[n, n_classes]` probabilities.
@@ -116,12 +114,6 @@ class Running:
         self.conf_bins += np.bincount(bins, weights=conf, minlength=ECE_BINS)
         self.true_counts += np.bincount(y, minlength=self.k)[:self.k]
         self.hit_counts += np.bincount(y[hit], minlength=self.k)[:self.k]
-        if self.scores is not None:
-            if self.k == 2:
-                self.scores[0].update(p32[:, 1], y == 1)
-            else:
-                for c, counts in enumerate(self.scores):
-                    counts.update(p32[:, c], y == c)
 
     def recall(self) -> list[float | None]:
         """Per class: the share of its true rows predicted as it; None without a true row."""
@@ -143,9 +135,6 @@ class Running:
                "ece": float(np.abs(self.acc_bins - self.conf_bins).sum() / self.n),
                "roc_auc": None, "average_precision": None,
                "balanced_accuracy": float(np.mean(present)), "recall": recall}
-        if self.scores is not None:
-            out["roc_auc"] = _macro([s.roc_auc() for s in self.scores])
-            out["average_precision"] = _macro([s.average_precision() for s in self.scores])
         return out
 
 
@@ -159,7 +148,30 @@ def metrics(y: np.ndarray, p: np.ndarray, chunk_rows: int = 65536,
             rank: bool = True) -> dict[str, float | None]:
     """`Running.result()` of `y` `[n_rows]` and `p` `[n_rows, n_classes]` (an array or a
     memory map) added `chunk_rows` rows at a time."""
-    acc = Running(np.shape(p)[1], rank)
+    k = np.shape(p)[1]
+    acc = Running(k)
     for lo in range(0, len(y), chunk_rows):
         acc.update(y[lo:lo + chunk_rows], p[lo:lo + chunk_rows])
-    return acc.result()
+    out = acc.result()
+    if rank:
+        out.update(rank_metrics(y, p, chunk_rows))
+    return out
+
+
+def rank_metrics(y: np.ndarray, p: np.ndarray, chunk_rows: int = 65536
+                 ) -> dict[str, float | None]:
+    """`roc_auc` and `average_precision` of `y` `[n_rows]` and `p` `[n_rows, n_classes]` (an
+    array or a memory map): one class at a time (its `ScoreCounts` over chunks of
+    `chunk_rows` rows), so memory holds one class's counts, at most one entry per row; the
+    binary task scores class 1, more classes average one-vs-rest over the classes with both
+    positive and negative rows (macro)."""
+    k = np.shape(p)[1]
+    aucs, aps = [], []
+    for c in ([1] if k == 2 else range(k)):
+        counts = ScoreCounts()
+        for lo in range(0, len(y), chunk_rows):
+            part = np.asarray(p[lo:lo + chunk_rows, c], np.float32)
+            counts.update(part, np.asarray(y[lo:lo + chunk_rows]) == c)
+        aucs.append(counts.roc_auc())
+        aps.append(counts.average_precision())
+    return {"roc_auc": _macro(aucs), "average_precision": _macro(aps)}
