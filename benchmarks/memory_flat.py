@@ -131,7 +131,7 @@ def estimate(rows: int, classes: int, mode: str) -> int:
 
 def train(table: Path, run_dir: Path, mode: str, limit: int) -> dict:
     """One benchmark run: its `measure` figures, prepare seconds and the tables written."""
-    argv = [sys.executable, "-m", "pipelines.cli", "train",  # run from ROOT (see main) "--data", str(table),
+    argv = [sys.executable, "-m", "pipelines.cli", "train", "--data", str(table),
             "--target", "target", "--members", "2", "--epochs", "1", "--batch-size", "512",
             "--mode", mode, "--run-dir", str(run_dir), "--overwrite"]
     if mode == "between-graph":
