@@ -227,7 +227,7 @@ def shift_table(ctx: Context, x: np.ndarray, y: np.ndarray, seed: int = 0) -> pa
             models += [(f"ensemble-{a}", None, a, e) for a, e in ens.items()]
             for model, member, agg, o in models:
                 m = ood.split_metrics(y, o, ctx.task)
-                if agg == "vote":
+                if agg is not None and not ctx.task.aggregators[agg].probabilities:
                     m.update(nll=None, brier=None, ece=None)
                 recs.append({"model": model, "member": member, "aggregator": agg,
                              "corruption": name, "severity": sev, "n": len(y), **m})

@@ -88,7 +88,7 @@ def uncertainty_scores(member_outputs: np.ndarray, aggregators: Sequence[str],
                                                   "mutual_information": None}))
     for a, p in ensemble_outputs(out, aggregators, params).items():
         mi = None
-        if a != "vote":  # vote shares are not a predictive distribution
+        if getattr(A.REGISTRY.get(a), "probabilities", True):  # not vote shares
             w = A.member_weights(a, out.shape[0], params.get(a))
             mi = M.uncertainty(out, p, w)["mutual_information"]
         rows.append(_row(f"ensemble-{a}", None, a, {"max_probability": 1.0 - p.max(axis=1),

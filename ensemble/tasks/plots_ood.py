@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from ensemble.tasks.base import is_gaussian
+from ensemble.tasks.classification.aggregators import REGISTRY
 from ensemble.tasks.report import pyplot as _pyplot, save_figure
 
 
@@ -29,8 +30,9 @@ def entropy_histograms(folder: Path, scores_in: list[dict], scores_out: list[dic
     key = "std" if regression else "entropy"
     best = (fit or {}).get("best_member")
     member = next((k for k, r in enumerate(scores_in) if r["member"] == best), 0)
-    ens = next((k for k, r in enumerate(scores_in) if r["aggregator"] not in (None, "vote")),
-               None)
+    ens = next((k for k, r in enumerate(scores_in)
+                if r["aggregator"] is not None
+                and getattr(REGISTRY.get(r["aggregator"]), "probabilities", True)), None)
     shown = [member] + ([ens] if ens is not None else [])
     fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 4), sharex=True)
     for ax, k in zip(np.atleast_1d(axes), shown):

@@ -99,7 +99,7 @@ def fitted_lines(fit: dict | None, describe) -> list[str]:
     n = fit["n_rows"]
     out = [f"fitted on the validation split ({n} row{'s' * (n != 1)}):"]
     for name, p in fit["params"].items():
-        if name in ("weighted", "greedy"):
+        if "weights" in p:  # fitted member weights (weighted, greedy)
             ws = ", ".join(f"{n} {w:.2f}" for n, w in zip(names, p["weights"]) if w > 0)
             out.append(f"  {name}: weights {ws}{describe(name, p) or ''}")
         elif describe(name, p):
@@ -125,7 +125,7 @@ def kept_members(fit: dict | None, aggregator: str | None, n_members: int) -> in
     """How many of a run's `n_members` members `aggregator` gives a weight above 0: the
     members greedy selection or fitted weights kept (`fit`, an `aggregators.json`), else all."""
     params = ((fit or {}).get("params") or {}).get(aggregator or "")
-    if aggregator in ("weighted", "greedy") and params and "weights" in params:
+    if params and "weights" in params:
         return sum(1 for w in params["weights"] if w > 0)
     return n_members
 

@@ -171,7 +171,7 @@ def unknown(name: str) -> str:
 def member_weights(name: str, n_members: int, params: dict | None) -> np.ndarray:
     """The members' weights in an ensemble row's *expected* member entropy: the fitted weights
     of `weighted`/`greedy`, otherwise uniform. `[n_members]` float64."""
-    if name in ("weighted", "greedy") and params:
+    if params and "weights" in params:  # an aggregator that fitted member weights
         return check_weights(params["weights"], n_members)
     return np.full(n_members, 1.0 / n_members)
 

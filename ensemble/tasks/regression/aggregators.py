@@ -72,7 +72,7 @@ def mixture(outputs: np.ndarray, weights: Any = None, scale: float = 1.0) -> np.
 def member_weights(name: str, n_members: int, params: dict | None) -> np.ndarray:
     """`[n_members]` float64 weights of aggregator `name`: the fitted ones of `weighted` and
     `greedy`, uniform otherwise."""
-    if name in ("weighted", "greedy") and params:
+    if params and "weights" in params:  # an aggregator that fitted member weights
         return check_weights(params["weights"], n_members)
     return np.full(n_members, 1.0 / n_members)
 
