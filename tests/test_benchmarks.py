@@ -126,3 +126,14 @@ def test_embedding_bench(tmp_path):
     out = _bench("embedding_bench", "--rows", "600", "--categories", "40", "--set",
                  "training.epochs=1", "--set", "members.count=2", "--out", tmp_path)
     assert "one-hot, every category" in out and "HistGradientBoosting" in out
+
+
+def test_memory_flat(tmp_path):
+    out = _bench("memory_flat", "--rows", "3000", "--factors", "1", "--classes", "3",
+                 "--modes", "in-graph", "--out", tmp_path)
+    row = next(line.split() for line in out.splitlines() if line.strip().startswith("3,000"))
+    assert row[1:3] == ["in-graph", "0"] and row[-1] == "all"  # exit 0, every table written
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "table-3000.parquet")
+    assert table.num_rows == 3000 and table.column_names[-1] == "target"
