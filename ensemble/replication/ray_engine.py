@@ -23,8 +23,8 @@ Members are the same as under the local engine: the same seeds, batch order and 
 op (`threads`; Ray sets `OMP_NUM_THREADS` to a task's CPUs, and the local launcher sets it to
 its client's share the same way).
 
-Ray is an optional dependency (`pip install ensemble[ray]`), imported only here, inside the
-functions.
+Ray is an optional dependency (`pip install '.[ray]'` from a checkout), imported only here,
+inside the functions.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def _ray():
         import ray
     except ImportError:
         raise UsageError("Expected the `ray` package for --engine ray (pip install "
-                         "'ensemble[ray]'). Received: no module named ray") from None
+                         "'ensemble-replication[ray]', or '.[ray]' in a checkout). "
+                         "Received: no module named ray") from None
     return ray
 
 
