@@ -221,3 +221,34 @@ def test_split_depends_on_split_seed_only(tiny_config, tmp_path):
     cfg = schema.load(tiny_config, overrides={"data.split_seed": 1})
     prepare.prepare(TrainRequest(cfg, tmp_path / "other"), InGraph(), ["/device:CPU:0"])
     assert not np.array_equal(rows[0], artifacts.read_split(tmp_path / "other", "test")[2])
+
+
+def test_member_predictions_by_row_chunks_equal_the_whole_table(runs, monkeypatch):
+    # a client writes its member's prediction rows a chunk at a time as it predicts them;
+    # the file holds what one whole `predictions_table` of each split holds, bit for bit
+    from ensemble.core.record import Manifest
+    from ensemble.replication import group as G
+    from ensemble.replication.client_work import MemberWork, prediction_chunks
+    from ensemble.models.members import load_run_member
+    from ensemble.config import schema
+    from ensemble.tasks import tables
+    from ensemble.tasks.predicted import SplitPredictions
+
+    run_dir = runs["jobs2"]
+    manifest = Manifest.load(run_dir)
+    work = MemberWork.open(run_dir, manifest, schema.from_dict(manifest.config))
+    classes = np.asarray(manifest.dataset.classes)
+    member = G.MemberGroup([load_run_member(run_dir, manifest, 1, "/cpu:0")], ["/cpu:0"], [1])
+
+    def whole():
+        return pa.concat_tables([tables.predictions_table(s, SplitPredictions(
+            {1: member.predict(work.split[s][0])[0][0]}, None, work.split[s][2],
+            work.split[s][1]), classes) for s in artifacts.EVAL_SPLITS])
+
+    written = pq.read_table(artifacts.member_predictions_path(run_dir, 1))
+    assert written.equals(whole()) and written.schema.metadata == whole().schema.metadata
+    monkeypatch.setattr(G, "PREDICT_ROWS", 7)  # several calls, several chunks per split
+    parts = list(prediction_chunks(member, 1, work.split, classes, chunk_rows=15))
+    n_eval = sum(len(work.split[s][0]) for s in artifacts.EVAL_SPLITS)
+    assert len(parts) >= n_eval // 14 and max(len(p) for p in parts) == 14
+    assert pa.concat_tables(parts).equals(whole())

@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -25,6 +25,7 @@ from ensemble.core import interrupt
 from ensemble.core import record, runlock
 from ensemble.core.record import Manifest, MemberRecord
 from ensemble.tasks import tables
+from ensemble.tasks.eval_writer import CHUNK_ROWS
 from ensemble.tasks.predicted import SplitPredictions
 from ensemble import tasks
 from ensemble.replication.cluster import naming_unreachable_tasks
@@ -137,11 +138,14 @@ def run_client(run_dir: Path, indices: int | Sequence[int], threads: int | None 
 
 def _run_member(work: "MemberWork", index: int, device: str, callbacks: Sequence,
                 replicas: Sequence[str] | None) -> Path | None:
-    """Train member `index`, write its files and record its outcome (completed, diverged:
-    None, interrupted or failed: re-raised with `member` set on an `Interrupted`)."""
+    """Train member `index`, write its files (its predictions a chunk of rows at a time, as
+    they are predicted) and record its outcome (completed, diverged: None, interrupted or
+    failed: re-raised with `member` set on an `Interrupted`)."""
     try:
         with _placement_log(work.run_dir, index):
-            outputs = train_member(work, index, device, callbacks, replicas)
+            outputs = train_member(work, index, device, callbacks, replicas, streamed=True)
+            if isinstance(outputs, MemberOutputs):  # predicted while written
+                path = outputs.write(work.run_dir, index)
     except BaseException as exc:
         stopped = isinstance(exc, interrupt.Interrupted)
         if stopped:
@@ -151,7 +155,6 @@ def _run_member(work: "MemberWork", index: int, device: str, callbacks: Sequence
     if isinstance(outputs, int):  # diverged in that epoch
         record_member(work.run_dir, index, "diverged", outputs)
         return None
-    path = outputs.write(work.run_dir, index)
     record_member(work.run_dir, index, "completed")
     return path
 
@@ -221,33 +224,55 @@ class MemberWork:
 
 @dataclass(frozen=True)
 class MemberOutputs:
-    """What training one member yields, in memory: its Keras 3 file's bytes (`model`), its
-    history (`tables.history_table`) and its validation and test predictions
-    (`tables.predictions_table`), written by `write` as the run's member files."""
+    """What training one member yields: its Keras 3 file's bytes (`model`), its history
+    (`tables.history_table`) and its validation and test predictions
+    (`tables.predictions_table`'s rows), written by `write` as the run's member files.
+
+    `predictions` is one table in memory (a Ray task's result, shipped to the launcher), or
+    an iterable of row chunks of it, predicted as they are written (`write` then holds one
+    chunk of rows at a time).
+    """
 
     model: bytes
     history: pa.Table
-    predictions: pa.Table
+    predictions: pa.Table | Iterable[pa.Table]
 
     def write(self, run_dir: Path, index: int) -> Path:
         """Write `members/member-<i>.keras`, `.history.parquet` and `.predictions.parquet`
-        atomically; returns the predictions path."""
+        atomically (the predictions a Parquet row group per chunk); returns the predictions
+        path."""
+        import pyarrow.parquet as pq
+
         with artifacts.atomic_path(artifacts.member_model_path(run_dir, index),
                                    suffix=".keras") as tmp:
             Path(tmp).write_bytes(self.model)
         artifacts.write_parquet(artifacts.member_history_path(run_dir, index), self.history)
         out = artifacts.member_predictions_path(run_dir, index)
-        artifacts.write_parquet(out, self.predictions)
+        if isinstance(self.predictions, pa.Table):
+            artifacts.write_parquet(out, self.predictions)
+            return out
+        with artifacts.atomic_path(out) as tmp:
+            writer = None
+            try:
+                for chunk in self.predictions:
+                    if writer is None:
+                        writer = pq.ParquetWriter(tmp, chunk.schema, write_page_checksum=True)
+                    writer.write_table(chunk)
+            finally:
+                if writer is not None:
+                    writer.close()
         return out
 
 
 def train_member(work: MemberWork, index: int, device: str, callbacks: Sequence = (),
-                 replicas: Sequence[str] | None = None) -> MemberOutputs | int:
+                 replicas: Sequence[str] | None = None,
+                 streamed: bool = False) -> MemberOutputs | int:
     """Train member `index` of `work` on `device` (data parallel over `replicas` when more
     than one); returns its `MemberOutputs`, or the epoch in which it diverged
     (`ensemble.replication.divergence`). Writes nothing but its checkpoints (under
     `work.checkpoints`) and, with a `work.run_dir`, its TensorBoard scalars. `callbacks`:
-    its `training.Callback`s."""
+    its `training.Callback`s. `streamed`: the outputs' predictions are row chunks predicted
+    as `MemberOutputs.write` writes them (memory flat in the rows); else one table."""
     import tempfile
 
     from ensemble.replication.group import MemberGroup
@@ -269,14 +294,39 @@ def train_member(work: MemberWork, index: int, device: str, callbacks: Sequence 
                          work.checkpoints / f"member-{index}", callbacks)
     if member.divergence.epochs:
         return member.divergence.epochs[index]
-    parts = [tables.predictions_table(s, SplitPredictions(
-        {index: member.predict(split[s][0])[0][0]}, None, split[s][2], split[s][1]), classes)
-             for s in artifacts.EVAL_SPLITS]
     with tempfile.TemporaryDirectory(prefix="ensemble-member-") as tmp:
         path = Path(tmp) / f"member-{index}.keras"
         save_member(member.models[0], path)
         model = path.read_bytes()
-    return MemberOutputs(model, tables.history_table(history), pa.concat_tables(parts))
+    chunks = prediction_chunks(member, index, split, classes)
+    return MemberOutputs(model, tables.history_table(history),
+                         chunks if streamed else pa.concat_tables(list(chunks)))
+
+
+def prediction_chunks(member, index: int, split: dict, classes: np.ndarray,
+                      chunk_rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
+    """Member `index`'s validation and test prediction rows (`tables.predictions_table`'s,
+    in its order), predicted and built about `chunk_rows` rows at a time.
+
+    Args:
+        member: its `group.MemberGroup` of one member; split: `split` -> `(x [n, *row_shape],
+            y [n], rows [n] int64)` (arrays or memory maps); classes: `[n_classes]` labels
+            (empty: regression).
+
+    Each chunk is a whole number of `member.predict`'s calls (`group.predict_rows`), so the
+    rows are predicted in the same calls as one `predict` of the split: the same values.
+    """
+    from ensemble.replication.group import predict_rows
+
+    for s in artifacts.EVAL_SPLITS:
+        x, y, rows = split[s]
+        call = predict_rows(x.shape[1:])
+        step = call * max(1, chunk_rows // call)
+        for lo in range(0, len(x), step) if len(x) else [0]:
+            hi = lo + step
+            probs = member.predict(x[lo:hi])[0][0]
+            yield tables.predictions_table(
+                s, SplitPredictions({index: probs}, None, rows[lo:hi], y[lo:hi], lo), classes)
 
 
 def predict_client(request: ClientRequest, cluster: dict | None = None) -> list[Path]:
