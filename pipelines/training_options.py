@@ -40,6 +40,10 @@ def _common_run_options(parser, what: str) -> None:
          help="what the target is: auto (text or few whole numbers: classification; "
               "non-integer numbers: regression), classification, regression "
               "(default: the config's, auto)")
+    _add(parser, "--target-transform", choices=("none", "log1p", "log"),
+         help="regression: members fit Gaussians on log1p(y) or log(y), reported as "
+              "log-normals on the target's scale (default: the config's [training] "
+              "target_transform, none)")
     _add(parser, "--impute", choices=IMPUTE,
          help="missing feature values: refuse them, or fill them from the training split "
               "(default: the config's, error)")

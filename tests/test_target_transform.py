@@ -67,3 +67,120 @@ def test_targets_outside_the_domain_are_refused():
         T.get("log").check(np.array([0.0, 2.0]), "income")
     with pytest.raises(UsageError, match="sqrt"):
         T.get("sqrt")
+
+
+# --- one tiny run with --target-transform log1p: train, predict, export -------------------
+
+CONFIG = """
+[data]
+source = "diabetes"
+[members]
+count = 3
+hidden = [16]
+[training]
+epochs = 2
+batch_size = 64
+learning_rate = 0.01
+seed = 5
+[aggregation]
+aggregators = ["mean", "std-scaling"]
+[placement]
+devices = "cpu:2"
+"""
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from conftest import run_cli
+
+    root = tmp_path_factory.mktemp("transform")
+    (root / "c.toml").write_text(CONFIG)
+    assert run_cli("train", "--config", root / "c.toml", "--run-dir", root / "run",
+                   "--target-transform", "log1p", "--quiet") == 0
+    return root
+
+
+def test_train_reports_log_normals_on_the_target_scale(run):
+    """metrics.parquet's NLL is scipy's log-normal NLL of the y_pred and std train wrote
+    (the log-normal with those moments), and the run records the transform."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(run / "run" / "predictions.parquet")
+    assert table.schema.metadata[b"target_transform"] == b"log1p"
+    manifest = json.loads((run / "run" / "manifest.json").read_text())
+    assert manifest["config"]["training"]["target_transform"] == "log1p"
+    p, m = table.to_pandas(), pq.read_table(run / "run" / "metrics.parquet").to_pandas()
+    assert (p["y_pred"] > -1).all()
+    for model in ("member-0", "ensemble-mean", "ensemble-std-scaling"):
+        t = p[(p.model == model) & (p.split == "test")]
+        y, mean, sd = (t[c].to_numpy() for c in ("y_true", "y_pred", "std"))
+        s = np.sqrt(np.log1p(sd ** 2 / (mean + 1) ** 2))
+        dist = stats.lognorm(s=s, scale=(mean + 1) * np.exp(-s ** 2 / 2), loc=-1)
+        np.testing.assert_allclose(dist.mean(), mean, rtol=1e-9)
+        r = m[(m.model == model) & (m.split == "test")].iloc[0]
+        assert r["nll"] == pytest.approx(-np.mean(dist.logpdf(y)), rel=1e-9)
+        lo, hi = dist.ppf(0.05), dist.ppf(0.95)
+        assert r["coverage_90"] == pytest.approx(np.mean((y >= lo) & (y <= hi)))
+        assert r["width_90"] == pytest.approx(np.mean(hi - lo), rel=1e-6)
+
+
+def test_predict_and_export_apply_the_transform(run):
+    import pyarrow.parquet as pq
+    import tensorflow as tf
+    from conftest import run_cli
+    from sklearn.datasets import load_diabetes
+
+    out = run / "pred.parquet"
+    assert run_cli("predict", "--run", run / "run", "--data", "diabetes", "--out", out,
+                   "--aggregator", "mean", "--quiet") == 0
+    wide = pq.read_table(out).to_pandas()
+    train = pq.read_table(run / "run" / "predictions.parquet").to_pandas()
+    t = train[(train.model == "ensemble-mean") & (train.split == "test")]
+    got = wide.set_index("row").loc[t["source_row"], ["y_pred", "std"]].to_numpy()
+    np.testing.assert_allclose(got, t[["y_pred", "std"]].to_numpy(), rtol=1e-5)
+    assert run_cli("export", "--run", run / "run", "--out", run / "models",
+                   "--aggregator", "mean") == 0
+    model = tf.saved_model.load(str(run / "models" / "1"))
+    x = load_diabetes().data.astype(np.float32)
+    served = model.signatures["serving_default"](features=tf.constant(x))
+    np.testing.assert_allclose(served["mean"].numpy(), wide["y_pred"], rtol=1e-4)
+    np.testing.assert_allclose(served["std"].numpy(), wide["std"], rtol=1e-4)
+
+
+def test_a_target_outside_the_domain_or_a_class_target_is_refused(tmp_path, capsys):
+    import pandas as pd
+    from conftest import run_cli
+
+    rng = np.random.default_rng(0)
+    pd.DataFrame({"a": rng.normal(size=60), "y": np.r_[0.0, rng.uniform(1, 9, 59)]}).to_csv(
+        tmp_path / "t.csv", index=False)
+    for transform, code_ok in (("log", 2), ("log1p", 0)):
+        code = run_cli("train", "--data", tmp_path / "t.csv", "--target", "y",
+                       "--target-transform", transform, "--run-dir", tmp_path / transform,
+                       "--epochs", "1", "--members", "2", "--quiet")
+        err = capsys.readouterr().err
+        assert code == code_ok, err
+        if code == 2:
+            assert "'y'" in err and "0.0" in err and "log" in err
+            assert not (tmp_path / transform).exists()
+    pd.DataFrame({"a": rng.normal(size=60), "y": ["u", "v"] * 30}).to_csv(
+        tmp_path / "c.csv", index=False)
+    assert run_cli("train", "--data", tmp_path / "c.csv", "--target", "y",
+                   "--target-transform", "log1p", "--run-dir", tmp_path / "c") == 2
+    assert "regression target" in capsys.readouterr().err
+
+
+def test_negative_predictions_of_a_non_negative_target_get_a_notice(capsys):
+    from ensemble.tasks.eval_writer import negative_notice
+    from ensemble.tasks.predicted import SplitPredictions
+
+    ens = np.column_stack([[-2.0, 1.0, 3.0], np.ones(3), np.ones(3)])
+    split = SplitPredictions({}, {"mean": ens}, np.arange(3), np.array([0.0, 2.0, 5.0]))
+    negative_notice({"test": split}, ["mean"])
+    err = capsys.readouterr().err
+    assert "1 test rows" in err and "--target-transform log1p" in err
+    negative_notice({"test": split._replace(y=np.array([-1.0, 2.0, 5.0]))}, ["mean"])
+    negative_notice({"test": split._replace(ensembles={"mean": np.abs(ens)})}, ["mean"])
+    assert capsys.readouterr().err == ""

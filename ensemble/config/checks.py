@@ -220,6 +220,9 @@ def _check_names(cfg: Config) -> None:
     if cfg.training.class_weight not in ("none", "balanced"):
         raise UsageError("Expected `training.class_weight` to be \"none\" or \"balanced\". "
                          f"Received: {cfg.training.class_weight!r}")
+    if cfg.training.target_transform not in ("none", "log1p", "log"):
+        raise UsageError("Expected `training.target_transform` to be \"none\", \"log1p\" or "
+                         f"\"log\". Received: {cfg.training.target_transform!r}")
     if cfg.training.loss not in LOSSES:
         raise UsageError(f"Expected `training.loss` to be {_either(LOSSES)}. "
                          f"Received: {cfg.training.loss!r}")

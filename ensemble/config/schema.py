@@ -97,6 +97,7 @@ class TrainingConfig:
     min_delta: float = 1e-3
     loss: str = "auto"  # regression: gaussian_nll (auto) or mse; classification: cross_entropy
     class_weight: str = "none"  # classification: "balanced" weights each class n / (k n_c)
+    target_transform: str = "none"  # regression: "log1p" or "log", log-normal members
     seed: int = 0
     deterministic: bool = True
     # threads of one op (TensorFlow's intra-op pool) in every training and prediction process,

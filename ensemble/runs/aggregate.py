@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from ensemble.core import artifacts
+from ensemble.tasks.regression.tables import transform_metadata
 from ensemble.config import schema
 from ensemble.replication import divergence
 from ensemble.core import faults
@@ -159,7 +160,7 @@ def _write_tables(run_dir: Path, manifest: Manifest, task, splits: dict, classes
                                                     s.rows, s.y)
                                 for k, s in splits.items()},
                       classes, aggregators, fit["params"],
-                      {b"members": json.dumps(used).encode()},
+                      {b"members": json.dumps(used).encode(), **transform_metadata(task)},
                       posthoc.run_prior(run_dir, classes), best_member=fit["best_member"])
     if between:
         history = [r for i in used

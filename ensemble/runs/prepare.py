@@ -18,6 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+import numpy as np
+
 from ensemble.config.changes import resume_changes
 from ensemble.config import auto
 from ensemble.core import artifacts, background, memory, versions
@@ -216,10 +218,19 @@ def resolve_task(cfg: Config, y) -> tuple[Any, dict[str, Any]]:
     against it.
 
     Raises:
-        UsageError: an ambiguous target, an aggregator or loss of the other task (one line).
+        UsageError: an ambiguous target, an aggregator or loss of the other task, a target
+            transform for classification or a target outside its domain (one line).
     """
     task = tasks.for_target(y, cfg.data.task, cfg.data.source, cfg.training.loss,
                             cfg.aggregation.aggregators)
+    transform = cfg.training.target_transform
+    if transform != "none":
+        if not task.gaussian:
+            raise UsageError(f"Expected a regression target for `training.target_transform = "
+                             f"{transform!r}` (--target-transform). Received: a {task.spec} "
+                             f"target {cfg.data.target!r}; expected --target-transform none.")
+        task = task.with_transform(transform)
+        task.transform.check(np.asarray(y, np.float64), cfg.data.target)
     return task, {"task": task.spec}
 
 

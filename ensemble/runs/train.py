@@ -19,6 +19,7 @@ from ensemble.runs import records
 from ensemble.runs.run_record import Manifest
 from ensemble.runs import prepare, run_status
 from ensemble.tasks import eval_writer, tables
+from ensemble.tasks.regression.tables import transform_metadata
 from ensemble.replication.cluster import naming_unreachable_tasks
 from ensemble.config.schema import Config
 from ensemble.replication.modes import Mode
@@ -203,5 +204,5 @@ def _evaluate(ens, placed, task, cfg: Config, run_dir: Path, manifest: Manifest,
     posthoc.write_fit(run_dir, task, fit, splits, settings)
     classes = np.asarray(manifest.dataset.classes)
     eval_writer.write(run_dir, predicted, classes, names, fit["params"],
-                      prior=posthoc.prior(classes, split["train"][1]))
+                      transform_metadata(task), prior=posthoc.prior(classes, split["train"][1]))
     records.write_members(run_dir, manifest, splits["validation"], history, fit)

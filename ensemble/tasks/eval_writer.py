@@ -116,11 +116,13 @@ def write(run_dir: str | Path, splits: dict[str, SplitPredictions], classes: np.
             ensembles=_aggregated(files, p.members, classes, aggregators, params))
             for s, p in splits.items()}
         chunks, task_meta, metrics = _task_tables(splits, classes, aggregators, params, prior,
-                                                  best_member)
+                                                  best_member, meta)
         with artifacts.atomic_path(run_dir / artifacts.PREDICTIONS) as tmp:
             _write_chunks(tmp, chunks, {**task_meta, **prior_metadata(prior), **(meta or {})})
     artifacts.write_parquet(run_dir / artifacts.METRICS, metrics)
     baseline_notice(metrics)
+    if not len(classes) and b"target_transform" not in (meta or {}):
+        negative_notice(splits, aggregators)
     return metrics
 
 
@@ -134,6 +136,25 @@ def imbalance_notice(classes: np.ndarray, shares: Sequence[float]) -> None:
     notice(f"the classes are imbalanced (training rows: {named}): accuracy says little "
            "here; see roc_auc, average_precision, balanced_accuracy and the recall_<class> "
            "columns of metrics.parquet.")
+
+
+def negative_notice(splits: dict[str, SplitPredictions], aggregators: Sequence[str]) -> None:
+    """The notice when a regression run's labelled rows (`splits`' `y`) hold no negative
+    target and an ensemble (`aggregators`' `ensembles[a][:, 0]`) predicts a negative mean on
+    some row: `--target-transform log1p` keeps predictions above -1."""
+    ys = [np.asarray(p.y, np.float64) for p in splits.values() if p.y is not None]
+    ys = np.concatenate(ys) if ys else np.empty(0)
+    ys = ys[~np.isnan(ys)]
+    if not len(ys) or ys.min() < 0:
+        return
+    negative = {s: int(sum(np.count_nonzero(np.asarray(p.ensembles[a])[:, 0] < 0)
+                           for a in aggregators[:1]))
+                for s, p in splits.items() if p.ensembles}
+    if any(negative.values()):
+        counts = ", ".join(f"{n} {s} rows" for s, n in negative.items() if n)
+        notice(f"the target has no negative value in the {len(ys)} labelled rows, but "
+               f"ensemble-{aggregators[0]} predicts a negative mean for {counts}; "
+               "--target-transform log1p (or log) keeps predictions on the target's range.")
 
 
 def baseline_notice(metrics: pa.Table, split: str = "test") -> None:
@@ -151,7 +172,7 @@ def baseline_notice(metrics: pa.Table, split: str = "test") -> None:
                "the members learned little from the features.")
 
 
-def _task_tables(splits, classes, aggregators, params, prior, best_member):
+def _task_tables(splits, classes, aggregators, params, prior, best_member, meta=None):
     """(the prediction chunks, the file's metadata, the metrics table) of the run's task."""
     if len(classes):
         from ensemble.tasks import metrics_tables as MT
@@ -168,6 +189,7 @@ def _task_tables(splits, classes, aggregators, params, prior, best_member):
 
     from ensemble.tasks.regression import tables as regression_tables
 
+    extra = meta
     n_members = len(next(iter(splits.values())).members) if splits else 0
     meta = regression_tables.metadata(params, aggregators, n_members)
     chunks = (t for s, p in splits.items() for t in regression_tables.prediction_chunks(
@@ -175,7 +197,8 @@ def _task_tables(splits, classes, aggregators, params, prior, best_member):
     outputs = {s: regression_tables.split_outputs(p.members, p.y, aggregators, p.ensembles)
                for s, p in splits.items()}
     metrics = regression_tables.metrics_of(outputs, json.loads(meta[b"mixture"]), best_member,
-                                           prior)
+                                           prior, transform=regression_tables.transform_of(
+                                               extra))
     return chunks, meta, metrics
 
 

@@ -139,12 +139,16 @@ def _user_task(spec: str) -> Task:
 
 def for_run(manifest: Manifest) -> Task:
     """The task of a run from its manifest (`task`, the target's standardisation in
-    `dataset.target_loc` / `target_scale`, `config.training.loss`, the class weights in
+    `dataset.target_loc` / `target_scale`, `config.training.loss` and `target_transform`,
+    the class weights in
     `dataset.class_weight`)."""
     options = {} if manifest.task is None else {"name": manifest.task}
     task = get(**options, loss=manifest.config.get("training", {}).get("loss", "auto"))
     d = manifest.dataset
     task = task.with_target(_or(d.target_loc, 0.0), _or(d.target_scale, 1.0))
+    transform = manifest.config.get("training", {}).get("target_transform", "none")
+    if transform != "none" and isinstance(task, Regression):  # log-normal members
+        task = task.with_transform(transform)
     if d.extra.get("class_weight") is not None:  # `training.class_weight = "balanced"`
         task = copy.copy(task)
         task.class_weight = tuple(map(float, d.extra["class_weight"]))
@@ -160,7 +164,9 @@ def of_model(model) -> Task:
     head (`ensemble.tasks.regression.tf_ops.GaussianHead`), else classification."""
     last = model.layers[-1] if getattr(model, "layers", None) else None
     if type(last).__name__ == "GaussianHead":
-        return Regression(last.loc, last.scale, "mse" if last.point else "gaussian_nll")
+        task = Regression(last.loc, last.scale, "mse" if last.point else "gaussian_nll")
+        shift = getattr(last, "shift", None)
+        return task if shift is None else task.with_transform("log1p" if shift else "log")
     return Classification()
 
 

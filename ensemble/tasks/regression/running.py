@@ -4,7 +4,9 @@ predictive means and standard deviations (and, for an ensemble, the exact mixtur
 together, from float64 running sums: the means' sums (NLL, mixture NLL, CRPS, MAE, coverage and
 width), the squared error's sum (RMSE), the per-level counts of the calibration error, and the
 targets' count, mean and sum of squared deviations merged by Chan, Golub and LeVeque's pairwise
-update (1979) for R^2's total sum of squares.
+update (1979) for R^2's total sum of squares. Under a target transform
+(`ensemble.tasks.regression.transform`) the predictive means and stds are the log-normals'
+moments, and the metrics those of the log-normals (`TargetTransform.all_metrics`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from ensemble.tasks.regression import metrics as RM
 class Running:
     """`all_metrics` of one model over chunks of rows (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, transform=None) -> None:
+        self.transform = transform  # a `transform.TargetTransform`, or None: Gaussians
         self.n = 0
         self.sums: dict[str, float] = {}
         self.undefined: set[str] = set()  # NLLs with a zero sigma in some chunk: None
@@ -32,7 +35,16 @@ class Running:
         n = len(y)
         if n == 0:
             return
-        part = RM.all_metrics(y, mu, sigma, mu_m, var_m, weights)
+        if self.transform is None:
+            part = RM.all_metrics(y, mu, sigma, mu_m, var_m, weights)
+            yq, loc, sd = y, mu, sigma
+        else:  # the log-normals' metrics, from the Gaussians of z their moments determine
+            t = self.transform
+            loc, s2 = t.to_gaussian(mu, sigma ** 2)
+            sd, yq = np.sqrt(s2), t.forward(y)
+            if mu_m is not None:
+                mu_m, var_m = t.to_gaussian(mu_m, var_m)
+            part = t.all_metrics(y, loc, sd, mu_m, var_m, weights)
         for name in ("mae", "nll", "mixture_nll", "crps", "coverage_90", "width_90",
                      "coverage_95", "width_95"):
             if part[name] is None:
@@ -40,7 +52,7 @@ class Running:
             else:
                 self.sums[name] = self.sums.get(name, 0.0) + part[name] * n
         self.sq_err += float(np.sum((y - mu) ** 2))
-        self.below += [np.sum(y <= mu + sigma * RM._norm_ppf(p))
+        self.below += [np.sum(yq <= loc + sd * RM._norm_ppf(p))
                        for p in RM.CALIBRATION_LEVELS]
         mean, m2 = float(y.mean()), float(np.sum((y - y.mean()) ** 2))
         total = self.n + n

@@ -6,7 +6,9 @@
 rows `aleatoric_std` and `epistemic_std` (`std^2 = aleatoric_std^2 + epistemic_std^2`; null
 on member rows), all float64 in the target's units. Its Parquet key-value metadata hold
 `task = regression`, `classes = []` and `mixture`: each aggregator's member weights and std
-scale, so the exact mixture behind an ensemble row can be rebuilt from the file alone.
+scale, so the exact mixture behind an ensemble row can be rebuilt from the file alone, and
+under a target transform `target_transform` (`log1p`, `log`): `y_pred` and `std` are then the
+log-normals' moments, and the metrics the log-normals' (`running.Running`).
 `ensemble.tasks.tables` dispatches here for a run without classes.
 """
 
@@ -29,6 +31,20 @@ from ensemble.tasks.table_parts import (PRIOR, ModelRows, chunks, key_columns,
 
 CHUNK_ROWS = 65536  # rows of one model's outputs scored at a time
 COLUMNS = ("y_true", "y_pred", "std", "aleatoric_std", "epistemic_std")
+
+
+def transform_metadata(task) -> dict[bytes, bytes]:
+    """`{b"target_transform": name}` of a task with a target transform, else `{}`."""
+    t = getattr(task, "transform", None)
+    return {} if t is None else {b"target_transform": t.name.encode()}
+
+
+def transform_of(meta: dict | None):
+    """The `transform.TargetTransform` a table's metadata names, or None."""
+    from ensemble.tasks.regression import transform
+
+    name = (meta or {}).get(b"target_transform")
+    return None if name is None else transform.get(name.decode())
 
 
 def metadata(params: dict | None, aggregators: Sequence[str], n_members: int
@@ -137,7 +153,7 @@ def metrics_table(predictions: pa.Table | PredictionArrays, best_member: int | N
             outputs[split].append(ModelOutput(a.model, a.member, a.aggregator, a.y,
                                               a.values[:, 0], a.values[:, 1], epi))
     return metrics_of({s: o for s, o in outputs.items() if o}, mix, best_member,
-                      prior_of(arrays.metadata))
+                      prior_of(arrays.metadata), transform=transform_of(arrays.metadata))
 
 
 class ModelOutput(NamedTuple):
@@ -175,11 +191,13 @@ def split_outputs(member_outputs: dict[int, np.ndarray], y: np.ndarray,
 
 def metrics_of(outputs: dict[str, list[ModelOutput]], mix: dict,
                best_member: int | None = None, prior: dict | None = None,
-               chunk_rows: int = CHUNK_ROWS) -> pa.Table:
+               chunk_rows: int = CHUNK_ROWS, transform=None) -> pa.Table:
     """`metrics_table`'s rows from each split's `ModelOutput`s, each model's metrics over
     chunks of `chunk_rows` rows (`running.Running`; its arrays may be memory maps); `mix`: the
     `mixture` metadata (`metadata`: each aggregator's member weights and std scale); `prior`:
-    the training split's `{"mean", "std"}`, the Gaussian of a `prior` row per split."""
+    the training split's `{"mean", "std"}`, the Gaussian of a `prior` row per split;
+    `transform`: a target transform's `TargetTransform` (log-normals with the rows'
+    moments, the prior's too), None for Gaussians."""
     out = []
     for split, models in sorted(outputs.items()):
         if prior is not None and models:
@@ -191,7 +209,7 @@ def metrics_of(outputs: dict[str, list[ModelOutput]], mix: dict,
         for o in models:
             row = {"model": o.model, "member": o.member, "aggregator": o.aggregator,
                    "split": split, "n": len(o.y), "mean_epistemic_std": o.mean_epistemic_std}
-            acc, spread = running.Running(), 0.0
+            acc, spread = running.Running(transform), 0.0
             m = mix.get(o.aggregator, {"weights": None, "scale": 1.0})
             for lo in range(0, len(o.y), chunk_rows):
                 span = slice(lo, lo + chunk_rows)

@@ -4,7 +4,9 @@
 `ensemble.tasks.regression.tf_ops` (members output (mean, variance) in the target's units),
 Gaussian NLL as the loss on the standardised target, NLL and RMSE on validation; its
 aggregators are the mixtures of `ensemble.tasks.regression.aggregators.REGISTRY`, `mean` and
-`std-scaling` by default.
+`std-scaling` by default. Under a target transform (`training.target_transform`, `transform`:
+`ensemble.tasks.regression.transform`) the members fit Gaussians on `z = log(y + shift)`
+and report their log-normals' moments on the target's scale; NLLs are the log-normal's.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Regression(Task):
     default_aggregators = R.REGRESSION_DEFAULT
     fit_entries = {"task": "regression"}
     score_units = (" (standardised target)", " (target units)")
+    transform = None  # a `transform.TargetTransform`: members' Gaussians on z = log(y + shift)
 
     def __init__(self, loc: float = 0.0, scale: float = 1.0, loss: str = "gaussian_nll"):
         self.loc, self.scale = float(loc), float(scale) if scale > 0 else 1.0
@@ -46,6 +49,35 @@ class Regression(Task):
         if self.loss_name not in self.losses:
             raise ValueError(f"Expected a regression loss, gaussian_nll or mse. "
                              f"Received: {loss!r}")
+
+    def with_transform(self, name: str | None) -> "Regression":
+        """The task whose members fit Gaussians on the transformed target (`"log1p"`,
+        `"log"`; `"none"` or None: the target itself), a copy.
+
+        Raises:
+            UsageError: another name.
+        """
+        from ensemble.tasks.regression import transform
+
+        task = copy.copy(self)
+        task.transform = transform.get(name)
+        return task
+
+    @property
+    def shift(self) -> float | None:
+        """The transform's shift (`log(y + shift)`), None without a transform."""
+        return None if self.transform is None else self.transform.shift
+
+    def nll_of(self, y: np.ndarray, mean: np.ndarray, var: np.ndarray) -> float | None:
+        """Mean NLL (target units) of `y` under per-row predictive `mean`, `var` `[n_rows]`:
+        Gaussian, or the log-normal with those moments under a transform (with the
+        Jacobian); None when a variance is 0."""
+        from ensemble.tasks.regression import metrics as RM
+
+        if self.transform is None:
+            return RM.nll(y, mean, np.sqrt(var))
+        mu, s2 = self.transform.to_gaussian(mean, var)
+        return self.transform.nll(y, mu, np.sqrt(s2))
 
     @property
     def point(self) -> bool:
@@ -67,7 +99,7 @@ class Regression(Task):
         2]` (mean, variance), target units."""
         from ensemble.tasks.regression.tf_ops import GaussianHead
 
-        return GaussianHead(self.loc, self.scale, self.point, name=name)(logits)
+        return GaussianHead(self.loc, self.scale, self.point, self.shift, name=name)(logits)
 
     def loss(self, y, outputs):
         """Mean Gaussian NLL (or MSE) of `y` `[batch]` float64 targets under `outputs`
@@ -75,7 +107,7 @@ class Regression(Task):
         from ensemble.tasks.regression import tf_ops as RT
 
         fn = RT.mse if self.point else RT.gaussian_nll
-        return fn(y, outputs, self.loc, self.scale)
+        return fn(y, outputs, self.loc, self.scale, self.shift)
 
     def validation_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float]:
         """`{"val_loss": Gaussian NLL (target units; MSE for point members), "val_rmse"}` of
@@ -84,15 +116,19 @@ class Regression(Task):
 
         y, out = np.asarray(y, np.float64), np.asarray(outputs, np.float64)
         rmse = RM.rmse(y, out[:, 0])
-        loss = rmse ** 2 if self.point else RM.nll(y, out[:, 0], np.sqrt(out[:, 1]))
+        if self.point and self.transform is not None:  # the training loss: MSE of z
+            loss = RM.rmse(self.transform.forward(y), np.log(out[:, 0] + self.shift)) ** 2
+        else:
+            loss = rmse ** 2 if self.point else self.nll_of(y, out[:, 0], out[:, 1])
         return {"val_loss": float("inf") if loss is None else loss, "val_rmse": rmse}
 
     def fit_target(self, y_train: np.ndarray) -> tuple["Regression", dict[str, float]]:
         """The task on targets standardised by the training split's mean and std (`y_train`
-        `[n_train]`, target units), and the manifest's `dataset` entries `target_loc`,
-        `target_scale`."""
-        loc = float(np.mean(y_train))
-        scale = float(np.std(y_train)) or 1.0
+        `[n_train]`, target units; of `z` under a transform), and the manifest's `dataset`
+        entries `target_loc`, `target_scale`."""
+        z = y_train if self.transform is None else self.transform.forward(y_train)
+        loc = float(np.mean(z))
+        scale = float(np.std(z)) or 1.0
         task = self.with_target(loc, scale)
         return task, task.target_entries()
 
@@ -113,7 +149,7 @@ class Regression(Task):
         from ensemble.tasks.regression import metrics as RM
 
         y, out = np.asarray(y, np.float64), np.asarray(outputs, np.float64)
-        return {"val_nll": None if self.point else RM.nll(y, out[:, 0], np.sqrt(out[:, 1])),
+        return {"val_nll": None if self.point else self.nll_of(y, out[:, 0], out[:, 1]),
                 "val_rmse": RM.rmse(y, out[:, 0])}
 
     def format_table(self, metrics_table, fit: dict | None = None, extra=()) -> str:
@@ -134,13 +170,15 @@ class Regression(Task):
         """Each member's validation Gaussian NLL (RMSE when no member has one)."""
         from ensemble.tasks.regression import fitted
 
-        return fitted.member_losses(outputs, y)
+        if self.transform is None:
+            return fitted.member_losses(outputs, y)
+        out = np.asarray(outputs, np.float64)
+        nll = [self.nll_of(y, o[:, 0], o[:, 1]) for o in out]
+        return [np.inf if v is None else v for v in nll]
 
     def ensemble_nll(self, y: np.ndarray, rows: np.ndarray, name: str) -> float | None:
-        """The Gaussian NLL (target units) of a mixture's `[n_rows, 3]` rows."""
-        from ensemble.tasks.regression import metrics as RM
-
-        return RM.nll(y, rows[:, 0], np.sqrt(rows[:, 1] + rows[:, 2]))
+        """The NLL (target units; `nll_of`) of a mixture's `[n_rows, 3]` rows."""
+        return self.nll_of(y, rows[:, 0], rows[:, 1] + rows[:, 2])
 
     def target_type(self):
         """Targets are float64 in a member's prediction file."""
@@ -156,7 +194,8 @@ class Regression(Task):
 
         mix = R.aggregate(outputs, "mean")
         std = R.std_of(mix)[0]
-        return {"mean/val_rmse": RM.rmse(y, mix[:, 0]), "mean/val_nll": RM.nll(y, mix[:, 0], std),
+        return {"mean/val_rmse": RM.rmse(y, mix[:, 0]),
+                "mean/val_nll": self.nll_of(y, mix[:, 0], std ** 2),
                 "val_disagreement": R.disagreement(outputs)}
 
     def refusal(self, name: str, names: Sequence[str]) -> str:

@@ -7,6 +7,10 @@ the builder's outputs into the member's Gaussian *in the target's units*:
 (Lakshminarayanan et al. 2017, section 2.2.1), where `loc`, `scale` standardise the target
 on the training split. A point member (`training.loss = "mse"`, one builder output) has
 variance 0. The losses standardise again, so members train on the standardised target.
+Under a target transform (`training.target_transform`, `ensemble.tasks.regression.transform`)
+`loc`, `scale` standardise `z = log(y + shift)`, the Gaussian above is that of `z`, and the head
+returns the mean and variance of its log-normal on the target's scale; the losses take them
+back to `z` (`on_z`).
 """
 
 from __future__ import annotations
@@ -25,11 +29,14 @@ LOG_2PI = math.log(2 * math.pi)
 @keras.saving.register_keras_serializable(package="ensemble")
 class GaussianHead(keras.layers.Layer):
     """`[batch, 2]` (or `[batch, 1]` when `point`) builder outputs -> `[batch, 2]` float64
-    (mean, variance), target units. `loc`, `scale`: the training target's mean and std."""
+    (mean, variance), target units. `loc`, `scale`: the training target's mean and std
+    (of `z = log(y + shift)` when `shift` is not None: the log-normal's moments returned)."""
 
-    def __init__(self, loc: float = 0.0, scale: float = 1.0, point: bool = False, **kwargs):
+    def __init__(self, loc: float = 0.0, scale: float = 1.0, point: bool = False,
+                 shift: float | None = None, **kwargs):
         super().__init__(**kwargs)
         self.loc, self.scale, self.point = float(loc), float(scale), bool(point)
+        self.shift = None if shift is None else float(shift)
 
     def call(self, out):
         out = tf.cast(out, tf.float64)  # target units: float64 (a price near 1e9 keeps its digits)
@@ -38,6 +45,9 @@ class GaussianHead(keras.layers.Layer):
             var = tf.zeros_like(mean)
         else:
             var = (self.scale ** 2) * (tf.math.softplus(out[:, 1]) + VARIANCE_FLOOR)
+        if self.shift is not None:  # log-normal moments: exp(mu + s^2/2) - shift, ...
+            mean, var = (tf.exp(mean + var / 2) - self.shift,
+                         tf.math.expm1(var) * tf.exp(2 * mean + var))
         return tf.stack([mean, var], axis=1)
 
     def compute_output_shape(self, input_shape):
@@ -45,7 +55,21 @@ class GaussianHead(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "loc": self.loc, "scale": self.scale,
-                "point": self.point}
+                "point": self.point, "shift": self.shift}
+
+
+def on_z(y, outputs, shift: float | None):
+    """`(z, outputs on z)`: `z = log(y + shift)` `[batch]` and the Gaussian `[batch, 2]`
+    (mean, variance) of `z` whose log-normal has the moments `outputs` (target scale):
+    `s^2 = log(1 + var / (mean + shift)^2)`, `mu = log(mean + shift) - s^2 / 2`; both unchanged
+    when `shift` is None."""
+    if shift is None:
+        return y, outputs
+    out = tf.cast(outputs, tf.float64)
+    m = out[:, 0] + shift
+    s2 = tf.math.log1p(out[:, 1] / tf.square(m))
+    return (tf.math.log(tf.cast(y, tf.float64) + shift),
+            tf.stack([tf.math.log(m) - s2 / 2, s2], axis=1))
 
 
 def standardised(y, outputs, loc: float, scale: float):
@@ -57,17 +81,19 @@ def standardised(y, outputs, loc: float, scale: float):
                                                    out[:, 1] / (scale * scale)))
 
 
-def gaussian_nll(y, outputs, loc: float, scale: float):
+def gaussian_nll(y, outputs, loc: float, scale: float, shift: float | None = None):
     """Mean Gaussian NLL (natural log) of `y` `[batch]` under `outputs` `[batch, 2]` (mean,
     variance in target units), computed on the standardised target: the target-unit NLL
-    minus `log scale` (same gradients). Scalar float32."""
-    y, mu, var = standardised(y, outputs, loc, scale)
+    minus `log scale` (same gradients); on `z` under a target transform (`on_z`). Scalar
+    float32."""
+    y, mu, var = standardised(*on_z(y, outputs, shift), loc, scale)
     return tf.reduce_mean(0.5 * (LOG_2PI + tf.math.log(var) + tf.square(y - mu) / var))
 
 
-def mse(y, outputs, loc: float, scale: float):
-    """Mean squared error of the standardised target and mean (point members). Scalar."""
-    y, mu, _ = standardised(y, outputs, loc, scale)
+def mse(y, outputs, loc: float, scale: float, shift: float | None = None):
+    """Mean squared error of the standardised target and mean (point members; on `z` under a
+    target transform, `on_z`). Scalar."""
+    y, mu, _ = standardised(*on_z(y, outputs, shift), loc, scale)
     return tf.reduce_mean(tf.square(y - mu))
 
 
