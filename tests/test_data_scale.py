@@ -326,11 +326,13 @@ def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     launcher = b.LEAN_PROCESS + 32 * 10_000_000
     assert between["training"] == launcher + 2 * (b.TF_PROCESS + 4 * CALL_BYTES
                                                    + 16 * 10_000_000 + b.FILE_SET)
-    # a client's member's prediction rows (64 + 8 x 100 B per row, and its 100 float32
-    # outputs) outweigh its calls with many classes
-    many = b.estimate(rows, 100, 2, 3, clients=2, member_rows=True)
-    assert many["training"] == launcher + 2 * (b.TF_PROCESS + 3_000_000 * (864 + 400)
+    # a client's chunk of its member's prediction rows (65,536 rows of 64 + 12 x 400 B)
+    # outweighs its calls with many classes, and does not grow with the rows
+    many = b.estimate(rows, 400, 2, 3, clients=2, member_rows=True)
+    assert many["training"] == launcher + 2 * (b.TF_PROCESS + 65_536 * (64 + 4_800)
                                                + 16 * 10_000_000 + b.FILE_SET)
+    more = b.estimate({**rows, "test": 20_000_000}, 400, 2, 3, clients=2, member_rows=True)
+    assert more["training"] - many["training"] == (32 + 2 * 16) * 18_000_000
     assert between["predictions"] == preds  # the members' rows memory-mapped
     assert between["evaluation"] == (launcher + b.EVAL_FIXED + between["predictions"]
                                      + b.LEAN_PROCESS)

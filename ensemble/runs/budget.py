@@ -19,6 +19,7 @@ from ensemble.core import memory
 from ensemble.core.errors import UsageError
 from ensemble.replication.feed import CALL_BYTES  # one traced call's batches
 from ensemble.replication.modes import Mode
+from ensemble.tasks.eval_writer import CHUNK_ROWS  # rows of predictions built at a time
 
 TF_PROCESS = 400 << 20  # anonymous bytes of a process running TensorFlow and Keras (measured)
 LEAN_PROCESS = 256 << 20  # a process without TensorFlow (NumPy, pyarrow, scikit-learn)
@@ -42,8 +43,8 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
     the whole run. Its phases do not overlap, so the peak is the largest of: preparing (the
     launcher and the pass's chunks), training (each TensorFlow client's runtime and
     `IN_FLIGHT` traced calls' batches, `feed.CALL_BYTES` each, less for a small training split;
-    the members' batch order; a between-graph client's member's prediction rows, which it
-    writes once the member is trained) and evaluation (the validation
+    the members' batch order; a between-graph client's chunk of its member's prediction rows,
+    written as they are predicted once the member is trained) and evaluation (the validation
     and test predictions, in-graph in the launcher; between-graph in an aggregator process of
     its own, after the clients). Each TensorFlow process adds `FILE_SET` of file pages it
     cannot run without (a memory cgroup charges them too). The constants are round upper
@@ -73,9 +74,10 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
     launcher = (TF_PROCESS if launcher_tf else LEAN_PROCESS) + LABEL_ROW * n_rows
     calls = IN_FLIGHT * min(CALL_BYTES, BATCH_ROW * n_members * n_train)
     # in-graph: every member's int32 batch order and its int64 permutation; a client (its
-    # member's order within CLIENT_ROW): its calls, then its member's prediction rows
+    # member's order within CLIENT_ROW): its calls, then a chunk of its member's prediction
+    # rows (predicted and written `eval_writer.CHUNK_ROWS` rows at a time)
     orders = (4 * n_members + 8) * n_train
-    client_rows = max(calls, n_eval * (LONG_ROW + 8 * n_outputs) + n_eval * n_outputs * 4)
+    client_rows = max(calls, min(n_eval, CHUNK_ROWS) * (LONG_ROW + 12 * n_outputs))
     files = FILE_SET if launcher_tf else 0  # the launcher's file pages, in every phase
     parts = {
         "prepare": launcher + min(PREPARE_CHUNKS, PREPARE_ROW * n_rows) + files,
