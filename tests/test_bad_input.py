@@ -242,8 +242,8 @@ def test_bad_input_at_evaluate(trained, tmp_path, capsys):
         (["--predictions", folder], "(a folder)"),
         (["--predictions", tmp_path / "gone.parquet"], "gone.parquet (missing)"),
         (["--predictions", garbage], f"Damaged or invalid Parquet file {garbage}"),
-        (["--predictions", metrics], "is not a predictions file in the long layout"),
-        (["--predictions", tmp_path / "preds.csv"], "--layout long`. Received:"),
+        (["--predictions", metrics], "is not a predictions file of `ensemble predict`"),
+        (["--predictions", tmp_path / "preds.csv"], "a .parquet file of `ensemble predict` (either layout). Received:"),
         (["--run", tmp_path], "Not a run directory"),
     ]:
         assert run_cli("evaluate", *argv) == 2, argv

@@ -208,7 +208,7 @@ def test_a_failed_phase_keeps_the_finished_runs_and_says_how_to_continue(tmp_pat
     (tmp_path / "in-graph" / artifacts.MANIFEST).write_text("{}")
     runs = _runs({("in-graph", "train"): [2.0], ("in-graph", "predict"): [1.0]})
     with pytest.raises(UsageError) as err:
-        with compare._keeping(runs, tmp_path, "between-graph", "data.csv"):
+        with compare._keeping(runs, tmp_path, ["in-graph", "between-graph"], "data.csv"):
             raise UsageError("between-graph training failed (exit 2): error: bad thing")
     text = str(err.value)
     assert text.startswith("between-graph training failed (exit 2): error: bad thing Kept: "
@@ -303,23 +303,26 @@ def test_verdict_without_crossover_names_one_mode_at_every_count():
 def test_epoch_cost_from_history_in_both_modes():
     """In-graph: the median epoch after the first (which pays for tracing); between-graph: per
     client the sum of its members' epochs, the slowest client; one epoch: the steady rate."""
+    from ensemble.runs.builtin_modes import get
     from pipelines import compare_cost as cost
 
     hist = [{"member": m, "epoch": e, "seconds": s} for m in (0, 1)
             for e, s in enumerate((5.0, 1.0, 1.2, 0.8))]
-    assert cost.epoch_seconds("in-graph", hist, {}, 100) == (1.0, 4)
+    assert cost.epoch_seconds(get("in-graph"), hist, {}, 100) == (1.0, 4)
     between = [{"member": m, "epoch": e, "seconds": s * (m + 1)} for m in (0, 1, 2)
                for e, s in enumerate((5.0, 1.0, 1.0))]
     clients = {"0": {"client": 0}, "1": {"client": 0}, "2": {"client": 1}}
     # client 0 trains members 0 and 1 (1 + 2 s per epoch), client 1 member 2 (3 s)
-    assert cost.epoch_seconds("between-graph", between, {"clients": clients}, 100) == (3.0, 3)
+    assert cost.epoch_seconds(get("between-graph"), between, {"clients": clients},
+                              100) == (3.0, 3)
     clients["2"]["client"] = 0
-    assert cost.epoch_seconds("between-graph", between, {"clients": clients}, 100) == (6.0, 3)
+    assert cost.epoch_seconds(get("between-graph"), between, {"clients": clients},
+                              100) == (6.0, 3)
     one = [{"member": 0, "epoch": 0, "seconds": 9.0}]
     # one epoch: nothing past the first measured (a steady call's rate was reported instead)
-    assert cost.epoch_seconds("in-graph", one, {"steady_rows": 50, "steady_seconds": 0.5},
+    assert cost.epoch_seconds(get("in-graph"), one, {"steady_rows": 50, "steady_seconds": 0.5},
                               100) == (None, 1)
-    assert cost.epoch_seconds("between-graph", one, {"clients": {"0": {
+    assert cost.epoch_seconds(get("between-graph"), one, {"clients": {"0": {
         "client": 0, "steady": {"0": [50, 0.5]}}}}, 100) == (None, 1)
     assert cost.split_cost(10.0, 2.0, 3, 1000) == {"fixed_seconds": 4.0, "epoch_seconds": 2.0,
                                                     "row_epoch_us": 2000.0}
@@ -328,6 +331,7 @@ def test_epoch_cost_from_history_in_both_modes():
 def test_one_epoch_reports_no_per_epoch_cost_and_no_crossover():
     """`--epochs 1`: the per-epoch cost was a steady call's rate times the rows, not a measured
     epoch; now n/a, no fixed/per-epoch split, no crossover, and the text suggests --epochs 2."""
+    from ensemble.runs.builtin_modes import get
     from pipelines import compare_cost as cost
 
     one = [{"member": 0, "epoch": 0, "seconds": 9.0}]
@@ -335,7 +339,7 @@ def test_one_epoch_reports_no_per_epoch_cost_and_no_crossover():
     runs = []
     for mode, wall in (("in-graph", 10.0), ("between-graph", 12.0)):
         for _ in range(3):
-            per, epochs = cost.epoch_seconds(mode, one, timings, 1000)
+            per, epochs = cost.epoch_seconds(get(mode), one, timings, 1000)
             runs += _runs({(mode, "train"): [wall]})
             runs[-1].update(epochs=epochs, train_rows=1000,
                             **cost.split_cost(wall, per, epochs, 1000))

@@ -43,7 +43,8 @@ class Sequential(modes.Mode):
                                                schema.from_dict(manifest.config))
             with run_status.recording_outcome(r.run_dir):
                 for m in manifest.members:  # one after another, each in its own graph
-                    client_work.train_member(work, m.index, m.device)
+                    outputs = client_work.train_member(work, m.index, m.device)
+                    outputs.write(r.run_dir, m.index)  # the member's files, as a client's
                     client_work.record_member(r.run_dir, m.index, "completed")
         return aggregate_run(r.run_dir, member_files=self.member_files)
 
