@@ -273,3 +273,15 @@ def test_usage_errors_open_with_a_capital_as_sentences_do():
     assert len(found) > 300  # the walk sees the messages
     assert [f"{where} {text[:30]!r}" for where, text in found if (text[:1].islower() or
             text.startswith("-")) and not text.startswith(PREFIXES)] == []
+
+
+def test_engine_ray_without_ray_is_refused_before_the_run_directory(tmp_path, capsys,
+                                                                    monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    run_dir = tmp_path / "run"
+    assert run_cli("train", "--data", "digits", "--members", "2", "--epochs", "1", "--mode",
+                   "between-graph", "--engine", "ray", "--run-dir", run_dir, "--quiet") == 2
+    _one_line(capsys, "Expected the `ray` package for --engine ray", "no module named ray")
+    assert not run_dir.exists()

@@ -94,7 +94,7 @@ def check(request, mode: str) -> None:
     starts: a TensorFlow cluster spec of its own (the engine starts the servers), the
     data-parallel replicas of a member, TensorBoard scalars of between-graph members (their
     workers never open the run directory) and `--prepare-only`; `placement.address` without
-    the Ray engine.
+    the Ray engine; the engine without the `ray` package.
 
     Raises:
         UsageError: names the option and why.
@@ -118,6 +118,7 @@ def check(request, mode: str) -> None:
     for refused, reason in reasons:
         if refused:
             raise UsageError(reason)
+    _ray()  # not installed: refused here, before the run directory is written
 
 
 def _here(ray) -> Any:
