@@ -277,7 +277,11 @@ def _evaluate_data(args) -> int:
         status = main(argv)
         if status != 0:
             return status
-        print(evaluate.evaluate(Path(args.run), out)[1])  # the run's best member
+        try:
+            print(evaluate.evaluate(Path(args.run), out)[1])  # the run's best member
+        except UsageError as exc:  # name the user's data, not the temporary predictions
+            raise UsageError(str(exc).replace(str(out), args.data) + " Expected labelled rows: "
+                             "the run's target column in the data, or --target COL.") from None
     return 0
 
 

@@ -285,3 +285,15 @@ def test_engine_ray_without_ray_is_refused_before_the_run_directory(tmp_path, ca
                    "between-graph", "--engine", "ray", "--run-dir", run_dir, "--quiet") == 2
     _one_line(capsys, "Expected the `ray` package for --engine ray", "no module named ray")
     assert not run_dir.exists()
+
+
+def test_evaluate_of_unlabelled_data_names_the_data(trained, tmp_path, capsys):
+    from sklearn.datasets import load_digits
+
+    x, _ = load_digits(return_X_y=True, as_frame=True)
+    data = tmp_path / "unlabelled.csv"
+    x.head(20).to_csv(data, index=False)
+    assert run_cli("evaluate", "--run", trained, "--data", data) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{data} has no rows with a known y_true" in err and "--target COL" in err, err
+    assert "ensemble-evaluate-" not in err  # not the temporary predictions file

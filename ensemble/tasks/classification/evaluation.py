@@ -85,8 +85,9 @@ def _rank_block(split: str, rows: list[dict]) -> list[str]:
     if ens is not None:
         recall = [(k[len("recall_"):], v) for k, v in ens.items()
                   if k.startswith("recall_") and v is not None]
-        out.append(textwrap.fill(f"recall per class ({ens['model']}): " + ", ".join(
-            f"{c} {number(v, 3)}" for c, v in recall), NAME_WIDTH + 4 * COL))
+        pairs = ", ".join(f"{c}\x00{number(v, 3)}" for c, v in recall)  # \x00: no break
+        out.append(textwrap.fill(f"recall per class ({ens['model']}): {pairs}",
+                                 NAME_WIDTH + 4 * COL).replace("\x00", " "))
     return out
 
 
