@@ -33,12 +33,12 @@ def dtype_policy(precision: str):
     the layers built there take it (a builder's layers that name no `dtype`)."""
     import keras
 
-    before = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(precision)
+    before = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_dtype_policy(precision)
     try:
         yield
     finally:
-        keras.config.set_dtype_policy(before)
+        keras.mixed_precision.set_dtype_policy(before)
 
 
 def cpu_support(precision: str, cpuinfo: str | Path = "/proc/cpuinfo") -> list[str] | None:
