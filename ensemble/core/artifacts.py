@@ -131,6 +131,24 @@ def write_parquet(path: str | Path, table: pa.Table) -> None:
         pq.write_table(table, tmp, write_page_checksum=True)
 
 
+def write_parquet_chunks(path: str | Path, chunks, meta: dict | None = None) -> None:
+    """Write the Arrow tables `chunks` (one schema) atomically to one Parquet file, a row group
+    each as they come (memory flat in the rows), with page checksums and, when given, the
+    key-value metadata `meta` on every chunk's schema."""
+    with atomic_path(path) as tmp:
+        writer = None
+        try:
+            for t in chunks:
+                if meta is not None:
+                    t = t.replace_schema_metadata(meta)
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, t.schema, write_page_checksum=True)
+                writer.write_table(t)
+        finally:
+            if writer is not None:
+                writer.close()
+
+
 def read_parquet(path: str | Path) -> pa.Table:
     """Read a Parquet file, verifying page checksums.
 

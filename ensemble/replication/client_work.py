@@ -241,8 +241,6 @@ class MemberOutputs:
         """Write `members/member-<i>.keras`, `.history.parquet` and `.predictions.parquet`
         atomically (the predictions a Parquet row group per chunk); returns the predictions
         path."""
-        import pyarrow.parquet as pq
-
         with artifacts.atomic_path(artifacts.member_model_path(run_dir, index),
                                    suffix=".keras") as tmp:
             Path(tmp).write_bytes(self.model)
@@ -251,16 +249,7 @@ class MemberOutputs:
         if isinstance(self.predictions, pa.Table):
             artifacts.write_parquet(out, self.predictions)
             return out
-        with artifacts.atomic_path(out) as tmp:
-            writer = None
-            try:
-                for chunk in self.predictions:
-                    if writer is None:
-                        writer = pq.ParquetWriter(tmp, chunk.schema, write_page_checksum=True)
-                    writer.write_table(chunk)
-            finally:
-                if writer is not None:
-                    writer.close()
+        artifacts.write_parquet_chunks(out, self.predictions)
         return out
 
 

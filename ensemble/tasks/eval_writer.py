@@ -117,8 +117,8 @@ def write(run_dir: str | Path, splits: dict[str, SplitPredictions], classes: np.
             for s, p in splits.items()}
         chunks, task_meta, metrics = _task_tables(splits, classes, aggregators, params, prior,
                                                   best_member, meta)
-        with artifacts.atomic_path(run_dir / artifacts.PREDICTIONS) as tmp:
-            _write_chunks(tmp, chunks, {**task_meta, **prior_metadata(prior), **(meta or {})})
+        artifacts.write_parquet_chunks(run_dir / artifacts.PREDICTIONS, chunks,
+                                       {**task_meta, **prior_metadata(prior), **(meta or {})})
     artifacts.write_parquet(run_dir / artifacts.METRICS, metrics)
     baseline_notice(metrics)
     if not len(classes) and b"target_transform" not in (meta or {}):
@@ -220,20 +220,3 @@ def _aggregated(files: OutputFiles, members: dict, classes, aggregators, params)
                 out[a] = files.new((n, *part.shape[1:]), part.dtype)
             out[a][lo:lo + len(part)] = part
     return out
-
-
-def _write_chunks(path: Path, chunks, meta: dict) -> None:
-    """Append the tables `chunks` to one Parquet file at `path` (page checksums), with the
-    key-value metadata `meta`."""
-    import pyarrow.parquet as pq
-
-    writer = None
-    try:
-        for t in chunks:
-            t = t.replace_schema_metadata(meta)
-            if writer is None:
-                writer = pq.ParquetWriter(path, t.schema, write_page_checksum=True)
-            writer.write_table(t)
-    finally:
-        if writer is not None:
-            writer.close()
