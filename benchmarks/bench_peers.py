@@ -32,7 +32,8 @@ def _peak_bytes(children: int = 0) -> int:
 
 def _load(run_dir: Path):
     from ensemble.core import artifacts
-    from ensemble.runs.run_record import Manifest, config_of
+    from ensemble.core.manifest import Manifest
+    from ensemble.runs.context import config_of
 
     manifest = Manifest.load(run_dir)
     split = {s: artifacts.read_split(run_dir, s) for s in artifacts.SPLITS}

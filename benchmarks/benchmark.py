@@ -49,7 +49,7 @@ import numpy as np
 from benchmarks.bench_peers import WORKERS, timed
 
 if TYPE_CHECKING:
-    from ensemble.runs.run_record import Manifest
+    from ensemble.core.manifest import Manifest
 
 WIDE = "configs/wide.toml"
 # workload -> (config file or None for the built-in default, dotted overrides, default methods)
@@ -168,7 +168,7 @@ def concurrent_flops_rate(spans: list[list[tuple[float, float, float]]]
 def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int,
               precision: str = "float32") -> dict:
     from ensemble.core import artifacts
-    from ensemble.runs.run_record import Manifest
+    from ensemble.core.manifest import Manifest
     from pipelines.compare import client_processes, concurrent_peak
 
     run_dir = base / f"{mode}-{precision}-{repeat}"
@@ -201,7 +201,7 @@ def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int,
 def _run_worker(name: str, prepared: Path, trained: Path | None) -> dict:
     from ensemble.replication.processes import last_report
 
-    from ensemble.runs.run_record import Manifest
+    from ensemble.core.manifest import Manifest
 
     res = _measured([name, str(trained if name == "predict-1m" else prepared)],
                     module="benchmarks.benchmark")

@@ -140,7 +140,7 @@ def train(table: Path, run_dir: Path, mode: str, limit: int) -> dict:
     out["tables"] = all((run_dir / t).is_file() for t in TABLES)
     out["prepare_s"] = None
     if out["code"] == 0:
-        from ensemble.runs.run_record import Manifest
+        from ensemble.core.manifest import Manifest
 
         out["prepare_s"] = Manifest.load(run_dir).timings.get("prepare_seconds")
     return out

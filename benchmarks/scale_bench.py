@@ -103,7 +103,7 @@ def train(data: str, run_dir: Path, mode: str, limit: int, extra=()) -> dict:
     code, wall, peak = run(argv, limit)
     out = {"mode": mode, "code": code, "wall_s": wall, "peak_gib": peak / (1 << 30)}
     if code == 0:
-        from ensemble.runs.run_record import Manifest
+        from ensemble.core.manifest import Manifest
 
         out["prepare_s"] = Manifest.load(run_dir).timings.get("prepare_seconds")
     return out

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="artifacts/serve_bench")
     args = p.parse_args(argv)
     from ensemble.core import artifacts
-    from ensemble.runs.run_record import Manifest
+    from ensemble.core.manifest import Manifest
     from benchmarks.benchmark import gemm_rate
     from ensemble.replication.processes import checked, run_process
 

@@ -116,7 +116,7 @@ def ensemble_figures(run: Path, task: str) -> dict:
     chosen = default_aggregator(fit["aggregators"], fit)
     m = pq.read_table(run / "metrics.parquet").to_pandas()
     row = m[(m.split == "test") & (m.model == f"ensemble-{chosen}")].iloc[0]
-    from ensemble.runs.run_record import Manifest
+    from ensemble.core.manifest import Manifest
 
     timings = Manifest.load(run).timings
     out = {"aggregator": chosen, "fit_s": timings.get("train_seconds", math.nan)}

@@ -49,7 +49,7 @@ def cmd_train(args) -> int:
 
 def _train(args) -> int:
     if args.resume:
-        from ensemble.runs.run_record import Manifest
+        from ensemble.core.manifest import Manifest
 
         if not args.run_dir:
             raise UsageError("Expected --run-dir PATH of the run to continue with --resume.")
@@ -152,7 +152,7 @@ def _check_input_early(args) -> None:
     from ensemble.core.outputs import table_format
     from ensemble.data import kinds
     from ensemble.runs.predict import input_stream
-    from ensemble.runs.run_record import Manifest
+    from ensemble.core.manifest import Manifest
 
     try:
         manifest = Manifest.load(Path(args.run))
@@ -288,7 +288,7 @@ def _evaluate_data(args) -> int:
 def cmd_aggregate(args) -> int:
     from ensemble.runs import aggregate
     from ensemble.runs import evaluate
-    from ensemble.runs.run_record import Manifest
+    from ensemble.core.manifest import Manifest
 
     names = aggregate.parse_aggregators(args.aggregators)
     mode = builtin_modes.get(Manifest.load(Path(args.run)).mode)

@@ -55,7 +55,8 @@ from ensemble.core.notices import notice
 from ensemble.data.settings import names_a_path
 from ensemble.runs.between import checked, last_report, run_process
 from ensemble.runs.prepare import check_data
-from ensemble.runs.run_record import Manifest, config_of
+from ensemble.core.manifest import Manifest
+from ensemble.runs.context import config_of
 from pipelines import compare_chart
 from pipelines import compare_cost
 from pipelines.compare_report import (  # noqa: F401 (the module's public names)

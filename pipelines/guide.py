@@ -109,7 +109,7 @@ def interrupted_line(exc, args) -> str:
         return f"interrupted{at}; continue with: {search_resume(args, run_dir)}"
     if getattr(args, "command", None) == "train" and run_dir and \
             (_Path(run_dir) / "manifest.json").is_file():
-        from ensemble.runs.run_record import Manifest
+        from ensemble.core.manifest import Manifest
 
         try:  # interrupted before --overwrite replaced a finished run: nothing to resume
             finished = Manifest.load(run_dir).status == "completed"
@@ -121,7 +121,7 @@ def interrupted_line(exc, args) -> str:
     run = getattr(args, "run", None)
     if getattr(args, "command", None) == "aggregate" and run and \
             (_Path(run) / "manifest.json").is_file():
-        from ensemble.runs.run_record import Manifest
+        from ensemble.core.manifest import Manifest
 
         try:  # interrupted while replacing the run's files: marked failed, redo it
             redo = Manifest.load(run).failed_by == "aggregate"
@@ -152,7 +152,7 @@ def search_resume(args, run_dir) -> str:
 def failed_line(exc: Exception, args) -> str:
     """The one line for a failed cluster task or client: its message and, when the run was
     training and is marked failed, how to continue it."""
-    from ensemble.runs.run_record import Manifest
+    from ensemble.core.manifest import Manifest
 
     line = str(exc)
     run_dir = getattr(exc, "run_dir", None) or getattr(args, "run_dir", None)
@@ -174,7 +174,7 @@ def fault_line(exc: Exception, args) -> str | None:
     the run's state when it was training, or for an output written through whose reader went
     away (`--out /dev/stdout | head -3`); None for any other exception."""
     from ensemble.core import faults
-    from ensemble.runs.run_record import Manifest
+    from ensemble.core.manifest import Manifest
 
     if isinstance(exc, BrokenPipeError):  # a pipe or FIFO output (`ensemble.core.outputs`)
         return (f"cannot write {getattr(args, 'out', None) or 'the output'}: its reader went "

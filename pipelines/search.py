@@ -26,7 +26,7 @@ from ensemble.core import artifacts, runlock
 from ensemble.config import schema
 from ensemble.runs import prepare, run_status
 from ensemble.runs import search_report
-from ensemble.runs.run_record import Manifest
+from ensemble.core.manifest import Manifest
 from ensemble.runs.search_report import selected
 from ensemble.config import search_space as S
 from ensemble.config.changes import resume_changes

@@ -226,7 +226,7 @@ def test_split_depends_on_split_seed_only(tiny_config, tmp_path):
 def test_member_predictions_by_row_chunks_equal_the_whole_table(runs, monkeypatch):
     # a client writes its member's prediction rows a chunk at a time as it predicts them;
     # the file holds what one whole `predictions_table` of each split holds, bit for bit
-    from ensemble.core.record import Manifest
+    from ensemble.core.manifest import Manifest
     from ensemble.replication import group as G
     from ensemble.replication.client_work import MemberWork, prediction_chunks
     from ensemble.models.members import load_run_member

@@ -222,7 +222,7 @@ def test_a_failed_phase_keeps_the_finished_runs_and_says_how_to_continue(tmp_pat
 
 def test_test_metrics_are_the_tasks_on_the_default_aggregator(tmp_path):
     from ensemble.core import artifacts
-    from ensemble.core.record import Manifest
+    from ensemble.core.manifest import Manifest
 
     manifest = Manifest(task="classification", config={"aggregation": {
         "aggregators": ["vote", "mean"]}})

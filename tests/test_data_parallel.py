@@ -12,7 +12,7 @@ import pytest
 from conftest import run_cli
 
 from ensemble.core import artifacts
-from ensemble.core.record import Manifest
+from ensemble.core.manifest import Manifest
 from ensemble.config import schema
 from ensemble.replication import placement_log
 from ensemble.runs import run_status

@@ -38,7 +38,7 @@ class Sequential(modes.Mode):
         devices.configure(r.cfg)
         devs = self.devices(r.cfg)
         with run.writing(r.run_dir, "ensemble train --mode sequential"):
-            manifest, _ = open_run(r, self, devs, None)
+            manifest = open_run(r, self, devs, None).manifest
             work = client_work.MemberWork.open(r.run_dir, manifest,
                                                schema.from_dict(manifest.config))
             with run_status.recording_outcome(r.run_dir):

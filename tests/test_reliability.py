@@ -15,7 +15,7 @@ import pytest
 from conftest import run_cli, start_held
 
 from ensemble.core import artifacts
-from ensemble.core.record import Manifest
+from ensemble.core.manifest import Manifest
 from ensemble.runs import run_status
 from ensemble.core import runlock
 from ensemble.replication.visible import local_devices

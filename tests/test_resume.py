@@ -14,7 +14,7 @@ import pytest
 from conftest import run_cli, set_status, start_held
 
 from ensemble.core import artifacts
-from ensemble.core.record import Manifest
+from ensemble.core.manifest import Manifest
 from ensemble.runs import run_status
 
 

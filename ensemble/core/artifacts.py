@@ -74,6 +74,20 @@ def _remember(path: Path, digest: str) -> None:
     _WRITTEN[str(path.resolve())] = (st.st_size, st.st_mtime_ns, st.st_ino, digest)
 
 
+def written_here(path: str | Path) -> bool:
+    """Whether `path` is still the file this process last wrote there (`atomic_path`): same
+    size, modification time and inode."""
+    path = Path(path)
+    known = _WRITTEN.get(str(path.resolve()))
+    if known is None:
+        return False
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return known[:3] == (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
 def file_sha256(path: str | Path) -> str:
     """Hex sha256 of a file's bytes: as hashed when this process wrote it (`atomic_path`), if
     its size, modification time and inode are still those it had then; else read."""
@@ -268,7 +282,7 @@ def artifact_hashes(run_dir: str | Path, known: dict[Path, str] | None = None
 def recorded_hashes(manifest) -> dict[str, str]:
     """Every sha256 the manifest records: the run's artifacts and each member's files.
 
-    `manifest`: a `ensemble.core.record.Manifest` (its `hashes()`) or the manifest's JSON."""
+    `manifest`: a `ensemble.core.manifest.Manifest` (its `hashes()`) or the manifest's JSON."""
     if hasattr(manifest, "hashes"):
         return manifest.hashes()
     out = dict(manifest.get("artifacts", {}))

@@ -93,9 +93,10 @@ def failing_run_on_fault(run_dir: str | Path, by: str) -> Iterator[None]:
 
 
 def _fail_if_changed(run_dir: Path, by: str) -> None:
-    from ensemble.core import artifacts, record
+    from ensemble.core import artifacts
+    from ensemble.core.manifest import Manifest
 
-    def change(manifest: record.Manifest) -> None:
+    def change(manifest: Manifest) -> None:
         changed = [rel for rel, digest in manifest.hashes().items() if (run_dir / rel).is_file()
                    and artifacts.sha256_file(run_dir / rel) != digest]
         if changed:
@@ -103,6 +104,6 @@ def _fail_if_changed(run_dir: Path, by: str) -> None:
             manifest.record_hashes(run_dir, [run_dir / rel for rel in changed])
 
     try:
-        record.update(run_dir, change)
+        Manifest.update(run_dir, change)
     except Exception:  # noqa: BLE001 (the fault being reported matters more)
         return

@@ -212,8 +212,12 @@ def is_held(run_dir: str | Path) -> bool:
     return False
 
 
-def update_manifest(run_dir: str | Path, change: Callable[[dict], None]) -> dict[str, Any]:
+def update_manifest(run_dir: str | Path, change: Callable[[dict], None],
+                    known: dict[str, Any] | None = None) -> dict[str, Any]:
     """Read the manifest, apply `change` (in place) and write it, all under the manifest lock.
+
+    `known`: the manifest as this process last wrote it; used instead of reading the file when
+    the file is still the one this process wrote (`artifacts.written_here`).
 
     Returns:
         The manifest as written.
@@ -224,7 +228,9 @@ def update_manifest(run_dir: str | Path, change: Callable[[dict], None]) -> dict
     """
     try:
         with FileLock(Path(run_dir) / ".manifest.lock", timeout=MANIFEST_LOCK_SECONDS):
-            manifest = artifacts.read_manifest(run_dir)
+            path = Path(run_dir) / artifacts.MANIFEST
+            manifest = known if known is not None and artifacts.written_here(path) \
+                else artifacts.read_manifest(run_dir)
             change(manifest)
             artifacts.write_manifest(run_dir, manifest)
     except Timeout:

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ensemble.core.errors import UsageError
-from ensemble.core.record import Manifest
+from ensemble.core.manifest import Manifest
 from ensemble.data import arrays, export_inputs, sources, stream
 from ensemble.data.array_scan import ArrayScan
 from ensemble.data.table_scan import TableScan

@@ -11,7 +11,7 @@ import hashlib
 from pathlib import Path
 
 from ensemble.core.errors import UsageError
-from ensemble.core.record import Manifest
+from ensemble.core.manifest import Manifest
 from ensemble.models.builders import builder_file
 
 
@@ -30,7 +30,6 @@ def check_builders(run_dir: str | Path, manifest: Manifest, trust: bool = False)
         if now != expected:
             changed[spec] = now
     if changed:
-        from ensemble.core import record
 
         def change(m: Manifest) -> None:
             old = m.model.builders_trusted = m.model.builders_trusted or {}
@@ -38,7 +37,7 @@ def check_builders(run_dir: str | Path, manifest: Manifest, trust: bool = False)
                 old.setdefault(spec, []).append(m.model.builders[spec])
                 m.model.builders[spec] = sha
 
-        manifest.model = record.update(run_dir, change).model
+        manifest.model = Manifest.update(run_dir, change).model
 
 
 def check_builder(spec: str, expected: str | None, trust: bool = False) -> str | None:

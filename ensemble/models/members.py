@@ -15,7 +15,7 @@ import numpy as np
 
 from ensemble.models import builders
 from ensemble.core.errors import UsageError
-from ensemble.core.record import Manifest
+from ensemble.core.manifest import Manifest
 
 
 def member_seed(run_seed: int, index: int) -> int:

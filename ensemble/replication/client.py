@@ -90,7 +90,7 @@ def _predict(request: ClientRequest) -> dict:
 def _train(request: ClientRequest) -> dict:
     """Train the request's members; returns member -> its `steady.SteadyState`."""
     from ensemble.core import interrupt
-    from ensemble.core.record import Manifest
+    from ensemble.core.manifest import Manifest
     from ensemble.replication import progress
     from ensemble.replication.client_work import run_client
     from ensemble.replication.steady import SteadyState

@@ -22,8 +22,8 @@ import pyarrow as pa
 
 from ensemble.core import artifacts
 from ensemble.core import interrupt
-from ensemble.core import record, runlock
-from ensemble.core.record import Manifest, MemberRecord
+from ensemble.core import runlock
+from ensemble.core.manifest import Manifest, MemberRecord
 from ensemble.tasks import tables
 from ensemble.tasks.eval_writer import CHUNK_ROWS
 from ensemble.tasks.predicted import SplitPredictions
@@ -175,7 +175,7 @@ def record_member(run_dir: Path, index: int, status: str, epoch: int | None = No
         if hashes is not None:
             entry.sha256 = hashes
 
-    record.update(run_dir, change)
+    Manifest.update(run_dir, change)
 
 
 def _placement_log(run_dir: Path, index: int):

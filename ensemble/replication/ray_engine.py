@@ -178,7 +178,7 @@ def _member_task(payload: dict, index: int, threads: int, queue) -> dict:
 
 def _train_here(payload, index, threads, queue, node, ip, tempfile, ray) -> dict:
     from ensemble.config import schema
-    from ensemble.core.record import Manifest
+    from ensemble.core.manifest import Manifest
     from ensemble.core.tfimport import import_tensorflow_quietly
     from ensemble.replication import devices, progress
     from ensemble.replication.client_work import MemberWork, train_member

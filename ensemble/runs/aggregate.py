@@ -19,13 +19,13 @@ import numpy as np
 
 from ensemble.core import artifacts
 from ensemble.tasks.regression.tables import transform_metadata
-from ensemble.config import schema
 from ensemble.replication import divergence
 from ensemble.core import faults
 from ensemble.tasks.classification import fitted
 from ensemble.runs import posthoc
-from ensemble.runs import records
-from ensemble.runs.run_record import Manifest
+from ensemble.runs import members_table
+from ensemble.runs.context import RunContext
+from ensemble.core.manifest import Manifest
 from ensemble.runs import run_status
 from ensemble.core import runlock
 from ensemble.tasks import eval_writer, tables
@@ -118,9 +118,9 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
     start = time.perf_counter()
     manifest = Manifest.load(run_dir)
     preflight.check_builders(run_dir, manifest, trust_builder)  # a run's files before use
-    cfg = schema.from_dict(manifest.config)
+    ctx = RunContext.open(run_dir, manifest)
+    cfg, task = ctx.config, ctx.task
     settings = dataclasses.asdict(cfg.aggregation)
-    task = tasks.for_run(manifest)
     if aggregators is None:  # the run's: those of its last finished aggregation, if any
         path = run_dir / fitted.FILENAME
         # an unrecorded file is no aggregation's result but what a killed aggregator left
@@ -141,18 +141,19 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
     classes = np.asarray(manifest.dataset.classes)
     with eval_writer.output_files(run_dir) as files:  # the members' rows, memory-mapped
         splits = posthoc.read_members(paths, classes, files)
-        _write_tables(run_dir, manifest, task, splits, classes, aggregators, settings, between)
+        _write_tables(ctx, splits, classes, aggregators, settings, between)
     manifest.failed_by = None
     run_status.finish(run_dir, manifest, "completed", aggregate_seconds=time.perf_counter() - start)
     return manifest
 
 
-def _write_tables(run_dir: Path, manifest: Manifest, task, splits: dict, classes: np.ndarray,
+def _write_tables(ctx: RunContext, splits: dict, classes: np.ndarray,
                   aggregators: Sequence[str], settings: dict, between: bool) -> None:
     """Fit the aggregators on the members' validation rows `splits` and write the run's
     `aggregators.json`, `ensemble_size.parquet`, `predictions.parquet`, `metrics.parquet`,
     `members.parquet` (between-graph: `history.parquet`, the members marked completed),
     streamed from the arrays (`eval_writer`: flat memory at any size)."""
+    run_dir, manifest, task = ctx.path, ctx.manifest, ctx.task
     fit = posthoc.fit(task, splits, aggregators, settings)
     used = splits["validation"].members
     posthoc.write_fit(run_dir, task, fit, splits, settings)
@@ -162,12 +163,15 @@ def _write_tables(run_dir: Path, manifest: Manifest, task, splits: dict, classes
                       classes, aggregators, fit["params"],
                       {b"members": json.dumps(used).encode(), **transform_metadata(task)},
                       posthoc.run_prior(run_dir, classes), best_member=fit["best_member"])
+    history = None  # not written here: `members_table` reads the run's
     if between:
         history = [r for i in used
                    for r in artifacts.read_parquet(artifacts.verify(
                        run_dir, manifest, artifacts.member_history_path(run_dir, i))).to_pylist()]
-        artifacts.write_parquet(run_dir / artifacts.HISTORY, tables.history_table(history))
+        history = tables.history_table(history)
+        artifacts.write_parquet(run_dir / artifacts.HISTORY, history)
+        history = history.to_pylist()
         for i in used:
             manifest.member(i).status = "completed"
         manifest.aggregated_members = used
-    records.write_members(run_dir, manifest, splits.get("validation"))  # held: not read back
+    members_table.write(ctx, splits.get("validation"), history, fit)  # held: not read back

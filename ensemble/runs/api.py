@@ -36,7 +36,7 @@ from ensemble.replication.modes import Mode, PredictRequest, TrainRequest
 from ensemble.runs import builtin_modes
 from ensemble.runs.api_config import as_config, builder_spec, train_config
 from ensemble.runs.api_inputs import as_source, without_temporary_ids
-from ensemble.runs.run_record import Manifest, record_process
+from ensemble.core.manifest import Manifest
 
 
 def to_pandas(table):
@@ -118,10 +118,25 @@ def train(config: Config | Mapping | str | Path | None = None, mode: Mode | str 
                                  verbosity)
     with placement_log.logging(run_dir, strategy, log_device_placement and not prepare_only), \
             reworded([] if CLI_WORDING else API_WORDING):
-        strategy.train(request)
+        manifest = strategy.train(request)
     if prepare_only:
         return Run(run_dir)
-    return Run(run_dir, record_process(run_dir, ready))  # the manifest as it last wrote it
+    return Run(run_dir, record_process(run_dir, ready, manifest))
+
+
+def record_process(run_dir: str | Path, ready_unix: float, known: Manifest | None = None
+                   ) -> Manifest:
+    """Record, under the manifest lock, the training process's `process_ready_unix` (when it
+    was ready to work: `time.time()`, seconds) and `process_peak_rss_bytes` (its peak resident
+    memory so far, bytes) in `timings`; `benchmarks.benchmark` and `compare` read them.
+    `known`: the manifest the mode returned, used when this process wrote the file
+    (`Manifest.update`). Returns the manifest as written."""
+    from ensemble.replication.devices import peak_rss_bytes
+
+    peak = peak_rss_bytes()
+    return Manifest.update(run_dir, lambda m: m.timings.update(
+        process_ready_unix=ready_unix, process_peak_rss_bytes=peak),
+        known if isinstance(known, Manifest) else None)
 
 
 CLI_WORDING = False  # the `ensemble` command sets it: its hints name its own flags
@@ -147,7 +162,7 @@ class Run:
 
     Attributes:
         path: the run directory.
-        record: the typed manifest (`ensemble.runs.run_record.Manifest`; re-read by `refresh`).
+        record: the typed manifest (`ensemble.core.manifest.Manifest`; re-read by `refresh`).
     """
 
     def __init__(self, path: str | Path, record: Manifest | None = None):
@@ -229,17 +244,9 @@ class Run:
         """The table `ensemble evaluate` prints (ensemble against its members, per split, and
         accuracy against confidence), from the run's stored `metrics.parquet` and predictions
         (each checked against its recorded hash)."""
-        from ensemble.runs.evaluate import evaluate, format_table, own_predictions
-        from ensemble.tasks import confidence
-        from ensemble.tasks.classification import fitted
+        from ensemble.runs.evaluate import stored_table
 
-        path = self.path / artifacts.METRICS
-        if not path.is_file():
-            return evaluate(self.path)[1]
-        artifacts.verify(self.path, self.record, path)
-        preds = own_predictions(self.path, self.record)
-        return format_table(artifacts.read_parquet(path), fitted.read(self.path),
-                            confidence.block_of_file(preds))
+        return stored_table(self.path, self.record)
 
     def predict(self, data, target: str | None = None, devices: str = "auto",
                 layout: str = "wide"):

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from ensemble.config.schema import Config
 from ensemble.core.errors import UsageError
 from ensemble.replication import modes
-from ensemble.runs.run_record import Manifest
+from ensemble.core.manifest import Manifest
 
 
 def as_config(config: Config | Mapping | str | Path | None = None,

@@ -31,7 +31,7 @@ from ensemble.core import faults
 from ensemble.core import interrupt
 from ensemble.core import staging
 from ensemble.runs import prepare, run_status
-from ensemble.runs.run_record import Manifest
+from ensemble.core.manifest import Manifest
 from ensemble.core.errors import ClientFailed, UsageError
 from ensemble.replication.placement import client_queues, default_jobs, place
 from ensemble.replication import processes, protocol
@@ -208,21 +208,20 @@ def train_between_graph(request: TrainRequest, mode: Mode,
     cluster = run_cluster(r)
     devs = mode.devices(r.cfg, cluster)
     with prepare.writing(r.run_dir, f"ensemble train --mode {mode.name}"):
-        manifest = prepared if prepared is not None and not r.resume else \
-            open_run(r, mode, devs, cluster)[0]
+        ctx = None if prepared is not None and not r.resume else open_run(r, mode, devs, cluster)
+        manifest = prepared if ctx is None else ctx.manifest
+        cfg = prepare.run_config(r.cfg, manifest) if ctx is None else ctx.config
         if not r.resume and prepared is None and r.verbosity:
-            print(auto.describe(prepare.run_config(r.cfg, manifest), manifest.defaults or {}),
-                  flush=True)
+            print(auto.describe(cfg, manifest.defaults or {}), flush=True)
         if r.prepare_only:  # the clients, started by hand or a scheduler, take over
             return run_status.set_status(r.run_dir, "prepared")
         with run_status.recording_outcome(r.run_dir):
-            final = _launch(r.run_dir, manifest, devs, r.jobs, r.verbosity,
-                            prepare.run_config(r.cfg, manifest).placement)
+            final = _launch(r.run_dir, manifest, devs, r.jobs, r.verbosity, cfg.placement)
     if r.cfg.training.tensorboard:
         from ensemble.replication.tensorboard import write_ensemble_metrics
 
         metrics = artifacts.read_parquet(r.run_dir / artifacts.METRICS)  # the aggregator's
-        epochs = prepare.run_config(r.cfg, final).training.epochs  # "auto": as resolved
+        epochs = cfg.training.epochs  # "auto": as resolved
         write_ensemble_metrics(r.run_dir, metrics.to_pylist(), epochs - 1)
     return final
 

@@ -11,7 +11,7 @@ from ensemble.core import specs
 from ensemble.core.errors import UsageError
 from ensemble.replication.epoch_cost import one_graph_epoch_seconds, queued_epoch_seconds
 from ensemble.replication.modes import Mode, PredictRequest, TrainRequest
-from ensemble.runs.run_record import Manifest
+from ensemble.core.manifest import Manifest
 
 
 class InGraph(Mode):

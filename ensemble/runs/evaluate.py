@@ -20,7 +20,7 @@ from ensemble.tasks.classification import fitted
 from ensemble.runs import posthoc
 from ensemble.runs import run_status
 from ensemble.core import runlock
-from ensemble.core.record import Manifest
+from ensemble.core.manifest import Manifest
 from ensemble.runs import search_report
 from ensemble.tasks import metrics_tables, model_arrays
 from ensemble.core.errors import UsageError
@@ -60,6 +60,66 @@ def evaluate(run_dir: Path | None, predictions: Path | None = None,
             return _evaluate(Path(run_dir), predictions, plots)
     with runlock.writing(run_dir, "ensemble evaluate"):
         return _evaluate(Path(run_dir), predictions, plots)
+
+
+class ShownRows:
+    """The rows of one split of `predictions.parquet` that the confidence block of the
+    evaluation table reads (`confidence.block`), kept as the file is written
+    (`eval_writer.write`'s `on_chunk`): the writer's table never reads the file back."""
+
+    def __init__(self, split: str) -> None:
+        self.split, self.batches, self.meta = split, [], {}
+
+    def __call__(self, chunk: pa.Table) -> None:
+        import pyarrow.compute as pc
+
+        self.meta = chunk.schema.metadata or {}
+        rows = chunk.filter(pc.equal(chunk.column("split"), self.split))
+        if rows.num_rows:
+            self.batches += rows.select(model_arrays.columns(chunk.schema)).to_batches()
+
+    def lines(self) -> list[str]:
+        """`confidence.block` of the rows kept ([] when none)."""
+        return confidence.block(model_arrays.of_batches(self.meta, self.batches)) \
+            if self.batches else []
+
+
+# the evaluation tables this process computed as it wrote the metrics:
+# {resolved metrics path: ((size, mtime_ns, inode) of the file, the table's text)}
+_TABLES: dict[str, tuple[tuple[int, int, int], str]] = {}
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def keep_table(run_dir: Path, text: str) -> None:
+    """Keep `text`, the evaluation table of the `metrics.parquet` this process just wrote in
+    `run_dir`, for `stored_table` while the file stays as written."""
+    path = Path(run_dir) / artifacts.METRICS
+    _TABLES[str(path.resolve())] = (_stamp(path), text)
+
+
+def stored_table(run_dir: Path, manifest: Manifest) -> str:
+    """The evaluation table of a run's stored `metrics.parquet`, `aggregators.json` and
+    predictions (each checked against its recorded hash): the one this process computed as it
+    wrote them (`keep_table`) when the metrics file is unchanged since, else read from the
+    files; `evaluate` when the run has no metrics file.
+
+    Raises:
+        UsageError: as `artifacts.verify`.
+    """
+    path = Path(run_dir) / artifacts.METRICS
+    if not path.is_file():
+        return evaluate(run_dir)[1]
+    artifacts.verify(run_dir, manifest, path)
+    kept = _TABLES.get(str(path.resolve()))
+    if kept is not None and kept[0] == _stamp(path):
+        return kept[1]
+    preds = own_predictions(run_dir, manifest)
+    return format_table(artifacts.read_parquet(path), fitted.read(run_dir),
+                        confidence.block_of_file(preds))
 
 
 def own_predictions(run_dir: Path, manifest: Manifest) -> Path:

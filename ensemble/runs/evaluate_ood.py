@@ -28,7 +28,7 @@ from ensemble.data import corruptions
 from ensemble.tasks import ood
 from ensemble.runs import posthoc
 from ensemble.core import runlock
-from ensemble.core.record import Manifest
+from ensemble.core.manifest import Manifest
 from ensemble.core.errors import UsageError
 from ensemble.tasks.classification.fitted import member_params
 

@@ -48,7 +48,7 @@ from ensemble.config import bounds
 from ensemble.runs import run_status
 from ensemble.runs import preflight
 from ensemble.core import staging
-from ensemble.core.record import Manifest
+from ensemble.core.manifest import Manifest
 from ensemble.core.errors import UsageError
 from ensemble.data import kinds
 from ensemble import tasks

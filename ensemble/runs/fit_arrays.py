@@ -26,7 +26,7 @@ import numpy as np
 from ensemble.core import artifacts
 from ensemble.tasks.classification import fitted
 from ensemble.runs import prepare, run_status
-from ensemble.runs.run_record import Manifest
+from ensemble.core.manifest import Manifest
 from ensemble.tasks import tables
 from ensemble import tasks
 from ensemble.config.schema import Config, from_dict

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ensemble.core import artifacts
-from ensemble.core.record import Manifest
+from ensemble.core.manifest import Manifest
 from ensemble.tasks.classification import fitted
 from ensemble.tasks import metrics_tables, tables
 from ensemble.tasks.predicted import SplitPredictions

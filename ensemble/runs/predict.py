@@ -20,7 +20,8 @@ from typing import Any
 from ensemble.core import artifacts
 from ensemble.replication import devices
 from ensemble.runs import run_status
-from ensemble.runs.run_record import Manifest, config_of, dropped_columns
+from ensemble.core.manifest import Manifest
+from ensemble.runs.context import config_of, dropped_columns
 from ensemble.core import runlock
 from ensemble.tasks import tables
 from ensemble.tasks.predicted import SplitPredictions

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from ensemble.core import artifacts
-from ensemble.core.record import Manifest
+from ensemble.core.manifest import Manifest
 from ensemble.models.builder_files import check_builders
 from ensemble.replication.divergence import STATUS as DIVERGED
 from ensemble.core.errors import UsageError

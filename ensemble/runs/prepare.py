@@ -26,7 +26,7 @@ from ensemble.core import artifacts, background, memory, versions
 from ensemble.data import kinds
 from ensemble.data import sources
 from ensemble.core import runlock
-from ensemble.core.record import Manifest
+from ensemble.core.manifest import Manifest
 from ensemble import tasks
 from ensemble.config.schema import Config, member_hparams
 from ensemble.replication.devices import build_info
@@ -36,6 +36,7 @@ from ensemble.models.members import member_seed
 from ensemble.replication.modes import Mode, TrainRequest
 from ensemble.replication.placement import place
 from ensemble.data.preprocessing import Preprocessing
+from ensemble.runs.context import RunContext
 from ensemble.runs.run_status import effective_status
 
 
@@ -131,7 +132,7 @@ def writing(run_dir: Path, command: str) -> Iterator[None]:
 
 
 def prepare(request: TrainRequest, mode: Mode, devices: list[str],
-            cluster: dict | None = None) -> Manifest:
+            cluster: dict | None = None) -> RunContext:
     """Create the run directory up to training: data splits, preprocessing, placement.
 
     The source is read a chunk at a time (`kinds.scan`): labels, split, the memory budget,
@@ -147,9 +148,10 @@ def prepare(request: TrainRequest, mode: Mode, devices: list[str],
         cluster: the cluster spec the devices belong to (recorded), or None.
 
     Returns:
-        (the manifest (also written to `run_dir/manifest.json`; its `config` is `cfg` with
-        the `"auto"` keys made concrete, `ensemble.config.auto`, listed in `defaults`), the
-        fitted preprocessing as `preprocessing.json` holds it).
+        The run's context (`RunContext`): `cfg` with the `"auto"` keys made concrete
+        (`ensemble.config.auto`, listed in the manifest's `defaults`), the manifest (also
+        written to `run_dir/manifest.json`), the task, and the fitted preprocessing as
+        `preprocessing.json` holds it.
 
     Raises:
         UsageError: bad data or an existing run (see `holds_run`); a run `overwrite`
@@ -197,7 +199,7 @@ def prepare(request: TrainRequest, mode: Mode, devices: list[str],
     manifest.timings["prepare_seconds"] = time.perf_counter() - start
     manifest.artifacts = artifacts.artifact_hashes(run_dir, hashed)  # splits as written
     manifest.save(run_dir)
-    return manifest, pre
+    return RunContext.create(run_dir, cfg, manifest, pre)
 
 
 def check_data(cfg: Config) -> None:
@@ -311,10 +313,14 @@ def run_config(cfg: Config, manifest: Manifest) -> Config:
     return auto.resolve(cfg, rows["train"], rows.get("validation", 0))[0]
 
 
-def reopen(run_dir: Path, cfg: Config, mode: Mode) -> Manifest:
+def reopen(run_dir: Path, cfg: Config, mode: Mode) -> RunContext:
     """Reopen an interrupted, failed or prepared run, or a partial ensemble whose other members
     are left to train, for `--resume`; marks it running again.
     Call it holding the run lock: a `running` status then means its driver died.
+
+    Returns:
+        The run's context: `cfg` with its `"auto"` keys as `prepare` resolved them, the
+        manifest as saved, the task and the run's preprocessing (verified).
 
     Raises:
         UsageError: not a run, another mode, completed, or a config that differs from the
@@ -337,4 +343,5 @@ def reopen(run_dir: Path, cfg: Config, mode: Mode) -> Manifest:
                          "resume needs the same config.")
     manifest.status, manifest.pid, manifest.host = "running", os.getpid(), socket.gethostname()
     manifest.save(run_dir)
-    return manifest
+    return RunContext(Path(run_dir), manifest, cfg, tasks.for_run(manifest),
+                      kinds.run_preprocessing(run_dir, manifest))

@@ -10,9 +10,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from ensemble.core import artifacts, record, runlock, staging
+from ensemble.core import artifacts, runlock, staging
 from ensemble.core.errors import UsageError
-from ensemble.core.record import Manifest
+from ensemble.core.manifest import Manifest
 
 
 def set_status(run_dir: Path, status: str, members: dict[int, str] | None = None) -> Manifest:
@@ -23,7 +23,7 @@ def set_status(run_dir: Path, status: str, members: dict[int, str] | None = None
         for i, st in (members or {}).items():
             m.member(i).status = st
 
-    return record.update(run_dir, change)
+    return Manifest.update(run_dir, change)
 
 
 @contextmanager

@@ -11,9 +11,10 @@ import numpy as np
 
 from ensemble.tasks.classification import aggregators
 from ensemble.core import artifacts
-from ensemble.core.record import Manifest
+from ensemble.core.manifest import Manifest
 from ensemble.tasks.classification import metrics
-from ensemble.runs import posthoc, records, run_status
+from ensemble.runs import members_table, posthoc, run_status
+from ensemble.runs.context import RunContext
 from ensemble.tasks import model_arrays
 from ensemble.core.errors import UsageError
 
@@ -101,6 +102,6 @@ def record_search(run_dir: str | Path, info: dict[str, Any]) -> Manifest:
     returns the manifest. Call it holding the run (the search's driver)."""
     manifest = Manifest.load(run_dir)
     manifest.search = info
-    records.write_members(run_dir, manifest)
+    members_table.write(RunContext.open(run_dir, manifest))
     run_status.finish(Path(run_dir), manifest, "completed")
     return manifest

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -15,8 +15,9 @@ from ensemble.replication import devices
 from ensemble.replication import divergence
 from ensemble.runs import posthoc
 from ensemble.replication import progress
-from ensemble.runs import records
-from ensemble.runs.run_record import Manifest
+from ensemble.core.manifest import Manifest
+from ensemble.runs import members_table
+from ensemble.runs.context import RunContext
 from ensemble.runs import prepare, run_status
 from ensemble.tasks import eval_writer, tables
 from ensemble.tasks.regression.tables import transform_metadata
@@ -27,6 +28,7 @@ from ensemble.replication.modes import TrainRequest
 
 
 def default_run_dir(cfg: Config) -> Path:
+    """`artifacts/<run id>` of a new run of `cfg` (`prepare.new_run_id`)."""
     return Path("artifacts") / prepare.new_run_id(cfg)
 
 
@@ -38,13 +40,11 @@ def run_cluster(request: TrainRequest) -> dict | None:
 
 
 def open_run(request: TrainRequest, mode: Mode, devs: list[str], cluster: dict | None
-             ) -> tuple[Manifest, Any]:
-    """The manifest a `mode` run starts from, under the run's writer lock (`run.writing`):
-    the interrupted run reopened (`request.resume`), or a new run prepared on `devs`; and
-    the run's preprocessing when this process prepared it (None on resume: read it from the
-    run, `kinds.run_preprocessing`)."""
+             ) -> RunContext:
+    """The context a `mode` run starts from, under the run's writer lock (`prepare.writing`):
+    the interrupted run reopened (`request.resume`), or a new run prepared on `devs`."""
     if request.resume:
-        return prepare.reopen(request.run_dir, request.cfg, mode), None
+        return prepare.reopen(request.run_dir, request.cfg, mode)
     return prepare.prepare(request, mode, devs, cluster)
 
 
@@ -74,16 +74,14 @@ def train_in_graph(request: TrainRequest, mode: Mode, callbacks: Sequence = ()) 
     devices.configure(r.cfg)  # threads first: resolving named devices initialises TensorFlow
     devs = mode.devices(r.cfg, cluster)
     with prepare.writing(r.run_dir, f"ensemble train --mode {mode.name}"):
-        manifest, pre = open_run(r, mode, devs, cluster)
+        ctx = open_run(r, mode, devs, cluster)
         if r.resume:
             callbacks = [progress.ResumeNotice(), *callbacks]
-        cfg = prepare.run_config(r.cfg, manifest)  # "auto" batch size and early stopping resolved
         if r.verbosity:
-            print(auto.describe(cfg, manifest.defaults or {}), flush=True)
+            print(auto.describe(ctx.config, ctx.manifest.defaults or {}), flush=True)
         with run_status.recording_outcome(r.run_dir), naming_unreachable_tasks(cluster):
-            _train_and_write(cfg, r.run_dir, manifest,
-                             [*progress.for_people(r.verbosity), *callbacks], pre)
-    return manifest
+            _train_and_write(ctx, [*progress.for_people(r.verbosity), *callbacks])
+    return ctx.manifest
 
 
 class _FirstEpoch:
@@ -132,27 +130,21 @@ def _keep_healthy(ens, placed: list[str], run_dir: Path, manifest: Manifest, tas
             [placed[k] for k in keep])
 
 
-def _train_and_write(cfg: Config, run_dir: Path, manifest: Manifest, callbacks: Sequence,
-                     pre=None) -> None:
+def _train_and_write(ctx: RunContext, callbacks: Sequence) -> None:
     """Build, train (with per-epoch checkpoints), save the members, predict the evaluation
-    splits and write the run's tables; updates `manifest` and finishes the run. `pre`: the
-    run's preprocessing when the caller holds it (else read from the run)."""
-    from ensemble import tasks
+    splits and write the run's tables; updates `ctx.manifest` and finishes the run."""
     from ensemble.replication.in_graph import InGraphEnsemble
     from ensemble.replication.steady import SteadyState
     from ensemble.replication.training import Schedule
 
+    cfg, run_dir, manifest, task = ctx.config, ctx.path, ctx.manifest, ctx.task
     split = {s: artifacts.read_split(run_dir, s, manifest) for s in artifacts.SPLITS}
     classes = np.asarray(manifest.dataset.classes)
     (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
     placed = [m.device for m in manifest.members]
     start = time.perf_counter()
-    from ensemble.data import kinds
-
-    task = tasks.for_run(manifest)
     ens = InGraphEnsemble.build(cfg, x_tr.shape[1:], len(classes), placed, aggregators=(),
-                                n_train=len(x_tr), pre=pre or kinds.run_preprocessing(run_dir, manifest),
-                                task=task)
+                                n_train=len(x_tr), pre=ctx.preprocessing, task=task)
     if any(len(m.replicas or ()) > 1 for m in manifest.members):  # data parallelism
         ens.train_replicas = [m.replicas for m in manifest.members]
     if cfg.training.tensorboard:  # member scalars, and the in-graph ensemble's per epoch
@@ -172,19 +164,22 @@ def _train_and_write(cfg: Config, run_dir: Path, manifest: Manifest, callbacks: 
     history = tables.history_table(history)
     artifacts.write_parquet(run_dir / artifacts.HISTORY, history)
     with eval_writer.output_files(run_dir) as files:  # predictions on disk as predicted
-        _evaluate(ens, placed, task, cfg, run_dir, manifest, split, files, history.to_pylist())
+        _evaluate(ens, placed, ctx, split, files, history.to_pylist())
     run_status.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
                predict_seconds=time.perf_counter() - start)
 
 
-def _evaluate(ens, placed, task, cfg: Config, run_dir: Path, manifest: Manifest, split: dict,
-              files, history: list[dict]) -> None:
+def _evaluate(ens, placed, ctx: RunContext, split: dict, files, history: list[dict]) -> None:
     """Fit the fitted aggregators on the validation members' predictions, predict the
     evaluation splits with the graph applying them (the TensorFlow twins), a chunk of rows at
     a time into the memory maps of `files` (`eval_writer.predict_to`), and write
     `aggregators.json`, `ensemble_size.parquet`, `predictions.parquet`, `metrics.parquet`
-    and `members.parquet` (from the `history` records the caller wrote)."""
+    and `members.parquet` (from the `history` records the caller wrote); the evaluation
+    table `ensemble evaluate` prints is kept for `Run.summary` (`evaluate.keep_table`)."""
     from ensemble.replication.in_graph import InGraphEnsemble
+    from ensemble.runs import evaluate
+
+    cfg, run_dir, manifest, task = ctx.config, ctx.path, ctx.manifest, ctx.task
 
     names = task.applied_aggregators(cfg.aggregation.aggregators)
     settings = dataclasses.asdict(cfg.aggregation)
@@ -203,6 +198,9 @@ def _evaluate(ens, placed, task, cfg: Config, run_dir: Path, manifest: Manifest,
                                                     rows, y)
     posthoc.write_fit(run_dir, task, fit, splits, settings)
     classes = np.asarray(manifest.dataset.classes)
-    eval_writer.write(run_dir, predicted, classes, names, fit["params"],
-                      transform_metadata(task), prior=posthoc.prior(classes, split["train"][1]))
-    records.write_members(run_dir, manifest, splits["validation"], history, fit)
+    shown = evaluate.ShownRows("test" if len(split["test"][0]) else "validation")
+    metrics = eval_writer.write(run_dir, predicted, classes, names, fit["params"],
+                                transform_metadata(task),
+                                prior=posthoc.prior(classes, split["train"][1]), on_chunk=shown)
+    evaluate.keep_table(run_dir, evaluate.format_table(metrics, fit, shown.lines()))
+    members_table.write(ctx, splits["validation"], history, fit)

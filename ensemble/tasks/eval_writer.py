@@ -85,7 +85,8 @@ def predict_to(files: OutputFiles, predict, x, chunk_rows: int = CHUNK_ROWS
 
 def write(run_dir: str | Path, splits: dict[str, SplitPredictions], classes: np.ndarray,
           aggregators: Sequence[str], params: dict | None, meta: dict | None = None,
-          prior: list | dict | None = None, best_member: int | None = None) -> pa.Table:
+          prior: list | dict | None = None, best_member: int | None = None,
+          on_chunk=None) -> pa.Table:
     """Write `predictions.parquet` (streamed) and `metrics.parquet` of a run, each atomically;
     returns the metrics table (`metrics_tables.metrics_table`'s rows). Prints a notice when the
     training split's smallest class is under `IMBALANCED` of its rows (`imbalance_notice`), and when no ensemble
@@ -103,6 +104,8 @@ def write(run_dir: str | Path, splits: dict[str, SplitPredictions], classes: np.
             `{"mean", "std"}`), the baseline `prior` row of every split; none when None.
         best_member: the best member (`aggregators.json`'s); chosen on the validation rows
             when None.
+        on_chunk: called with every chunk of `predictions.parquet` as it is written (an
+            Arrow table with the file's metadata), for a caller that keeps some rows.
 
     Raises:
         OSError: a file cannot be written (nothing under the final names changes).
@@ -117,13 +120,23 @@ def write(run_dir: str | Path, splits: dict[str, SplitPredictions], classes: np.
             for s, p in splits.items()}
         chunks, task_meta, metrics = _task_tables(splits, classes, aggregators, params, prior,
                                                   best_member, meta)
-        artifacts.write_parquet_chunks(run_dir / artifacts.PREDICTIONS, chunks,
-                                       {**task_meta, **prior_metadata(prior), **(meta or {})})
+        file_meta = {**task_meta, **prior_metadata(prior), **(meta or {})}
+        if on_chunk is not None:
+            chunks = _watched(chunks, file_meta, on_chunk)
+        artifacts.write_parquet_chunks(run_dir / artifacts.PREDICTIONS, chunks, file_meta)
     artifacts.write_parquet(run_dir / artifacts.METRICS, metrics)
     baseline_notice(metrics)
     if not len(classes) and b"target_transform" not in (meta or {}):
         negative_notice(splits, aggregators)
     return metrics
+
+
+def _watched(chunks, meta: dict, on_chunk):
+    """`chunks`, each passed to `on_chunk` with the file's metadata `meta` first."""
+    for t in chunks:
+        t = t.replace_schema_metadata(meta)
+        on_chunk(t)
+        yield t
 
 
 def imbalance_notice(classes: np.ndarray, shares: Sequence[float]) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 from ensemble.core import specs
 from ensemble.core.labels import text_among_numbers
 from ensemble.core.notices import few
-from ensemble.core.record import Manifest
+from ensemble.core.manifest import Manifest
 from ensemble.tasks.base import Task, all_aggregator_names
 from ensemble.tasks.classification.task import Classification
 from ensemble.tasks.regression.task import Regression

@@ -9,7 +9,8 @@ manifest from before `schema_version` (version 0) loads as it is. A manifest wri
 schema than `SCHEMA_VERSION` is refused in one line (its fields may mean something else).
 
 It lives in `ensemble.core` so that every layer that reads a run (models, replication, runs,
-pipelines) can use it; `ensemble.runs.run_record` re-exports it.
+pipelines) can use it; `ensemble.runs.context.RunContext` holds it with what the runs layer
+derives from it (the resolved config, the task, the preprocessing).
 """
 
 from __future__ import annotations
@@ -252,9 +253,11 @@ class Manifest(_Record):
         artifacts.write_manifest(run_dir, self.to_dict())
 
     @staticmethod
-    def update(run_dir: str | Path, change: Callable[["Manifest"], None]) -> "Manifest":
-        """`record.update`: read, `change` in place and write, under the manifest lock."""
-        return update(run_dir, change)
+    def update(run_dir: str | Path, change: Callable[["Manifest"], None],
+               known: "Manifest | None" = None) -> "Manifest":
+        """`manifest.update`: read (or take `known`), `change` in place and write, under the
+        manifest lock."""
+        return update(run_dir, change, known)
 
     def member(self, index: int) -> MemberRecord:
         """The record of member `index`.
@@ -295,10 +298,13 @@ def load(run_dir: str | Path) -> Manifest:
     return Manifest.load(run_dir)
 
 
-def update(run_dir: str | Path, change: Callable[[Manifest], None]) -> Manifest:
+def update(run_dir: str | Path, change: Callable[[Manifest], None],
+           known: Manifest | None = None) -> Manifest:
     """Read the manifest, apply `change` (which edits the `Manifest` in place) and write it,
     all under the run's manifest lock (`runlock.update_manifest`): a client's record of its
-    member and the launcher's record of the run never overwrite each other.
+    member and the launcher's record of the run never overwrite each other. `known`: the
+    manifest as this process last saved it, used when the file is still that one (nothing
+    is read back).
 
     Returns:
         The manifest as written.
@@ -318,7 +324,7 @@ def update(run_dir: str | Path, change: Callable[[Manifest], None]) -> Manifest:
         data.update(manifest.to_dict())
         written.append(manifest)
 
-    runlock.update_manifest(run_dir, on_dict)
+    runlock.update_manifest(run_dir, on_dict, None if known is None else known.to_dict())
     return written[0]
 
 

@@ -1,4 +1,4 @@
-"""The typed run record (`ensemble.core.record.Manifest`): round trip, unknown keys kept, old
+"""The typed run record (`ensemble.core.manifest.Manifest`): round trip, unknown keys kept, old
 manifests load, bad ones refused in one line, updates under the manifest lock."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import pytest
 
 from ensemble.core import artifacts
 from ensemble.core.errors import UsageError
-from ensemble.core.record import SCHEMA_VERSION, Manifest, MemberRecord, load, update
-from ensemble.runs import run_record as runs_record
+from ensemble.core.manifest import SCHEMA_VERSION, Manifest, MemberRecord, load, update
 
 # a manifest as version 0.1.0 wrote it (before `schema_version`), trimmed
 OLD = {
@@ -68,7 +67,6 @@ def test_new_manifest_round_trips_and_keeps_the_contract_keys(tmp_path):
     assert written["members"] == [{"index": 0, "seed": 1, "device": "/device:CPU:0",
                                    "status": "pending"}]
     assert load(tmp_path) == m
-    assert runs_record.Manifest is Manifest  # the runs layer's name is the same class
 
 
 def test_artifacts_verify_takes_the_record(tmp_path):
@@ -150,17 +148,20 @@ def test_the_run_layer_records_the_process_timings(tmp_path):
     """`ensemble train`'s process timings are written by the run layer (`api.train` calls
     `record_process`), not by `pipelines`."""
     _write(tmp_path, OLD)
-    m = runs_record.record_process(tmp_path, 123.5)
+    from ensemble.runs.api import record_process
+    from ensemble.runs.context import config_of
+
+    m = record_process(tmp_path, 123.5)
     assert m.timings["process_ready_unix"] == 123.5 and m.timings["process_peak_rss_bytes"] > 0
     assert load(tmp_path).timings == {**OLD["timings"], "process_ready_unix": 123.5,
                                       "process_peak_rss_bytes": m.timings[
                                           "process_peak_rss_bytes"]}
-    assert runs_record.config_of(Manifest()).members.count >= 1  # the defaults
+    assert config_of(Manifest()).members.count >= 1  # the defaults
 
 
 RAW = re.compile(r"\bmanifest\[|\bmanifest\.get\(|read_manifest\(|update_manifest\(|"
                  r"artifacts\.write_manifest\(|manifest\.json\"\)\.read_text")
-OWNERS = {"ensemble/core/record.py", "ensemble/core/artifacts.py", "ensemble/core/runlock.py"}
+OWNERS = {"ensemble/core/manifest.py", "ensemble/core/artifacts.py", "ensemble/core/runlock.py"}
 
 
 def test_no_raw_manifest_access_outside_the_record():

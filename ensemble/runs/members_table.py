@@ -1,24 +1,29 @@
 """`members.parquet`: one row per member of a run, its hyperparameters next to its cost and
 its validation scores, and its weight in the greedy selection.
 
-Built from the run's own files (manifest, `predictions.parquet`, `history.parquet`,
-`aggregators.json`), so both replication modes and `ensemble aggregate` write the same table.
+Built from the run's context (`RunContext`: manifest, config, task) and its validation
+predictions, history and fitted aggregators (held by the writer that computed them, else read
+from `predictions.parquet`, `history.parquet` and `aggregators.json`), so both replication
+modes, `ensemble aggregate` and `ensemble search` write the same table.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from ensemble.core import artifacts
-from ensemble.core.record import Manifest, MemberRecord
-from ensemble.config.schema import from_dict, member_hparams
+from ensemble.core.manifest import MemberRecord
+from ensemble.config.schema import member_hparams
 from ensemble.tasks.classification import fitted
 from ensemble.runs import posthoc
-from ensemble import tasks
 from ensemble.models.cost import mlp_flops
+
+if TYPE_CHECKING:
+    from ensemble.runs.context import RunContext
 
 MEMBERS_TABLE = "members.parquet"
 
@@ -52,9 +57,8 @@ def _hparams(entry: MemberRecord, cfg) -> dict:
     return h
 
 
-def members_table(run_dir: str | Path, manifest: Manifest,
-                  val: "posthoc.SplitMembers | None" = None, history: list[dict] | None = None,
-                  fit: dict | None = None) -> pa.Table:
+def table(ctx: RunContext, val: "posthoc.SplitMembers | None" = None,
+          history: list[dict] | None = None, fit: dict | None = None) -> pa.Table:
     """The members table of a run whose predictions, history and aggregators are written.
 
     Columns: `member`, `seed`, `builder`, `params` (the builder's parameters as JSON),
@@ -77,7 +81,7 @@ def members_table(run_dir: str | Path, manifest: Manifest,
     `history.parquet` and `fit` the content of `aggregators.json` when the caller wrote them:
     what the caller holds is not read back.
     """
-    run_dir = Path(run_dir)
+    run_dir, manifest = ctx.path, ctx.manifest
     if val is None:
         preds = artifacts.read_parquet(run_dir / artifacts.PREDICTIONS)
         val = posthoc.by_split(posthoc.member_rows(preds)).get("validation")
@@ -86,9 +90,8 @@ def members_table(run_dir: str | Path, manifest: Manifest,
     fit = (fitted.read(run_dir) if fit is None else fit) or {}
     greedy = fit.get("params", {}).get("greedy")
     weights = dict(zip(fit.get("members", []), greedy["weights"])) if greedy else {}
-    task = tasks.for_run(manifest)
+    task, cfg = ctx.task, ctx.config
     source = (manifest.search or {}).get("candidate")
-    cfg = from_dict(manifest.config)
     rows = []
     for m in manifest.members:
         i = m.index
@@ -106,8 +109,8 @@ def members_table(run_dir: str | Path, manifest: Manifest,
     return pa.Table.from_pylist(rows, schema=_schema(task, source is not None))
 
 
-def _hparam_columns(m, cfg, manifest: Manifest, task) -> dict:
-    """Member `m`'s hyperparameter and size columns of `members_table` (`builder` to
+def _hparam_columns(m, cfg, manifest, task) -> dict:
+    """Member `m`'s hyperparameter and size columns of `table` (`builder` to
     `parameters`)."""
     n_features = len(manifest.dataset.feature_names)
     n_out = task.n_outputs(len(manifest.dataset.classes))
@@ -125,7 +128,7 @@ def _hparam_columns(m, cfg, manifest: Manifest, task) -> dict:
 
 
 def _schema(task, search: bool) -> pa.Schema:
-    """The members table's columns (`members_table`); `search`: with `candidate`."""
+    """The members table's columns (`table`); `search`: with `candidate`."""
     schema = [("member", pa.int32()), ("seed", pa.int64()), ("builder", pa.string()),
               ("params", pa.string()), ("hidden", pa.list_(pa.int64())),
               ("activation", pa.string()), ("dropout", pa.float64()),
@@ -139,11 +142,10 @@ def _schema(task, search: bool) -> pa.Schema:
     return pa.schema(schema)
 
 
-def write_members(run_dir: str | Path, manifest: Manifest,
-                  val: "posthoc.SplitMembers | None" = None, history: list[dict] | None = None,
-                  fit: dict | None = None) -> Path:
+def write(ctx: RunContext, val: "posthoc.SplitMembers | None" = None,
+          history: list[dict] | None = None, fit: dict | None = None) -> Path:
     """Write the run's `members.parquet` (atomically; `val`, `history` and `fit` as in
-    `members_table`). Returns its path."""
-    path = Path(run_dir) / MEMBERS_TABLE
-    artifacts.write_parquet(path, members_table(run_dir, manifest, val, history, fit))
+    `table`). Returns its path."""
+    path = ctx.path / MEMBERS_TABLE
+    artifacts.write_parquet(path, table(ctx, val, history, fit))
     return path
