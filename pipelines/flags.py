@@ -143,6 +143,7 @@ def load_config(args, base: dict | None = None):
         "data.categorical": columns(getattr(args, "categorical", None)),
         "data.task": getattr(args, "task", None),
         "training.target_transform": getattr(args, "target_transform", None),
+        "training.threshold": getattr(args, "threshold", None),
         "placement.replicas": getattr(args, "replicas", None) if args.command == "train"
         else None, "placement.engine": getattr(args, "engine", None),
         "placement.address": getattr(args, "address", None), **overrides(args)})

@@ -44,6 +44,11 @@ def _common_run_options(parser, what: str) -> None:
          help="regression: members fit Gaussians on log1p(y) or log(y), reported as "
               "log-normals on the target's scale (default: the config's [training] "
               "target_transform, none)")
+    _add(parser, "--threshold", metavar="auto:METRIC|T",
+         help="binary classification: y_pred is the positive class where its probability "
+              ">= T, a number in (0, 1), or the T that maximises METRIC (f1, "
+              "balanced_accuracy, mcc, accuracy) on the validation split, per aggregator "
+              "(default: the config's [training] threshold, none: the most probable class)")
     _add(parser, "--impute", choices=IMPUTE,
          help="missing feature values: refuse them, or fill them from the training split "
               "(default: the config's, error)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ensemble.tasks.classification import threshold
 from ensemble.tasks.registry import AGGREGATOR_NAMES, LOSSES, TASKS
 from ensemble.models.builtin import ACTIVATIONS
 from ensemble.models.precision import PRECISIONS
@@ -223,6 +224,7 @@ def _check_names(cfg: Config) -> None:
     if cfg.training.target_transform not in ("none", "log1p", "log"):
         raise UsageError("Expected `training.target_transform` to be \"none\", \"log1p\" or "
                          f"\"log\". Received: {cfg.training.target_transform!r}")
+    threshold.parse(cfg.training.threshold)
     if cfg.training.loss not in LOSSES:
         raise UsageError(f"Expected `training.loss` to be {_either(LOSSES)}. "
                          f"Received: {cfg.training.loss!r}")

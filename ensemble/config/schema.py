@@ -98,6 +98,9 @@ class TrainingConfig:
     loss: str = "auto"  # regression: gaussian_nll (auto) or mse; classification: cross_entropy
     class_weight: str = "none"  # classification: "balanced" weights each class n / (k n_c)
     target_transform: str = "none"  # regression: "log1p" or "log", log-normal members
+    # binary classification: y_pred = positive where p >= threshold; a number in (0, 1) or
+    # "auto:<metric>" picked on validation (ensemble.tasks.classification.threshold)
+    threshold: float | str = "none"
     seed: int = 0
     deterministic: bool = True
     # threads of one op (TensorFlow's intra-op pool) in every training and prediction process,

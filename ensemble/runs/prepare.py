@@ -172,6 +172,7 @@ def prepare(request: TrainRequest, mode: Mode, devices: list[str],
                      task.n_outputs(len(classes)), request.jobs)
     y = encode(scan.y, classes)
     task, fitted = task.fit_target(y[rows["train"]])  # e.g. standardisation, train only
+    task = task.with_threshold(cfg.training.threshold, len(classes), cfg.data.target)
     if cfg.training.class_weight != "none":
         task, weights = task.with_class_weight(cfg.training.class_weight, y[rows["train"]],
                                                len(classes))

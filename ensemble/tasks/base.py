@@ -158,6 +158,19 @@ class Task(ABC):
         raise UsageError(f"Expected `training.class_weight = \"none\"` for a {self.name} "
                          f"task (class weights need classes). Received: {mode!r}")
 
+    def with_threshold(self, setting: Any, n_classes: int, target: str | None = None
+                       ) -> "Task":
+        """The task whose ensembles set `y_pred` by a decision threshold (`training.threshold
+        = setting`, `ensemble.tasks.classification.threshold`; `Classification`'s).
+
+        Raises:
+            UsageError: a threshold for a task without two classes.
+        """
+        from ensemble.tasks.classification import threshold
+
+        threshold.check_task(threshold.parse(setting), n_classes, self.name, target)
+        return self
+
     @abstractmethod
     def fit_target(self, y_train: np.ndarray) -> tuple["Task", dict[str, float]]:
         """The task fitted to the training targets, and the manifest `dataset` entries it adds."""

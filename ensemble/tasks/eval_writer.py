@@ -190,6 +190,7 @@ def _task_tables(splits, classes, aggregators, params, prior, best_member, meta=
     if len(classes):
         from ensemble.tasks import metrics_tables as MT
         from ensemble.tasks import tables as T
+        from ensemble.tasks.classification import threshold as decision
 
         chunks = (t for s, p in splits.items() for t in T.prediction_chunks(
             s, p, classes, aggregators, params, CHUNK_ROWS))
@@ -197,7 +198,8 @@ def _task_tables(splits, classes, aggregators, params, prior, best_member, meta=
                                                      p.ensembles, params)
                                  for s, p in splits.items()},
                                 best_member, np.asarray(classes).tolist(), prior)
-        return chunks, T.classes_metadata(classes), metrics
+        meta = {**T.classes_metadata(classes), **decision.metadata(params)}
+        return chunks, meta, metrics
     import json
 
     from ensemble.tasks.regression import tables as regression_tables

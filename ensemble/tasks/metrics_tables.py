@@ -15,6 +15,7 @@ import pyarrow as pa
 from ensemble.tasks import model_arrays
 from ensemble.tasks.classification import metrics as M
 from ensemble.tasks.classification import running
+from ensemble.tasks.classification import threshold as decision
 from ensemble.tasks.classification.aggregators import REGISTRY, member_weights
 from ensemble.tasks.model_arrays import PredictionArrays
 from ensemble.tasks.table_parts import PRIOR, metrics_schema, prior_of, size_table
@@ -56,19 +57,22 @@ def metrics_table(predictions: pa.Table | PredictionArrays, best_member: int | N
 
     Args:
         predictions: a long predictions table, or a file's arrays (`model_arrays.read`,
-            which never holds the table whole).
+            which never holds the table whole); the decision thresholds in its metadata
+            (`threshold.metadata`) set the ensembles' labels.
     """
     arrays = model_arrays.of(predictions)
     if arrays.regression:
         from ensemble.tasks.regression import tables as regression_tables
 
         return regression_tables.metrics_table(arrays, best_member)
+    thresholds = decision.from_metadata(arrays.metadata)  # a binary run's decision thresholds
     outputs = {}
     for split in sorted(arrays.splits):
         outputs[split] = [ModelOutput(
             a.model, a.member, a.aggregator, a.y, a.values,
             None if a.aggregator is None or a.extra is None or a.extra_nulls
-            else float(np.mean(a.extra))) for a in arrays.of_split(split)]
+            else float(np.mean(a.extra)), thresholds.get(a.aggregator))
+            for a in arrays.of_split(split)]
     return metrics_of({s: o for s, o in outputs.items() if o}, best_member,
                       arrays.classes.tolist(), prior_of(arrays.metadata))
 
@@ -82,6 +86,7 @@ class ModelOutput(NamedTuple):
             shares for `vote`).
         mean_mutual_information: the ensemble rows' mean mutual information, None for
             members and vote.
+        threshold: the aggregator's decision threshold (`aggregators.json`), None: argmax.
     """
 
     model: str
@@ -90,6 +95,7 @@ class ModelOutput(NamedTuple):
     y: np.ndarray
     p: np.ndarray
     mean_mutual_information: float | None = None
+    threshold: float | None = None  # a binary run's decision threshold (`threshold.labels`)
 
 
 def split_outputs(member_probs: dict[int, np.ndarray], y: np.ndarray,
@@ -117,7 +123,8 @@ def split_outputs(member_probs: dict[int, np.ndarray], y: np.ndarray,
                 total += float(np.sum(M.uncertainty(stacked, ensemble_probs[a][span], w)[
                     "mutual_information"]))
             mi = total / len(y)
-        out.append(ModelOutput(f"ensemble-{a}", None, a, y, ensemble_probs[a], mi))
+        out.append(ModelOutput(f"ensemble-{a}", None, a, y, ensemble_probs[a], mi,
+                               decision.of(params.get(a))))
     return out
 
 
@@ -150,12 +157,13 @@ def diversity(members: list[np.ndarray], chunk_rows: int = CHUNK_ROWS) -> tuple[
 
 
 def scores(y: np.ndarray, p: np.ndarray, chunk_rows: int = CHUNK_ROWS,
-           probabilities: bool = True) -> dict[str, float | None]:
+           probabilities: bool = True, threshold: float | None = None
+           ) -> dict[str, float | None]:
     """Every metric of one model's labelled rows (`running.Running`, over chunks of
     `chunk_rows` rows): `M.METRICS`, `running.RANK_METRICS` and `recall` (a per-class list);
     vote shares (`probabilities` False) get null NLL, Brier, ECE, ROC AUC and average
-    precision."""
-    row = running.metrics(y, p, chunk_rows, rank=probabilities)
+    precision; `threshold`: the decision threshold of the labels (`running.Running.update`)."""
+    row = running.metrics(y, p, chunk_rows, rank=probabilities, threshold=threshold)
     if not probabilities:
         row.update(nll=None, brier=None, ece=None)
     return row
@@ -197,7 +205,8 @@ def metrics_of(outputs: dict[str, list[ModelOutput]], best_member: int | None = 
         for o in models:
             row = {"model": o.model, "member": o.member, "aggregator": o.aggregator,
                    "split": split, "n": len(o.y),
-                   **scores(o.y, o.p, chunk_rows, o.aggregator not in NOT_PROBABILITIES),
+                   **scores(o.y, o.p, chunk_rows, o.aggregator not in NOT_PROBABILITIES,
+                            o.threshold),
                    "mean_mutual_information": o.mean_mutual_information}
             names = classes if classes is not None else range(len(row["recall"]))
             row.update({f"recall_{c}": r for c, r in zip(names, row.pop("recall"))})

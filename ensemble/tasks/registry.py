@@ -139,7 +139,8 @@ def _user_task(spec: str) -> Task:
 
 def for_run(manifest: Manifest) -> Task:
     """The task of a run from its manifest (`task`, the target's standardisation in
-    `dataset.target_loc` / `target_scale`, `config.training.loss` and `target_transform`,
+    `dataset.target_loc` / `target_scale`, `config.training.loss`, `target_transform` and
+    `threshold`,
     the class weights in
     `dataset.class_weight`)."""
     options = {} if manifest.task is None else {"name": manifest.task}
@@ -149,6 +150,9 @@ def for_run(manifest: Manifest) -> Task:
     transform = manifest.config.get("training", {}).get("target_transform", "none")
     if transform != "none" and isinstance(task, Regression):  # log-normal members
         task = task.with_transform(transform)
+    threshold = manifest.config.get("training", {}).get("threshold", "none")
+    if threshold != "none":  # binary classification: the `y_pred` rule
+        task = task.with_threshold(threshold, len(d.classes or ()))
     if d.extra.get("class_weight") is not None:  # `training.class_weight = "balanced"`
         task = copy.copy(task)
         task.class_weight = tuple(map(float, d.extra["class_weight"]))

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from ensemble.tasks.classification import metrics as M
+from ensemble.tasks.classification import threshold as decision
 from ensemble.tasks.classification.aggregators import aggregate, member_weights
 from ensemble.core.notices import notice
 from ensemble.tasks.metrics_tables import NOT_PROBABILITIES
@@ -39,7 +40,8 @@ def classes_from(table: pa.Table) -> np.ndarray:
 
 
 def model_rows(key: ModelRows, y_true: np.ndarray | None, probs: np.ndarray,
-               classes: np.ndarray, uncertainty: dict | None = None) -> pa.Table:
+               classes: np.ndarray, uncertainty: dict | None = None,
+               threshold: float | None = None) -> pa.Table:
     """Prediction rows of one model on one split, every column built by Arrow from numpy
     (no Python object per row).
 
@@ -52,6 +54,9 @@ def model_rows(key: ModelRows, y_true: np.ndarray | None, probs: np.ndarray,
         classes: `[n_classes]` sorted class labels (int or str).
         uncertainty: ensemble rows: `{"entropy", "expected_entropy", "mutual_information"}`
             arrays `[n_rows]` (`ensemble.tasks.classification.metrics.uncertainty`); null when None.
+        threshold: a binary run's decision threshold: `y_pred` is the positive class where
+            `probs[:, 1] >= threshold` (`ensemble.tasks.classification.threshold`); the
+            argmax when None.
     """
     n = len(key.rows)
     classes = np.asarray(classes)
@@ -63,7 +68,7 @@ def model_rows(key: ModelRows, y_true: np.ndarray | None, probs: np.ndarray,
     else:  # a label the run never saw (`labels.encode_known`: -1): null
         y_true = np.asarray(y_true, np.int64)
         cols["y_true"] = labels.take(pa.array(y_true, mask=y_true < 0))
-    cols["y_pred"] = labels.take(pa.array(np.argmax(probs, axis=1).astype(np.int64)))
+    cols["y_pred"] = labels.take(pa.array(decision.labels(probs, threshold)))
     cols["source_row"] = source_row(key)
     for c, name in enumerate(classes.tolist()):
         cols[f"p_{name}"] = pa.array(np.asarray(probs[:, c], np.float32))
@@ -94,7 +99,8 @@ def predictions_table(split: str, pred: SplitPredictions, classes: np.ndarray,
 
         return regression_tables.predictions_table(split, pred, aggregators, params)
     parts = prediction_chunks(split, pred, classes, aggregators, params, max(1, len(pred.rows)))
-    return pa.concat_tables(parts).replace_schema_metadata(classes_metadata(classes))
+    return pa.concat_tables(parts).replace_schema_metadata(
+        {**classes_metadata(classes), **decision.metadata(params)})
 
 
 def prediction_chunks(split: str, pred: SplitPredictions, classes: np.ndarray,
@@ -115,7 +121,8 @@ def prediction_chunks(split: str, pred: SplitPredictions, classes: np.ndarray,
         a = key.aggregator
         unc = None if a is None or a in NOT_PROBABILITIES else M.uncertainty(
             np.stack([m[span] for m in members]), p, weights[a])
-        yield model_rows(key, y, p, classes, unc)
+        yield model_rows(key, y, p, classes, unc,
+                         None if a is None else decision.of(params.get(a)))
 
 
 def wide_rows(long: pa.Table, aggregator: str, extra: pa.Table | None = None,

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from ensemble.tasks.base import check_weights
+from ensemble.tasks.classification import threshold
 from ensemble.tasks.classification.aggregators import LOG_CLIP, REGISTRY, member_weights, unknown
 
 
@@ -118,10 +119,13 @@ def uncertainty_tf(member_probs, ensemble_probs, weights) -> dict:
 def serving_outputs(stacked, name: str, params: dict | None, classes) -> dict:
     """An exported signature's outputs of aggregator `name` over `stacked` `[n_members, batch,
     n_classes]` probabilities: `probabilities`, `labels` (from the `classes` variable),
-    `class_index`, `member_probabilities` `[batch, n_members, n_classes]`, and for
+    `class_index` (the argmax, or with a decision threshold in `params` the positive class
+    where its probability reaches it: `ensemble.tasks.classification.threshold`), `member_probabilities` `[batch, n_members, n_classes]`, and for
     probabilities (not vote shares) `entropy`, `expected_entropy`, `mutual_information`."""
     probs = aggregate_tf(stacked, name, params)
-    index = tf.argmax(probs, axis=1)
+    t = threshold.of(params)
+    index = tf.argmax(probs, axis=1) if t is None else tf.cast(
+        probs[:, 1] >= tf.constant(t, probs.dtype), tf.int64)  # the decision threshold
     out = {"probabilities": probs, "labels": tf.gather(classes, index), "class_index": index,
            "member_probabilities": tf.transpose(stacked, [1, 0, 2])}
     if REGISTRY[name].probabilities:  # vote shares: no entropy (as predict)

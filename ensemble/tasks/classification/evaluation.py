@@ -133,16 +133,23 @@ def verdict(metrics: pa.Table, split: str = "test", fit: dict | None = None) -> 
 
 
 def _describe(name: str, p: dict) -> str | None:
-    """The text of a fitted aggregator's parameters (`report.fitted_lines`)."""
+    """The text of a fitted aggregator's parameters (`report.fitted_lines`), its decision
+    threshold (`ensemble.tasks.classification.threshold`) after them."""
+    text = None
     if name == "greedy":
-        return f" ({p['size']} of {len(p['order'])} rounds kept)"
-    if name == "weighted":
-        return f" ({p.get('source', 'fitted')})"
-    if name == "stacking":
-        return f"logistic regression, C = {p['C']:.3g} ({p['folds']}-fold cross-validation)"
-    if name == "temperature":
-        return f"T = {p['temperature']:.3f}"
-    return None
+        text = f" ({p['size']} of {len(p['order'])} rounds kept)"
+    elif name == "weighted":
+        text = f" ({p.get('source', 'fitted')})"
+    elif name == "stacking":
+        text = f"logistic regression, C = {p['C']:.3g} ({p['folds']}-fold cross-validation)"
+    elif name == "temperature":
+        text = f"T = {p['temperature']:.3f}"
+    if p.get("threshold") is None:
+        return text
+    how = (f"the best {p['threshold_metric']} on these rows" if p.get("threshold_metric")
+           else "the config's")
+    rule = f"y_pred = positive where p >= {p['threshold']:.4g} ({how})"
+    return rule if text is None else f"{text}; {rule}"
 
 
 def format_table(metrics: pa.Table, fit: dict | None = None, extra=()) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ensemble.tasks.classification.metrics import ECE_BINS, NLL_CLIP
+from ensemble.tasks.classification.threshold import labels
 
 RANK_METRICS = ("roc_auc", "average_precision", "balanced_accuracy")
 
@@ -85,8 +86,10 @@ class Running:
         self.true_counts = np.zeros(self.k, np.int64)
         self.hit_counts = np.zeros(self.k, np.int64)
 
-    def update(self, y: np.ndarray, p: np.ndarray) -> None:
-        """Add one chunk: `y` `[n]` class indices, `p` `[n, n_classes]` probabilities.
+    def update(self, y: np.ndarray, p: np.ndarray, threshold: float | None = None) -> None:
+        """Add one chunk: `y` `[n]` class indices, `p` `[n, n_classes]` probabilities;
+        `threshold`: a binary run's decision threshold, the predicted labels of accuracy,
+        recall and balanced accuracy (`threshold.labels`; the ECE keeps the top label).
 
         Raises:
             ValueError: shapes that do not match (names them).
@@ -100,10 +103,10 @@ class Running:
             return
         p = p32.astype(np.float64)
         rows = np.arange(len(y))
-        pred = np.argmax(p, axis=1)
-        hit = pred == y
+        hit = np.argmax(p, axis=1) == y  # the top label: the ECE's
+        decided = hit if threshold is None else labels(p32, threshold) == y
         self.n += len(y)
-        self.correct += int(hit.sum())
+        self.correct += int(decided.sum())
         self.nll_sum += float(-np.sum(np.log(np.clip(p[rows, y], NLL_CLIP, 1.0))))
         d = p.copy()
         d[rows, y] -= 1.0
@@ -113,7 +116,7 @@ class Running:
         self.acc_bins += np.bincount(bins, weights=hit.astype(np.float64), minlength=ECE_BINS)
         self.conf_bins += np.bincount(bins, weights=conf, minlength=ECE_BINS)
         self.true_counts += np.bincount(y, minlength=self.k)[:self.k]
-        self.hit_counts += np.bincount(y[hit], minlength=self.k)[:self.k]
+        self.hit_counts += np.bincount(y[decided], minlength=self.k)[:self.k]
 
     def recall(self) -> list[float | None]:
         """Per class: the share of its true rows predicted as it; None without a true row."""
@@ -145,13 +148,13 @@ def _macro(values: list[float | None]) -> float | None:
 
 
 def metrics(y: np.ndarray, p: np.ndarray, chunk_rows: int = 65536,
-            rank: bool = True) -> dict[str, float | None]:
+            rank: bool = True, threshold: float | None = None) -> dict[str, float | None]:
     """`Running.result()` of `y` `[n_rows]` and `p` `[n_rows, n_classes]` (an array or a
-    memory map) added `chunk_rows` rows at a time."""
+    memory map) added `chunk_rows` rows at a time (`threshold`: `Running.update`'s)."""
     k = np.shape(p)[1]
     acc = Running(k)
     for lo in range(0, len(y), chunk_rows):
-        acc.update(y[lo:lo + chunk_rows], p[lo:lo + chunk_rows])
+        acc.update(y[lo:lo + chunk_rows], p[lo:lo + chunk_rows], threshold)
     out = acc.result()
     if rank:
         out.update(rank_metrics(y, p, chunk_rows))

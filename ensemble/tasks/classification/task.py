@@ -48,6 +48,46 @@ class Classification(Task):
         task.class_weight = tuple(weight.tolist())
         return task, {"class_weight": weight.tolist()}
 
+    threshold: float | str | None = None  # `with_threshold`: a number, a metric name or None
+
+    def with_threshold(self, setting, n_classes: int, target: str | None = None
+                       ) -> "Classification":
+        """The task whose ensembles' `y_pred` is the positive class where its probability
+        reaches the decision threshold `setting` (`training.threshold`: `"none"`, a number in
+        (0, 1) or `"auto:<metric>"`, `ensemble.tasks.classification.threshold`), a copy.
+
+        Raises:
+            UsageError: a bad setting, or a threshold with other than 2 classes.
+        """
+        from ensemble.tasks.classification import threshold
+
+        parsed = threshold.parse(setting)
+        threshold.check_task(parsed, n_classes, self.name, target)
+        if parsed is None:
+            return self
+        task = copy.copy(self)
+        task.threshold = parsed
+        return task
+
+    def fit_aggregators(self, outputs, y, names, members, settings=None):
+        """`Task.fit_aggregators`, then with a decision threshold each probability
+        aggregator's `threshold` (and `threshold_metric`) in its `params`, picked on the same
+        validation rows (`threshold.fit`) from its positive-class probabilities."""
+        from ensemble.tasks.classification import threshold
+
+        fit = super().fit_aggregators(outputs, y, names, members, settings)
+        if self.threshold is None:
+            return fit
+        for name in names:
+            if not self.aggregators[name].probabilities:
+                continue  # vote shares: the majority label
+            p = np.concatenate([self.aggregate(np.asarray(outputs[:, s]), name,
+                                               fit["params"].get(name))[:, 1]
+                                for s in _spans(len(y))]) if len(y) else np.zeros(0)
+            fit["params"][name] = {**(fit["params"].get(name) or {}),
+                                   **threshold.fit(self.threshold, y, p)}
+        return fit
+
     def n_outputs(self, n_classes: int) -> int:
         """Logits the builder must return: one per class."""
         return n_classes
@@ -155,6 +195,11 @@ class Classification(Task):
     def refusal(self, name: str, names: Sequence[str]) -> str:
         """`std-scaling` is regression's; other names are unknown."""
         return A.unknown(name)
+
+
+def _spans(n: int, chunk_rows: int = 65536) -> list[slice]:
+    """The slices of `n` rows, `chunk_rows` at a time."""
+    return [slice(lo, min(n, lo + chunk_rows)) for lo in range(0, n, chunk_rows)]
 
 
 def _fused_logits(outputs):
