@@ -184,3 +184,42 @@ def test_negative_predictions_of_a_non_negative_target_get_a_notice(capsys):
     negative_notice({"test": split._replace(y=np.array([-1.0, 2.0, 5.0]))}, ["mean"])
     negative_notice({"test": split._replace(ensembles={"mean": np.abs(ens)})}, ["mean"])
     assert capsys.readouterr().err == ""
+
+
+def _lognormal_nll(y, mean, sd):
+    """SciPy's log-normal NLL (log1p: loc -1) of the log-normal with moments mean, sd**2."""
+    s = np.sqrt(np.log1p(sd ** 2 / (mean + 1) ** 2))
+    return -np.mean(stats.lognorm(s=s, scale=(mean + 1) * np.exp(-s ** 2 / 2),
+                                  loc=-1).logpdf(y))
+
+
+def test_std_scaling_minimises_the_lognormal_nll_on_validation(run):
+    """The fitted std-scaling factor is the one the run's own (log-normal) NLL prefers on the
+    validation rows it was fitted on, not the Gaussian closed form's."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    s = json.loads((run / "run" / "aggregators.json").read_text())["params"][
+        "std-scaling"]["scale"]
+    p = pq.read_table(run / "run" / "predictions.parquet").to_pandas()
+    val = p[p.split == "validation"]
+    mean_rows = val[val.model == "ensemble-mean"].sort_values("row")
+    scaled = val[val.model == "ensemble-std-scaling"].sort_values("row")
+    y, mean, sd = (mean_rows[c].to_numpy() for c in ("y_true", "y_pred", "std"))
+    np.testing.assert_allclose(scaled["std"], s * sd, rtol=1e-5)
+    best = _lognormal_nll(y, mean, s * sd)
+    for c in (0.9, 0.98, 1.02, 1.1):
+        assert best <= _lognormal_nll(y, mean, c * s * sd) + 1e-9
+    gaussian = np.sqrt(np.mean((y - mean) ** 2 / sd ** 2))  # the Gaussian closed form's
+    assert abs(gaussian - s) > 1e-3 and best < _lognormal_nll(y, mean, gaussian * sd)
+
+
+def test_predict_file_names_the_transform(run):
+    import pyarrow.parquet as pq
+    from conftest import run_cli
+
+    out = run / "pred-meta.parquet"
+    assert run_cli("predict", "--run", run / "run", "--data", "diabetes", "--out", out,
+                   "--quiet") == 0
+    assert pq.read_table(out).schema.metadata[b"target_transform"] == b"log1p"

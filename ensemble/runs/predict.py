@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +142,8 @@ class Prediction:
     """What both modes' prediction drivers share (`open_prediction`): the run's manifest and
     preprocessing, the input stream, the aggregator names and fit (`posthoc.run_aggregators`),
     the wide layout's aggregator (`answer`), the members used (diverged ones left out) and
-    their fitted aggregators' parameters."""
+    their fitted aggregators' parameters, and the output's key-value metadata from the
+    run's task (`target_transform`)."""
 
     request: PredictRequest
     manifest: Manifest
@@ -152,6 +153,7 @@ class Prediction:
     answer: str
     used: list[int]
     params: dict
+    metadata: dict = field(default_factory=dict)
 
     def write(self, writer, member_p: dict, ens_p, batch) -> None:
         """Write one batch's member (`{member: [n_rows, n_outputs]}`) and ensemble rows
@@ -160,6 +162,9 @@ class Prediction:
         long = tables.predictions_table(
             "predict", SplitPredictions(member_p, ens_p, batch.rows, batch.y, batch.first_row),
             self.pre.classes, self.names, self.params)
+        if self.metadata:  # the run's, beside the table's own (`classes`, `thresholds`)
+            long = long.replace_schema_metadata({**(long.schema.metadata or {}),
+                                                 **self.metadata})
         writer.write(tables.wide_rows(long, self.answer, batch.extra, batch.ids)
                      if self.request.layout == "wide" else tables.with_ids(long, batch.ids))
 
@@ -190,7 +195,9 @@ def open_prediction(request: PredictRequest) -> Prediction:
     from ensemble.runs.preflight import ensemble_members
     from ensemble.runs.posthoc import run_aggregators
     from ensemble.tasks.choice import default_aggregator
+    from ensemble import tasks
     from ensemble.tasks.classification.fitted import member_params
+    from ensemble.tasks.regression.tables import transform_metadata
 
     r = request
     check_out(r.out)
@@ -198,7 +205,8 @@ def open_prediction(request: PredictRequest) -> Prediction:
     names, fit = run_aggregators(r.run_dir, manifest)
     answer = default_aggregator(names, fit, r.aggregator)
     used = list(ensemble_members(manifest))  # diverged members left out
-    return Prediction(r, manifest, pre, stream, names, answer, used, member_params(fit, used))
+    return Prediction(r, manifest, pre, stream, names, answer, used, member_params(fit, used),
+                      transform_metadata(tasks.for_run(manifest)))
 
 
 def predict_in_graph(request: PredictRequest) -> dict:

@@ -35,16 +35,33 @@ def _check(outputs, y) -> tuple[np.ndarray, np.ndarray]:
 
 
 def mixture_nll_gaussian(outputs: np.ndarray, y: np.ndarray, weights=None,
-                         scale: float = 1.0) -> float:
-    """Validation criterion: Gaussian NLL of the moment-matched mixture (inf when its variance
-    is 0 somewhere)."""
+                         scale: float = 1.0, transform=None) -> float:
+    """Validation criterion: NLL of the moment-matched mixture (inf when its variance is 0
+    somewhere): Gaussian, or under a target `transform` (`transform.TargetTransform`) the
+    log-normal with the mixture's moments, with the Jacobian, as the run's metrics score it
+    (`Regression.nll_of`)."""
     e = R.mixture(outputs, weights, scale)
-    value = RM.nll(y, e[:, 0], np.sqrt(e[:, 1] + e[:, 2]))
+    var = e[:, 1] + e[:, 2]
+    if transform is None:
+        value = RM.nll(y, e[:, 0], np.sqrt(var))
+    elif np.any(var <= 0):
+        value = None
+    else:
+        mu, s2 = transform.to_gaussian(e[:, 0], var)
+        value = transform.nll(y, mu, np.sqrt(s2))
     return np.inf if value is None else value
 
 
-def fit_weights(outputs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
-    """Member weights on the simplex minimising the mixture's validation Gaussian NLL.
+def _transform(settings: dict | None):
+    """The run's target transform named in the fit's `settings` (`target_transform`)."""
+    from ensemble.tasks.regression import transform
+
+    return transform.get((settings or {}).get("target_transform"))
+
+
+def fit_weights(outputs: np.ndarray, y: np.ndarray, transform=None) -> dict[str, Any]:
+    """Member weights on the simplex minimising the mixture's validation NLL
+    (`mixture_nll_gaussian`, under the run's `transform`).
 
     Returns:
         `{"weights": [n_members]}` (weights below 1e-6 set to 0, renormalised).
@@ -56,7 +73,7 @@ def fit_weights(outputs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
 
     def loss(z):
         w = np.exp(z - z.max())
-        value = mixture_nll_gaussian(out, y, w / w.sum())
+        value = mixture_nll_gaussian(out, y, w / w.sum(), transform=transform)
         return value if np.isfinite(value) else 1e300
 
     res = minimize(loss, np.zeros(n), method="L-BFGS-B", options={"maxiter": 500})
@@ -67,8 +84,10 @@ def fit_weights(outputs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     return {"weights": (w / w.sum()).tolist()}
 
 
-def greedy_selection(outputs: np.ndarray, y: np.ndarray, rounds: int) -> dict[str, Any]:
-    """Caruana's forward selection with replacement on the mixture's validation NLL.
+def greedy_selection(outputs: np.ndarray, y: np.ndarray, rounds: int, transform=None
+                     ) -> dict[str, Any]:
+    """Caruana's forward selection with replacement on the mixture's validation NLL
+    (`mixture_nll_gaussian`, under the run's `transform`).
 
     Returns:
         `{"order": [rounds] member positions, "size": length of the kept (best) prefix,
@@ -86,7 +105,7 @@ def greedy_selection(outputs: np.ndarray, y: np.ndarray, rounds: int) -> dict[st
         for m in range(n):
             c = counts.copy()
             c[m] += 1
-            scores.append(mixture_nll_gaussian(out, y, c / c.sum()))
+            scores.append(mixture_nll_gaussian(out, y, c / c.sum(), transform=transform))
         pick = int(np.argmin(scores))
         order.append(pick)
         counts[pick] += 1
@@ -98,9 +117,12 @@ def greedy_selection(outputs: np.ndarray, y: np.ndarray, rounds: int) -> dict[st
     return {"order": order, "size": size, "weights": (kept / size).tolist()}
 
 
-def fit_std_scale(outputs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+def fit_std_scale(outputs: np.ndarray, y: np.ndarray, transform=None) -> dict[str, Any]:
     """The factor `s` on the mean mixture's predictive std minimising validation NLL, in
-    closed form `s = sqrt(mean((y - mu)^2 / sigma^2))` (rows with sigma 0 left out).
+    closed form `s = sqrt(mean((y - mu)^2 / sigma^2))` (rows with sigma 0 left out); under a
+    target `transform` the log-normal NLL of the mixture's mean and `s` times its std (with
+    the Jacobian, what the run's metrics score), minimised over `log s` in [-10, 10] by
+    SciPy's bounded `minimize_scalar`.
 
     Returns:
         `{"scale": s}` (1.0 when no row has a positive sigma).
@@ -111,23 +133,36 @@ def fit_std_scale(outputs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     ok = var > 0
     if not ok.any():
         return {"scale": 1.0}
+    if transform is not None:
+        from scipy.optimize import minimize_scalar
+
+        mean, var = e[ok, 0], var[ok]
+
+        def loss(log_s):
+            mu, s2 = transform.to_gaussian(mean, np.exp(2 * log_s) * var)
+            return transform.nll(y[ok], mu, np.sqrt(s2))
+
+        res = minimize_scalar(loss, bounds=(-10.0, 10.0), method="bounded",
+                              options={"xatol": 1e-8})
+        return {"scale": float(np.exp(res.x)) if loss(res.x) <= loss(0.0) else 1.0}
     s = float(np.sqrt(np.mean((y[ok] - e[ok, 0]) ** 2 / var[ok])))
     return {"scale": s if s > 0 else 1.0}
 
 
 def fit_weighted(outputs: np.ndarray, y: np.ndarray, settings: dict) -> dict[str, Any]:
     """`weighted`: the config's weights, else `fit_weights` (`ensemble.tasks.base`)."""
-    return fit_member_weights(fit_weights, outputs, y, settings)
+    return fit_member_weights(lambda o, t: fit_weights(o, t, _transform(settings)), outputs, y,
+                              settings)
 
 
 def fit_greedy(outputs: np.ndarray, y: np.ndarray, settings: dict) -> dict[str, Any]:
     """`greedy`: `greedy_selection` for `settings["greedy_rounds"]` rounds."""
-    return greedy_selection(outputs, y, int(settings["greedy_rounds"]))
+    return greedy_selection(outputs, y, int(settings["greedy_rounds"]), _transform(settings))
 
 
 def fit_std_scale_on(outputs: np.ndarray, y: np.ndarray, settings: dict) -> dict[str, Any]:
-    """`std-scaling`: `fit_std_scale` (no setting)."""
-    return fit_std_scale(outputs, y)
+    """`std-scaling`: `fit_std_scale` (under the run's `target_transform` of `settings`)."""
+    return fit_std_scale(outputs, y, _transform(settings))
 
 
 def member_losses(outputs: np.ndarray, y: np.ndarray) -> list[float]:

@@ -63,6 +63,13 @@ class Regression(Task):
         task.transform = transform.get(name)
         return task
 
+    def fit_aggregators(self, outputs, y, names, members, settings=None):
+        """`Task.fit_aggregators`, the fits told the run's target transform (`settings`'
+        `target_transform`): under one they minimise the log-normal NLL the run reports."""
+        if self.transform is not None:
+            settings = {**(settings or {}), "target_transform": self.transform.name}
+        return super().fit_aggregators(outputs, y, names, members, settings)
+
     @property
     def shift(self) -> float | None:
         """The transform's shift (`log(y + shift)`), None without a transform."""
