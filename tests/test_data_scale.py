@@ -103,7 +103,6 @@ def test_one_pass_over_a_numeric_table_equals_fit_then_write(tmp_path, monkeypat
 
     from ensemble.config import schema
     from ensemble.core import artifacts
-    from ensemble.core.labels import encode
     from ensemble.data import kinds, prepared, sources, table_scan
 
     monkeypatch.setattr(table_scan, "CHUNK_ROWS", 64)
@@ -119,14 +118,13 @@ def test_one_pass_over_a_numeric_table_equals_fit_then_write(tmp_path, monkeypat
     for name in ("one", "two"):
         scan = kinds.scan(cfg.data)
         assert scan.numeric_only
-        rows, classes = sources.split(scan, cfg.data, 0, True)
-        codes = encode(scan.y, classes)
+        which, classes, codes = sources.assignment(scan, cfg.data, 0, True)
         if name == "one":
-            fitted[name], hashes[name] = prepared.prepare_splits(tmp_path / name, scan, rows,
+            fitted[name], hashes[name] = prepared.prepare_splits(tmp_path / name, scan, which,
                                                                  codes, classes)
         else:
-            fitted[name] = scan.fit(rows["train"], classes)
-            hashes[name] = prepared.write_splits(tmp_path / name, scan, fitted[name], rows,
+            fitted[name] = scan.fit(np.flatnonzero(which == 0), classes)
+            hashes[name] = prepared.write_splits(tmp_path / name, scan, fitted[name], which,
                                                  codes)
         # hashed as written (the one-pass x as rewritten): the files' bytes on disk
         assert hashes[name] == {p: artifacts.sha256_file(p)

@@ -99,3 +99,35 @@ def test_a_numeric_target_with_a_few_text_markers_names_them():
     names = np.array(["a", "b", "c", "d"] * 2 + ["e"])
     classes, counts = np.unique(names, return_counts=True)
     assert "merge or drop the rarest classes" in split_refusal("x.csv", names, classes, counts)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+@pytest.mark.parametrize("labels", ["imbalanced", "ties", "twenty"])
+def test_the_one_byte_assignment_holds_scikit_learns_rows(seed, labels):
+    """`stratified_assignment` (one byte per row, class codes in) marks the rows of the two
+    `train_test_split(..., stratify=y)` calls a run makes: test first, then validation out
+    of the rest in scikit-learn's shuffled order."""
+    from ensemble.data.splitting import code_dtype, stratified_assignment
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(100, 400))
+    y = {"imbalanced": lambda: rng.choice(4, n, p=[0.7, 0.2, 0.07, 0.03]),
+         "ties": lambda: np.repeat(np.arange(4), n // 4),
+         "twenty": lambda: rng.permutation(np.repeat(np.arange(20), n // 20))}[labels]()
+    rest, test = train_test_split(np.arange(len(y)), test_size=0.2, random_state=seed,
+                                  stratify=y)
+    train, val = train_test_split(rest, test_size=0.1 / 0.8, random_state=seed,
+                                  stratify=y[rest])
+    which = stratified_assignment(y.astype(code_dtype(y.max() + 1)), y.max() + 1, 0.2, 0.1,
+                                  seed)
+    assert which.dtype == np.int8
+    for code, rows in enumerate((train, val, test)):
+        np.testing.assert_array_equal(np.flatnonzero(which == code), np.sort(rows))
+
+
+def test_the_assignment_refuses_what_scikit_learn_refuses():
+    from ensemble.data.splitting import code_dtype, stratified_assignment
+
+    with pytest.raises(ValueError, match="least populated class"):
+        stratified_assignment(np.array([0, 0, 0, 0, 1], np.uint8), 2, 0.4, 0.2, 0)
+    assert code_dtype(256) == np.uint8 and code_dtype(257) == np.uint16

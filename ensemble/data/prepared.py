@@ -20,8 +20,7 @@ from ensemble.data.sources import Dataset
 SPLITS = ("train", "validation", "test")
 
 
-def prepare_splits(run_dir, scan, rows: dict[str, np.ndarray], y: np.ndarray,
-                   classes: np.ndarray):
+def prepare_splits(run_dir, scan, which: np.ndarray, y: np.ndarray, classes: np.ndarray):
     """Fit the run's preprocessing on the training rows and write every split's files;
     returns the fitted preprocessing (`scan.fit`'s) and `{path: hex sha256}` of the files
     (hashed as written, `splitfiles.SplitWriter.sha256s`).
@@ -35,17 +34,17 @@ def prepare_splits(run_dir, scan, rows: dict[str, np.ndarray], y: np.ndarray,
     while this one writes (and hashes) the last.
 
     Args:
-        rows, y: as `write_splits`; classes: the sorted class labels (`scan.fit`).
+        which, y: as `write_splits`; classes: the sorted class labels (`scan.fit`).
 
     Raises:
         UsageError: as `write_splits`; nothing is left under the final names then.
     """
     if not getattr(scan, "numeric_only", False):
-        pre = scan.fit(rows["train"], classes)
-        return pre, write_splits(run_dir, scan, pre, rows, y)
-    with _Splits(run_dir, scan, rows, y, rewrite=True) as splits:
-        pre = scan.fit(rows["train"], classes, each=lambda start, chunk: splits.write(
-            start, chunk.x))
+        pre = scan.fit(np.flatnonzero(which == SPLITS.index("train")), classes)
+        return pre, write_splits(run_dir, scan, pre, which, y)
+    with _Splits(run_dir, scan, which, y, rewrite=True) as splits:
+        pre = scan.fit(which == SPLITS.index("train"), classes,
+                       each=lambda start, chunk: splits.write(start, chunk.x))
         for w in splits.writers.values():
             for lo, z in background.prefetch(_scaled(w, pre, scan)):
                 w.rewrite(lo, z)
@@ -65,22 +64,23 @@ class _Splits:
     """The three splits' writers, fed a chunk of rows at a time in source order; committed
     together on a clean exit, all removed on an error."""
 
-    def __init__(self, run_dir, scan, rows: dict[str, np.ndarray], y: np.ndarray,
+    def __init__(self, run_dir, scan, which: np.ndarray, y: np.ndarray,
                  rewrite: bool = False):
-        self.run_dir, self.scan, self.rows, self.y = run_dir, scan, rows, y
+        self.run_dir, self.scan, self.which, self.y = run_dir, scan, which, y
         self.rewrite = rewrite  # the rows are scaled in place later (`SplitWriter`)
-        self.which = np.full(len(y), -1, np.int8)
-        for i, s in enumerate(SPLITS):
-            self.which[rows[s]] = i
+        self.sizes = np.bincount(which, minlength=len(SPLITS))
+        # the files' labels: int32 class codes (the codes held may be narrower), or targets
+        self.y_dtype = np.dtype(np.int32) if y.dtype.kind in "iu" else y.dtype
         self.writers: dict[str, splitfiles.SplitWriter] = {}
         self._rows: np.ndarray | None = None  # a chunk's rows of one split, before writing
 
     def write(self, start: int, x: np.ndarray) -> None:
         """Route the rows `start .. start + len(x)` (positions of y) to their splits."""
         if not self.writers:
-            for s in SPLITS:  # one at a time: a writer that failed to open leaves the others
-                self.writers[s] = splitfiles.SplitWriter(  # to abort
-                    self.run_dir, s, len(self.rows[s]), x.shape[1:], (x.dtype, self.y.dtype),
+            # one at a time: a writer that failed to open leaves the others to abort
+            for i, s in enumerate(SPLITS):
+                self.writers[s] = splitfiles.SplitWriter(
+                    self.run_dir, s, int(self.sizes[i]), x.shape[1:], (x.dtype, self.y_dtype),
                     self.rewrite)
         part = self.which[start:start + len(x)]
         buf = self._rows
@@ -90,7 +90,7 @@ class _Splits:
             take = np.flatnonzero(part == i)
             if len(take):
                 rows = np.take(x, take, axis=0, out=self._rows[:len(take)], mode="clip")
-                self.writers[s].write(rows, self.y[start + take],
+                self.writers[s].write(rows, self.y[start + take].astype(self.y_dtype),
                                       self.scan.file_rows(start + take))
 
     def sha256s(self) -> dict:
@@ -117,22 +117,24 @@ class _Splits:
             w.abort()
 
 
-def write_splits(run_dir, scan, pre, rows: dict[str, np.ndarray], y: np.ndarray) -> dict:
+def write_splits(run_dir, scan, pre, which: np.ndarray, y: np.ndarray) -> dict:
     """Write `data/<split>.{x,y,row}.npy` of every split; returns `{path: hex sha256}`.
 
     Args:
         scan: the source (`kinds.scan`): `chunks()` of `(first row, rows)`, and
             `file_rows`, the rows' positions in the source (the files' `row`).
         pre: the fitted preprocessing (`encode_scaled(chunk, first_row)`).
-        rows: `{split: sorted [n_split] positions of y}` (`sources.split`).
-        y: `[n_rows]` encoded targets of every row.
+        which: `[n_rows]` int8, each row's split: its index in `SPLITS`
+            (`sources.assignment`).
+        y: `[n_rows]` class codes (any integer type; written as int32) or float targets of
+            every row.
 
     Raises:
         UsageError: a chunk the preprocessing refuses (named row); nothing is left under
             the final names then.
     """
     unknown: dict = {}
-    with _Splits(run_dir, scan, rows, y) as splits:
+    with _Splits(run_dir, scan, which, y) as splits:
         for start, chunk in background.prefetch(scan.chunks()):  # next chunk read meanwhile
             x, unk = pre.encode_scaled(chunk, start)
             merge_unknown(unknown, unk)

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from ensemble.data import columns, csv_format
 from ensemble.data.columns import FLOAT32_MAX  # noqa: F401 (`sources.FLOAT32_MAX`)
 from ensemble.data.settings import DataConfig
-from ensemble.data.splitting import stratified_split
+from ensemble.data.splitting import code_dtype, stratified_assignment, stratified_split
 from ensemble.core.errors import UsageError
 from ensemble.data.messages import (  # noqa: F401 (`sources.check_*`)
     check_drop, check_unique_columns, csv_header, did_you_mean, read_columns, split_refusal)
@@ -359,3 +359,56 @@ def split(ds: Dataset, cfg: DataConfig, seed: int, stratify: bool = True
     except ValueError:
         raise UsageError(split_refusal(ds.name, ds.y, classes, counts)) from None
     return {"train": train, "validation": val, "test": test}, classes
+
+
+def assignment(ds, cfg: DataConfig, seed: int, stratify: bool = True
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`split`'s rows as one byte per row, and the labels as class codes: what preparing a
+    large table holds instead of index arrays and the labels themselves.
+
+    The same rows as `split` (`splitting.stratified_assignment` for a stratified split of a
+    source without a test split of its own; `split`'s indices turned into codes otherwise).
+
+    Returns:
+        (`[n]` int8 split codes, `splitting.TRAIN`, `VALIDATION`, `TEST`; the sorted class
+        labels; `[n]` class codes of `ds.y`, of `splitting.code_dtype(len(classes))`, or the
+        float64 targets when not `stratify`).
+
+    Raises:
+        UsageError: as `split`.
+    """
+    y = ds.y
+    if stratify and getattr(ds, "test_rows", None) is None:
+        classes, counts = np.unique(y, return_counts=True)
+        codes = class_codes(y, classes)
+        try:
+            which = stratified_assignment(codes, len(classes), cfg.test_size,
+                                          cfg.validation_size, seed)
+        except ValueError:
+            raise UsageError(split_refusal(ds.name, y, classes, counts)) from None
+        return which, classes, codes
+    rows, classes = split(ds, cfg, seed, stratify)
+    which = np.zeros(len(y), np.int8)
+    for code, name in enumerate(("train", "validation", "test")):
+        which[rows[name]] = code
+    del rows
+    if not stratify:  # float64 targets (text refused)
+        from ensemble.core.labels import encode
+
+        return which, classes, encode(y, classes)
+    return which, classes, class_codes(y, classes)
+
+
+def class_codes(y: np.ndarray, classes: np.ndarray, chunk_rows: int = 1 << 20) -> np.ndarray:
+    """`[n]` labels `y` as their positions in the sorted `classes`, of the smallest unsigned
+    type (`splitting.code_dtype`), encoded `chunk_rows` at a time (`core.labels.encode`).
+
+    Raises:
+        UsageError: a label not among `classes`.
+    """
+    from ensemble.core.labels import encode
+
+    codes = np.empty(len(y), code_dtype(len(classes)))
+    for lo in range(0, len(y), chunk_rows):
+        codes[lo:lo + chunk_rows] = encode(y[lo:lo + chunk_rows], classes)
+    return codes

@@ -83,3 +83,98 @@ def _class_rows(y: np.ndarray, classes: np.ndarray, counts: np.ndarray) -> list[
     if len(classes) <= 16:
         return [np.flatnonzero(y == c) for c in classes]
     return np.split(np.argsort(y, kind="stable"), np.cumsum(counts)[:-1])
+
+
+TRAIN, VALIDATION, TEST = 0, 1, 2  # the split codes of `stratified_assignment`
+
+
+def code_dtype(n_classes: int) -> np.dtype:
+    """The smallest unsigned integer type that holds class codes `0 .. n_classes - 1`."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if n_classes <= np.iinfo(dtype).max + 1:
+            return np.dtype(dtype)
+    return np.dtype(np.int64)
+
+
+def stratified_assignment(codes: np.ndarray, n_classes: int, test_size: float,
+                          validation_size: float, seed: int) -> np.ndarray:
+    """Each row's split, one byte per row: the rows `sources.split` draws with scikit-learn.
+
+    The same draws as `stratified_split(arange(n), y, test_size, seed)` followed by
+    `stratified_split(rest, y[rest], validation_size / (1 - test_size), seed)` (two
+    `train_test_split(..., stratify=y)` calls): the same `RandomState(seed)` draws in the same
+    order, each class's rows shuffled in place (`RandomState.shuffle` draws what
+    `permutation` draws), the pool of training and validation rows held as 4-byte positions
+    and no index list returned. Memory: `[n]` int8 of the result, the pool (4 or 8 bytes per
+    row of it, 1 byte per row of its codes) and one class's positions (8 bytes per row of
+    the largest class) at a time; more than 16 classes, one stable argsort of the codes
+    (8 bytes per row) in their place.
+
+    Args:
+        codes: `[n]` class codes `0 .. n_classes - 1` (any integer type; `code_dtype`).
+        n_classes: the classes' count; test_size, validation_size: shares of all rows in
+            (0, 1), their sum below 1.
+        seed: the `RandomState` seed (`data.split_seed`).
+
+    Returns:
+        `[n]` int8: `TRAIN` (0), `VALIDATION` (1) or `TEST` (2) per row.
+
+    Raises:
+        ValueError: what scikit-learn raises for the same split (a class with one row,
+            fewer training, validation or test rows than classes, a bad share).
+    """
+    from sklearn.model_selection._split import _approximate_mode, _validate_shuffle_split
+
+    codes = np.asarray(codes)
+    n = len(codes)
+    which = np.zeros(n, np.int8)
+    index = np.int32 if n < 2 ** 31 else np.int64
+    pool = _draw(codes, n_classes, test_size, seed, which, TEST, index,
+                 _approximate_mode, _validate_shuffle_split)
+    rest_share = validation_size / (1.0 - test_size)
+    picked = _draw(codes[pool], n_classes, rest_share, seed, None, VALIDATION, index,
+                   _approximate_mode, _validate_shuffle_split)
+    which[pool[picked]] = VALIDATION
+    return which
+
+
+def _draw(codes, n_classes, share, seed, which, mark, index, approximate_mode, validate):
+    """One `stratified_split` of the rows of `codes` with `share` of them drawn: the rows
+    drawn are set to `mark` in `which` (or, `which` None, their positions returned, in any
+    order); else the training pool in scikit-learn's shuffled order (`index` positions)."""
+    n = len(codes)
+    counts = np.bincount(codes, minlength=n_classes)
+    present = counts > 0
+    n_train, n_test = validate(n, share, None, default_test_size=0.25)
+    k = int(present.sum())
+    if counts[present].min() < 2:
+        raise ValueError("The least populated class in y has only 1 member, which is too few. "
+                         "The minimum number of groups for any class cannot be less than 2.")
+    if n_train < k or n_test < k:
+        raise ValueError(f"The train_size = {n_train} and test_size = {n_test} should be "
+                         f"greater or equal to the number of classes = {k}")
+    counts = counts[present]
+    labels = np.flatnonzero(present)
+    rng = np.random.RandomState(seed)
+    n_i = approximate_mode(counts, n_train, rng)
+    t_i = approximate_mode(counts - n_i, n_test, rng)
+    order = np.argsort(codes, kind="stable") if k > 16 else None
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    pool = np.empty(n_train, index)
+    drawn = [] if which is None else None
+    at = 0
+    for i, c in enumerate(labels):
+        rows = (np.flatnonzero(codes == c) if order is None
+                else order[starts[i]:starts[i + 1]].copy())
+        rng.shuffle(rows)  # = rows.take(rng.permutation(len(rows)))
+        pool[at:at + n_i[i]] = rows[:n_i[i]]
+        at += n_i[i]
+        if which is None:
+            drawn.append(rows[n_i[i]:n_i[i] + t_i[i]].astype(index))
+        else:
+            which[rows[n_i[i]:n_i[i] + t_i[i]]] = mark
+        del rows
+    if which is None:
+        return np.concatenate(drawn)
+    rng.shuffle(pool)  # scikit-learn's shuffled training rows: the next split's order
+    return pool

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ensemble.core import background
+from ensemble.core import background, memory
 from ensemble.core.errors import UsageError
 from ensemble.data import columns, csv_format, messages, sources
 from ensemble.data.identifiers import training_index
@@ -114,6 +114,8 @@ class TableScan:
                                             cfg.categorical, cfg.impute)
         except UsageError as exc:
             raise self._whole_file_error(exc, raw, 0, tables, self._identifiers(first)) from None
+        tables.close()  # the scan's read-ahead row groups freed before the labels are read
+        del tables, first, raw
         self.identifiers = (*index, *head.identifiers)  # the index is not read: not in chunks
         self._categorical = tuple(head.categorical)
         self.columns, self.feature_names = head.columns, head.feature_names
@@ -144,7 +146,43 @@ class TableScan:
 
     def _labels(self) -> tuple[np.ndarray, np.ndarray | None]:
         """(`[n]` labels of the labelled rows, `[n_source]` bool: rows with a label, or None
-        when every row has one)."""
+        when every row has one).
+
+        The target column is read and converted a batch at a time (its Arrow buffers freed
+        batch by batch: held whole, their decoded pages took about 25 bytes per row); the
+        batches' labels are joined once (a batch of non-integer numbers makes every label a
+        float, as the whole column would)."""
+        target = self.cfg.target
+        parts, masks, missing = [], [], 0
+        for table in self._batches([target], 1 << 20):
+            col = sources.target_column(table.column(target))
+            if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+                return self._labels_whole()  # bytes that are not UTF-8: named by row
+            keep = None
+            if col.null_count:
+                missing += col.null_count
+                keep = np.asarray(pc.is_valid(col))
+                col = col.filter(pa.array(keep))
+            masks.append(np.ones(table.num_rows, bool) if keep is None else keep)
+            problems: list[str] = []
+            y = sources._labels(col, target, self.name, problems)
+            if problems:
+                raise UsageError(f"1 problem in data {self.name}: {problems[0]}.")
+            parts.append(y if y.base is None else y.copy())  # not a view of Arrow's pages
+            del table, col
+        memory.release_arrow_pool()
+        y = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        del parts
+        valid = np.concatenate(masks) if missing else None
+        if missing:
+            sources.notice(f"dropped {missing} row{'s' * (missing != 1)} of {self.name} whose "
+                           f"label {target!r} is missing", once=True)  # checked, then prepared
+        sources.spaced_labels_notice(y, target, self.name)
+        return y, valid
+
+    def _labels_whole(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """`_labels` of a target column read whole (text as bytes: its problem names the
+        row)."""
         target = self.cfg.target
         col = sources.target_column(pa.concat_tables(self._batches([target], 1 << 20))
                                     .column(target))
@@ -246,7 +284,8 @@ class TableScan:
         """The `Preprocessing` fitted on the rows `train_rows` (positions of `y`) in one pass
         over the chunks (`table_stats.TableStats`); `each(first row, chunk)` is called with
         every chunk of the pass too (None: nothing). The chunks are read and counted in a
-        background thread (`background.prefetch`), one ahead of `each`."""
+        background thread (`background.prefetch`), one ahead of `each`. `train_rows` may also
+        be the `[n_rows]` bool mask of those rows."""
         from ensemble.data.preprocessing import Preprocessing, _notice_id_columns
         from ensemble.data.table_stats import TableStats
 
@@ -254,8 +293,12 @@ class TableScan:
         stats = TableStats(self.feature_names, self._categorical, cfg.impute,
                            cfg.max_categories, cfg.split_seed, cfg.embed_above,
                            cfg.min_frequency)
-        in_train = np.zeros(len(self.y), bool)
-        in_train[train_rows] = True
+        train_rows = np.asarray(train_rows)
+        if train_rows.dtype == bool:
+            in_train = train_rows
+        else:
+            in_train = np.zeros(len(self.y), bool)
+            in_train[train_rows] = True
 
         def counted():  # in the background thread: each chunk read, then counted, in order
             for start, chunk in self.chunks():

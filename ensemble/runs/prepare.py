@@ -31,11 +31,12 @@ from ensemble import tasks
 from ensemble.config.schema import Config, member_hparams
 from ensemble.replication.devices import build_info
 from ensemble.core.errors import UsageError
-from ensemble.core.labels import encode
 from ensemble.models.members import member_seed
 from ensemble.replication.modes import Mode, TrainRequest
 from ensemble.replication.placement import place
 from ensemble.data.preprocessing import Preprocessing
+from ensemble.data.prepared import SPLITS, prepare_splits
+from ensemble.data.splitting import TRAIN
 from ensemble.runs.context import RunContext
 from ensemble.runs.run_status import effective_status
 
@@ -158,7 +159,6 @@ def prepare(request: TrainRequest, mode: Mode, devices: list[str],
             replaces is removed only after the labels, the task and the memory estimate
             passed, so a refused run leaves it whole.
     """
-    from ensemble.data.prepared import prepare_splits
     from ensemble.runs import budget
 
     start = time.perf_counter()
@@ -166,15 +166,16 @@ def prepare(request: TrainRequest, mode: Mode, devices: list[str],
     replacing = holds_run(run_dir, request.overwrite)  # the old run stays until every check passed
     scan = kinds.scan(cfg.data)  # labels now, feature rows a chunk at a time below
     task, target = resolve_task(cfg, scan.y)
-    rows, classes = sources.split(scan, cfg.data, cfg.data.split_seed, task.stratified)
-    cfg, chosen = auto.resolve(cfg, len(rows["train"]), len(rows["validation"]))
-    budget.check_run(cfg, mode, devices, {s: len(r) for s, r in rows.items()},
-                     task.n_outputs(len(classes)), request.jobs)
-    y = encode(scan.y, classes)
-    task, fitted = task.fit_target(y[rows["train"]])  # e.g. standardisation, train only
+    # each row's split (one byte) and its class code (the smallest type): no index arrays
+    which, classes, y = sources.assignment(scan, cfg.data, cfg.data.split_seed, task.stratified)
+    scan.y = y  # the labels' codes in their place (the scan reads their count only)
+    sizes = dict(zip(SPLITS, np.bincount(which, minlength=len(SPLITS)).tolist()))
+    cfg, chosen = auto.resolve(cfg, sizes["train"], sizes["validation"])
+    budget.check_run(cfg, mode, devices, sizes, task.n_outputs(len(classes)), request.jobs)
+    task, fitted = task.fit_target(y[which == TRAIN])  # e.g. standardisation, train only
     task = task.with_threshold(cfg.training.threshold, len(classes), cfg.data.target)
     if cfg.training.class_weight != "none":
-        task, weights = task.with_class_weight(cfg.training.class_weight, y[rows["train"]],
+        task, weights = task.with_class_weight(cfg.training.class_weight, y[which == TRAIN],
                                                len(classes))
         target.update(weights)
     if fitted:
@@ -186,14 +187,15 @@ def prepare(request: TrainRequest, mode: Mode, devices: list[str],
         clear_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     sha256 = background.start(scan.sha256)  # the source's bytes hashed beside the pass(es)
-    pre, hashed = prepare_splits(run_dir, scan, rows, y, classes)  # `row`: file positions
+    pre, hashed = prepare_splits(run_dir, scan, which, y, classes)  # `row`: file positions
+    del which, y
     memory.release_arrow_pool()  # the pass's buffers: training never reads through pyarrow
     text = pre.to_json()
     artifacts.write_text(run_dir / artifacts.PREPROCESSING, text)
     pre = kinds.from_json(text)  # as every later reader of the file gets it
     manifest = new_manifest(cfg, mode.name, devices, pre, {
         "name": scan.name, "source": cfg.data.source, "target": cfg.data.target,
-        "rows": {s: int(len(r)) for s, r in rows.items()}, "columns": list(scan.columns),
+        "rows": sizes, "columns": list(scan.columns),
         "sha256": sha256(), **target}, cluster, task)
     manifest.run_id = run_id_for(run_dir, cfg)  # the folder's name for a default run dir
     manifest.defaults = chosen  # the "auto" keys and the values chosen (ensemble.config.auto)
