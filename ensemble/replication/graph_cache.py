@@ -34,7 +34,7 @@ _cache_lock = threading.Lock()
 
 
 def _key(cfg: Config, input_shape, n_classes: int, devices: Sequence[str],
-         n_train: int) -> str:
+         n_train: int, class_weight: Sequence[float] | None = None) -> str:
     """What the traced graphs depend on: shapes, the members' builders and hyperparameters,
     the optimiser (seeds excluded: `reset` sets them), their devices, and for a cosine
     schedule its length. Not early stopping: both forms of the training call
@@ -46,30 +46,39 @@ def _key(cfg: Config, input_shape, n_classes: int, devices: Sequence[str],
     if cfg.training.lr_schedule == "cosine":
         training["n_train"], training["epochs"] = n_train, cfg.training.epochs
     return json.dumps([list(input_shape), n_classes, list(devices), d["model"], d["members"],
-                       training], sort_keys=True)
+                       training, *([list(class_weight)] if class_weight is not None else [])],
+                      sort_keys=True)  # class weights: constants of the traced loss
 
 
 def get(cfg: Config, input_shape, n_classes: int, devices: Sequence[str],
-        n_train: int = 0) -> "TracedEnsemble":
+        n_train: int = 0, class_weight: Sequence[float] | None = None) -> "TracedEnsemble":
     """The `TracedEnsemble` of this architecture (`input_shape`: a row's shape), built (not
-    yet traced) when new; `n_train` sets a cosine schedule's length."""
+    yet traced) when new; `n_train` sets a cosine schedule's length, `class_weight`
+    `[n_classes]` the classification loss's class weights (`training.class_weight`)."""
     input_shape = (input_shape,) if isinstance(input_shape, int) else tuple(input_shape)
-    key = _key(cfg, input_shape, n_classes, devices, n_train)
+    key = _key(cfg, input_shape, n_classes, devices, n_train, class_weight)
     with _cache_lock:
         entry = _cache.pop(key, None) or TracedEnsemble(cfg, input_shape, n_classes, devices,
-                                                        n_train)
+                                                        n_train, class_weight)
         _cache[key] = entry
         while len(_cache) > MAX_ENTRIES:
             _cache.popitem(last=False)
         return entry
 
 
-def _task(cfg: Config, n_classes: int):
+def _task(cfg: Config, n_classes: int, class_weight: Sequence[float] | None = None):
     """No classes: regression on a target the caller standardised (`loc` 0, `scale` 1;
-    `ensemble.runs.estimator_regressor`); else classification."""
+    `ensemble.runs.estimator_regressor`); else classification, its loss weighted by
+    `class_weight` when given."""
+    import copy
+
     from ensemble import tasks
 
-    return tasks.for_classes(range(n_classes), cfg.training.loss)
+    task = tasks.for_classes(range(n_classes), cfg.training.loss)
+    if class_weight is not None:
+        task = copy.copy(task)
+        task.class_weight = tuple(map(float, class_weight))
+    return task
 
 
 class TracedEnsemble:
@@ -83,7 +92,8 @@ class TracedEnsemble:
     """
 
     def __init__(self, cfg: Config, input_shape: tuple, n_classes: int,
-                 devices: Sequence[str], n_train: int = 0):
+                 devices: Sequence[str], n_train: int = 0,
+                 class_weight: Sequence[float] | None = None):
         import tensorflow as tf
 
         from ensemble.replication.group import CLIENT_DEVICE
@@ -94,7 +104,7 @@ class TracedEnsemble:
         self.devices, self.n_train = list(devices), n_train
         self.group = InGraphEnsemble.build(cfg, self.input_shape, n_classes, self.devices,
                                            aggregators=(), n_train=n_train or None,
-                                           task=_task(cfg, n_classes))
+                                           task=_task(cfg, n_classes, class_weight))
         self.lock = threading.RLock()
         self.gather = None  # `feed.Gather` of the rows of the fit under way (`feed`)
         self.run_steps = StepsCall(lambda masked: make_steps_fn(StepsSpec(

@@ -93,6 +93,9 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
             members stop early on them and fitted aggregators fit on them, as
             `MLPClassifier(early_stopping=True, validation_fraction=0.1)` does; 0 trains on
             every row without early stopping. `validation_data` given takes precedence.
+        class_weight: None (every row weighs 1) or `"balanced"` (`training.class_weight`:
+            each training row weighs `n / (n_classes * n_c)` for its class `c`, scikit-learn's
+            and Keras's meaning), checked at `fit`.
 
     Attributes:
         classes_: `[n_classes]` labels. n_features_in_, feature_names_in_: the input columns
@@ -112,6 +115,30 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
 
     run_task = Classification  # the task of the runs `load` opens
     _aggregators = AGGREGATORS
+
+    def __init__(self, n_members=4, hidden=(256, 128), activation="relu", dropout=0.1,
+                 epochs="auto", batch_size="auto", learning_rate=1e-3, random_state=None,
+                 mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
+                 model="mlp", categorical="auto", impute="error", validation_fraction=0.1,
+                 class_weight=None, **kwargs):
+        super().__init__(n_members=n_members, hidden=hidden, activation=activation,
+                         dropout=dropout, epochs=epochs, batch_size=batch_size,
+                         learning_rate=learning_rate, random_state=random_state, mode=mode,
+                         devices=devices, aggregator=aggregator, run_dir=run_dir, model=model,
+                         categorical=categorical, impute=impute,
+                         validation_fraction=validation_fraction, **kwargs)
+        self.class_weight = class_weight
+
+    def _config(self, seed: int):
+        """The base's `Config` with `training.class_weight` from `class_weight`."""
+        import dataclasses
+
+        if self.class_weight not in (None, "balanced"):
+            raise ValueError("Expected `class_weight` to be None or 'balanced'. "
+                             f"Received: class_weight={self.class_weight!r}")
+        cfg = super()._config(seed)
+        return dataclasses.replace(cfg, training=dataclasses.replace(
+            cfg.training, class_weight=self.class_weight or "none"))
 
     def fit(self, X, y, validation_data=None):
         """Train the members on every row of `X` `[n_rows, n_features]` (or, for a builder

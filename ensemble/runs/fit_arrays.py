@@ -75,7 +75,9 @@ def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preproce
     from ensemble.replication.training import LoopSpec, Schedule, train_loop
 
     devs = _configure(cfg)
-    entry = graph_cache.get(cfg, x.shape[1:], len(pre.classes), devs, len(x))
+    balanced = class_weights(cfg, y, pre)
+    entry = graph_cache.get(cfg, x.shape[1:], len(pre.classes), devs, len(x),
+                            None if balanced is None else balanced["class_weight"])
     group = entry.group
     schedule = Schedule.of(cfg.training)
     with entry.lock:
@@ -125,6 +127,7 @@ def train_between_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Pre
         artifacts.write_text(path / artifacts.PREPROCESSING, pre.to_json())
         manifest = manifest_for(cfg, mode.name, pre,
                                 {k: len(v) for k, v in rows.items()}, devs)
+        manifest.dataset.update(class_weights(cfg, y, pre) or {})  # the clients' loss
         manifest.artifacts = artifacts.artifact_hashes(path)  # clients verify the splits
         manifest.save(path)
         launch(TrainRequest(cfg, path, verbosity=0), mode, prepared=manifest)
@@ -174,6 +177,14 @@ def manifest_for(cfg: Config, mode: str, pre: Preprocessing, rows: dict[str, int
         "rows": rows, "columns": list(pre.columns), "named_columns": named,
         "splits": "train: every row given to fit; validation and test: validation_data "
                   "(the training rows without it)"}, task=_task(cfg, pre))
+
+
+def class_weights(cfg: Config, y: np.ndarray, pre: Preprocessing) -> dict | None:
+    """`{"class_weight": [n_classes]}` of `training.class_weight = "balanced"` over the
+    training class indices `y` (`Classification.with_class_weight`), None without."""
+    if cfg.training.class_weight == "none" or not len(pre.classes):
+        return None
+    return _task(cfg, pre).with_class_weight(cfg.training.class_weight, y, len(pre.classes))[1]
 
 
 def _task(cfg: Config, pre: Preprocessing):
