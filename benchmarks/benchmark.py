@@ -5,7 +5,8 @@
                                   [--methods in-graph,between-graph,naive,sklearn] [--out DIR]
 
 Each of the project's modes runs in every precision of `--precisions` (`training.precision`;
-default float32 and mixed_bfloat16), the peers in float32; every row names its precision,
+default float32 and mixed_bfloat16), as does the `jax` peer, the other peers in float32;
+every row names its precision,
 and `steady x f32` is a row's steady rate over the same method's float32 rate of the same
 run. Every method runs in its own fresh process, as a user would run it, and is measured whole:
 `wall` is spawn to exit (what a user waits); `train` is the training phase alone (the
@@ -22,7 +23,9 @@ read from each member's traced graph (`ensemble.models.cost`).
 
 Methods: `in-graph` and `between-graph` (`ensemble train`), `naive` (members built and trained
 one after another with Keras `model.fit`, then averaged), `sklearn` (`VotingClassifier`
-(voting="soft") of `MLPClassifier`s with the same layers and epochs, `n_jobs=2`), and
+(voting="soft") of `MLPClassifier`s with the same layers and epochs, `n_jobs=2`), `jax`
+(the members stacked with `jax.vmap`, optax's Adam, an epoch per jit-compiled `lax.scan`;
+in each precision; run where JAX is installed, `pip install jax optax`), and
 `predict-1m` (in-graph prediction of 1,000,000 rows by the trained ensemble, time of the
 prediction alone), and `in-graph-r2` / `in-graph-r4` (in-graph with `--replicas 2` / `4`,
 each member data-parallel over that many logical CPU devices: the `data-parallel` workload,
@@ -30,13 +33,14 @@ each member data-parallel over that many logical CPU devices: the `data-parallel
 on the Ray cluster `RAY_ADDRESS` names (docs/guides/ray.md). Each workload runs `--repeats` times; the method order is reversed on every
 other repeat, so drift of a shared machine does not favour one method. The summary gives the
 median and [min-max] over the repeats; `x in-graph` is a method's median whole-process wall over
-in-graph's, `x fastest peer` over the fastest of the peers run (`naive`, `sklearn`). Writes `runs.parquet` (every process), `results.parquet` and `results.md` (the
+in-graph's, `x fastest peer` over the fastest of the peers run (`naive`, `sklearn`, `jax`, in any precision). Writes `runs.parquet` (every process), `results.parquet` and `results.md` (the
 summary).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -46,17 +50,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from benchmarks.bench_peers import WORKERS, timed
+from benchmarks.bench_peers import PRECISION_WORKERS, WORKERS, timed
 
 if TYPE_CHECKING:
     from ensemble.core.manifest import Manifest
 
 WIDE = "configs/wide.toml"
+# the JAX peer runs where JAX is installed (a benchmark-only dependency)
+JAX = ("jax",) if importlib.util.find_spec("jax") and importlib.util.find_spec("optax") else ()
 # workload -> (config file or None for the built-in default, dotted overrides, default methods)
 WORKLOADS = {
     "digits": (None, [], ("in-graph", "between-graph", "naive", "sklearn")),
-    "wide": (WIDE, [], ("in-graph", "between-graph", "naive", "sklearn")),
-    "wide-long": (WIDE, ["--epochs", "10"], ("in-graph", "between-graph", "naive", "sklearn")),
+    "wide": (WIDE, [], ("in-graph", "between-graph", "naive", "sklearn", *JAX)),
+    "wide-long": (WIDE, ["--epochs", "10"],
+                  ("in-graph", "between-graph", "naive", "sklearn", *JAX)),
     # small-batch tabular work (issue #39): the default 4 MLPs, batch 32, 105,000 training rows
     "tabular": (None, ["--data", "synthetic", "--epochs", "2", "--set",
                        "data.synthetic.rows=150000", "--set", "data.synthetic.classes=2",
@@ -70,9 +77,9 @@ WORKLOADS = {
 REPLICATED = {"in-graph-r2": 2, "in-graph-r4": 4}  # in-graph, --replicas N on cpu:2N
 # between-graph under the Ray engine, on the cluster RAY_ADDRESS names (else a local one)
 ENGINES = {"between-graph-ray": ["--engine", "ray"]}
-METHODS = ("in-graph", "between-graph", "naive", "sklearn", "predict-1m", *REPLICATED,
+METHODS = ("in-graph", "between-graph", "naive", "sklearn", "jax", "predict-1m", *REPLICATED,
            *ENGINES)
-PEERS = ("naive", "sklearn")
+PEERS = ("naive", "sklearn", "jax")
 MODES = ("in-graph", "between-graph", *REPLICATED, *ENGINES)  # the project's: run in every precision
 PRECISIONS = ("float32", "mixed_bfloat16")
 REFERENCE = "in-graph"  # the method every other's wall time is compared with (`x in-graph`)  # what a user would reach for instead (`x fastest peer`)
@@ -90,11 +97,11 @@ def gemm_rate(n: int = 2048, repeats: int = 5) -> float:
 
 def _worker_main(argv: list[str]) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    name, run_dir = argv
+    name, run_dir, *precision = argv
     if name == "gemm":
         print(json.dumps({"flops_per_second": gemm_rate()}))
     else:
-        print(json.dumps(WORKERS[name](Path(run_dir))))
+        print(json.dumps(WORKERS[name](Path(run_dir), *precision)))
 
 
 def _measured(argv: list[str], module: str = "pipelines.cli") -> dict:
@@ -198,12 +205,14 @@ def _run_mode(mode: str, base: Path, cfg_args: list[str], repeat: int,
                                               t.get("jobs", 1)), "run_dir": str(run_dir)}
 
 
-def _run_worker(name: str, prepared: Path, trained: Path | None) -> dict:
+def _run_worker(name: str, prepared: Path, trained: Path | None,
+                precision: str = "float32") -> dict:
     from ensemble.replication.processes import last_report
 
     from ensemble.core.manifest import Manifest
 
-    res = _measured([name, str(trained if name == "predict-1m" else prepared)],
+    res = _measured([name, str(trained if name == "predict-1m" else prepared),
+                     *([precision] if name in PRECISION_WORKERS else [])],
                     module="benchmarks.benchmark")
     out = last_report(res)
     m = Manifest.load(prepared)
@@ -231,7 +240,8 @@ def run_workload(workload: str, out: Path, repeats: int, methods: list[str],
     _measured(["train", *cfg_args, "--mode", "between-graph", "--prepare-only", "--run-dir",
                str(prepared), "--overwrite"])
     rows, trained = [], None
-    runs = [(m, p) for m in methods for p in (precisions if m in MODES else ("float32",))]
+    runs = [(m, p) for m in methods
+            for p in (precisions if m in (*MODES, *PRECISION_WORKERS) else ("float32",))]
     for r in range(repeats):
         gemm = json.loads(_measured(["gemm", "-"], module="benchmarks.benchmark")["stdout"]
                           .strip().splitlines()[-1])["flops_per_second"]
@@ -244,7 +254,7 @@ def run_workload(workload: str, out: Path, repeats: int, methods: list[str],
                 if method == REFERENCE and precision == "float32":  # predict-1m's run
                     trained = Path(row["run_dir"])
             else:
-                row = _run_worker(method, prepared, trained)
+                row = _run_worker(method, prepared, trained, precision)
             row.update(workload=workload, method=method, precision=precision, repeat=r,
                        position=position, gemm_flops_per_second=gemm)
             rows.append(row)
@@ -264,8 +274,10 @@ def summarise(runs: list[dict]) -> list[dict]:
         ref = [r["wall_seconds"] for r in mine
                if r["method"] == REFERENCE and r["precision"] == "float32"]
         ig_wall = statistics.median(ref) if ref else None
-        peer = min((statistics.median(r["wall_seconds"] for r in mine if r["method"] == m)
-                    for m in PEERS if any(r["method"] == m for r in mine)), default=None)
+        peer = min((statistics.median(r["wall_seconds"] for r in mine
+                                      if (r["method"], r["precision"]) == mp)
+                    for mp in dict.fromkeys((r["method"], r["precision"]) for r in mine)
+                    if mp[0] in PEERS), default=None)  # the fastest peer in either precision
         f32_rate = {}  # method -> its float32 median steady rate
         for method, precision in dict.fromkeys((r["method"], r["precision"]) for r in mine):
             rs = [r for r in mine if r["method"] == method and r["precision"] == precision]
@@ -355,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="artifacts/benchmark")
     p.add_argument("--precisions", default=",".join(PRECISIONS),
                    help="comma-separated training.precision values the modes run in "
-                        "(default: float32,mixed_bfloat16; the peers run in float32)")
+                        "(default: float32,mixed_bfloat16; the jax peer too, the other peers "
+                        "run in float32)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override for every workload's `ensemble train` (repeatable)")
     args = p.parse_args(argv)

@@ -67,6 +67,19 @@ def test_benchmark(tmp_path):
     assert "naive" in out and "mixed_bfloat16" in out and (tmp_path / "results.md").is_file()
 
 
+def test_benchmark_jax_peer(tmp_path):
+    pytest.importorskip("jax")
+    pytest.importorskip("optax")
+    _bench("benchmark", "--workload", "digits", "--repeats", "1", "--methods", "jax",
+           "--set", "training.epochs=2", "--set", "members.count=2", "--out", tmp_path)
+    import pyarrow.parquet as pq
+
+    runs = pq.read_table(tmp_path / "runs.parquet").to_pylist()
+    assert sorted(r["precision"] for r in runs) == ["float32", "mixed_bfloat16"]
+    # digits: 2 trained MLPs far above chance (0.1), in both precisions
+    assert all(r["test_accuracy"] > 0.5 and r["steady_seconds"] > 0 for r in runs)
+
+
 def test_defaults_bench(tmp_path):
     out = _bench("defaults_bench", "--seeds", "1", "--out", tmp_path, "--", *TINY)
     assert "split 0: ensemble-" in out and "over 1 splits" in out
