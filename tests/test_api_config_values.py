@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from ensemble.core.errors import UsageError
-from ensemble.runs.api_config import as_config
+from ensemble.runs.api import as_config
 
 
 def test_paths_and_numpy_values_are_plain_values():

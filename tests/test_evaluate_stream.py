@@ -184,10 +184,9 @@ def test_a_search_runs_members_read_in_batches_are_by_splits(tmp_path, monkeypat
 
     table = _interleaved(_classification(101), 10)
     pq.write_table(table, tmp_path / "p.parquet", row_group_size=50)
-    monkeypatch.setattr(search_report.Manifest, "load", lambda run_dir: None)
     monkeypatch.setattr(search_report.artifacts, "verify", lambda d, m, p: tmp_path / "p.parquet")
     monkeypatch.setattr(model_arrays, "read", partial(model_arrays.read, batch_rows=7))
-    new, old = search_report._split_probs(tmp_path), posthoc.by_split(posthoc.member_rows(table))
+    new, old = search_report._split_probs(tmp_path, None), posthoc.by_split(posthoc.member_rows(table))
     assert list(new) == ["validation", "test"]
     for split, s in new.items():
         assert s.members == old[split].members == [0, 1, 2]

@@ -69,7 +69,12 @@ def _fsync_tree(path: Path) -> str | None:
 _WRITTEN: dict[str, tuple[int, int, int, str]] = {}
 
 
-def _remember(path: Path, digest: str) -> None:
+def remember(path: str | Path, digest: str) -> None:
+    """Record `digest`, the sha256 of file `path` that this process wrote and hashed as it
+    wrote it (`atomic_path` does it for its files; other writers, such as the splits'
+    `splitfiles.SplitWriter`, call it): `file_sha256` and `written_here` then know the file
+    while its size, modification time and inode stay the same."""
+    path = Path(path)
     st = os.stat(path)
     _WRITTEN[str(path.resolve())] = (st.st_size, st.st_mtime_ns, st.st_ino, digest)
 
@@ -124,7 +129,7 @@ def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
         os.replace(tmp, path)
         fsync_dir(path.parent)
         if digest is not None:
-            _remember(path, digest)
+            remember(path, digest)
     except OSError as exc:  # pyarrow's and numpy's write errors name no file: name it
         if exc.errno is None or exc.filename is not None:
             raise
@@ -270,7 +275,8 @@ def write_manifest(run_dir: str | Path, manifest: dict[str, Any]) -> None:
 def artifact_hashes(run_dir: str | Path, known: dict[Path, str] | None = None
                     ) -> dict[str, str]:
     """sha256 of every file of the run except the manifest: `{relative path: hex}`; `known`
-    gives some already (`{path under run_dir: hex}`, such as the splits hashed as written)."""
+    gives some already (`{path under run_dir: hex}`); the files this process wrote are not
+    read again (`file_sha256`)."""
     run_dir, known = Path(run_dir), known or {}
     return {
         str(p.relative_to(run_dir)): known.get(p) or file_sha256(p)
@@ -289,6 +295,24 @@ def recorded_hashes(manifest) -> dict[str, str]:
     for m in manifest.get("members", []):
         out.update(m.get("sha256", {}))
     return out
+
+
+def read_verified(run_dir: str | Path, manifest, path: str | Path) -> bytes:
+    """The bytes of run file `path`, checked against the sha256 the manifest records, read
+    once (the hash is of the bytes returned).
+
+    Raises:
+        UsageError: as `verify`.
+    """
+    path = Path(path)
+    rel = os.path.relpath(path, run_dir)
+    expected = recorded_hashes(manifest).get(rel)
+    if expected is None or not path.is_file():
+        verify(run_dir, manifest, path)  # its message: never written, missing or unhashed
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise UsageError(f"Damaged artifact {path}: its sha256 does not match the manifest.")
+    return data
 
 
 def verify(run_dir: str | Path, manifest, path: str | Path) -> Path:

@@ -217,9 +217,16 @@ def read_preprocessing(path: str | Path):
         UsageError: a missing or malformed file.
     """
     try:
-        return from_json(Path(path).read_text())
+        text = Path(path).read_text()
     except FileNotFoundError:
         raise UsageError(f"Preprocessing file not found: {path}") from None
+    return _parsed(path, text)
+
+
+def _parsed(path: str | Path, text: str):
+    """`from_json(text)` of preprocessing file `path`; raises UsageError when malformed."""
+    try:
+        return from_json(text)
     except (ValueError, KeyError, TypeError, AttributeError, StopIteration) as exc:
         raise UsageError(f"Preprocessing file {path} is malformed: {exc!r}") from None
 
@@ -232,8 +239,8 @@ def run_preprocessing(run_dir: str | Path, manifest: Manifest):
     """
     from ensemble.core import artifacts
 
-    return read_preprocessing(artifacts.verify(run_dir, manifest,
-                                               Path(run_dir) / artifacts.PREPROCESSING))
+    path = Path(run_dir) / artifacts.PREPROCESSING
+    return _parsed(path, artifacts.read_verified(run_dir, manifest, path).decode())
 
 
 def row_shape(pre) -> tuple[int, ...] | None:

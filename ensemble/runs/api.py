@@ -9,22 +9,25 @@
 `ensemble train` is a thin shell over `train` (it parses flags, checks the data before TensorFlow
 loads and prints), so the notebook and the command line run the same code.
 
-Why here and not in `ensemble/`: training composes the blocks (data, placement, builders,
-client processes, aggregator, evaluation), and composition lives in `pipelines/`;
-`ensemble/` never imports `pipelines/` at import time. `ensemble.train`, `ensemble.load_run`
-and `ensemble.Run` are lazy re-exports (module `__getattr__` in `ensemble/__init__.py`): the
-only place the block package names this module, and only when a user asks for these names, so
-`import ensemble` stays light (no TensorFlow) for clients and the aggregator.
+The module also turns what a notebook passes into the run's inputs: a `Config` from a `Config`,
+nested tables, a TOML path, dotted-key overrides or a builder function (`as_config`), and
+in-memory rows into a source the CLI's readers take (`as_source`). `ensemble.train`,
+`ensemble.load_run` and `ensemble.Run` are lazy re-exports (module `__getattr__` in
+`ensemble/__init__.py`), so `import ensemble` stays light (no TensorFlow) for clients and the
+aggregator.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
+
+import numpy as np
 
 from ensemble.core import artifacts
 from ensemble.config.schema import Config
@@ -32,10 +35,9 @@ from ensemble.core.errors import UsageError
 from ensemble.core.notices import reworded
 from ensemble.models.precision import check_hardware
 from ensemble.replication import placement_log
+from ensemble.replication import modes
 from ensemble.replication.modes import Mode, PredictRequest, TrainRequest
 from ensemble.runs import builtin_modes
-from ensemble.runs.api_config import as_config, builder_spec, train_config
-from ensemble.runs.api_inputs import as_source, without_temporary_ids
 from ensemble.core.manifest import Manifest
 
 
@@ -70,7 +72,7 @@ def train(config: Config | Mapping | str | Path | None = None, mode: Mode | str 
     """Train an ensemble and write its run directory; the same path as `ensemble train`.
 
     Args:
-        config: see `ensemble.runs.api_config.as_config`; `overrides` are dotted keys
+        config: see `as_config`; `overrides` are dotted keys
             applied on top.
         mode: a mode object (`ensemble.replication.modes.Mode`), or the name of a built-in
             one: `in-graph` (one process, one graph) or `between-graph` (one client process
@@ -145,6 +147,87 @@ API_WORDING = [(r"`ensemble train --resume --run-dir ([^`]+)`",
                 r"`ensemble.train(resume=True, run_dir='\1')`"),
                (r"pass --overwrite", "pass overwrite=True"),
                (r"another --run-dir", "another run_dir")]
+
+
+# the config of `train`: from what a notebook passes (a Config, nested tables, a TOML path,
+# dotted-key overrides, a builder function or name)
+
+def as_config(config: Config | Mapping | str | Path | None = None,
+              overrides: Mapping[str, Any] | None = None) -> Config:
+    """A `Config` from a `Config`, nested tables (`{"members": {"count": 4}}`, the TOML
+    layout), a TOML path, or None (the defaults), with dotted-key `overrides` applied
+    (`{"training.epochs": 2}`).
+
+    Raises:
+        UsageError: unknown key, wrong type or value (names the key).
+    """
+    from ensemble.config import schema
+
+    if isinstance(config, Config):
+        return schema.load(base=config.to_dict(), overrides=dict(overrides or {}))
+    if isinstance(config, Mapping):
+        return schema.load(base=_builder_names(dict(config)), overrides=dict(overrides or {}))
+    if config is None or isinstance(config, (str, Path)):
+        return schema.load(config, overrides=dict(overrides or {}))
+    raise UsageError(f"Expected `config` to be a Config, a dict of tables or a TOML path. "
+                     f"Received: config={config!r}")
+
+
+def _builder_names(tables: dict) -> dict:
+    """`{"model": fn}` or `{"model": {"builder": fn}}`: the function's name
+    (`builders.spec_of`); a Keras model instance is refused (each member needs its own)."""
+    from ensemble.models import builders
+
+    model = tables.get("model")
+    if callable(model) and not isinstance(model, Mapping) or isinstance(model, Mapping) \
+            and callable(model.get("builder")):
+        fn = model if not isinstance(model, Mapping) else model["builder"]
+        if type(fn).__name__ in ("Sequential", "Functional", "Model") or hasattr(fn, "layers"):
+            raise UsageError("Expected `model` to be a builder function "
+                             "build(input_shape, n_outputs, *, seed, **params) that returns a "
+                             f"new keras.Model; received a model instance ({fn.name!r}): every "
+                             "member needs its own, freshly initialised network.")
+        params = dict(model.get("params", {})) if isinstance(model, Mapping) else {}
+        tables = {**tables, "model": {"builder": builders.spec_of(fn), "params": params}}
+    return tables
+
+
+def train_config(config, overrides, resume: bool, run_dir, tensorboard) -> Config:
+    """`train`'s resolved config: `config` (on resume, by default the run's own) with
+    `overrides` and `tensorboard` applied.
+
+    Raises:
+        UsageError: resume without `run_dir`, or a bad config.
+    """
+    if resume:
+        if run_dir is None:
+            raise UsageError("Expected run_dir, the run to continue, with resume=True. "
+                             "Received: run_dir=None.")
+        base = Manifest.load(run_dir).config
+        cfg = as_config(config if config is not None else base, overrides)
+    else:
+        cfg = as_config(config, overrides)
+    if tensorboard is not None:
+        cfg = as_config(cfg, {"training.tensorboard": bool(tensorboard)})
+    return cfg
+
+
+def builder_spec(model, strategy: modes.Mode) -> str:
+    """The builder name of `model` (a name or a function), checked importable by name when
+    the mode's members train in processes of their own.
+
+    Raises:
+        UsageError: a function those processes cannot import.
+    """
+    from ensemble.models import builders
+
+    spec = model if isinstance(model, str) else \
+        _builder_names({"model": model})["model"]["builder"]
+    if strategy.member_processes and not builders.importable(spec):
+        raise UsageError(f"Mode {strategy.name} trains in client processes, which import the "
+                         f"builder by name; {model!r} is not importable: define it at "
+                         "module level, or pass 'package.module:function'.")
+    return spec
 
 
 def load_run(path: str | Path) -> "Run":
@@ -259,7 +342,7 @@ class Run:
                 an estimator's n-d `fit`): an ndarray `[n_rows, *row_shape]`, `row_shape`
                 being `record.dataset.input_shape` (images `[height, width, channels]` of
                 raw pixels). Any run: a path as `ensemble predict --data` takes it (a table
-                file, an `.npz` file, an image folder). See `ensemble.runs.api_inputs`.
+                file, an `.npz` file, an image folder). See `as_source`.
             target: label column of `data` for `y_true`, which `data` must then hold
                 (default: the run's target, used when present).
             layout: `wide` (`ensemble predict`'s default: one row per input, the input's
@@ -333,3 +416,78 @@ class Run:
 
         import_tensorflow_quietly()
         return to_pandas(evaluate_shift(self.path, plots)[0])
+
+
+# the inputs of `Run.predict` and `Run.evaluate_ood` as a source the CLI's readers take: a path
+# as it is; in-memory data written to a temporary file of the run's input kind (a table as
+# Parquet, an array run's rows `[n_rows, *row_shape]` as `.npz`)
+
+def _dims(shape) -> str:
+    return ", ".join(str(d) for d in shape)
+
+
+@contextlib.contextmanager
+def as_source(run, data) -> Iterator[tuple[str, str]]:
+    """`data` as a source for the CLI's readers, in a temporary folder removed afterwards.
+
+    Yields:
+        `(source, label)`: a path as `ensemble predict --data` takes it, and how messages
+        name in-memory data (`the DataFrame`, `the array`; None for a path). Within the
+        block, notices and `UsageError`s name `label` instead of the temporary file.
+
+    Raises:
+        UsageError: an array whose rows are not of the run's shape (or column count),
+            naming the received shape and the expected one.
+    """
+    from ensemble.core.notices import named
+    from ensemble.data import kinds
+
+    if isinstance(data, (str, Path)):
+        yield str(data), None
+        return
+    pre = kinds.run_preprocessing(run.path, run.record)
+    shape = kinds.row_shape(pre)
+    with tempfile.TemporaryDirectory(prefix="ensemble-api-") as tmp:
+        if shape is None:
+            src, label = Path(tmp) / "input.parquet", "the DataFrame"
+            _write_table(run, data, src)
+        else:
+            src, label = kinds.write_rows(pre, _checked_rows(data, shape), tmp), "the array"
+        with named(tmp, label), named(src, label):
+            yield str(src), label
+
+
+def _write_table(run, data, src: Path) -> None:
+    """A DataFrame, or an ndarray `[n_rows, n_columns]` named by `run.feature_names`, as a
+    Parquet file."""
+    import pandas as pd
+    import pyarrow as pa
+
+    if isinstance(data, pd.DataFrame):
+        frame = data
+    else:
+        x, names = np.asarray(data), run.feature_names
+        if x.ndim != 2 or x.shape[1] != len(names):
+            raise UsageError(f"Expected an array [n_rows, {len(names)}] (columns "
+                             f"{', '.join(names[:5])}{', ...' if len(names) > 5 else ''}). "
+                             f"Received: shape {x.shape}")
+        frame = pd.DataFrame(x, columns=names)
+    artifacts.write_parquet(src, pa.Table.from_pandas(frame, preserve_index=False))
+
+
+def _checked_rows(data, shape: tuple[int, ...]) -> np.ndarray:
+    """`data` as an array `[n_rows, *shape]`; raises UsageError naming both row shapes."""
+    x = np.asarray(data)
+    if x.ndim < 2 or tuple(x.shape[1:]) != shape:
+        raise UsageError(f"Expected an array [n_rows, {_dims(shape)}]: the run was trained on "
+                         f"rows of shape {list(shape)}. Received: shape {x.shape}, rows of "
+                         f"shape {list(x.shape[1:])}")
+    return x
+
+
+def without_temporary_ids(frame, label: str | None):
+    """Predictions of an in-memory array without their `input` column, which names rows of
+    the temporary file (`rows.npz[i]`); `row` numbers them."""
+    if label == "the array" and "input" in frame.columns:
+        return frame.drop(columns="input")
+    return frame

@@ -56,9 +56,11 @@ class RunContext:
         return cls(Path(path), manifest, config, tasks.for_run(manifest), preprocessing)
 
     @classmethod
-    def open(cls, path: str | Path, manifest: Manifest | None = None) -> RunContext:
-        """The context of the run in `path`: its manifest (`manifest` when the caller holds
-        it), its config, its task and its `preprocessing.json` verified against its sha256.
+    def open(cls, path: str | Path, manifest: Manifest | None = None,
+             preprocessing=None) -> RunContext:
+        """The context of the run in `path`: its manifest and its `preprocessing.json`
+        (verified against its sha256), or those the caller read (`manifest`,
+        `preprocessing`), with its config and task.
 
         Callers that check a run's builder files first (`preflight.verify_run`) load the
         manifest, check, then pass it: resolving the config imports the builders.
@@ -72,8 +74,10 @@ class RunContext:
 
         path = Path(path).expanduser()
         manifest = manifest if manifest is not None else Manifest.load(path)
+        if preprocessing is None:
+            preprocessing = kinds.run_preprocessing(path, manifest)
         return cls(path, manifest, from_dict(manifest.config), tasks.for_run(manifest),
-                   kinds.run_preprocessing(path, manifest))
+                   preprocessing)
 
     def with_manifest(self, manifest: Manifest) -> RunContext:
         """The same run with `manifest` (the one its writer last saved)."""

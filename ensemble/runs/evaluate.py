@@ -8,6 +8,7 @@ member, the mean and best member, each aggregator, the gains, the fitted paramet
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -145,7 +146,7 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
     manifest = Manifest.load(run_dir) if run_dir is not None else None
     fit = None
     if manifest is not None and (run_dir / fitted.FILENAME).is_file():
-        fit = fitted.read(artifacts.verify(run_dir, manifest, run_dir / fitted.FILENAME).parent)
+        fit = json.loads(artifacts.read_verified(run_dir, manifest, run_dir / fitted.FILENAME))
     if predictions is None:
         if run_dir is None:
             raise UsageError("Expected --run PATH or --predictions FILE.parquet.")
@@ -184,7 +185,7 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
     text = format_table(table, fit, confidence.block(preds))
     if run_dir is not None and predictions == Path(run_dir) / artifacts.PREDICTIONS:
 
-        text = "\n".join([text, *comparison_lines(run_dir)])
+        text = "\n".join([text, *comparison_lines(run_dir, manifest)])
     if plots:
         if manifest is not None and (run_dir / posthoc.SIZE_CURVE).is_file():
             artifacts.verify(run_dir, manifest, run_dir / posthoc.SIZE_CURVE)
@@ -259,12 +260,12 @@ def _answer_curves(curves: dict, regression: bool, rows: list[dict], run_dir
              if m == answer["model"] or not m.startswith("ensemble")}, regression)
 
 
-def comparison_lines(run_dir: str | Path) -> list[str]:
+def comparison_lines(run_dir: str | Path, manifest: Manifest) -> list[str]:
     """`comparison` as lines of the `ensemble evaluate` table ([] when not a search)."""
-    rows = search_report.comparison(run_dir)
+    rows = search_report.comparison(run_dir, manifest)
     if not rows:
         return []
-    info = Manifest.load(run_dir).search
+    info = manifest.search
     strat = (f", stratified: {info['stratify']} seeds per selected configuration"
              if info.get("stratify") else "")
     out = [f"hyperparameter search: {info['candidates']} candidates, greedy selection of at "

@@ -119,8 +119,9 @@ def _predict_source(ctx: Context, source: str) -> np.ndarray:
     from ensemble.data.kinds import input_stream
     from ensemble.runs.predict import open_run
 
-    manifest, pre = open_run(ctx.run_dir)
-    stream = input_stream(pre, source, manifest.dataset.target_or("target"), quiet=True)
+    run = open_run(ctx.run_dir)
+    stream = input_stream(run.preprocessing, source, run.manifest.dataset.target_or("target"),
+                          quiet=True)
     stream.check()
     parts = [ctx.predict(b.x) for b in stream]
     if not parts or sum(p.shape[1] for p in parts) == 0:

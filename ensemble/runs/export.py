@@ -43,15 +43,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ensemble.core import artifacts, hooks
+from ensemble.core import hooks
 from ensemble.config import bounds
 from ensemble.runs import run_status
 from ensemble.runs import preflight
 from ensemble.core import staging
 from ensemble.core.manifest import Manifest
+from ensemble.runs.context import RunContext
 from ensemble.core.errors import UsageError
 from ensemble.data import kinds
-from ensemble import tasks
 from ensemble.data.export_inputs import input_names  # noqa: F401 (re-exported)
 from ensemble.data.preprocessing import Preprocessing
 
@@ -164,13 +164,13 @@ def _read_run(run_dir: Path, aggregator: str | None, trust_builder: bool):
     with runlock.reading(run_dir):
         manifest = Manifest.load(run_dir)
         run_status.require_completed(run_dir, manifest)
-        used = preflight.verify_run(run_dir, manifest, trust_builder)  # before any import
-        pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
-                                                        run_dir / artifacts.PREPROCESSING))
+        pre = kinds.run_preprocessing(run_dir, manifest)  # verified, read once
+        used = preflight.verify_run(run_dir, manifest, trust_builder, pre=pre)  # before any import
+        run = RunContext.open(run_dir, manifest, pre)
         names, fit = run_aggregators(run_dir, manifest)
         aggregator = default_aggregator(names, fit, aggregator)
         models = [load_run_member(run_dir, manifest, i, None) for i in used]
-    return models, pre, names, member_params(fit, used), aggregator, tasks.for_run(manifest)
+    return models, pre, names, member_params(fit, used), aggregator, run.task
 
 
 def export_run(run_dir: str | Path, out: str | Path, version: int | None = None,

@@ -9,6 +9,7 @@ fitted aggregators see only its `validation` rows.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -260,9 +261,9 @@ def run_aggregators(run_dir: str | Path, manifest: Manifest
     task = tasks.for_run(manifest)
     path = Path(run_dir) / fitted.FILENAME
     if path.is_file():
-        artifacts.verify(run_dir, manifest, path)
+        data = artifacts.read_verified(run_dir, manifest, path)  # hashed as read: one read
         with artifacts.opened(path, "aggregators file"):
-            fit_ = fitted.read(run_dir)
+            fit_ = json.loads(data)
             _check_fit(fit_, task)
         return list(fit_["aggregators"]), fit_
     names = task.applied_aggregators(manifest.config["aggregation"]["aggregators"])

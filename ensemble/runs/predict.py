@@ -21,7 +21,7 @@ from ensemble.core import artifacts
 from ensemble.replication import devices
 from ensemble.runs import run_status
 from ensemble.core.manifest import Manifest
-from ensemble.runs.context import config_of, dropped_columns
+from ensemble.runs.context import RunContext, dropped_columns
 from ensemble.core import runlock
 from ensemble.tasks import tables
 from ensemble.tasks.predicted import SplitPredictions
@@ -33,13 +33,10 @@ from ensemble.replication.modes import PredictRequest
 GRAPH_BATCH_ROWS = 16384  # rows per traced call: bounds the members' activations in memory
 
 
-def open_run(run_dir: Path, trust_builder: bool = False):
-    """The manifest and preprocessing of the completed run `run_dir`, its files verified
-    first (`preflight.verify_run`: builder files, members, predictions; `trust_builder`
-    accepts a changed builder file and records its sha256).
-
-    Returns:
-        (manifest, preprocessing).
+def open_run(run_dir: Path, trust_builder: bool = False) -> RunContext:
+    """The context of the completed run `run_dir`, its files verified first
+    (`preflight.verify_run`: builder files, members, preprocessing, predictions;
+    `trust_builder` accepts a changed builder file and records its sha256).
 
     Raises:
         UsageError: the run is not completed or damaged, or another process holds it.
@@ -49,27 +46,26 @@ def open_run(run_dir: Path, trust_builder: bool = False):
     manifest = Manifest.load(run_dir)
     runlock.require_free(run_dir)
     run_status.require_completed(run_dir, manifest)
-    preflight.verify_run(run_dir, manifest, trust_builder)
-    pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,
-                                              Path(run_dir) / artifacts.PREPROCESSING))
-    return manifest, pre
+    pre = kinds.run_preprocessing(run_dir, manifest)  # verified, read once
+    preflight.verify_run(run_dir, manifest, trust_builder, pre=pre)
+    return RunContext.open(run_dir, manifest, pre)  # builders checked: the config imports them
 
 
 def open_input(request: PredictRequest):
-    """The run's manifest and preprocessing (`open_run`), and `request.source` as an
-    `InputStream` of `request.batch_size` rows a batch (columns matched by name; extra
-    columns ignored with a notice, or refused with `request.strict_columns`).
+    """The run's context (`open_run`), and `request.source` as an `InputStream` of
+    `request.batch_size` rows a batch (columns matched by name; extra columns ignored with a
+    notice, or refused with `request.strict_columns`).
 
     Returns:
-        (manifest, preprocessing, stream).
+        (the `RunContext`, the stream).
 
     Raises:
         UsageError: the run is not completed or damaged, or the source cannot be read.
     """
     r = request
-    manifest, pre = open_run(r.run_dir, r.trust_builder)
-    return manifest, pre, input_stream(manifest, pre, r.source, r.target, r.strict_columns,
-                                       r.batch_size)
+    run = open_run(r.run_dir, r.trust_builder)
+    return run, input_stream(run.manifest, run.preprocessing, r.source, r.target,
+                             r.strict_columns, r.batch_size)
 
 
 def input_stream(manifest: Manifest, pre, source: str, target: str | None, strict: bool,
@@ -139,15 +135,14 @@ def write_manifest(out: Path, record: dict) -> dict:
 
 @dataclass
 class Prediction:
-    """What both modes' prediction drivers share (`open_prediction`): the run's manifest and
-    preprocessing, the input stream, the aggregator names and fit (`posthoc.run_aggregators`),
-    the wide layout's aggregator (`answer`), the members used (diverged ones left out) and
-    their fitted aggregators' parameters, and the output's key-value metadata from the
-    run's task (`target_transform`)."""
+    """What both modes' prediction drivers share (`open_prediction`): the run's context, the
+    input stream, the aggregator names and fit (`posthoc.run_aggregators`), the wide layout's
+    aggregator (`answer`), the members used (diverged ones left out) and their fitted
+    aggregators' parameters, and the output's key-value metadata from the run's task
+    (`target_transform`)."""
 
     request: PredictRequest
-    manifest: Manifest
-    pre: Any
+    run: RunContext
     stream: Any
     names: list
     answer: str
@@ -181,6 +176,15 @@ class Prediction:
             "members": [{"index": i, "devices": d} for i, d in sorted(placed.items())]})
 
     @property
+    def manifest(self) -> Manifest:
+        return self.run.manifest
+
+    @property
+    def pre(self):
+        """The run's preprocessing (`RunContext.preprocessing`)."""
+        return self.run.preprocessing
+
+    @property
     def batch_rows(self) -> int:
         return self.stream.batch_rows  # `--batch-size`, or its default for the run's rows
 
@@ -195,18 +199,17 @@ def open_prediction(request: PredictRequest) -> Prediction:
     from ensemble.runs.preflight import ensemble_members
     from ensemble.runs.posthoc import run_aggregators
     from ensemble.tasks.choice import default_aggregator
-    from ensemble import tasks
     from ensemble.tasks.classification.fitted import member_params
     from ensemble.tasks.regression.tables import transform_metadata
 
     r = request
     check_out(r.out)
-    manifest, pre, stream = open_input(r)
-    names, fit = run_aggregators(r.run_dir, manifest)
+    run, stream = open_input(r)
+    names, fit = run_aggregators(r.run_dir, run.manifest)
     answer = default_aggregator(names, fit, r.aggregator)
-    used = list(ensemble_members(manifest))  # diverged members left out
-    return Prediction(r, manifest, pre, stream, names, answer, used, member_params(fit, used),
-                      transform_metadata(tasks.for_run(manifest)))
+    used = list(ensemble_members(run.manifest))  # diverged members left out
+    return Prediction(r, run, stream, names, answer, used, member_params(fit, used),
+                      transform_metadata(run.task))
 
 
 def predict_in_graph(request: PredictRequest) -> dict:
@@ -259,7 +262,7 @@ def _in_graph_ensemble(job: Prediction):
 
         cluster = load_spec(r.cluster_file)
     # the run's threads of one op, as its clients use (before resolving initialises TF)
-    devices.set_op_threads(config_of(job.manifest).training.intra_op_threads)
+    devices.set_op_threads(job.run.config.training.intra_op_threads)
     groups = replica_devices(n, devices.resolve(r.devices or "auto", n, cluster),
                              r.replicas or "auto")
     copies = [[(load_run_member(r.run_dir, job.manifest, i, d), d) for d in group]

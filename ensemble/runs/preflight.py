@@ -86,10 +86,11 @@ def check_predictions(run_dir: str | Path, manifest: Manifest, used: list[int]) 
                          "(rerun `ensemble aggregate` if members were removed on purpose).")
 
 
-def check_preprocessing(run_dir: str | Path, manifest: Manifest) -> None:
+def check_preprocessing(run_dir: str | Path, manifest: Manifest, pre=None) -> None:
     """Refuse a `preprocessing.json` (verified against its sha256) that does not fit the run:
     its model input shape or classes differ from the manifest's `dataset`, or its scaler's
-    lengths differ from its features (a file from another run, or edited).
+    lengths differ from its features (a file from another run, or edited). `pre`: the file's
+    content when the caller read it (`kinds.run_preprocessing`).
 
     Raises:
         UsageError: names the file and the mismatch.
@@ -97,9 +98,9 @@ def check_preprocessing(run_dir: str | Path, manifest: Manifest) -> None:
     from ensemble.data import kinds
 
     path = Path(run_dir) / artifacts.PREPROCESSING
-    if not path.is_file():
+    if pre is None and not path.is_file():
         return
-    pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest, path))
+    pre = pre if pre is not None else kinds.run_preprocessing(run_dir, manifest)
     dataset = manifest.dataset
     with artifacts.opened(path, "preprocessing file"):
         shape = tuple(pre.input_shape)
@@ -120,9 +121,9 @@ def check_preprocessing(run_dir: str | Path, manifest: Manifest) -> None:
 
 
 def verify_run(run_dir: str | Path, manifest: Manifest, trust_builder: bool = False,
-               predictions: bool = True) -> list[int]:
+               predictions: bool = True, pre=None) -> list[int]:
     """All of the checks above, builders first (before anything imports them); returns the
-    ensemble's member indices.
+    ensemble's member indices. `pre`: the run's preprocessing when the caller read it.
 
     Raises:
         UsageError: see `check_builders`, `check_members`, `check_preprocessing`,
@@ -130,7 +131,7 @@ def verify_run(run_dir: str | Path, manifest: Manifest, trust_builder: bool = Fa
     """
     check_builders(run_dir, manifest, trust_builder)
     used = check_members(run_dir, manifest)
-    check_preprocessing(run_dir, manifest)
+    check_preprocessing(run_dir, manifest, pre)
     if predictions:
         check_predictions(run_dir, manifest, used)
     return used

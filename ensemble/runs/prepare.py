@@ -200,7 +200,9 @@ def prepare(request: TrainRequest, mode: Mode, devices: list[str],
     manifest.run_id = run_id_for(run_dir, cfg)  # the folder's name for a default run dir
     manifest.defaults = chosen  # the "auto" keys and the values chosen (ensemble.config.auto)
     manifest.timings["prepare_seconds"] = time.perf_counter() - start
-    manifest.artifacts = artifacts.artifact_hashes(run_dir, hashed)  # splits as written
+    for path, digest in hashed.items():  # the splits, hashed as written: never read again
+        artifacts.remember(path, digest)
+    manifest.artifacts = artifacts.artifact_hashes(run_dir)
     manifest.save(run_dir)
     return RunContext.create(run_dir, cfg, manifest, pre)
 

@@ -30,14 +30,13 @@ def selected(run_dir: Path) -> dict[int, float]:
     return {i: w for i, w in zip(fit["members"], greedy["weights"]) if w > 0}
 
 
-def _split_probs(run_dir: Path) -> dict[str, posthoc.SplitMembers]:
+def _split_probs(run_dir: Path, manifest: Manifest) -> dict[str, posthoc.SplitMembers]:
     """The members' labelled rows of every split of a run's predictions (`posthoc.by_split`'s,
     read a record batch at a time: `model_arrays.read`).
 
     Raises:
         UsageError: as `artifacts.verify`; members whose rows of a split do not line up.
     """
-    manifest = Manifest.load(run_dir)
     preds = model_arrays.read(artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS),
                               source_rows=True)
     out = {}
@@ -57,7 +56,7 @@ def _split_probs(run_dir: Path) -> dict[str, posthoc.SplitMembers]:
     return out
 
 
-def comparison(run_dir: str | Path) -> list[dict[str, Any]]:
+def comparison(run_dir: str | Path, manifest: Manifest | None = None) -> list[dict[str, Any]]:
     """The search's selection against its references on every labelled split: the plain
     ensemble of the same size budget (the mean of the first K candidates, K = `--select`:
     random hyperparameters, no selection) and the best single candidate (lowest validation
@@ -65,15 +64,19 @@ def comparison(run_dir: str | Path) -> list[dict[str, Any]]:
 
     Returns:
         Rows `{split, model, n_members, accuracy, nll, brier, ece}`; [] for a run that is
-        not a search.
+        not a search. `manifest`: the run's, when the caller holds it.
     """
     run_dir = Path(run_dir)
-    info = Manifest.load(run_dir).search
+    manifest = manifest if manifest is not None else Manifest.load(run_dir)
+    info = manifest.search
     if not info:
         return []
     weights = selected(run_dir)
-    own = _split_probs(run_dir)
-    cands = _split_probs(run_dir / info["candidates_run"]) if info.get("candidates_run") else own
+    own = _split_probs(run_dir, manifest)
+    cands = own
+    if info.get("candidates_run"):
+        cands_dir = run_dir / info["candidates_run"]
+        cands = _split_probs(cands_dir, Manifest.load(cands_dir))
     n, k = len(weights), min(int(info["select"]), len(cands["validation"].members))
     val = cands["validation"]
     best = val.members[int(np.argmin([metrics.nll(val.y, p) for p in val.probs]))]
