@@ -181,3 +181,23 @@ def test_members_read_by_row_groups_equal_the_whole_tables(tmp_path, task):
         np.testing.assert_array_equal(got[split].probs, s.probs)
         np.testing.assert_array_equal(got[split].rows, s.rows)
         np.testing.assert_array_equal(got[split].y, s.y)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_rank_metrics_in_ranges_of_a_few_scores_equal_scikit_learn(k):
+    """Rank counts bounded to a few distinct scores at a time (several passes over ranges of
+    scores, from the highest down) give scikit-learn's ROC AUC and average precision, with
+    ties, negative scores and -0.0 among the scores."""
+    rng = np.random.default_rng(7 + k)
+    y, p = _probs(rng, 300, k, ties=30)
+    p[30:60] = -p[30:60]  # scores need not be probabilities: keys order negatives too
+    p[60:70] = -0.0
+    p64 = p.astype(np.float64)
+    scored = [1] if k == 2 else range(k)  # one-vs-rest, macro (not probabilities any more)
+    auc = np.mean([S.roc_auc_score(y == c, p64[:, c]) for c in scored])
+    ap = np.mean([S.average_precision_score(y == c, p64[:, c]) for c in scored])
+    for max_entries, chunk in ((1, 7), (5, 1), (40, 13)):
+        got = running.rank_metrics(y, p, chunk_rows=chunk, max_entries=max_entries)
+        assert got["roc_auc"] == pytest.approx(auc, rel=1e-9), max_entries
+        assert got["average_precision"] == pytest.approx(ap, rel=1e-9), max_entries
+    assert running._ranges(np.array([0, 2, 0, 3, 9]), 5) == [(4, 4), (1, 3)]

@@ -12,8 +12,9 @@ gives on the rows put together, whatever the chunks:
   ROC curve's trapezoids and the precision-recall steps are summed exactly as scikit-learn's
   `roc_auc_score` and `average_precision_score` compute them on the whole array (one-vs-rest
   macro averages over the classes with both positive and negative rows; the binary task
-  scores class 1), one class at a time (`rank_metrics`): memory holds one class's counts, at
-  most one entry per row of the split.
+  scores class 1), one class and one range of scores at a time (`rank_metrics`): memory
+  holds at most `MAX_ENTRIES` distinct scores' counts (2**16 when one score prefix holds
+  more rows), whatever the rows of the split.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ensemble.tasks.classification.metrics import ECE_BINS, NLL_CLIP
 from ensemble.tasks.classification.threshold import labels
 
 RANK_METRICS = ("roc_auc", "average_precision", "balanced_accuracy")
+MAX_ENTRIES = 1 << 20  # distinct scores of one class held at once (`rank_metrics`)
 
 
 class ScoreCounts:
@@ -148,33 +150,108 @@ def _macro(values: list[float | None]) -> float | None:
 
 
 def metrics(y: np.ndarray, p: np.ndarray, chunk_rows: int = 65536,
-            rank: bool = True, threshold: float | None = None) -> dict[str, float | None]:
+            rank: bool = True, threshold: float | None = None,
+            max_entries: int = MAX_ENTRIES) -> dict[str, float | None]:
     """`Running.result()` of `y` `[n_rows]` and `p` `[n_rows, n_classes]` (an array or a
-    memory map) added `chunk_rows` rows at a time (`threshold`: `Running.update`'s)."""
+    memory map) added `chunk_rows` rows at a time (`threshold`: `Running.update`'s;
+    `max_entries`: `rank_metrics`')."""
     k = np.shape(p)[1]
     acc = Running(k)
     for lo in range(0, len(y), chunk_rows):
         acc.update(y[lo:lo + chunk_rows], p[lo:lo + chunk_rows], threshold)
     out = acc.result()
     if rank:
-        out.update(rank_metrics(y, p, chunk_rows))
+        out.update(rank_metrics(y, p, chunk_rows, max_entries))
     return out
 
 
-def rank_metrics(y: np.ndarray, p: np.ndarray, chunk_rows: int = 65536
-                 ) -> dict[str, float | None]:
+def rank_metrics(y: np.ndarray, p: np.ndarray, chunk_rows: int = 65536,
+                 max_entries: int = MAX_ENTRIES) -> dict[str, float | None]:
     """`roc_auc` and `average_precision` of `y` `[n_rows]` and `p` `[n_rows, n_classes]` (an
-    array or a memory map): one class at a time (its `ScoreCounts` over chunks of
-    `chunk_rows` rows), so memory holds one class's counts, at most one entry per row; the
-    binary task scores class 1, more classes average one-vs-rest over the classes with both
-    positive and negative rows (macro)."""
+    array or a memory map), in bounded memory: the binary task scores class 1, more classes
+    average one-vs-rest over the classes with both positive and negative rows (macro).
+
+    One class at a time, its scores are taken as float32 and keyed by their bits (`_keys`,
+    ordered as the values); a first pass over the chunks counts the rows of each of the
+    2**16 key prefixes, which are then cut into ranges of at most `max_entries` rows (a
+    prefix holding more is a range of its own: at most 2**16 distinct scores). Each range,
+    from the highest scores down, is one more pass over the chunks that merges the exact
+    counts of its distinct scores (`ScoreCounts`), and adds its ROC trapezoids (negatives
+    below a score: the class's negatives less those at or above it) and precision-recall
+    steps (true and false positives above carried down). Memory holds at most
+    `max(max_entries, 2**16)` distinct scores of one class and one chunk, whatever the
+    rows; a split of `n` rows costs `1 + ceil(n / max_entries)` passes per class at least.
+    The areas are scikit-learn's (`roc_auc_score`, `average_precision_score`): ROC AUC as a
+    sum of integer counts (exact below 2**53), average precision summed by ranges.
+    """
     k = np.shape(p)[1]
     aucs, aps = [], []
     for c in ([1] if k == 2 else range(k)):
-        counts = ScoreCounts()
-        for lo in range(0, len(y), chunk_rows):
-            part = np.asarray(p[lo:lo + chunk_rows, c], np.float32)
-            counts.update(part, np.asarray(y[lo:lo + chunk_rows]) == c)
-        aucs.append(counts.roc_auc())
-        aps.append(counts.average_precision())
+        auc, ap = _class_areas(y, p, c, chunk_rows, max(1, int(max_entries)))
+        aucs.append(auc)
+        aps.append(ap)
     return {"roc_auc": _macro(aucs), "average_precision": _macro(aps)}
+
+
+def _keys(scores: np.ndarray) -> np.ndarray:
+    """`[n]` uint32 keys of float32 `scores`, ordered as the scores (`-0.0` as `0.0`):
+    positive floats' bits with the sign bit set, negative floats' bits inverted."""
+    bits = (np.asarray(scores, np.float32) + np.float32(0.0)).view(np.uint32)
+    return np.where(bits >> 31 == 1, ~bits, bits | np.uint32(1 << 31))
+
+
+def _chunks(y, p, c, chunk_rows):
+    """`(float32 scores, positive, uint32 keys)` of class `c`, a chunk of rows at a time."""
+    for lo in range(0, len(y), chunk_rows):
+        scores = np.asarray(p[lo:lo + chunk_rows, c], np.float32)
+        yield scores, np.asarray(y[lo:lo + chunk_rows]) == c, _keys(scores)
+
+
+def _class_areas(y, p, c, chunk_rows: int, max_entries: int
+                 ) -> tuple[float | None, float | None]:
+    """(ROC AUC, average precision) of class `c` against the rest (`rank_metrics`)."""
+    prefix_rows = np.zeros(1 << 16, np.int64)
+    n_pos = n_rows = 0
+    for _, positive, keys in _chunks(y, p, c, chunk_rows):
+        prefix_rows += np.bincount(keys >> 16, minlength=1 << 16)
+        n_pos += int(positive.sum())
+        n_rows += len(positive)
+    n_neg = n_rows - n_pos
+    if n_pos == 0:
+        return None, None
+    auc_sum, ap_sum = 0.0, 0.0
+    neg_above, tp, fp = 0, 0, 0
+    for lo, hi in _ranges(prefix_rows, max_entries):  # the highest scores first
+        counts = ScoreCounts()
+        for scores, positive, keys in _chunks(y, p, c, chunk_rows):
+            inside = (keys >> 16 >= lo) & (keys >> 16 <= hi)
+            if inside.any():
+                counts.update(scores[inside], positive[inside])
+        pos, neg = counts.pos[::-1], counts.neg[::-1]  # descending scores
+        at_or_above = neg_above + np.cumsum(neg)
+        below = n_neg - at_or_above
+        auc_sum += float(np.sum(pos * below.astype(np.float64))
+                         + 0.5 * np.sum(pos * neg.astype(np.float64)))
+        tps = (tp + np.cumsum(pos)).astype(np.float64)
+        fps = (fp + np.cumsum(neg)).astype(np.float64)
+        ap_sum += float(np.sum(pos / n_pos * (tps / (tps + fps))))
+        neg_above, tp, fp = int(at_or_above[-1]), int(tps[-1]), int(fps[-1])
+    auc = None if n_neg == 0 else float(auc_sum / (float(n_pos) * float(n_neg)))
+    return auc, ap_sum
+
+
+def _ranges(prefix_rows: np.ndarray, max_entries: int) -> list[tuple[int, int]]:
+    """Ranges `(lo, hi)` of key prefixes holding rows, from the highest down, each of at
+    most `max_entries` rows or a single prefix."""
+    out, hi, rows = [], None, 0
+    for b in np.flatnonzero(prefix_rows)[::-1].tolist():
+        n = int(prefix_rows[b])
+        if hi is not None and rows + n > max_entries:
+            out.append((lo, hi))
+            hi = None
+        if hi is None:
+            hi, rows = b, 0
+        lo, rows = b, rows + n
+    if hi is not None:
+        out.append((lo, hi))
+    return out
