@@ -243,7 +243,7 @@ def _class_areas(y, p, c, chunk_rows: int, max_entries: int
 def _ranges(prefix_rows: np.ndarray, max_entries: int) -> list[tuple[int, int]]:
     """Ranges `(lo, hi)` of key prefixes holding rows, from the highest down, each of at
     most `max_entries` rows or a single prefix."""
-    out, hi, rows = [], None, 0
+    out, lo, hi, rows = [], 0, None, 0
     for b in np.flatnonzero(prefix_rows)[::-1].tolist():
         n = int(prefix_rows[b])
         if hi is not None and rows + n > max_entries:
