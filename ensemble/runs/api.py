@@ -203,11 +203,11 @@ def train_config(config, overrides, resume: bool, run_dir, tensorboard) -> Confi
         if run_dir is None:
             raise UsageError("Expected run_dir, the run to continue, with resume=True. "
                              "Received: run_dir=None.")
-        base = Manifest.load(run_dir).config
-        cfg = as_config(config if config is not None else base, overrides)
+        cfg = as_config(config if config is not None else Manifest.load(run_dir).config,
+                        overrides)
     else:
         cfg = as_config(config, overrides)
-    if tensorboard is not None:
+    if tensorboard is not None and cfg.training.tensorboard != bool(tensorboard):
         cfg = as_config(cfg, {"training.tensorboard": bool(tensorboard)})
     return cfg
 
