@@ -88,6 +88,11 @@ def test_training_never_reads_back_the_run_files_it_wrote(tmp_path, recording):
     assert read_backs(tmp_path / "run") == []
     RECORDING.clear()
     assert text == evaluate(run.path)[1]  # from the files, in a fresh evaluation
+    EVENTS.clear()
+    RECORDING.append(True)
+    assert run.summary() == text  # the table evaluate kept as it rewrote metrics.parquet
+    assert read_backs(tmp_path / "run") == [] and not any(
+        p.endswith(artifacts.PREDICTIONS) for kind, p in EVENTS)
     assert Manifest.load(run.path).timings["process_peak_rss_bytes"] > 0  # record_process
 
 

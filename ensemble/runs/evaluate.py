@@ -184,7 +184,8 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
         notice(f"{out.parent} is read-only: the metrics are printed, not written to {out}")
     text = format_table(table, fit, confidence.block(preds))
     if run_dir is not None and predictions == Path(run_dir) / artifacts.PREDICTIONS:
-
+        if writable:  # the run's own table, as `stored_table` would read it back
+            keep_table(run_dir, text)
         text = "\n".join([text, *comparison_lines(run_dir, manifest)])
     if plots:
         if manifest is not None and (run_dir / posthoc.SIZE_CURVE).is_file():
