@@ -82,7 +82,8 @@ def test_impute_error_counts_missing_values_over_the_whole_file(tmp_path, capsys
     assert run_cli("train", "--data", tmp_path / "t.parquet", "--target", "label",
                    "--impute", "error", "--run-dir", tmp_path / "run") == 2
     _one_line(capsys, "column 'x' (1 row) holds NaN or inf: missing values",
-              f"In the whole input (3,000 rows): column 'x' {len(nan_rows)} rows missing "
+              "In the whole input (3,000 rows in the file; its labelled rows counted, the "
+              f"rows training reads): column 'x' {len(nan_rows)} rows missing "
               f"(first at row {nan_rows[0]:,}); column 'kind' 1 row missing (first at row "
               "2,000).")
     assert not (tmp_path / "run").exists()
@@ -104,7 +105,7 @@ def test_impute_error_whole_file_count_leaves_the_identifier_out(tmp_path, capsy
                    row_group_size=1000)
     assert run_cli("train", "--data", tmp_path / "t.parquet", "--target", "label",
                    "--impute", "error", "--run-dir", tmp_path / "run") == 2
-    line = _one_line(capsys, "In the whole input (3,000 rows): column 'x' 2 rows missing "
+    line = _one_line(capsys, "In the whole input (3,000 rows in the file; its labelled rows counted, the rows training reads): column 'x' 2 rows missing "
                      f"(first at row {nan_rows[0]:,}).")
     assert "'id'" not in line, line
 
@@ -404,3 +405,18 @@ def test_a_target_named_at_predict_must_be_in_the_input(trained, tmp_path, capsy
     assert run_cli("predict", "--run", trained, "--data", data, "--target", "pixel_0_1",
                    "--out", out, "--quiet") == 2
     _one_line(capsys, "Target column 'pixel_0_1' (--target) is a feature of this run")
+
+
+@pytest.mark.parametrize("body, row, record", [
+    ("a,b,y\n1,2,0\n3,4,1\n5,6,7,0\n7,8,1\n", 2, 4),  # a row with one cell too many
+    ("a,b,y\n1,2,0\n\"3,4,1\n5,6,0\n", 1, 3),  # an unclosed quote
+])
+def test_pyarrow_csv_errors_number_rows_as_source_row(tmp_path, capsys, body, row, record):
+    """pyarrow's CSV parse errors count the file's records from 1, the header included; the
+    message gives the data row (from 0, as `source_row`) and labels pyarrow's count."""
+    (tmp_path / "t.csv").write_text(body)
+    assert run_cli("train", "--data", tmp_path / "t.csv", "--target", "y", "--mode",
+                   "between-graph", "--prepare-only", "--run-dir", tmp_path / "run") == 2
+    _one_line(capsys, f"row {row} (data rows from 0, as source_row; pyarrow's CSV record "
+                      f"{record}, the header record 1)")
+    assert not (tmp_path / "run").exists()

@@ -189,7 +189,7 @@ def test_bad_rows_are_counted_over_the_whole_input(run, tmp_path, capsys, mode, 
                    "--batch-size", "32", "--mode", mode) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
     assert len(err) == 1 and "client" not in err[0]
-    assert (f"In the whole input (150 rows): column 'f1' 3 rows missing (first at row "
+    assert (f"In the whole input (150 rows in the file): column 'f1' 3 rows missing (first at row "
             f"{min(where)})") in err[0]
     assert not out.exists()
 

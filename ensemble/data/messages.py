@@ -52,22 +52,30 @@ def csv_header(path) -> list[str]:
 TEXT_HINT = "; or, for categories, the column named in --categorical (read as text)"
 
 
+def data_row(pyarrow_row: int) -> int:
+    """The data-row number (0-based, the numbering of `source_row` and of every message
+    here) of pyarrow's CSV `Row #N`, which counts the file's records from 1, the header
+    record included."""
+    return pyarrow_row - 2
+
+
 def read_error(exc: Exception, source, names: Sequence[str] = (), hint: str = "") -> str:
     """One line for pyarrow's error reading `source`: a CSV value that is not a number where
     the column holds numbers names its column (`names`: the file's columns, pyarrow gives
-    an index) and row (0-based data rows, as every message here; pyarrow counts the file's
-    lines from 1, header included), then `hint` (training: `TEXT_HINT`); anything else is
-    pyarrow's own first line."""
-    import re
-
+    an index) and row, then `hint` (training: `TEXT_HINT`); anything else is pyarrow's own
+    first line, its `Row #N` (a CSV parse error: a row with too many or too few cells, an
+    unclosed quote) given as the data row (`data_row`) and labelled with pyarrow's count."""
     line = str(exc).splitlines()[0]
     m = re.search(r"In CSV column #(\d+): Row #(\d+): CSV conversion error to (\w+): "
                   r"invalid value '(.*)'", line)
     if m and int(m[1]) < len(names):
-        return (f"Cannot read {source}: column {names[int(m[1])]!r} row {int(m[2]) - 2} holds "
-                f"{m[4]!r}; expected a number (the column holds numbers), or an empty cell "
-                f"for a missing value{hint}")
-    return f"Cannot read {source}: {line.split('Invalid: ', 1)[-1]}"
+        return (f"Cannot read {source}: column {names[int(m[1])]!r} row {data_row(int(m[2]))} "
+                f"holds {m[4]!r}; expected a number (the column holds numbers), or an empty "
+                f"cell for a missing value{hint}")
+    text = line.split("Invalid: ", 1)[-1]
+    text = re.sub(r"Row #(\d+)", lambda r: f"row {data_row(int(r[1]))} (data rows from 0, as "
+                  f"source_row; pyarrow's CSV record {r[1]}, the header record 1)", text)
+    return f"Cannot read {source}: {text}"
 
 
 def split_refusal(name: str, y: np.ndarray, classes: np.ndarray, counts: np.ndarray) -> str:

@@ -74,7 +74,9 @@ def error(exc: UsageError, pre, table: pa.Table, first_row: int,
         keep: `keep(table)`, the `[n_rows]` bool rows of a table to count (None: all).
 
     Returns:
-        A UsageError: `exc`'s message, then the whole-input counts (when any were found).
+        A UsageError: `exc`'s message, then the whole-input counts (when any were found),
+        saying what they count (the file's rows; at training its labelled rows) and the
+        first bad row of each (data rows from 0, as `source_row`).
     """
     numeric, categorical = pre.feature_names, tuple(pre.categories)
     missing = getattr(pre, "impute", "error") == "error"
@@ -82,8 +84,8 @@ def error(exc: UsageError, pre, table: pa.Table, first_row: int,
     position = first_row
     try:
         for t in itertools.chain([table], rest):
-            for key, (n, at) in bad_rows(t, numeric, categorical, missing,
-                                         None if keep is None else keep(t)).items():
+            kept = None if keep is None else keep(t)
+            for key, (n, at) in bad_rows(t, numeric, categorical, missing, kept).items():
                 entry = totals.setdefault(key, [0, position + at])
                 entry[0] += n
             position += t.num_rows
@@ -93,8 +95,9 @@ def error(exc: UsageError, pre, table: pa.Table, first_row: int,
         return exc
     parts = [f"column {name!r} {n:,} row{'s' * (n > 1)} {kind} (first at row {at:,})"
              for (name, kind), (n, at) in sorted(totals.items(), key=lambda kv: kv[1][1])]
-    return UsageError(f"{exc} In the whole input ({position:,} rows): " + "; ".join(parts)
-                      + ".")
+    what = f"{position:,} rows in the file" + (
+        "" if keep is None else "; its labelled rows counted, the rows training reads")
+    return UsageError(f"{exc} In the whole input ({what}): " + "; ".join(parts) + ".")
 
 
 
