@@ -176,7 +176,6 @@ def _evaluate(ens, placed, ctx: RunContext, split: dict, files, history: list[di
     `aggregators.json`, `ensemble_size.parquet`, `predictions.parquet`, `metrics.parquet`
     and `members.parquet` (from the `history` records the caller wrote); the evaluation
     table `ensemble evaluate` prints is kept for `Run.summary` (`evaluate.keep_table`)."""
-    from ensemble.replication.in_graph import InGraphEnsemble
     from ensemble.runs import evaluate
 
     cfg, run_dir, manifest, task = ctx.config, ctx.path, ctx.manifest, ctx.task
@@ -187,8 +186,7 @@ def _evaluate(ens, placed, ctx: RunContext, split: dict, files, history: list[di
     val_p, _ = eval_writer.predict_to(files, ens.predict, x_val)
     fit = posthoc.fit(task, {"validation": posthoc.SplitMembers(ens.indices, val_p, rows_val,
                                                                 y_val)}, names, settings)
-    graph = InGraphEnsemble(ens.models, placed, names, ens.indices, params=fit["params"],
-                            task=task)
+    graph = ens.aggregating(names, fit["params"])  # the members' graph traced once
     predicted, splits = {}, {}
     for s in artifacts.EVAL_SPLITS:
         x, y, rows = split[s]
