@@ -164,3 +164,13 @@ def test_refusals_exit_2_naming_the_value(run, tmp_path, capsys, args, words):
                    "--run-dir", tmp_path / "r", "--quiet") == 2
     err = capsys.readouterr().err
     assert words in err and "threshold" in err and "Traceback" not in err
+
+
+def test_the_loaded_estimator_applies_it(run):
+    from ensemble.sklearn import DeepEnsembleClassifier
+
+    base, t, _ = run
+    est = DeepEnsembleClassifier.load(base / "run")
+    x = _table(80, seed=11)[FEATURES]
+    p = est.predict_proba(x)
+    assert (est.predict(x) == np.where(p[:, 1] >= np.float32(t), "yes", "no")).all()

@@ -30,6 +30,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ensemble.runs import fit_arrays
 from ensemble.runs import estimator_rows, estimator_tables
+from ensemble.tasks.classification import threshold
 from ensemble.tasks.classification.aggregators import AGGREGATORS, FITTED
 from ensemble.tasks.classification.task import Classification
 from ensemble.runs.estimator_base import DeepEnsembleBase
@@ -222,9 +223,12 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
         return fit_arrays.predict(self, x, members=True)
 
     def predict(self, X) -> np.ndarray:
-        """Labels `[n_rows]` from `classes_`: the most probable class (ties to the first)."""
+        """Labels `[n_rows]` from `classes_`: the most probable class (ties to the first), or
+        for a binary run trained with a decision threshold (`training.threshold`, loaded
+        with `load`) the positive class where its probability reaches it."""
         proba = self.predict_proba(X)  # first: it checks that the estimator is fitted
-        return self.classes_[np.argmax(proba, axis=1)]
+        params = ((self.aggregators_ or {}).get("params") or {}).get(self.aggregator_)
+        return self.classes_[threshold.labels(proba, threshold.of(params))]
 
     def ood_detection(self, X_in, X_out):
         """AUROC and AUPR of telling `X_in` (in distribution) from `X_out` (OOD, the positive

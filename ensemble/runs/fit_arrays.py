@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ensemble.core import artifacts
-from ensemble.tasks.classification import fitted
+from ensemble.tasks.classification import fitted, threshold
 from ensemble.runs import prepare, run_status
 from ensemble.core.manifest import Manifest
 from ensemble.tasks import tables
@@ -301,7 +301,8 @@ def load(cls, path: Path):
         setattr(est, f"{key}_", value)
     if task.target_entries():  # a regressor has no classes
         del est.classes_
-    est.aggregators_ = fit_ if task.fitted_names(names[:1]) else None
+    decided = threshold.of(((fit_ or {}).get("params") or {}).get(names[0]))  # binary runs
+    est.aggregators_ = fit_ if task.fitted_names(names[:1]) or decided is not None else None
     est.n_rows_ = dict(manifest.dataset.rows)
     hist = path / artifacts.HISTORY
     est.history_ = artifacts.read_parquet(hist).to_pandas() if hist.is_file() else None
