@@ -325,8 +325,10 @@ class Run:
 
     def summary(self) -> str:
         """The table `ensemble evaluate` prints (ensemble against its members, per split, and
-        accuracy against confidence), from the run's stored `metrics.parquet` and predictions
-        (each checked against its recorded hash)."""
+        accuracy against confidence) of the run's stored `metrics.parquet` and predictions
+        (each checked against its recorded hash): the table this process computed as it wrote
+        them, while the metrics file is unchanged, else read from the files
+        (`evaluate.stored_table`)."""
         from ensemble.runs.evaluate import stored_table
 
         return stored_table(self.path, self.record)
