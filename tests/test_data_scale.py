@@ -302,55 +302,55 @@ def test_fewer_clients_at_once_is_a_lever_that_works(tmp_path, monkeypatch, caps
 def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     from ensemble.replication.feed import CALL_BYTES
     from ensemble.runs import budget as b
+    from ensemble.tasks.classification.running import MAX_ENTRIES
 
     rows = {"train": 7_000_000, "validation": 1_000_000, "test": 2_000_000}
-    # predictions memory-mapped; one class's rank-metric counts of the larger split (2M
-    # test rows, 80 B each)
-    preds = 2_000_000 * 80
-    launcher = b.TF_PROCESS + 32 * 10_000_000  # in-graph: the launcher trains
+    n = 10_000_000
+    # one class's rank-metric counts: at most MAX_ENTRIES distinct scores, whatever the rows
+    preds = MAX_ENTRIES * 80
     inside = b.estimate(rows, 2, 2, 3, clients=1, member_rows=False)
     assert inside["predictions"] == preds
-    assert inside["prepare"] == launcher + b.PREPARE_CHUNKS + b.FILE_SET
-    # four calls' batches; each member's int32 batch order and the int64 permutation
-    assert inside["training"] == launcher + 4 * CALL_BYTES + (4 * 2 + 8) * 7_000_000 \
+    assert b.estimate({**rows, "test": 20_000_000}, 2, 2, 3, 1, False)["predictions"] == preds
+    # preparing: the split's 24 bytes per row, or the pass's chunks and 3 bytes per row
+    assert inside["prepare"] == b.TF_PROCESS + max(24 * n, b.PREPARE_CHUNKS + 3 * n) \
         + b.FILE_SET
-    assert inside["evaluation"] == launcher + b.EVAL_FIXED + preds + b.FILE_SET
-    # phases never coexist: the largest (training here: evaluation holds no predictions)
-    assert inside["total"] == max(inside["training"], inside["evaluation"]) \
-        == inside["training"]
+    # two calls' batches; each member's int32 batch order and the int64 permutation
+    assert inside["training"] == b.TF_PROCESS + 2 * CALL_BYTES + (4 * 2 + 8) * 7_000_000 \
+        + b.FILE_SET
+    assert inside["evaluation"] == b.TF_PROCESS + b.EVAL_FIXED + preds + b.FILE_SET
+    assert inside["total"] == max(inside[p] for p in ("prepare", "training", "evaluation"))
+    assert inside["anonymous"] == inside["total"] - b.FILE_SET  # one TensorFlow process
     # between-graph: a launcher without TensorFlow; 2 clients train at once, each with its
     # file pages; then an aggregator process (no TensorFlow) maps the members' rows
     between = b.estimate(rows, 2, 2, 3, clients=2, member_rows=True)
-    launcher = b.LEAN_PROCESS + 32 * 10_000_000
-    assert between["training"] == launcher + 2 * (b.TF_PROCESS + 4 * CALL_BYTES
-                                                   + 16 * 10_000_000 + b.FILE_SET)
+    assert between["training"] == b.LEAN_PROCESS + 2 * (b.TF_PROCESS + 2 * CALL_BYTES
+                                                        + 16 * n + b.FILE_SET)
+    assert between["anonymous"] == between["training"] - 2 * b.FILE_SET
     # a client's chunk of its member's prediction rows (65,536 rows of 64 + 12 x 400 B)
     # outweighs its calls with many classes, and does not grow with the rows
     many = b.estimate(rows, 400, 2, 3, clients=2, member_rows=True)
-    assert many["training"] == launcher + 2 * (b.TF_PROCESS + 65_536 * (64 + 4_800)
-                                               + 16 * 10_000_000 + b.FILE_SET)
+    assert many["training"] == b.LEAN_PROCESS + 2 * (b.TF_PROCESS + 65_536 * (64 + 4_800)
+                                                     + 16 * n + b.FILE_SET)
     more = b.estimate({**rows, "test": 20_000_000}, 400, 2, 3, clients=2, member_rows=True)
-    assert more["training"] - many["training"] == (32 + 2 * 16) * 18_000_000
-    assert between["predictions"] == preds  # the members' rows memory-mapped
-    assert between["evaluation"] == (launcher + b.EVAL_FIXED + between["predictions"]
-                                     + b.LEAN_PROCESS)
+    assert more["training"] - many["training"] == 2 * 16 * 18_000_000
+    assert between["evaluation"] == 2 * b.LEAN_PROCESS + b.EVAL_FIXED + preds
     assert between["total"] == max(between["training"], between["evaluation"])
     # a training split smaller than a call: calls of its size, chunks of its size
     tiny = b.estimate({"train": 100, "test": 50}, 3, 2, 0, clients=1, member_rows=False)
-    assert tiny["training"] == b.TF_PROCESS + 32 * 150 + 4 * (2 * 100 * (16 << 10)) \
-        + 16 * 100 + b.FILE_SET
-    assert tiny["prepare"] == b.TF_PROCESS + 32 * 150 + 150 * (8 << 10) + b.FILE_SET
+    assert tiny["training"] == b.TF_PROCESS + 2 * (2 * 100 * (16 << 10)) + 16 * 100 \
+        + b.FILE_SET
+    assert tiny["prepare"] == b.TF_PROCESS + 150 * (8 << 10) + 3 * 150 + b.FILE_SET
 
 
 def test_refusal_names_the_phase_that_does_not_fit(monkeypatch):
     from ensemble.core import memory
     from ensemble.runs import budget as b
 
-    monkeypatch.setattr(memory, "available", lambda: (2 << 30, "the cgroup memory limit"))
+    monkeypatch.setattr(memory, "available", lambda: (1 << 30, "the cgroup memory limit"))
     b.check({"train": 1000, "test": 100}, 2, 2, 1, clients=1, member_rows=False)  # fits
-    # evaluating 20M of 60M rows: rank counts 20M x 80 B = 1.490 GiB, + 0.391 GiB of
-    # TensorFlow, 1.788 GiB of labels (32 B x 60M), 0.1875 + 0.1875 GiB (buffers, files)
-    with pytest.raises(UsageError, match=r"about 4\.04 GiB while evaluating \(60,000,000 rows"):
+    # preparing 60M rows: the split's 24 B per row (1.341 GiB) + TensorFlow's 0.344 GiB of
+    # anonymous memory and its 0.1875 GiB of file pages (the rank counts stay bounded)
+    with pytest.raises(UsageError, match=r"about 1\.87 GiB while preparing \(60,000,000 rows"):
         b.check({"train": 40_000_000, "test": 20_000_000}, 2, 2, 1, clients=1,
                 member_rows=False)
     with pytest.raises(UsageError, match=r"while training .* 3 TensorFlow processes.* fewer "
