@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from ensemble.core import artifacts
 from ensemble.data import corruptions
-from ensemble.tasks import ood
+from ensemble.tasks import eval_writer, ood
 from ensemble.runs import posthoc
 from ensemble.core import runlock
 from ensemble.core.manifest import Manifest
@@ -42,10 +42,12 @@ SHIFT_SCHEMA = pa.schema([
 
 
 class Context:
-    """A completed run's manifest, stored test-split member outputs, aggregators and fitted
-    parameters; `predict(x)` gives the members' outputs on new scaled rows."""
+    """A completed run's manifest, stored test-split member outputs (memory maps of `files`,
+    `eval_writer.OutputFiles`: its `predictions.parquet` read by row groups,
+    `posthoc.read_members`), aggregators and fitted parameters; `predict(x)` gives the
+    members' outputs on new scaled rows."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, files):
         from ensemble.runs import run_status
         from ensemble import tasks
 
@@ -56,8 +58,10 @@ class Context:
         self.task = tasks.for_run(self.manifest)
         from ensemble.runs.evaluate import own_predictions
 
-        preds = artifacts.read_parquet(own_predictions(self.run_dir, self.manifest))
-        splits = posthoc.by_split(posthoc.member_rows(preds))
+        self.files = files
+        self.classes = np.asarray(self.manifest.dataset.classes)
+        splits = posthoc.read_members([own_predictions(self.run_dir, self.manifest)],
+                                      self.classes, files)
         self.split = "test" if "test" in splits else next(iter(splits))
         self.stored = splits[self.split]
         self.members = self.stored.members
@@ -104,10 +108,16 @@ def _stored_ood(ctx: Context, source: Path) -> np.ndarray | None:
     not one (then it is data to predict)."""
     if source.suffix != ".parquet" or not source.is_file():
         return None
-    table = artifacts.read_parquet(source)
-    if not {"model", "member", "split"} <= set(table.column_names):
+    import pyarrow.parquet as pq
+
+    try:
+        names = pq.read_schema(source).names
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise UsageError(f"Cannot read {source} as Parquet: {str(exc).splitlines()[0]}") \
+            from None
+    if not {"model", "member", "split"} <= set(names):
         return None
-    splits = posthoc.by_split(posthoc.member_rows(table))
+    splits = posthoc.read_members([source], ctx.classes, ctx.files)  # by row groups
     part = splits.get("predict") or next(iter(splits.values()))
     if part.members != ctx.members:
         raise UsageError(f"Expected --ood predictions of members {ctx.members}. Received "
@@ -142,11 +152,12 @@ def evaluate_ood(run_dir: str | Path, source: str, plots: bool = False,
         UsageError: the run is not completed or damaged, the source cannot be read or holds
             no row, or another process holds the run.
     """
-    ctx = Context(Path(run_dir))
-    outputs = _stored_ood(ctx, Path(source))
-    if outputs is None:
-        outputs = _predict_source(ctx, source)
-    s_in, s_out = ctx.scores(ctx.stored.probs), ctx.scores(outputs)
+    with eval_writer.output_files(Path(run_dir)) as files:  # member rows, memory-mapped
+        ctx = Context(Path(run_dir), files)
+        outputs = _stored_ood(ctx, Path(source))
+        if outputs is None:
+            outputs = _predict_source(ctx, source)
+        s_in, s_out = ctx.scores(ctx.stored.probs), ctx.scores(outputs)
     table = ood.ood_table(s_in, s_out, label or str(source), source_sha256(str(source)),
                           ctx.split)
     text = format_ood(table)
@@ -254,9 +265,10 @@ def evaluate_shift(run_dir: str | Path, plots: bool = False, seed: int = 0
     Raises:
         UsageError: the run is not completed or damaged, or another process holds it.
     """
-    ctx = Context(Path(run_dir))
-    x, y, _ = artifacts.read_split(ctx.run_dir, ctx.split, ctx.manifest)
-    table = shift_table(ctx, x, y, seed)
+    with eval_writer.output_files(Path(run_dir)) as files:
+        ctx = Context(Path(run_dir), files)
+        x, y, _ = artifacts.read_split(ctx.run_dir, ctx.split, ctx.manifest)
+        table = shift_table(ctx, x, y, seed)
     text = format_shift(table, ctx.split)
     plot = None
     if plots:
