@@ -117,6 +117,7 @@ def worker_sklearn(run_dir: Path) -> dict:
 
 def worker_predict_1m(run_dir: Path) -> dict:
     """In-graph prediction of 1,000,000 rows by the trained ensemble of `run_dir`."""
+    from ensemble import tasks
     from ensemble.core import artifacts
     from ensemble.replication import devices
     from ensemble.replication.in_graph import InGraphEnsemble
@@ -127,7 +128,8 @@ def worker_predict_1m(run_dir: Path) -> dict:
     n = len(manifest.members)
     devs = place(n, devices.resolve("auto", n))
     models = [load_member(artifacts.member_model_path(run_dir, i), d) for i, d in enumerate(devs)]
-    ens = InGraphEnsemble(models, devs, cfg.aggregation.aggregators)
+    ens = InGraphEnsemble(models, devs, cfg.aggregation.aggregators,
+                          task=tasks.for_run(manifest))
     x = np.random.default_rng(0).standard_normal((PREDICT_ROWS, split["train"][0].shape[1]),
                                                  dtype=np.float32)
     ens.predict(x[:16384])  # trace once

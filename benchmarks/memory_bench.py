@@ -26,6 +26,7 @@ def worker(variant: str, rows: int, members: int) -> dict:
     devices.split_cpu(members)
     import tensorflow as tf
 
+    from ensemble import tasks
     from ensemble.config import schema
     from ensemble.data.arrays import ArrayData, ArrayPreprocessing
     from ensemble.replication.in_graph import InGraphEnsemble
@@ -44,7 +45,8 @@ def worker(variant: str, rows: int, members: int) -> dict:
                             "training": {"epochs": 1, "batch_size": 256,
                                          "early_stopping": 0}})
     devs = [d.name for d in tf.config.list_logical_devices("CPU")][:members]
-    ens = InGraphEnsemble.build(cfg, x.shape[1:], 10, devs, aggregators=(), pre=pre)
+    ens = InGraphEnsemble.build(cfg, x.shape[1:], 10, devs, aggregators=(), pre=pre,
+                                task=tasks.get())
     ens.fit(x, y, (x[:256], y[:256]), Schedule.of(cfg.training))
     return {"variant": variant, "peak_rss_bytes": devices.peak_rss_bytes(),
             "data_bytes": int(x.nbytes)}

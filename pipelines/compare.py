@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 
 from ensemble.core import artifacts
 from ensemble.replication import devices
-from ensemble.tasks import tables
+from ensemble.tasks import of_file, tables
 from ensemble.config.schema import Config
 from ensemble.replication.modes import Mode
 from ensemble.runs import builtin_modes
@@ -158,10 +158,11 @@ def members_test(table: pa.Table) -> pa.Table:
 def parity(a: pa.Table, b: pa.Table) -> tuple[float, float]:
     """(max abs probability difference, share of identical predicted labels) of two
     predictions tables with the same rows (regression: the members' mean and variance,
-    `tables.probabilities`, and the share of predicted means equal within 1e-5 relative:
+    `Task.outputs_of`, and the share of predicted means equal within 1e-5 relative:
     float32 sums in another order differ in the last digits)."""
     classes = tables.classes_from(a)
-    diff = np.abs(tables.probabilities(a, classes) - tables.probabilities(b, classes)).max()
+    task = of_file(a.schema.metadata)
+    diff = np.abs(task.outputs_of(a, classes) - task.outputs_of(b, classes)).max()
     ya, yb = a.column("y_pred"), b.column("y_pred")
     if pa.types.is_floating(ya.type):  # predicted numbers: equal to float32 precision
         same = np.isclose(ya.to_numpy(), yb.to_numpy(), rtol=1e-5, atol=0.0)

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import run_cli
 
+from ensemble import tasks
 from ensemble.core import artifacts
 from ensemble.models.members import load_member
 
@@ -238,12 +239,13 @@ def test_member_predictions_by_row_chunks_equal_the_whole_table(runs, monkeypatc
     manifest = Manifest.load(run_dir)
     work = MemberWork.open(run_dir, manifest, schema.from_dict(manifest.config))
     classes = np.asarray(manifest.dataset.classes)
-    member = G.MemberGroup([load_run_member(run_dir, manifest, 1, "/cpu:0")], ["/cpu:0"], [1])
+    member = G.MemberGroup([load_run_member(run_dir, manifest, 1, "/cpu:0")], ["/cpu:0"], [1],
+                           task=tasks.for_run(manifest))
 
     def whole():
         return pa.concat_tables([tables.predictions_table(s, SplitPredictions(
             {1: member.predict(work.split[s][0])[0][0]}, None, work.split[s][2],
-            work.split[s][1]), classes) for s in artifacts.EVAL_SPLITS])
+            work.split[s][1]), classes, task=member.task) for s in artifacts.EVAL_SPLITS])
 
     written = pq.read_table(artifacts.member_predictions_path(run_dir, 1))
     assert written.equals(whole()) and written.schema.metadata == whole().schema.metadata

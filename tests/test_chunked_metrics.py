@@ -7,6 +7,7 @@ import pytest
 from sklearn import metrics as S
 from sklearn.preprocessing import label_binarize
 
+from ensemble import tasks
 from ensemble.tasks import eval_writer, metrics_tables, model_arrays
 from ensemble.tasks.classification import metrics as M
 from ensemble.tasks.classification import running
@@ -105,11 +106,12 @@ def test_writer_tables_from_memory_maps_equal_the_file_read_back(tmp_path):
     old = eval_writer.CHUNK_ROWS
     eval_writer.CHUNK_ROWS = 16
     try:
-        written = eval_writer.write(tmp_path, splits, np.array(["a", "b", "c"]),
+        written = eval_writer.write(tmp_path, splits, tasks.get(), np.array(["a", "b", "c"]),
                                     ["mean", "vote"], None, prior=shares)
     finally:
         eval_writer.CHUNK_ROWS = old
-    back = metrics_tables.metrics_table(model_arrays.read(tmp_path / "predictions.parquet"))
+    back = metrics_tables.metrics_table(model_arrays.read(tmp_path / "predictions.parquet",
+                                                          tasks.get()))
     assert written.column_names == back.column_names
     for name in written.column_names:
         for a, b in zip(written.column(name).to_pylist(), back.column(name).to_pylist()):
@@ -132,11 +134,13 @@ def test_regression_prior_row_is_the_training_gaussian(tmp_path):
     member = np.column_stack([y + rng.normal(size=n) * 0.5, np.full(n, 0.25)])
     splits = {"test": SplitPredictions({0: member, 1: member + 0.1}, None, np.arange(n), y)}
     prior = {"mean": 4.0, "std": 3.0}
-    table = eval_writer.write(tmp_path, splits, np.array([]), ["mean"], None, prior=prior)
+    table = eval_writer.write(tmp_path, splits, tasks.get("regression"), np.array([]), ["mean"],
+                              None, prior=prior)
     row = next(r for r in table.to_pylist() if r["model"] == "prior")
     assert row["nll"] == pytest.approx(RM.nll(y, np.full(n, 4.0), np.full(n, 3.0)), rel=1e-9)
     assert row["rmse"] == pytest.approx(RM.rmse(y, np.full(n, 4.0)), rel=1e-9)
-    back = regression_tables.metrics_table(model_arrays.read(tmp_path / "predictions.parquet"))
+    back = regression_tables.metrics_table(model_arrays.read(tmp_path / "predictions.parquet",
+                                                             tasks.get("regression")))
     assert back.column("nll").to_pylist() == pytest.approx(table.column("nll").to_pylist(),
                                                             rel=1e-9)
 
@@ -153,27 +157,28 @@ def test_members_read_by_row_groups_equal_the_whole_tables(tmp_path, task):
     rng = np.random.default_rng(4)
     n = 40
     classes = np.array(["a", "b", "c"]) if task == "classification" else np.array([])
+    task = tasks.get(task)
     paths, parts = [], []
     for m in (1, 3):
         t = []
         for split in ("validation", "test"):
-            if task == "classification":
+            if task.name == "classification":
                 y, p = _probs(rng, n, 3)
             else:
                 y = rng.normal(size=n)
                 p = np.column_stack([y + rng.normal(size=n), rng.uniform(0.1, 1, n)])
             t.append(tables.predictions_table(split, SplitPredictions(
-                {m: p}, {}, np.arange(100, 100 + n), y), classes, ()))
+                {m: p}, {}, np.arange(100, 100 + n), y), classes, (), task=task))
         table = pa.concat_tables(t)
         table = table.take(rng.permutation(table.num_rows))  # any row order
         parts.append(table)
         paths.append(tmp_path / f"member-{m}.parquet")
         pq.write_table(table, paths[-1], row_group_size=11)
     whole = posthoc.by_split(pa.concat_tables(parts).replace_schema_metadata(
-        tables.classes_metadata(classes)))
+        tables.classes_metadata(classes)), task)
     files_dir = tmp_path / "maps"
     files_dir.mkdir()
-    got = posthoc.read_members(paths, classes, eval_writer.OutputFiles(files_dir),
+    got = posthoc.read_members(paths, task, classes, eval_writer.OutputFiles(files_dir),
                                batch_rows=7)
     assert set(got) == set(whole)
     for split, s in whole.items():

@@ -7,6 +7,7 @@ import pyarrow as pa
 import pytest
 
 from ensemble.config import schema
+from ensemble import tasks
 from ensemble.tasks import tables
 from ensemble.tasks.predicted import SplitPredictions
 from pipelines import compare
@@ -19,7 +20,7 @@ def test_resolved_config_round_trips_through_toml():
 
 def _preds(p):
     return tables.predictions_table("test", SplitPredictions({0: p}, None, np.arange(len(p)), None),
-                                    np.array([0, 1]))
+                                    np.array([0, 1]), task=tasks.get())
 
 
 def test_parity_figures():
@@ -90,9 +91,11 @@ def test_verdict_says_when_parity_is_off_or_not_met():
 def test_train_parity_compares_the_members_test_rows_only():
     p = np.array([[0.9, 0.1], [0.4, 0.6]], np.float32)
     table = tables.predictions_table(
-        "test", SplitPredictions({0: p, 1: p[::-1]}, None, np.arange(2), None), np.array([0, 1]))
+        "test", SplitPredictions({0: p, 1: p[::-1]}, None, np.arange(2), None), np.array([0, 1]),
+        task=tasks.get())
     val = tables.predictions_table(
-        "validation", SplitPredictions({0: 1 - p}, None, np.arange(2), None), np.array([0, 1]))
+        "validation", SplitPredictions({0: 1 - p}, None, np.arange(2), None), np.array([0, 1]),
+        task=tasks.get())
     mine = compare.members_test(pa.concat_tables([val, table]))
     assert mine.column("split").to_pylist() == ["test"] * 4
     assert mine.column("member").to_pylist() == [0, 0, 1, 1]

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import run_cli
 
+from ensemble import tasks
 from ensemble.core import artifacts
 from ensemble.core.manifest import Manifest
 from ensemble.config import schema
@@ -98,7 +99,8 @@ def _group(devs, replicas=None, dropout=0.0):
     cfg = schema.from_dict({"members": {"count": 2, "hidden": [16], "dropout": dropout},
                             "training": {"epochs": 1, "batch_size": 64, "seed": 5,
                                          "early_stopping": 0}})
-    ens = InGraphEnsemble.build(cfg, 64, 10, devs, list(range(len(devs))), aggregators=())
+    ens = InGraphEnsemble.build(cfg, 64, 10, devs, list(range(len(devs))), aggregators=(),
+                                task=tasks.get())
     ens.train_replicas = replicas
     return ens, cfg
 

@@ -12,6 +12,7 @@ import pyarrow.csv as pcsv
 import pytest
 
 from conftest import run_cli
+from ensemble import tasks
 from ensemble.core.errors import UsageError
 
 
@@ -183,7 +184,7 @@ def test_members_from_chunked_mapped_splits_equal_in_memory_members(tmp_path, mo
     np.testing.assert_allclose(np.asarray(mapped[0]), x[rows["train"]], atol=1e-6)
     devs = ["/device:CPU:0", "/device:CPU:1"]
     ens = InGraphEnsemble.build(cfg, x.shape[1:], len(classes), devs, aggregators=(),
-                                n_train=len(rows["train"]), pre=pre)
+                                n_train=len(rows["train"]), pre=pre, task=tasks.get())
     ens.fit(x[rows["train"]], y[rows["train"]], (x[rows["validation"]],
             y[rows["validation"]]), Schedule.of(cfg.training))
     for mode, run in runs.items():
@@ -231,7 +232,7 @@ def test_image_folder_decoded_in_chunks_gives_the_members_of_whole_decoding(tmp_
                                   x[rows["train"]])
     pre = arrays.ArrayPreprocessing.fit(whole, rows["train"], classes)
     ens = InGraphEnsemble.build(cfg, x.shape[1:], 2, ["/device:CPU:0", "/device:CPU:1"],
-                                aggregators=(), pre=pre)
+                                aggregators=(), pre=pre, task=tasks.get())
     ens.fit(x[rows["train"]], y[rows["train"]], (x[rows["validation"]], y[rows["validation"]]),
             Schedule.of(cfg.training))
     for k, model in enumerate(ens.models):
@@ -385,9 +386,10 @@ def test_streamed_evaluation_tables_equal_the_whole_table_ones(tmp_path, monkeyp
     predictions and metrics that building the whole long table gives (`predictions_table`,
     `metrics_table`)."""
     from ensemble.core import artifacts
-    from ensemble.tasks import eval_writer, tables
-    from ensemble.tasks.metrics_tables import metrics_table
+    from ensemble import tasks
+    from ensemble.tasks import eval_writer, model_arrays, tables
 
+    the_task = tasks.get(task)
     rng = np.random.default_rng(3)
     n, k = 53, 3
     if task == "classification":
@@ -407,7 +409,7 @@ def test_streamed_evaluation_tables_equal_the_whole_table_ones(tmp_path, monkeyp
     whole, splits = [], {}
     for s in ("validation", "test"):
         t = tables.predictions_table(s, eval_writer.SplitPredictions(members, None, rows, y[s]),
-                                     classes, aggs, params)
+                                     classes, aggs, params, task=the_task)
         whole.append(t)
         stacked = np.stack([members[i] for i in sorted(members)])
         if task == "classification":
@@ -418,9 +420,10 @@ def test_streamed_evaluation_tables_equal_the_whole_table_ones(tmp_path, monkeyp
         splits[s] = eval_writer.SplitPredictions(members, ens, rows, y[s])
     whole = pa.concat_tables(whole)
     artifacts.write_parquet(tmp_path / "whole" / artifacts.PREDICTIONS, whole)
-    artifacts.write_parquet(tmp_path / "whole" / artifacts.METRICS, metrics_table(whole))
+    artifacts.write_parquet(tmp_path / "whole" / artifacts.METRICS,
+                            the_task.metrics_table(model_arrays.of_table(whole, the_task)))
     monkeypatch.setattr(eval_writer, "CHUNK_ROWS", 7)  # 8 chunks per model and split
-    eval_writer.write(tmp_path / "streamed", splits, classes, aggs, params)
+    eval_writer.write(tmp_path / "streamed", splits, the_task, classes, aggs, params)
     for name in (artifacts.PREDICTIONS, artifacts.METRICS):
         a = artifacts.read_parquet(tmp_path / "whole" / name)
         b = artifacts.read_parquet(tmp_path / "streamed" / name)
@@ -438,19 +441,21 @@ def test_streamed_evaluation_tables_equal_the_whole_table_ones(tmp_path, monkeyp
 def test_confidence_block_read_from_the_file_equals_the_whole_table_one(tmp_path):
     """The train summary's accuracy-against-confidence block, read from the file's test rows
     and needed columns only, is the block of the whole predictions table."""
+    from ensemble import tasks
     from ensemble.core import artifacts
-    from ensemble.tasks import confidence, tables
+    from ensemble.tasks import confidence, model_arrays, tables
     from ensemble.tasks.predicted import SplitPredictions
 
+    task = tasks.get()
     rng = np.random.default_rng(5)
     n, classes = 40, np.array([0, 1, 2])
     members = {i: rng.dirichlet(np.ones(3), n).astype(np.float32) for i in range(3)}
     whole = pa.concat_tables([tables.predictions_table(s, SplitPredictions(
-        members, None, np.arange(n), rng.integers(0, 3, n)), classes, ("mean", "vote"))
-        for s in ("validation", "test")])
+        members, None, np.arange(n), rng.integers(0, 3, n)), classes, ("mean", "vote"),
+        task=task) for s in ("validation", "test")])
     artifacts.write_parquet(tmp_path / "p.parquet", whole)
-    lines = confidence.block_of_file(tmp_path / "p.parquet")
-    assert lines == confidence.block(whole) and "on test" in lines[0]
+    lines = confidence.block_of_file(tmp_path / "p.parquet", task)
+    assert lines == confidence.block(model_arrays.of_table(whole, task)) and "on test" in lines[0]
 
 
 def test_background_work_returns_its_result_or_raises_its_error():

@@ -15,12 +15,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from ensemble import tasks
 from ensemble.core.labels import encode
 from ensemble.tasks import confidence, metrics_tables, model_arrays, tables
 from ensemble.tasks.predicted import SplitPredictions
 from ensemble.tasks.regression import tables as regression_tables
 
 CLASSES = np.array(["cat", "dog", "eel"])
+CLS, REG = tasks.get(), tasks.get("regression")
 
 
 def _classification(n: int, seed: int = 0) -> pa.Table:
@@ -30,9 +32,10 @@ def _classification(n: int, seed: int = 0) -> pa.Table:
     for split in ("validation", "test"):
         members = {i: rng.dirichlet(np.ones(3) * 0.7, n).astype(np.float32) for i in range(3)}
         parts.append(tables.predictions_table(split, SplitPredictions(
-            members, None, np.arange(n), rng.integers(0, 3, n)), CLASSES, ("mean", "vote")))
+            members, None, np.arange(n), rng.integers(0, 3, n)), CLASSES, ("mean", "vote"),
+            task=CLS))
     parts.append(tables.predictions_table("predict", SplitPredictions(  # no labels at all
-        members, None, np.arange(n), None), CLASSES, ("mean", "vote")))
+        members, None, np.arange(n), None), CLASSES, ("mean", "vote"), task=CLS))
     return pa.concat_tables(parts)
 
 
@@ -81,7 +84,7 @@ def _old_classification(table: pa.Table) -> pa.Table:
         outputs.setdefault(split, []).append(metrics_tables.ModelOutput(
             model, t.column("member")[0].as_py(), t.column("aggregator")[0].as_py(),
             encode(t.column("y_true").to_numpy(zero_copy_only=False), classes),
-            tables.probabilities(t, classes),
+            CLS.outputs_of(t, classes),
             None if mi is None or mi.null_count else float(np.mean(mi.to_numpy()))))
     return metrics_tables.metrics_of(outputs, classes=classes.tolist())
 
@@ -110,7 +113,7 @@ def _old_block(table: pa.Table) -> list[str]:
             continue
         t = t.take(pc.sort_indices(t.column("row")))
         models.append((model, encode(t.column("y_true").to_numpy(zero_copy_only=False),
-                                     classes), tables.probabilities(t, classes)))
+                                     classes), CLS.outputs_of(t, classes)))
     return confidence._lines("test", False, models)
 
 
@@ -128,8 +131,8 @@ def test_a_many_batch_read_scores_as_the_whole_table(tmp_path, layout):
         table = _interleaved(table, 10)
     pq.write_table(table, tmp_path / "p.parquet", row_group_size=50)
 
-    arrays = model_arrays.read(tmp_path / "p.parquet", batch_rows=7)
-    metrics = metrics_tables.metrics_table(arrays)
+    arrays = model_arrays.read(tmp_path / "p.parquet", CLS, batch_rows=7)
+    metrics = CLS.metrics_table(arrays)
     assert metrics.equals(_old_classification(table))
     assert set(metrics.column("n").to_pylist()) == {96, 101}  # validation, test
     assert confidence.block(arrays) == _old_block(table) and "on test" in _old_block(table)[0]
@@ -141,8 +144,8 @@ def test_a_many_batch_read_scores_as_the_whole_table(tmp_path, layout):
 def test_a_many_batch_read_scores_a_regression_file_as_the_whole_table(tmp_path):
     table = _interleaved(_regression(83), 9)  # rows out of `row` order: regression sorts
     pq.write_table(table, tmp_path / "r.parquet", row_group_size=40)
-    arrays = model_arrays.read(tmp_path / "r.parquet", batch_rows=11)
-    new, old = metrics_tables.metrics_table(arrays), _old_regression(table)
+    arrays = model_arrays.read(tmp_path / "r.parquet", REG, batch_rows=11)
+    new, old = REG.metrics_table(arrays), _old_regression(table)
     assert new.equals(old)
     assert new.column("mixture_nll").null_count == 0 and new.num_rows == 10
 
@@ -184,9 +187,11 @@ def test_a_search_runs_members_read_in_batches_are_by_splits(tmp_path, monkeypat
 
     table = _interleaved(_classification(101), 10)
     pq.write_table(table, tmp_path / "p.parquet", row_group_size=50)
+    monkeypatch.setattr(search_report.tasks, "for_run", lambda manifest: CLS)
     monkeypatch.setattr(search_report.artifacts, "verify", lambda d, m, p: tmp_path / "p.parquet")
     monkeypatch.setattr(model_arrays, "read", partial(model_arrays.read, batch_rows=7))
-    new, old = search_report._split_probs(tmp_path, None), posthoc.by_split(posthoc.member_rows(table))
+    new, old = (search_report._split_probs(tmp_path, None),
+                posthoc.by_split(posthoc.member_rows(table), CLS))
     assert list(new) == ["validation", "test"]
     for split, s in new.items():
         assert s.members == old[split].members == [0, 1, 2]
@@ -203,8 +208,8 @@ def test_the_confidence_block_scores_the_labelled_rows_of_a_partly_labelled_spli
     partly = table.set_column(table.schema.get_field_index("y_true"), "y_true", pc.if_else(
         unknown, pa.scalar(None, pa.string()), table.column("y_true")))
     labelled = table.filter(pc.invert(unknown))
-    block = confidence.block(model_arrays.of_table(partly))
+    block = confidence.block(model_arrays.of_table(partly, CLS))
     assert block and "on test" in block[0]
-    assert block == confidence.block(model_arrays.of_table(labelled))
+    assert block == confidence.block(model_arrays.of_table(labelled, CLS))
     assert [line.split()[0] for line in block[2:]] == [
         "member-0", "member-1", "member-2", "ensemble-mean"]

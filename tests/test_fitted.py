@@ -158,7 +158,7 @@ def test_tensorflow_twin_agrees_with_numpy_for_every_aggregator(name):
 def _member_table(probs_by_split, y_by_split):
     parts = [tables.predictions_table(s, SplitPredictions(
         dict(enumerate(p)), None, np.arange(p.shape[1]) + 1000 * k, y_by_split[s]),
-        np.arange(p.shape[2]))
+        np.arange(p.shape[2]), task=tasks.get())
              for k, (s, p) in enumerate(probs_by_split.items())]
     import pyarrow as pa
 
@@ -169,10 +169,11 @@ def test_no_fitted_aggregator_reads_a_test_row():
     probs, y, _ = _fit_random(seed=1)
     test_probs, test_y = _fit_random(seed=2)[:2]
     clean = posthoc.by_split(_member_table({"validation": probs, "test": test_probs},
-                                           {"validation": y, "test": test_y}))
+                                           {"validation": y, "test": test_y}), tasks.get())
     poisoned_p = np.roll(test_probs, 1, axis=2)[::-1]  # every test row wrong, members shuffled
     poisoned = posthoc.by_split(_member_table({"validation": probs, "test": poisoned_p},
-                                              {"validation": y, "test": (test_y + 1) % 5}))
+                                              {"validation": y, "test": (test_y + 1) % 5}),
+                                tasks.get())
     names = A.AGGREGATORS
     task = tasks.get()
     assert posthoc.fit(task, clean, names) == posthoc.fit(task, poisoned, names)
@@ -182,8 +183,10 @@ def test_no_fitted_aggregator_reads_a_test_row():
 
 def test_run_predictions_rebuilt_with_uncertainty_columns():
     probs, y, fit = _fit_random(seed=3)
-    splits = posthoc.by_split(_member_table({"validation": probs}, {"validation": y}))
-    preds = posthoc.rebuild(splits, np.arange(5), ["mean", "vote", "greedy"], fit["params"])
+    splits = posthoc.by_split(_member_table({"validation": probs}, {"validation": y}),
+                              tasks.get())
+    preds = posthoc.rebuild(splits, tasks.get(), np.arange(5), ["mean", "vote", "greedy"],
+                            fit["params"])
     mean = preds.filter(preds.column("model").to_numpy(zero_copy_only=False) == "ensemble-mean")
     mi = mean.column("mutual_information").to_numpy()
     assert np.all(mi >= -1e-12)  # BALD >= 0 for the mean (Jensen)

@@ -5,6 +5,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import run_cli
 
+from ensemble import tasks
 from ensemble.core import artifacts
 from ensemble.config import schema
 from ensemble.core.errors import UsageError
@@ -82,7 +83,7 @@ def test_heterogeneous_members_on_their_devices_in_the_traced_graph(hetero):
 
     cfg = schema.load(hetero[0], overrides={"training.early_stopping": 0})
     devs = ["/device:CPU:1", "/device:CPU:0", "/device:CPU:1"]
-    ens = InGraphEnsemble.build(cfg, 64, 10, devs)
+    ens = InGraphEnsemble.build(cfg, 64, 10, devs, task=tasks.get())
     # the builder's network (dense+dropout per layer, logits) under the softmax head
     assert [len(m.layers[1].layers) for m in ens.models] == [3, 5, 2]
     found = _ops_by_member(ens.predict_fn.get_concrete_function().graph, 3)

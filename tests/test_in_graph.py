@@ -27,9 +27,10 @@ def prepared(tmp_path_factory):
 
 
 def _build(devs, indices=None):
+    from ensemble import tasks
     from ensemble.replication.in_graph import InGraphEnsemble
 
-    return InGraphEnsemble.build(CFG, 64, 10, devs, indices)
+    return InGraphEnsemble.build(CFG, 64, 10, devs, indices, task=tasks.get())
 
 
 # Variable reads and captured resource handles carry no device in the graph: the runtime

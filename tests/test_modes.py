@@ -62,7 +62,7 @@ class Sequential(modes.Mode):
         start, rows = time.monotonic(), 0
         devs = place(len(job.used), devices.resolve(request.devices or "auto", len(job.used)))
         members = {i: MemberGroup([load_run_member(request.run_dir, job.manifest, i, d)], [d],
-                                  [i]) for i, d in zip(job.used, devs)}
+                                  [i], task=job.task) for i, d in zip(job.used, devs)}
         meta = {"prediction": json.dumps({"mode": self.name})}
         with PredictionWriter(request.out, meta) as writer:
             for b in prefetch(job.stream):

@@ -17,6 +17,7 @@ from scipy import integrate, stats
 from conftest import run_cli
 from ensemble.tasks.regression import aggregators as R
 from ensemble import tasks
+from ensemble.tasks import model_arrays
 from ensemble.tasks.regression import fitted as RF
 from ensemble.tasks.regression import metrics as RM
 from ensemble.core.errors import UsageError
@@ -370,8 +371,9 @@ def test_plots_draw_the_aggregator_predict_answers_with(runs, tmp_path):
         (tmp_path / "aggregators.json").write_text(json.dumps({**fit, "out_of_fold_nll": nll}))
         shown = plots._shown(rows, tmp_path)
         assert [r["model"] for r in shown if r["aggregator"]] == [f"ensemble-{best}"]
-        curves, _ = _answer_curves(*confidence.curves(pq.read_table(run / "predictions.parquet")),
-                                   rows, tmp_path)
+        arrays = model_arrays.of_table(pq.read_table(run / "predictions.parquet"),
+                                       tasks.get("regression"))
+        curves, _ = _answer_curves(*confidence.curves(arrays), rows, tmp_path)
         assert [m for m in curves if m.startswith("ensemble")] == [
             f"ensemble-{best} (what predict answers with)"]
         assert sum(m.startswith("member") for m in curves) == 3
@@ -423,7 +425,8 @@ def test_evaluate_a_predict_file_reports_and_draws_its_split(runs, tmp_path, cap
     block = text.split("RMSE of the rows kept by lowest predictive std on predict")[1]
     row = next(x for x in block.splitlines() if x.startswith("  ensemble-mean ")).split()
     assert float(row[2]) == pytest.approx(half, rel=1e-3)  # area, then rmse 50% kept
-    curves, _ = confidence.curves(pq.read_table(out), "predict")
+    curves, _ = confidence.curves(model_arrays.of_table(pq.read_table(out), tasks.get("regression")),
+                                  "predict")
     assert set(curves) == set(p["model"]) and (tmp_path / "confidence.png").is_file()
 
 
@@ -431,18 +434,15 @@ def test_verdict_names_the_ensemble_predict_answers_with(runs, tmp_path):
     """A predict file has no validation split: the verdict took the run's first aggregator
     ("ensemble-mean") while predict, export and the plots answer with the lowest validation
     NLL of the run's `aggregators.json`. The verdict now reads it too."""
-    from ensemble.tasks import metrics_tables
-    from ensemble.tasks.registry import format_table
-
     run, out = runs["between-graph"], tmp_path / "long.parquet"
     assert run_cli("predict", "--run", run, "--data", "diabetes", "--layout", "long",
                    "--out", out, "--quiet") == 0
-    metrics = metrics_tables.metrics_table(pq.read_table(out), None)
+    metrics = tasks.get("regression").metrics_table(pq.read_table(out), None)
     names = [a for a in dict.fromkeys(metrics.column("aggregator").to_pylist()) if a]
     assert len(names) > 1
     for best in names:
         fit = {"validation_nll": {a: (0.5 if a == best else 1.0) for a in names}}
-        text = " ".join(format_table(metrics, fit).split())
+        text = " ".join(tasks.get("regression").format_table(metrics, fit).split())
         assert f"ensemble (ensemble-{best}, chosen on validation) has predict RMSE" in text
 
 
@@ -496,20 +496,17 @@ def test_best_member_is_never_chosen_on_the_split_it_is_scored_on(runs, tmp_path
     """A predict file without the run has no validation split: the best member was picked on
     the very rows it was then scored on (an optimistic "gain vs best member"). It is now
     left out, as for classification; the run's `aggregators.json` still names it."""
-    from ensemble.tasks import metrics_tables
-    from ensemble.tasks.registry import format_table
-
     run, out = runs["in-graph"], tmp_path / "long.parquet"
     assert run_cli("predict", "--run", run, "--data", "diabetes", "--layout", "long",
                    "--out", out, "--quiet") == 0
-    rows = metrics_tables.metrics_table(pq.read_table(out), None).to_pylist()
+    rows = tasks.get("regression").metrics_table(pq.read_table(out), None).to_pylist()
     ens = [r for r in rows if r["aggregator"] is not None]
     assert ens and all(r["best_member"] is None and r["gain_vs_best_rmse"] is None
                        for r in ens)
-    assert "best member" not in format_table(
-        metrics_tables.metrics_table(pq.read_table(out), None))
+    assert "best member" not in tasks.get("regression").format_table(
+        tasks.get("regression").metrics_table(pq.read_table(out), None))
     best = json.loads((run / "aggregators.json").read_text())["best_member"]
-    rows = metrics_tables.metrics_table(pq.read_table(out), best).to_pylist()
+    rows = tasks.get("regression").metrics_table(pq.read_table(out), best).to_pylist()
     member = next(r for r in rows if r["member"] == best)
     for r in (r for r in rows if r["aggregator"] is not None):
         assert r["best_member"] == best

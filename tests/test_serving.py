@@ -277,8 +277,12 @@ def test_replicas_run_on_their_own_devices_and_change_nothing(string_run, tmp_pa
     groups = replica_devices(3, devs, 2)
     copies = [[(load_member(run_dir / "members" / f"member-{i}.keras", d), d) for d in g]
               for i, g in enumerate(groups)]
-    whole = InGraphEnsemble([c[0][0] for c in copies], [g[0] for g in groups], ["mean"])
-    replicated = InGraphEnsemble([c[0][0] for c in copies], [g[0] for g in groups], ["mean"])
+    from ensemble import tasks
+
+    whole = InGraphEnsemble([c[0][0] for c in copies], [g[0] for g in groups], ["mean"],
+                            task=tasks.get())
+    replicated = InGraphEnsemble([c[0][0] for c in copies], [g[0] for g in groups], ["mean"],
+                                 task=tasks.get())
     replicated.set_replicas(dict(enumerate(copies)))
     graph = replicated.predict_fn.get_concrete_function().graph
     for k, group in enumerate(groups):

@@ -271,8 +271,9 @@ def train_member(work: MemberWork, index: int, device: str, callbacks: Sequence 
     manifest, cfg, split = work.manifest, work.cfg, work.split
     classes = np.asarray(manifest.dataset.classes)
     (x_tr, y_tr, _), (x_val, y_val, _) = split["train"], split["validation"]
+    task = tasks.for_run(manifest)
     member = MemberGroup.build(cfg, x_tr.shape[1:], len(classes), [device], [index],
-                               n_train=len(x_tr), pre=work.pre, task=tasks.for_run(manifest))
+                               n_train=len(x_tr), pre=work.pre, task=task)
     if replicas is not None and len(replicas) > 1:  # data parallelism over the client's devices
         member.train_replicas = [list(replicas)]
     if cfg.training.tensorboard and work.run_dir is not None:
@@ -288,7 +289,7 @@ def train_member(work: MemberWork, index: int, device: str, callbacks: Sequence 
         save_member(member.models[0], path)
         model = path.read_bytes()
     chunks = prediction_chunks(member, index, split, classes)
-    return MemberOutputs(model, tables.history_table(history),
+    return MemberOutputs(model, tables.history_table(history, task.score_names),
                          chunks if streamed else pa.concat_tables(list(chunks)))
 
 
@@ -315,7 +316,8 @@ def prediction_chunks(member, index: int, split: dict, classes: np.ndarray,
             hi = lo + step
             probs = member.predict(x[lo:hi])[0][0]
             yield tables.predictions_table(
-                s, SplitPredictions({index: probs}, None, rows[lo:hi], y[lo:hi], lo), classes)
+                s, SplitPredictions({index: probs}, None, rows[lo:hi], y[lo:hi], lo), classes,
+                task=member.task)
 
 
 def predict_client(request: ClientRequest, cluster: dict | None = None) -> list[Path]:
@@ -351,8 +353,10 @@ def predict_client(request: ClientRequest, cluster: dict | None = None) -> list[
                              f"members' files")
     _, local, cluster, _ = _start_client(manifest, indices, request.threads, request.devices,
                                          cluster)
+    task = tasks.for_run(manifest)
     groups = {index: MemberGroup([load_run_member(run_dir, manifest, index, device)],
-                                 [device], [index]) for index, device in zip(indices, local)}
+                                 [device], [index], task=task)
+              for index, device in zip(indices, local)}
     if not npz:
         return _predict_stream(request, manifest, groups)
     classes = np.asarray(manifest.dataset.classes)
@@ -360,7 +364,8 @@ def predict_client(request: ClientRequest, cluster: dict | None = None) -> list[
     for index, group in groups.items():
         probs = group.predict(x)[0][0]
         table = tables.predictions_table(
-            "predict", SplitPredictions({index: probs}, None, np.arange(len(x)), y), classes)
+            "predict", SplitPredictions({index: probs}, None, np.arange(len(x)), y), classes,
+            task=task)
         target_path = (Path(out) if len(indices) == 1 and str(out).endswith(".parquet")
                        else Path(out) / f"member-{index}.parquet")
         artifacts.write_parquet(target_path, table)

@@ -34,8 +34,8 @@ _cache_lock = threading.Lock()
 
 
 def _key(cfg: Config, input_shape, n_classes: int, devices: Sequence[str],
-         n_train: int, class_weight: Sequence[float] | None = None) -> str:
-    """What the traced graphs depend on: shapes, the members' builders and hyperparameters,
+         n_train: int, task) -> str:
+    """What the traced graphs depend on: the task, shapes, the members' builders and hyperparameters,
     the optimiser (seeds excluded: `reset` sets them), their devices, and for a cosine
     schedule its length. Not early stopping: both forms of the training call
     (`steps.StepsCall`) are traced on demand, and its copies of the best weights are made by
@@ -45,40 +45,27 @@ def _key(cfg: Config, input_shape, n_classes: int, devices: Sequence[str],
                                               "lr_schedule", "batch_size", "precision")}
     if cfg.training.lr_schedule == "cosine":
         training["n_train"], training["epochs"] = n_train, cfg.training.epochs
-    return json.dumps([list(input_shape), n_classes, list(devices), d["model"], d["members"],
-                       training, *([list(class_weight)] if class_weight is not None else [])],
-                      sort_keys=True)  # class weights: constants of the traced loss
+    weight = getattr(task, "class_weight", None)  # constants of the traced loss
+    return json.dumps([task.spec, getattr(task, "loss_name", None), list(input_shape),
+                       n_classes, list(devices), d["model"], d["members"], training,
+                       *([list(weight)] if weight is not None else [])], sort_keys=True)
 
 
 def get(cfg: Config, input_shape, n_classes: int, devices: Sequence[str],
-        n_train: int = 0, class_weight: Sequence[float] | None = None) -> "TracedEnsemble":
-    """The `TracedEnsemble` of this architecture (`input_shape`: a row's shape), built (not
-    yet traced) when new; `n_train` sets a cosine schedule's length, `class_weight`
-    `[n_classes]` the classification loss's class weights (`training.class_weight`)."""
+        n_train: int = 0, *, task) -> "TracedEnsemble":
+    """The `TracedEnsemble` of this architecture (`input_shape`: a row's shape) for the
+    estimator's `task` (its head and loss, a classification loss's class weights
+    included: `training.class_weight`), built (not yet traced) when new; `n_train` sets a
+    cosine schedule's length."""
     input_shape = (input_shape,) if isinstance(input_shape, int) else tuple(input_shape)
-    key = _key(cfg, input_shape, n_classes, devices, n_train, class_weight)
+    key = _key(cfg, input_shape, n_classes, devices, n_train, task)
     with _cache_lock:
         entry = _cache.pop(key, None) or TracedEnsemble(cfg, input_shape, n_classes, devices,
-                                                        n_train, class_weight)
+                                                        n_train, task=task)
         _cache[key] = entry
         while len(_cache) > MAX_ENTRIES:
             _cache.popitem(last=False)
         return entry
-
-
-def _task(cfg: Config, n_classes: int, class_weight: Sequence[float] | None = None):
-    """No classes: regression on a target the caller standardised (`loc` 0, `scale` 1;
-    `ensemble.runs.estimator_regressor`); else classification, its loss weighted by
-    `class_weight` when given."""
-    import copy
-
-    from ensemble import tasks
-
-    task = tasks.for_classes(range(n_classes), cfg.training.loss)
-    if class_weight is not None:
-        task = copy.copy(task)
-        task.class_weight = tuple(map(float, class_weight))
-    return task
 
 
 class TracedEnsemble:
@@ -92,8 +79,7 @@ class TracedEnsemble:
     """
 
     def __init__(self, cfg: Config, input_shape: tuple, n_classes: int,
-                 devices: Sequence[str], n_train: int = 0,
-                 class_weight: Sequence[float] | None = None):
+                 devices: Sequence[str], n_train: int = 0, *, task):
         import tensorflow as tf
 
         from ensemble.replication.group import CLIENT_DEVICE
@@ -104,7 +90,7 @@ class TracedEnsemble:
         self.devices, self.n_train = list(devices), n_train
         self.group = InGraphEnsemble.build(cfg, self.input_shape, n_classes, self.devices,
                                            aggregators=(), n_train=n_train or None,
-                                           task=_task(cfg, n_classes, class_weight))
+                                           task=task)
         self.lock = threading.RLock()
         self.gather = None  # `feed.Gather` of the rows of the fit under way (`feed`)
         self.run_steps = StepsCall(lambda masked: make_steps_fn(StepsSpec(

@@ -13,7 +13,6 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from ensemble import tasks
 from ensemble.config.schema import Config, member_hparams
 from ensemble.models.members import build_member, member_seed
 from ensemble.models.optimizer import build_optimizer
@@ -42,17 +41,16 @@ class MemberGroup:
         devices: `[n_members]` device names, e.g. from `RoundRobinPlacement.assign`.
         indices: the members' indices in the run (default `0..n_members-1`).
         client_device: where the ops that combine the members' outputs run.
-        task: the run's `tasks` object (default: the task of the first member's head,
-            `tasks.of_model`).
+        task: the run's task (`ensemble.tasks.for_run`): its loss, scores and aggregators.
     """
 
     def __init__(self, models: Sequence, devices: Sequence[str],
                  indices: Sequence[int] | None = None, client_device: str = CLIENT_DEVICE,
-                 task=None):
+                 *, task):
         self.models, self.devices = list(models), list(devices)
         self.indices = list(indices) if indices is not None else list(range(len(models)))
         self.client_device = client_device
-        self.task = task or tasks.of_model(self.models[0])
+        self.task = task
         self.optimizers: list = []
         self._best: list | None = None  # early stopping's copies of the best weights
         # member position -> [(model copy, device)] of its replicas (`set_replicas`)
@@ -82,12 +80,15 @@ class MemberGroup:
             kwargs: `n_train`: training rows (the length of a cosine learning-rate schedule;
                 needed with `training.lr_schedule = "cosine"`); `pre`: the run's
                 preprocessing, whose `scaling_layer()` (array inputs) starts every member;
-                `task`: the run's `tasks` object (default `tasks.get()`); the others go to
-                the constructor (`client_device`, a subclass's own).
+                `task` (required): the run's task, whose head and `n_outputs` the members
+                get; the others go to the constructor (`client_device`, a subclass's own).
         """
         indices = list(indices) if indices is not None else list(range(len(devices)))
         shape = (input_shape,) if isinstance(input_shape, int) else tuple(input_shape)
-        task = kwargs.pop("task", None) or tasks.get()
+        if kwargs.get("task") is None:
+            raise TypeError("MemberGroup.build() needs `task=`: the run's task "
+                            "(ensemble.tasks.for_run, or the estimator's).")
+        task = kwargs.pop("task")
         pre, n_train = kwargs.pop("pre", None), kwargs.pop("n_train", None)
         t = cfg.training
         total = None if n_train is None else Schedule.of(t).steps_per_epoch(n_train) * t.epochs

@@ -18,7 +18,6 @@ from typing import Sequence
 import numpy as np
 
 from ensemble.core import artifacts
-from ensemble.tasks.regression.tables import transform_metadata
 from ensemble.replication import divergence
 from ensemble.core import faults
 from ensemble.tasks.classification import fitted
@@ -140,7 +139,7 @@ def _aggregate(run_dir: Path, aggregators: Sequence[str] | None, min_members: in
         paths = [artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS)]
     classes = np.asarray(manifest.dataset.classes)
     with eval_writer.output_files(run_dir) as files:  # the members' rows, memory-mapped
-        splits = posthoc.read_members(paths, classes, files)
+        splits = posthoc.read_members(paths, task, classes, files)
         _write_tables(ctx, splits, classes, aggregators, settings, between)
     manifest.failed_by = None
     run_status.finish(run_dir, manifest, "completed", aggregate_seconds=time.perf_counter() - start)
@@ -160,15 +159,15 @@ def _write_tables(ctx: RunContext, splits: dict, classes: np.ndarray,
     eval_writer.write(run_dir, {k: SplitPredictions(dict(zip(s.members, s.probs)), None,
                                                     s.rows, s.y)
                                 for k, s in splits.items()},
-                      classes, aggregators, fit["params"],
-                      {b"members": json.dumps(used).encode(), **transform_metadata(task)},
-                      posthoc.run_prior(run_dir, classes), best_member=fit["best_member"])
+                      task, classes, aggregators, fit["params"],
+                      {b"members": json.dumps(used).encode()},
+                      posthoc.run_prior(run_dir, task, classes), best_member=fit["best_member"])
     history = None  # not written here: `members_table` reads the run's
     if between:
         history = [r for i in used
                    for r in artifacts.read_parquet(artifacts.verify(
                        run_dir, manifest, artifacts.member_history_path(run_dir, i))).to_pylist()]
-        history = tables.history_table(history)
+        history = tables.history_table(history, task.score_names)
         artifacts.write_parquet(run_dir / artifacts.HISTORY, history)
         history = history.to_pylist()
         for i in used:

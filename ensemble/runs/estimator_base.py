@@ -176,6 +176,7 @@ class DeepEnsembleBase(BaseEstimator):
                               "learning_rate": _plain(self.learning_rate), "seed": seed},
                  "placement": {"devices": self.devices},
                  "aggregation": {"aggregators": [self.aggregator]},
+                 "data": {"task": self.run_task.spec},  # the estimator's task
                  "model": {"builder": builder, "params": _plain_dict(self._routed())}}
         try:
             return schema.from_dict(table)

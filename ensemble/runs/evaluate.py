@@ -23,13 +23,12 @@ from ensemble.runs import run_status
 from ensemble.core import runlock
 from ensemble.core.manifest import Manifest
 from ensemble.runs import search_report
-from ensemble.tasks import metrics_tables, model_arrays
+from ensemble.tasks import model_arrays
 from ensemble.core.errors import UsageError
 from ensemble.core.notices import notice
 from ensemble.tasks.classification.evaluation import _line
 from ensemble.tasks.classification.metrics import METRICS
 from ensemble.tasks import confidence, plots_ood
-from ensemble.tasks.registry import format_table, of_metrics
 from ensemble.tasks.report import number
 
 def evaluate(run_dir: Path | None, predictions: Path | None = None,
@@ -68,8 +67,8 @@ class ShownRows:
     evaluation table reads (`confidence.block`), kept as the file is written
     (`eval_writer.write`'s `on_chunk`): the writer's table never reads the file back."""
 
-    def __init__(self, split: str) -> None:
-        self.split, self.batches, self.meta = split, [], {}
+    def __init__(self, split: str, task) -> None:
+        self.split, self.task, self.batches, self.meta = split, task, [], {}
 
     def __call__(self, chunk: pa.Table) -> None:
         import pyarrow.compute as pc
@@ -77,11 +76,12 @@ class ShownRows:
         self.meta = chunk.schema.metadata or {}
         rows = chunk.filter(pc.equal(chunk.column("split"), self.split))
         if rows.num_rows:
-            self.batches += rows.select(model_arrays.columns(chunk.schema)).to_batches()
+            self.batches += rows.select(model_arrays.columns(chunk.schema,
+                                                             self.task)).to_batches()
 
     def lines(self) -> list[str]:
         """`confidence.block` of the rows kept ([] when none)."""
-        return confidence.block(model_arrays.of_batches(self.meta, self.batches)) \
+        return confidence.block(model_arrays.of_batches(self.meta, self.task, self.batches)) \
             if self.batches else []
 
 
@@ -118,9 +118,12 @@ def stored_table(run_dir: Path, manifest: Manifest) -> str:
     kept = _TABLES.get(str(path.resolve()))
     if kept is not None and kept[0] == _stamp(path):
         return kept[1]
+    from ensemble import tasks
+
     preds = own_predictions(run_dir, manifest)
-    return format_table(artifacts.read_parquet(path), fitted.read(run_dir),
-                        confidence.block_of_file(preds))
+    task = tasks.for_run(manifest)
+    return task.format_table(artifacts.read_parquet(path), fitted.read(run_dir),
+                             confidence.block_of_file(preds, task))
 
 
 def own_predictions(run_dir: Path, manifest: Manifest) -> Path:
@@ -168,8 +171,9 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
                          f"(either layout). Received: {predictions}")
     with tempfile.TemporaryDirectory(prefix="ensemble-evaluate-") as tmp:
         read = _as_long(predictions, Path(tmp))
-        preds = model_arrays.read(read)  # a record batch at a time into compact arrays
-    table = metrics_tables.metrics_table(preds, (fit or {}).get("best_member"))
+        task = _task(manifest, read)
+        preds = model_arrays.read(read, task)  # a record batch at a time into compact arrays
+    table = task.metrics_table(preds, (fit or {}).get("best_member"))
     if table.num_rows == 0:
         raise UsageError(f"{predictions} has no rows with a known y_true; cannot evaluate.")
     for split, (n, kept) in preds.unlabelled().items():
@@ -182,7 +186,7 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
         written.append(out)
     else:
         notice(f"{out.parent} is read-only: the metrics are printed, not written to {out}")
-    text = format_table(table, fit, confidence.block(preds))
+    text = task.format_table(table, fit, confidence.block(preds))
     if run_dir is not None and predictions == Path(run_dir) / artifacts.PREDICTIONS:
         if writable:  # the run's own table, as `stored_table` would read it back
             keep_table(run_dir, text)
@@ -190,11 +194,12 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
     if plots:
         if manifest is not None and (run_dir / posthoc.SIZE_CURVE).is_file():
             artifacts.verify(run_dir, manifest, run_dir / posthoc.SIZE_CURVE)
-        pictures = of_metrics(table).write_plots(out.parent, preds, table, run_dir)
+        pictures = task.write_plots(out.parent, preds, table, run_dir)
         labelled = preds.labelled()
-        pictures.append(plots_ood.confidence_plot(out.parent, *_answer_curves(
-            *confidence.curves(labelled, confidence.shown_split(labelled) or "test"),
-            table.to_pylist(), run_dir)))
+        if task.confidence is not None:
+            pictures.append(plots_ood.confidence_plot(out.parent, *_answer_curves(
+                *confidence.curves(labelled, confidence.shown_split(labelled) or "test"),
+                table.to_pylist(), run_dir)))
         text += "\n" + "\n".join(f"plot: {p}" for p in pictures)
         written += pictures
     inside = [p for p in written if run_dir is not None
@@ -202,6 +207,16 @@ def _evaluate(run_dir: Path | None, predictions: Path | None, plots: bool
     if inside:  # a hashed artifact is never rewritten without its new hash
         Manifest.update(run_dir, lambda m: m.record_hashes(run_dir, inside))
     return table, text
+
+
+def _task(manifest: Manifest | None, predictions: Path):
+    """The task that scores `predictions`: the run's (`tasks.for_run`), or without a run the
+    one the file's metadata names (`tasks.of_file`)."""
+    from ensemble import tasks
+
+    if manifest is not None:
+        return tasks.for_run(manifest)
+    return tasks.of_file(pq.read_schema(predictions).metadata)
 
 
 def _as_long(predictions: Path, tmp: Path) -> Path:

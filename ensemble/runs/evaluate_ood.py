@@ -61,7 +61,7 @@ class Context:
         self.files = files
         self.classes = np.asarray(self.manifest.dataset.classes)
         splits = posthoc.read_members([own_predictions(self.run_dir, self.manifest)],
-                                      self.classes, files)
+                                      self.task, self.classes, files)
         self.split = "test" if "test" in splits else next(iter(splits))
         self.stored = splits[self.split]
         self.members = self.stored.members
@@ -117,7 +117,7 @@ def _stored_ood(ctx: Context, source: Path) -> np.ndarray | None:
             from None
     if not {"model", "member", "split"} <= set(names):
         return None
-    splits = posthoc.read_members([source], ctx.classes, ctx.files)  # by row groups
+    splits = posthoc.read_members([source], ctx.task, ctx.classes, ctx.files)  # by row groups
     part = splits.get("predict") or next(iter(splits.values()))
     if part.members != ctx.members:
         raise UsageError(f"Expected --ood predictions of members {ctx.members}. Received "

@@ -75,9 +75,8 @@ def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preproce
     from ensemble.replication.training import LoopSpec, Schedule, train_loop
 
     devs = _configure(cfg)
-    balanced = class_weights(cfg, y, pre)
-    entry = graph_cache.get(cfg, x.shape[1:], len(pre.classes), devs, len(x),
-                            None if balanced is None else balanced["class_weight"])
+    task, _ = weighted_task(cfg, y, pre)
+    entry = graph_cache.get(cfg, x.shape[1:], len(pre.classes), devs, len(x), task=task)
     group = entry.group
     schedule = Schedule.of(cfg.training)
     with entry.lock:
@@ -101,7 +100,7 @@ def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preproce
             aggs = group.task.fit_aggregators(group.predict(val[0])[0], val[1], [name],
                                               group.indices, dataclasses.asdict(cfg.aggregation))
     return {"devices": devs, "weights": weights, "aggregators": aggs,
-            "history": tables.history_table(records).to_pandas()}
+            "history": tables.history_table(records, group.task.score_names).to_pandas()}
 
 
 def train_between_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preprocessing,
@@ -127,7 +126,7 @@ def train_between_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Pre
         artifacts.write_text(path / artifacts.PREPROCESSING, pre.to_json())
         manifest = manifest_for(cfg, mode.name, pre,
                                 {k: len(v) for k, v in rows.items()}, devs)
-        manifest.dataset.update(class_weights(cfg, y, pre) or {})  # the clients' loss
+        manifest.dataset.update(weighted_task(cfg, y, pre)[1])  # the clients' loss
         manifest.artifacts = artifacts.artifact_hashes(path)  # clients verify the splits
         manifest.save(path)
         launch(TrainRequest(cfg, path, verbosity=0), mode, prepared=manifest)
@@ -160,7 +159,8 @@ def predict(est, x: np.ndarray, members: bool = False) -> np.ndarray:
     except UsageError:  # e.g. unpickled where TensorFlow already has fewer logical CPUs
         devs = place(n, devices.resolve("auto", n))
     params = fitted.member_params(est.aggregators_, list(range(n)))
-    entry = graph_cache.get(cfg, x.shape[1:], len(getattr(est, "classes_", ())), devs)
+    entry = graph_cache.get(cfg, x.shape[1:], len(getattr(est, "classes_", ())), devs,
+                            task=tasks.get(est.run_task.spec, loss=cfg.training.loss))
     with entry.lock:
         entry.load(est.member_weights_)
         member_p, ens = entry.predictor(name, params).predict(x)
@@ -179,17 +179,18 @@ def manifest_for(cfg: Config, mode: str, pre: Preprocessing, rows: dict[str, int
                   "(the training rows without it)"}, task=_task(cfg, pre))
 
 
-def class_weights(cfg: Config, y: np.ndarray, pre: Preprocessing) -> dict | None:
-    """`{"class_weight": [n_classes]}` of `training.class_weight = "balanced"` over the
-    training class indices `y` (`Classification.with_class_weight`), None without."""
-    if cfg.training.class_weight == "none" or not len(pre.classes):
-        return None
-    return _task(cfg, pre).with_class_weight(cfg.training.class_weight, y, len(pre.classes))[1]
+def weighted_task(cfg: Config, y: np.ndarray, pre: Preprocessing) -> tuple[Any, dict]:
+    """The estimator's task with the loss weights of `training.class_weight` over the
+    training targets `y` (`Task.with_class_weight`: `"balanced"` weights of a
+    classification), and the manifest `dataset` entries they add (`{}` for `"none"`)."""
+    return _task(cfg, pre).with_class_weight(cfg.training.class_weight, y, len(pre.classes))
 
 
 def _task(cfg: Config, pre: Preprocessing):
-    """A run from arrays without classes is a regression on the standardised target."""
-    return tasks.for_classes(pre.classes, cfg.training.loss)
+    """The task of an estimator's run: the config's `data.task` (the estimator's
+    `run_task`, `estimator_base._config`), members on the target the estimator
+    standardised."""
+    return tasks.get(cfg.data.task, loss=cfg.training.loss)
 
 
 # `prepare.holds_run`'s hints, in the terms of the estimators' `save(path, overwrite=...)`
@@ -230,7 +231,7 @@ def save(est, path: Path, overwrite: bool = False) -> Path:
     if est.aggregators_:
         fitted.write(path, est.aggregators_)
     artifacts.write_parquet(path / artifacts.HISTORY, tables.history_table(
-        est.history_.to_dict("records")))
+        est.history_.to_dict("records"), task.score_names))
     run_status.finish(path, manifest, "completed")
     return path
 

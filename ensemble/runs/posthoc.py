@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from ensemble.core import artifacts
 from ensemble.core.manifest import Manifest
 from ensemble.tasks.classification import fitted
-from ensemble.tasks import metrics_tables, tables
+from ensemble.tasks import tables
 from ensemble.tasks.predicted import SplitPredictions
 from ensemble.core.labels import encode
 from ensemble.core.errors import UsageError
@@ -41,29 +41,14 @@ class SplitMembers:
     y: np.ndarray | None
 
 
-def prior(classes: np.ndarray, y_train: np.ndarray | None) -> list | dict | None:
-    """The run's prior, the metrics tables' baseline row (`eval_writer.write`): the training
-    split's class shares `[n_classes]` (from its class indices `y_train`), or for regression
-    (no `classes`) its targets' `{"mean", "std"}` (population std, target units); None without
-    training labels, or for a constant regression target (a Gaussian of std 0 has no NLL)."""
-    if y_train is None or len(y_train) == 0:
-        return None
-    if len(classes):
-        counts = np.bincount(np.asarray(y_train, np.int64), minlength=len(classes))
-        return (counts[:len(classes)] / counts.sum()).tolist()
-    y = np.asarray(y_train, np.float64)
-    std = float(np.std(y))
-    return {"mean": float(np.mean(y)), "std": std} if std > 0 else None
-
-
-def run_prior(run_dir: str | Path, classes: np.ndarray) -> list | dict | None:
-    """`prior` of a run's prepared training split (its labels only), None when the run
-    directory holds none."""
+def run_prior(run_dir: str | Path, task, classes: np.ndarray) -> list | dict | None:
+    """The `task`'s prior (`Task.prior`, the metrics tables' baseline row) of a run's prepared
+    training split (its labels only), None when the run directory holds none."""
     try:
         y = artifacts.read_split(Path(run_dir), "train")[1]
     except UsageError:
         return None
-    return prior(classes, y)
+    return task.prior(classes, y)
 
 
 def member_rows(predictions: pa.Table) -> pa.Table:
@@ -71,8 +56,9 @@ def member_rows(predictions: pa.Table) -> pa.Table:
     return predictions.filter(pc.is_valid(predictions.column("member")))
 
 
-def by_split(members_table: pa.Table) -> dict[str, SplitMembers]:
-    """Split a member table into `{split: SplitMembers}` (splits in table order).
+def by_split(members_table: pa.Table, task) -> dict[str, SplitMembers]:
+    """Split a member table into `{split: SplitMembers}` (splits in table order), each
+    member's outputs read by the run's `task` (`Task.outputs_of`).
 
     Raises:
         UsageError: members whose rows of a split do not line up (`source_row`).
@@ -91,7 +77,7 @@ def by_split(members_table: pa.Table) -> dict[str, SplitMembers]:
             elif t.column("source_row") != first.column("source_row"):
                 raise UsageError(f"Rows of member {m} on split {split!r} do not match the other "
                                  "members' rows.")
-            probs.append(tables.probabilities(t, classes))
+            probs.append(task.outputs_of(t, classes))
         y = first.column("y_true")
         y = None if y.null_count else encode(y.to_numpy(zero_copy_only=False), classes)
         out[split] = SplitMembers(members, np.stack(probs),
@@ -99,14 +85,14 @@ def by_split(members_table: pa.Table) -> dict[str, SplitMembers]:
     return out
 
 
-def read_members(paths: Sequence[Path], classes: np.ndarray, files,
+def read_members(paths: Sequence[Path], task, classes: np.ndarray, files,
                  batch_rows: int = 65536) -> dict[str, SplitMembers]:
     """The member rows of predictions files (between-graph clients' member files, or a run's
     `predictions.parquet`) read `batch_rows` rows at a time (Parquet page checksums verified)
     into `{split: SplitMembers}` whose `probs` are memory maps of `files`
-    (`eval_writer.OutputFiles`): `[n_members, n_rows, k]` float32 probabilities (regression:
-    float64 mean and variance), each row at its column `row`; splits in the order of their
-    first row, members sorted.
+    (`eval_writer.OutputFiles`): `[n_members, n_rows, k]` outputs of the run's `task`
+    (`Task.outputs_of`: probabilities, a regression member's mean and variance, ...), each
+    row at its column `row`; splits in the order of their first row, members sorted.
 
     Raises:
         UsageError: a damaged file (names it); members whose rows of a split do not line up
@@ -114,9 +100,8 @@ def read_members(paths: Sequence[Path], classes: np.ndarray, files,
     """
     import pyarrow.parquet as pq
 
-    wanted = ["split", "member", "row", "source_row", "y_true",
-              *(["y_pred", "std"] if len(classes) == 0
-                else [f"p_{c}" for c in np.asarray(classes).tolist()])]
+    wanted = ["split", "member", "row", "source_row", "y_true", *task.output_columns(classes)]
+    k = len(task.output_columns(classes))
 
     def batches(path):
         try:
@@ -140,9 +125,8 @@ def read_members(paths: Sequence[Path], classes: np.ndarray, files,
     for split, per_member in counts.items():
         members = sorted(per_member)
         n = per_member[members[0]]
-        k = len(classes) if len(classes) else 2
-        probs = files.new((len(members), n, k), np.float32 if len(classes) else np.float64)
-        y = np.zeros(n, np.int64 if len(classes) else np.float64)
+        probs = files.new((len(members), n, k), task.output_dtype)
+        y = np.zeros(n, task.target_dtype)
         out[split] = SplitMembers(members, probs, np.full(n, -1, np.int64), y)
         labelled[split] = True
     seen: dict[str, np.ndarray] = {s: np.zeros(len(o.rows), bool) for s, o in out.items()}
@@ -154,7 +138,7 @@ def read_members(paths: Sequence[Path], classes: np.ndarray, files,
                 raise UsageError(f"Rows of member {m} on split {split!r} do not match the "
                                  "other members' rows.")
             source = part.column("source_row").to_numpy().astype(np.int64)
-            s.probs[s.members.index(m), rows] = tables.probabilities(part, classes)
+            s.probs[s.members.index(m), rows] = task.outputs_of(part, classes)
             if m == s.members[0]:
                 s.rows[rows] = source
                 seen[split][rows] = True
@@ -206,32 +190,34 @@ def fit(task, splits: dict[str, SplitMembers], names: Sequence[str],
     return fit_
 
 
-def rebuild(splits: dict[str, SplitMembers], classes: np.ndarray, names: Sequence[str],
+def rebuild(splits: dict[str, SplitMembers], task, classes: np.ndarray, names: Sequence[str],
             params: dict[str, Any] | None) -> pa.Table:
-    """Member rows and the numpy aggregators' ensemble rows of every split."""
+    """Member rows and the `task`'s numpy aggregators' ensemble rows of every split."""
     parts = [tables.predictions_table(split, SplitPredictions(dict(zip(s.members, s.probs)),
                                                               None, s.rows, s.y),
-                                      classes, names, params)
+                                      classes, names, params, task=task)
              for split, s in splits.items()]
     return pa.concat_tables(parts).replace_schema_metadata(parts[0].schema.metadata)
 
 
 def size_curve(task, splits: dict[str, SplitMembers], fit: dict[str, Any] | None,
-               settings: dict[str, Any] | None = None) -> pa.Table:
-    """`ensemble_size.parquet`: the curve of `metrics_tables.ensemble_size_table` on every labelled
-    split, the greedy order from `fit` (or the `task`'s greedy selection run on validation for
-    it); both curves stop at the run's member count (greedy's later picks, with repeats, are
-    left out, so k never exceeds the members there are)."""
+               settings: dict[str, Any] | None = None) -> pa.Table | None:
+    """`ensemble_size.parquet`: the `task`'s curve (`Task.size_table`) on every labelled
+    split, None when the task has none. Its greedy order is `fit`'s, or the task's `greedy`
+    aggregator's (when it has one) fitted on validation for it; both curves stop at the
+    run's member count (greedy's later picks, with repeats, are left out, so k never exceeds
+    the members there are)."""
     greedy = (fit or {}).get("params", {}).get("greedy")
     val = splits.get("validation")
-    if greedy is None and val is not None and val.y is not None:
+    if (greedy is None and "greedy" in task.aggregators and val is not None
+            and val.y is not None):
         rounds = int((settings or {}).get("greedy_rounds", 20))
         greedy = task.aggregators["greedy"].fit_on(val.probs, val.y, {"greedy_rounds": rounds})
     labelled = {k: s for k, s in splits.items() if s.y is not None}
     n_members = max((len(s.probs) for s in labelled.values()), default=0)
-    return metrics_tables.ensemble_size_table({k: s.probs for k, s in labelled.items()},
-                                      {k: s.y for k, s in labelled.items()},
-                                      list(greedy["order"])[:n_members] if greedy else None)
+    return task.size_table({k: s.probs for k, s in labelled.items()},
+                           {k: s.y for k, s in labelled.items()},
+                           list(greedy["order"])[:n_members] if greedy else None)
 
 
 def _check_fit(fit_: Any, task) -> None:
@@ -275,6 +261,9 @@ def run_aggregators(run_dir: str | Path, manifest: Manifest
 
 def write_fit(run_dir: str | Path, task, fit_: dict[str, Any], splits: dict[str, SplitMembers],
               settings: dict[str, Any] | None = None) -> None:
-    """Write `aggregators.json` and `ensemble_size.parquet` of a run of `task` (atomically)."""
+    """Write `aggregators.json` and (when the task has a size curve) `ensemble_size.parquet`
+    of a run of `task`, atomically."""
     fitted.write(run_dir, fit_)
-    artifacts.write_parquet(Path(run_dir) / SIZE_CURVE, size_curve(task, splits, fit_, settings))
+    curve = size_curve(task, splits, fit_, settings)
+    if curve is not None:
+        artifacts.write_parquet(Path(run_dir) / SIZE_CURVE, curve)

@@ -156,7 +156,7 @@ class Prediction:
         request's layout; `batch` has `rows`, `y`, `first_row`, `extra`, `ids`."""
         long = tables.predictions_table(
             "predict", SplitPredictions(member_p, ens_p, batch.rows, batch.y, batch.first_row),
-            self.pre.classes, self.names, self.params)
+            self.pre.classes, self.names, self.params, task=self.task)
         if self.metadata:  # the run's, beside the table's own (`classes`, `thresholds`)
             long = long.replace_schema_metadata({**(long.schema.metadata or {}),
                                                  **self.metadata})
@@ -183,6 +183,11 @@ class Prediction:
     def pre(self):
         """The run's preprocessing (`RunContext.preprocessing`)."""
         return self.run.preprocessing
+
+    @property
+    def task(self):
+        """The run's task (`RunContext.task`): its columns and aggregators."""
+        return self.run.task
 
     @property
     def batch_rows(self) -> int:
@@ -268,6 +273,6 @@ def _in_graph_ensemble(job: Prediction):
     copies = [[(load_run_member(r.run_dir, job.manifest, i, d), d) for d in group]
               for i, group in zip(job.used, groups)]
     ens = InGraphEnsemble([c[0][0] for c in copies], [g[0] for g in groups], job.names,
-                          indices=job.used, params=job.params)
+                          indices=job.used, params=job.params, task=job.task)
     ens.set_replicas(dict(enumerate(copies)))
     return ens, dict(zip(job.used, groups))

@@ -15,6 +15,7 @@ from ensemble.core.manifest import Manifest
 from ensemble.tasks.classification import metrics
 from ensemble.runs import members_table, posthoc, run_status
 from ensemble.runs.context import RunContext
+from ensemble import tasks
 from ensemble.tasks import model_arrays
 from ensemble.core.errors import UsageError
 
@@ -38,7 +39,7 @@ def _split_probs(run_dir: Path, manifest: Manifest) -> dict[str, posthoc.SplitMe
         UsageError: as `artifacts.verify`; members whose rows of a split do not line up.
     """
     preds = model_arrays.read(artifacts.verify(run_dir, manifest, run_dir / artifacts.PREDICTIONS),
-                              source_rows=True)
+                              tasks.for_run(manifest), source_rows=True)
     out = {}
     for split in preds.splits:
         members = sorted((a.by_row() for a in preds.of_split(split) if a.member is not None),

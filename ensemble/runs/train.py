@@ -20,7 +20,6 @@ from ensemble.runs import members_table
 from ensemble.runs.context import RunContext
 from ensemble.runs import prepare, run_status
 from ensemble.tasks import eval_writer, tables
-from ensemble.tasks.regression.tables import transform_metadata
 from ensemble.replication.cluster import naming_unreachable_tasks
 from ensemble.config.schema import Config
 from ensemble.replication.modes import Mode
@@ -161,7 +160,7 @@ def _train_and_write(ctx: RunContext, callbacks: Sequence) -> None:
                             first_epoch_end_unix=first.unix)
     ens, placed = _keep_healthy(ens, placed, run_dir, manifest, task)
     start = time.perf_counter()
-    history = tables.history_table(history)
+    history = tables.history_table(history, task.score_names)
     artifacts.write_parquet(run_dir / artifacts.HISTORY, history)
     with eval_writer.output_files(run_dir) as files:  # predictions on disk as predicted
         _evaluate(ens, placed, ctx, split, files, history.to_pylist())
@@ -196,9 +195,8 @@ def _evaluate(ens, placed, ctx: RunContext, split: dict, files, history: list[di
                                                     rows, y)
     posthoc.write_fit(run_dir, task, fit, splits, settings)
     classes = np.asarray(manifest.dataset.classes)
-    shown = evaluate.ShownRows("test" if len(split["test"][0]) else "validation")
-    metrics = eval_writer.write(run_dir, predicted, classes, names, fit["params"],
-                                transform_metadata(task),
-                                prior=posthoc.prior(classes, split["train"][1]), on_chunk=shown)
-    evaluate.keep_table(run_dir, evaluate.format_table(metrics, fit, shown.lines()))
+    shown = evaluate.ShownRows("test" if len(split["test"][0]) else "validation", task)
+    metrics = eval_writer.write(run_dir, predicted, task, classes, names, fit["params"],
+                                prior=task.prior(classes, split["train"][1]), on_chunk=shown)
+    evaluate.keep_table(run_dir, task.format_table(metrics, fit, shown.lines()))
     members_table.write(ctx, splits["validation"], history, fit)

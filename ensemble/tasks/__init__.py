@@ -9,8 +9,7 @@ from ensemble.core import lazy
 
 _BASE = ("Task", "Aggregator")
 _REGISTRY = ("Classification", "Regression", "REGISTRY", "TASKS", "LOSSES", "AGGREGATOR_NAMES",
-             "resolve", "get", "for_run", "of_model", "for_target", "for_classes", "of_metrics",
-             "format_table")
+             "resolve", "get", "for_run", "for_target", "of_file")
 __all__ = [*_BASE, *_REGISTRY]
 __getattr__, __dir__ = lazy.exports(__name__, {"ensemble.tasks.base": _BASE,
                                                "ensemble.tasks.registry": _REGISTRY})

@@ -22,8 +22,11 @@ import numpy as np
 from ensemble.core.errors import UsageError
 
 
-def _resolve(ref: str) -> Callable:
-    """The function named `module:function` (imported on first use)."""
+def _resolve(ref: str | Callable) -> Callable:
+    """The function named `module:function` (imported on first use), or `ref` itself when it
+    is a function (a task of the user's defines its aggregators' functions beside it)."""
+    if callable(ref):
+        return ref
     module, _, name = ref.partition(":")
     return getattr(importlib.import_module(module), name)
 
@@ -35,16 +38,17 @@ class Aggregator:
     Args:
         name: its name in configs, `aggregators.json` and the `aggregator` column.
         apply: numpy function `(outputs [n_members, n_rows, k], params | None) -> [n_rows, j]`.
-        twin: `module:function` of its TensorFlow twin, same arguments and result (tensors).
-        fit: `module:function` of its fit `(outputs, y [n_rows], settings) -> params` on the
-            validation split (JSON-able), or None when nothing is fitted.
+        twin: its TensorFlow twin, same arguments and result (tensors): a function, or its
+            `module:function` (imported only when a graph needs it).
+        fit: its fit `(outputs, y [n_rows], settings) -> params` on the validation split
+            (JSON-able; a function or its `module:function`), or None when nothing is fitted.
         probabilities: its rows are probabilities (False for `vote`'s vote shares).
     """
 
     name: str
     apply: Callable[[np.ndarray, Any], np.ndarray]
-    twin: str
-    fit: str | None = None
+    twin: str | Callable
+    fit: str | Callable | None = None
     probabilities: bool = True
 
     @property
@@ -124,6 +128,9 @@ class Task(ABC):
     fit_entries: dict[str, str] = {}  # extra entries of its `aggregators.json`
     tf_module: str  # the module of its TensorFlow side (twins, `serving_outputs`)
     score_units: tuple[str, str] = ("", "")  # progress lines: after the loss, after the score
+    output_dtype: Any = np.float64  # numpy dtype of a member's outputs read from a table
+    uncertainty_column: str | None = None  # an ensemble row's per-row uncertainty column
+    confidence: str | None = None  # what ranks rows in evaluate's confidence block, or None
 
     @abstractmethod
     def n_outputs(self, n_classes: int) -> int:
@@ -148,13 +155,14 @@ class Task(ABC):
     def with_class_weight(self, mode: str, y_train: np.ndarray, n_classes: int
                           ) -> tuple["Task", dict]:
         """The task whose loss weights each class (`training.class_weight = mode`), and the
-        manifest `dataset` entries it adds (`Classification`'s).
+        manifest `dataset` entries it adds (`Classification`'s); itself and `{}` for
+        `"none"`.
 
         Raises:
-            UsageError: a task without classes.
+            UsageError: another mode for a task without classes.
         """
-        from ensemble.core.errors import UsageError
-
+        if mode == "none":
+            return self, {}
         raise UsageError(f"Expected `training.class_weight = \"none\"` for a {self.name} "
                          f"task (class weights need classes). Received: {mode!r}")
 
@@ -210,6 +218,85 @@ class Task(ABC):
     @abstractmethod
     def refusal(self, name: str, names: Sequence[str]) -> str:
         """The one-line message refusing aggregator `name` (not this task's) in `names`."""
+
+    # -- the task's tables (docs/reference/run-directory.md) -------------------------------
+    @abstractmethod
+    def output_columns(self, classes) -> list[str]:
+        """The columns of a predictions table that hold a model's outputs, in order (what
+        `outputs_of` and `ensemble evaluate` read); `classes`: the run's class labels."""
+
+    def outputs_of(self, table, classes) -> np.ndarray:
+        """A member's outputs `[n_rows, k]` (`output_dtype`) from its rows of a predictions
+        table (`table`: a pyarrow table or record batch): its `output_columns` stacked."""
+        cols = [table.column(c).to_numpy(zero_copy_only=False)
+                for c in self.output_columns(classes)]
+        return np.column_stack(cols).astype(self.output_dtype, copy=False).reshape(
+            table.num_rows, len(cols))
+
+    @abstractmethod
+    def prediction_chunks(self, split: str, pred, classes, aggregators: Sequence[str],
+                          params: dict | None, chunk_rows: int):
+        """The rows of `predictions.parquet` of one split as pyarrow tables of at most
+        `chunk_rows` rows, model by model (members in index order, then `aggregators`):
+        the key columns of `ensemble.tasks.table_parts.key_columns`, the task's value
+        columns (`y_true`, ...), then `source_row`.
+
+        Args:
+            pred: the split's `ensemble.tasks.predicted.SplitPredictions`; its `ensembles`
+                are computed from its members by `aggregate` when None.
+            params: the fitted aggregators' parameters (`aggregators.json`'s `params`).
+        """
+
+    def predictions_metadata(self, classes, params: dict | None, aggregators: Sequence[str],
+                             n_members: int) -> dict[bytes, bytes]:
+        """The key-value metadata of the task's predictions tables: `classes` (the run's
+        class list) and `task` (its spec, what a reader of the file alone resolves)."""
+        import json
+
+        return {b"classes": json.dumps(np.asarray(classes).tolist()).encode(),
+                b"task": self.spec.encode()}
+
+    @abstractmethod
+    def metrics_of(self, splits: dict, aggregators: Sequence[str], params: dict | None,
+                   best_member: int | None, classes, prior, meta: dict | None):
+        """`metrics.parquet` (a pyarrow table, one row per model and labelled split) from
+        the arrays a run predicted: `splits` split -> `SplitPredictions` with its
+        `ensembles`; `prior`: the task's `prior` (or None); `meta`: the predictions file's
+        key-value metadata."""
+
+    def metrics_table(self, arrays, best_member: int | None = None):
+        """`metrics_of` of a predictions file's arrays (`ensemble.tasks.model_arrays.read`:
+        each model's rows of `output_columns`), its prior and aggregators from the file."""
+        from ensemble.tasks.predicted import SplitPredictions
+        from ensemble.tasks.table_parts import prior_of
+
+        splits, aggregators = {}, []
+        for split in arrays.splits:
+            models = [a.by_row() for a in arrays.of_split(split)]
+            if not models:
+                continue
+            members = {a.member: a.values for a in models if a.member is not None}
+            ensembles = {a.aggregator: a.values for a in models if a.aggregator is not None}
+            aggregators += [a for a in ensembles if a not in aggregators]
+            splits[split] = SplitPredictions(members, ensembles, models[0].row, models[0].y)
+        return self.metrics_of(splits, aggregators, None, best_member, arrays.classes,
+                               prior_of(arrays.metadata), arrays.metadata)
+
+    def prior(self, classes, y_train: np.ndarray | None):
+        """The baseline of the metrics tables' `prior` row (JSON-able) from the training
+        targets `y_train` `[n_train]`, or None when the task has none."""
+        return None
+
+    def size_table(self, member_outputs: dict, y: dict, greedy_order: Sequence[int] | None):
+        """`ensemble_size.parquet` (metrics of the ensemble of the first k members) of
+        `member_outputs` split -> `[n_members, n_rows, k]` and targets `y` split ->
+        `[n_rows]`, or None when the task has no size curve."""
+        return None
+
+    def prediction_notices(self, splits: dict, classes, aggregators: Sequence[str],
+                           prior, meta: dict | None) -> None:
+        """The notices the task prints on a run's predicted `splits` (`SplitPredictions`
+        with their `ensembles`) as they are written: none by default."""
 
     def loss_delta(self, min_delta: float) -> float:
         """`training.min_delta` in the units of this task's validation loss (`val_loss`,

@@ -7,8 +7,8 @@ or memory maps (`OutputFiles`, files in the run directory the predictions went t
 predicted), the aggregators' outputs are computed a chunk of rows at a time into memory maps of
 their own, the rows go to one `ParquetWriter` a chunk at a time, model by model in
 `predictions_table`'s order (the file is the one `predictions_table` would give), and every
-metric is a running sum or an exact count over chunks (`metrics_tables.metrics_of`, the
-regression twin), equal to what `metrics_table` reads back from those rows. What stays in
+metric is a running sum or an exact count over chunks (the task's `metrics_of`), equal to what
+its `metrics_table` reads back from those rows. What stays in
 memory is a few chunks of rows.
 """
 
@@ -83,25 +83,27 @@ def predict_to(files: OutputFiles, predict, x, chunk_rows: int = CHUNK_ROWS
     return members, ensembles
 
 
-def write(run_dir: str | Path, splits: dict[str, SplitPredictions], classes: np.ndarray,
+def write(run_dir: str | Path, splits: dict[str, SplitPredictions], task, classes: np.ndarray,
           aggregators: Sequence[str], params: dict | None, meta: dict | None = None,
           prior: list | dict | None = None, best_member: int | None = None,
           on_chunk=None) -> pa.Table:
     """Write `predictions.parquet` (streamed) and `metrics.parquet` of a run, each atomically;
-    returns the metrics table (`metrics_tables.metrics_table`'s rows). Prints a notice when the
-    training split's smallest class is under `IMBALANCED` of its rows (`imbalance_notice`), and when no ensemble
-    beats the prior in NLL on test.
+    returns the metrics table (the `task`'s `metrics_of`). Prints the task's notices
+    (`Task.prediction_notices`: an imbalanced training split, negative predictions of a
+    non-negative target), and one when no ensemble beats the prior in NLL on test.
 
     Args:
         splits: split -> its predictions (outputs as arrays or memory maps); `ensembles`
             None: the numpy aggregators' outputs of the members, computed here a chunk at a
             time.
-        classes: `[n_classes]` class labels; empty for regression.
+        task: the run's task (`ensemble.tasks.for_run`): its columns, metadata and metrics.
+        classes: `[n_classes]` class labels (empty for a task without classes).
         aggregators: the aggregators whose rows the tables hold, in order.
         params: the fitted aggregators' parameters (`aggregators.json`).
         meta: more key-value metadata of `predictions.parquet` (bytes to bytes).
-        prior: the training split's class shares `[n_classes]` (regression: its target's
-            `{"mean", "std"}`), the baseline `prior` row of every split; none when None.
+        prior: the task's baseline (`Task.prior`: the training split's class shares, a
+            regression target's `{"mean", "std"}`), the `prior` row of every split; none when
+            None.
         best_member: the best member (`aggregators.json`'s); chosen on the validation rows
             when None.
         on_chunk: called with every chunk of `predictions.parquet` as it is written (an
@@ -112,22 +114,23 @@ def write(run_dir: str | Path, splits: dict[str, SplitPredictions], classes: np.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if len(classes) and prior is not None:
-        imbalance_notice(classes, prior)
     with output_files(run_dir) as files:
         splits = {s: p if p.ensembles is not None else p._replace(
-            ensembles=_aggregated(files, p.members, classes, aggregators, params))
+            ensembles=_aggregated(files, p.members, task, aggregators, params))
             for s, p in splits.items()}
-        chunks, task_meta, metrics = _task_tables(splits, classes, aggregators, params, prior,
-                                                  best_member, meta)
-        file_meta = {**task_meta, **prior_metadata(prior), **(meta or {})}
+        n_members = len(next(iter(splits.values())).members) if splits else 0
+        file_meta = {**task.predictions_metadata(classes, params, aggregators, n_members),
+                     **prior_metadata(prior), **(meta or {})}
+        task.prediction_notices(splits, classes, aggregators, prior, file_meta)
+        chunks = (t for s, p in splits.items() for t in task.prediction_chunks(
+            s, p, classes, aggregators, params, CHUNK_ROWS))
+        metrics = task.metrics_of(splits, aggregators, params, best_member, classes, prior,
+                                  file_meta)
         if on_chunk is not None:
             chunks = _watched(chunks, file_meta, on_chunk)
         artifacts.write_parquet_chunks(run_dir / artifacts.PREDICTIONS, chunks, file_meta)
     artifacts.write_parquet(run_dir / artifacts.METRICS, metrics)
     baseline_notice(metrics)
-    if not len(classes) and b"target_transform" not in (meta or {}):
-        negative_notice(splits, aggregators)
     return metrics
 
 
@@ -174,63 +177,27 @@ def baseline_notice(metrics: pa.Table, split: str = "test") -> None:
     """The notice when no ensemble has a lower NLL than the `prior` row on `split`."""
     rows = [r for r in metrics.to_pylist() if r["split"] == split]
     prior = next((r for r in rows if r["model"] == PRIOR), None)
-    ens = [r for r in rows if r["aggregator"] is not None and r["nll"] is not None]
-    if prior is None or prior["nll"] is None or not ens:
+    ens = [r for r in rows if r["aggregator"] is not None and r.get("nll") is not None]
+    if prior is None or prior.get("nll") is None or not ens:
         return
     best = min(ens, key=lambda r: r["nll"])
     if best["nll"] >= prior["nll"]:
-        what = "class shares" if "accuracy" in rows[0] else "mean and std"
-        notice(f"no ensemble beats the prior (the training split's {what}) on "
+        notice(f"no ensemble beats the prior (the training split's targets alone) on "
                f"{split}: NLL {best['nll']:.4f} ({best['model']}) against {prior['nll']:.4f}; "
                "the members learned little from the features.")
 
 
-def _task_tables(splits, classes, aggregators, params, prior, best_member, meta=None):
-    """(the prediction chunks, the file's metadata, the metrics table) of the run's task."""
-    if len(classes):
-        from ensemble.tasks import metrics_tables as MT
-        from ensemble.tasks import tables as T
-        from ensemble.tasks.classification import threshold as decision
-
-        chunks = (t for s, p in splits.items() for t in T.prediction_chunks(
-            s, p, classes, aggregators, params, CHUNK_ROWS))
-        metrics = MT.metrics_of({s: MT.split_outputs(p.members, p.y, aggregators,
-                                                     p.ensembles, params)
-                                 for s, p in splits.items()},
-                                best_member, np.asarray(classes).tolist(), prior)
-        meta = {**T.classes_metadata(classes), **decision.metadata(params)}
-        return chunks, meta, metrics
-    import json
-
-    from ensemble.tasks.regression import tables as regression_tables
-
-    extra = meta
-    n_members = len(next(iter(splits.values())).members) if splits else 0
-    meta = regression_tables.metadata(params, aggregators, n_members)
-    chunks = (t for s, p in splits.items() for t in regression_tables.prediction_chunks(
-        s, p, aggregators, params, CHUNK_ROWS))
-    outputs = {s: regression_tables.split_outputs(p.members, p.y, aggregators, p.ensembles)
-               for s, p in splits.items()}
-    metrics = regression_tables.metrics_of(outputs, json.loads(meta[b"mixture"]), best_member,
-                                           prior, transform=regression_tables.transform_of(
-                                               extra))
-    return chunks, meta, metrics
-
-
-def _aggregated(files: OutputFiles, members: dict, classes, aggregators, params) -> dict:
-    """The numpy aggregators' outputs `{name: [n_rows, n_outputs]}` of `members` (arrays or
-    memory maps `[n_rows, k]`), computed `CHUNK_ROWS` rows at a time into memory maps."""
-    if len(classes):
-        from ensemble.tasks.classification.aggregators import aggregate
-    else:
-        from ensemble.tasks.regression.aggregators import aggregate
+def _aggregated(files: OutputFiles, members: dict, task, aggregators, params) -> dict:
+    """The `task`'s numpy aggregators' outputs `{name: [n_rows, n_outputs]}` of `members`
+    (arrays or memory maps `[n_rows, k]`), computed `CHUNK_ROWS` rows at a time into memory
+    maps."""
     ordered = [o for _, o in sorted(members.items())]
     n = len(ordered[0]) if ordered else 0
     out: dict = {}
     for lo in range(0, max(n, 1), CHUNK_ROWS):
         stacked = np.stack([o[lo:lo + CHUNK_ROWS] for o in ordered])
         for a in aggregators:
-            part = aggregate(stacked, a, (params or {}).get(a))
+            part = task.aggregate(stacked, a, (params or {}).get(a))
             if a not in out:
                 out[a] = files.new((n, *part.shape[1:]), part.dtype)
             out[a][lo:lo + len(part)] = part

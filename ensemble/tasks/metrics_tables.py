@@ -60,11 +60,9 @@ def metrics_table(predictions: pa.Table | PredictionArrays, best_member: int | N
             which never holds the table whole); the decision thresholds in its metadata
             (`threshold.metadata`) set the ensembles' labels.
     """
-    arrays = model_arrays.of(predictions)
-    if arrays.regression:
-        from ensemble.tasks.regression import tables as regression_tables
+    from ensemble.tasks.classification.task import Classification
 
-        return regression_tables.metrics_table(arrays, best_member)
+    arrays = model_arrays.of(predictions, Classification())
     thresholds = decision.from_metadata(arrays.metadata)  # a binary run's decision thresholds
     outputs = {}
     for split in sorted(arrays.splits):
@@ -251,11 +249,6 @@ def ensemble_size_table(member_probs: dict[str, np.ndarray], y: dict[str, np.nda
         y: split -> `[n_rows]` class indices.
         greedy_order: member positions in the order greedy selection picked them.
     """
-    if any(np.asarray(v).dtype.kind == "f" for v in y.values()):  # regression targets
-        from ensemble.tasks.regression import tables as regression_tables
-
-        return regression_tables.ensemble_size_table(member_probs, y, greedy_order)
-
     def scores(split, probs, order):  # the mean of the first k members, k = 1, 2, ...
         labels = np.asarray(y[split])
         for k in range(1, len(order) + 1):

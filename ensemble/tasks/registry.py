@@ -4,7 +4,8 @@ under `[data] task = "auto"`) and `get` / `for_run` (the task object of a name o
 A task of the user's is named by a spec (`[data] task = "package.module:Class"` or
 `"path/to/file.py:Class"`, as builders are): `get` imports it in every process of the run (a
 between-graph client too), and the manifest records the spec. Such a task subclasses
-`ensemble.tasks.Task`, usually through `Classification` or `Regression`.
+`ensemble.tasks.Task` (directly, or through `Classification` or `Regression`); every other
+module asks the run's task object (`for_run`), never the class list or the metrics' columns.
 """
 
 from __future__ import annotations
@@ -127,12 +128,17 @@ def _user_task(spec: str) -> Task:
     from ensemble.core.errors import UsageError
 
     task = specs.load(spec, "task")
+    abstract = sorted(getattr(task, "__abstractmethods__", ())) if isinstance(task, type) else []
+    if abstract:
+        raise UsageError(f"Task {spec!r} lacks {', '.join(abstract)}; subclass "
+                         "ensemble.tasks.Task and implement them (docs/guides/tasks.md).")
     task = task() if isinstance(task, type) else task
     if not isinstance(task, Task):
         missing = sorted(m for m in Task.__abstractmethods__
                          if not callable(getattr(task, m, None)))
         raise UsageError(f"Task {spec!r} lacks {', '.join(missing) or 'the Task base'}; "
-                         "subclass ensemble.tasks.Classification or Regression.")
+                         "subclass ensemble.tasks.Task (or Classification or "
+                         "Regression).")
     task.spec = spec
     return task
 
@@ -163,17 +169,6 @@ def _or(value, default):
     return default if value is None else value
 
 
-def of_model(model) -> Task:
-    """The task of a built or loaded member: regression when its last layer is the Gaussian
-    head (`ensemble.tasks.regression.tf_ops.GaussianHead`), else classification."""
-    last = model.layers[-1] if getattr(model, "layers", None) else None
-    if type(last).__name__ == "GaussianHead":
-        task = Regression(last.loc, last.scale, "mse" if last.point else "gaussian_nll")
-        shift = getattr(last, "shift", None)
-        return task if shift is None else task.with_transform("log1p" if shift else "log")
-    return Classification()
-
-
 def for_target(y: np.ndarray | None, requested: str = "auto", source: str = "",
                loss: str = "auto", aggregators=("mean",)) -> Task:
     """The task of a run's targets `y` `[n_rows]` under `[data] task = requested` (`resolve`),
@@ -197,28 +192,13 @@ def for_target(y: np.ndarray | None, requested: str = "auto", source: str = "",
     return task
 
 
-def for_classes(classes, loss: str = "auto") -> Task:
-    """The task of a run with `classes` (an empty class list: regression, trained with
-    `loss`)."""
-    return get("regression", loss=loss) if is_regression(classes) else get()
-
-
-def of_metrics(metrics_table) -> Task:
-    """The task whose metrics `metrics_table` (a `metrics.parquet` table) holds: regression
-    when it has an `rmse` column."""
-    return Regression() if "rmse" in metrics_table.column_names else Classification()
-
-
-def format_table(metrics_table, fit: dict | None = None, extra=()) -> str:
-    """The `ensemble evaluate` table of `metrics_table` by its task; `fit` is the run's
-    `aggregators.json` content (or None); `extra` lines go before the closing sentence.
+def of_file(metadata: dict | None) -> Task:
+    """The task a predictions file's key-value `metadata` names (`task`: the spec its run's
+    task wrote, `Task.predictions_metadata`); a file without the key is a classification
+    run's (the built-in regression task has always written its name there).
 
     Raises:
-        UsageError: the metrics hold no row.
+        UsageError: a spec that does not name a task (`get`).
     """
-    return of_metrics(metrics_table).format_table(metrics_table, fit, extra)
-
-
-def is_regression(classes) -> bool:
-    """A run's class list is empty exactly when its task is regression."""
-    return classes is not None and len(classes) == 0
+    spec = (metadata or {}).get(b"task", b"classification").decode()
+    return get(spec)

@@ -79,28 +79,27 @@ def model_rows(key: ModelRows, y_true: np.ndarray | None, probs: np.ndarray,
 
 
 def predictions_table(split: str, pred: SplitPredictions, classes: np.ndarray,
-                      aggregators: Sequence[str] = (), params: dict | None = None) -> pa.Table:
-    """Member rows and ensemble rows of one split.
+                      aggregators: Sequence[str] = (), params: dict | None = None, *,
+                      task) -> pa.Table:
+    """Member rows and ensemble rows of one split, as the run's `task` writes them
+    (`Task.prediction_chunks`, `Task.predictions_metadata`).
 
     Args:
         split: column `split` of every row.
         pred: the split's predictions (`predicted.SplitPredictions`): member index ->
-            `[n_rows, n_classes]` probabilities; aggregator -> `[n_rows, n_classes]`
-            (computed with the numpy aggregators from the members when None); `[n_rows]`
-            source rows, class indices (None when unknown) and column `row` of the first row.
-        classes: `[n_classes]` class labels (empty: a regression run,
-            `ensemble.tasks.regression.tables.predictions_table`).
+            `[n_rows, k]` outputs; aggregator -> `[n_rows, k']` (computed with the task's
+            numpy aggregators from the members when None); `[n_rows]` source rows, targets
+            (None when unknown) and column `row` of the first row.
+        classes: `[n_classes]` class labels (empty for a task without classes).
         aggregators: the ensemble rows' aggregators, in order.
         params: fitted aggregators' parameters `{name: params}` (`aggregators.json`), for the
             members in index order.
+        task: the run's task (`ensemble.tasks.for_run`).
     """
-    if len(classes) == 0:  # regression: ensemble.tasks.regression.tables
-        from ensemble.tasks.regression import tables as regression_tables
-
-        return regression_tables.predictions_table(split, pred, aggregators, params)
-    parts = prediction_chunks(split, pred, classes, aggregators, params, max(1, len(pred.rows)))
-    return pa.concat_tables(parts).replace_schema_metadata(
-        {**classes_metadata(classes), **decision.metadata(params)})
+    parts = list(task.prediction_chunks(split, pred, classes, aggregators, params,
+                                        max(1, len(pred.rows))))
+    meta = task.predictions_metadata(classes, params, aggregators, len(pred.members))
+    return pa.concat_tables(parts).replace_schema_metadata(meta)
 
 
 def prediction_chunks(split: str, pred: SplitPredictions, classes: np.ndarray,
@@ -173,26 +172,12 @@ def with_ids(long: pa.Table, ids: np.ndarray | None) -> pa.Table:
     return long.add_column(0, "input", col)
 
 
-def probabilities(table: pa.Table, classes: np.ndarray) -> np.ndarray:
-    """The `p_<class>` columns as `[n_rows, n_classes]` float32 (regression: a member's
-    `[n_rows, 2]` mean and variance, `regression_tables.outputs`)."""
-    if len(classes) == 0:
-        from ensemble.tasks.regression import tables as regression_tables
-
-        return regression_tables.outputs(table)
-    return np.column_stack([table.column(f"p_{c}").to_numpy() for c in np.asarray(classes).tolist()])
-
-
-HISTORY_SCHEMA = pa.schema([("member", pa.int32()), ("epoch", pa.int32()),
-                            ("loss", pa.float64()), ("val_loss", pa.float64()),
-                            ("val_accuracy", pa.float64()), ("seconds", pa.float64())])
-
-
-def history_table(records: list[dict]) -> pa.Table:
-    """Training history, one row per member and epoch (sorted by member, epoch); a regression
-    run's has `val_rmse` instead of `val_accuracy`."""
+def history_table(records: list[dict], score_names: Sequence[str]) -> pa.Table:
+    """Training history, one row per member and epoch (sorted by member, epoch): `member`,
+    `epoch`, `loss`, the task's validation scores `score_names` (`Task.score_names`:
+    `val_loss`, then `val_accuracy` or `val_rmse`, ...) and `seconds`."""
     records = sorted(records, key=lambda r: (r["member"], r["epoch"]))
-    schema = HISTORY_SCHEMA
-    if any("val_rmse" in r for r in records):
-        from ensemble.tasks.regression.tables import HISTORY_SCHEMA as schema
+    schema = pa.schema([("member", pa.int32()), ("epoch", pa.int32()), ("loss", pa.float64()),
+                        *((name, pa.float64()) for name in score_names),
+                        ("seconds", pa.float64())])
     return pa.Table.from_pylist(records, schema=schema)

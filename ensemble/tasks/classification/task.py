@@ -31,6 +31,9 @@ class Classification(Task):
     member_score_names = ("val_nll", "val_accuracy")
     aggregators = A.REGISTRY
     default_aggregators = tuple(DEFAULT_AGGREGATORS)
+    output_dtype = np.float32  # probabilities
+    uncertainty_column = "mutual_information"
+    confidence = "top probability"
 
     class_weight: tuple[float, ...] | None = None  # per class index (`with_class_weight`)
 
@@ -195,6 +198,57 @@ class Classification(Task):
     def refusal(self, name: str, names: Sequence[str]) -> str:
         """`std-scaling` is regression's; other names are unknown."""
         return A.unknown(name)
+
+    def output_columns(self, classes) -> list[str]:
+        """`p_<class>` of each class label, in the class list's order."""
+        return [f"p_{c}" for c in np.asarray(classes).tolist()]
+
+    def prediction_chunks(self, split, pred, classes, aggregators, params, chunk_rows):
+        """`ensemble.tasks.tables.prediction_chunks`: labels, `p_<class>`, entropies."""
+        from ensemble.tasks import tables
+
+        return tables.prediction_chunks(split, pred, classes, aggregators, params, chunk_rows)
+
+    def predictions_metadata(self, classes, params, aggregators, n_members):
+        """`classes`, `task` and a binary run's decision thresholds (`threshold.metadata`)."""
+        from ensemble.tasks.classification import threshold
+
+        return {**super().predictions_metadata(classes, params, aggregators, n_members),
+                **threshold.metadata(params)}
+
+    def metrics_of(self, splits, aggregators, params, best_member, classes, prior, meta):
+        """`ensemble.tasks.metrics_tables.metrics_of` of each split's members and ensembles."""
+        from ensemble.tasks import metrics_tables as MT
+
+        return MT.metrics_of({s: MT.split_outputs(p.members, p.y, aggregators, p.ensembles,
+                                                  params) for s, p in splits.items()},
+                             best_member, np.asarray(classes).tolist(), prior)
+
+    def metrics_table(self, arrays, best_member=None):
+        """`ensemble.tasks.metrics_tables.metrics_table` of a predictions file's arrays."""
+        from ensemble.tasks import metrics_tables as MT
+
+        return MT.metrics_table(arrays, best_member)
+
+    def prior(self, classes, y_train):
+        """The training split's class shares `[n_classes]` (from class indices `y_train`)."""
+        if y_train is None or len(y_train) == 0:
+            return None
+        counts = np.bincount(np.asarray(y_train, np.int64), minlength=len(classes))
+        return (counts[:len(classes)] / counts.sum()).tolist()
+
+    def size_table(self, member_outputs, y, greedy_order):
+        """`ensemble.tasks.metrics_tables.ensemble_size_table` (mean of the first k)."""
+        from ensemble.tasks import metrics_tables as MT
+
+        return MT.ensemble_size_table(member_outputs, y, greedy_order)
+
+    def prediction_notices(self, splits, classes, aggregators, prior, meta) -> None:
+        """`eval_writer.imbalance_notice` of the training split's class shares `prior`."""
+        from ensemble.tasks import eval_writer
+
+        if prior is not None:
+            eval_writer.imbalance_notice(classes, prior)
 
 
 def _spans(n: int, chunk_rows: int = 65536) -> list[slice]:

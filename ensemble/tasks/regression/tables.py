@@ -142,7 +142,9 @@ def metrics_table(predictions: pa.Table | PredictionArrays, best_member: int | N
     Args:
         predictions: a long predictions table, or a file's arrays (`model_arrays.read`).
     """
-    arrays = model_arrays.of(predictions)
+    from ensemble.tasks.regression.task import Regression
+
+    arrays = model_arrays.of(predictions, Regression())
     mix = json.loads(arrays.metadata.get(b"mixture", b"{}"))
     outputs = {}
     for split in sorted(arrays.splits):
@@ -267,8 +269,3 @@ def ensemble_size_table(member_outputs: dict[str, np.ndarray], y: dict[str, np.n
                                  picks)
 
     return size_table(member_outputs, greedy_order, scores, RM.METRICS)
-
-
-HISTORY_SCHEMA = pa.schema([("member", pa.int32()), ("epoch", pa.int32()),
-                            ("loss", pa.float64()), ("val_loss", pa.float64()),
-                            ("val_rmse", pa.float64()), ("seconds", pa.float64())])

@@ -42,6 +42,8 @@ class Regression(Task):
     fit_entries = {"task": "regression"}
     score_units = (" (standardised target)", " (target units)")
     transform = None  # a `transform.TargetTransform`: members' Gaussians on z = log(y + shift)
+    uncertainty_column = "epistemic_std"
+    confidence = "predictive std"
 
     def __init__(self, loc: float = 0.0, scale: float = 1.0, loss: str = "gaussian_nll"):
         self.loc, self.scale = float(loc), float(scale) if scale > 0 else 1.0
@@ -208,3 +210,69 @@ class Regression(Task):
     def refusal(self, name: str, names: Sequence[str]) -> str:
         """A classification aggregator in a regression run."""
         return R.unknown(name, names)
+
+    def output_columns(self, classes=()) -> list[str]:
+        """`y_pred` (the predictive mean) and `std` (target units)."""
+        return ["y_pred", "std"]
+
+    def outputs_of(self, table, classes=()) -> np.ndarray:
+        """A member's `[n_rows, 2]` (mean, variance) from its rows' `y_pred` and `std`."""
+        from ensemble.tasks.regression import tables
+
+        return tables.outputs(table)
+
+    def prediction_chunks(self, split, pred, classes, aggregators, params, chunk_rows):
+        """`ensemble.tasks.regression.tables.prediction_chunks`: mean, std and its parts."""
+        from ensemble.tasks.regression import tables
+
+        return tables.prediction_chunks(split, pred, aggregators, params, chunk_rows)
+
+    def predictions_metadata(self, classes, params, aggregators, n_members):
+        """`ensemble.tasks.regression.tables.metadata` (the mixtures' weights and scales)
+        with the task's spec and its target transform."""
+        from ensemble.tasks.regression import tables
+
+        return {**tables.metadata(params, aggregators, n_members),
+                b"task": self.spec.encode(), **tables.transform_metadata(self)}
+
+    def metrics_of(self, splits, aggregators, params, best_member, classes, prior, meta):
+        """`ensemble.tasks.regression.tables.metrics_of` of each split's members and
+        mixtures (the exact mixtures' weights and scales from `params`)."""
+        import json
+
+        from ensemble.tasks.regression import tables
+
+        n_members = len(next(iter(splits.values())).members) if splits else 0
+        mix = json.loads(tables.metadata(params, aggregators, n_members)[b"mixture"])
+        outputs = {s: tables.split_outputs(p.members, p.y, aggregators, p.ensembles)
+                   for s, p in splits.items()}
+        return tables.metrics_of(outputs, mix, best_member, prior,
+                                 transform=tables.transform_of(meta))
+
+    def metrics_table(self, arrays, best_member=None):
+        """`ensemble.tasks.regression.tables.metrics_table` of a predictions file's arrays."""
+        from ensemble.tasks.regression import tables
+
+        return tables.metrics_table(arrays, best_member)
+
+    def prior(self, classes, y_train):
+        """The training targets' `{"mean", "std"}` (population std, target units); None for
+        a constant target (a Gaussian of std 0 has no NLL)."""
+        if y_train is None or len(y_train) == 0:
+            return None
+        y = np.asarray(y_train, np.float64)
+        std = float(np.std(y))
+        return {"mean": float(np.mean(y)), "std": std} if std > 0 else None
+
+    def size_table(self, member_outputs, y, greedy_order):
+        """`ensemble.tasks.regression.tables.ensemble_size_table` (mixture of the first k)."""
+        from ensemble.tasks.regression import tables
+
+        return tables.ensemble_size_table(member_outputs, y, greedy_order)
+
+    def prediction_notices(self, splits, classes, aggregators, prior, meta) -> None:
+        """`eval_writer.negative_notice` when the run has no target transform."""
+        from ensemble.tasks import eval_writer
+
+        if self.transform is None and b"target_transform" not in (meta or {}):
+            eval_writer.negative_notice(splits, aggregators)
