@@ -92,6 +92,7 @@ def test_shift_table_cells_stay_apart_for_wide_regression_values():
     cells once ran together (`362.432/348.562350.356/...`); each is now its own column."""
     import pyarrow as pa
 
+    from ensemble import tasks
     from ensemble.runs.evaluate_ood import format_shift
 
     rows = [{"model": model, "member": member, "aggregator": agg, "corruption": "gaussian_noise",
@@ -99,7 +100,7 @@ def test_shift_table_cells_stay_apart_for_wide_regression_values():
             for sev in corruptions.SEVERITIES
             for model, member, agg, rmse in (("member-0", 0, None, 563062.4531),
                                              ("ensemble-mean", None, "mean", 559192.3304))]
-    line = format_shift(pa.Table.from_pylist(rows)).splitlines()[1]
+    line = format_shift(pa.Table.from_pylist(rows), tasks.get("regression")).splitlines()[1]
     cells = line.split()[2:]
     assert cells[0] == "563062.453/559192.330" and len(cells) == 5
     assert [float(c.split("/")[0]) for c in cells] == pytest.approx(

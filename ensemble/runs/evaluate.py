@@ -256,7 +256,11 @@ def _check_long(schema: pa.Schema, predictions: Path) -> None:
     (`predictions`)."""
     meta = schema.metadata or {}
     if not {"model", "split", "y_true"} <= set(schema.names) or b"classes" not in meta:
-        outputs = "y_pred, std" if meta.get(b"classes") == b"[]" else "p_<class>"  # regression
+        from ensemble import tasks
+
+        task = tasks.of_file(meta)  # the file's task (`task` metadata), else classification
+        outputs = ", ".join(task.output_columns(json.loads(meta.get(b"classes", b"[]")))) \
+            or "p_<class>"
         raise UsageError(f"{predictions} is not a predictions file of `ensemble predict` "
                          f"(expected the columns y_true, {outputs}, and model, split in the "
                          "long layout; `ensemble predict --target COL` fills y_true).")

@@ -269,7 +269,7 @@ def evaluate_shift(run_dir: str | Path, plots: bool = False, seed: int = 0
         ctx = Context(Path(run_dir), files)
         x, y, _ = artifacts.read_split(ctx.run_dir, ctx.split, ctx.manifest)
         table = shift_table(ctx, x, y, seed)
-    text = format_shift(table, ctx.split)
+    text = format_shift(table, ctx.task, ctx.split)
     plot = None
     if plots:
         from ensemble.tasks import plots_ood
@@ -281,14 +281,16 @@ def evaluate_shift(run_dir: str | Path, plots: bool = False, seed: int = 0
     return table, text + "".join(f"\nplot: {p}" for p in written[1:])
 
 
-def format_shift(table: pa.Table, split: str = "test") -> str:
-    """The printed shift table: per corruption, the mean member and the first aggregator per
-    severity (NLL and accuracy; RMSE and NLL for regression)."""
+def format_shift(table: pa.Table, task, split: str = "test") -> str:
+    """The printed shift table: per corruption, the mean member and the first aggregator
+    whose rows are probabilities (`Aggregator.probabilities`) per severity, in the run's
+    `task`'s `shift_metrics` (accuracy, NLL and ECE; RMSE and NLL for regression)."""
     rows = table.to_pylist()
-    regression = rows[0]["accuracy"] is None
-    keys = ("rmse", "nll") if regression else ("accuracy", "nll", "ece")
-    aggs = [r["model"] for r in rows if r["aggregator"] is not None]
-    ens = next((m for m in aggs if m != "ensemble-vote"), aggs[0] if aggs else rows[0]["model"])
+    keys = task.shift_metrics
+    aggs = [r for r in rows if r["aggregator"] is not None]
+    ens = next((r["model"] for r in aggs if r["aggregator"] in task.aggregators
+                and task.aggregators[r["aggregator"]].probabilities),
+               aggs[0]["model"] if aggs else rows[0]["model"])
     lines = [f"dataset shift on {split} ({rows[0]['n']} rows): mean member / {ens}, severity "
              "1-5"]
     table_rows = []

@@ -84,7 +84,7 @@ def table(ctx: RunContext, val: "posthoc.SplitMembers | None" = None,
     run_dir, manifest = ctx.path, ctx.manifest
     if val is None:
         preds = artifacts.read_parquet(run_dir / artifacts.PREDICTIONS)
-        val = posthoc.by_split(posthoc.member_rows(preds), tasks.for_run(manifest)).get(
+        val = posthoc.by_split(posthoc.member_rows(preds), ctx.task).get(
             "validation")
     if history is None:
         history = artifacts.read_parquet(run_dir / artifacts.HISTORY).to_pylist()

@@ -131,6 +131,7 @@ class Task(ABC):
     output_dtype: Any = np.float64  # numpy dtype of a member's outputs read from a table
     uncertainty_column: str | None = None  # an ensemble row's per-row uncertainty column
     confidence: str | None = None  # what ranks rows in evaluate's confidence block, or None
+    shift_metrics: tuple[str, ...] = ("nll",)  # the metrics `evaluate --shift` prints, plots
 
     @abstractmethod
     def n_outputs(self, n_classes: int) -> int:

@@ -72,11 +72,12 @@ def confidence_plot(folder: Path, curves: dict[str, tuple], regression: bool) ->
     return save_figure(fig, Path(folder) / "confidence.png")
 
 
-def shift_plot(folder: Path, table: pa.Table, regression: bool) -> Path:
-    """`folder/shift.png` from a `shift.parquet` table."""
+def shift_plot(folder: Path, table: pa.Table, task) -> Path:
+    """`folder/shift.png` from a `shift.parquet` table of a run of `task`: NLL and the task's
+    next shift metric (ECE; RMSE for regression)."""
     plt = _pyplot()
     rows = table.to_pylist()
-    keys = ("nll", "rmse") if is_gaussian(regression) else ("nll", "ece")
+    keys = ("nll", *[m for m in task.shift_metrics if m not in ("nll", "accuracy")])[:2]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     sev = sorted({r["severity"] for r in rows})
     for ax, k in zip(axes, keys):

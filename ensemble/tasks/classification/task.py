@@ -34,6 +34,7 @@ class Classification(Task):
     output_dtype = np.float32  # probabilities
     uncertainty_column = "mutual_information"
     confidence = "top probability"
+    shift_metrics = ("accuracy", "nll", "ece")
 
     class_weight: tuple[float, ...] | None = None  # per class index (`with_class_weight`)
 

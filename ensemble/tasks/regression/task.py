@@ -44,6 +44,7 @@ class Regression(Task):
     transform = None  # a `transform.TargetTransform`: members' Gaussians on z = log(y + shift)
     uncertainty_column = "epistemic_std"
     confidence = "predictive std"
+    shift_metrics = ("rmse", "nll")
 
     def __init__(self, loc: float = 0.0, scale: float = 1.0, loss: str = "gaussian_nll"):
         self.loc, self.scale = float(loc), float(scale) if scale > 0 else 1.0
