@@ -289,7 +289,7 @@ def test_fewer_clients_at_once_is_a_lever_that_works(tmp_path, monkeypatch, caps
     monkeypatch.setattr(devices, "cpu_count", lambda: 2)
     assert between.processes(4, ["/job:worker/task:0/device:CPU:0",
                                  "/job:worker/task:1/device:CPU:0"], 1) == 2  # a client each
-    monkeypatch.setattr(memory, "available", lambda: (int(1.5 * (1 << 30)), "the limit"))
+    monkeypatch.setattr(memory, "available", lambda: (int(1.25 * (1 << 30)), "the limit"))
     argv = ["train", "--data", "digits", "--mode", "between-graph", "--devices", "cpu:2",
             "--prepare-only", "--quiet"]
     assert run_cli(*argv, "--run-dir", tmp_path / "a") == 2
