@@ -182,7 +182,7 @@ def for_target(y: np.ndarray | None, requested: str = "auto", source: str = "",
 
     name = resolve(y, requested, source)
     task = get(name, loss=loss)
-    if not task.gaussian and y is not None and len(np.unique(y)) < 2:
+    if task.stratified and y is not None and len(np.unique(y)) < 2:  # a task of classes
         raise UsageError(f"Data {source} has fewer than two classes; expected at least two.")
     task.check_aggregators(task.applied_aggregators(aggregators))
     if loss != "auto" and loss not in task.losses:
