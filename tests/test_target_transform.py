@@ -223,3 +223,20 @@ def test_predict_file_names_the_transform(run):
     assert run_cli("predict", "--run", run / "run", "--data", "diabetes", "--out", out,
                    "--quiet") == 0
     assert pq.read_table(out).schema.metadata[b"target_transform"] == b"log1p"
+
+
+def test_the_loaded_estimator_predicts_the_runs_lognormals(run):
+    """`DeepEnsembleRegressor.load` of a `--target-transform log1p` run: `predict`'s mean and
+    std are the run's `y_pred` and `std` of its aggregator on the same rows."""
+    import pyarrow.parquet as pq
+    from sklearn.datasets import load_diabetes
+
+    from ensemble.sklearn import DeepEnsembleRegressor
+
+    est = DeepEnsembleRegressor.load(run / "run")
+    assert est.target_transform == "log1p"
+    p = pq.read_table(run / "run" / "predictions.parquet").to_pandas()
+    t = p[(p.model == f"ensemble-{est.aggregator_}") & (p.split == "test")]
+    mean, std = est.predict(load_diabetes().data[t["source_row"]], return_std=True)
+    np.testing.assert_allclose(mean, t["y_pred"], rtol=1e-5)
+    np.testing.assert_allclose(std, t["std"], rtol=1e-5)

@@ -34,6 +34,7 @@ from ensemble.tasks.classification import threshold
 from ensemble.tasks.classification.aggregators import AGGREGATORS, FITTED
 from ensemble.tasks.classification.task import Classification
 from ensemble.runs.estimator_base import DeepEnsembleBase
+from ensemble.core.errors import UsageError
 
 
 def _check_label_types(y) -> None:
@@ -97,6 +98,14 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
         class_weight: None (every row weighs 1) or `"balanced"` (`training.class_weight`:
             each training row weighs `n / (n_classes * n_c)` for its class `c`, scikit-learn's
             and Keras's meaning), checked at `fit`.
+        threshold: a binary classifier's decision threshold (`training.threshold`,
+            `ensemble.tasks.classification.threshold`): None (`predict` is the most probable
+            class), a number `t` in (0, 1), or `"auto:f1"`, `"auto:balanced_accuracy"`,
+            `"auto:mcc"`, `"auto:accuracy"` (the `t` maximising that metric on the
+            validation rows); `predict` is then the positive class (`classes_[1]`) where
+            `predict_proba(X)[:, 1] >= t`, `t` in `aggregators_["params"][aggregator]`.
+            Checked at `fit`; it needs validation rows (`validation_fraction > 0` or
+            `validation_data`), on which the run records it, as `ensemble train` does.
 
     Attributes:
         classes_: `[n_classes]` labels. n_features_in_, feature_names_in_: the input columns
@@ -121,7 +130,7 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
                  epochs="auto", batch_size="auto", learning_rate=1e-3, random_state=None,
                  mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
                  model="mlp", categorical="auto", impute="error", validation_fraction=0.1,
-                 class_weight=None, **kwargs):
+                 class_weight=None, threshold=None, **kwargs):
         super().__init__(n_members=n_members, hidden=hidden, activation=activation,
                          dropout=dropout, epochs=epochs, batch_size=batch_size,
                          learning_rate=learning_rate, random_state=random_state, mode=mode,
@@ -129,17 +138,24 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
                          categorical=categorical, impute=impute,
                          validation_fraction=validation_fraction, **kwargs)
         self.class_weight = class_weight
+        self.threshold = threshold
 
     def _config(self, seed: int):
-        """The base's `Config` with `training.class_weight` from `class_weight`."""
+        """The base's `Config` with `training.class_weight` and `training.threshold` from
+        `class_weight` and `threshold`."""
         import dataclasses
 
         if self.class_weight not in (None, "balanced"):
             raise ValueError("Expected `class_weight` to be None or 'balanced'. "
                              f"Received: class_weight={self.class_weight!r}")
+        try:
+            decision = threshold.parse(self.threshold, "threshold")
+        except UsageError as exc:
+            raise ValueError(str(exc).replace(" (--threshold)", "")) from None
         cfg = super()._config(seed)
         return dataclasses.replace(cfg, training=dataclasses.replace(
-            cfg.training, class_weight=self.class_weight or "none"))
+            cfg.training, class_weight=self.class_weight or "none",
+            threshold="none" if decision is None else self.threshold))
 
     def fit(self, X, y, validation_data=None):
         """Train the members on every row of `X` `[n_rows, n_features]` (or, for a builder
@@ -170,6 +186,15 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
         X, y, validation_data = self._carve(X, y, validation_data, stratify=True)
         classes, y_idx = np.unique(y, return_inverse=True)
         cfg = self._config(self._seed())
+        if cfg.training.threshold != "none":
+            if len(classes) != 2:
+                raise ValueError(f"Expected 2 classes for a decision threshold "
+                                 f"(threshold={self.threshold!r}). Received: {len(classes)} "
+                                 f"classes in y: {classes.tolist()[:10]}")
+            if validation_data is None:
+                raise ValueError(f"threshold={self.threshold!r} is recorded on validation "
+                                 "rows: keep validation_fraction > 0 (enough rows for 2 per "
+                                 "class in each part) or pass validation_data")
         val = None
         if validation_data is not None:
             val = self._validation(validation_data, classes, table, X.shape[1:])
@@ -211,10 +236,15 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
         """The aggregator's class probabilities `[n_rows, n_classes]` (float64, rows sum to
         1; for `vote` the share of member votes), columns in the order of `classes_`, of `X`
         `[n_rows, *row_shape]` (rows of the fitted shape; `ensemble.runs.estimator_rows`)."""
+        p = self._aggregated(X).astype(np.float64)
+        return p / p.sum(axis=1, keepdims=True)
+
+    def _aggregated(self, X) -> np.ndarray:
+        """The aggregator's rows `[n_rows, n_classes]` (float32) as the prediction graph
+        returns them: the probabilities a decision threshold was picked on."""
         x = estimator_tables.scaled(self, X)
         self._attach_builder()
-        p = fit_arrays.predict(self, x).astype(np.float64)
-        return p / p.sum(axis=1, keepdims=True)
+        return fit_arrays.predict(self, x)
 
     def predict_members(self, X) -> np.ndarray:
         """Every member's probabilities `[n_members, n_rows, n_classes]` (float32)."""
@@ -225,8 +255,9 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
     def predict(self, X) -> np.ndarray:
         """Labels `[n_rows]` from `classes_`: the most probable class (ties to the first), or
         for a binary run trained with a decision threshold (`training.threshold`, loaded
-        with `load`) the positive class where its probability reaches it."""
-        proba = self.predict_proba(X)  # first: it checks that the estimator is fitted
+        with `load`) the positive class where its probability (float32, as the graph returns
+        it and the threshold was picked on) reaches it."""
+        proba = self._aggregated(X)  # first: it checks that the estimator is fitted
         params = ((self.aggregators_ or {}).get("params") or {}).get(self.aggregator_)
         return self.classes_[threshold.labels(proba, threshold.of(params))]
 
@@ -261,7 +292,10 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
             ValueError (UsageError): not a completed run, a damaged artifact, or a regression
                 run (`DeepEnsembleRegressor.load` loads those).
         """
-        return fit_arrays.load(cls, Path(path).expanduser())
+        est = fit_arrays.load(cls, Path(path).expanduser())
+        setting = est.config_.training.threshold
+        est.threshold = None if setting == "none" else setting
+        return est
 
 
 __all__ = ["DeepEnsembleBase", "DeepEnsembleClassifier"]

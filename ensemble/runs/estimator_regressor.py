@@ -8,7 +8,9 @@
 Gaussian members (Lakshminarayanan et al. 2017): each predicts a mean and a variance and
 trains on the Gaussian NLL of the target standardised on the training rows (`loss="mse"`:
 point members); `predict` returns the mixture's mean, `return_std` its standard deviation,
-both in the target's units. The parameters, modes, builders (`model=`, `model__<name>`) and
+both in the target's units; `target_transform="log1p"` (or `"log"`) fits the members'
+Gaussians on `z = log(y + shift)` as `ensemble train --target-transform` does, and predicts
+their log-normals on the target's scale (`ensemble.tasks.regression.transform`). The parameters, modes, builders (`model=`, `model__<name>`) and
 the persistence are those of `DeepEnsembleClassifier` (both are `DeepEnsembleBase`); the
 training itself runs through the same blocks (`ensemble.runs.fit_arrays`).
 """
@@ -22,6 +24,7 @@ from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
 from ensemble.tasks.regression.aggregators import AGGREGATORS, FITTED
+from ensemble.tasks.regression import transform
 from ensemble.tasks.regression.task import Regression
 from ensemble.runs import fit_arrays
 from ensemble.runs import estimator_tables
@@ -43,10 +46,18 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
             ensemble's std is then the members' spread alone).
         categorical, impute: how a DataFrame with text or missing values is prepared, as
             `DeepEnsembleClassifier`'s (`ensemble.runs.estimator_tables`).
+        target_transform: None, `"log1p"` or `"log"` (`training.target_transform`, as
+            scikit-learn's `TransformedTargetRegressor(func=np.log1p)`): each member fits a
+            Gaussian on `z = log(y + shift)` (shift 1 for `log1p`, 0 for `log`) standardised
+            on the training rows, and its head returns that log-normal's mean and variance
+            on the target's scale; `predict`'s mean and std are the mixture's on the
+            target's scale, as `ensemble predict`'s `y_pred` and `std`. Checked at `fit`
+            (every target `> -1` for `log1p`, `> 0` for `log`).
 
     Attributes:
-        target_loc_, target_scale_: the training target's mean and std (members train on the
-            standardised target; predictions are in the target's units).
+        target_loc_, target_scale_: the training target's mean and std (of `z` under a
+            target transform; members train on the standardised target; predictions are in
+            the target's units).
         others: `n_features_in_`, `member_weights_`, `preprocessing_`, `aggregators_`,
             `history_` (`val_loss`, `val_rmse`), `config_`, `seed_`, `devices_`,
             `aggregator_`, `n_rows_`: as the classifier's.
@@ -59,7 +70,7 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
                  epochs="auto", batch_size="auto", learning_rate=1e-3, random_state=None,
                  mode="in-graph", devices="auto", aggregator="mean", run_dir=None,
                  model="mlp", loss="gaussian_nll", categorical="auto", impute="error",
-                 validation_fraction=0.1, **kwargs):
+                 validation_fraction=0.1, target_transform=None, **kwargs):
         super().__init__(n_members=n_members, hidden=hidden, activation=activation,
                          dropout=dropout, epochs=epochs, batch_size=batch_size,
                          learning_rate=learning_rate, random_state=random_state, mode=mode,
@@ -67,6 +78,7 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
                          categorical=categorical, impute=impute,
                          validation_fraction=validation_fraction, **kwargs)
         self.loss = loss
+        self.target_transform = target_transform
 
     def _config(self, seed: int):
         import dataclasses
@@ -74,9 +86,16 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
         if self.loss not in ("gaussian_nll", "mse"):
             raise ValueError("Expected `loss` to be 'gaussian_nll' or 'mse'. "
                              f"Received: loss={self.loss!r}")
+        if self.target_transform not in (None, "log1p", "log"):
+            raise ValueError("Expected `target_transform` to be None, 'log1p' or 'log'. "
+                             f"Received: target_transform={self.target_transform!r}")
         cfg = super()._config(seed)
-        return dataclasses.replace(cfg, training=dataclasses.replace(cfg.training,
-                                                                     loss=self.loss))
+        return dataclasses.replace(cfg, training=dataclasses.replace(
+            cfg.training, loss=self.loss, target_transform=self.target_transform or "none"))
+
+    def _transform(self):
+        """The fitted or requested `TargetTransform` (`transform.get`), None without one."""
+        return transform.get(self.target_transform)
 
     def fit(self, X, y, validation_data=None):
         """Train the members on every row of `X` `[n_rows, n_features]`, targets `y`
@@ -106,7 +125,12 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
         y = check_array(y, ensure_2d=False, dtype=np.float64, input_name="y", estimator=self)
         X, y, validation_data = self._carve(X, y, validation_data, stratify=False)
         cfg = self._config(self._seed())
-        loc, scale = float(y.mean()), float(y.std()) or 1.0
+        t = self._transform()
+        if t is None:  # members on the standardised y; else the task's head takes y itself
+            loc, scale = float(y.mean()), float(y.std()) or 1.0
+        else:
+            loc, scale = 0.0, 1.0
+            t.check(y, "y")
         val = None
         if validation_data is not None:
             try:
@@ -123,14 +147,19 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
             if y_val.shape != (len(x_val),):
                 raise ValueError(f"Expected y_val of shape ({len(x_val)},). Received: "
                                  f"shape {y_val.shape}")
+            if t is not None:
+                t.check(y_val, "y_val")
             val = (x_val, (y_val - loc) / scale)
         elif self.aggregator in FITTED:
             raise ValueError(f"aggregator={self.aggregator!r} is fitted on validation data: "
                              "pass fit(X, y, validation_data=(X_val, y_val)), or keep "
                              "validation_fraction > 0")
         self._fit_members(cfg, X, (None, np.zeros(0)), (y - loc) / scale, val, table)
+        if t is not None:  # z's standardisation, the head's (`fit_arrays.weighted_task`)
+            loc, scale = (fit_arrays.weighted_task(cfg, y, self.preprocessing_)[1][k]
+                          for k in ("target_loc", "target_scale"))
         self.target_loc_, self.target_scale_ = loc, scale
-        for col in ("val_loss", "val_rmse"):  # back to the target's units
+        for col in ("val_loss", "val_rmse") if t is None else ():  # back to target units
             if col in self.history_:
                 self.history_[col] = self.history_[col] * (scale if col == "val_rmse" else 1.0) \
                     + (np.log(scale) if col == "val_loss" and self.loss != "mse" else 0.0)
@@ -140,20 +169,28 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
 
     def predict(self, X, return_std: bool = False):
         """The mixture's mean `[n_rows]` (float64, target units); with `return_std`, also its
-        standard deviation `[n_rows]` (`GaussianProcessRegressor.predict`'s convention)."""
+        standard deviation `[n_rows]` (`GaussianProcessRegressor.predict`'s convention).
+        Under a target transform, the mean and std of the mixture of the members'
+        log-normals (`ensemble predict`'s `y_pred` and `std`)."""
         x = estimator_tables.scaled(self, X)
         self._attach_builder()
         e = np.asarray(fit_arrays.predict(self, x), np.float64)
-        mean = self.target_loc_ + self.target_scale_ * e[:, 0]
+        if self.config_.training.target_transform != "none":  # the head's: target units
+            loc, scale = 0.0, 1.0
+        else:
+            loc, scale = self.target_loc_, self.target_scale_
+        mean = loc + scale * e[:, 0]
         if not return_std:
             return mean
-        return mean, self.target_scale_ * np.sqrt(e[:, 1] + e[:, 2])
+        return mean, scale * np.sqrt(e[:, 1] + e[:, 2])
 
     def predict_members(self, X) -> np.ndarray:
         """Every member's `[n_members, n_rows, 2]` (mean, variance), target units."""
         x = estimator_tables.scaled(self, X)
         self._attach_builder()
         out = np.asarray(fit_arrays.predict(self, x, members=True), np.float64)
+        if self.config_.training.target_transform != "none":  # the log-normals' moments
+            return out
         s = self.target_scale_
         return np.stack([self.target_loc_ + s * out[..., 0], s * s * out[..., 1]], axis=2)
 
@@ -184,6 +221,8 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
         est = fit_arrays.load(cls, Path(path).expanduser())
         est.loss = est.config_.training.loss if est.config_.training.loss != "auto" \
             else "gaussian_nll"
+        setting = est.config_.training.target_transform
+        est.target_transform = None if setting == "none" else setting
         return est
 
 

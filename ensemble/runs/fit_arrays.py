@@ -96,8 +96,9 @@ def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preproce
         weights = entry.weights()
         aggs = None
         name = cfg.aggregation.aggregators[0]
-        if group.task.fitted_names([name]):
-            aggs = group.task.fit_aggregators(group.predict(val[0])[0], val[1], [name],
+        # this fit's task: a cached graph's may carry another fit's decision threshold
+        if task.fitted_names([name]) or getattr(task, "threshold", None) is not None:
+            aggs = task.fit_aggregators(group.predict(val[0])[0], val[1], [name],
                                               group.indices, dataclasses.asdict(cfg.aggregation))
     return {"devices": devs, "weights": weights, "aggregators": aggs,
             "history": tables.history_table(records, group.task.score_names).to_pandas()}
@@ -136,8 +137,9 @@ def train_between_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Pre
         history = artifacts.read_parquet(path / artifacts.HISTORY).to_pandas()
         if val is None:
             history[[c for c in history.columns if c.startswith("val_")]] = np.nan  # train rows
-        aggs = fitted.read(path) if _task(cfg, pre).fitted_names(
-            cfg.aggregation.aggregators[:1]) else None
+        task = _task(cfg, pre)
+        aggs = fitted.read(path) if task.fitted_names(cfg.aggregation.aggregators[:1]) \
+            or getattr(task, "threshold", None) is not None else None
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -160,7 +162,7 @@ def predict(est, x: np.ndarray, members: bool = False) -> np.ndarray:
         devs = place(n, devices.resolve("auto", n))
     params = fitted.member_params(est.aggregators_, list(range(n)))
     entry = graph_cache.get(cfg, x.shape[1:], len(getattr(est, "classes_", ())), devs,
-                            task=tasks.get(est.run_task.spec, loss=cfg.training.loss))
+                            task=predict_task(est))
     with entry.lock:
         entry.load(est.member_weights_)
         member_p, ens = entry.predictor(name, params).predict(x)
@@ -180,17 +182,49 @@ def manifest_for(cfg: Config, mode: str, pre: Preprocessing, rows: dict[str, int
 
 
 def weighted_task(cfg: Config, y: np.ndarray, pre: Preprocessing) -> tuple[Any, dict]:
-    """The estimator's task with the loss weights of `training.class_weight` over the
-    training targets `y` (`Task.with_class_weight`: `"balanced"` weights of a
-    classification), and the manifest `dataset` entries they add (`{}` for `"none"`)."""
-    return _task(cfg, pre).with_class_weight(cfg.training.class_weight, y, len(pre.classes))
+    """The estimator's task for the training targets `y` and the manifest `dataset` entries
+    it adds: the loss weights of `training.class_weight` (`Task.with_class_weight`:
+    `"balanced"` weights of a classification; `{}` for `"none"`), and under a
+    `training.target_transform` the standardisation of `z = log(y + shift)` on `y` (target
+    units; `Regression.fit_target`, as `ensemble train`'s), whose head returns the members'
+    log-normals on the target's scale."""
+    task, entries = _task(cfg, pre), {}
+    if getattr(task, "transform", None) is not None:
+        task, entries = task.fit_target(y)
+    task, weights = task.with_class_weight(cfg.training.class_weight, y, len(pre.classes))
+    return task, {**entries, **weights}
 
 
 def _task(cfg: Config, pre: Preprocessing):
     """The task of an estimator's run: the config's `data.task` (the estimator's
     `run_task`, `estimator_base._config`), members on the target the estimator
-    standardised."""
-    return tasks.get(cfg.data.task, loss=cfg.training.loss)
+    standardised (on `z` under `training.target_transform`: `weighted_task`), with the
+    decision threshold of `training.threshold` (a binary classifier's)."""
+    return _with_settings(tasks.get(cfg.data.task, loss=cfg.training.loss), cfg,
+                          len(pre.classes))
+
+
+def _with_settings(task, cfg: Config, n_classes: int):
+    """`task` with the config's `training.target_transform` and `training.threshold`."""
+    if cfg.training.target_transform != "none":
+        task = task.with_transform(cfg.training.target_transform)
+    if cfg.training.threshold != "none":
+        task = task.with_threshold(cfg.training.threshold, n_classes)
+    return task
+
+
+def predict_task(est):
+    """The task whose head and aggregators a fitted (or loaded: its `data.task` may be
+    `auto`) estimator's prediction graph applies: its `run_task`'s with the config's
+    settings (`_with_settings`), and under a target transform the standardisation of `z`
+    it trained with (`target_loc_`, `target_scale_`; the members' log-normals on the
+    target's scale)."""
+    cfg = est.config_
+    task = _with_settings(tasks.get(est.run_task.spec, loss=cfg.training.loss), cfg,
+                          len(est.preprocessing_.classes))
+    if getattr(task, "transform", None) is not None:
+        task = task.with_target(est.target_loc_, est.target_scale_)
+    return task
 
 
 # `prepare.holds_run`'s hints, in the terms of the estimators' `save(path, overwrite=...)`
