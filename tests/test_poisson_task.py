@@ -159,6 +159,16 @@ class Poisson(Task):
     def write_plots(self, folder, preds, metrics_table, run_dir):
         return []
 
+    def ood_scores(self, outputs, aggregators, params, members):
+        rates = np.asarray(outputs, np.float64)[..., 0]  # [n_members, n_rows]
+        rows = [{"model": f"member-{i}", "member": i, "aggregator": None,
+                 "scores": {"std": np.sqrt(r), "epistemic_std": None}}
+                for i, r in zip(members, rates)]
+        mix_var = rates.mean(axis=0) + rates.var(axis=0)  # the Poisson mixture's variance
+        return rows + [{"model": f"ensemble-{a}", "member": None, "aggregator": a,
+                        "scores": {"std": np.sqrt(mix_var), "epistemic_std": rates.std(axis=0)}}
+                       for a in aggregators]
+
     def serving_outputs(self, stacked, name, params, classes):
         import tensorflow as tf
 
@@ -265,3 +275,21 @@ def test_predict_evaluate_and_export(runs, tmp_path, capsys):
     assert proc.returncode == 0, proc.stderr[-2000:]
     served = np.load(tmp_path / "served.npy")
     assert np.abs(served - wide.column("y_pred").to_numpy()).max() <= 1e-5 * served.max()
+
+
+def test_ood_scores_and_target_transform_ask_the_task(runs, tmp_path, capsys):
+    run = runs / "in-graph"
+    x, y = _counts(tmp_path / "far.parquet", n=60, seed=5)
+    pq.write_table(pa.table({"x0": 6 + x[:, 0], "x1": x[:, 1], "x2": x[:, 2],
+                             "count": y.astype(np.int64)}), tmp_path / "far.parquet")
+    assert run_cli("evaluate", "--run", run, "--ood", tmp_path / "far.parquet") == 0
+    t = pq.read_table(run / "ood.parquet").to_pylist()
+    assert {r["score"] for r in t} == {"std", "epistemic_std"}  # Poisson.ood_scores' scores
+    assert {r["model"] for r in t} == {"member-0", "member-1", "ensemble-mean"}
+    assert all(r["n_out"] == 60 for r in t)
+    assert all((r["auroc"] is None) == (r["member"] is not None and r["score"] == "epistemic_std")
+               for r in t)
+    capsys.readouterr()
+    assert run_cli("train", "--config", runs / "poisson.toml", "--target-transform", "log1p",
+                   "--run-dir", tmp_path / "t", "--quiet") == 2
+    assert "Expected a regression target" in capsys.readouterr().err

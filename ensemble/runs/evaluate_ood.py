@@ -70,8 +70,8 @@ class Context:
         self._group = None
 
     def scores(self, outputs: np.ndarray) -> list[dict]:
-        return ood.uncertainty_scores(outputs, self.aggregators, self.params, self.task,
-                                      self.members)
+        """`Task.ood_scores` of member `outputs` with the run's aggregators and parameters."""
+        return self.task.ood_scores(outputs, self.aggregators, self.params, self.members)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Member outputs `[n_members, n_rows, n_classes | 2]` float64 of scaled rows `x`."""

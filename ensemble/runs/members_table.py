@@ -89,9 +89,9 @@ def table(ctx: RunContext, val: "posthoc.SplitMembers | None" = None,
     if history is None:
         history = artifacts.read_parquet(run_dir / artifacts.HISTORY).to_pylist()
     fit = (fitted.read(run_dir) if fit is None else fit) or {}
-    greedy = fit.get("params", {}).get("greedy")
-    weights = dict(zip(fit.get("members", []), greedy["weights"])) if greedy else {}
     task, cfg = ctx.task, ctx.config
+    greedy = task.selected(fit)
+    weights = dict(zip(fit.get("members", []), greedy["weights"])) if greedy else {}
     source = (manifest.search or {}).get("candidate")
     rows = []
     for m in manifest.members:

@@ -203,16 +203,16 @@ def rebuild(splits: dict[str, SplitMembers], task, classes: np.ndarray, names: S
 def size_curve(task, splits: dict[str, SplitMembers], fit: dict[str, Any] | None,
                settings: dict[str, Any] | None = None) -> pa.Table | None:
     """`ensemble_size.parquet`: the `task`'s curve (`Task.size_table`) on every labelled
-    split, None when the task has none. Its greedy order is `fit`'s, or the task's `greedy`
-    aggregator's (when it has one) fitted on validation for it; both curves stop at the
-    run's member count (greedy's later picks, with repeats, are left out, so k never exceeds
-    the members there are)."""
-    greedy = (fit or {}).get("params", {}).get("greedy")
+    split, None when the task has none. Its selection order is that of the task's selecting
+    aggregator (`Task.selection`) in `fit`, or of that aggregator fitted on validation for
+    it; both curves stop at the run's member count (the selection's later picks, with
+    repeats, are left out, so k never exceeds the members there are)."""
+    greedy = task.selected(fit)
     val = splits.get("validation")
-    if (greedy is None and "greedy" in task.aggregators and val is not None
+    if (greedy is None and task.selection is not None and val is not None
             and val.y is not None):
         rounds = int((settings or {}).get("greedy_rounds", 20))
-        greedy = task.aggregators["greedy"].fit_on(val.probs, val.y, {"greedy_rounds": rounds})
+        greedy = task.selection.fit_on(val.probs, val.y, {"greedy_rounds": rounds})
     labelled = {k: s for k, s in splits.items() if s.y is not None}
     n_members = max((len(s.probs) for s in labelled.values()), default=0)
     return task.size_table({k: s.probs for k, s in labelled.items()},

@@ -232,7 +232,7 @@ def resolve_task(cfg: Config, y) -> tuple[Any, dict[str, Any]]:
                             cfg.aggregation.aggregators)
     transform = cfg.training.target_transform
     if transform != "none":
-        if not task.gaussian:
+        if not task.transforms_target:
             raise UsageError(f"Expected a regression target for `training.target_transform = "
                              f"{transform!r}` (--target-transform). Received: a {task.spec} "
                              f"target {cfg.data.target!r}; expected --target-transform none.")

@@ -20,15 +20,22 @@ from ensemble.tasks import model_arrays
 from ensemble.core.errors import UsageError
 
 
-def selected(run_dir: Path) -> dict[int, float]:
-    """`{member index: greedy weight}` of the members a run's greedy selection kept."""
+def selected(run_dir: Path, manifest: Manifest | None = None) -> dict[int, float]:
+    """`{member index: weight}` of the members a run's selection kept: the fitted parameters
+    of its task's selecting aggregator (`Task.selected`, greedy selection) in
+    `aggregators.json`. `manifest`: the run's, when the caller holds it.
+
+    Raises:
+        UsageError: the run has no fitted selection.
+    """
     from ensemble.tasks.classification import fitted
 
+    manifest = manifest if manifest is not None else Manifest.load(run_dir)
     fit = fitted.read(run_dir) or {}
-    greedy = fit.get("params", {}).get("greedy")
-    if greedy is None:
+    sel = tasks.for_run(manifest).selected(fit)
+    if sel is None:
         raise UsageError(f"Run {run_dir} has no greedy selection in {fitted.FILENAME}.")
-    return {i: w for i, w in zip(fit["members"], greedy["weights"]) if w > 0}
+    return {i: w for i, w in zip(fit["members"], sel["weights"]) if w > 0}
 
 
 def _split_probs(run_dir: Path, manifest: Manifest) -> dict[str, posthoc.SplitMembers]:
@@ -72,7 +79,7 @@ def comparison(run_dir: str | Path, manifest: Manifest | None = None) -> list[di
     info = manifest.search
     if not info:
         return []
-    weights = selected(run_dir)
+    weights = selected(run_dir, manifest)
     own = _split_probs(run_dir, manifest)
     cands = own
     if info.get("candidates_run"):

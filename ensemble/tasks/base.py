@@ -43,6 +43,9 @@ class Aggregator:
         fit: its fit `(outputs, y [n_rows], settings) -> params` on the validation split
             (JSON-able; a function or its `module:function`), or None when nothing is fitted.
         probabilities: its rows are probabilities (False for `vote`'s vote shares).
+        selects: its fitted parameters select members with repeats: `order` (the picks, in
+            order) and `weights` `[n_members]` (pick counts over the picks), which the size
+            curve and the `weight` column of `members.parquet` show (Caruana et al. 2004).
     """
 
     name: str
@@ -50,6 +53,7 @@ class Aggregator:
     twin: str | Callable
     fit: str | Callable | None = None
     probabilities: bool = True
+    selects: bool = False
 
     @property
     def fitted(self) -> bool:
@@ -120,6 +124,7 @@ class Task(ABC):
     gaussian: bool  # outputs are per-row Gaussians (mean, variance), else probabilities
     target_dtype: Any  # numpy dtype of the encoded targets
     stratified: bool  # its train/validation/test split is stratified by class
+    transforms_target: bool = False  # takes `training.target_transform` (`with_transform`)
     losses: tuple[str, ...]  # `training.loss` values the task trains with (besides `auto`)
     score_names: tuple[str, ...]  # history columns of `validation_scores`
     member_score_names: tuple[str, ...]  # members.parquet columns of `member_scores`
@@ -287,6 +292,30 @@ class Task(ABC):
         """The baseline of the metrics tables' `prior` row (JSON-able) from the training
         targets `y_train` `[n_train]`, or None when the task has none."""
         return None
+
+    @property
+    def selection(self) -> Aggregator | None:
+        """The task's first aggregator that selects members (`Aggregator.selects`), or None."""
+        return next((a for a in self.aggregators.values() if a.selects), None)
+
+    def selected(self, fit: dict | None) -> dict | None:
+        """The fitted parameters (`order`, `weights`) of the selecting aggregator in `fit`
+        (an `aggregators.json`), or None when the task has none or `fit` lacks it."""
+        sel = self.selection
+        return None if sel is None else (fit or {}).get("params", {}).get(sel.name)
+
+    def ood_scores(self, outputs: np.ndarray, aggregators: Sequence[str], params: dict | None,
+                   members: Sequence[int]) -> list[dict]:
+        """Per-row out-of-distribution scores (higher = more uncertain) of every member and
+        aggregator of member `outputs` `[n_members, n_rows, k]`
+        (`ensemble.tasks.ood.uncertainty_scores`' rows).
+
+        Raises:
+            UsageError: the task defines no OOD scores (the default).
+        """
+        raise UsageError(f"Expected a task with out-of-distribution scores for "
+                         f"`ensemble evaluate --ood`. Received: task {self.spec!r}, which "
+                         "defines none (Task.ood_scores).")
 
     def size_table(self, member_outputs: dict, y: dict, greedy_order: Sequence[int] | None):
         """`ensemble_size.parquet` (metrics of the ensemble of the first k members) of

@@ -135,7 +135,7 @@ REGISTRY = registry(  # the classification task's aggregators (`ensemble.tasks.b
     Aggregator("weighted", lambda p, q: weighted(p, q["weights"]), _TF + "weighted",
                _FIT + "fit_weighted"),
     Aggregator("greedy", lambda p, q: weighted(p, q["weights"]), _TF + "weighted",
-               _FIT + "fit_greedy"),
+               _FIT + "fit_greedy", selects=True),
     Aggregator("stacking", lambda p, q: stacked(p, q["coef"], q["intercept"]),
                _TF + "stacking", _FIT + "fit_stacking_on"),
     Aggregator("temperature", lambda p, q: temperature_scaled(p, q["temperature"]),

@@ -238,6 +238,13 @@ class Classification(Task):
         counts = np.bincount(np.asarray(y_train, np.int64), minlength=len(classes))
         return (counts[:len(classes)] / counts.sum()).tolist()
 
+    def ood_scores(self, outputs, aggregators, params, members):
+        """`ensemble.tasks.ood.uncertainty_scores` of `[n_members, n_rows, n_classes]`
+        probabilities: 1 - max probability, entropy, mutual information."""
+        from ensemble.tasks import ood
+
+        return ood.uncertainty_scores(outputs, aggregators, params, False, members)
+
     def size_table(self, member_outputs, y, greedy_order):
         """`ensemble.tasks.metrics_tables.ensemble_size_table` (mean of the first k)."""
         from ensemble.tasks import metrics_tables as MT

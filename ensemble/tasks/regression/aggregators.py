@@ -91,7 +91,7 @@ REGISTRY = registry(  # the regression task's aggregators (`ensemble.tasks.base.
     Aggregator("weighted", lambda o, q: mixture(o, weights=q["weights"]), _TF + "weighted",
                _FIT + "fit_weighted"),
     Aggregator("greedy", lambda o, q: mixture(o, weights=q["weights"]), _TF + "weighted",
-               _FIT + "fit_greedy"),
+               _FIT + "fit_greedy", selects=True),
     Aggregator("std-scaling", _scaled, _TF + "std_scaling", _FIT + "fit_std_scale_on"),
 )
 AGGREGATORS = tuple(REGISTRY)

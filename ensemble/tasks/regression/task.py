@@ -35,6 +35,7 @@ class Regression(Task):
     tf_module = "ensemble.tasks.regression.tf_ops"
     stratified = False  # its splits are stratified by class
     losses = ("gaussian_nll", "mse")
+    transforms_target = True  # `with_transform`: members fit Gaussians on log(y + shift)
     score_names = ("val_loss", "val_rmse")
     member_score_names = ("val_nll", "val_rmse")
     aggregators = R.REGISTRY
@@ -264,6 +265,13 @@ class Regression(Task):
         y = np.asarray(y_train, np.float64)
         std = float(np.std(y))
         return {"mean": float(np.mean(y)), "std": std} if std > 0 else None
+
+    def ood_scores(self, outputs, aggregators, params, members):
+        """`ensemble.tasks.ood.uncertainty_scores` of `[n_members, n_rows, 2]` outputs: the
+        predictive std and its epistemic part (target units)."""
+        from ensemble.tasks import ood
+
+        return ood.uncertainty_scores(outputs, aggregators, params, True, members)
 
     def size_table(self, member_outputs, y, greedy_order):
         """`ensemble.tasks.regression.tables.ensemble_size_table` (mixture of the first k)."""
