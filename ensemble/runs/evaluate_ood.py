@@ -41,7 +41,7 @@ SHIFT_SCHEMA = pa.schema([
     ("ece", pa.float64()), ("rmse", pa.float64()), ("coverage_90", pa.float64())])
 
 
-class Context:
+class OodRun:
     """A completed run's manifest, stored test-split member outputs (memory maps of `files`,
     `eval_writer.OutputFiles`: its `predictions.parquet` read by row groups,
     `posthoc.read_members`), aggregators and fitted parameters; `predict(x)` gives the
@@ -103,7 +103,7 @@ def source_sha256(source: str) -> str | None:
     return None
 
 
-def _stored_ood(ctx: Context, source: Path) -> np.ndarray | None:
+def _stored_ood(run: OodRun, source: Path) -> np.ndarray | None:
     """The member outputs of a long-layout predictions Parquet, or None when `source` is
     not one (then it is data to predict)."""
     if source.suffix != ".parquet" or not source.is_file():
@@ -117,23 +117,24 @@ def _stored_ood(ctx: Context, source: Path) -> np.ndarray | None:
             from None
     if not {"model", "member", "split"} <= set(names):
         return None
-    splits = posthoc.read_members([source], ctx.task, ctx.classes, ctx.files)  # by row groups
+    splits = posthoc.read_members([source], run.task, run.classes, run.files)  # by row groups
     part = splits.get("predict") or next(iter(splits.values()))
-    if part.members != ctx.members:
-        raise UsageError(f"Expected --ood predictions of members {ctx.members}. Received "
+    if part.members != run.members:
+        raise UsageError(f"Expected --ood predictions of members {run.members}. Received "
                          f"members {part.members} in {source}")
     return part.probs
 
 
-def _predict_source(ctx: Context, source: str) -> np.ndarray:
+def _predict_source(run: OodRun, source: str) -> np.ndarray:
     from ensemble.data.kinds import input_stream
     from ensemble.runs.predict import open_run
 
-    run = open_run(ctx.run_dir)
-    stream = input_stream(run.preprocessing, source, run.manifest.dataset.target_or("target"),
+    opened = open_run(run.run_dir)
+    stream = input_stream(opened.preprocessing, source,
+                          opened.manifest.dataset.target_or("target"),
                           quiet=True)
     stream.check()
-    parts = [ctx.predict(b.x) for b in stream]
+    parts = [run.predict(b.x) for b in stream]
     if not parts or sum(p.shape[1] for p in parts) == 0:
         raise UsageError(f"Expected --ood {source} to hold rows. Received: none")
     return np.concatenate(parts, axis=1)
@@ -153,13 +154,13 @@ def evaluate_ood(run_dir: str | Path, source: str, plots: bool = False,
             no row, or another process holds the run.
     """
     with eval_writer.output_files(Path(run_dir)) as files:  # member rows, memory-mapped
-        ctx = Context(Path(run_dir), files)
-        outputs = _stored_ood(ctx, Path(source))
+        run = OodRun(Path(run_dir), files)
+        outputs = _stored_ood(run, Path(source))
         if outputs is None:
-            outputs = _predict_source(ctx, source)
-        s_in, s_out = ctx.scores(ctx.stored.probs), ctx.scores(outputs)
+            outputs = _predict_source(run, source)
+        s_in, s_out = run.scores(run.stored.probs), run.scores(outputs)
     table = ood.ood_table(s_in, s_out, label or str(source), source_sha256(str(source)),
-                          ctx.split)
+                          run.split)
     text = format_ood(table)
     plot = None
     if plots:
@@ -167,8 +168,8 @@ def evaluate_ood(run_dir: str | Path, source: str, plots: bool = False,
 
         plots_ood._pyplot()  # refuse before writing anything when matplotlib is missing
         plot = lambda: plots_ood.entropy_histograms(  # noqa: E731
-            ctx.run_dir, s_in, s_out, ctx.fit, ctx.task)
-    written = _write(ctx.run_dir, ctx.run_dir / OOD_FILE, table, plot, "ensemble evaluate --ood")
+            run.run_dir, s_in, s_out, run.fit, run.task)
+    written = _write(run.run_dir, run.run_dir / OOD_FILE, table, plot, "ensemble evaluate --ood")
     return table, text + "".join(f"\nplot: {p}" for p in written[1:])
 
 
@@ -214,12 +215,12 @@ def format_ood(table: pa.Table) -> str:
     return "\n".join(lines)
 
 
-def shift_table(ctx: Context, x: np.ndarray, y: np.ndarray, seed: int = 0) -> pa.Table:
-    """The rows of `shift.parquet` for the split `(x, y)` (the model's inputs) of `ctx`."""
+def shift_table(run: OodRun, x: np.ndarray, y: np.ndarray, seed: int = 0) -> pa.Table:
+    """The rows of `shift.parquet` for the split `(x, y)` (the model's inputs) of `run`."""
     image = x.ndim >= 3
-    train_x = artifacts.read_split(ctx.run_dir, "train", ctx.manifest)[0].astype(np.float64)
+    train_x = artifacts.read_split(run.run_dir, "train", run.manifest)[0].astype(np.float64)
     if image:
-        pre_dtype = _array_dtype(ctx)
+        pre_dtype = _array_dtype(run)
         lo, hi = (0.0, 255.0) if pre_dtype == "uint8" else (train_x.min(), train_x.max())
         span = max(hi - lo, 1e-12)
     else:
@@ -233,24 +234,24 @@ def shift_table(ctx: Context, x: np.ndarray, y: np.ndarray, seed: int = 0) -> pa
                 xc = corruptions.corrupt_images((x - lo) / span, name, sev, rng) * span + lo
             else:
                 xc = corruptions.corrupt_table(x, name, sev, rng, std, median)
-            out = ctx.predict(xc)
-            ens = ood.ensemble_outputs(out, ctx.aggregators, ctx.params, ctx.task)
-            models = [(f"member-{i}", i, None, o) for i, o in zip(ctx.members, out)]
+            out = run.predict(xc)
+            ens = ood.ensemble_outputs(out, run.aggregators, run.params, run.task)
+            models = [(f"member-{i}", i, None, o) for i, o in zip(run.members, out)]
             models += [(f"ensemble-{a}", None, a, e) for a, e in ens.items()]
             for model, member, agg, o in models:
-                m = ood.split_metrics(y, o, ctx.task)
-                if agg is not None and not ctx.task.aggregators[agg].probabilities:
+                m = ood.split_metrics(y, o, run.task)
+                if agg is not None and not run.task.aggregators[agg].probabilities:
                     m.update(nll=None, brier=None, ece=None)
                 recs.append({"model": model, "member": member, "aggregator": agg,
                              "corruption": name, "severity": sev, "n": len(y), **m})
     return pa.Table.from_pylist(recs, schema=SHIFT_SCHEMA)
 
 
-def _array_dtype(ctx: Context) -> str | None:
+def _array_dtype(run: OodRun) -> str | None:
     from ensemble.data import kinds
 
-    pre = kinds.read_preprocessing(artifacts.verify(ctx.run_dir, ctx.manifest,
-                                              ctx.run_dir / artifacts.PREPROCESSING))
+    pre = kinds.read_preprocessing(artifacts.verify(run.run_dir, run.manifest,
+                                              run.run_dir / artifacts.PREPROCESSING))
     return getattr(pre, "dtype", None)
 
 
@@ -266,17 +267,17 @@ def evaluate_shift(run_dir: str | Path, plots: bool = False, seed: int = 0
         UsageError: the run is not completed or damaged, or another process holds it.
     """
     with eval_writer.output_files(Path(run_dir)) as files:
-        ctx = Context(Path(run_dir), files)
-        x, y, _ = artifacts.read_split(ctx.run_dir, ctx.split, ctx.manifest)
-        table = shift_table(ctx, x, y, seed)
-    text = format_shift(table, ctx.task, ctx.split)
+        run = OodRun(Path(run_dir), files)
+        x, y, _ = artifacts.read_split(run.run_dir, run.split, run.manifest)
+        table = shift_table(run, x, y, seed)
+    text = format_shift(table, run.task, run.split)
     plot = None
     if plots:
         from ensemble.tasks import plots_ood
 
         plots_ood._pyplot()
-        plot = lambda: plots_ood.shift_plot(ctx.run_dir, table, ctx.task)  # noqa: E731
-    written = _write(ctx.run_dir, ctx.run_dir / SHIFT_FILE, table, plot,
+        plot = lambda: plots_ood.shift_plot(run.run_dir, table, run.task)  # noqa: E731
+    written = _write(run.run_dir, run.run_dir / SHIFT_FILE, table, plot,
                      "ensemble evaluate --shift")
     return table, text + "".join(f"\nplot: {p}" for p in written[1:])
 
