@@ -84,7 +84,7 @@ def test_default_graph_has_no_adversarial_op():
     import tensorflow as tf
 
     from ensemble import tasks
-    from ensemble.replication.steps import StepsSpec, make_steps_fn
+    from ensemble.replication.steps import make_steps_fn
 
     x = np.random.default_rng(0).random((32, 4)).astype(np.float32)
     y = np.arange(32, dtype=np.int32) % 3
@@ -93,8 +93,8 @@ def test_default_graph_has_no_adversarial_op():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
         opt = keras.optimizers.SGD(0.1)
         opt.build(model.trainable_variables)
-        fn = make_steps_fn(StepsSpec([model], [opt], ["/device:CPU:0"], tasks.get(),
-                                     x.shape[1:], tf.float32, adversarial=adversarial))
+        fn = make_steps_fn([model], [opt], ["/device:CPU:0"], tasks.get(),
+                           x.shape[1:], tf.float32, adversarial=adversarial)
         graph = fn.get_concrete_function().graph
         ops = [op for f in [graph, *[g.graph for g in graph._functions.values()
                                      if hasattr(g, "graph")]] for op in f.get_operations()]

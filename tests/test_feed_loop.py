@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ensemble.replication import early_stopping, feed, training
-from ensemble.replication.training import LoopSpec, Schedule, train_loop
+from ensemble.replication.training import Schedule, train_loop
 
 TASK = SimpleNamespace(score_names=("val_loss",),
                        validation_scores=lambda y, v: {"val_loss": float(np.mean(v))})
@@ -100,8 +100,8 @@ def test_to_tensor_holds_the_arrays_values(make):
     np.testing.assert_array_equal(feed.to_tensor(a).numpy(), a)
 
 
-def _spec(n_train, batch, epochs, run_steps, **kw):
-    return LoopSpec(run_steps, [0, 1], Schedule(0, epochs, batch, kw.pop("k", 0)), n_train,
+def _loop(n_train, batch, epochs, run_steps, **kw):
+    return train_loop(run_steps, [0, 1], Schedule(0, epochs, batch, kw.pop("k", 0)), n_train,
                     TASK, **kw)
 
 
@@ -120,9 +120,8 @@ def test_the_next_epochs_first_batches_are_gathered_during_validation():
         seen_during_validation.append(len(calls))
         return np.zeros((2, 3, 1))
 
-    spec = _spec(10, 3, 2, lambda b, total, active: total + 1, k=1, gather=gather,
-                 predict_val=predict_val, y_val=np.zeros(3))
-    records = train_loop(spec)
+    records = _loop(10, 3, 2, lambda b, total, active: total + 1, k=1, gather=gather,
+                    predict_val=predict_val, y_val=np.zeros(3))
     assert seen_during_validation[0] == n_calls_epoch0 + 1
     assert [r["epoch"] for r in records] == [0, 0, 1, 1]
     assert len(calls) == 2 * n_calls_epoch0
@@ -141,7 +140,7 @@ def test_the_call_that_traces_does_not_size_the_next_calls(monkeypatch):
             time.sleep(0.5)  # tracing: 62 ms a step would have made K 1
         return total
 
-    train_loop(_spec(32 * 300, 32, 1, run_steps))
+    _loop(32 * 300, 32, 1, run_steps)
     assert sizes[0] == training.FIRST_CALL_STEPS
     assert min(sizes[:-1]) >= training.FIRST_CALL_STEPS  # the last call may be short
     assert max(sizes) > 4 * training.FIRST_CALL_STEPS  # then K grows with fast calls

@@ -88,7 +88,7 @@ class TracedEnsemble:
 
         from ensemble.replication.group import CLIENT_DEVICE
         from ensemble.replication.in_graph import InGraphEnsemble
-        from ensemble.replication.steps import StepsCall, StepsSpec, make_steps_fn
+        from ensemble.replication.steps import StepsCall, make_steps_fn
 
         self.cfg, self.input_shape, self.n_classes = cfg, tuple(input_shape), n_classes
         self.devices, self.n_train = list(devices), n_train
@@ -97,9 +97,9 @@ class TracedEnsemble:
                                            task=task)
         self.lock = threading.RLock()
         self.gather = None  # `feed.Gather` of the rows of the fit under way (`feed`)
-        self.run_steps = StepsCall(lambda masked: make_steps_fn(StepsSpec(
+        self.run_steps = StepsCall(lambda masked: make_steps_fn(
             self.group.models, self.group.optimizers, self.devices, self.group.task,
-            self.input_shape, tf.float32, CLIENT_DEVICE, masked)))
+            self.input_shape, tf.float32, CLIENT_DEVICE, masked=masked))
         self._predictors: OrderedDict[str, object] = OrderedDict()
 
     def reset(self, seed: int) -> None:

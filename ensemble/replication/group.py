@@ -16,9 +16,9 @@ import tensorflow as tf
 from ensemble.config.schema import Config, member_hparams
 from ensemble.models.members import build_member, member_seed
 from ensemble.models.optimizer import build_optimizer
-from ensemble.replication.steps import StepsCall, StepsSpec, make_steps_fn
+from ensemble.replication.steps import StepsCall, make_steps_fn
 from ensemble.replication.early_stopping import EarlyStopping
-from ensemble.replication.training import LoopSpec, Schedule, train_loop
+from ensemble.replication.training import Schedule, train_loop
 
 CLIENT_DEVICE = "/device:CPU:0"
 PREDICT_ROWS = 16384  # rows per prediction call, at most
@@ -191,9 +191,9 @@ class MemberGroup:
             adversarial = [input_step(m, x_train, self.adversarial_epsilon)
                            for m in self.models]
         x_dtype = tf.uint8 if x_train.dtype == np.uint8 else tf.float32
-        return make_steps_fn(StepsSpec(self.models, self.optimizers, self.devices, self.task,
-                                       x_train.shape[1:], x_dtype, self.client_device, masked,
-                                       self.train_replicas, adversarial))
+        return make_steps_fn(self.models, self.optimizers, self.devices, self.task,
+                             x_train.shape[1:], x_dtype, self.client_device, masked=masked,
+                             replicas=self.train_replicas, adversarial=adversarial)
 
     def early_stopping(self, schedule: Schedule) -> EarlyStopping | None:
         """The `EarlyStopping` of this group under `schedule` (None when it is off)."""
@@ -231,7 +231,7 @@ class MemberGroup:
         ckpt = (EpochCheckpoints(checkpoint_dir, self.models, self.optimizers, self._best)
                 if checkpoint_dir is not None else None)
         x_val, y_val = validation
-        return train_loop(LoopSpec(
-            run_steps, self.indices, schedule, len(x_train), self.task,
-            lambda: self.predict(x_val)[0], y_val, ckpt, callbacks, stopping, self.divergence,
-            gather, max_steps, run_steps.prepare))
+        return train_loop(run_steps, self.indices, schedule, len(x_train), self.task,
+                          lambda: self.predict(x_val)[0], y_val, checkpoints=ckpt,
+                          callbacks=callbacks, stopping=stopping, divergence=self.divergence,
+                          gather=gather, max_steps=max_steps, prepare=run_steps.prepare)

@@ -22,7 +22,6 @@ masks than the unreplicated one. Batch statistics (batch normalisation) are per 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 from ensemble.replication.training import train_step
@@ -87,11 +86,13 @@ def replicated_train_step(model, optimizer, batch, task, devices: Sequence[str],
     return loss
 
 
-@dataclass(frozen=True)
-class StepsSpec:
-    """The members a traced many-steps call trains, and how (`make_steps_fn`).
+def make_steps_fn(models: Sequence, optimizers: Sequence, devices: Sequence[str], task,
+                  row_shape: tuple, x_dtype, client_device: str = "/device:CPU:0", *,
+                  masked: bool = False, replicas: Sequence[Sequence[str]] | None = None,
+                  adversarial: Sequence | None = None):
+    """The traced call that trains a group of members for several steps.
 
-    Attributes:
+    Args:
         models, optimizers: `[n_members]` the members' Keras models (built under their
             device) and built optimisers.
         devices: `[n_members]` device names: member `k`'s variables, loop and steps.
@@ -107,22 +108,7 @@ class StepsSpec:
             data-parallel (the same step for one replica).
         adversarial: None, or `[n_members]` sign steps `[*input_shape]` of
             `adversarial.input_step` (adversarial training).
-    """
 
-    models: Sequence
-    optimizers: Sequence
-    devices: Sequence[str]
-    task: object
-    row_shape: tuple
-    x_dtype: object
-    client_device: str = "/device:CPU:0"
-    masked: bool = False
-    replicas: Sequence[Sequence[str]] | None = None
-    adversarial: Sequence | None = None
-
-
-def make_steps_fn(spec: StepsSpec):
-    """The traced call that trains a group of members (`spec`) for several steps.
 
     The returned function takes `xb` `[n_members, steps, batch, *row_shape]` (`x_dtype`)
     and `yb` `[n_members, steps, batch]` (the task's target dtype): member `k`'s rows of
@@ -136,27 +122,26 @@ def make_steps_fn(spec: StepsSpec):
     (`device_loop`), one step of each per iteration. A member's rows of the call are sent to
     its device once per call, nothing crosses devices step by step, the devices' loops run
     side by side without waiting for each other, and only stacking the sums runs on
-    `client_device`. With `spec.masked`, each member has a loop of its own inside a
+    `client_device`. With `masked`, each member has a loop of its own inside a
     condition on `active[k]` instead, so that an inactive member skips its steps
     (`StepsCall` traces that form only once a member has stopped).
     """
     import tensorflow as tf
 
-    devices, task, client_device = spec.devices, spec.task, spec.client_device
     n = len(devices)
     members = []  # (model, optimizer, replica devices, adversarial sign step or None)
     for k, device in enumerate(devices):
         with tf.device(device):
-            members.append((spec.models[k], spec.optimizers[k],
-                            spec.replicas[k] if spec.replicas is not None else [device],
-                            None if spec.adversarial is None
-                            else tf.constant(spec.adversarial[k], tf.float32)))
+            members.append((models[k], optimizers[k],
+                            replicas[k] if replicas is not None else [device],
+                            None if adversarial is None
+                            else tf.constant(adversarial[k], tf.float32)))
     units: dict = {}  # the members of one loop: a device's, or one member's (masked)
     for k in range(n):
-        units.setdefault(k if spec.masked else devices[k], []).append(k)
+        units.setdefault(k if masked else devices[k], []).append(k)
 
-    @tf.function(input_signature=[tf.TensorSpec([n, None, None, *spec.row_shape],
-                                                spec.x_dtype),
+    @tf.function(input_signature=[tf.TensorSpec([n, None, None, *row_shape],
+                                                x_dtype),
                                   tf.TensorSpec([n, None, None], task.target_dtype),
                                   tf.TensorSpec([n], tf.float32),
                                   tf.TensorSpec([n], tf.bool)], autograph=False)
@@ -171,7 +156,7 @@ def make_steps_fn(spec: StepsSpec):
                 # and on the client device they made every step wait on a cross-device send
                 fed = [tuple(tf.identity(t) for t in f) for f in fed]
                 loop = device_loop([members[k] for k in ks], device, task)
-                if spec.masked:  # one member
+                if masked:  # one member
                     out = [tf.cond(active[ks[0]], lambda: loop(fed)[0], lambda: fed[0][2])]
                 else:
                     out = loop(fed)
@@ -222,7 +207,7 @@ def device_loop(members: Sequence[tuple], device: str, task):
 class StepsCall:
     """A group's many-steps training call as `training.train_loop` runs it: numpy in and out,
     traced without masking while every member trains (one loop per device) and masked
-    (`StepsSpec.masked`) for the calls in which some member does not (early stopping,
+    (`make_steps_fn`'s `masked`) for the calls in which some member does not (early stopping,
     divergence); each form is traced on first use.
 
     Args:
@@ -239,7 +224,7 @@ class StepsCall:
 
     def prepare(self, active) -> None:
         """Trace the masked form now if `active` `[n_members]` bool has an inactive member
-        and it is not traced yet (`training.LoopSpec.prepare`: between epochs, where a member
+        and it is not traced yet (`training.train_loop`'s `prepare`: between epochs, where a member
         stops, so that the next call is not slowed by its tracing). The unmasked form is
         traced by the run's first call, which the loop already times apart."""
         if not active.all():

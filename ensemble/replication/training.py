@@ -126,11 +126,20 @@ class Callback:
         epoch's history records, one per member (see `train_loop`)."""
 
 
-@dataclass
-class LoopSpec:
-    """What `train_loop` trains, on what, and with which hooks.
+def train_loop(run_steps: Callable[[object, np.ndarray, np.ndarray], np.ndarray],
+               indices: Sequence[int], schedule: Schedule, n_train: int, task,
+               predict_val: Callable[[], np.ndarray] | None = None,
+               y_val: np.ndarray | None = None, *, checkpoints=None,
+               callbacks: Sequence[Callback] = (), stopping: EarlyStopping | None = None,
+               divergence=None, gather: Callable[[np.ndarray], object] | None = None,
+               max_steps: int | None = None,
+               prepare: Callable[[np.ndarray], None] | None = None) -> list[dict]:
+    """Run the epochs for the members `indices` and record their history.
 
-    Attributes:
+    The full-size batches and the ragged last batch go in separate calls (a tensor has one
+    batch size).
+
+    Args:
         run_steps: takes a call's batches (`gather` of its `[len(indices), steps, batch]`
             int32 batch rows), the running `[len(indices)]` float32 loss sum and the
             `[len(indices)]` bool active mask, runs those steps for those members
@@ -159,29 +168,6 @@ class LoopSpec:
         prepare: called with each epoch's `[len(indices)]` bool active mask before the
             epoch's clock starts (`steps.StepsCall.prepare`: a graph that mask needs is traced
             there, so that its tracing is not timed as training); None: nothing.
-    """
-
-    run_steps: Callable[[object, np.ndarray, np.ndarray], np.ndarray]
-    indices: Sequence[int]
-    schedule: Schedule
-    n_train: int
-    task: object
-    predict_val: Callable[[], np.ndarray] | None = None
-    y_val: np.ndarray | None = None
-    checkpoints: object = None
-    callbacks: Sequence[Callback] = ()
-    stopping: EarlyStopping | None = None
-    divergence: object = None
-    gather: Callable[[np.ndarray], object] | None = None
-    max_steps: int | None = None
-    prepare: Callable[[np.ndarray], None] | None = None
-
-
-def train_loop(spec: LoopSpec) -> list[dict]:
-    """Run the epochs for the members `spec.indices` and record their history.
-
-    The full-size batches and the ragged last batch go in separate calls (a tensor has one
-    batch size).
 
     Returns:
         History records `{member, epoch, loss, val_loss, val_<score>..., seconds}` of every
@@ -191,26 +177,29 @@ def train_loop(spec: LoopSpec) -> list[dict]:
     from ensemble.replication.divergence import Divergence
 
     with interrupt.deferred():
-        return _Loop(spec, interrupt.check, spec.divergence or Divergence(spec.indices)).run()
+        return _Loop(run_steps, indices, schedule, n_train, task, predict_val, y_val,
+                     checkpoints, callbacks, stopping, interrupt.check,
+                     divergence or Divergence(indices), gather, max_steps, prepare).run()
 
 
 class _Loop:
-    """The epoch loop of `train_loop` (a `LoopSpec`'s fields as attributes, plus its state)."""
+    """The epoch loop of `train_loop` (its arguments as attributes, plus its state)."""
 
-    def __init__(self, spec: LoopSpec, check, divergence):
-        self.run_steps, self.predict_val = spec.run_steps, spec.predict_val
-        self.indices = list(spec.indices)
-        self.s, self.n_train, self.y_val, self.task = (spec.schedule, spec.n_train, spec.y_val,
-                                                      spec.task)
-        self.checkpoints, self.callbacks = spec.checkpoints, spec.callbacks
-        self.stopping, self.check, self.divergence = spec.stopping, check, divergence
-        self.gather = spec.gather or (lambda idx: idx)
-        self.prepare = spec.prepare or (lambda active: None)
-        self.n_steps = spec.schedule.steps_per_epoch(spec.n_train)
-        self.n_full = spec.n_train // spec.schedule.batch_size  # steps of a full batch
-        self.max_steps = spec.max_steps or self.n_steps
+    def __init__(self, run_steps, indices, schedule, n_train, task, predict_val, y_val,
+                 checkpoints, callbacks, stopping, check, divergence, gather, max_steps,
+                 prepare):
+        self.run_steps, self.predict_val = run_steps, predict_val
+        self.indices = list(indices)
+        self.s, self.n_train, self.y_val, self.task = schedule, n_train, y_val, task
+        self.checkpoints, self.callbacks = checkpoints, callbacks
+        self.stopping, self.check, self.divergence = stopping, check, divergence
+        self.gather = gather or (lambda idx: idx)
+        self.prepare = prepare or (lambda active: None)
+        self.n_steps = schedule.steps_per_epoch(n_train)
+        self.n_full = n_train // schedule.batch_size  # steps of a full batch
+        self.max_steps = max_steps or self.n_steps
         self.traced = False
-        self.k = min(spec.schedule.steps_per_call or min(FIRST_CALL_STEPS, self.n_steps),
+        self.k = min(schedule.steps_per_call or min(FIRST_CALL_STEPS, self.n_steps),
                      self.max_steps)
 
     def run(self) -> list[dict]:

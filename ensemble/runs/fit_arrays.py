@@ -72,7 +72,7 @@ def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preproce
         content of a fitted aggregator, else None), "history" (DataFrame)}`.
     """
     from ensemble.replication import graph_cache
-    from ensemble.replication.training import LoopSpec, Schedule, train_loop
+    from ensemble.replication.training import Schedule, train_loop
 
     devs = _configure(cfg)
     task, _ = weighted_task(cfg, y, pre)
@@ -85,12 +85,12 @@ def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preproce
         predict_val = None if val is None else (lambda: group.predict(val[0])[0])
         stopping = group.early_stopping(schedule) if val is not None else None
         try:
-            records = train_loop(LoopSpec(
+            records = train_loop(
                 entry.run_steps, group.indices, schedule, len(x), group.task, predict_val,
                 None if val is None else val[1], stopping=stopping, gather=entry.gather,
                 max_steps=entry.gather.plan_calls(len(group.models), schedule.batch_size,
                                                   schedule.steps_per_epoch(len(x))),
-                prepare=entry.run_steps.prepare))
+                prepare=entry.run_steps.prepare)
         finally:
             entry.clear()
         weights = entry.weights()
