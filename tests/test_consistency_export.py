@@ -95,8 +95,8 @@ def _features(version):
 
 
 def _columnar(rows, names, change=None):
-    """One input per column (`export.input_names`), `change` = (column, value) on row 0."""
-    from ensemble.runs.export import input_names
+    """One input per column (`export_inputs.input_names`), `change` = (column, value) on row 0."""
+    from ensemble.data.export_inputs import input_names
 
     key = input_names(names)
     c = {key[n]: (rows[n].astype(str).tolist() if n == "sex" else
@@ -313,7 +313,7 @@ def test_array_and_columnar_exports_refuse_in_the_graph(tmp_path):
 def test_input_names_are_names_tensorflow_keeps_and_never_collide():
     from tensorflow.core.function.polymorphism.function_type import sanitize_arg_name
 
-    from ensemble.runs.export import input_names
+    from ensemble.data.export_inputs import input_names
 
     columns = ["len /", "len %", "len__", "od280/od315", "1st", "_x", "färbung", "a.b", "a-b",
                "", "class"]

@@ -192,7 +192,7 @@ def test_real_table_from_cli_flags_predict_csv_and_columnar_export(penguins, tmp
     assert run_cli("export", "--run", run_dir, "--out", tmp_path / "models") == 0
     feeds = {}
     pre = json.loads((run_dir / "preprocessing.json").read_text())
-    from ensemble.runs.export import input_names
+    from ensemble.data.export_inputs import input_names
 
     key = input_names(pre["feature_names"] + list(pre["categories"]))
     for c in pre["feature_names"]:

@@ -49,7 +49,7 @@ class Sequential(modes.Mode):
         return aggregate_run(r.run_dir, member_files=self.member_files)
 
     def predict(self, request: modes.PredictRequest) -> tuple[dict, dict]:
-        from ensemble.data.stream import PredictionWriter, prefetch
+        from ensemble.data.prediction_io import PredictionWriter, prefetch
         from ensemble.models.members import load_run_member
         from ensemble.replication import devices
         from ensemble.replication.group import MemberGroup

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from ensemble.tasks.heads import Classification
+from ensemble.tasks.classification.task import Classification
 
 
 def run_cli(*argv) -> int:  # not conftest's: a between-graph client imports this file too

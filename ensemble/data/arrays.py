@@ -34,7 +34,7 @@ from ensemble.core.errors import UsageError
 from ensemble.data.containers import ArrayData, Batch
 from ensemble.data.images import IMAGE_SUFFIXES, image_files, load_image_folder, read_images
 from ensemble.data import npz
-from ensemble.data.npz import KERAS_KEYS, NPZ_KEYS, is_npz, load_npz  # noqa: F401 (re-exported)
+from ensemble.data.npz import is_npz, load_npz
 
 
 def is_array_source(source: str) -> bool:

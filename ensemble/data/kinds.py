@@ -112,7 +112,7 @@ class Arrays(Source):
         return x if pre.mean is None else (x - pre.mean) / np.maximum(pre.std, np.float32(1e-7))
 
     def write_rows(self, pre, x, folder):
-        path = Path(folder) / "rows.npz"  # key `x`: `arrays.load_npz`'s layout
+        path = Path(folder) / "rows.npz"  # key `x`: `npz.load_npz`'s layout
         np.savez(path, x=np.asarray(x))
         return path
 

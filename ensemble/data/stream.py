@@ -13,7 +13,7 @@ batch, so resident memory stays flat however large the input is.
   (regression: NaN); `y_true` is null on that row alone, the other rows keep theirs.
   `survey()` checks every batch before any prediction (a between-graph launcher).
   Built-in data sets (`digits`, ...) are small and read whole, then sliced.
-- `PredictionWriter` (`ensemble.data.prediction_io`, re-exported here) writes tables with one
+- `PredictionWriter` (`ensemble.data.prediction_io`) writes tables with one
   `pyarrow.parquet.ParquetWriter` to a temporary name beside the output and renames it into
   place at the end (removed on error).
 
@@ -35,7 +35,6 @@ from ensemble.data.containers import Batch
 from ensemble.data.identifiers import pandas_index
 from ensemble.core.errors import UsageError
 from ensemble.data.preprocessing import Preprocessing
-from ensemble.data.prediction_io import PredictionWriter, flat_heap, prefetch  # noqa: F401
 
 DEFAULT_BATCH_ROWS = 65536
 BATCH_BYTES = 64 << 20  # bytes of input values a default batch holds at most (8 per value)

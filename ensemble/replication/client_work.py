@@ -30,7 +30,7 @@ from ensemble.tasks.predicted import SplitPredictions
 from ensemble import tasks
 from ensemble.replication.cluster import naming_unreachable_tasks
 from ensemble.core.errors import UsageError
-from ensemble.data.arrays import is_npz
+from ensemble.data.npz import is_npz
 from ensemble.replication.protocol import ClientRequest
 from ensemble.replication.visible import local_devices, local_replica_devices
 
@@ -405,7 +405,7 @@ def _predict_stream(request: ClientRequest, manifest: Manifest, groups: dict) ->
     import contextlib
 
     from ensemble.data import kinds
-    from ensemble.data.stream import PredictionWriter, prefetch
+    from ensemble.data.prediction_io import PredictionWriter, prefetch
 
     run_dir = Path(request.run)
     pre = kinds.read_preprocessing(artifacts.verify(run_dir, manifest,

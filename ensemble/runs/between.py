@@ -405,7 +405,7 @@ def aggregate_stream(job, paths: dict[int, Path], on_rows=None) -> int:
 
     import pyarrow.parquet as pq
 
-    from ensemble.data.stream import PredictionWriter
+    from ensemble.data.prediction_io import PredictionWriter
 
     for path in paths.values():
         if not Path(path).is_file():

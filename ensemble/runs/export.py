@@ -52,7 +52,6 @@ from ensemble.core.manifest import Manifest
 from ensemble.runs.context import RunContext
 from ensemble.core.errors import UsageError
 from ensemble.data import kinds
-from ensemble.data.export_inputs import input_names  # noqa: F401 (re-exported)
 from ensemble.data.preprocessing import Preprocessing
 
 DEFAULT_SIGNATURE = "serving_default"

@@ -27,7 +27,7 @@ from ensemble.tasks import tables
 from ensemble.tasks.predicted import SplitPredictions
 from ensemble.core.errors import UsageError
 from ensemble.data import kinds
-from ensemble.data.stream import flat_heap, prefetch
+from ensemble.data.prediction_io import flat_heap, prefetch
 from ensemble.replication.modes import PredictRequest
 
 GRAPH_BATCH_ROWS = 16384  # rows per traced call: bounds the members' activations in memory
@@ -232,13 +232,13 @@ def predict_in_graph(request: PredictRequest) -> dict:
         UsageError: bad run, input, output name, `replicas` or `aggregator`; nothing is left
             under `out`.
     """
-    from ensemble.data.stream import PredictionWriter
+    from ensemble.data.prediction_io import PredictionWriter
     from ensemble.replication.progress import RowProgress
 
     job = open_prediction(request)
     job.stream.check()
     job.stream.passthrough = request.layout == "wide"
-    flat_heap()  # peak memory flat however many batches (see ensemble.data.stream.flat_heap)
+    flat_heap()  # peak memory flat however many batches (see ensemble.data.prediction_io.flat_heap)
     start = time.monotonic()  # the prediction's wall time: loading the members included
     ens, placed = _in_graph_ensemble(job)
     progress = RowProgress(job.stream.n_rows, verbosity=request.verbosity, start=start)
