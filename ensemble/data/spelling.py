@@ -20,8 +20,8 @@ predict (`columns.category_values`, `whole_input.unknown_categories`; the export
   program would; pandas writes a float column's `1.5` to a CSV as a Parquet float is spelt).
 
 Booleans are matched in their own way (`preprocessing.BOOL_WORDS`): only in a column whose
-training categories are booleans. A run trained before this rule keeps its vocabulary file;
-`canonical_vocabulary` respells it when the run is loaded.
+training categories are booleans. A vocabulary file spelt otherwise is respelt by
+`canonical_vocabulary` when its run is loaded.
 """
 
 from __future__ import annotations

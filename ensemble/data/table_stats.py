@@ -3,7 +3,7 @@
 `TableStats.update` takes one chunk of training rows at a time (a `sources.Dataset`);
 `TableStats.fitted` then gives the fitted `Preprocessing`'s fields, equal to fitting
 scikit-learn's `SimpleImputer`, `OneHotEncoder` and `StandardScaler` on all training rows at
-once (a test checks this against scikit-learn):
+once:
 
 - numeric columns: count, mean and sum of squared deviations of the known values, merged chunk
   by chunk (Chan, Golub and LeVeque 1979, the pairwise update `StandardScaler.partial_fit`

@@ -134,8 +134,8 @@ def check_mlp_params(params: dict[str, Any], key: str) -> None:
 
 
 def check_cnn_params(params: dict[str, Any], key: str) -> None:
-    """Range checks of the built-in CNN's parameters (before TensorFlow loads; Keras's own
-    refusals named no key, and `filters = 4` was "'int' object is not iterable").
+    """Range checks of the built-in CNN's parameters, before TensorFlow loads: each refusal
+    names its `[model.params]` key (Keras's own refusals name none).
 
     Raises:
         UsageError: a bad `filters`, `kernel_size`, `dense`, `dropout` or `scale`; names `key`.

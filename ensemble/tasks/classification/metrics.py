@@ -4,7 +4,7 @@ Inputs are integer class indices `y` of shape `[n_rows]` and probabilities `p` o
 `[n_rows, n_classes]`. Every metric is numpy, so that a between-graph client, which scores its
 member on the validation split every epoch, never loads scikit-learn, and a run's tables and
 ensemble-size curve (dozens of calls) pay no per-call validation: the Brier score reproduces
-`sklearn.metrics.brier_score_loss` (a test checks it), accuracy is
+`sklearn.metrics.brier_score_loss`, accuracy is
 `sklearn.metrics.accuracy_score` on 1-D labels. NLL and ECE follow the definitions of
 docs/reference/run-directory.md (NLL clips at 1e-12, which `sklearn.metrics.log_loss` does not; scikit-learn has no ECE).
 """
