@@ -11,6 +11,7 @@ import textwrap
 import pyarrow as pa
 
 from ensemble.tasks.choice import choice_scores, default_aggregator
+from ensemble.tasks.classification.aggregators import REGISTRY
 from ensemble.tasks.classification.metrics import LOWER_IS_BETTER, METRICS
 from ensemble.tasks.classification.running import RANK_METRICS
 from ensemble.tasks.table_parts import PRIOR
@@ -167,9 +168,10 @@ def format_table(metrics: pa.Table, fit: dict | None = None, extra=()) -> str:
     lines += _gain_block(last, [r for r in rows if r["split"] == last])
     lines += _rank_block(last, [r for r in rows if r["split"] == last])
     lines += fitted_lines(fit, _describe)
-    if any(r["aggregator"] == "vote" for r in rows):
-        lines.append("ensemble-vote: vote shares are not probabilities, so NLL, Brier and ECE "
-                     "are n/a")
+    for name in dict.fromkeys(r["aggregator"] for r in rows if r["aggregator"] in REGISTRY
+                              and not REGISTRY[r["aggregator"]].probabilities):
+        lines.append(f"ensemble-{name}: vote shares are not probabilities, so NLL, Brier and "
+                     "ECE are n/a")
     lines += list(extra)
     sentence = textwrap.fill(verdict(metrics, last, fit), NAME_WIDTH + 4 * COL)
     return "\n".join(lines + ([sentence] if sentence else []))
