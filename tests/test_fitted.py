@@ -136,19 +136,30 @@ def test_entropy_mutual_information_and_kl_by_hand():
     assert M.mean_pairwise_kl(np.array([[p]])) == 0.0
 
 
-def _fit_random(n_members=4, n_rows=120, n_classes=5, seed=0):
+def _random(n_members=4, n_rows=120, n_classes=5, seed=0):
+    """Random member probabilities `[n_members, n_rows, n_classes]` and balanced labels."""
     rng = np.random.default_rng(seed)
     probs = rng.dirichlet(np.ones(n_classes) * 0.5, size=(n_members, n_rows)).astype(np.float32)
-    y = np.tile(np.arange(n_classes), n_rows // n_classes)
+    return probs, np.tile(np.arange(n_classes), n_rows // n_classes)
+
+
+def _fit_random(n_members=4, n_rows=120, n_classes=5, seed=0):
+    probs, y = _random(n_members, n_rows, n_classes, seed)
     fit = tasks.get().fit_aggregators(probs, y, A.AGGREGATORS, list(range(n_members)))
     return probs, y, fit
 
 
+@pytest.fixture(scope="module")
+def random_fit():
+    """`_fit_random()` once for the module: every aggregator fitted (stacking's takes seconds)."""
+    return _fit_random()
+
+
 @pytest.mark.parametrize("name", A.AGGREGATORS)
-def test_tensorflow_twin_agrees_with_numpy_for_every_aggregator(name):
+def test_tensorflow_twin_agrees_with_numpy_for_every_aggregator(name, random_fit):
     from ensemble.tasks.classification.aggregators_tf import aggregate_tf
 
-    probs, _, fit = _fit_random()
+    probs, _, fit = random_fit
     new = np.random.default_rng(9).dirichlet(np.ones(5), size=(4, 300)).astype(np.float32)
     params = fit["params"].get(name)
     np.testing.assert_allclose(aggregate_tf(new, name, params).numpy(),
@@ -166,8 +177,8 @@ def _member_table(probs_by_split, y_by_split):
 
 
 def test_no_fitted_aggregator_reads_a_test_row():
-    probs, y, _ = _fit_random(seed=1)
-    test_probs, test_y = _fit_random(seed=2)[:2]
+    probs, y = _random(seed=1)
+    test_probs, test_y = _random(seed=2)
     clean = posthoc.by_split(_member_table({"validation": probs, "test": test_probs},
                                            {"validation": y, "test": test_y}), tasks.get())
     poisoned_p = np.roll(test_probs, 1, axis=2)[::-1]  # every test row wrong, members shuffled
@@ -181,8 +192,8 @@ def test_no_fitted_aggregator_reads_a_test_row():
     assert not np.allclose(clean["test"].probs, poisoned["test"].probs)
 
 
-def test_run_predictions_rebuilt_with_uncertainty_columns():
-    probs, y, fit = _fit_random(seed=3)
+def test_run_predictions_rebuilt_with_uncertainty_columns(random_fit):
+    probs, y, fit = random_fit
     splits = posthoc.by_split(_member_table({"validation": probs}, {"validation": y}),
                               tasks.get())
     preds = posthoc.rebuild(splits, tasks.get(), np.arange(5), ["mean", "vote", "greedy"],
