@@ -136,7 +136,7 @@ def test_tabular_bench(tmp_path):
 
 
 def test_embedding_bench(tmp_path):
-    out = _bench("embedding_bench", "--rows", "600", "--categories", "40", "--set",
+    out = _bench("embedding_bench", "--rows", "300", "--categories", "20", "--set",
                  "training.epochs=1", "--set", "members.count=2", "--out", tmp_path)
     assert "one-hot, every category" in out and "HistGradientBoosting" in out
 
