@@ -159,7 +159,7 @@ def random_fit():
 def test_tensorflow_twin_agrees_with_numpy_for_every_aggregator(name, random_fit):
     from ensemble.tasks.classification.aggregators_tf import aggregate_tf
 
-    probs, _, fit = random_fit
+    _, _, fit = random_fit
     new = np.random.default_rng(9).dirichlet(np.ones(5), size=(4, 300)).astype(np.float32)
     params = fit["params"].get(name)
     np.testing.assert_allclose(aggregate_tf(new, name, params).numpy(),
