@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ensemble.core import splitfiles, staging
-from ensemble.core.staging import fsync_dir  # noqa: F401 (artifacts.fsync_dir)
+from ensemble.core.staging import fsync_dir
 from ensemble.core.errors import UsageError
 
 MANIFEST = "manifest.json"

@@ -30,6 +30,8 @@ import pyarrow.compute as pc
 
 from ensemble.data import messages, sources, spelling
 from ensemble.data.messages import merge_unknown
+from ensemble.data.columns import FLOAT32_MAX
+from ensemble.core.notices import notice
 from ensemble.data.settings import DataConfig
 from ensemble.data.sources import Dataset
 from ensemble.core.errors import UsageError
@@ -81,7 +83,7 @@ def _notice_id_columns(names, x: np.ndarray) -> None:
         col = col[np.isfinite(col)]
         if len(col) == len(x) and np.all(col == np.round(col)) and \
                 len(np.unique(col)) == len(col):
-            sources.notice(f"column {name!r} holds a different whole number on every training row "
+            notice(f"column {name!r} holds a different whole number on every training row "
                            f"(an id?): it is used as a feature; leave it out with --drop "
                            f"{shlex.quote(name)}", once=True)
 
@@ -245,7 +247,7 @@ class Preprocessing:
         """
         x, unknown = self.encode_scaled(ds)
         if unknown:
-            sources.notice(messages.unknown_categories(unknown))
+            notice(messages.unknown_categories(unknown))
         return x
 
     def encode_scaled(self, ds: Dataset, first_row: int | np.ndarray = 0
@@ -274,8 +276,8 @@ class Preprocessing:
             with np.errstate(over="ignore"):  # beyond float32 becomes inf: found below
                 z32[lo:lo + len(z)] = z
             merge_unknown(unknown, unk)
-        if z32.size and not (-sources.FLOAT32_MAX <= z32.min()
-                             and z32.max() <= sources.FLOAT32_MAX):  # two reductions
+        if z32.size and not (-FLOAT32_MAX <= z32.min()
+                             and z32.max() <= FLOAT32_MAX):  # two reductions
             x = self._encode(ds)[0]
             self._check_fits((x - self.mean) / self.scale, x, ds.name, first_row)
         return z32, dict(unknown)
@@ -284,7 +286,7 @@ class Preprocessing:
                     first_row: int | np.ndarray) -> None:
         """Raises UsageError for the first scaled value `z` beyond float32 (the model's dtype):
         it would become inf and the members' probabilities NaN."""
-        bad = ~(np.abs(z) <= sources.FLOAT32_MAX)
+        bad = ~(np.abs(z) <= FLOAT32_MAX)
         if not bad.any():
             return
         r, j = (int(v[0]) for v in np.nonzero(bad))

@@ -25,13 +25,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ensemble.data import columns, csv_format
-from ensemble.data.columns import FLOAT32_MAX  # noqa: F401 (`sources.FLOAT32_MAX`)
+from ensemble.data.columns import FLOAT32_MAX
 from ensemble.data.settings import DataConfig
 from ensemble.data.splitting import code_dtype, stratified_assignment, stratified_split
 from ensemble.core.errors import UsageError
-from ensemble.data.messages import (  # noqa: F401 (`sources.check_*`)
-    check_drop, check_unique_columns, csv_header, did_you_mean, read_columns, split_refusal)
-from ensemble.core.notices import notice  # noqa: F401 (`data.notice`)
+from ensemble.data.messages import (
+    check_unique_columns, csv_header, did_you_mean, read_columns, split_refusal)
+from ensemble.core.notices import notice
 
 BUILTIN = ("digits", "breast_cancer", "wine", "iris", "synthetic", "diabetes")
 

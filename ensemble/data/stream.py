@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from ensemble.data import whole_input
 from ensemble.data import csv_format, messages, sources
+from ensemble.core.notices import notice
 from ensemble.core.labels import encode_known, spread
 from ensemble.data.containers import Batch
 from ensemble.data.identifiers import pandas_index
@@ -83,7 +84,7 @@ class InputStream:
             if fmt == "csv":
                 for f in files:
                     # names of bytes that are not UTF-8, or a name twice: refused
-                    sources.check_unique_columns(messages.csv_header(f), f)
+                    messages.check_unique_columns(messages.csv_header(f), f)
                 types = {n: pa.float64() for n in pre.feature_names}
                 types.update({n: pa.string() for n in pre.categories})
                 parse, convert = csv_format.read_options(  # a folder's files alike: the first
@@ -104,10 +105,10 @@ class InputStream:
                             names = pq.read_schema(f).names
                         except (pa.ArrowInvalid, OSError):
                             continue
-                        sources.check_unique_columns(names, f)
+                        messages.check_unique_columns(names, f)
                 raise UsageError(messages.read_error(exc, self.source, self._header(files))) \
                     from None
-            sources.check_unique_columns(self._dataset.schema.names, self.source)
+            messages.check_unique_columns(self._dataset.schema.names, self.source)
             # a named pandas index (Parquet schema metadata, read once): row labels, carried
             # through like the run's identifiers, unless the run has it as a feature
             self.index = pandas_index(self._dataset.schema, (*pre.columns, target))
@@ -329,12 +330,12 @@ class InputStream:
         if self.quiet:
             return
         if self.unknown:
-            sources.notice(messages.unknown_categories(self.unknown))
+            notice(messages.unknown_categories(self.unknown))
         if self.missing_labels:
-            sources.notice(messages.missing_labels(
+            notice(messages.missing_labels(
                 f"target column {self.target!r} of {self.source}", self.missing_labels, rows),
                 once=True)
         if self.unknown_labels:
-            sources.notice(messages.unknown_labels(
+            notice(messages.unknown_labels(
                 f"target column {self.target!r} of {self.source}", self.unknown_labels,
                 self.pre.classes))

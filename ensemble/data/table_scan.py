@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from ensemble.core import background, memory
 from ensemble.core.errors import UsageError
 from ensemble.data import columns, csv_format, messages, sources
+from ensemble.core.notices import notice
 from ensemble.data.identifiers import training_index
 from ensemble.data.settings import DataConfig
 
@@ -53,7 +54,7 @@ def _open(path: Path, categorical=()):
         raise UsageError(f"Data file is empty: {path}")
     kind = "Parquet" if csv_format.table_format(path) == "parquet" else "CSV"
     if kind == "CSV":  # a dataset refuses a header with a name twice: name it first
-        sources.check_unique_columns(messages.csv_header(path), str(path))
+        messages.check_unique_columns(messages.csv_header(path), str(path))
     try:
         if kind == "Parquet":
             return pds.dataset(str(path), format="parquet"), kind
@@ -99,7 +100,7 @@ class TableScan:
         self.name = str(self.path)
         self._dataset, self._kind = _open(self.path, cfg.categorical)
         names = self._dataset.schema.names
-        sources.check_unique_columns(names, self.name)
+        messages.check_unique_columns(names, self.name)
         # a named pandas index (the dataset's schema metadata, read once): identifiers
         index = training_index(self._dataset.schema, cfg)
         self._read = messages.read_columns(names, cfg.drop, self.path, index)
@@ -175,7 +176,7 @@ class TableScan:
         del parts
         valid = np.concatenate(masks) if missing else None
         if missing:
-            sources.notice(f"dropped {missing} row{'s' * (missing != 1)} of {self.name} whose "
+            notice(f"dropped {missing} row{'s' * (missing != 1)} of {self.name} whose "
                            f"label {target!r} is missing", once=True)  # checked, then prepared
         sources.spaced_labels_notice(y, target, self.name)
         return y, valid
@@ -190,7 +191,7 @@ class TableScan:
         if col.null_count:
             valid = np.asarray(pc.is_valid(col))
             n = col.null_count
-            sources.notice(f"dropped {n} row{'s' * (n != 1)} of {self.name} whose label "
+            notice(f"dropped {n} row{'s' * (n != 1)} of {self.name} whose label "
                            f"{target!r} is missing", once=True)  # checked, then prepared
             col = col.filter(pc.is_valid(col))
         problems: list[str] = []

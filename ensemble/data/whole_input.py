@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from ensemble.core.errors import UsageError
 from ensemble.data import spelling
 from ensemble.data.preprocessing import BOOL_WORDS, is_boolean
-from ensemble.data.sources import FLOAT32_MAX
+from ensemble.data.columns import FLOAT32_MAX
 
 KINDS = ("missing", "inf", "beyond float32")
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from ensemble.config.changes import resume_changes
 from ensemble.config import auto
-from ensemble.core import artifacts, background, memory, versions
+from ensemble.core import artifacts, background, memory, staging, versions
 from ensemble.data import kinds
 from ensemble.data import sources
 from ensemble.core import runlock
@@ -104,7 +104,7 @@ def clear_run_dir(run_dir: Path, keep: Sequence[str] = ()) -> None:
         else:
             entry.unlink()
     (run_dir / artifacts.MANIFEST).unlink()
-    artifacts.fsync_dir(run_dir)
+    staging.fsync_dir(run_dir)
 
 
 @contextmanager
