@@ -36,16 +36,12 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
 
-from benchmarks.tabular_bench import run_child, run_rows
+from benchmarks.tabular_bench import hgb_worker, run_child, run_rows
 
 CLS, REG = "classification", "regression"
-Z90 = 1.6448536269514722
-HGB_MAX_CATEGORIES = 255  # HistGradientBoosting's limit for a native categorical column
 
 
 def _flights(rows: int):
@@ -103,47 +99,6 @@ def answer(run: Path) -> str:
 
     fit = json.loads((run / "aggregators.json").read_text())
     return default_aggregator(fit["aggregators"], fit)
-
-
-def hgb_worker(table: Path, target: str, task: str, rows: Path, seed: int, out: Path) -> None:
-    """Fit HGB on the run's training rows of `table` and write its test figures to `out`."""
-    import pandas as pd
-    from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
-    from sklearn.metrics import average_precision_score, roc_auc_score
-
-    frame = pd.read_parquet(table)
-    split = {k: np.asarray(v) for k, v in json.loads(rows.read_text()).items()}
-    for col in frame.columns:
-        if col != target and not pd.api.types.is_numeric_dtype(frame[col]):
-            cat = frame[col].astype("category")
-            frame[col] = cat if len(cat.cat.categories) <= HGB_MAX_CATEGORIES else \
-                cat.cat.codes.astype(np.float64).where(cat.notna())  # ordinal codes
-    x, y = frame.drop(columns=[target]), frame[target]
-    held = np.zeros(len(frame), bool)
-    held[split["validation"]] = held[split["test"]] = True
-    train, val, test = np.flatnonzero(~held), split["validation"], split["test"]
-    start = time.perf_counter()
-    if task == CLS:
-        model = HistGradientBoostingClassifier(random_state=seed).fit(x.iloc[train],
-                                                                      y.iloc[train])
-        p = np.clip(model.predict_proba(x.iloc[test]), 1e-12, 1.0)
-        truth = np.searchsorted(model.classes_, y.iloc[test].to_numpy())
-        binary = len(model.classes_) == 2
-        figures = {"nll": float(-np.mean(np.log(p[np.arange(len(test)), truth]))),
-                   "accuracy": float(np.mean(p.argmax(1) == truth)),
-                   "roc_auc": float(roc_auc_score(truth, p[:, 1]) if binary else
-                                    roc_auc_score(truth, p, multi_class="ovr",
-                                                  labels=np.arange(len(model.classes_)))),
-                   "average_precision": float(average_precision_score(truth, p[:, 1]))
-                   if binary else None}
-    else:
-        model = HistGradientBoostingRegressor(random_state=seed).fit(x.iloc[train],
-                                                                     y.iloc[train])
-        std = float(np.sqrt(np.mean((y.iloc[val].to_numpy() - model.predict(x.iloc[val])) ** 2)))
-        r = y.iloc[test].to_numpy() - model.predict(x.iloc[test])
-        figures = {"nll": float(np.mean(0.5 * np.log(2 * np.pi * std ** 2) + r ** 2 / (2 * std ** 2))),
-                   "rmse": float(np.sqrt(np.mean(r ** 2)))}
-    out.write_text(json.dumps({**figures, "fit_s": time.perf_counter() - start}))
 
 
 def one_table(name: str, rows: int, out: Path, sets: list[str]) -> list[tuple[str, dict]]:
