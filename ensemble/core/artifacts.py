@@ -75,33 +75,37 @@ def remember(path: str | Path, digest: str) -> None:
     `splitfiles.SplitWriter`, call it): `file_sha256` and `written_here` then know the file
     while its size, modification time and inode stay the same."""
     path = Path(path)
+    _WRITTEN[str(path.resolve())] = (*stamp(path), digest)
+
+
+def stamp(path: str | Path) -> tuple[int, int, int]:
+    """`(size in bytes, modification time in ns, inode)` of file `path`: what tells that a
+    file is still the one a process wrote.
+
+    Raises:
+        OSError: `path` cannot be stat'ed.
+    """
     st = os.stat(path)
-    _WRITTEN[str(path.resolve())] = (st.st_size, st.st_mtime_ns, st.st_ino, digest)
+    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 def written_here(path: str | Path) -> bool:
     """Whether `path` is still the file this process last wrote there (`atomic_path`): same
     size, modification time and inode."""
-    path = Path(path)
-    known = _WRITTEN.get(str(path.resolve()))
+    known = _WRITTEN.get(str(Path(path).resolve()))
     if known is None:
         return False
     try:
-        st = os.stat(path)
+        return known[:3] == stamp(path)
     except OSError:
         return False
-    return known[:3] == (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 def file_sha256(path: str | Path) -> str:
     """Hex sha256 of a file's bytes: as hashed when this process wrote it (`atomic_path`), if
     its size, modification time and inode are still those it had then; else read."""
-    path = Path(path)
-    known = _WRITTEN.get(str(path.resolve()))
-    if known is not None:
-        st = os.stat(path)
-        if known[:3] == (st.st_size, st.st_mtime_ns, st.st_ino):
-            return known[3]
+    if written_here(path):
+        return _WRITTEN[str(Path(path).resolve())][3]
     return sha256_file(path)
 
 

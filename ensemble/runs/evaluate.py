@@ -90,16 +90,11 @@ class ShownRows:
 _TABLES: dict[str, tuple[tuple[int, int, int], str]] = {}
 
 
-def _stamp(path: Path) -> tuple[int, int, int]:
-    st = os.stat(path)
-    return st.st_size, st.st_mtime_ns, st.st_ino
-
-
 def keep_table(run_dir: Path, text: str) -> None:
     """Keep `text`, the evaluation table of the `metrics.parquet` this process just wrote in
     `run_dir`, for `stored_table` while the file stays as written."""
     path = Path(run_dir) / artifacts.METRICS
-    _TABLES[str(path.resolve())] = (_stamp(path), text)
+    _TABLES[str(path.resolve())] = (artifacts.stamp(path), text)
 
 
 def stored_table(run_dir: Path, manifest: Manifest) -> str:
@@ -116,7 +111,7 @@ def stored_table(run_dir: Path, manifest: Manifest) -> str:
         return evaluate(run_dir)[1]
     artifacts.verify(run_dir, manifest, path)
     kept = _TABLES.get(str(path.resolve()))
-    if kept is not None and kept[0] == _stamp(path):
+    if kept is not None and kept[0] == artifacts.stamp(path):
         return kept[1]
     from ensemble import tasks
 
