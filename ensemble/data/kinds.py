@@ -220,6 +220,9 @@ def read_preprocessing(path: str | Path):
         text = Path(path).read_text()
     except FileNotFoundError:
         raise UsageError(f"Preprocessing file not found: {path}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"Preprocessing file {path} is malformed: byte {exc.start} is not "
+                         "UTF-8; expected the JSON text a run writes") from None
     return _parsed(path, text)
 
 
