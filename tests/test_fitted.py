@@ -8,7 +8,7 @@ from ensemble.tasks.classification import aggregators as A
 from ensemble import tasks
 from ensemble.tasks.classification import fitted
 from ensemble.runs import posthoc
-from ensemble.tasks import metrics_tables, tables
+from ensemble.tasks import tables
 from ensemble.tasks.predicted import SplitPredictions
 from ensemble.tasks.classification import metrics as M
 from ensemble.core.errors import UsageError
@@ -203,7 +203,7 @@ def test_run_predictions_rebuilt_with_uncertainty_columns(random_fit):
     assert np.all(mi >= -1e-12)  # BALD >= 0 for the mean (Jensen)
     vote = preds.filter(preds.column("model").to_numpy(zero_copy_only=False) == "ensemble-vote")
     assert vote.column("entropy").null_count == vote.num_rows
-    metrics = metrics_tables.metrics_table(preds).to_pylist()
+    metrics = tasks.get().metrics_table(preds).to_pylist()
     row = next(r for r in metrics if r["model"] == "ensemble-mean")
     assert row["mean_mutual_information"] == pytest.approx(float(mi.mean()))
     assert row["best_member"] == fit["best_member"]

@@ -12,7 +12,6 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import pyarrow as pa
 
-from ensemble.tasks import model_arrays
 from ensemble.tasks.classification import metrics as M
 from ensemble.tasks.classification import running
 from ensemble.tasks.classification import threshold as decision
@@ -43,8 +42,7 @@ def _best_member(rows: list[dict]) -> int | None:
     return min(val, key=lambda r: (r["nll"], -r["accuracy"], r["member"]))["member"]
 
 
-def metrics_table(predictions: pa.Table | PredictionArrays, best_member: int | None = None
-                  ) -> pa.Table:
+def metrics_table(arrays: PredictionArrays, best_member: int | None = None) -> pa.Table:
     """One row per model and split with `n`, accuracy, NLL, Brier and ECE; rows with unknown
     `y_true` are left out. Vote rows have null NLL/Brier/ECE (vote shares are not
     probabilities).
@@ -56,13 +54,10 @@ def metrics_table(predictions: pa.Table | PredictionArrays, best_member: int | N
     over the best member on that split (positive = ensemble better).
 
     Args:
-        predictions: a long predictions table, or a file's arrays (`model_arrays.read`,
-            which never holds the table whole); the decision thresholds in its metadata
+        arrays: a predictions file's arrays (`model_arrays.read`, which never holds the
+            table whole; `Task.metrics_table` reads a table); the decision thresholds in its metadata
             (`threshold.metadata`) set the ensembles' labels.
     """
-    from ensemble.tasks.classification.task import Classification
-
-    arrays = model_arrays.of(predictions, Classification())
     thresholds = decision.from_metadata(arrays.metadata)  # a binary run's decision thresholds
     outputs = {}
     for split in sorted(arrays.splits):

@@ -226,10 +226,12 @@ class Classification(Task):
                              best_member, np.asarray(classes).tolist(), prior)
 
     def metrics_table(self, arrays, best_member=None):
-        """`ensemble.tasks.metrics_tables.metrics_table` of a predictions file's arrays."""
+        """`ensemble.tasks.metrics_tables.metrics_table` of a predictions file's arrays (or of
+        a long predictions table, read as this task's)."""
         from ensemble.tasks import metrics_tables as MT
+        from ensemble.tasks import model_arrays
 
-        return MT.metrics_table(arrays, best_member)
+        return MT.metrics_table(model_arrays.of(arrays, self), best_member)
 
     def prior(self, classes, y_train):
         """The training split's class shares `[n_classes]` (from class indices `y_train`)."""

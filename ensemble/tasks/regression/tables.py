@@ -23,7 +23,6 @@ import pyarrow as pa
 from ensemble.tasks.regression import aggregators as R
 from ensemble.tasks.regression import metrics as RM
 from ensemble.tasks.regression import running
-from ensemble.tasks import model_arrays
 from ensemble.tasks.model_arrays import PredictionArrays
 from ensemble.tasks.predicted import SplitPredictions
 from ensemble.tasks.table_parts import (PRIOR, ModelRows, chunks, key_columns,
@@ -129,8 +128,7 @@ def _key(r: dict) -> tuple:
     return (np.inf if r["nll"] is None else r["nll"], r["rmse"], r["member"])
 
 
-def metrics_table(predictions: pa.Table | PredictionArrays, best_member: int | None = None
-                  ) -> pa.Table:
+def metrics_table(arrays: PredictionArrays, best_member: int | None = None) -> pa.Table:
     """One row per model and split with `n` and every metric of
     `ensemble.tasks.regression.metrics.METRICS`; rows with unknown `y_true` are left out. An
     ensemble row's `mixture_nll` is the exact mixture's (its member rows on that split and
@@ -140,11 +138,9 @@ def metrics_table(predictions: pa.Table | PredictionArrays, best_member: int | N
     `gain_vs_{mean,best}_<metric>` over the mean and the best member (positive = better).
 
     Args:
-        predictions: a long predictions table, or a file's arrays (`model_arrays.read`).
+        arrays: a predictions file's arrays (`model_arrays.read`; `Task.metrics_table`
+            reads a table).
     """
-    from ensemble.tasks.regression.task import Regression
-
-    arrays = model_arrays.of(predictions, Regression())
     mix = json.loads(arrays.metadata.get(b"mixture", b"{}"))
     outputs = {}
     for split in sorted(arrays.splits):

@@ -252,10 +252,12 @@ class Regression(Task):
                                  transform=tables.transform_of(meta))
 
     def metrics_table(self, arrays, best_member=None):
-        """`ensemble.tasks.regression.tables.metrics_table` of a predictions file's arrays."""
+        """`ensemble.tasks.regression.tables.metrics_table` of a predictions file's arrays (or
+        of a long predictions table, read as this task's)."""
+        from ensemble.tasks import model_arrays
         from ensemble.tasks.regression import tables
 
-        return tables.metrics_table(arrays, best_member)
+        return tables.metrics_table(model_arrays.of(arrays, self), best_member)
 
     def prior(self, classes, y_train):
         """The training targets' `{"mean", "std"}` (population std, target units); None for
