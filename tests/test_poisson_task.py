@@ -70,6 +70,7 @@ class Poisson(Task):
     aggregators = registry(Aggregator("mean", mean_rate, mean_rate_tf))
     default_aggregators = ("mean",)
     tf_module = ""  # its TensorFlow side is its own methods
+    shift_metrics = ("nll", "rmse")
 
     def n_outputs(self, n_classes: int) -> int:
         return 1
@@ -168,6 +169,10 @@ class Poisson(Task):
         return rows + [{"model": f"ensemble-{a}", "member": None, "aggregator": a,
                         "scores": {"std": np.sqrt(mix_var), "epistemic_std": rates.std(axis=0)}}
                        for a in aggregators]
+
+    def shift_scores(self, y, outputs, aggregator):
+        rate = np.asarray(outputs, np.float64)[:, 0]
+        return {"nll": poisson_nll(y, rate), "rmse": float(np.sqrt(np.mean((y - rate) ** 2)))}
 
     def serving_outputs(self, stacked, name, params, classes):
         import tensorflow as tf
@@ -293,3 +298,20 @@ def test_ood_scores_and_target_transform_ask_the_task(runs, tmp_path, capsys):
     assert run_cli("train", "--config", runs / "poisson.toml", "--target-transform", "log1p",
                    "--run-dir", tmp_path / "t", "--quiet") == 2
     assert "Expected a regression target" in capsys.readouterr().err
+
+
+def test_shift_metrics_ask_the_task(runs, capsys):
+    run = runs / "between-graph"
+    assert run_cli("evaluate", "--run", run, "--shift") == 0
+    assert "nll" in capsys.readouterr().out
+    rows = pq.read_table(run / "shift.parquet").to_pylist()
+    assert {r["model"] for r in rows} == {"member-0", "member-1", "ensemble-mean"}
+    assert all(r["accuracy"] is None and r["ece"] is None for r in rows)  # not Poisson's
+    for c in dict.fromkeys((r["corruption"], r["severity"]) for r in rows):
+        part = {r["model"]: r for r in rows if (r["corruption"], r["severity"]) == c}
+        members = [part[f"member-{i}"] for i in (0, 1)]
+        # the mean of the rates: RMSE (a norm) and the Poisson NLL (convex in the rate) are at
+        # most the members' mean, by Jensen's inequality
+        for k in ("rmse", "nll"):
+            assert np.isfinite(part["ensemble-mean"][k])
+            assert part["ensemble-mean"][k] <= np.mean([m[k] for m in members]) + 1e-9

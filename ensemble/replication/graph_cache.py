@@ -35,8 +35,7 @@ _cache_lock = threading.Lock()
 
 def _key(cfg: Config, input_shape, n_classes: int, devices: Sequence[str],
          n_train: int, task) -> str:
-    """What the traced graphs depend on: the task (a target transform's shift and
-    standardisation included), shapes, the members' builders and hyperparameters,
+    """What the traced graphs depend on: the task (`Task.graph_constants`), shapes, the members' builders and hyperparameters,
     the optimiser (seeds excluded: `reset` sets them), their devices, and for a cosine
     schedule its length. Not early stopping: both forms of the training call
     (`steps.StepsCall`) are traced on demand, and its copies of the best weights are made by
@@ -46,13 +45,8 @@ def _key(cfg: Config, input_shape, n_classes: int, devices: Sequence[str],
                                               "lr_schedule", "batch_size", "precision")}
     if cfg.training.lr_schedule == "cosine":
         training["n_train"], training["epochs"] = n_train, cfg.training.epochs
-    weight = getattr(task, "class_weight", None)  # constants of the traced loss
-    shift = getattr(task, "shift", None)  # a target transform: its head's constants
-    return json.dumps([task.spec, getattr(task, "loss_name", None), list(input_shape),
-                       n_classes, list(devices), d["model"], d["members"], training,
-                       *([list(weight)] if weight is not None else []),
-                       *([shift, task.loc, task.scale] if shift is not None else [])],
-                      sort_keys=True)
+    return json.dumps([task.spec, task.graph_constants(), list(input_shape), n_classes,
+                       list(devices), d["model"], d["members"], training], sort_keys=True)
 
 
 def get(cfg: Config, input_shape, n_classes: int, devices: Sequence[str],

@@ -235,13 +235,11 @@ def shift_table(run: OodRun, x: np.ndarray, y: np.ndarray, seed: int = 0) -> pa.
             else:
                 xc = corruptions.corrupt_table(x, name, sev, rng, std, median)
             out = run.predict(xc)
-            ens = ood.ensemble_outputs(out, run.aggregators, run.params, run.task)
             models = [(f"member-{i}", i, None, o) for i, o in zip(run.members, out)]
-            models += [(f"ensemble-{a}", None, a, e) for a, e in ens.items()]
+            models += [(f"ensemble-{a}", None, a, run.task.aggregate(out, a, run.params.get(a)))
+                       for a in run.aggregators]
             for model, member, agg, o in models:
-                m = ood.split_metrics(y, o, run.task)
-                if agg is not None and not run.task.aggregators[agg].probabilities:
-                    m.update(nll=None, brier=None, ece=None)
+                m = run.task.shift_scores(y, o, agg)
                 recs.append({"model": model, "member": member, "aggregator": agg,
                              "corruption": name, "severity": sev, "n": len(y), **m})
     return pa.Table.from_pylist(recs, schema=SHIFT_SCHEMA)

@@ -317,6 +317,25 @@ class Task(ABC):
                          f"`ensemble evaluate --ood`. Received: task {self.spec!r}, which "
                          "defines none (Task.ood_scores).")
 
+    def shift_scores(self, y: np.ndarray, outputs: np.ndarray, aggregator: str | None
+                     ) -> dict[str, float | None]:
+        """The `shift.parquet` metrics (`accuracy`, `nll`, `brier`, `ece`, `rmse`,
+        `coverage_90`; those the task lacks left out) of one model's `outputs` `[n_rows, k]`
+        (a member's, or aggregator `aggregator`'s ensemble rows) on targets `y` `[n_rows]`.
+
+        Raises:
+            UsageError: the task defines no shift metrics (the default).
+        """
+        raise UsageError(f"Expected a task with dataset-shift metrics for "
+                         f"`ensemble evaluate --shift`. Received: task {self.spec!r}, which "
+                         "defines none (Task.shift_scores).")
+
+    def graph_constants(self) -> list:
+        """The JSON-able constants the task's traced head and loss capture beyond its `spec`
+        (`ensemble.replication.graph_cache` reuses a traced graph only for equal ones):
+        none by default."""
+        return []
+
     def size_table(self, member_outputs: dict, y: dict, greedy_order: Sequence[int] | None):
         """`ensemble_size.parquet` (metrics of the ensemble of the first k members) of
         `member_outputs` split -> `[n_members, n_rows, k]` and targets `y` split ->
@@ -441,8 +460,3 @@ class Task(ABC):
 def all_aggregator_names(tasks: Sequence[Task]) -> tuple[str, ...]:
     """Every aggregator name of `tasks`, each once, in declaration order."""
     return tuple(dict.fromkeys(a for t in tasks for a in t.aggregators))
-
-
-def is_gaussian(task) -> bool:
-    """Whether `task` (a `Task`, or a flag: True for regression) has per-row Gaussian outputs."""
-    return bool(getattr(task, "gaussian", task))

@@ -26,7 +26,6 @@ import pyarrow as pa
 from ensemble.tasks.classification import aggregators as A
 from ensemble.tasks.classification import metrics as M
 from ensemble.tasks.regression import aggregators as R
-from ensemble.tasks.base import is_gaussian
 from ensemble.core.errors import UsageError
 
 SCHEMA = pa.schema([
@@ -43,7 +42,7 @@ def ensemble_outputs(member_outputs: np.ndarray, aggregators: Sequence[str],
     (`ensemble.tasks.classification.aggregators.aggregate`) or `[n_rows, 3]` (mean, aleatoric and epistemic variance;
     `ensemble.tasks.regression.aggregators.aggregate`), with the run's fitted parameters `params`."""
     params = params or {}
-    fn = R.aggregate if is_gaussian(regression) else A.aggregate
+    fn = R.aggregate if regression else A.aggregate
     return {a: fn(member_outputs, a, params.get(a)) for a in aggregators}
 
 
@@ -56,7 +55,7 @@ def uncertainty_scores(member_outputs: np.ndarray, aggregators: Sequence[str],
         member_outputs: `[n_members, n_rows, n_classes]` probabilities, or `[n_members,
             n_rows, 2]` mean and variance for regression.
         aggregators: the run's aggregators; params: their fitted parameters.
-        regression: the run's `Task` (or True for regression outputs).
+        regression: True for regression outputs (mean and variance).
         members: the members' indices in the run (default `0..n_members-1`).
 
     Returns:
@@ -73,7 +72,7 @@ def uncertainty_scores(member_outputs: np.ndarray, aggregators: Sequence[str],
     members = list(range(out.shape[0])) if members is None else list(members)
     params = params or {}
     rows = []
-    if is_gaussian(regression):
+    if regression:
         out = R.check_members(out)
         for i, o in zip(members, out):
             rows.append(_row(f"member-{i}", i, None, {"std": np.sqrt(o[:, 1]),
@@ -156,17 +155,3 @@ def estimator_table(estimator, x_in, x_out, regression: bool = False) -> pa.Tabl
     aggs = [estimator.aggregator_]
     return ood_table(uncertainty_scores(m_in, aggs, params, regression),
                      uncertainty_scores(m_out, aggs, params, regression), "X_out", None, "X_in")
-
-
-def split_metrics(y: np.ndarray, out: np.ndarray, task) -> dict:
-    """The shift table's metrics of one model's outputs `out` on targets `y`: classification's
-    `all_metrics`; for a Gaussian `task` (`[n_rows, 2 | 3]` outputs) RMSE, NLL and 90%
-    coverage."""
-    from ensemble.tasks.classification import metrics as M
-    from ensemble.tasks.regression import metrics as RM
-
-    if is_gaussian(task):
-        mu, sigma = out[:, 0], np.sqrt(out[:, 1] + (out[:, 2] if out.shape[1] == 3 else 0))
-        return {"rmse": RM.rmse(y, mu), "nll": RM.nll(y, mu, sigma),
-                "coverage_90": RM.coverage(y, mu, sigma, 0.9)[0]}
-    return M.all_metrics(y, out)

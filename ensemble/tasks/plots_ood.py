@@ -17,22 +17,24 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ensemble.tasks.base import is_gaussian
-from ensemble.tasks.classification.aggregators import REGISTRY
 from ensemble.tasks.report import pyplot as _pyplot, save_figure
+
+LABELS = {"entropy": "predictive entropy (nats)", "std": "predictive std"}  # x axis of a score
 
 
 def entropy_histograms(folder: Path, scores_in: list[dict], scores_out: list[dict],
-                       fit: dict | None, regression: bool) -> Path:
-    """`folder/ood_entropy.png` from `ensemble.tasks.ood.uncertainty_scores` of both sets."""
+                       fit: dict | None, task) -> Path:
+    """`folder/ood_entropy.png` from `Task.ood_scores` of both sets (the run's `task`): the
+    predictive entropy where the task scores it, else its first score (regression: the
+    predictive std), of the best member and the first aggregator of probabilities."""
     plt = _pyplot()
-    regression = is_gaussian(regression)  # the run's Task, or a flag
-    key = "std" if regression else "entropy"
+    scores = scores_in[0]["scores"]
+    key = "entropy" if "entropy" in scores else next(iter(scores))
     best = (fit or {}).get("best_member")
     member = next((k for k, r in enumerate(scores_in) if r["member"] == best), 0)
     ens = next((k for k, r in enumerate(scores_in)
-                if r["aggregator"] is not None
-                and getattr(REGISTRY.get(r["aggregator"]), "probabilities", True)), None)
+                if r["aggregator"] is not None and r["aggregator"] in task.aggregators
+                and task.aggregators[r["aggregator"]].probabilities), None)
     shown = [member] + ([ens] if ens is not None else [])
     fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 4), sharex=True)
     for ax, k in zip(np.atleast_1d(axes), shown):
@@ -42,8 +44,7 @@ def entropy_histograms(folder: Path, scores_in: list[dict], scores_out: list[dic
         ax.hist(b, bins=bins, alpha=0.6, density=True, label="OOD")
         name = scores_in[k]["model"] + (" (best member, chosen on validation)"
                                         if k == member and best is not None else "")
-        ax.set(xlabel="predictive std" if regression else "predictive entropy (nats)",
-               ylabel="density", title=name)
+        ax.set(xlabel=LABELS.get(key, key), ylabel="density", title=name)
         ax.legend()
     return save_figure(fig, Path(folder) / "ood_entropy.png")
 

@@ -247,6 +247,20 @@ class Classification(Task):
 
         return ood.uncertainty_scores(outputs, aggregators, params, False, members)
 
+    def shift_scores(self, y, outputs, aggregator):
+        """`ensemble.tasks.classification.metrics.all_metrics` (accuracy, NLL, Brier, ECE);
+        an aggregator of vote shares (not probabilities) has accuracy only."""
+        from ensemble.tasks.classification import metrics as M
+
+        m = M.all_metrics(y, outputs)
+        if aggregator is not None and not self.aggregators[aggregator].probabilities:
+            m.update(nll=None, brier=None, ece=None)
+        return m
+
+    def graph_constants(self):
+        """The loss's class weights (`with_class_weight`), when set."""
+        return [] if self.class_weight is None else [list(self.class_weight)]
+
     def size_table(self, member_outputs, y, greedy_order):
         """`ensemble.tasks.metrics_tables.ensemble_size_table` (mean of the first k)."""
         from ensemble.tasks import metrics_tables as MT

@@ -268,6 +268,22 @@ class Regression(Task):
         std = float(np.std(y))
         return {"mean": float(np.mean(y)), "std": std} if std > 0 else None
 
+    def shift_scores(self, y, outputs, aggregator):
+        """RMSE, Gaussian NLL and 90% coverage of `[n_rows, 2 | 3]` outputs (mean, variance,
+        and for an ensemble its epistemic variance; target units)."""
+        from ensemble.tasks.regression import metrics as RM
+
+        mu = outputs[:, 0]
+        sigma = np.sqrt(outputs[:, 1] + (outputs[:, 2] if outputs.shape[1] == 3 else 0))
+        return {"rmse": RM.rmse(y, mu), "nll": RM.nll(y, mu, sigma),
+                "coverage_90": RM.coverage(y, mu, sigma, 0.9)[0]}
+
+    def graph_constants(self):
+        """The loss, and under a target transform its shift and the standardisation of
+        `log(y + shift)` (constants of the traced loss)."""
+        shift = self.shift
+        return [self.loss_name, *([shift, self.loc, self.scale] if shift is not None else [])]
+
     def ood_scores(self, outputs, aggregators, params, members):
         """`ensemble.tasks.ood.uncertainty_scores` of `[n_members, n_rows, 2]` outputs: the
         predictive std and its epistemic part (target units)."""
