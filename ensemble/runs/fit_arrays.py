@@ -97,7 +97,7 @@ def train_in_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Preproce
         aggs = None
         name = cfg.aggregation.aggregators[0]
         # this fit's task: a cached graph's may carry another fit's decision threshold
-        if task.fitted_names([name]) or getattr(task, "threshold", None) is not None:
+        if task.fitted_names([name]) or task.threshold is not None:
             aggs = task.fit_aggregators(group.predict(val[0])[0], val[1], [name],
                                               group.indices, dataclasses.asdict(cfg.aggregation))
     return {"devices": devs, "weights": weights, "aggregators": aggs,
@@ -139,7 +139,7 @@ def train_between_graph(cfg: Config, x: np.ndarray, y: np.ndarray, val, pre: Pre
             history[[c for c in history.columns if c.startswith("val_")]] = np.nan  # train rows
         task = _task(cfg, pre)
         aggs = fitted.read(path) if task.fitted_names(cfg.aggregation.aggregators[:1]) \
-            or getattr(task, "threshold", None) is not None else None
+            or task.threshold is not None else None
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -189,7 +189,7 @@ def weighted_task(cfg: Config, y: np.ndarray, pre: Preprocessing) -> tuple[Any, 
     units; `Regression.fit_target`, as `ensemble train`'s), whose head returns the members'
     log-normals on the target's scale."""
     task, entries = _task(cfg, pre), {}
-    if getattr(task, "transform", None) is not None:
+    if task.transform is not None:
         task, entries = task.fit_target(y)
     task, weights = task.with_class_weight(cfg.training.class_weight, y, len(pre.classes))
     return task, {**entries, **weights}
@@ -222,7 +222,7 @@ def predict_task(est):
     cfg = est.config_
     task = _with_settings(tasks.get(est.run_task.spec, loss=cfg.training.loss), cfg,
                           len(est.preprocessing_.classes))
-    if getattr(task, "transform", None) is not None:
+    if task.transform is not None:
         task = task.with_target(est.target_loc_, est.target_scale_)
     return task
 

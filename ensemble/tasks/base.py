@@ -137,6 +137,8 @@ class Task(ABC):
     uncertainty_column: str | None = None  # an ensemble row's per-row uncertainty column
     confidence: str | None = None  # what ranks rows in evaluate's confidence block, or None
     shift_metrics: tuple[str, ...] = ("nll",)  # the metrics `evaluate --shift` prints, plots
+    threshold: float | str | None = None  # `with_threshold`: a number, a metric name or None
+    transform: Any = None  # a `TargetTransform` (`Regression.with_transform`): log(y + shift)
 
     @abstractmethod
     def n_outputs(self, n_classes: int) -> int:

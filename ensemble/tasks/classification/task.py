@@ -52,8 +52,6 @@ class Classification(Task):
         task.class_weight = tuple(weight.tolist())
         return task, {"class_weight": weight.tolist()}
 
-    threshold: float | str | None = None  # `with_threshold`: a number, a metric name or None
-
     def with_threshold(self, setting, n_classes: int, target: str | None = None
                        ) -> "Classification":
         """The task whose ensembles' `y_pred` is the positive class where its probability

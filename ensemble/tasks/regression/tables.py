@@ -34,7 +34,7 @@ COLUMNS = ("y_true", "y_pred", "std", "aleatoric_std", "epistemic_std")
 
 def transform_metadata(task) -> dict[bytes, bytes]:
     """`{b"target_transform": name}` of a task with a target transform, else `{}`."""
-    t = getattr(task, "transform", None)
+    t = task.transform
     return {} if t is None else {b"target_transform": t.name.encode()}
 
 

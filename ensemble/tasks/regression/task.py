@@ -42,7 +42,6 @@ class Regression(Task):
     default_aggregators = R.REGRESSION_DEFAULT
     fit_entries = {"task": "regression"}
     score_units = (" (standardised target)", " (target units)")
-    transform = None  # a `transform.TargetTransform`: members' Gaussians on z = log(y + shift)
     uncertainty_column = "epistemic_std"
     confidence = "predictive std"
     shift_metrics = ("rmse", "nll")
