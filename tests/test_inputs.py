@@ -178,7 +178,7 @@ def test_real_table_from_cli_flags_predict_csv_and_columnar_export(penguins, tmp
     assert "'seen' holds dates" in err and "--drop seen" in err and "impute" in err
     assert run_cli(*argv, "--drop", "id,seen", "--impute", "median") == 0
     err = capsys.readouterr().err  # a distinct name on every row: an identifier, carried
-    assert "has 300 distinct values in 300 rows (an identifier" in err and \
+    assert "has 300 distinct values in the 300 rows with a value (an identifier" in err and \
         "--categorical island,sex,name" in err
     assert err.count("(an identifier") == 1, err  # checked, then prepared: said once
     out = tmp_path / "new.csv"

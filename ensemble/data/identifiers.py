@@ -143,8 +143,9 @@ def split_identifiers(table: pa.Table, name: str, categorical: str | Sequence[st
         others = [] if categorical == "none" else list(categorical)
     for col, distinct, known in found:
         use = ",".join([*others, col])
-        notice(f"column {col!r} of {name} has {distinct} distinct values in {known} rows (an "
-               f"identifier, like a name or a row label): not a feature, carried through to "
+        notice(f"column {col!r} of {name} has {distinct} distinct values in the {known} rows "
+               f"with a value (an identifier, like a name or a row label): not a feature, "
+               f"carried through to "
                f"predictions like an id; to use it as a feature anyway: --categorical "
                f"{shlex.quote(use)} (or [data] categorical)")
     return table.drop_columns(ids), tuple(ids)
