@@ -206,3 +206,24 @@ def test_rank_metrics_in_ranges_of_a_few_scores_equal_scikit_learn(k):
         assert got["roc_auc"] == pytest.approx(auc, rel=1e-9), max_entries
         assert got["average_precision"] == pytest.approx(ap, rel=1e-9), max_entries
     assert running._ranges(np.array([0, 2, 0, 3, 9]), 5) == [(4, 4), (1, 3)]
+
+
+@pytest.mark.parametrize("limit", [1, 4, 1000])
+def test_score_counts_merge_pending_chunks_exactly(limit):
+    """Chunks kept pending and merged once they hold as many rows as the counts (at least
+    `limit`) give np.unique's exact counts per distinct score, with ties across chunks, and
+    never hold more pending rows than that bound and one chunk."""
+    rng = np.random.default_rng(limit)
+    scores = rng.integers(0, 9, 200).astype(np.float32) / 4
+    positive = rng.random(200) < 0.3
+    counts = running.ScoreCounts(limit)
+    for lo, hi in zip([0, 1, 3, 10, 50, 120], [1, 3, 10, 50, 120, 200]):
+        counts.update(scores[lo:hi], positive[lo:hi])
+        assert counts._pending_rows < max(limit, len(counts._values)) + (hi - lo)
+    values, inverse = np.unique(scores, return_inverse=True)
+    np.testing.assert_array_equal(counts.values, values)
+    np.testing.assert_array_equal(counts.pos, np.bincount(inverse[positive],
+                                                          minlength=len(values)))
+    np.testing.assert_array_equal(counts.neg, np.bincount(inverse[~positive],
+                                                          minlength=len(values)))
+    assert counts.pos.dtype == counts.neg.dtype == np.int64

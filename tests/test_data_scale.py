@@ -601,3 +601,39 @@ def test_default_prediction_batches_hold_at_most_64_mb_of_values(tmp_path):
     assert stream.batch_rows == 4194 and sum(len(b.rows) for b in stream) == 10
     assert kinds.input_stream(table(2000), str(tmp_path / "wide.parquet"), "target",
                               batch_rows=1000).batch_rows == 1000
+
+
+@pytest.mark.parametrize("kind", ["classification", "regression"])
+def test_confidence_block_built_chunk_by_chunk_holds_one_model(kind):
+    """The train summary's confidence block built from 7-row chunks of the predictions as
+    they are written (`ShownRows`) is the whole table's block, and it holds a few bytes per
+    row of one model at a time: the rows of the models already seen are dropped."""
+    from ensemble import tasks
+    from ensemble.runs.evaluate import ShownRows
+    from ensemble.tasks import confidence, model_arrays, tables
+    from ensemble.tasks.predicted import SplitPredictions
+
+    rng = np.random.default_rng(11)
+    n = 45
+    if kind == "classification":
+        task, classes, aggs = tasks.get(), np.array([0, 1, 2]), ("mean", "vote")
+        members = {i: rng.dirichlet(np.ones(3), n).astype(np.float32) for i in range(3)}
+        members[0][:9] = members[0][0]  # tied confidences: the stable order counts
+        y = rng.integers(0, 3, n)
+    else:
+        task, classes, aggs = tasks.get("regression"), np.array([]), ("mean",)
+        members = {i: np.stack([rng.normal(size=n), rng.uniform(0.5, 2, n)], 1)
+                   .astype(np.float32) for i in range(3)}
+        y = rng.normal(size=n)
+    whole = pa.concat_tables([tables.predictions_table(s, SplitPredictions(
+        members, None, np.arange(n), y), classes, aggs, task=task)
+        for s in ("validation", "test")])
+    shown = ShownRows("test", task)
+    held = []
+    for batch in whole.to_batches(max_chunksize=7):
+        shown(pa.Table.from_batches([batch]))
+        held.append(sum(len(k) for k, _ in shown.block.parts))
+    want = confidence.block(model_arrays.of_table(whole, task))
+    assert shown.lines() == want and "on test" in want[0]
+    assert len(want) == 2 + len(members) + len(aggs) - (kind == "classification")  # no vote
+    assert 0 < max(held) <= n  # one model's test rows at most

@@ -63,12 +63,14 @@ def evaluate(run_dir: Path | None, predictions: Path | None = None,
 
 
 class ShownRows:
-    """The rows of one split of `predictions.parquet` that the confidence block of the
-    evaluation table reads (`confidence.block`), kept as the file is written
-    (`eval_writer.write`'s `on_chunk`): the writer's table never reads the file back."""
+    """The confidence block of the evaluation table (`confidence.block`) of one split of
+    `predictions.parquet`, built from its chunks as the file is written
+    (`eval_writer.write`'s `on_chunk`; `confidence.Running`: a few bytes per row of one
+    model held): the writer's table never reads the file back."""
 
     def __init__(self, split: str, task) -> None:
-        self.split, self.task, self.batches, self.meta = split, task, [], {}
+        self.split, self.task, self.meta = split, task, {}
+        self.block = confidence.Running(split, task)
 
     def __call__(self, chunk: pa.Table) -> None:
         import pyarrow.compute as pc
@@ -76,13 +78,12 @@ class ShownRows:
         self.meta = chunk.schema.metadata or {}
         rows = chunk.filter(pc.equal(chunk.column("split"), self.split))
         if rows.num_rows:
-            self.batches += rows.select(model_arrays.columns(chunk.schema,
-                                                             self.task)).to_batches()
+            rows = rows.select(model_arrays.columns(chunk.schema, self.task))
+            self.block.add(model_arrays.of_batches(self.meta, self.task, rows.to_batches()))
 
     def lines(self) -> list[str]:
-        """`confidence.block` of the rows kept ([] when none)."""
-        return confidence.block(model_arrays.of_batches(self.meta, self.task, self.batches)) \
-            if self.batches else []
+        """`confidence.block` of the rows seen ([] when none)."""
+        return self.block.lines()
 
 
 # the evaluation tables this process computed as it wrote the metrics:

@@ -71,6 +71,34 @@ def block(preds: PredictionArrays) -> list[str]:
 
 def _lines(split: str, regression: bool, models) -> list[str]:
     """`block`'s lines from `(model, y, p)` of each model of `split` (`_models`)."""
+    return lines_of(split, regression, ((model, ranked(y, p, regression))
+                                        for model, y, p in models))
+
+
+def ranked(y: np.ndarray, p: np.ndarray, regression: bool) -> tuple[np.ndarray, np.ndarray]:
+    """What the block ranks and scores of each row of one model, a few bytes per row:
+    `(confidence [n_rows] (the top probability, p's type), correct [n_rows] bool)`, or for
+    `regression` (`p` = `[n_rows, 2]` mean and std) `(std [n_rows], squared error [n_rows]
+    float64)`. Rows of one model given in chunks may be ranked chunk by chunk and joined."""
+    if regression:
+        return p[:, 1], (np.asarray(y, np.float64) - np.asarray(p[:, 0], np.float64)) ** 2
+    p = np.asarray(p)
+    return p.max(axis=1), p.argmax(axis=1) == y
+
+
+def cells(key: np.ndarray, value: np.ndarray, regression: bool) -> list[str]:
+    """One model's cells of the block from its rows' `ranked` (all of them, in row order)."""
+    if regression:
+        r = RC.rmse_kept(value, key, REGRESSION_SHARES)
+        return [f"{RC.area_rmse_kept(value, key):.4g}"] + [f"{v:.4g}" for v in r]
+    acc, kept = RC.accuracy_kept(key, value, RC.TABLE_THRESHOLDS)
+    return [f"{RC.aurc_of(key, value):.4f}"] + [
+        ("n/a" if np.isnan(a) else f"{a:.3f}") + f" ({k:.2f})" for a, k in zip(acc, kept)]
+
+
+def lines_of(split: str, regression: bool, models) -> list[str]:
+    """`block`'s lines from `(model, (key, value))` of each model of `split` (`ranked`), or
+    from `(model, cells)` already formatted (`cells`); [] when there is none."""
     rows = list(models)
     if not rows:
         return []
@@ -78,20 +106,55 @@ def _lines(split: str, regression: bool, models) -> list[str]:
         head = ["area rmse-cov"] + [f"rmse {int(100 * q)}% kept" for q in REGRESSION_SHARES]
         out = [f"RMSE of the rows kept by lowest predictive std on {split} (lower is better)",
                _line("model", head)]
-        for model, y, p in rows:
-            r = RC.rmse_vs_kept(y, p[:, 0], p[:, 1], REGRESSION_SHARES)
-            out.append(_line("  " + model, [f"{RC.area_rmse_coverage(y, p[:, 0], p[:, 1]):.4g}"]
-                             + [f"{v:.4g}" for v in r]))
-        return out
-    head = ["AURC"] + [f"acc@{t} (kept)" for t in RC.TABLE_THRESHOLDS]
-    out = [f"accuracy against confidence on {split}: rows with top probability >= tau kept "
-           "(AURC lower is better)", _line("model", head)]
-    for model, y, p in rows:
-        acc, kept = RC.accuracy_vs_confidence(y, p, RC.TABLE_THRESHOLDS)
-        cells = [f"{RC.aurc(y, p):.4f}"] + [
-            ("n/a" if np.isnan(a) else f"{a:.3f}") + f" ({k:.2f})" for a, k in zip(acc, kept)]
-        out.append(_line("  " + model, cells))
+    else:
+        head = ["AURC"] + [f"acc@{t} (kept)" for t in RC.TABLE_THRESHOLDS]
+        out = [f"accuracy against confidence on {split}: rows with top probability >= tau "
+               "kept (AURC lower is better)", _line("model", head)]
+    for model, row in rows:
+        out.append(_line("  " + model, row if isinstance(row, list) else
+                         cells(*row, regression)))
     return out
+
+
+class Running:
+    """The block of one split built from chunks of a predictions file's rows as they are
+    written or read (each chunk's models in file order, one model's rows in row order),
+    holding `ranked`'s few bytes per row of one model at a time: a model's cells are
+    computed when the next model's rows start.
+
+    Args:
+        split: the split shown (`shown_split`); task: the run's task.
+    """
+
+    def __init__(self, split: str, task) -> None:
+        self.split, self.task = split, task
+        self.regression = task.confidence == BY_STD
+        self.done: dict[str, list[str]] = {}
+        self.model: str | None = None
+        self.parts: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def add(self, preds: PredictionArrays) -> None:
+        """Add one chunk's arrays (`model_arrays.of_batches` of a few record batches)."""
+        if self.task.confidence is None:
+            return
+        for model, y, p in _models(preds, self.split):
+            if model != self.model:
+                self._finish()
+                self.model = model
+            self.parts.append(ranked(y, p, self.regression))
+
+    def _finish(self) -> None:
+        if self.model is not None and self.parts:
+            key = np.concatenate([k for k, _ in self.parts])
+            value = np.concatenate([v for _, v in self.parts])
+            self.parts = []
+            self.done[self.model] = cells(key, value, self.regression)
+        self.model = None
+
+    def lines(self) -> list[str]:
+        """The block's lines ([] without a labelled model or a task `confidence`)."""
+        self._finish()
+        return lines_of(self.split, self.regression, self.done.items())
 
 
 def _line(name: str, cells) -> str:
@@ -99,30 +162,29 @@ def _line(name: str, cells) -> str:
 
 
 def block_of_file(path, task) -> list[str]:
-    """`block` of a predictions file of a run of `task`, reading only the rows of the split it
-    reports (test, else validation) and the columns it needs: a run's `predictions.parquet`
-    holds every model's rows of both splits, several times what this needs.
+    """`block` of a predictions file of a run of `task`, read a record batch at a time (the
+    columns it needs only) into `Running` (test, else validation when the file has no test
+    row): a few bytes per row of one model held.
 
     Raises:
         pyarrow.ArrowInvalid, OSError: a damaged file (callers verify its hash first).
     """
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     if task.confidence is None:
         return []
-    schema = pq.read_schema(path)
-    columns = model_arrays.columns(schema, task)
+    columns = model_arrays.columns(pq.read_schema(path), task)
 
-    def read(*filters):  # only these rows and columns
-        return pq.read_table(path, columns=columns, filters=list(filters),
-                             page_checksum_verification=True
-                             ).replace_schema_metadata(schema.metadata)
-
-    for split in ("test", "validation"):
-        names = pq.read_table(path, columns=["model"], filters=[("split", "==", split)])
-        if names.num_rows:  # one model's rows at a time
-            models = dict.fromkeys(names.column("model").to_pylist())
-            return _lines(split, task.confidence == BY_STD, (m for model in models for m in _models(
-                model_arrays.of_table(read(("split", "==", split), ("model", "==", model)), task),
-                split)))
+    with pq.ParquetFile(path, page_checksum_verification=True, pre_buffer=False) as f:
+        meta = f.schema_arrow.metadata or {}
+        for split in ("test", "validation"):
+            block, seen = Running(split, task), False
+            for batch in f.iter_batches(batch_size=model_arrays.BATCH_ROWS, columns=columns):
+                rows = batch.filter(pc.equal(batch.column("split"), split))
+                if rows.num_rows:
+                    seen = True
+                    block.add(model_arrays.of_batches(meta, task, [rows]))
+            if seen:  # the split shown, even without a labelled row
+                return block.lines()
     return []

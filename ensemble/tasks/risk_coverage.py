@@ -35,13 +35,20 @@ def accuracy_vs_confidence(y: np.ndarray, p: np.ndarray, thresholds=THRESHOLDS
         (accuracy `[n_tau]`, NaN where no row is kept; share kept `[n_tau]` in [0, 1]).
     """
     y, p = _check(y, p)
-    conf, correct = p.max(axis=1), p.argmax(axis=1) == y
+    return accuracy_kept(p.max(axis=1), p.argmax(axis=1) == y, thresholds)
+
+
+def accuracy_kept(conf: np.ndarray, correct: np.ndarray, thresholds=THRESHOLDS
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """`accuracy_vs_confidence` of rows given by their confidence `conf` `[n_rows]` (top
+    probability, any float type) and `correct` `[n_rows]` bool (top label right)."""
+    conf = np.asarray(conf, np.float64)
     taus = np.asarray(thresholds, np.float64)
     kept = conf[None, :] >= taus[:, None]  # [n_tau, n_rows]
     n_kept = kept.sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         acc = np.where(n_kept > 0, (kept & correct).sum(axis=1) / n_kept, np.nan)
-    return acc, n_kept / len(y)
+    return acc, n_kept / len(conf)
 
 
 def aurc(y: np.ndarray, p: np.ndarray) -> float:
@@ -50,9 +57,14 @@ def aurc(y: np.ndarray, p: np.ndarray) -> float:
     (Geifman et al. 2019, "Bias-Reduced Uncertainty Estimation for Deep Neural Classifiers").
     Lower is better; 0 when every prediction is right."""
     y, p = _check(y, p)
-    order = np.argsort(-p.max(axis=1), kind="stable")
-    errors = (p.argmax(axis=1) != y)[order]
-    return float(np.mean(np.cumsum(errors) / np.arange(1, len(y) + 1)))
+    return aurc_of(p.max(axis=1), p.argmax(axis=1) == y)
+
+
+def aurc_of(conf: np.ndarray, correct: np.ndarray) -> float:
+    """`aurc` of rows given by their confidence `conf` `[n_rows]` (any float type: the order
+    is the same) and `correct` `[n_rows]` bool."""
+    errors = ~np.asarray(correct, bool)[np.argsort(-np.asarray(conf), kind="stable")]
+    return float(np.mean(np.cumsum(errors) / np.arange(1, len(errors) + 1)))
 
 
 def rmse_vs_kept(y: np.ndarray, mu: np.ndarray, std: np.ndarray, shares=SHARES) -> np.ndarray:
@@ -69,9 +81,14 @@ def rmse_vs_kept(y: np.ndarray, mu: np.ndarray, std: np.ndarray, shares=SHARES) 
     if not (y.shape == mu.shape == std.shape) or y.ndim != 1 or y.size == 0:
         raise UsageError(f"Expected y, mu, std of one shape [n_rows]. Received: {y.shape}, "
                          f"{mu.shape}, {std.shape}")
-    sq = ((y - mu) ** 2)[np.argsort(std, kind="stable")]
-    csum = np.cumsum(sq)
-    k = np.maximum(np.ceil(np.asarray(shares, np.float64) * len(y) - 1e-9).astype(int), 1)
+    return rmse_kept((y - mu) ** 2, std, shares)
+
+
+def rmse_kept(sq: np.ndarray, std: np.ndarray, shares=SHARES) -> np.ndarray:
+    """`rmse_vs_kept` of rows given by their squared errors `sq` `[n_rows]` (float64) and
+    predictive stds `std` `[n_rows]`."""
+    csum = np.cumsum(np.asarray(sq, np.float64)[np.argsort(std, kind="stable")])
+    k = np.maximum(np.ceil(np.asarray(shares, np.float64) * len(sq) - 1e-9).astype(int), 1)
     return np.sqrt(csum[k - 1] / k)
 
 
@@ -79,5 +96,11 @@ def area_rmse_coverage(y: np.ndarray, mu: np.ndarray, std: np.ndarray) -> float:
     """The RMSE of the k rows of lowest std averaged over k = 1..n (the regression AURC;
     lower is better)."""
     y, mu, std = (np.asarray(a, np.float64) for a in (y, mu, std))
-    sq = ((y - mu) ** 2)[np.argsort(std, kind="stable")]
-    return float(np.mean(np.sqrt(np.cumsum(sq) / np.arange(1, len(y) + 1))))
+    return area_rmse_kept((y - mu) ** 2, std)
+
+
+def area_rmse_kept(sq: np.ndarray, std: np.ndarray) -> float:
+    """`area_rmse_coverage` of rows given by their squared errors `sq` `[n_rows]` (float64)
+    and predictive stds `std` `[n_rows]`."""
+    sq = np.asarray(sq, np.float64)[np.argsort(std, kind="stable")]
+    return float(np.mean(np.sqrt(np.cumsum(sq) / np.arange(1, len(sq) + 1))))

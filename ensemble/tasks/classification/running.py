@@ -30,21 +30,64 @@ MAX_ENTRIES = 1 << 20  # distinct scores of one class held at once (`rank_metric
 
 class ScoreCounts:
     """Positive and negative row counts per distinct float32 score of one class, merged over
-    chunks: `values` `[n_distinct]` ascending, `pos`, `neg` `[n_distinct]` int64."""
+    chunks: `values` `[n_distinct]` ascending, `pos`, `neg` `[n_distinct]` int64.
 
-    def __init__(self) -> None:
-        self.values = np.zeros(0, np.float32)
-        self.pos = np.zeros(0, np.int64)
-        self.neg = np.zeros(0, np.int64)
+    Chunks are kept as given until they hold as many rows as the counts hold scores (and at
+    least `limit` rows), then merged into the counts with one `np.unique`: each row is
+    sorted a bounded number of times (merging every chunk into the counts would sort every
+    count again per chunk), and memory holds at most `max(limit, n_distinct)` pending rows
+    (5 bytes each) besides the counts.
+
+    Args:
+        limit: rows kept pending at least before a merge.
+    """
+
+    def __init__(self, limit: int = 1 << 16) -> None:
+        self._values = np.zeros(0, np.float32)
+        self._pos = np.zeros(0, np.int64)
+        self._neg = np.zeros(0, np.int64)
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self._pending_rows = 0
+        self.limit = max(1, int(limit))
 
     def update(self, scores: np.ndarray, positive: np.ndarray) -> None:
         """Add a chunk: `scores` `[n]` (taken as float32), `positive` `[n]` bool."""
-        values = np.concatenate([self.values, np.asarray(scores, np.float32)])
-        pos = np.concatenate([self.pos, positive.astype(np.int64)])
-        neg = np.concatenate([self.neg, (~positive).astype(np.int64)])
-        self.values, inverse = np.unique(values, return_inverse=True)
-        self.pos = np.bincount(inverse, weights=pos, minlength=len(self.values)).astype(np.int64)
-        self.neg = np.bincount(inverse, weights=neg, minlength=len(self.values)).astype(np.int64)
+        self._pending.append((np.asarray(scores, np.float32), np.asarray(positive, bool)))
+        self._pending_rows += len(self._pending[-1][0])
+        if self._pending_rows >= max(self.limit, len(self._values)):
+            self._merge()
+
+    def _merge(self) -> None:
+        """The pending chunks merged into the counts (exact integer counts)."""
+        if not self._pending:
+            return
+        scores = np.concatenate([self._values, *(s for s, _ in self._pending)])
+        positive = np.concatenate([p for _, p in self._pending])
+        self._pending, self._pending_rows = [], 0
+        values, inverse = np.unique(scores, return_inverse=True)
+        del scores
+        held, new = inverse[:len(self._values)], inverse[len(self._values):]
+        pos = np.zeros(len(values), np.int64)
+        neg = np.zeros(len(values), np.int64)
+        pos[held], neg[held] = self._pos, self._neg  # (held scores are distinct)
+        pos += np.bincount(new[positive], minlength=len(values))
+        neg += np.bincount(new[~positive], minlength=len(values))
+        self._values, self._pos, self._neg = values, pos, neg
+
+    @property
+    def values(self) -> np.ndarray:
+        self._merge()
+        return self._values
+
+    @property
+    def pos(self) -> np.ndarray:
+        self._merge()
+        return self._pos
+
+    @property
+    def neg(self) -> np.ndarray:
+        self._merge()
+        return self._neg
 
     def roc_auc(self) -> float | None:
         """Area under the ROC curve (ties count half); None without positive or negative rows."""
@@ -222,7 +265,7 @@ def _class_areas(y, p, c, chunk_rows: int, max_entries: int
     auc_sum, ap_sum = 0.0, 0.0
     neg_above, tp, fp = 0, 0, 0
     for lo, hi in _ranges(prefix_rows, max_entries):  # the highest scores first
-        counts = ScoreCounts()
+        counts = ScoreCounts(max_entries)
         for scores, positive, keys in _chunks(y, p, c, chunk_rows):
             inside = (keys >> 16 >= lo) & (keys >> 16 <= hi)
             if inside.any():
