@@ -637,3 +637,35 @@ def test_confidence_block_built_chunk_by_chunk_holds_one_model(kind):
     assert shown.lines() == want and "on test" in want[0]
     assert len(want) == 2 + len(members) + len(aggs) - (kind == "classification")  # no vote
     assert 0 < max(held) <= n  # one model's test rows at most
+
+
+def test_release_heap_returns_freed_arena_pages_to_the_kernel():
+    """Arrays allocated by a thread and freed with a few kept between them stay in glibc's
+    arena (the anonymous memory does not fall) until `release_heap` trims it."""
+    import threading
+    from pathlib import Path
+
+    from ensemble.core import memory
+
+    def anon() -> int:
+        rollup = Path("/proc/self/smaps_rollup")
+        if not rollup.is_file():
+            pytest.skip("no /proc/self/smaps_rollup")
+        return next(int(line.split()[1]) << 10 for line in rollup.read_text().splitlines()
+                    if line.startswith("Anonymous:"))
+
+    kept, freed = [], []
+
+    def allocate():  # 100 KiB blocks: under glibc's mmap threshold, so in the thread's arena
+        blocks = [np.ones(100 << 10, np.uint8) for _ in range(1500)]
+        kept.extend(blocks[::10])
+        freed.append(len(blocks))
+
+    thread = threading.Thread(target=allocate)
+    thread.start()
+    thread.join()
+    before = anon()
+    if not memory.release_heap():
+        pytest.skip("not glibc")
+    assert before - anon() > 80 << 20  # of the ~130 MiB freed between the blocks kept
+    assert freed == [1500] and len(kept) == 150

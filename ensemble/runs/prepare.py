@@ -190,6 +190,7 @@ def prepare(request: TrainRequest, mode: Mode, devices: list[str],
     pre, hashed = prepare_splits(run_dir, scan, which, y, classes)  # `row`: file positions
     del which, y
     memory.release_arrow_pool()  # the pass's buffers: training never reads through pyarrow
+    memory.release_heap()  # and the chunks' numpy arrays freed into glibc's arenas
     text = pre.to_json()
     artifacts.write_text(run_dir / artifacts.PREPROCESSING, text)
     pre = kinds.from_json(text)  # as every later reader of the file gets it
