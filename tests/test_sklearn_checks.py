@@ -17,8 +17,10 @@ from ensemble.sklearn import DeepEnsembleClassifier
 TINY = DeepEnsembleClassifier(n_members=2, hidden=(8,), dropout=0.0, epochs=5,
                               learning_rate=0.02, random_state=0)
 EXPECTED_FAILED: dict[str, str] = {
-    "check_class_weight_classifiers": "class_weight takes None or 'balanced' (the config's "
-                                      "training.class_weight), not a dict of weights"}
+    # the dict of weights is honoured (tests/test_sklearn_class_weight.py), but TINY's 5 epochs
+    # on the check's 50 noisy binary rows are 10 steps: 78% of its test rows go to the
+    # heavy class, against the 87% the check asks (with 3 classes: 100%)
+    "check_class_weight_classifiers": "5 epochs of 50 rows: too few steps for the binary case"}
 
 
 @parametrize_with_checks([TINY], expected_failed_checks=lambda est: EXPECTED_FAILED)

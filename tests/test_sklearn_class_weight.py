@@ -38,6 +38,22 @@ def test_class_weight_is_a_parameter_checked_at_fit():
     est = DeepEnsembleClassifier(class_weight="balanced")
     assert est.get_params()["class_weight"] == "balanced"
     assert clone(est).class_weight == "balanced"
-    bad = DeepEnsembleClassifier(class_weight={"yes": 5})  # stored as given
-    with pytest.raises(ValueError, match=r"class_weight.*None or 'balanced'.*\{'yes': 5\}"):
+    bad = DeepEnsembleClassifier(class_weight="heavy")  # stored as given
+    with pytest.raises(ValueError, match=r"class_weight.*None, 'balanced' or a dict.*heavy"):
         bad.fit(*_imbalanced(40))
+    with pytest.raises(ValueError, match=r"finite weights >= 0.*'yes': -1"):
+        DeepEnsembleClassifier(class_weight={"yes": -1}).fit(*_imbalanced(40))
+    with pytest.raises(ValueError, match=r"name classes of the run \(no, yes\).*maybe"):
+        DeepEnsembleClassifier(**SMALL, class_weight={"maybe": 2}).fit(*_imbalanced(40))
+
+
+def test_a_dict_of_the_balanced_weights_trains_the_same_members_as_balanced():
+    from sklearn.utils.class_weight import compute_class_weight
+
+    x, y = _imbalanced()
+    w = compute_class_weight("balanced", classes=np.array(["no", "yes"]), y=y)
+    given = DeepEnsembleClassifier(**SMALL, class_weight={"no": w[0], "yes": w[1]}).fit(x, y)
+    balanced = DeepEnsembleClassifier(**SMALL, class_weight="balanced").fit(x, y)
+    np.testing.assert_allclose(given.predict_proba(x), balanced.predict_proba(x), atol=1e-6)
+    heavier = DeepEnsembleClassifier(**SMALL, class_weight={"yes": 3 * w[1]}).fit(x, y)
+    assert heavier.predict_proba(x)[:, 1].mean() > balanced.predict_proba(x)[:, 1].mean()

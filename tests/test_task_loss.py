@@ -77,7 +77,7 @@ def test_balanced_class_weight_is_scikit_learns_and_weights_the_loss_as_keras():
     from ensemble.tasks.classification.task import Classification
 
     y = np.array([0] * 90 + [1] * 8 + [2] * 2)
-    task, entries = Classification().with_class_weight("balanced", y, 3)
+    task, entries = Classification().with_class_weight("balanced", y, [0, 1, 2])
     expected = compute_class_weight("balanced", classes=np.arange(3), y=y)
     np.testing.assert_allclose(entries["class_weight"], expected)
     p = np.array([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [0.2, 0.2, 0.6]], np.float32)
@@ -85,4 +85,22 @@ def test_balanced_class_weight_is_scikit_learns_and_weights_the_loss_as_keras():
     got = float(task.loss(tf.constant(yb), tf.constant(p)))
     want = np.mean(expected[yb] * -np.log(p[np.arange(3), yb]))
     np.testing.assert_allclose(got, want, rtol=1e-5)
-    assert Classification().with_class_weight("none", y, 3)[1] == {}
+    assert Classification().with_class_weight("none", y, [0, 1, 2])[1] == {}
+
+
+def test_class_weight_table_maps_labels_and_leaves_the_rest_at_one():
+    """`training.class_weight = {label = weight}`: Keras's and scikit-learn's dict, keyed by
+    the class labels as text; a class it leaves out weighs 1 (`compute_class_weight`)."""
+    from sklearn.utils.class_weight import compute_class_weight
+
+    from ensemble.core.errors import UsageError
+    from ensemble.tasks.classification.task import Classification
+
+    y = np.array([0, 0, 1, 2])
+    classes = np.array(["cat", "dog", "pig"])
+    _, entries = Classification().with_class_weight({"pig": 5, "cat": 0.5}, y, classes)
+    want = compute_class_weight({"pig": 5, "cat": 0.5}, classes=classes, y=classes[y])
+    np.testing.assert_allclose(entries["class_weight"], want)
+    np.testing.assert_allclose(entries["class_weight"], [0.5, 1.0, 5.0])
+    with pytest.raises(UsageError, match="Received: goat"):
+        Classification().with_class_weight({"goat": 2}, y, classes)

@@ -212,15 +212,28 @@ def _check_data(cfg: Config) -> None:
                          f"column names. Received: {cfg.data.categorical!r}")
 
 
+def check_class_weight(value) -> None:
+    """`training.class_weight`: `"none"`, `"balanced"` or a table of class label -> a finite
+    weight >= 0 (Keras's and scikit-learn's dict), not all 0."""
+    if isinstance(value, dict):
+        bad = {k: v for k, v in value.items() if isinstance(v, bool)
+               or not isinstance(v, (int, float)) or not 0 <= v < float("inf")}
+        if bad or not value or not any(value.values()):
+            raise UsageError("Expected `training.class_weight` to map class labels to "
+                             "finite weights >= 0, not all 0. Received: "
+                             f"{bad or value!r}")
+    elif value not in ("none", "balanced"):
+        raise UsageError("Expected `training.class_weight` to be \"none\", \"balanced\" or a "
+                         f"table of class label -> weight. Received: {value!r}")
+
+
 def _check_names(cfg: Config) -> None:
     """Task, loss and aggregator names: the task registry's (`ensemble.tasks`)."""
     if cfg.data.task not in ("auto", *TASKS) and ":" not in cfg.data.task:
         names = ", ".join(_quoted(("auto", *TASKS)))
         raise UsageError(f"Expected `data.task` to be {names} or a task spec "
                          f"(\"module:Class\", \"file.py:Class\"). Received: {cfg.data.task!r}")
-    if cfg.training.class_weight not in ("none", "balanced"):
-        raise UsageError("Expected `training.class_weight` to be \"none\" or \"balanced\". "
-                         f"Received: {cfg.training.class_weight!r}")
+    check_class_weight(cfg.training.class_weight)
     if cfg.training.target_transform not in ("none", "log1p", "log"):
         raise UsageError("Expected `training.target_transform` to be \"none\", \"log1p\" or "
                          f"\"log\". Received: {cfg.training.target_transform!r}")

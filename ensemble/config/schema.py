@@ -96,7 +96,8 @@ class TrainingConfig:
     early_stopping: int | str = "auto"
     min_delta: float = 1e-3
     loss: str = "auto"  # regression: gaussian_nll (auto) or mse; classification: cross_entropy
-    class_weight: str = "none"  # classification: "balanced" weights each class n / (k n_c)
+    # classification: "balanced" weights each class n / (k n_c); a table {label = weight}
+    class_weight: str | dict = "none"
     target_transform: str = "none"  # regression: "log1p" or "log", log-normal members
     # binary classification: y_pred = positive where p >= threshold; a number in (0, 1) or
     # "auto:<metric>" picked on validation (ensemble.tasks.classification.threshold)

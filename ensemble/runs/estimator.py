@@ -34,6 +34,7 @@ from ensemble.tasks.classification import threshold
 from ensemble.tasks.classification.aggregators import AGGREGATORS, FITTED
 from ensemble.tasks.classification.task import Classification
 from ensemble.runs.estimator_base import DeepEnsembleBase
+from ensemble.config.checks import check_class_weight
 from ensemble.core.errors import UsageError
 
 
@@ -95,9 +96,10 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
             members stop early on them and fitted aggregators fit on them, as
             `MLPClassifier(early_stopping=True, validation_fraction=0.1)` does; 0 trains on
             every row without early stopping. `validation_data` given takes precedence.
-        class_weight: None (every row weighs 1) or `"balanced"` (`training.class_weight`:
-            each training row weighs `n / (n_classes * n_c)` for its class `c`, scikit-learn's
-            and Keras's meaning), checked at `fit`.
+        class_weight: None (every row weighs 1), `"balanced"` (`training.class_weight`:
+            each training row weighs `n / (n_classes * n_c)` for its class `c`) or a dict of
+            class label -> weight (a class it leaves out weighs 1): scikit-learn's and Keras's
+            meanings, checked at `fit`.
         threshold: a binary classifier's decision threshold (`training.threshold`,
             `ensemble.tasks.classification.threshold`): None (`predict` is the most probable
             class), a number `t` in (0, 1), or `"auto:f1"`, `"auto:balanced_accuracy"`,
@@ -145,16 +147,22 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
         `class_weight` and `threshold`."""
         import dataclasses
 
-        if self.class_weight not in (None, "balanced"):
-            raise ValueError("Expected `class_weight` to be None or 'balanced'. "
-                             f"Received: class_weight={self.class_weight!r}")
+        weight = self.class_weight
+        if isinstance(weight, dict):  # labels of any type: the config keys them as text
+            weight = {str(k): float(v) if isinstance(v, (int, float, np.number))
+                      and not isinstance(v, bool) else v for k, v in weight.items()}
+        elif weight not in (None, "balanced"):
+            raise ValueError("Expected `class_weight` to be None, 'balanced' or a dict of "
+                             f"class label -> weight. Received: class_weight={weight!r}")
         try:
+            check_class_weight(weight or "none")
             decision = threshold.parse(self.threshold, "threshold")
         except UsageError as exc:
-            raise ValueError(str(exc).replace(" (--threshold)", "")) from None
+            raise ValueError(str(exc).replace(" (--threshold)", "").replace(
+                "`training.class_weight`", "`class_weight`")) from None
         cfg = super()._config(seed)
         return dataclasses.replace(cfg, training=dataclasses.replace(
-            cfg.training, class_weight=self.class_weight or "none",
+            cfg.training, class_weight=weight or "none",
             threshold="none" if decision is None else self.threshold))
 
     def fit(self, X, y, validation_data=None):

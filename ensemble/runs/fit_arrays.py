@@ -191,7 +191,7 @@ def weighted_task(cfg: Config, y: np.ndarray, pre: Preprocessing) -> tuple[Any, 
     task, entries = _task(cfg, pre), {}
     if task.transform is not None:
         task, entries = task.fit_target(y)
-    task, weights = task.with_class_weight(cfg.training.class_weight, y, len(pre.classes))
+    task, weights = task.with_class_weight(cfg.training.class_weight, y, list(pre.classes))
     return task, {**entries, **weights}
 
 

@@ -176,7 +176,7 @@ def prepare(request: TrainRequest, mode: Mode, devices: list[str],
     task = task.with_threshold(cfg.training.threshold, len(classes), cfg.data.target)
     if cfg.training.class_weight != "none":
         task, weights = task.with_class_weight(cfg.training.class_weight, y[which == TRAIN],
-                                               len(classes))
+                                               classes)
         target.update(weights)
     if fitted:
         from ensemble.config.bounds import check_target_scale

@@ -160,11 +160,11 @@ class Task(ABC):
     def member_scores(self, y: np.ndarray, outputs: np.ndarray) -> dict[str, float | None]:
         """`members.parquet`'s scores of a trained member on validation."""
 
-    def with_class_weight(self, mode: str, y_train: np.ndarray, n_classes: int
+    def with_class_weight(self, mode: str | dict, y_train: np.ndarray, classes: Sequence
                           ) -> tuple["Task", dict]:
-        """The task whose loss weights each class (`training.class_weight = mode`), and the
-        manifest `dataset` entries it adds (`Classification`'s); itself and `{}` for
-        `"none"`.
+        """The task whose loss weights each class (`training.class_weight = mode`; `classes`:
+        the run's class labels), and the manifest `dataset` entries it adds
+        (`Classification`'s); itself and `{}` for `"none"`.
 
         Raises:
             UsageError: another mode for a task without classes.

@@ -12,6 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ensemble.core.errors import UsageError
 from ensemble.tasks.base import Task
 from ensemble.tasks.classification import aggregators as A
 from ensemble.tasks.classification import metrics
@@ -38,16 +39,33 @@ class Classification(Task):
 
     class_weight: tuple[float, ...] | None = None  # per class index (`with_class_weight`)
 
-    def with_class_weight(self, mode: str, y_train: np.ndarray, n_classes: int
-                          ) -> tuple["Classification", dict]:
+    def with_class_weight(self, mode, y_train, classes):
         """The task whose loss weights class `c` by `n / (n_classes * n_c)` (`mode =
         "balanced"`: scikit-learn's `compute_class_weight("balanced")`, over the training
-        class indices `y_train` `[n_train]`; a class without training rows: weight 1), and
-        `{"class_weight": [n_classes] weights}` for the manifest's `dataset`."""
+        class indices `y_train` `[n_train]`; a class without training rows: weight 1) or by
+        `mode[label]` (a table of class label -> weight, the labels of `classes` as text;
+        a class it leaves out: weight 1, as in scikit-learn), and `{"class_weight":
+        [n_classes] weights}` for the manifest's `dataset`.
+
+        Raises:
+            UsageError: a table naming a label that is not one of `classes`.
+        """
         if mode == "none":
             return self, {}
-        counts = np.bincount(np.asarray(y_train, np.int64), minlength=n_classes)
-        weight = np.where(counts > 0, len(y_train) / (n_classes * np.maximum(counts, 1)), 1.0)
+        n_classes = len(classes)
+        if isinstance(mode, dict):
+            names = [str(c) for c in classes]
+            unknown = sorted(set(map(str, mode)) - set(names))
+            if unknown:
+                raise UsageError(f"Expected `training.class_weight` to name classes of the "
+                                 f"run ({', '.join(names[:10])}{', ...' * (n_classes > 10)}). "
+                                 f"Received: {', '.join(unknown)}")
+            given = {str(k): float(v) for k, v in mode.items()}
+            weight = np.asarray([given.get(c, 1.0) for c in names])
+        else:
+            counts = np.bincount(np.asarray(y_train, np.int64), minlength=n_classes)
+            weight = np.where(counts > 0,
+                              len(y_train) / (n_classes * np.maximum(counts, 1)), 1.0)
         task = copy.copy(self)  # (a user's subclass keeps its own state)
         task.class_weight = tuple(weight.tolist())
         return task, {"class_weight": weight.tolist()}
