@@ -77,9 +77,11 @@ def check_predictions(run_dir: str | Path, manifest: Manifest, used: list[int]) 
     if not path.is_file():
         return
     artifacts.verify(run_dir, manifest, path)
-    with artifacts.opened(path, "predictions file"):
-        have = sorted(pc.unique(pq.read_table(path, columns=["member"]).column("member")
-                                .drop_null()).to_pylist())
+    have: set[int] = set()
+    with artifacts.opened(path, "predictions file"):  # by record batches: flat in the rows
+        for batch in pq.ParquetFile(path).iter_batches(columns=["member"]):
+            have.update(pc.unique(batch.column(0).drop_null()).to_pylist())
+    have = sorted(have)
     if have != sorted(used):
         raise UsageError(f"Run {run_dir}: {artifacts.PREDICTIONS} holds members {have} but the "
                          f"manifest's ensemble is members {sorted(used)}; the run is damaged "
