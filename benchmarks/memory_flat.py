@@ -11,7 +11,9 @@ memory cgroup (root, `/sys/fs/cgroup/memory/`), with `--limit-gib` as its limit 
 memory (`total_rss` of `memory.stat`, sampled every 0.2 s), the anonymous estimate of
 `ensemble.runs.budget.estimate` and its ratio to that peak, the estimate with file pages
 (what a run is refused by), prepare seconds per million rows, and whether
-every table of the run directory was written. Without cgroups (not root) the peak is
+every table of the run directory was written; then per phase the anonymous peak against the
+phase's anonymous estimate (prepare: until the run's `manifest.json` is written; training:
+until its `history.parquet` is; evaluation: the rest). Without cgroups (not root) the peak is
 `/usr/bin/time -v`'s maximum resident set size. Never run by the tests (a smoke test runs the
 table writer and the measuring wrapper at a tiny size).
 """
@@ -55,18 +57,38 @@ def make_table(path: Path, rows: int, features: int = 64, classes: int = 10,
                                       "target": y}, schema=schema))
 
 
-def measure(argv: list[str], limit: int = 0, log: Path | None = None) -> dict:
+PHASES = ("prepare", "training", "evaluation")
+
+
+def phase(run_dir: Path | None, since: float) -> str:
+    """The phase a run writing `run_dir` is in, from the files it wrote after `since`
+    (`time.time()`): no `manifest.json` yet, `prepare`; no `history.parquet`, `training`;
+    else `evaluation`."""
+    def written(name: str) -> bool:
+        try:
+            return (run_dir / name).stat().st_mtime >= since
+        except OSError:
+            return False
+
+    if run_dir is None or not written("manifest.json"):
+        return "prepare"
+    return "training" if not written("history.parquet") else "evaluation"
+
+
+def measure(argv: list[str], limit: int = 0, log: Path | None = None,
+            run_dir: Path | None = None) -> dict:
     """Run `argv` in a memory cgroup of its own (root) or under `/usr/bin/time -v`.
 
     Returns:
-        `{"code", "wall_s", "peak_bytes", "anon_bytes"}` (anon_bytes None without cgroups);
-        stderr goes to `log` when given.
+        `{"code", "wall_s", "peak_bytes", "anon_bytes", "phases"}` (anon_bytes None and
+        phases empty without cgroups; phases: `{phase: anonymous peak}`, the phase told by
+        `phase(run_dir)`); stderr goes to `log` when given.
     """
     start = time.perf_counter()
     err = open(log, "w") if log else subprocess.DEVNULL
     try:
         if os.geteuid() == 0 and MEMCG.is_dir() and os.access(MEMCG, os.W_OK):
-            return _in_cgroup(argv, limit, err, start)
+            return _in_cgroup(argv, limit, err, start, run_dir)
         proc = subprocess.run(["/usr/bin/time", "-v", *argv], stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
         if log:
@@ -74,23 +96,26 @@ def measure(argv: list[str], limit: int = 0, log: Path | None = None) -> dict:
         kb = [int(line.split()[-1]) for line in proc.stderr.splitlines()
               if "Maximum resident set size" in line]
         return {"code": proc.returncode, "wall_s": time.perf_counter() - start,
-                "peak_bytes": kb[0] * 1024 if kb else None, "anon_bytes": None}
+                "peak_bytes": kb[0] * 1024 if kb else None, "anon_bytes": None, "phases": {}}
     finally:
         if log:
             err.close()
 
 
-def _in_cgroup(argv, limit, err, start) -> dict:
+def _in_cgroup(argv, limit, err, start, run_dir) -> dict:
     cg = MEMCG / f"memory-flat-{os.getpid()}-{time.monotonic_ns()}"
     cg.mkdir()
-    anon, done = [0], threading.Event()
+    anon, done, phases, since = [0], threading.Event(), {}, time.time()
 
     def sample():
         while not done.wait(0.2):
             try:
                 for line in (cg / "memory.stat").read_text().splitlines():
                     if line.startswith("total_rss "):
-                        anon[0] = max(anon[0], int(line.split()[1]))
+                        rss = int(line.split()[1])
+                        anon[0] = max(anon[0], rss)
+                        now = phase(run_dir, since)
+                        phases[now] = max(phases.get(now, 0), rss)
             except OSError:
                 return
 
@@ -113,7 +138,7 @@ def _in_cgroup(argv, limit, err, start) -> dict:
             except OSError:
                 time.sleep(0.1)
     return {"code": proc.returncode, "wall_s": time.perf_counter() - start,
-            "peak_bytes": peak, "anon_bytes": anon[0]}
+            "peak_bytes": peak, "anon_bytes": anon[0], "phases": phases}
 
 
 def estimate(rows: int, classes: int, mode: str) -> dict:
@@ -139,7 +164,7 @@ def train(table: Path, run_dir: Path, mode: str, limit: int) -> dict:
             "--mode", mode, "--run-dir", str(run_dir), "--overwrite"]
     if mode == "between-graph":
         argv += ["--jobs", "2"]
-    out = measure(argv, limit, run_dir.with_suffix(".log"))
+    out = measure(argv, limit, run_dir.with_suffix(".log"), run_dir)
     out["tables"] = all((run_dir / t).is_file() for t in TABLES)
     out["prepare_s"] = None
     if out["code"] == 0:
@@ -184,6 +209,9 @@ def main(argv=None) -> int:
                   f"{gib(est['anonymous']):>9}{ratio:>9.2f}{gib(est['total']):>10}"
                   f"{prep:>9.2f} {'all' if r['tables'] else 'missing'}",
                   flush=True)
+            print(" " * 13 + "anon GiB / estimate by phase: " + ", ".join(
+                f"{p} {gib(r['phases'].get(p))}/{gib(est[p + '_anonymous'])}" for p in PHASES),
+                flush=True)
     if not args.out and not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -146,10 +146,26 @@ def test_memory_flat(tmp_path):
                  "--modes", "in-graph", "--out", tmp_path)
     row = next(line.split() for line in out.splitlines() if line.strip().startswith("3,000"))
     assert row[1:3] == ["in-graph", "0"] and row[-1] == "all"  # exit 0, every table written
+    assert "by phase: prepare" in out
     import pyarrow.parquet as pq
 
     table = pq.read_table(tmp_path / "table-3000.parquet")
     assert table.num_rows == 3000 and table.column_names[-1] == "target"
+
+
+def test_memory_flat_phase_is_told_by_the_files_written_since_the_start(tmp_path):
+    import time
+
+    from benchmarks.memory_flat import phase
+
+    (tmp_path / "manifest.json").write_text("{}")  # an old run's, before the start
+    (tmp_path / "history.parquet").write_text("")
+    since = time.time() + 5
+    assert phase(tmp_path, since) == "prepare" and phase(None, since) == "prepare"
+    os.utime(tmp_path / "manifest.json", (since, since))
+    assert phase(tmp_path, since) == "training"
+    os.utime(tmp_path / "history.parquet", (since + 1, since + 1))
+    assert phase(tmp_path, since) == "evaluation"
 
 
 def test_public_tables_bench(tmp_path):

@@ -73,7 +73,7 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
     Returns:
         `{"prepare", "training", "predictions", "evaluation", "anonymous", "total"}` in
         bytes: each phase with its processes' file pages, `predictions` the rank counts,
-        `total` the largest phase.
+        `total` the largest phase; and `<phase>_anonymous`, each phase without file pages.
     """
     launcher_tf = not member_rows
     n_eval = rows.get("validation", 0) + rows.get("test", 0)
@@ -97,6 +97,7 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
              "training": FILE_SET * (1 if launcher_tf else clients)}
     parts = {phase: anon[phase] + files[phase] for phase in anon}
     parts["predictions"] = predictions
+    parts.update({f"{phase}_anonymous": anon[phase] for phase in anon})
     parts["anonymous"] = max(anon.values())
     parts["total"] = max(parts["prepare"], parts["training"], parts["evaluation"])
     return parts
