@@ -340,7 +340,7 @@ def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     tiny = b.estimate({"train": 100, "test": 50}, 3, 2, 0, clients=1, member_rows=False)
     assert tiny["training"] == b.TF_PROCESS + 2 * (2 * 100 * (16 << 10)) + 16 * 100 \
         + b.FILE_SET
-    assert tiny["prepare"] == b.TF_PROCESS + 150 * (8 << 10) + 3 * 150 + b.FILE_SET
+    assert tiny["prepare"] == b.TF_PROCESS + 150 * b.PREPARE_ROW + 3 * 150 + b.FILE_SET
 
 
 def test_refusal_names_the_phase_that_does_not_fit(monkeypatch):
