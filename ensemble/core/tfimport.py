@@ -1,4 +1,5 @@
-"""Importing TensorFlow quietly: without its C++ start-up banners and without Keras's extras.
+"""Importing TensorFlow quietly: without its C++ start-up banners and without Keras's and
+TensorFlow Lite's extras.
 
 Shared by the CLI and by everything that may be first to import TensorFlow in a process (a
 user's builder module imports Keras at its top).
@@ -9,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-KERAS_EXTRAS = ("sklearn", "scipy", "pandas", "matplotlib")
+EXTRAS = ("sklearn", "scipy", "pandas", "matplotlib", "jax")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # TensorFlow's C++ info and warnings
 
 
@@ -19,14 +20,15 @@ def import_tensorflow_quietly() -> None:
     TensorFlow's Python warnings (retracing, when fits of new shapes retrace) are turned off.
 
     Keras imports scikit-learn, SciPy, pandas and matplotlib (pyplot) when they are installed,
-    for wrappers and plots this CLI never uses: about 2 s of every process's start-up. Those
+    for wrappers and plots this CLI never uses, and TensorFlow Lite imports JAX (its `jit`):
+    about 2 s of every process's start-up, JAX 0.7 s of it under load. Those
     not loaded yet are hidden while TensorFlow loads (a `None` entry in `sys.modules` makes an
     import fail, which Keras handles by leaving the extra off) and importable again after, so a
     command that needs one (scikit-learn for data and metrics) still loads it, once, when used.
     """
     if "tensorflow" in sys.modules:
         return
-    hidden = [name for name in KERAS_EXTRAS if name not in sys.modules]
+    hidden = [name for name in EXTRAS if name not in sys.modules]
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     try:
         sys.modules.update(dict.fromkeys(hidden))

@@ -148,4 +148,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    import gc
+
+    gc.freeze()  # skip the exit's collections of every TensorFlow object (seconds)
+    sys.exit(status)
