@@ -525,6 +525,22 @@ def test_numeric_columns_become_the_float32_of_their_float64_values():
     assert problems and "inf at row 1" in problems[0]
 
 
+def test_columns_stacked_in_blocks_of_rows_are_their_float64_values_as_float32():
+    """Blocks of 256 rows (a last partial block), columns of mixed dtypes: each value is its
+    float64 value rounded to float32, as one `numpy.stack` in float64 gives."""
+    from ensemble.data import columns
+
+    rng = np.random.default_rng(3)
+    n = 1000
+    cols = [rng.integers(-2**31, 2**31 - 1, n).astype(np.int32), rng.normal(size=n) * 1e6,
+            rng.normal(size=n).astype(np.float32), rng.integers(0, 2**32 - 1, n, np.uint32),
+            rng.normal(size=n).astype(np.float16)]
+    x = columns._stacked(cols, n, block_bytes=16)
+    want = np.stack([c.astype(np.float64) for c in cols], axis=1).astype(np.float32)
+    np.testing.assert_array_equal(x, want)
+    assert x.flags.c_contiguous and columns._stacked([], 3).shape == (3, 0)
+
+
 @pytest.mark.parametrize("shape", [(0, 4), (3, 0), (0, 6, 6, 1), (5, 3)])
 def test_split_files_are_numpy_save_bytes_for_any_shape(tmp_path, shape):
     from ensemble.core import splitfiles
