@@ -316,8 +316,8 @@ def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     assert inside["prepare"] == b.TF_PROCESS + max(24 * n, b.PREPARE_CHUNKS + 3 * n) \
         + b.FILE_SET
     # two calls' batches; each member's int32 batch order and the int64 permutation
-    assert inside["training"] == b.TF_PROCESS + 2 * CALL_BYTES + (4 * 2 + 8) * 7_000_000 \
-        + b.FILE_SET
+    assert inside["training"] == b.TF_PROCESS + b.PREPARED + 2 * CALL_BYTES \
+        + (4 * 2 + 8) * 7_000_000 + b.FILE_SET
     assert inside["evaluation"] == b.TF_PROCESS + b.EVAL_FIXED + preds + b.FILE_SET
     assert inside["total"] == max(inside[p] for p in ("prepare", "training", "evaluation"))
     assert inside["anonymous"] == inside["total"] - b.FILE_SET  # one TensorFlow process
@@ -338,8 +338,8 @@ def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     assert between["total"] == max(between["training"], between["evaluation"])
     # a training split smaller than a call: calls of its size, chunks of its size
     tiny = b.estimate({"train": 100, "test": 50}, 3, 2, 0, clients=1, member_rows=False)
-    assert tiny["training"] == b.TF_PROCESS + 2 * (2 * 100 * (16 << 10)) + 16 * 100 \
-        + b.FILE_SET
+    assert tiny["training"] == b.TF_PROCESS + b.PREPARED + 2 * (2 * 100 * (16 << 10)) \
+        + 16 * 100 + b.FILE_SET
     assert tiny["prepare"] == b.TF_PROCESS + 150 * b.PREPARE_ROW + 3 * 150 + b.FILE_SET
 
 

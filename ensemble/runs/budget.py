@@ -36,6 +36,10 @@ FILE_SET = 192 << 20  # per TensorFlow process: the library pages in use (a cgro
 # read until the allocators reuse their pages
 PREPARE_CHUNKS = 512 << 20
 PREPARE_ROW = 1 << 10  # ... and below that, about this many bytes per source row
+# what preparing leaves in a process that trains next (in-graph): pyarrow's and
+# scikit-learn's modules and the pools' pages kept; measured in-graph training peaks less the
+# terms below: 70-150 MiB at 1M-16M rows
+PREPARED = 96 << 20
 SPLIT_ROW = 24  # bytes per source row while the split is drawn: the labels, a sorted copy
 HELD_ROW = 3  # bytes per source row through the pass: class code, split code, training mask
 IN_FLIGHT = 2  # call-sized buffers at once: the gather's two (`feed.Gather`)
@@ -55,8 +59,8 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
     `LEAN_PROCESS` between-graph), the anonymous memory of each phase is:
 
     - prepare: `L + max(SPLIT_ROW n, min(PREPARE_CHUNKS, PREPARE_ROW n) + HELD_ROW n)`;
-    - training, in-graph: `L + IN_FLIGHT calls + (4 n_members + 8) n_train` (each member's
-      int32 batch order, an int64 permutation), `calls = min(CALL_BYTES,
+    - training, in-graph: `L + PREPARED + IN_FLIGHT calls + (4 n_members + 8) n_train` (each
+      member's int32 batch order, an int64 permutation), `calls = min(CALL_BYTES,
       BATCH_ROW n_members n_train)`; between-graph: `L + clients (TF_PROCESS + max(IN_FLIGHT
       calls, a chunk of prediction rows) + CLIENT_ROW n)`;
     - evaluation: `L + EVAL_FIXED + RANK_COUNT min(n_split, MAX_ENTRIES)` (between-graph in
@@ -92,7 +96,7 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
     anon = {
         "prepare": launcher + max(SPLIT_ROW * n_rows, min(PREPARE_CHUNKS, PREPARE_ROW * n_rows)
                                   + HELD_ROW * n_rows),
-        "training": (launcher + calls + orders if launcher_tf
+        "training": (launcher + PREPARED + calls + orders if launcher_tf
                      else launcher + clients * (TF_PROCESS + client_rows + CLIENT_ROW * n_rows)),
         "evaluation": launcher + EVAL_FIXED + predictions
                       + (0 if launcher_tf else LEAN_PROCESS),  # the aggregator's process
