@@ -240,3 +240,20 @@ def test_the_loaded_estimator_predicts_the_runs_lognormals(run):
     mean, std = est.predict(load_diabetes().data[t["source_row"]], return_std=True)
     np.testing.assert_allclose(mean, t["y_pred"], rtol=1e-5)
     np.testing.assert_allclose(std, t["std"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["log1p", "log"])
+def test_shift_metrics_of_a_transformed_run_are_the_lognormals(name):
+    """`evaluate --shift` of a run with a target transform: NLL and 90% coverage of the
+    log-normal with the outputs' moments (an ensemble's variance: aleatoric + epistemic)."""
+    from ensemble.tasks.regression.task import Regression
+
+    dist = _lognorm(name, MU, SD)
+    y = dist.rvs(random_state=4)
+    mean, var = T.get(name).moments(MU, SD ** 2)
+    outputs = np.stack([mean, 0.25 * var, 0.75 * var], axis=1)  # [n_rows, 3]
+    m = Regression().with_transform(name).shift_scores(y, outputs, "mean")
+    assert m["nll"] == pytest.approx(-np.mean(dist.logpdf(y)), rel=1e-9)
+    lo, hi = dist.ppf(0.05), dist.ppf(0.95)
+    assert m["coverage_90"] == pytest.approx(np.mean((y >= lo) & (y <= hi)))
+    assert m["rmse"] == pytest.approx(np.sqrt(np.mean((y - dist.mean()) ** 2)))

@@ -268,14 +268,22 @@ class Regression(Task):
         return {"mean": float(np.mean(y)), "std": std} if std > 0 else None
 
     def shift_scores(self, y, outputs, aggregator):
-        """RMSE, Gaussian NLL and 90% coverage of `[n_rows, 2 | 3]` outputs (mean, variance,
-        and for an ensemble its epistemic variance; target units)."""
+        """RMSE, NLL (`nll_of`: the log-normal's under a target transform) and 90% coverage
+        of `[n_rows, 2 | 3]` outputs (mean, variance, and for an ensemble its epistemic
+        variance; target units), the interval the Gaussian's or, under a transform, the
+        log-normal's 5% and 95% quantiles."""
         from ensemble.tasks.regression import metrics as RM
 
-        mu = outputs[:, 0]
-        sigma = np.sqrt(outputs[:, 1] + (outputs[:, 2] if outputs.shape[1] == 3 else 0))
-        return {"rmse": RM.rmse(y, mu), "nll": RM.nll(y, mu, sigma),
-                "coverage_90": RM.coverage(y, mu, sigma, 0.9)[0]}
+        mean = outputs[:, 0]
+        var = outputs[:, 1] + (outputs[:, 2] if outputs.shape[1] == 3 else 0)
+        if self.transform is None:
+            coverage = RM.coverage(y, mean, np.sqrt(var), 0.9)[0]
+        else:
+            mu, s2 = self.transform.to_gaussian(mean, var)
+            lo, hi = (self.transform.quantile(mu, np.sqrt(s2), q) for q in (0.05, 0.95))
+            coverage = float(np.mean((y >= lo) & (y <= hi)))
+        return {"rmse": RM.rmse(y, mean), "nll": self.nll_of(y, mean, var),
+                "coverage_90": coverage}
 
     def graph_constants(self):
         """The loss, and under a target transform its shift and the standardisation of
