@@ -135,8 +135,8 @@ def run_rows(run: Path) -> dict[str, np.ndarray]:
 
 
 def hgb_worker(table: Path, target: str, task: str, rows: Path, seed: int, out: Path) -> None:
-    """Fit HGB on the table's training rows (all rows not in validation or test) and write
-    its test figures to `out` (JSON): accuracy, NLL, ROC AUC (one-vs-rest for several classes)
+    """Fit HGB on the table's training rows (the labelled rows not in validation or test) and
+    write its test figures to `out` (JSON): accuracy, NLL, ROC AUC (one-vs-rest for several classes)
     and average precision (binary) for classification; RMSE, Gaussian NLL with the validation
     residuals' std, and 90% coverage for regression. Text columns use HGB's native
     categorical support (`categorical_features="from_dtype"`) up to its limit of
@@ -155,7 +155,9 @@ def hgb_worker(table: Path, target: str, task: str, rows: Path, seed: int, out: 
     x, y = frame.drop(columns=[target]), frame[target]
     held = np.zeros(len(frame), bool)
     held[split["validation"]] = held[split["test"]] = True
-    train, val, test = np.flatnonzero(~held), split["validation"], split["test"]
+    # training rows: the others with a label (the run drops rows whose target is missing)
+    train = np.flatnonzero(~held & y.notna().to_numpy())
+    val, test = split["validation"], split["test"]
     start = time.perf_counter()
     if task == CLS:
         model = HistGradientBoostingClassifier(random_state=seed).fit(x.iloc[train], y.iloc[train])
