@@ -81,7 +81,7 @@ def test_impute_error_counts_missing_values_over_the_whole_file(tmp_path, capsys
                    tmp_path / "t.parquet", row_group_size=1000)
     assert run_cli("train", "--data", tmp_path / "t.parquet", "--target", "label",
                    "--impute", "error", "--run-dir", tmp_path / "run") == 2
-    _one_line(capsys, "column 'x' (1 row) holds NaN or inf: missing values",
+    _one_line(capsys, "column 'x' (1 row) holds missing values (empty cells, nulls or NaN;",
               "In the whole input (3,000 rows in the file; its labelled rows counted, the "
               f"rows training reads): column 'x' {len(nan_rows)} rows missing "
               f"(first at row {nan_rows[0]:,}); column 'kind' 1 row missing (first at row "

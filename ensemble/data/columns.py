@@ -215,8 +215,8 @@ def missing_problem(missing_values: list[tuple[str, int]],
            if expected is None else  # predict: the run's setting decides (no --impute)
            "the run was trained with [data] impute = \"error\", which refuses them: fill "
            "them in the data; a run trained with impute = \"median\" fills them")
-    return (f"column{'' if one else 's'} {cols} hold{'s' * one} NaN or inf: missing "
-            f"values ({fix})")
+    return (f"column{'' if one else 's'} {cols} hold{'s' * one} missing values (empty "
+            f"cells, nulls or NaN; {fix})")
 
 
 def features(table: pa.Table, cat_names: Sequence[str], first_row: int,
