@@ -56,7 +56,7 @@ def test_data_file_problems_at_train(tmp_path, capsys):
         "oneclass.csv": "f1,f2,target\n1,2,0\n3,4,0\n",
         "notarget.csv": "f1,f2,label\n1,2,0\n3,4,1\n",
     }
-    needles = {"empty.csv": "empty", "notcsv.csv": "Cannot read", "nan.csv": "NaN or inf",
+    needles = {"empty.csv": "empty", "notcsv.csv": "Cannot read", "nan.csv": "missing values",
                "inf.csv": "NaN or inf", "strings.csv": "'f2'", "oneclass.csv": "two classes",
                "notarget.csv": "Target column 'target' not found"}
     for name, text in cases.items():

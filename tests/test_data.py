@@ -83,7 +83,7 @@ def test_file_source_with_string_labels(tmp_path, ext):
 
 
 @pytest.mark.parametrize("columns, target, match", [
-    ({**GOOD, "a": [1.0, float("nan"), 3.0, 4.0]}, "label", "'a'.*NaN or inf"),
+    ({**GOOD, "a": [1.0, float("nan"), 3.0, 4.0]}, "label", "'a'.*missing values"),
     ({**GOOD, "a": [1.0, float("inf"), 3.0, 4.0]}, "label", "NaN or inf"),
     ({**GOOD, "a": ["p", "q", "r", "s"]}, "label", "'a'.*expected numbers"),
     (GOOD, "missing", "Target column 'missing' not found"),
