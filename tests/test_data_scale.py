@@ -349,9 +349,9 @@ def test_refusal_names_the_phase_that_does_not_fit(monkeypatch):
 
     monkeypatch.setattr(memory, "available", lambda: (1 << 30, "the cgroup memory limit"))
     b.check({"train": 1000, "test": 100}, 2, 2, 1, clients=1, member_rows=False)  # fits
-    # preparing 60M rows: the split's 24 B per row (1.341 GiB) + TensorFlow's 0.344 GiB of
+    # preparing 60M rows: the split's 24 B per row (1.341 GiB) + TensorFlow's 0.297 GiB of
     # anonymous memory and its 0.1875 GiB of file pages (the rank counts stay bounded)
-    with pytest.raises(UsageError, match=r"about 1\.87 GiB while preparing \(60,000,000 rows"):
+    with pytest.raises(UsageError, match=r"about 1\.83 GiB while preparing \(60,000,000 rows"):
         b.check({"train": 40_000_000, "test": 20_000_000}, 2, 2, 1, clients=1,
                 member_rows=False)
     with pytest.raises(UsageError, match=r"while training .* 3 TensorFlow processes.* fewer "

@@ -24,10 +24,10 @@ from ensemble.replication.modes import Mode
 from ensemble.tasks.classification.running import MAX_ENTRIES  # rank counts held at most
 from ensemble.tasks.eval_writer import CHUNK_ROWS  # rows of predictions built at a time
 
-# anonymous bytes of a process (RssAnon) once its libraries are imported, measured: 334-341 MiB
-# with TensorFlow and Keras (a model called once), 107-112 MiB with NumPy, pyarrow,
-# scikit-learn and this package
-TF_PROCESS = 352 << 20
+# anonymous bytes of a process (RssAnon) once its libraries are imported, measured: 277 MiB
+# with TensorFlow imported (JAX hidden), 298 MiB with a Keras model fitted and called once;
+# 107-112 MiB with NumPy, pyarrow, scikit-learn and this package
+TF_PROCESS = 304 << 20
 LEAN_PROCESS = 128 << 20
 FILE_SET = 192 << 20  # per TensorFlow process: the library pages in use (a cgroup charges them)
 # a preparing pass's Arrow pages (decoded row groups read ahead), chunks and the allocators'
