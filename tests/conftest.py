@@ -11,6 +11,12 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# One OpenBLAS thread (NumPy, SciPy, scikit-learn), in this process and every process a test
+# starts (they inherit it): two xdist workers and their TensorFlow processes already keep both
+# cores busy, and OpenBLAS's pool of one spinning thread per core made the small problems of the
+# suite (the stacking aggregator's logistic fits, cross-fitting) several times slower. Set
+# before NumPy loads, as OpenBLAS sizes its pool then.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
