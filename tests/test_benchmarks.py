@@ -24,18 +24,15 @@ def _bench(name: str, *argv, timeout: float = 240) -> str:
     return res.stdout
 
 
-def _cli(*argv) -> None:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT))
-    subprocess.run([sys.executable, "-m", "pipelines.cli", *map(str, argv)], cwd=ROOT, env=env,
-                   check=True, capture_output=True, timeout=240)
-
-
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """A 2-member, 1-epoch digits run and its export: (run, export folder)."""
+    """A 2-member, 1-epoch digits run and its export, made in this process (the benchmarks
+    that read them are the processes under test): (run, export folder)."""
+    from conftest import run_cli
+
     root = tmp_path_factory.mktemp("bench")
-    _cli("train", "--data", "digits", *TINY, "--run-dir", root / "run", "--quiet")
-    _cli("export", "--run", root / "run", "--out", root / "export")
+    assert run_cli("train", "--data", "digits", *TINY, "--run-dir", root / "run", "--quiet") == 0
+    assert run_cli("export", "--run", root / "run", "--out", root / "export") == 0
     return root / "run", root / "export"
 
 
