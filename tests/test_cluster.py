@@ -35,15 +35,16 @@ def _free_ports(n):
 
 
 class Servers:
-    """Two worker servers, each its own `ensemble server` process."""
+    """A spec of two worker tasks; the first `started` of them each an `ensemble server`
+    process (a task not started is a down worker: nothing listens on its port)."""
 
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, started=2):
         self.spec = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(2)]}
         self.file = tmp_path / "cluster.json"
         self.file.write_text(json.dumps(self.spec))
         self.logs = [tmp_path / f"worker-{i}.log" for i in range(2)]
-        self.procs = [self._start(i) for i in range(2)]
-        for i in range(2):
+        self.procs = [self._start(i) for i in range(started)]
+        for i in range(started):
             self.wait_serving(i)
 
     def _start(self, i):
@@ -143,15 +144,18 @@ def test_both_modes_on_the_cluster_match_the_local_run(shared_servers, local_run
     assert pq.read_table(out).num_rows == 1797 * 6
 
 
-def test_a_down_worker_fails_fast_naming_the_task(servers, tiny_config, tmp_path):
-    servers.kill(1)
-    start = time.monotonic()
-    res = _train(["--config", tiny_config, "--cluster", servers.file, "--devices", "auto",
-                  "--run-dir", tmp_path / "r"], timeout=120)
-    assert res.returncode == 1 and time.monotonic() - start < 60
-    err = res.stderr.strip().splitlines()[-1]
-    assert "worker:1" in err and servers.spec["worker"][1] in err
-    assert servers.stop() == [0]  # the surviving server stops cleanly on SIGTERM
+def test_a_down_worker_fails_fast_naming_the_task(tiny_config, tmp_path):
+    servers = Servers(tmp_path, started=1)  # worker 1 is down from the start
+    try:
+        start = time.monotonic()
+        res = _train(["--config", tiny_config, "--cluster", servers.file, "--devices", "auto",
+                      "--run-dir", tmp_path / "r"], timeout=120)
+        assert res.returncode == 1 and time.monotonic() - start < 60
+        err = res.stderr.strip().splitlines()[-1]
+        assert "worker:1" in err and servers.spec["worker"][1] in err
+    finally:
+        codes = servers.stop()
+    assert codes == [0]  # the surviving server stops cleanly on SIGTERM
 
 
 def _hold(argv, tmp_path, member=None):
