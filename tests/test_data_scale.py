@@ -316,8 +316,10 @@ def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     assert inside["prepare"] == b.TF_PROCESS + max(24 * n, b.PREPARE_CHUNKS + 3 * n) \
         + b.FILE_SET
     # two calls' batches; each member's int32 batch order and the int64 permutation
+    # ... and each epoch's validation outputs (2 members x 1M rows x 2 outputs x 4 B, twice)
+    val = 2 * 4 * 2 * 1_000_000 * 2
     assert inside["training"] == b.TF_PROCESS + b.PREPARED + 2 * CALL_BYTES \
-        + (4 * 2 + 8) * 7_000_000 + b.FILE_SET
+        + (4 * 2 + 8) * 7_000_000 + val + b.FILE_SET
     assert inside["evaluation"] == b.TF_PROCESS + b.EVAL_FIXED + preds + b.FILE_SET
     assert inside["total"] == max(inside[p] for p in ("prepare", "training", "evaluation"))
     assert inside["anonymous"] == inside["total"] - b.FILE_SET  # one TensorFlow process
@@ -325,13 +327,13 @@ def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     # file pages; then an aggregator process (no TensorFlow) maps the members' rows
     between = b.estimate(rows, 2, 2, 3, clients=2, member_rows=True)
     assert between["training"] == b.LEAN_PROCESS + 2 * (b.TF_PROCESS + 2 * CALL_BYTES
-                                                        + 16 * n + b.FILE_SET)
+                                                        + 16 * n + b.FILE_SET) + val
     assert between["anonymous"] == between["training"] - 2 * b.FILE_SET
     # a client's chunk of its member's prediction rows (65,536 rows of 64 + 12 x 400 B)
     # outweighs its calls with many classes, and does not grow with the rows
     many = b.estimate(rows, 400, 2, 3, clients=2, member_rows=True)
     assert many["training"] == b.LEAN_PROCESS + 2 * (b.TF_PROCESS + 65_536 * (64 + 4_800)
-                                                     + 16 * n + b.FILE_SET)
+                                                     + 16 * n + b.FILE_SET) + 200 * val
     more = b.estimate({**rows, "test": 20_000_000}, 400, 2, 3, clients=2, member_rows=True)
     assert more["training"] - many["training"] == 2 * 16 * 18_000_000
     assert between["evaluation"] == 2 * b.LEAN_PROCESS + b.EVAL_FIXED + preds

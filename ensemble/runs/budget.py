@@ -42,6 +42,11 @@ PREPARE_ROW = 1 << 10  # ... and below that, about this many bytes per source ro
 PREPARED = 96 << 20
 SPLIT_ROW = 24  # bytes per source row while the split is drawn: the labels, a sorted copy
 HELD_ROW = 3  # bytes per source row through the pass: class code, split code, training mask
+# each epoch's validation outputs, `[members, n_validation, n_outputs]` float32, predicted
+# whole (`MemberGroup.fit`'s `predict_val`) and scored: about twice their bytes at once
+# (measured in-graph training peaks 0.05, 0.12 and 0.28 GiB above the other terms at 1M, 4M
+# and 16M rows of 10 classes, 2 members)
+VAL_COPIES = 2
 IN_FLIGHT = 2  # call-sized buffers at once: the gather's two (`feed.Gather`)
 BATCH_ROW = 16 << 10  # at most this many bytes per row in a call (a smaller split: smaller calls)
 EVAL_FIXED = 192 << 20  # evaluation's buffers besides its per-row arrays
@@ -59,10 +64,11 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
     `LEAN_PROCESS` between-graph), the anonymous memory of each phase is:
 
     - prepare: `L + max(SPLIT_ROW n, min(PREPARE_CHUNKS, PREPARE_ROW n) + HELD_ROW n)`;
-    - training, in-graph: `L + PREPARED + IN_FLIGHT calls + (4 n_members + 8) n_train` (each
-      member's int32 batch order, an int64 permutation), `calls = min(CALL_BYTES,
-      BATCH_ROW n_members n_train)`; between-graph: `L + clients (TF_PROCESS + max(IN_FLIGHT
-      calls, a chunk of prediction rows) + CLIENT_ROW n)`;
+    - training, in-graph: `L + PREPARED + IN_FLIGHT calls + (4 n_members + 8) n_train + val`
+      (each member's int32 batch order, an int64 permutation), `calls = min(CALL_BYTES,
+      BATCH_ROW n_members n_train)`, `val = VAL_COPIES 4 n_members n_validation n_outputs`
+      (the epoch's validation outputs); between-graph: `L + clients (TF_PROCESS +
+      max(IN_FLIGHT calls, a chunk of prediction rows) + CLIENT_ROW n + val / clients)`;
     - evaluation: `L + EVAL_FIXED + RANK_COUNT min(n_split, MAX_ENTRIES)` (between-graph in
       an aggregator process of its own: `+ LEAN_PROCESS`).
 
@@ -93,11 +99,13 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
     calls = IN_FLIGHT * min(CALL_BYTES, BATCH_ROW * n_members * n_train)
     orders = (4 * n_members + 8) * n_train
     client_rows = max(calls, min(n_eval, CHUNK_ROWS) * (LONG_ROW + 12 * n_outputs))
+    val = VAL_COPIES * 4 * n_members * rows.get("validation", 0) * n_outputs
     anon = {
         "prepare": launcher + max(SPLIT_ROW * n_rows, min(PREPARE_CHUNKS, PREPARE_ROW * n_rows)
                                   + HELD_ROW * n_rows),
-        "training": (launcher + PREPARED + calls + orders if launcher_tf
-                     else launcher + clients * (TF_PROCESS + client_rows + CLIENT_ROW * n_rows)),
+        "training": (launcher + PREPARED + calls + orders + val if launcher_tf
+                     else launcher + clients * (TF_PROCESS + client_rows + CLIENT_ROW * n_rows)
+                     + val),
         "evaluation": launcher + EVAL_FIXED + predictions
                       + (0 if launcher_tf else LEAN_PROCESS),  # the aggregator's process
     }
