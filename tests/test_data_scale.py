@@ -687,3 +687,23 @@ def test_release_heap_returns_freed_arena_pages_to_the_kernel():
         pytest.skip("not glibc")
     assert before - anon() > 80 << 20  # of the ~130 MiB freed between the blocks kept
     assert freed == [1500] and len(kept) == 150
+
+
+def test_member_group_predict_fills_its_outputs_batch_by_batch():
+    """The members' outputs of many batches are those of each batch alone, in one array
+    filled as predicted (no list of batches joined: twice the outputs at once); no row gives
+    empty outputs of the members' shape."""
+    import keras
+
+    from ensemble.replication.group import MemberGroup
+
+    keras.utils.set_random_seed(0)
+    models = [keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)]) for _ in range(2)]
+    group = MemberGroup(models, ["/cpu:0"] * 2, task=tasks.get())
+    x = np.random.default_rng(0).normal(size=(2500, 4)).astype(np.float32)
+    got, ens = group.predict(x, batch_size=1000)
+    want = np.concatenate([group.predict(x[lo:lo + 1000])[0] for lo in (0, 1000, 2000)], 1)
+    assert got.shape == (2, 2500, 3) and ens == {}
+    np.testing.assert_array_equal(got, want)
+    empty, _ = group.predict(x[:0])
+    assert empty.shape == (2, 0, 3) and empty.dtype == got.dtype

@@ -166,15 +166,20 @@ class MemberGroup:
         Returns:
             (`[n_members, n_rows, n_classes]` float32, `{aggregator: [n_rows, n_classes]}`).
         """
-        members, ens = [], {}
+        members, ens = None, {}
         batch_size = batch_size or predict_rows(x.shape[1:])
-        for lo in range(0, len(x), batch_size):
+        for lo in range(0, max(len(x), 1), batch_size):  # (no row: one empty call, its shapes)
             m, e = self.predict_fn(tf.constant(x[lo:lo + batch_size], tf.float32))
-            members.append(m.numpy())
+            m = m.numpy()
+            if members is None:  # filled batch by batch: no list of batches joined at the end
+                members = np.empty((m.shape[0], len(x), *m.shape[2:]), m.dtype)
+            members[:, lo:lo + m.shape[1]] = m
             for a, v in e.items():
-                ens.setdefault(a, []).append(v.numpy())
-        return (np.concatenate(members, axis=1),
-                {a: np.concatenate(v, axis=0) for a, v in ens.items()})
+                v = v.numpy()
+                if a not in ens:
+                    ens[a] = np.empty((len(x), *v.shape[1:]), v.dtype)
+                ens[a][lo:lo + len(v)] = v
+        return members, ens
 
     def make_train_steps(self, x_train: np.ndarray, y_train: np.ndarray | None = None,
                          masked: bool = False):

@@ -19,9 +19,12 @@ METRICS = ("accuracy", "nll", "brier", "ece")
 LOWER_IS_BETTER = frozenset({"nll", "brier", "ece"})
 
 
-def _check(y: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _check(y: np.ndarray, p: np.ndarray, float64: bool = True
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """`(y as int64, p)`, `p` as float64 unless not `float64` (then as given: a function
+    that only compares or picks its values needs no `[n_rows, n_classes]` float64 copy)."""
     y = np.asarray(y)
-    p = np.asarray(p, dtype=np.float64)
+    p = np.asarray(p, dtype=np.float64) if float64 else np.asarray(p)
     if p.ndim != 2 or y.shape != (p.shape[0],) or p.shape[0] == 0:
         raise ValueError(
             f"Expected y [n_rows] and p [n_rows, n_classes]. Received: {y.shape}, {p.shape}"
@@ -31,14 +34,15 @@ def _check(y: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def accuracy(y: np.ndarray, p: np.ndarray) -> float:
     """Share of rows whose argmax class equals `y` (ties to the smallest index)."""
-    y, p = _check(y, p)
+    y, p = _check(y, p, float64=False)  # (the argmax of float32 is that of its float64)
     return float(np.mean(np.argmax(p, axis=1) == y))
 
 
 def nll(y: np.ndarray, p: np.ndarray) -> float:
     """Mean negative log-likelihood (natural log) of the true class, `p` clipped at 1e-12."""
-    y, p = _check(y, p)
-    return float(-np.mean(np.log(np.clip(p[np.arange(len(y)), y], NLL_CLIP, 1.0))))
+    y, p = _check(y, p, float64=False)  # the true class's column picked, then float64
+    picked = np.asarray(p[np.arange(len(y)), y], np.float64)
+    return float(-np.mean(np.log(np.clip(picked, NLL_CLIP, 1.0))))
 
 
 def brier(y: np.ndarray, p: np.ndarray) -> float:
