@@ -172,3 +172,11 @@ def test_public_tables_bench(tmp_path):
     lines = out.splitlines()
     assert any(line.strip().startswith("prior") for line in lines)
     assert any(line.strip().startswith("HistGradientBoosting") for line in lines)
+
+
+def test_step_profile():
+    out = _bench("step_profile", "--steps", "2", "--calls", "1", "--batch", "8", "--set",
+                 "members.count=2", "--set", "members.hidden=[8]")
+    for precision in ("float32", "mixed_bfloat16"):
+        assert f"\n{precision}: wall " in out
+    assert "MatMul" in out and "ResourceApplyAdam" in out, out
