@@ -9,8 +9,11 @@ import json
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
-from tests.conftest import run_cli
+from ensemble.core.errors import UsageError
+
+from conftest import run_cli
 
 
 def _table(path):
@@ -46,3 +49,21 @@ def test_a_table_of_weights_is_recorded_in_class_order_and_weights_the_loss(tmp_
     assert run_cli(*common, "--run-dir", str(tmp_path / "neg"),
                    "--set", "training.class_weight={yes = -1}") == 2
     assert "finite weights >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", [{"yes": 0, "no": 0.0}, {"yes": float("nan")}, {"yes": True},
+                                   {"yes": "2"}, {"yes": float("inf")}, "heavy"])
+def test_a_table_of_bad_weights_is_refused_by_name(value):
+    from ensemble.config.checks import check_class_weight
+
+    with pytest.raises(UsageError, match=r"Expected `training.class_weight`"):
+        check_class_weight(value)
+
+
+def test_an_empty_table_weighs_every_class_one():
+    from ensemble.config.checks import check_class_weight
+    from ensemble.tasks.classification.task import Classification
+
+    check_class_weight({})
+    _, entries = Classification().with_class_weight({}, np.array([0, 1]), ["no", "yes"])
+    assert entries["class_weight"] == [1.0, 1.0]

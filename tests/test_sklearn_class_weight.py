@@ -43,7 +43,7 @@ def test_class_weight_is_a_parameter_checked_at_fit():
         bad.fit(*_imbalanced(40))
     with pytest.raises(ValueError, match=r"finite weights >= 0.*'yes': -1"):
         DeepEnsembleClassifier(class_weight={"yes": -1}).fit(*_imbalanced(40))
-    with pytest.raises(ValueError, match=r"name classes of the run \(no, yes\).*maybe"):
+    with pytest.raises(ValueError, match=r"`class_weight` to name classes of y \(no, yes\).*maybe"):
         DeepEnsembleClassifier(**SMALL, class_weight={"maybe": 2}).fit(*_imbalanced(40))
 
 

@@ -213,12 +213,18 @@ def _check_data(cfg: Config) -> None:
 
 
 def check_class_weight(value) -> None:
-    """`training.class_weight`: `"none"`, `"balanced"` or a table of class label -> a finite
-    weight >= 0 (Keras's and scikit-learn's dict), not all 0."""
+    """Check `training.class_weight`: `"none"`, `"balanced"` or a table of class label -> a
+    finite weight >= 0 (Keras's and scikit-learn's dict; a class it leaves out weighs 1), not
+    every weight 0.
+
+    Raises:
+        UsageError: another value, a weight that is not a finite number >= 0, or every
+            weight 0 (names the key and the value).
+    """
     if isinstance(value, dict):
         bad = {k: v for k, v in value.items() if isinstance(v, bool)
                or not isinstance(v, (int, float)) or not 0 <= v < float("inf")}
-        if bad or not value or not any(value.values()):
+        if bad or (value and not any(value.values())):
             raise UsageError("Expected `training.class_weight` to map class labels to "
                              "finite weights >= 0, not all 0. Received: "
                              f"{bad or value!r}")

@@ -149,6 +149,7 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
 
         weight = self.class_weight
         if isinstance(weight, dict):  # labels of any type: the config keys them as text
+            # ({}: every class weighs 1, as in scikit-learn)
             weight = {str(k): float(v) if isinstance(v, (int, float, np.number))
                       and not isinstance(v, bool) else v for k, v in weight.items()}
         elif weight not in (None, "balanced"):
@@ -194,6 +195,13 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
         X, y, validation_data = self._carve(X, y, validation_data, stratify=True)
         classes, y_idx = np.unique(y, return_inverse=True)
         cfg = self._config(self._seed())
+        if isinstance(cfg.training.class_weight, dict):
+            unknown = sorted(set(cfg.training.class_weight) - {str(c) for c in classes})
+            if unknown:
+                raise ValueError(f"Expected `class_weight` to name classes of y "
+                                 f"({', '.join(map(str, classes[:10]))}"
+                                 f"{', ...' * (len(classes) > 10)}). Received: "
+                                 f"{', '.join(unknown)}")
         if cfg.training.threshold != "none":
             if len(classes) != 2:
                 raise ValueError(f"Expected 2 classes for a decision threshold "

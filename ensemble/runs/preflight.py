@@ -77,11 +77,11 @@ def check_predictions(run_dir: str | Path, manifest: Manifest, used: list[int]) 
     if not path.is_file():
         return
     artifacts.verify(run_dir, manifest, path)
-    have: set[int] = set()
-    with artifacts.opened(path, "predictions file"):  # by record batches: flat in the rows
-        for batch in pq.ParquetFile(path).iter_batches(columns=["member"]):
-            have.update(pc.unique(batch.column(0).drop_null()).to_pylist())
-    have = sorted(have)
+    found: set[int] = set()
+    with artifacts.opened(path, "predictions file"), pq.ParquetFile(path) as file:
+        for batch in file.iter_batches(columns=["member"]):  # flat in the rows
+            found.update(pc.unique(batch.column(0).drop_null()).to_pylist())
+    have = sorted(found)
     if have != sorted(used):
         raise UsageError(f"Run {run_dir}: {artifacts.PREDICTIONS} holds members {have} but the "
                          f"manifest's ensemble is members {sorted(used)}; the run is damaged "

@@ -266,9 +266,7 @@ class Classification(Task):
     def shift_scores(self, y, outputs, aggregator):
         """`ensemble.tasks.classification.metrics.all_metrics` (accuracy, NLL, Brier, ECE);
         an aggregator of vote shares (not probabilities) has accuracy only."""
-        from ensemble.tasks.classification import metrics as M
-
-        m = M.all_metrics(y, outputs)
+        m = metrics.all_metrics(y, outputs)
         if aggregator is not None and not self.aggregators[aggregator].probabilities:
             m.update(nll=None, brier=None, ece=None)
         return m
