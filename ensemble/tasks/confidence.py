@@ -134,12 +134,20 @@ class Running:
         self.parts: list[tuple[np.ndarray, np.ndarray]] = []
 
     def add(self, preds: PredictionArrays) -> None:
-        """Add one chunk's arrays (`model_arrays.of_batches` of a few record batches)."""
+        """Add one chunk's arrays (`model_arrays.of_batches` of a few record batches).
+
+        Raises:
+            ValueError: a model whose rows resume after another model's (the rows of a
+                file not written model by model, `Task.prediction_chunks`' order).
+        """
         if self.task.confidence is None:
             return
         for model, y, p in _models(preds, self.split):
             if model != self.model:
                 self._finish()
+                if model in self.done:
+                    raise ValueError(f"Expected each model's rows together, model by model. "
+                                     f"Received: rows of {model!r} after another model's")
                 self.model = model
             self.parts.append(ranked(y, p, self.regression))
 
