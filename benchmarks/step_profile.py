@@ -69,6 +69,9 @@ def profile(cfg_path: str | None, precisions: list[str], steps: int, calls: int,
     devs = devices.resolve("auto", n)
     task, syn = tasks.get(), base.data.synthetic
     rows = batch or base.training.batch_size
+    if not isinstance(rows, int):  # "auto": a size the rows decide; profile a fixed one
+        raise SystemExit(f"step_profile: the config's training.batch_size is {rows!r}; "
+                         "give --batch N")
     rng = np.random.default_rng(0)
     xb = tf.constant(rng.standard_normal((n, steps, rows, syn.features)), tf.float32)
     yb = tf.constant(rng.integers(0, syn.classes, (n, steps, rows)), task.target_dtype)
