@@ -178,3 +178,20 @@ def test_a_named_index_of_a_frame_is_never_a_feature(frame):
     indexed = frame.assign(id=np.arange(100, 112)).set_index("id")
     ds = estimator_tables._dataset(DeepEnsembleClassifier(), indexed, None)
     assert ds.columns == ("size", "colour") and ds.identifiers == ()
+
+
+def test_a_numeric_dataframe_fits_without_a_feature_names_warning():
+    """The rows `validation_fraction` carves from a DataFrame's X are X's, already checked:
+    checked again as an array they warned 'X does not have valid feature names'."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    X = pd.DataFrame(rng.normal(size=(120, 3)), columns=["a", "b", "c"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        clf = DeepEnsembleClassifier(n_members=2, hidden=(8,), epochs=2).fit(
+            X, np.where(X["a"] > 0, "up", "down"))
+        reg = DeepEnsembleRegressor(n_members=2, hidden=(8,), epochs=2).fit(X, X["b"] * 2)
+        assert clf.predict(X.head()).shape == (5,) and reg.predict(X.head()).shape == (5,)
+    assert len(clf.history_) == 2 * 2  # members x epochs, and validation rows were carved
+    assert clf.history_["val_loss"].notna().all()

@@ -33,7 +33,7 @@ from ensemble.runs import estimator_rows, estimator_tables
 from ensemble.tasks.classification import threshold
 from ensemble.tasks.classification.aggregators import AGGREGATORS, FITTED
 from ensemble.tasks.classification.task import Classification
-from ensemble.runs.estimator_base import DeepEnsembleBase
+from ensemble.runs.estimator_base import Carved, DeepEnsembleBase
 from ensemble.config.checks import check_class_weight
 from ensemble.core.errors import UsageError
 
@@ -233,6 +233,8 @@ class DeepEnsembleClassifier(ClassifierMixin, DeepEnsembleBase):
                              f"Received: {type(validation_data).__name__}") from None
         if table:  # prepared as the training table (`ensemble.runs.estimator_tables`)
             x_val, _ = estimator_tables.check_input(self, x_val, reset=False)
+        elif isinstance(validation_data, Carved):  # rows of X, checked with it
+            pass
         else:
             estimator_rows.refuse_other_rows("X_val", estimator_rows.shape_of(x_val),
                                              tuple(rows), "X has")

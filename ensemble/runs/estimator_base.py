@@ -45,6 +45,12 @@ def _plain(value):
     return value
 
 
+class Carved(tuple):
+    """`(X_val, y_val)` that `fit` carved from its own rows (`validation_fraction`), already
+    validated as `X`: checked again as new input, an array carved from a DataFrame would
+    warn that it lacks the feature names `X` had."""
+
+
 class DeepEnsembleBase(BaseEstimator):
     """What `DeepEnsembleClassifier` and `DeepEnsembleRegressor` share: the parameters
     (documented on each), the builder, the seed and the run's `Config`.
@@ -114,7 +120,7 @@ class DeepEnsembleBase(BaseEstimator):
         x_tr, x_val, y_tr, y_val = train_test_split(
             X, y, test_size=n_val, random_state=self._seed(),
             stratify=labels if stratify else None)
-        return x_tr, y_tr, (x_val, y_val)
+        return x_tr, y_tr, Carved((x_val, y_val))
 
     def _mode(self) -> modes.Mode:
         """The estimator's replication mode (a `modes.Mode` object, or a built-in mode's

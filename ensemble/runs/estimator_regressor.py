@@ -28,7 +28,7 @@ from ensemble.tasks.regression import transform
 from ensemble.tasks.regression.task import Regression
 from ensemble.runs import fit_arrays
 from ensemble.runs import estimator_tables
-from ensemble.runs.estimator_base import DeepEnsembleBase
+from ensemble.runs.estimator_base import Carved, DeepEnsembleBase
 
 
 class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
@@ -140,6 +140,8 @@ class DeepEnsembleRegressor(RegressorMixin, DeepEnsembleBase):
                     from None
             if table:
                 x_val, _ = estimator_tables.check_input(self, x_val, reset=False)
+            elif isinstance(validation_data, Carved):  # rows of X, checked with it
+                pass
             else:
                 x_val = validate_data(self, x_val, reset=False, dtype=[np.float64, np.float32])
             y_val = check_array(y_val, ensure_2d=False, dtype=np.float64, input_name="y_val",
