@@ -37,17 +37,8 @@ def run(load_main: Callable[[], Callable[[], int]]) -> None:
     # teardown (TensorFlow's takes seconds; Python restores the default action there) would
     # kill the process silently with status 130 after a run that completed
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from ensemble.core.memory import skip_final_collection
+
     skip_final_collection()
     sys.exit(status)
 
-
-def skip_final_collection() -> None:
-    """Spare the exiting process the interpreter's last garbage collections: `gc.freeze()`
-    moves every live object to the permanent generation, which they never scan. After a
-    training run they would walk every object TensorFlow and Keras made (2.2-2.6 s of an
-    `ensemble train` of `wide` under load, 0.2-0.3 s frozen); the memory goes back to the
-    system at exit either way. Exit functions (`atexit`) still run, and objects whose count
-    of references drops to zero are still finalised."""
-    import gc
-
-    gc.freeze()

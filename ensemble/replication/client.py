@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     status = main()
-    import gc
+    from ensemble.core.memory import skip_final_collection
 
-    gc.freeze()  # skip the exit's collections of every TensorFlow object (seconds)
+    skip_final_collection()
     sys.exit(status)
