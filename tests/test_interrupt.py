@@ -65,19 +65,19 @@ def test_an_interruption_while_the_arguments_are_parsed_is_one_line():
 
 def _started() -> str:
     """A program that runs `ensemble` as the console script of pyproject.toml does, printing
-    "started" between the script's own import of its entry point (outside any guard, as in
-    every console script) and the call that loads the CLI."""
+    "started" first thing inside the loader its entry point hands to `pipelines.process.run`
+    (so inside the Ctrl-C guard: a signal after "started" lands in the CLI's loading, never in
+    the test program's own lines)."""
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     module, name = scripts["ensemble"].split(":")
-    return (f"import sys\nfrom {module} import {name}\nprint('started', flush=True)\n"
-            f"sys.exit({name}())")
+    return (f"import sys\nimport {module} as script\nload = script._main\n"
+            f"def _main():\n    print('started', flush=True)\n    return load()\n"
+            f"script._main = _main\nsys.exit(script.{name}())")
 
 
 def test_ctrl_c_while_the_cli_loads_is_one_line_and_130():
     # after "started": the CLI loads for ~0.3 s on a quiet machine, then TF; a loaded
-    # machine only lengthens that window. "started" comes once the unguarded import of the
-    # console script's entry point is done (a signal delayed there by a busy scheduler
-    # would otherwise land outside the guard), so each delay lands in the CLI's loading
+    # machine only lengthens that window, so each delay lands in the CLI's loading
     for delay in (0.0, 0.05, 0.1, 0.2):
         proc = subprocess.Popen([sys.executable, "-c", _started(), "devices"], env=cli_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
