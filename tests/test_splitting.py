@@ -131,3 +131,28 @@ def test_the_assignment_refuses_what_scikit_learn_refuses():
     with pytest.raises(ValueError, match="least populated class"):
         stratified_assignment(np.array([0, 0, 0, 0, 1], np.uint8), 2, 0.4, 0.2, 0)
     assert code_dtype(256) == np.uint8 and code_dtype(257) == np.uint16
+
+
+@pytest.mark.parametrize("seed", [0, 1, 42])
+def test_the_allocation_and_sizes_are_scikit_learns(seed):
+    """`approximate_mode` and `split_sizes` (kept here so that a split imports no
+    scikit-learn) give scikit-learn's allocation, tie draws and sizes, and leave the random
+    state where scikit-learn's leave it."""
+    from sklearn.model_selection._split import _validate_shuffle_split
+    from sklearn.utils.extmath import _approximate_mode
+
+    from ensemble.data.splitting import approximate_mode, split_sizes
+
+    rng = np.random.default_rng(seed)
+    for counts in (np.array([4, 2]), np.array([2, 2, 2, 1]), np.array([5, 5, 5, 5]),
+                   rng.integers(2, 50, 7), rng.integers(2, 9, 30)):
+        for n_draws in (1, int(counts.sum()) // 3, int(counts.sum()) - 1):
+            ours, theirs = np.random.RandomState(seed), np.random.RandomState(seed)
+            np.testing.assert_array_equal(approximate_mode(counts, n_draws, ours),
+                                          _approximate_mode(counts, n_draws, theirs))
+            assert ours.randint(1 << 30) == theirs.randint(1 << 30)
+    for n, share in ((10, 0.2), (7, 0.15), (1_000_003, 0.1 / 0.8), (3, 0.5)):
+        assert split_sizes(n, share) == _validate_shuffle_split(n, share, None)
+    for bad in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match="test_size"):
+            split_sizes(10, bad)

@@ -5,14 +5,18 @@ collects each class's shuffled rows with `list.extend`, one Python integer per r
 the list back into an array: about 8 of the 10 seconds two splits take on 8M labels
 (`docs/benchmarks.md`, prepare profile), a third of preparing a numeric table. This module
 makes the same draws from the same `numpy.random.RandomState`, in the same order, with
-scikit-learn's own allocation of rows to classes (`_approximate_mode`), and concatenates
+scikit-learn's own allocation of rows to classes (`approximate_mode`), and concatenates
 arrays instead of lists, so it returns the very rows scikit-learn returns:
 `tests/test_splitting.py` checks equality with `train_test_split` over seeds, sizes, class
-imbalance, ties and label types. Whatever scikit-learn refuses (a class of one row, fewer
-training or test rows than classes) is handed to scikit-learn, so its errors are its own; if
-its private helpers move in a later release, the split is scikit-learn's, at its speed.
+imbalance, ties and label types. The allocation (`approximate_mode`) and the split sizes
+(`split_sizes`) are scikit-learn's few lines, kept here so that drawing a split does not
+import scikit-learn (about 2 s of CPU, a fixed part of preparing any run); the tests check
+both against scikit-learn's own. Whatever scikit-learn refuses (a class of one row, fewer
+training or test rows than classes) is handed to scikit-learn, so its errors are its own.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -37,35 +41,32 @@ def stratified_split(rows: np.ndarray, y: np.ndarray, test_size: float, seed: in
         ValueError: what scikit-learn raises for the same arguments (a class with one
             row, fewer training or test rows than classes, a bad `test_size`).
     """
-    from sklearn.model_selection import train_test_split
-
     if sort not in ((), ("test",), ("train", "test")):  # a sorted train, shuffled test
         raise ValueError(f"sort={sort!r}; expected (), ('test',) or ('train', 'test')")
 
     def library() -> tuple[np.ndarray, np.ndarray]:
+        from sklearn.model_selection import train_test_split
+
         parts = train_test_split(rows, test_size=test_size, random_state=seed, stratify=y)
         return tuple(np.sort(p) if name in sort else p
                      for name, p in zip(("train", "test"), parts))
 
-    try:
-        # the names `StratifiedShuffleSplit` itself calls, wherever a release defines them
-        from sklearn.model_selection._split import _approximate_mode, _validate_shuffle_split
-    except ImportError:  # a release that moved them: scikit-learn's own (slower) split
-        return library()
     rows, y = np.asarray(rows), np.asarray(y)
     if (y.ndim != 1 or len(y) != len(rows)
             or (y.dtype.kind in "fc" and np.isnan(y).any())):  # scikit-learn refuses NaN
         return library()
-    n_train, n_test = _validate_shuffle_split(len(y), test_size, None,
-                                              default_test_size=0.25)
+    try:
+        n_train, n_test = split_sizes(len(y), test_size)
+    except ValueError:
+        return library()  # scikit-learn words the refusal
     classes, class_counts = np.unique(y, return_counts=True)
     n_classes = len(class_counts)
     if class_counts.min() < 2 or n_train < n_classes or n_test < n_classes:
         return library()  # scikit-learn words the refusal
     class_rows = _class_rows(y, classes, class_counts)
     rng = np.random.RandomState(seed)
-    n_i = _approximate_mode(class_counts, n_train, rng)
-    t_i = _approximate_mode(class_counts - n_i, n_test, rng)
+    n_i = approximate_mode(class_counts, n_train, rng)
+    t_i = approximate_mode(class_counts - n_i, n_test, rng)
     train, test = [], []
     for i in range(n_classes):
         shuffled = class_rows[i].take(rng.permutation(class_counts[i]), mode="clip")
@@ -75,6 +76,45 @@ def stratified_split(rows: np.ndarray, y: np.ndarray, test_size: float, seed: in
     for name, at in (("train", np.concatenate(train)), ("test", np.concatenate(test))):
         parts.append(np.sort(rows[at]) if name in sort else rows[rng.permutation(at)])
     return parts[0], parts[1]
+
+
+def split_sizes(n: int, test_size: float) -> tuple[int, int]:
+    """`(n_train, n_test)` of a split of `n` rows with the float share `test_size` of them
+    drawn: `n_test = ceil(test_size * n)`, the rest training rows (scikit-learn's
+    `_validate_shuffle_split` for a float `test_size` and no `train_size`).
+
+    Raises:
+        ValueError: `test_size` not a float in (0, 1), or no training row left.
+    """
+    if np.asarray(test_size).dtype.kind != "f" or not 0 < test_size < 1:
+        raise ValueError(f"test_size={test_size} should be a float in the (0, 1) range")
+    n_test = math.ceil(test_size * n)
+    if n - n_test <= 0:
+        raise ValueError(f"With n_samples={n}, test_size={test_size} and train_size=None, "
+                         "the resulting train set will be empty.")
+    return n - n_test, n_test
+
+
+def approximate_mode(class_counts: np.ndarray, n_draws: int,
+                     rng: np.random.RandomState) -> np.ndarray:
+    """`[n_classes]` rows drawn from each class: the approximate mode of the multivariate
+    hypergeometric distribution (scikit-learn's `utils.extmath._approximate_mode`, the same
+    arithmetic and the same `rng.choice` draws breaking ties): each class's share of
+    `n_draws` rounded down, the rows left added to the classes with the largest remainders,
+    ties drawn at random. Sums to `n_draws`."""
+    continuous = class_counts / class_counts.sum() * n_draws
+    floored = np.floor(continuous)
+    need_to_add = int(n_draws - floored.sum())
+    if need_to_add > 0:
+        remainder = continuous - floored
+        for value in np.sort(np.unique(remainder))[::-1]:
+            (inds,) = np.where(remainder == value)
+            add_now = min(len(inds), need_to_add)
+            floored[rng.choice(inds, size=add_now, replace=False)] += 1
+            need_to_add -= add_now
+            if need_to_add == 0:
+                break
+    return floored.astype(int)
 
 
 def _class_rows(y: np.ndarray, classes: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
@@ -123,29 +163,25 @@ def stratified_assignment(codes: np.ndarray, n_classes: int, test_size: float,
         ValueError: what scikit-learn raises for the same split (a class with one row,
             fewer training, validation or test rows than classes, a bad share).
     """
-    from sklearn.model_selection._split import _approximate_mode, _validate_shuffle_split
-
     codes = np.asarray(codes)
     n = len(codes)
     which = np.zeros(n, np.int8)
     index = np.int32 if n < 2 ** 31 else np.int64
-    pool = _draw(codes, n_classes, test_size, seed, which, TEST, index,
-                 _approximate_mode, _validate_shuffle_split)
+    pool = _draw(codes, n_classes, test_size, seed, which, TEST, index)
     rest_share = validation_size / (1.0 - test_size)
-    picked = _draw(codes[pool], n_classes, rest_share, seed, None, VALIDATION, index,
-                   _approximate_mode, _validate_shuffle_split)
+    picked = _draw(codes[pool], n_classes, rest_share, seed, None, VALIDATION, index)
     which[pool[picked]] = VALIDATION
     return which
 
 
-def _draw(codes, n_classes, share, seed, which, mark, index, approximate_mode, validate):
+def _draw(codes, n_classes, share, seed, which, mark, index):
     """One `stratified_split` of the rows of `codes` with `share` of them drawn: the rows
     drawn are set to `mark` in `which` (or, `which` None, their positions returned, in any
     order); else the training pool in scikit-learn's shuffled order (`index` positions)."""
     n = len(codes)
     counts = np.bincount(codes, minlength=n_classes)
     present = counts > 0
-    n_train, n_test = validate(n, share, None, default_test_size=0.25)
+    n_train, n_test = split_sizes(n, share)
     k = int(present.sum())
     if counts[present].min() < 2:
         raise ValueError("The least populated class in y has only 1 member, which is too few. "
