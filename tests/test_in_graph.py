@@ -157,3 +157,20 @@ def test_members_sharing_a_device_step_in_one_loop_as_each_would_alone(prepared)
     assert not np.array_equal(pair.models[0].get_weights()[0], before[0][0])
     for a, b in zip(pair.models[1].get_weights(), before[1]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_fit_keeps_the_last_epochs_validation_outputs_while_they_are_the_members(prepared):
+    """The evaluation after training reuses the last epoch's validation outputs
+    (`validation_outputs`) instead of predicting the split again: they are the final weights'
+    outputs bit for bit (the same `predict` calls), and early stopping's restore of other
+    weights drops them."""
+    from ensemble.replication.training import Schedule
+
+    (x, y, _), (xv, yv, _) = prepared["train"], prepared["validation"]
+    ens = _build(["/device:CPU:0", "/device:CPU:0"], [0, 3])
+    ens.fit(x, y, (xv, yv), Schedule.of(CFG.training))
+    assert ens.validation_outputs.shape == (2, len(xv), 10)
+    assert np.array_equal(ens.validation_outputs, ens.predict(xv)[0])
+    ens.keep_best_weights()
+    ens.restore_best(1)
+    assert ens.validation_outputs is None

@@ -61,6 +61,9 @@ class MemberGroup:
         self.adversarial_epsilon = 0.0  # `training.adversarial_epsilon` (`build` sets it)
         # members whose loss or outputs turned non-finite in `fit` (`divergence.Divergence`)
         self.divergence = None
+        # `[n_members, n_val, k]` validation outputs of the members' current weights: those
+        # of `fit`'s last validated epoch, None once the weights change (`restore_best`)
+        self.validation_outputs: np.ndarray | None = None
         self.input_shape = tuple(self.models[0].input_shape[1:])
         self.predict_fn = tf.function(  # plain Python control flow: no AutoGraph conversion
             self._predict_graph, autograph=False,
@@ -127,6 +130,7 @@ class MemberGroup:
 
     def restore_best(self, k: int) -> None:
         """Give member position `k` its best epoch's weights back."""
+        self.validation_outputs = None  # predicted with other weights
         for b, v in zip(self._best[k], self.models[k].weights):
             v.assign(b)
 
@@ -220,6 +224,11 @@ class MemberGroup:
             checkpoint_dir: resume from its newest checkpoint and save one every
                 `schedule.checkpoint_every` epochs (and after the last).
             callbacks: `training.Callback`s.
+
+        The last epoch's validation outputs stay in `validation_outputs` while the weights
+        are that epoch's (early stopping's restore drops them), so the evaluation that
+        follows need not predict the validation split again (the same calls of `predict`:
+        the same values).
         """
         from ensemble.replication.checkpoints import EpochCheckpoints
         from ensemble.replication.divergence import Divergence
@@ -236,7 +245,14 @@ class MemberGroup:
         ckpt = (EpochCheckpoints(checkpoint_dir, self.models, self.optimizers, self._best)
                 if checkpoint_dir is not None else None)
         x_val, y_val = validation
+
+        def predict_val():
+            self.validation_outputs = None  # one copy alive at a time
+            self.validation_outputs = self.predict(x_val)[0]
+            return self.validation_outputs
+
+        self.validation_outputs = None
         return train_loop(run_steps, self.indices, schedule, len(x_train), self.task,
-                          lambda: self.predict(x_val)[0], y_val, checkpoints=ckpt,
+                          predict_val, y_val, checkpoints=ckpt,
                           callbacks=callbacks, stopping=stopping, divergence=self.divergence,
                           gather=gather, max_steps=max_steps, prepare=run_steps.prepare)

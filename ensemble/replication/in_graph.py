@@ -25,19 +25,13 @@ class InGraphEnsemble(MemberGroup):
         aggregators: aggregator names computed in the graph (the task's `aggregators`).
         params: fitted aggregators' parameters `{name: params}` (`aggregators.json`).
         indices: the members' indices in the run (default `0..n_members-1`).
-        members_fn: None, or the traced prediction function (`predict_fn`) of a group of
-            the same members on the same devices, whose first output is their stacked
-            outputs: the prediction graph calls it instead of tracing the members again
-            (`aggregating`).
         kwargs: `MemberGroup`'s `client_device` (where the aggregation ops run) and `task`.
     """
 
     def __init__(self, models: Sequence, devices: Sequence[str], aggregators: Sequence[str],
-                 indices: Sequence[int] | None = None, params: dict | None = None,
-                 members_fn=None, **kwargs):
+                 indices: Sequence[int] | None = None, params: dict | None = None, **kwargs):
         self.aggregators = tuple(aggregators)
         self.params = dict(params or {})
-        self.members_fn = members_fn
         super().__init__(models, devices, indices, **kwargs)
 
     @classmethod
@@ -50,21 +44,8 @@ class InGraphEnsemble(MemberGroup):
             kwargs["aggregators"] = cfg.aggregation.aggregators
         return super().build(cfg, input_shape, n_classes, devices, indices, **kwargs)
 
-    def aggregating(self, aggregators: Sequence[str], params: dict | None = None
-                    ) -> InGraphEnsemble:
-        """These members (same models, devices, replicas) with the graph of `aggregators`
-        and their fitted `params`; its prediction graph calls this ensemble's traced
-        prediction function for the members' outputs, so the members are traced once (the
-        evaluation's graph after the validation predictions that fitted `params`)."""
-        graph = InGraphEnsemble(self.models, self.devices, aggregators, self.indices, params,
-                                members_fn=self.predict_fn, client_device=self.client_device,
-                                task=self.task)
-        graph.replicas = self.replicas
-        return graph
-
     def _predict_graph(self, x):
-        stacked = (self.members_fn(x)[0] if self.members_fn is not None
-                   else self._member_probs(x))
+        stacked = self._member_probs(x)
         with tf.device(self.client_device):  # the task's TF twins (`Task.aggregate_tf`)
             return stacked, {a: self.task.aggregate_tf(stacked, a, self.params.get(a))
                              for a in self.aggregators}

@@ -124,9 +124,11 @@ def _keep_healthy(ens, placed: list[str], run_dir: Path, manifest: Manifest, tas
     ens.divergence.record(manifest.members)
     if len(keep) == len(ens.models):
         return ens, placed
-    return (InGraphEnsemble([ens.models[k] for k in keep], [placed[k] for k in keep], (),
-                            [ens.indices[k] for k in keep], task=task),
-            [placed[k] for k in keep])
+    healthy = InGraphEnsemble([ens.models[k] for k in keep], [placed[k] for k in keep], (),
+                              [ens.indices[k] for k in keep], task=task)
+    if ens.validation_outputs is not None:
+        healthy.validation_outputs = ens.validation_outputs[keep]
+    return healthy, [placed[k] for k in keep]
 
 
 def _train_and_write(ctx: RunContext, callbacks: Sequence) -> None:
@@ -169,30 +171,34 @@ def _train_and_write(ctx: RunContext, callbacks: Sequence) -> None:
 
 
 def _evaluate(ens, placed, ctx: RunContext, split: dict, files, history: list[dict]) -> None:
-    """Fit the fitted aggregators on the validation members' predictions, predict the
-    evaluation splits with the graph applying them (the TensorFlow twins), a chunk of rows at
-    a time into the memory maps of `files` (`eval_writer.predict_to`), and write
-    `aggregators.json`, `ensemble_size.parquet`, `predictions.parquet`, `metrics.parquet`
-    and `members.parquet` (from the `history` records the caller wrote); the evaluation
-    table `ensemble evaluate` prints is kept for `Run.summary` (`evaluate.keep_table`)."""
+    """Fit the fitted aggregators on the validation members' outputs (those of the last
+    epoch, `MemberGroup.validation_outputs`, when its weights are the final ones; else
+    predicted), predict the test split's members a chunk of rows at a time into the memory
+    maps of `files` (`eval_writer.predict_to`), and write `aggregators.json`,
+    `ensemble_size.parquet`, `predictions.parquet`, `metrics.parquet` and `members.parquet`
+    (from the `history` records the caller wrote); the ensembles' rows are the numpy
+    aggregators' of the members' outputs, as between-graph's aggregator process computes
+    them (`eval_writer.write`). The evaluation table `ensemble evaluate` prints is kept for
+    `Run.summary` (`evaluate.keep_table`)."""
     from ensemble.runs import evaluate
 
     cfg, run_dir, manifest, task = ctx.config, ctx.path, ctx.manifest, ctx.task
 
     names = task.applied_aggregators(cfg.aggregation.aggregators)
     settings = dataclasses.asdict(cfg.aggregation)
-    x_val, y_val, rows_val = split["validation"]
-    val_p, _ = eval_writer.predict_to(files, ens.predict, x_val)
-    fit = posthoc.fit(task, {"validation": posthoc.SplitMembers(ens.indices, val_p, rows_val,
-                                                                y_val)}, names, settings)
-    graph = ens.aggregating(names, fit["params"])  # the members' graph traced once
     predicted, splits = {}, {}
     for s in artifacts.EVAL_SPLITS:
         x, y, rows = split[s]
-        member_p, ens_p = eval_writer.predict_to(files, graph.predict, x)
+        if s == "validation" and ens.validation_outputs is not None:
+            member_p = files.new(ens.validation_outputs.shape, ens.validation_outputs.dtype)
+            member_p[:] = ens.validation_outputs  # on disk, as predicted outputs are
+            ens.validation_outputs = None
+        else:
+            member_p, _ = eval_writer.predict_to(files, ens.predict, x)
         splits[s] = posthoc.SplitMembers(ens.indices, member_p, rows, y)
-        predicted[s] = eval_writer.SplitPredictions(dict(zip(ens.indices, member_p)), ens_p,
+        predicted[s] = eval_writer.SplitPredictions(dict(zip(ens.indices, member_p)), None,
                                                     rows, y)
+    fit = posthoc.fit(task, {"validation": splits["validation"]}, names, settings)
     posthoc.write_fit(run_dir, task, fit, splits, settings)
     classes = np.asarray(manifest.dataset.classes)
     shown = evaluate.ShownRows("test" if len(split["test"][0]) else "validation", task)
