@@ -56,6 +56,32 @@ def test_streaming_fit_equals_scikit_learn(impute, max_categories):
     assert len(pre.output_names) == expected.shape[1]
 
 
+@pytest.mark.parametrize("impute", ["error", "median"])
+def test_a_chunk_s_rows_counted_in_place_give_the_same_bits(impute):
+    """`TableStats.update(chunk, rows)` (the rows gathered into buffers kept between chunks,
+    of uneven sizes: the buffers grow and are reused shorter) gives bit for bit the statistics
+    of `update(chunk.rows(rows))`, numeric and categorical."""
+    from ensemble.data.sources import Dataset
+    from ensemble.data.table_stats import TableStats
+
+    x, cat, _ = _table(900, seed=3)
+    if impute == "error":
+        x = np.nan_to_num(x, nan=1.5)
+    ds = Dataset("t", x.astype(np.float32), None, ("a", "b", "c"), {"k": cat})
+    rng = np.random.default_rng(1)
+    gathered, copied = (TableStats(ds.feature_names, ("k",), impute, 6) for _ in range(2))
+    for lo, hi in ((0, 200), (200, 260), (260, 700), (700, 900)):
+        chunk = ds.rows(slice(lo, hi))
+        rows = np.flatnonzero(rng.random(hi - lo) < 0.7)
+        gathered.update(chunk, rows)
+        copied.update(chunk.rows(rows))
+    a, b = gathered.fitted(np.array([0, 1])), copied.fitted(np.array([0, 1]))
+    for key in ("mean", "scale", "fill"):
+        np.testing.assert_array_equal(a[key], b[key])
+    assert a["categories"] == b["categories"] and gathered.counts == copied.counts
+    assert gathered.n == copied.n > 0
+
+
 def _write_csv(path, n=600):
     x, cat, y = _table(n)
     pcsv.write_csv(pa.table({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2],

@@ -306,7 +306,7 @@ class TableScan:
                 take = np.flatnonzero(in_train[start:start + len(chunk.x)])
                 if start == 0:  # a whole-number column unique on every row: an id?
                     _notice_id_columns(chunk.feature_names, chunk.x[take])
-                stats.update(chunk.rows(take))
+                stats.update(chunk, take)
                 yield start, chunk
 
         for start, chunk in background.prefetch(counted()):  # `each` here meanwhile

@@ -65,15 +65,18 @@ class TableStats:
         self.sample = np.zeros((0, f))
         self.keys = np.zeros(0)
 
-    def update(self, ds) -> None:
+    def update(self, ds, rows: np.ndarray | None = None) -> None:
         """Add a chunk of training rows: `ds.x` `[m, n_features]` (NaN where missing) and
-        `ds.categorical` (`[m]` object arrays, None where missing)."""
-        x = np.asarray(ds.x, np.float64)
+        `ds.categorical` (`[m]` object arrays, None where missing), or only its rows `rows`
+        (`[k]` positions in `ds`). The rows are gathered and widened to float64 into buffers
+        kept from one chunk to the next (fresh arrays each chunk cost the kernel's zeroing
+        of their pages: about a tenth of preparing a large table)."""
+        x = self._float64(ds.x, rows)
         self.n += len(x)
         if self.impute == "error":  # no missing values (the data check refuses them)
             n_b = np.full(x.shape[1], len(x))
             mean_b = x.mean(axis=0) if len(x) else np.zeros(x.shape[1])
-            d = x - mean_b if x is ds.x else np.subtract(x, mean_b, out=x)  # (x: a copy)
+            d = x - mean_b if x is ds.x else np.subtract(x, mean_b, out=x)  # (x: ours)
             m2_b = np.einsum("ij,ij->j", d, d)
         else:
             ok = ~np.isnan(x)
@@ -90,16 +93,38 @@ class TableStats:
         self.known = total
         if self.impute != "error":  # bottom-k of random keys: a uniform sample of the rows
             keys = np.concatenate([self.keys, self.rng.random(len(x))])
-            rows = np.concatenate([self.sample, x])
+            pooled = np.concatenate([self.sample, x])
             if len(keys) > SAMPLE_ROWS:
                 keep = np.argpartition(keys, SAMPLE_ROWS)[:SAMPLE_ROWS]
-                keys, rows = keys[keep], rows[keep]
-            self.keys, self.sample = keys, rows
+                keys, pooled = keys[keep], pooled[keep]
+            self.keys, self.sample = keys, pooled
         for name, values in ds.categorical.items():
+            if rows is not None:
+                values = values[rows]
             known = values[values != None]  # noqa: E711 (object array comparison)
             self.missing[name] += len(values) - len(known)
             cats, n = np.unique(known.astype(str), return_counts=True)
             self.counts[name].update(dict(zip(cats.tolist(), n.tolist())))
+
+    def _float64(self, x: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+        """`x[rows]` (all of `x` for None) as float64: `x` itself when it is float64 and
+        whole, else a view of this object's buffers (valid until the next call)."""
+        if rows is not None:
+            x = np.take(x, rows, axis=0, mode="clip",
+                        out=self._buffer("_gathered", (len(rows), *x.shape[1:]), x.dtype))
+        if x.dtype == np.float64:
+            return x
+        wide = self._buffer("_wide", x.shape, np.dtype(np.float64))
+        np.copyto(wide, x)
+        return wide
+
+    def _buffer(self, name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+        """The first `shape[0]` rows of buffer `name`, grown (never shrunk) to hold them."""
+        buf = getattr(self, name, None)
+        if buf is None or buf.shape[1:] != shape[1:] or buf.dtype != dtype or len(buf) < shape[0]:
+            buf = np.empty(shape, dtype)
+            setattr(self, name, buf)
+        return buf[:shape[0]]
 
     def fill(self) -> np.ndarray:
         """The numeric fill values `[n_features]` (`SimpleImputer` on the sample); empty
