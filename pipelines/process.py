@@ -24,6 +24,9 @@ def run(load_main: Callable[[], Callable[[], int]]) -> None:
             status is decided, SIGINT is ignored while the process exits.
     """
     try:
+        from ensemble.core.tfimport import own_process
+
+        own_process()  # this process's TensorFlow objects are frozen once imported
         main = load_main()
         from pipelines.pipe import guard_std_streams
 

@@ -44,3 +44,23 @@ def test_tensorflow_loads_without_the_extras_which_stay_importable():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert out.stdout.splitlines() == ["[]", "imported"], out.stderr[-2000:]
+
+
+def test_the_projects_own_process_imports_tensorflow_without_collecting_and_freezes_it():
+    """`own_process()` (the CLI's and a client's process): no garbage collection runs while
+    TensorFlow imports, every object alive after it is frozen and the collector is on again;
+    a user's process (no `own_process`) collects as Python does and freezes nothing."""
+    code = ("import gc, sys; from ensemble.core import tfimport; runs = []; "
+            "gc.callbacks.append(lambda phase, info: runs.append(info['generation']) "
+            "if phase == 'start' else None); "
+            "sys.argv[1:] == ['own'] and tfimport.own_process(); "
+            "tfimport.import_tensorflow_quietly(); "
+            "print(len(runs), gc.get_freeze_count(), gc.isenabled())")
+    seen = {}
+    for argv in (["own"], []):
+        out = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, check=False,
+                             capture_output=True, text=True, timeout=300)
+        collections, frozen, enabled = out.stdout.split()
+        seen[bool(argv)] = int(collections), int(frozen), enabled
+    assert seen[True][0] == 0 and seen[True][1] > 100_000 and seen[True][2] == "True", seen
+    assert seen[False][0] > 0 and seen[False][1] == 0 and seen[False][2] == "True", seen

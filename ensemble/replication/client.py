@@ -148,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from ensemble.core.tfimport import own_process
+
+    own_process()  # the client's process: TensorFlow's objects frozen once imported
     status = main()
     from ensemble.core.memory import skip_final_collection
 
