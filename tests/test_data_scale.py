@@ -581,6 +581,28 @@ def test_split_files_are_numpy_save_bytes_for_any_shape(tmp_path, shape):
     assert got.shape == shape and len(y) == len(row) == shape[0]
 
 
+def test_a_split_written_so_far_reads_back_into_a_buffer(tmp_path):
+    """`SplitWriter.read(..., out=)` fills the buffer's first rows with what `read` returns,
+    a short last chunk included, and refuses a buffer of another dtype or row shape."""
+    from ensemble.core import splitfiles
+
+    x = np.random.default_rng(0).normal(size=(10, 3)).astype(np.float32)
+    w = splitfiles.SplitWriter(tmp_path, "s", 10, (3,), (np.float32, np.int32))
+    try:
+        w.write(x, np.zeros(10, np.int32), np.arange(10) + 5)
+        buf = np.full((4, 3), np.nan, np.float32)
+        for lo in range(0, 10, 4):
+            got = w.read(lo, lo + 4, out=buf)
+            np.testing.assert_array_equal(got, x[lo:lo + 4])
+            assert np.shares_memory(got, buf)
+        np.testing.assert_array_equal(w.read(8, 12, "row", out=np.zeros(4, np.int64)), [13, 14])
+        for bad in (np.zeros((4, 3)), np.zeros((4, 2), np.float32), np.zeros((1, 3), np.float32)):
+            with pytest.raises(ValueError, match="rows into an array"):
+                w.read(0, 4, out=bad)
+    finally:
+        w.abort()
+
+
 def test_no_rows_still_need_every_training_column():
     from ensemble.core.errors import UsageError
     from ensemble.data.preprocessing import Preprocessing

@@ -120,11 +120,23 @@ class SplitWriter:
                              f"rows {self.shapes[i]} ({n} rows)")
         return values
 
-    def read(self, lo: int, hi: int, array: str = "x") -> np.ndarray:
-        """Rows `lo .. hi` of `array` (`"x"`, `"y"` or `"row"`) written so far (a copy)."""
+    def read(self, lo: int, hi: int, array: str = "x", out: np.ndarray | None = None
+             ) -> np.ndarray:
+        """Rows `lo .. hi` of `array` (`"x"`, `"y"` or `"row"`) written so far (a copy), read
+        into the first rows of `out` when given (an array of the file's dtype and row shape
+        with at least that many rows: a pass over a split reuses one buffer rather than
+        fault in fresh pages every chunk)."""
         i = ARRAYS.index(array)
         hi = min(hi, self.pos)
-        out = np.empty((max(hi - lo, 0), *self.shapes[i]), self.dtypes[i])
+        shape = (max(hi - lo, 0), *self.shapes[i])
+        if out is None:
+            out = np.empty(shape, self.dtypes[i])
+        elif (out.dtype != self.dtypes[i] or out.shape[1:] != shape[1:] or len(out) < shape[0]
+              or not out.flags.c_contiguous):
+            raise ValueError(f"read {shape} {self.dtypes[i]} rows into an array "
+                             f"{out.shape} {out.dtype}")
+        else:
+            out = out[:shape[0]]
         buf, at = _bytes(out), len(self.headers[i]) + lo * self.row_bytes[i]
         while len(buf):
             n = os.preadv(self.fds[i], [buf], at)

@@ -52,9 +52,11 @@ def prepare_splits(run_dir, scan, which: np.ndarray, y: np.ndarray, classes: np.
 
 
 def _scaled(w: splitfiles.SplitWriter, pre, scan):
-    """`(first row, scaled rows)` of every chunk of a split's raw rows."""
+    """`(first row, scaled rows)` of every chunk of a split's raw rows (each chunk read into
+    one buffer: the scaled rows are new arrays)."""
+    buf = np.empty((min(scan.chunk_rows, w.n_rows), *w.shapes[0]), w.dtypes[0])
     for lo in range(0, w.n_rows, scan.chunk_rows):
-        part = w.read(lo, lo + scan.chunk_rows)
+        part = w.read(lo, lo + scan.chunk_rows, out=buf)
         z, _ = pre.encode_scaled(Dataset(scan.name, part, None, pre.feature_names),
                                  w.read(lo, lo + len(part), "row"))
         yield lo, z
