@@ -1,4 +1,4 @@
-"""The confidence block read from a predictions file model by model (`confidence.Running`):
+"""The confidence block read from a predictions file model by model (`confidence.BlockBuilder`):
 a file whose models' rows are interleaved is refused, not scored on its last stretch."""
 
 from __future__ import annotations

@@ -65,12 +65,12 @@ def evaluate(run_dir: Path | None, predictions: Path | None = None,
 class ShownRows:
     """The confidence block of the evaluation table (`confidence.block`) of one split of
     `predictions.parquet`, built from its chunks as the file is written
-    (`eval_writer.write`'s `on_chunk`; `confidence.Running`: a few bytes per row of one
+    (`eval_writer.write`'s `on_chunk`; `confidence.BlockBuilder`: a few bytes per row of one
     model held): the writer's table never reads the file back."""
 
     def __init__(self, split: str, task) -> None:
         self.split, self.task, self.meta = split, task, {}
-        self.block = confidence.Running(split, task)
+        self.block = confidence.BlockBuilder(split, task)
 
     def __call__(self, chunk: pa.Table) -> None:
         import pyarrow.compute as pc

@@ -116,7 +116,7 @@ def lines_of(split: str, regression: bool, models) -> list[str]:
     return out
 
 
-class Running:
+class BlockBuilder:
     """The block of one split built from chunks of a predictions file's rows as they are
     written or read (each chunk's models in file order, one model's rows in row order),
     holding `ranked`'s few bytes per row of one model at a time: a model's cells are
@@ -171,7 +171,7 @@ def _line(name: str, cells) -> str:
 
 def block_of_file(path, task) -> list[str]:
     """`block` of a predictions file of a run of `task`, read a record batch at a time (the
-    columns it needs only) into `Running` (test, else validation when the file has no test
+    columns it needs only) into `BlockBuilder` (test, else validation when the file has no test
     row): a few bytes per row of one model held.
 
     Raises:
@@ -187,7 +187,7 @@ def block_of_file(path, task) -> list[str]:
     with pq.ParquetFile(path, page_checksum_verification=True, pre_buffer=False) as f:
         meta = f.schema_arrow.metadata or {}
         for split in ("test", "validation"):
-            block, seen = Running(split, task), False
+            block, seen = BlockBuilder(split, task), False
             for batch in f.iter_batches(batch_size=model_arrays.BATCH_ROWS, columns=columns):
                 rows = batch.filter(pc.equal(batch.column("split"), split))
                 if rows.num_rows:
