@@ -150,17 +150,22 @@ def test_the_call_that_traces_does_not_size_the_next_calls(monkeypatch):
 def test_early_stopping_counts_only_drops_larger_than_min_delta():
     """Keras's `min_delta`: a validation loss creeping towards 0 (every validation row right)
     stops the member and restores the epoch of its last real improvement; with 0 it never
-    stops. `Schedule.of` takes it from `training.min_delta`."""
+    stops. A member still training at the end gets its best epoch back unless that epoch is
+    its last (its weights are the best already). `Schedule.of` takes it from
+    `training.min_delta`."""
     creeping = [0.5, 0.01, 0.005, 0.0045, 0.0042, 0.004, 0.0038, 0.0036, 0.0034]
-    for min_delta, stopped, best in ((1e-3, True, 2), (0.0, False, 8)):
+    rising = creeping[:8] + [0.0037]  # the last epoch no better: epoch 7 is restored
+    for losses, min_delta, stopped, best, restores in (
+            (creeping, 1e-3, True, 2, [0]), (creeping, 0.0, False, 8, []),
+            (rising, 0.0, False, 7, [0])):
         restored = []
         stop = early_stopping.EarlyStopping(3, 1, lambda k: None, restored.append, min_delta)
-        for epoch, loss in enumerate(creeping):
+        for epoch, loss in enumerate(losses):
             if stop.active[0]:
                 stop.update(0, epoch, loss)
         stop.finish()
         assert (not stop.active[0]) == stopped and stop.best_epoch[0] == best
-        assert restored == [0]
+        assert restored == restores
     t = SimpleNamespace(seed=0, epochs=5, batch_size=8, steps_per_execution=0,
                         checkpoint_every=1, early_stopping=3, min_delta=0.01)
     assert Schedule.of(t).min_delta == 0.01

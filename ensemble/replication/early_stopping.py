@@ -36,11 +36,13 @@ class EarlyStopping:
         self.min_delta = min_delta
         self.best = [float("inf")] * n
         self.best_epoch = [-1] * n
+        self.last_epoch = [-1] * n  # the epoch of each member's latest `update`
         self.active = np.ones(n, bool)
 
     def update(self, k: int, epoch: int, val_loss: float, live: bool = True) -> None:
         """Record member `k`'s validation loss of `epoch`; `live`: act on the weights (False
         when replaying restored history, whose weights the checkpoint holds)."""
+        self.last_epoch[k] = epoch
         if val_loss < self.best[k] - self.min_delta:
             self.best[k], self.best_epoch[k] = val_loss, epoch
             if live:
@@ -51,7 +53,8 @@ class EarlyStopping:
                 self.restore(k)
 
     def finish(self) -> None:
-        """At the end of training: members still active get their best weights back."""
+        """At the end of training: members still active get their best weights back (those
+        whose best epoch is their last have them already: nothing is restored)."""
         for k in np.flatnonzero(self.active):
-            if self.best_epoch[k] >= 0:
+            if 0 <= self.best_epoch[k] != self.last_epoch[k]:
                 self.restore(int(k))
