@@ -252,24 +252,34 @@ def _chunks(y, p, c, chunk_rows):
 
 def _class_areas(y, p, c, chunk_rows: int, max_entries: int
                  ) -> tuple[float | None, float | None]:
-    """(ROC AUC, average precision) of class `c` against the rest (`rank_metrics`)."""
-    prefix_rows = np.zeros(1 << 16, np.int64)
-    n_pos = n_rows = 0
-    for _, positive, keys in _chunks(y, p, c, chunk_rows):
-        prefix_rows += np.bincount(keys >> 16, minlength=1 << 16)
-        n_pos += int(positive.sum())
-        n_rows += len(positive)
+    """(ROC AUC, average precision) of class `c` against the rest (`rank_metrics`). A split
+    of at most `max_entries` rows is one range of every prefix (what `_ranges` gives it):
+    no counting pass."""
+    n_rows = len(y)
+    if n_rows <= max_entries:
+        ranges = [(0, (1 << 16) - 1)]
+        n_pos = sum(int(np.count_nonzero(np.asarray(y[lo:lo + chunk_rows]) == c))
+                    for lo in range(0, n_rows, chunk_rows))
+    else:
+        prefix_rows = np.zeros(1 << 16, np.int64)
+        n_pos = 0
+        for _, positive, keys in _chunks(y, p, c, chunk_rows):
+            prefix_rows += np.bincount(keys >> 16, minlength=1 << 16)
+            n_pos += int(positive.sum())
+        ranges = _ranges(prefix_rows, max_entries)
     n_neg = n_rows - n_pos
     if n_pos == 0:
         return None, None
     auc_sum, ap_sum = 0.0, 0.0
     neg_above, tp, fp = 0, 0, 0
-    for lo, hi in _ranges(prefix_rows, max_entries):  # the highest scores first
+    for lo, hi in ranges:  # the highest scores first
         counts = ScoreCounts(max_entries)
         for scores, positive, keys in _chunks(y, p, c, chunk_rows):
-            inside = (keys >> 16 >= lo) & (keys >> 16 <= hi)
-            if inside.any():
-                counts.update(scores[inside], positive[inside])
+            if len(ranges) > 1:
+                inside = (keys >> 16 >= lo) & (keys >> 16 <= hi)
+                scores, positive = scores[inside], positive[inside]
+            if len(scores):
+                counts.update(scores, positive)
         pos, neg = counts.pos[::-1], counts.neg[::-1]  # descending scores
         at_or_above = neg_above + np.cumsum(neg)
         below = n_neg - at_or_above
