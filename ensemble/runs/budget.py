@@ -31,11 +31,11 @@ TF_PROCESS = 304 << 20
 LEAN_PROCESS = 128 << 20
 FILE_SET = 192 << 20  # per TensorFlow process: the library pages in use (a cgroup charges them)
 # a preparing pass's Arrow pages (decoded row groups read ahead), chunks and the allocators'
-# freed pages: measured (anonymous peak less TensorFlow's) 0.22 GiB at 250k rows of 64 float32
-# columns, 0.40-0.45 GiB at 1M, 0.55 GiB at 4M, 0.60 GiB at 16M: it grows with the chunks
-# read until the allocators reuse their pages
-PREPARE_CHUNKS = 512 << 20
-PREPARE_ROW = 1 << 10  # ... and below that, about this many bytes per source row
+# freed pages: measured (anonymous peak of `--prepare-only` less the 121 MiB of its process
+# before the pass) 266 MiB at 500k rows of 64 float32 columns, 419 at 1M, 431 at 2M, 647 at
+# 4M, 615 at 8M: it grows with the chunks read until the allocators reuse their pages
+PREPARE_CHUNKS = 576 << 20
+PREPARE_ROW = 576  # ... and below that, about this many bytes per source row
 # what preparing leaves in a process that trains next (in-graph): pyarrow's and
 # scikit-learn's modules and the pools' pages kept; measured in-graph training peaks less the
 # terms below: 70-150 MiB at 1M-16M rows
