@@ -34,7 +34,8 @@ on the Ray cluster `RAY_ADDRESS` names (docs/guides/ray.md). Each workload runs 
 other repeat, so drift of a shared machine does not favour one method. The summary gives the
 median and [min-max] over the repeats; `x in-graph` is a method's median whole-process wall over
 in-graph's, `x fastest peer` over the fastest of the peers run (`naive`, `sklearn`, `jax`, in any precision). Writes `runs.parquet` (every process), `results.parquet` and `results.md` (the
-summary).
+summary, whose footer names the CPU's bfloat16 instructions, `amx_bf16` or `avx512_bf16`, without
+which TensorFlow emulates bfloat16, slower than float32).
 """
 
 from __future__ import annotations
@@ -348,8 +349,13 @@ def markdown(summary: list[dict]) -> str:
               for r in summary if r.get("steady_sum_gflops_median")]
     gemm = ", ".join(f"{w}: {g:.0f}" for w, g in dict.fromkeys(
         (r["workload"], round(r["gemm_gflops_median"])) for r in summary))
+    from ensemble.models.precision import cpu_support
+
+    bf16 = cpu_support("mixed_bfloat16")  # None: no /proc/cpuinfo to read
+    hardware = ("" if bf16 is None else "; bfloat16 instructions: "
+                + (", ".join(bf16) or "none (TensorFlow emulates bfloat16)"))
     return (head + "\n".join(lines) + f"\n\nnumpy float32 GEMM, GFLOP/s (median per workload): "
-            f"{gemm}; {os.cpu_count()} cores. Figures: median [min-max] over "
+            f"{gemm}; {os.cpu_count()} cores{hardware}. Figures: median [min-max] over "
             f"{summary[0]['repeats']} repeats.\n")
 
 
