@@ -353,15 +353,15 @@ def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     # file pages; then an aggregator process (no TensorFlow) maps the members' rows
     between = b.estimate(rows, 2, 2, 3, clients=2, member_rows=True)
     assert between["training"] == b.LEAN_PROCESS + 2 * (b.TF_PROCESS + 2 * CALL_BYTES
-                                                        + 16 * n + b.FILE_SET) + val
+                                                        + b.CLIENT_ROW * n + b.FILE_SET) + val
     assert between["anonymous"] == between["training"] - 2 * b.FILE_SET
     # a client's chunk of its member's prediction rows (65,536 rows of 64 + 12 x 400 B)
     # outweighs its calls with many classes, and does not grow with the rows
     many = b.estimate(rows, 400, 2, 3, clients=2, member_rows=True)
     assert many["training"] == b.LEAN_PROCESS + 2 * (b.TF_PROCESS + 65_536 * (64 + 4_800)
-                                                     + 16 * n + b.FILE_SET) + 200 * val
+                                                     + b.CLIENT_ROW * n + b.FILE_SET) + 200 * val
     more = b.estimate({**rows, "test": 20_000_000}, 400, 2, 3, clients=2, member_rows=True)
-    assert more["training"] - many["training"] == 2 * 16 * 18_000_000
+    assert more["training"] - many["training"] == 2 * b.CLIENT_ROW * 18_000_000
     assert between["evaluation"] == 2 * b.LEAN_PROCESS + b.EVAL_FIXED + preds
     assert between["total"] == max(between["training"], between["evaluation"])
     # a training split smaller than a call: calls of its size, chunks of its size
