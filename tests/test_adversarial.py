@@ -23,12 +23,15 @@ def runs(tmp_path_factory):
     (tmp / "adv.toml").write_text(ADV)
     (tmp / "clean.toml").write_text(ADV.replace("adversarial_epsilon = 0.05\n", ""))
     out = {}
+    # between-graph: one client trains the members in turn (the client count is
+    # test_between_graph's and test_parity_cnn's; each client process is a TensorFlow start)
     for name, cfg, mode in (("in-graph", "adv", "in-graph"),
                             ("between-graph", "adv", "between-graph"),
                             ("clean", "clean", "in-graph")):
         out[name] = tmp / name
-        assert run_cli("train", "--config", tmp / f"{cfg}.toml", "--mode", mode, "--run-dir",
-                       out[name], "--quiet") == 0
+        jobs = ["--jobs", "1"] if mode == "between-graph" else []
+        assert run_cli("train", "--config", tmp / f"{cfg}.toml", "--mode", mode, *jobs,
+                       "--run-dir", out[name], "--quiet") == 0
     return out
 
 

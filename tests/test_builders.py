@@ -118,8 +118,11 @@ def user(tmp_path_factory):
     os.environ["PYTHONPATH"] = os.pathsep.join([str(base), str(ROOT), *filter(None, [old])])
     sys.path.insert(0, str(base))
     try:
+        # one client trains the members in turn (the client count is test_between_graph's
+        # and test_parity_cnn's; each client process is a TensorFlow start)
         assert run_cli("train", "--config", base / "by_module.toml", "--mode",
-                       "between-graph", "--run-dir", base / "bg", "--quiet") == 0
+                       "between-graph", "--jobs", "1", "--run-dir", base / "bg",
+                       "--quiet") == 0
     finally:
         sys.path.remove(str(base))
         if old is None:
@@ -363,11 +366,13 @@ def test_a_module_builder_in_the_working_directory_serves_its_run_afterwards(
 
 def test_unseeded_random_layers_give_each_member_its_own_stream(user, tmp_path):
     """A layer drawing from Keras's global seed generator: each member draws from its own
-    (`members.member_rng`), so a member is the same in either mode and alone."""
+    (`members.member_rng`), so a member is the same in either mode and alone (between-graph:
+    one client trains member 0 in a fresh process, then member 1 after it)."""
     common = ["--model", f"{user}/userbuilders.py:jittered", "--epochs", "2", "--devices",
               "cpu:2", "--quiet"]
-    for mode, n in (("in-graph", "2"), ("between-graph", "2"), ("in-graph", "1")):
-        assert run_cli("train", *common, "--members", n, "--mode", mode,
+    for mode, n, jobs in (("in-graph", "2", []), ("between-graph", "2", ["--jobs", "1"]),
+                          ("in-graph", "1", [])):
+        assert run_cli("train", *common, "--members", n, "--mode", mode, *jobs,
                        "--run-dir", tmp_path / f"{mode}-{n}") == 0
     ig, p_ig = _probs(tmp_path / "in-graph-2" / "predictions.parquet")
     _, p_bg = _probs(tmp_path / "between-graph-2" / "predictions.parquet")

@@ -62,9 +62,11 @@ def runs(tmp_path_factory):
     new = _table(40, seed=1)
     new.loc[0, "city"], new.loc[1, "city"] = "never-seen", "c57"  # unknown, infrequent
     new.drop(columns="label").to_csv(base / "new.csv", index=False)
-    for mode in ("in-graph", "between-graph"):
+    # between-graph: one client trains the members in turn (the client count is
+    # test_between_graph's and test_parity_cnn's; each client process is a TensorFlow start)
+    for mode, jobs in (("in-graph", []), ("between-graph", ["--jobs", "1"])):
         assert run_cli("train", "--data", base / "train.csv", "--target", "label",
-                       "--mode", mode, "--run-dir", base / mode, *TINY) == 0
+                       "--mode", mode, *jobs, "--run-dir", base / mode, *TINY) == 0
     return base, base / "in-graph", base / "between-graph", new
 
 

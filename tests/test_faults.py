@@ -154,7 +154,7 @@ def test_a_between_graph_run_whose_aggregator_was_killed_resumes(tiny_config, tm
     (which the interruption's line names) aggregates again."""
     run_dir = tmp_path / "run"
     assert run_cli("train", "--config", tiny_config, "--run-dir", run_dir, "--members", "2",
-                   "--epochs", "1", "--mode", "between-graph", "--quiet") == 0
+                   "--epochs", "1", "--mode", "between-graph", "--jobs", "1", "--quiet") == 0
     manifest = artifacts.read_manifest(run_dir)
     for rel in ("ensemble_size.parquet", "history.parquet", "members.parquet",
                 "metrics.parquet", "predictions.parquet", "aggregators.json"):

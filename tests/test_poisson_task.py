@@ -204,8 +204,10 @@ def runs(tmp_path_factory):
                    "[members]\ncount = 2\nhidden = [8]\n"
                    "[training]\nepochs = 2\nbatch_size = 64\nlearning_rate = 0.01\nseed = 3\n"
                    '[placement]\ndevices = "cpu:2"\n')
-    for mode in ("in-graph", "between-graph"):
-        assert run_cli("train", "--config", cfg, "--mode", mode, "--run-dir", base / mode,
+    # between-graph: one client trains both members in turn (the client count is
+    # test_between_graph's and test_parity_cnn's; each client process is a TensorFlow start)
+    for mode, jobs in (("in-graph", []), ("between-graph", ["--jobs", "1"])):
+        assert run_cli("train", "--config", cfg, "--mode", mode, *jobs, "--run-dir", base / mode,
                        "--quiet") == 0
     return base
 

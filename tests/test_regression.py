@@ -244,8 +244,10 @@ def runs(tmp_path_factory):
     cfg = root / "reg.toml"
     cfg.write_text(CONFIG.format(task="auto"))
     out = {}
-    for mode in ("in-graph", "between-graph"):
-        assert run_cli("train", "--config", cfg, "--mode", mode, "--run-dir", root / mode,
+    # between-graph: one client trains the members in turn (the client count is
+    # test_between_graph's and test_parity_cnn's; each client process is a TensorFlow start)
+    for mode, jobs in (("in-graph", []), ("between-graph", ["--jobs", "1"])):
+        assert run_cli("train", "--config", cfg, "--mode", mode, *jobs, "--run-dir", root / mode,
                        "--quiet") == 0
         out[mode] = root / mode
     return out
