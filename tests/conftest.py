@@ -3,6 +3,7 @@ configs so every training run takes seconds."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -134,3 +135,105 @@ def iris_run(tmp_path_factory) -> tuple[Path, Path]:
     assert run_cli("train", "--config", base / "iris.toml", "--run-dir", base / "run",
                    "--quiet") == 0
     return base / "run", csv
+
+
+PLAIN_TF_SERVER = """
+import json, os, sys, traceback
+import tensorflow as tf  # noqa: F401 (loaded once, for every request)
+replies = os.fdopen(int(sys.argv[1]), "w")
+for line in sys.stdin:
+    code, argv, cwd, out, err = json.loads(line)
+    os.chdir(cwd)
+    sys.argv, path = ["-c", *argv], list(sys.path)
+    saved = os.dup(1), os.dup(2)
+    with open(out, "w") as o, open(err, "w") as e:
+        os.dup2(o.fileno(), 1)
+        os.dup2(e.fileno(), 2)
+        try:
+            exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+            rc = 0
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        except BaseException:
+            traceback.print_exc()
+            rc = 1
+        imported = {"ensemble", "pipelines"} & set(sys.modules)
+        if imported:
+            print(f"{sorted(imported)} imported in the plain TensorFlow process",
+                  file=sys.stderr)
+            rc = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+    for fd in saved:
+        os.close(fd)
+    sys.path[:] = path
+    replies.write(json.dumps([rc, not imported]) + "\\n")
+    replies.flush()
+    if imported:  # not plain any more: the next script gets a fresh process
+        break
+"""
+
+
+class PlainTensorFlow:
+    """One plain TensorFlow process (this checkout not on `PYTHONPATH`, this package never
+    imported: checked after every script) that runs scripts as `python -c CODE ARGV...` would,
+    one at a time, each with its own globals, argv, working directory and output files:
+    exports loaded where only TensorFlow is, without a TensorFlow start per script."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.count = 0
+        self.proc = None
+
+    def _start(self):
+        read, write = os.pipe()
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+        self.proc = subprocess.Popen([sys.executable, "-c", PLAIN_TF_SERVER, str(write)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, text=True, env=env,
+                                     cwd=self.folder, pass_fds=(write,))
+        os.close(write)
+        self.replies = os.fdopen(read)
+
+    def run(self, code: str, *argv, cwd: Path, timeout: float = 180
+            ) -> subprocess.CompletedProcess:
+        """Run `code` with `sys.argv[1:] == argv` in `cwd`; its exit status (1 for an
+        exception, its traceback on stderr), stdout and stderr."""
+        import select
+
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        self.count += 1
+        out, err = (self.folder / f"{self.count}.{k}" for k in ("out", "err"))
+        self.proc.stdin.write(json.dumps([code, [str(a) for a in argv], str(cwd), str(out),
+                                          str(err)]) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.replies], [], [], timeout)
+        line = self.replies.readline() if ready else ""
+        if not line:  # timed out or died: the next call starts another process
+            self.close()
+            raise AssertionError(f"the plain TensorFlow process gave no answer: "
+                                 f"{err.read_text()[-2000:] if err.exists() else ''}")
+        rc, alive = json.loads(line)
+        if not alive:
+            self.close()
+        return subprocess.CompletedProcess(["-c", code, *argv], rc, out.read_text(),
+                                           err.read_text())
+
+    def close(self):
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.replies.close()
+            self.proc = None
+
+
+@pytest.fixture(scope="session")
+def plain_tf(tmp_path_factory):
+    """A `PlainTensorFlow` shared by the tests of this process, started at its first use."""
+    server = PlainTensorFlow(tmp_path_factory.mktemp("plain_tf"))
+    yield server
+    server.close()

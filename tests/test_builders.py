@@ -174,7 +174,7 @@ def test_early_stopping_restores_each_members_best_epoch(user):
         assert nll == pytest.approx(losses[best], rel=1e-4)  # the best epoch's weights
 
 
-def test_predict_and_export_reproduce_the_user_builder_run(user, tmp_path):
+def test_predict_and_export_reproduce_the_user_builder_run(user, tmp_path, plain_tf):
     out = tmp_path / "p.parquet"
     assert run_cli("predict", "--run", user / "ig", "--data", "digits", "--out", out,
                    "--quiet", "--layout", "long") == 0
@@ -196,14 +196,12 @@ def test_predict_and_export_reproduce_the_user_builder_run(user, tmp_path):
     mine = run.filter(pc.equal(run.column("model"), "ensemble-mean"))
     x = load_digits().data[mine.column("source_row").to_numpy()].astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     code = ("import sys, numpy as np, tensorflow as tf\n"
             "m = tf.saved_model.load(sys.argv[1])\n"
             "p = m.signatures['serving_default'](features=tf.constant(np.load(sys.argv[2])))\n"
             "np.save(sys.argv[3], p['probabilities'].numpy())\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(models / "1"), str(tmp_path / "x.npy"),
-                           str(tmp_path / "served.npy")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=180)
+    proc = plain_tf.run(code, models / "1", tmp_path / "x.npy", tmp_path / "served.npy",
+                        cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     want = np.column_stack([mine.column(c).to_numpy() for c in mine.column_names
                             if c.startswith("p_")])

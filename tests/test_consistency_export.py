@@ -14,9 +14,6 @@ Real files: tiny runs (2 members, 2 epochs) exported once per module. Checked:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
@@ -107,7 +104,7 @@ def _columnar(rows, names, change=None):
 
 
 @pytest.fixture(scope="module")
-def plain(exports, tmp_path_factory):
+def plain(exports, tmp_path_factory, plain_tf):
     """The answers of `serving_default` of both exports in ONE plain TensorFlow process (no
     PYTHONPATH, cwd outside the checkout): `{"regression": [...], "imputed": [...]}`, each
     case's outputs or `{"error": message}`; cases as built here."""
@@ -130,11 +127,7 @@ def plain(exports, tmp_path_factory):
               _columnar(irows, inames, ("bp", float("inf")))]
     (tmp / "cases.json").write_text(json.dumps({"regression": [str(version), cases],
                                                 "imputed": [str(iversion), icases]}))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    proc = subprocess.run([sys.executable, "-c", LOADER, str(tmp / "cases.json"),
-                           str(tmp / "out.json")], cwd=tmp, env=env,
-                          capture_output=True, text=True, timeout=180)
+    proc = plain_tf.run(LOADER, tmp / "cases.json", tmp / "out.json", cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads((tmp / "out.json").read_text())
 

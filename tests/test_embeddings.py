@@ -5,9 +5,6 @@ unseen and infrequent categories; members identical in both replication modes.""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -92,7 +89,7 @@ json.dump(out["probabilities"].numpy().tolist(), open(sys.argv[3], "w"))
 """
 
 
-def test_predict_export_and_serve_agree_on_unseen_and_infrequent(runs):
+def test_predict_export_and_serve_agree_on_unseen_and_infrequent(runs, plain_tf):
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("starlette")
     from test_serve_http import serving
@@ -104,11 +101,8 @@ def test_predict_export_and_serve_agree_on_unseen_and_infrequent(runs):
     assert run_cli("export", "--run", ig, "--out", base / "models" / "embed") == 0
     rows = {"x": new.x.tolist(), "city": new.city.tolist(), "small": new.small.tolist()}
     (base / "rows.json").write_text(json.dumps(rows))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    proc = subprocess.run([sys.executable, "-c", EXPORTED, str(base / "models/embed/1"),
-                           str(base / "rows.json"), str(base / "out.json")], cwd=base,
-                          env=env, capture_output=True, text=True, timeout=180)
+    proc = plain_tf.run(EXPORTED, base / "models/embed/1", base / "rows.json",
+                        base / "out.json", cwd=base)
     assert proc.returncode == 0, proc.stderr[-2000:]
     exported = np.asarray(json.loads((base / "out.json").read_text()))
     np.testing.assert_allclose(exported, predicted, atol=1e-5)

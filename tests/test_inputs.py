@@ -5,9 +5,6 @@ values) from CLI flags alone with an id carried through and a per-column export,
 array inputs refused in one line."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow.csv as pcsv
@@ -84,7 +81,7 @@ def test_cnn_on_a_png_folder_gives_the_same_members_in_both_modes(pngs):
     assert acc > 0.9  # 0 against 1 is easy: the members learned from the pixels
 
 
-def test_predict_names_every_file_and_the_export_takes_raw_pixels(pngs, tmp_path):
+def test_predict_names_every_file_and_the_export_takes_raw_pixels(pngs, tmp_path, plain_tf):
     out = tmp_path / "new.csv"
     for mode in ("in-graph", "between-graph"):
         assert run_cli("predict", "--run", pngs / "ig", "--data", pngs / "new", "--out", out,
@@ -101,11 +98,12 @@ def test_predict_names_every_file_and_the_export_takes_raw_pixels(pngs, tmp_path
     x = np.stack([np.asarray(Image.open(f))[:, :, None] for f in files]).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     assert run_cli("export", "--run", pngs / "ig", "--out", tmp_path / "models") == 0
-    served = _serve(tmp_path / "models" / "1", {"features": tmp_path / "x.npy"}, tmp_path)
+    served = _serve(plain_tf, tmp_path / "models" / "1", {"features": tmp_path / "x.npy"},
+                    tmp_path)
     assert np.abs(served - first).max() <= 1e-4
 
 
-def _serve(version, inputs: dict, tmp_path):
+def _serve(plain_tf, version, inputs: dict, tmp_path):
     """The default signature of a SavedModel in a plain TensorFlow process (this package not
     imported), fed `{input name: .npy file}`; returns its probabilities."""
     code = ("import sys, json, numpy as np, tensorflow as tf\n"
@@ -115,11 +113,8 @@ def _serve(version, inputs: dict, tmp_path):
             "         for k, v in json.loads(sys.argv[2]).items()}\n"
             "p = m.signatures['serving_default'](**feeds)['probabilities'].numpy()\n"
             "np.save(sys.argv[3], p)\n")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", code, str(version),
-                           json.dumps({k: str(v) for k, v in inputs.items()}),
-                           str(tmp_path / "served.npy")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=180)
+    proc = plain_tf.run(code, version, json.dumps({k: str(v) for k, v in inputs.items()}),
+                        tmp_path / "served.npy", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return np.load(tmp_path / "served.npy")
 
@@ -172,7 +167,8 @@ def penguins(tmp_path_factory):
     return base
 
 
-def test_real_table_from_cli_flags_predict_csv_and_columnar_export(penguins, tmp_path, capsys):
+def test_real_table_from_cli_flags_predict_csv_and_columnar_export(penguins, tmp_path, capsys,
+                                                                  plain_tf):
     run_dir = tmp_path / "run"
     argv = ["train", "--data", penguins / "train.csv", "--target", "species", "--members", "2",
             "--epochs", "3", "--devices", "cpu:2", "--run-dir", run_dir, "--quiet"]
@@ -206,7 +202,7 @@ def test_real_table_from_cli_flags_predict_csv_and_columnar_export(penguins, tmp
         values = ["" if v is None else v for v in new.column(c).to_pylist()]
         np.save(tmp_path / f"{c}.npy", np.asarray(values, dtype=str))
         feeds[key[c]] = tmp_path / f"{c}.npy"
-    served = _serve(tmp_path / "models" / "1", feeds, tmp_path)
+    served = _serve(plain_tf, tmp_path / "models" / "1", feeds, tmp_path)
     assert np.abs(served - _p(got)).max() <= 1e-4
 
 

@@ -10,8 +10,6 @@ same code as the built-in tasks.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
@@ -253,7 +251,7 @@ def test_metrics_are_the_poisson_ones(runs):
     assert row["nll"] == pytest.approx(want, rel=1e-9)
 
 
-def test_predict_evaluate_and_export(runs, tmp_path, capsys):
+def test_predict_evaluate_and_export(runs, tmp_path, capsys, plain_tf):
     run = runs / "in-graph"
     x, _ = _counts(tmp_path / "counts.parquet")
     out = tmp_path / "p.parquet"
@@ -271,14 +269,12 @@ def test_predict_evaluate_and_export(runs, tmp_path, capsys):
     models = tmp_path / "models"
     assert run_cli("export", "--run", run, "--out", models) == 0
     np.save(tmp_path / "x.npy", x.astype(np.float32))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # plain TensorFlow
     code = ("import sys, numpy as np, tensorflow as tf\n"
             "m = tf.saved_model.load(sys.argv[1])\n"
             "p = m.signatures['serving_default'](features=tf.constant(np.load(sys.argv[2])))\n"
             "np.save(sys.argv[3], p['rate'].numpy())\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(models / "1"), str(tmp_path / "x.npy"),
-                           str(tmp_path / "served.npy")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=180)
+    proc = plain_tf.run(code, models / "1", tmp_path / "x.npy", tmp_path / "served.npy",
+                        cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     served = np.load(tmp_path / "served.npy")
     assert np.abs(served - wide.column("y_pred").to_numpy()).max() <= 1e-5 * served.max()

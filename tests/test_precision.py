@@ -5,10 +5,7 @@ their policy through resume, predict and export; loss scaling skips non-finite s
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import zipfile
 
 import numpy as np
@@ -86,7 +83,7 @@ def test_bfloat16_members_are_equal_across_modes_jobs_and_member_counts(runs):
                                                                             "float32"}
 
 
-def test_predict_and_export_keep_the_policy(runs, tmp_path):
+def test_predict_and_export_keep_the_policy(runs, tmp_path, plain_tf):
     run = runs["bg2-jobs1"]
     assert run_cli("predict", "--run", run, "--data", "digits", "--layout", "long",
                    "--out", tmp_path / "p.parquet") == 0
@@ -110,10 +107,8 @@ def test_predict_and_export_keep_the_policy(runs, tmp_path):
             "p = m.signatures['serving_default'](features=tf.constant(np.load(sys.argv[2])))\n"
             "assert p['probabilities'].dtype == tf.float32\n"
             "np.save(sys.argv[3], p['probabilities'].numpy())\n")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "models" / "1"),
-                           str(tmp_path / "x.npy"), str(tmp_path / "served.npy")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    proc = plain_tf.run(code, tmp_path / "models" / "1", tmp_path / "x.npy",
+                        tmp_path / "served.npy", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert np.abs(np.load(tmp_path / "served.npy") - want).max() <= 1e-5
 

@@ -11,8 +11,6 @@ Keras's `safe_mode` in any process, including a between-graph client's.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow.compute as pc
@@ -93,7 +91,7 @@ def test_both_modes_train_identical_one_logit_members(runs):
         assert np.abs(a - b).max() <= 1e-5, model
 
 
-def test_predict_evaluate_aggregate_and_export(runs, tmp_path, capsys):
+def test_predict_evaluate_aggregate_and_export(runs, tmp_path, capsys, plain_tf):
     run = runs / "in-graph"
     out = tmp_path / "p.parquet"
     assert run_cli("predict", "--run", run, "--data", "breast_cancer", "--out", out, "--quiet",
@@ -119,15 +117,13 @@ def test_predict_evaluate_aggregate_and_export(runs, tmp_path, capsys):
     from sklearn.datasets import load_breast_cancer
 
     np.save(tmp_path / "x.npy", load_breast_cancer().data[rows].astype(np.float32))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # plain TensorFlow
     code = ("import sys, numpy as np, tensorflow as tf\n"
             "m = tf.saved_model.load(sys.argv[1])\n"
             "p = m.signatures['serving_default'](features=tf.constant(np.load(sys.argv[2])))\n"
             "np.save(sys.argv[3], p['probabilities'].numpy())\n"
             "np.save(sys.argv[3] + '.positive.npy', p['p_positive'].numpy())\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(models / "1"), str(tmp_path / "x.npy"),
-                           str(tmp_path / "served.npy")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=180)
+    proc = plain_tf.run(code, models / "1", tmp_path / "x.npy", tmp_path / "served.npy",
+                        cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     served = np.load(tmp_path / "served.npy")
     aggregated = _probs(run / "predictions.parquet", "ensemble-mean")
