@@ -56,13 +56,24 @@ def tiny_config(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_config) -> Path:
-    """A completed 2-member, 1-epoch run of `tiny_config`, one per test module (a module may
-    change its files); modules that need another run define their own `trained`."""
+@pytest.fixture(scope="session")
+def trained_once(tmp_path_factory, tiny_config) -> Path:
+    """A completed 2-member, 1-epoch run of `tiny_config`, trained once per process; tests
+    use `trained`'s copies."""
     run_dir = tmp_path_factory.mktemp("run") / "run"
     assert run_cli("train", "--config", tiny_config, "--run-dir", run_dir, "--members", "2",
                    "--epochs", "1", "--quiet") == 0
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, trained_once) -> Path:
+    """A copy of `trained_once`, one per test module (a module may change its files; a run
+    holds no absolute path); modules that need another run define their own `trained`."""
+    import shutil
+
+    run_dir = tmp_path_factory.mktemp("run") / "run"
+    shutil.copytree(trained_once, run_dir)
     return run_dir
 
 
