@@ -258,8 +258,7 @@ def _class_areas(y, p, c, chunk_rows: int, max_entries: int
     n_rows = len(y)
     if n_rows <= max_entries:
         ranges = [(0, (1 << 16) - 1)]
-        n_pos = sum(int(np.count_nonzero(np.asarray(y[lo:lo + chunk_rows]) == c))
-                    for lo in range(0, n_rows, chunk_rows))
+        n_pos = int(np.count_nonzero(np.asarray(y) == c))  # at most max_entries rows
     else:
         prefix_rows = np.zeros(1 << 16, np.int64)
         n_pos = 0
