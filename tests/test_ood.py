@@ -178,3 +178,34 @@ def test_evaluate_ood_bad_source_exits_2(ood_run, capsys):
     after = (run / "ood.parquet").stat().st_mtime_ns if (run / "ood.parquet").exists() else 0
     assert before == after
     assert run_cli("evaluate", "--ood", root / "out.csv") == 2
+
+
+@pytest.mark.parametrize("flag", ["--shift", "--ood"])
+def test_a_task_without_the_scores_is_refused_before_its_rows_are_read(ood_run, capsys,
+                                                                       monkeypatch, flag):
+    """A task keeping `Task`'s refusing `shift_scores` / `ood_scores` is refused up front:
+    exit 2, one line naming the task, the run's stored rows never read, nothing written."""
+    from ensemble import tasks
+    from ensemble.runs import posthoc
+    from ensemble.tasks.base import Task
+    from ensemble.tasks.classification.task import Classification
+
+    class NoScores(Classification):
+        ood_scores = Task.ood_scores
+        shift_scores = Task.shift_scores
+
+    root, run = ood_run
+    monkeypatch.setattr(tasks, "for_run", lambda manifest: NoScores())
+
+    def unread(*args, **kwargs):
+        raise AssertionError("the members' rows were read before the refusal")
+
+    monkeypatch.setattr(posthoc, "read_members", unread)
+    before = {p.name: p.stat().st_mtime_ns for p in run.iterdir()}
+    argv = [flag] + ([root / "out.csv"] if flag == "--ood" else [])
+    capsys.readouterr()
+    assert run_cli("evaluate", "--run", run, *argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"`ensemble evaluate {flag}`" in err, err
+    assert "defines none" in err
+    assert {p.name: p.stat().st_mtime_ns for p in run.iterdir()} == before

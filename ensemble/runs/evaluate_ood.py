@@ -45,9 +45,11 @@ class OodRun:
     """A completed run's manifest, stored test-split member outputs (memory maps of `files`,
     `eval_writer.OutputFiles`: its `predictions.parquet` read by row groups,
     `posthoc.read_members`), aggregators and fitted parameters; `predict(x)` gives the
-    members' outputs on new scaled rows."""
+    members' outputs on new scaled rows. `scores` names the task method the evaluation asks
+    for (`"ood_scores"`, `"shift_scores"`): a task without it is refused before any row is
+    read (`Task.require`)."""
 
-    def __init__(self, run_dir: Path, files):
+    def __init__(self, run_dir: Path, files, scores: str):
         from ensemble.runs import run_status
         from ensemble import tasks
 
@@ -56,6 +58,7 @@ class OodRun:
         runlock.require_free(self.run_dir)
         run_status.require_completed(self.run_dir, self.manifest)
         self.task = tasks.for_run(self.manifest)
+        self.task.require(scores)  # before the members' rows are read
         from ensemble.runs.evaluate import own_predictions
 
         self.files = files
@@ -154,7 +157,7 @@ def evaluate_ood(run_dir: str | Path, source: str, plots: bool = False,
             no row, or another process holds the run.
     """
     with eval_writer.output_files(Path(run_dir)) as files:  # member rows, memory-mapped
-        run = OodRun(Path(run_dir), files)
+        run = OodRun(Path(run_dir), files, "ood_scores")
         outputs = _stored_ood(run, Path(source))
         if outputs is None:
             outputs = _predict_source(run, source)
@@ -265,7 +268,7 @@ def evaluate_shift(run_dir: str | Path, plots: bool = False, seed: int = 0
         UsageError: the run is not completed or damaged, or another process holds it.
     """
     with eval_writer.output_files(Path(run_dir)) as files:
-        run = OodRun(Path(run_dir), files)
+        run = OodRun(Path(run_dir), files, "shift_scores")
         x, y, _ = artifacts.read_split(run.run_dir, run.split, run.manifest)
         table = shift_table(run, x, y, seed)
     text = format_shift(table, run.task, run.split)

@@ -115,6 +115,11 @@ def fit_member_weights(fit_weights: Callable, outputs: np.ndarray, y: np.ndarray
     return {**fit_weights(outputs, y), "source": "fitted"}
 
 
+# the scores an evaluation asks of the task: what they are, the flag that asks for them
+_EVALUATIONS = {"ood_scores": ("out-of-distribution scores", "--ood"),
+                "shift_scores": ("dataset-shift metrics", "--shift")}
+
+
 class Task(ABC):
     """What a run's task decides. Subclasses set the class attributes and implement the
     abstract methods; aggregation is shared here over `aggregators`."""
@@ -315,9 +320,7 @@ class Task(ABC):
         Raises:
             UsageError: the task defines no OOD scores (the default).
         """
-        raise UsageError(f"Expected a task with out-of-distribution scores for "
-                         f"`ensemble evaluate --ood`. Received: task {self.spec!r}, which "
-                         "defines none (Task.ood_scores).")
+        self.require("ood_scores")
 
     def shift_scores(self, y: np.ndarray, outputs: np.ndarray, aggregator: str | None
                      ) -> dict[str, float | None]:
@@ -328,9 +331,23 @@ class Task(ABC):
         Raises:
             UsageError: the task defines no shift metrics (the default).
         """
-        raise UsageError(f"Expected a task with dataset-shift metrics for "
-                         f"`ensemble evaluate --shift`. Received: task {self.spec!r}, which "
-                         "defines none (Task.shift_scores).")
+        self.require("shift_scores")
+
+    def require(self, scores: str) -> None:
+        """Refuse an evaluation the task defines no scores for, before anything is read.
+
+        Args:
+            scores: `"ood_scores"` (`ensemble evaluate --ood`) or `"shift_scores"`
+                (`--shift`).
+
+        Raises:
+            UsageError: the task keeps this base class's `scores`, which defines none.
+        """
+        if getattr(type(self), scores) is getattr(Task, scores):
+            what, flag = _EVALUATIONS[scores]
+            raise UsageError(f"Expected a task with {what} for `ensemble evaluate {flag}`. "
+                             f"Received: task {self.spec!r}, which defines none "
+                             f"(Task.{scores}).")
 
     def graph_constants(self) -> list:
         """The JSON-able constants the task's traced head and loss capture beyond its `spec`
