@@ -191,3 +191,21 @@ def test_one_aggregator_is_not_cross_fitted(monkeypatch):
     assert called == [] and fit["out_of_fold"]["folds"] == 0
     assert fit["out_of_fold_nll"] == fit["validation_nll"]
     assert default_aggregator(["temperature"], fit) == "temperature"
+    from ensemble.tasks.report import fitted_lines
+
+    lines = fitted_lines(fit, lambda name, p: f"T = {p['temperature']:.3f}")
+    assert lines[0] == "fitted on the validation split (200 rows):"
+    assert not any("cross-fitting" in line for line in lines)  # one aggregator: no choice
+
+
+def test_aggregators_that_fit_nothing_draw_no_folds(monkeypatch):
+    """`mean` and `vote` are scored on every validation row: no folds are drawn (scikit-learn's
+    model selection is not imported for them, 0.6 s of a short run)."""
+    rng = np.random.default_rng(3)
+    probs, y = _noise(rng, 40)
+    monkeypatch.setattr(crossfit, "folds", lambda *a, **k: pytest.fail("folds drawn"))
+    fit = CLS.fit_aggregators(probs, y, ["mean", "vote"], list(range(6)))
+    assert fit["out_of_fold"]["folds"] == 0 and fit["out_of_fold"]["rows"] == 40
+    mean_nll = -np.mean(np.log(probs.mean(0)[np.arange(40), y]))
+    assert fit["out_of_fold_nll"]["mean"] == pytest.approx(mean_nll, rel=1e-6)
+    assert fit["out_of_fold_nll"]["vote"] is None

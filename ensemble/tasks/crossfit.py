@@ -93,8 +93,9 @@ def out_of_fold_nll(task, outputs: np.ndarray, y: np.ndarray, names: Sequence[st
             large on a few dozen rows, where the nested one costs nothing).
 
     Returns:
-        `({name: NLL or None}, {"folds": folds used, "rows": rows scored, "mistakes": rows of
-        them the mean gets wrong, None where the task counts none})`: None for an aggregator
+        `({name: NLL or None}, {"folds": folds used (0 without a fitted aggregator), "rows":
+        rows scored, "mistakes": rows of them the mean gets wrong, None where the task
+        counts none})`: None for an aggregator
         with no NLL (`vote`), for a fitted one when fewer than 2 rows leave nothing to hold
         out or when the mean gets no row wrong (`mistakes` 0), and where the NLL is not
         finite.
@@ -105,9 +106,9 @@ def out_of_fold_nll(task, outputs: np.ndarray, y: np.ndarray, names: Sequence[st
     task.check_aggregators(names)
     rows = sample_rows(len(y), MAX_ROWS)
     outputs, y = np.asarray(outputs)[:, rows], np.asarray(y)[rows]
-    pairs = folds(y, task.stratified, FOLDS)
-    mistakes = task.mistakes(outputs, y)
     fitted = set(task.fitted_names(names))
+    pairs = folds(y, task.stratified, FOLDS) if fitted else []  # only fits are held out
+    mistakes = task.mistakes(outputs, y)
     scores: dict[str, float | None] = {}
     for name in names:
         if name not in fitted:

@@ -112,7 +112,7 @@ def _choice_line(fit: dict) -> list[str]:
     from before them)."""
     how, scores = fit.get("out_of_fold"), fit.get("out_of_fold_nll") or {}
     shown = [f"{a} {v:.4f}" for a, v in scores.items() if v is not None]
-    if not how or not shown:
+    if not how or not shown or not how.get("folds"):  # nothing cross-fitted, or one choice
         return []
     blind = ["  the mean gets every one of these rows right: NLL cannot judge a fitted "
              "aggregator's sharpness there, so none is predict's default"] \
