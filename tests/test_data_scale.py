@@ -341,24 +341,29 @@ def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     # preparing: the split's 24 bytes per row, or the pass's chunks and 3 bytes per row
     assert inside["prepare"] == b.TF_PROCESS + max(24 * n, b.PREPARE_CHUNKS + 3 * n) \
         + b.FILE_SET
+    # ... the chunks below their bound: a fixed part and bytes per row
+    small = b.estimate({"train": 700_000, "test": 300_000}, 2, 2, 3, 1, False)
+    assert small["prepare"] == b.TF_PROCESS + b.PREPARE_BASE + b.PREPARE_ROW * 1_000_000 \
+        + 3 * 1_000_000 + b.FILE_SET < inside["prepare"]
     # two calls' batches; each member's int32 batch order and the int64 permutation
-    # ... and each epoch's validation outputs (2 members x 1M rows x 2 outputs x 4 B, twice)
-    val = 2 * 4 * 2 * 1_000_000 * 2
+    # ... and each epoch's validation outputs (2 members x 1M rows x 2 outputs x 4 B, once)
+    val = 4 * 2 * 1_000_000 * 2
     assert inside["training"] == b.TF_PROCESS + b.PREPARED + 2 * CALL_BYTES \
         + (4 * 2 + 8) * 7_000_000 + val + b.FILE_SET
-    assert inside["evaluation"] == b.TF_PROCESS + b.EVAL_FIXED + preds + b.FILE_SET
+    # evaluating in the process that trained: what training left in it too
+    assert inside["evaluation"] == b.TF_PROCESS + b.TRAINED + b.EVAL_FIXED + preds + b.FILE_SET
     assert inside["total"] == max(inside[p] for p in ("prepare", "training", "evaluation"))
     assert inside["anonymous"] == inside["total"] - b.FILE_SET  # one TensorFlow process
     # between-graph: a launcher without TensorFlow; 2 clients train at once, each with its
     # file pages; then an aggregator process (no TensorFlow) maps the members' rows
     between = b.estimate(rows, 2, 2, 3, clients=2, member_rows=True)
-    assert between["training"] == b.LEAN_PROCESS + 2 * (b.TF_PROCESS + 2 * CALL_BYTES
+    assert between["training"] == b.LEAN_PROCESS + 2 * (b.CLIENT_PROCESS + 2 * CALL_BYTES
                                                         + b.CLIENT_ROW * n + b.FILE_SET) + val
     assert between["anonymous"] == between["training"] - 2 * b.FILE_SET
     # a client's chunk of its member's prediction rows (65,536 rows of 64 + 12 x 400 B)
     # outweighs its calls with many classes, and does not grow with the rows
     many = b.estimate(rows, 400, 2, 3, clients=2, member_rows=True)
-    assert many["training"] == b.LEAN_PROCESS + 2 * (b.TF_PROCESS + 65_536 * (64 + 4_800)
+    assert many["training"] == b.LEAN_PROCESS + 2 * (b.CLIENT_PROCESS + 65_536 * (64 + 4_800)
                                                      + b.CLIENT_ROW * n + b.FILE_SET) + 200 * val
     more = b.estimate({**rows, "test": 20_000_000}, 400, 2, 3, clients=2, member_rows=True)
     assert more["training"] - many["training"] == 2 * b.CLIENT_ROW * 18_000_000
@@ -368,7 +373,8 @@ def test_memory_estimate_is_the_largest_phase_with_its_processes_file_pages():
     tiny = b.estimate({"train": 100, "test": 50}, 3, 2, 0, clients=1, member_rows=False)
     assert tiny["training"] == b.TF_PROCESS + b.PREPARED + 2 * (2 * 100 * (16 << 10)) \
         + 16 * 100 + b.FILE_SET
-    assert tiny["prepare"] == b.TF_PROCESS + 150 * b.PREPARE_ROW + 3 * 150 + b.FILE_SET
+    assert tiny["prepare"] == b.TF_PROCESS + b.PREPARE_BASE + 150 * b.PREPARE_ROW + 3 * 150 \
+        + b.FILE_SET
 
 
 def test_refusal_names_the_phase_that_does_not_fit(monkeypatch):

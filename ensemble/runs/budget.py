@@ -31,25 +31,36 @@ TF_PROCESS = 304 << 20
 LEAN_PROCESS = 128 << 20
 FILE_SET = 192 << 20  # per TensorFlow process: the library pages in use (a cgroup charges them)
 # a preparing pass's Arrow pages (decoded row groups read ahead), chunks and the allocators'
-# freed pages: measured (anonymous peak of `--prepare-only` less the 121 MiB of its process
-# before the pass) 266 MiB at 500k rows of 64 float32 columns, 419 at 1M, 431 at 2M, 647 at
-# 4M, 615 at 8M: it grows with the chunks read until the allocators reuse their pages
+# freed pages, `min(PREPARE_CHUNKS, PREPARE_BASE + PREPARE_ROW n)`: it grows with the chunks
+# read until the allocators reuse their pages. Measured (a run's anonymous peak while
+# preparing less its launcher's runtime; 64 float32 columns): 0.15 GiB at 250k rows, 0.30-0.39
+# at 1M, 0.47-0.58 at 4M, 0.60-0.62 at 8M and 16M
 PREPARE_CHUNKS = 576 << 20
-PREPARE_ROW = 576  # ... and below that, about this many bytes per source row
-# what preparing leaves in a process that trains next (in-graph): pyarrow's and
-# scikit-learn's modules and the pools' pages kept; measured in-graph training peaks less the
-# terms below: 70-150 MiB at 1M-16M rows
+PREPARE_BASE = 96 << 20
+PREPARE_ROW = 256
+# what preparing leaves in a process that trains next (in-graph): pyarrow's modules and the
+# pools' pages kept; measured in-graph training peaks less the terms below: 0.02-0.17 GiB at
+# 250k-16M rows
 PREPARED = 96 << 20
+# ... and what training leaves in it for evaluating (the members, their traced functions):
+# measured in-graph evaluation peaks less the terms below: 0.11-0.21 GiB at 250k-16M rows
+TRAINED = 160 << 20
 SPLIT_ROW = 24  # bytes per source row while the split is drawn: the labels, a sorted copy
 HELD_ROW = 3  # bytes per source row through the pass: class code, split code, training mask
 # each epoch's validation outputs, `[members, n_validation, n_outputs]` float32, predicted
-# whole (`MemberGroup.fit`'s `predict_val`) and scored: about twice their bytes at once
-# (measured in-graph training peaks 0.05, 0.12 and 0.28 GiB above the other terms at 1M, 4M
-# and 16M rows of 10 classes, 2 members)
-VAL_COPIES = 2
+# whole (`MemberGroup.fit`'s `predict_val`) and scored: measured in-graph training peaks grow
+# 17 B per source row from 1M to 16M rows (10 classes, 2 members, a tenth of the rows
+# validating: 8 B of outputs and 11 B of batch orders per row), one copy at a time
+VAL_COPIES = 1
 IN_FLIGHT = 2  # call-sized buffers at once: the gather's two (`feed.Gather`)
 BATCH_ROW = 16 << 10  # at most this many bytes per row in a call (a smaller split: smaller calls)
-EVAL_FIXED = 192 << 20  # evaluation's buffers besides its per-row arrays
+# evaluation's buffers (a chunk of every model's rows and its metrics), measured
+# between-graph (its aggregator and launcher lean processes): 0.03-0.06 GiB at 250k-8M rows
+EVAL_FIXED = 48 << 20
+# a between-graph client's runtime besides its calls and rows, fitted on measured training
+# peaks of 2 clients at once: 0.22-0.23 GiB per client at 1M-8M rows, 0.17 at 250k (below
+# `TF_PROCESS`, the CLI's process with TensorFlow and pyarrow's dataset imported)
+CLIENT_PROCESS = 232 << 20
 # bytes per source row a client holds (its batch order; its splits' labels are memory-mapped):
 # measured between-graph training peaks 0.96 GiB at 4M rows and 0.99 GiB at 8M (2 clients, 64
 # float32 columns), where 16 B put the 8M run's estimate 1.35 times over its peak
@@ -66,14 +77,15 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
     validation and test splits, and `L` the launcher's runtime (`TF_PROCESS` in-graph,
     `LEAN_PROCESS` between-graph), the anonymous memory of each phase is:
 
-    - prepare: `L + max(SPLIT_ROW n, min(PREPARE_CHUNKS, PREPARE_ROW n) + HELD_ROW n)`;
+    - prepare: `L + max(SPLIT_ROW n, min(PREPARE_CHUNKS, PREPARE_BASE + PREPARE_ROW n) +
+      HELD_ROW n)`;
     - training, in-graph: `L + PREPARED + IN_FLIGHT calls + (4 n_members + 8) n_train + val`
       (each member's int32 batch order, an int64 permutation), `calls = min(CALL_BYTES,
       BATCH_ROW n_members n_train)`, `val = VAL_COPIES 4 n_members n_validation n_outputs`
-      (the epoch's validation outputs); between-graph: `L + clients (TF_PROCESS +
-      max(IN_FLIGHT calls, a chunk of prediction rows) + CLIENT_ROW n + val / clients)`;
-    - evaluation: `L + EVAL_FIXED + RANK_COUNT min(n_split, MAX_ENTRIES)` (between-graph in
-      an aggregator process of its own: `+ LEAN_PROCESS`).
+      (the epoch's validation outputs); between-graph: `L + clients (CLIENT_PROCESS +
+      max(IN_FLIGHT calls, a chunk of prediction rows) + CLIENT_ROW n) + val`;
+    - evaluation: `L + EVAL_FIXED + RANK_COUNT min(n_split, MAX_ENTRIES)`, in-graph `+
+      TRAINED` (between-graph in an aggregator process of its own: `+ LEAN_PROCESS`).
 
     Each phase's figure adds `FILE_SET` per TensorFlow process (what a memory cgroup
     charges besides anonymous memory); `anonymous` is the largest phase without them, the
@@ -104,13 +116,14 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
     client_rows = max(calls, min(n_eval, CHUNK_ROWS) * (LONG_ROW + 12 * n_outputs))
     val = VAL_COPIES * 4 * n_members * rows.get("validation", 0) * n_outputs
     anon = {
-        "prepare": launcher + max(SPLIT_ROW * n_rows, min(PREPARE_CHUNKS, PREPARE_ROW * n_rows)
+        "prepare": launcher + max(SPLIT_ROW * n_rows,
+                                  min(PREPARE_CHUNKS, PREPARE_BASE + PREPARE_ROW * n_rows)
                                   + HELD_ROW * n_rows),
         "training": (launcher + PREPARED + calls + orders + val if launcher_tf
-                     else launcher + clients * (TF_PROCESS + client_rows + CLIENT_ROW * n_rows)
-                     + val),
+                     else launcher + clients * (CLIENT_PROCESS + client_rows
+                                                + CLIENT_ROW * n_rows) + val),
         "evaluation": launcher + EVAL_FIXED + predictions
-                      + (0 if launcher_tf else LEAN_PROCESS),  # the aggregator's process
+                      + (TRAINED if launcher_tf else LEAN_PROCESS),  # the aggregator's process
     }
     files = {"prepare": FILE_SET * launcher_tf, "evaluation": FILE_SET * launcher_tf,
              "training": FILE_SET * (1 if launcher_tf else clients)}
@@ -148,7 +161,7 @@ def check(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: i
         f"This run would hold about {memory.gib(need['total'])} while {_DOING[phase]} "
         f"({n:,} rows; {memory.gib(need['predictions'])} of validation and test predictions; "
         f"{clients} TensorFlow process{'es' * (clients > 1)} at "
-        f"{memory.gib(TF_PROCESS + FILE_SET)}), more than the "
+        f"{memory.gib((CLIENT_PROCESS if member_rows else TF_PROCESS) + FILE_SET)}), more than the "
         f"{memory.gib(have)} of {what}; {_LEVERS[phase]}{jobs}, or raise the limit.")
 
 
