@@ -62,8 +62,8 @@ EVAL_FIXED = 48 << 20
 # `TF_PROCESS`, the CLI's process with TensorFlow and pyarrow's dataset imported)
 CLIENT_PROCESS = 232 << 20
 # bytes per source row a client holds (its batch order; its splits' labels are memory-mapped):
-# measured between-graph training peaks 0.96 GiB at 4M rows and 0.99 GiB at 8M (2 clients, 64
-# float32 columns), where 16 B put the 8M run's estimate 1.35 times over its peak
+# with `CLIENT_PROCESS`, measured between-graph training peaks of 2 clients (0.85, 0.92 and
+# 1.01 GiB at 1M, 4M and 8M rows of 64 float32 columns) within 1% of the estimate
 CLIENT_ROW = 8
 LONG_ROW = 64  # bytes of one predictions.parquet row besides its outputs (columns, copies)
 RANK_COUNT = 80  # bytes per distinct score of one class's rank-metric counts while they merge
