@@ -174,3 +174,26 @@ def test_fit_keeps_the_last_epochs_validation_outputs_while_they_are_the_members
     ens.keep_best_weights()
     ens.restore_best(1)
     assert ens.validation_outputs is None
+
+
+def test_validation_outputs_go_to_one_memory_map_for_every_epoch(prepared, tmp_path):
+    """With `allocate` (a run's `OutputFiles.new`), every epoch's validation outputs are
+    written into the one memory map the first epoch asked for: nothing in memory grows with
+    the validation rows, and the disk holds one epoch's outputs; the values are the
+    in-memory prediction's."""
+    from ensemble.replication.training import Schedule
+    from ensemble.tasks.eval_writer import OutputFiles
+
+    (x, y, _), (xv, yv, _) = prepared["train"], prepared["validation"]
+    files, asked = OutputFiles(tmp_path), []
+
+    def allocate(shape, dtype):
+        asked.append(shape)
+        return files.new(shape, dtype)
+
+    ens = _build(["/device:CPU:0", "/device:CPU:0"], [0, 3])
+    history = ens.fit(x, y, (xv, yv), Schedule.of(CFG.training), allocate=allocate)
+    assert len({r["epoch"] for r in history}) == CFG.training.epochs > 1
+    assert asked == [(2, len(xv), 10)] and len(list(tmp_path.glob("*.npy"))) == 1
+    assert isinstance(ens.validation_outputs, np.memmap)
+    np.testing.assert_array_equal(ens.validation_outputs, ens.predict(xv)[0])

@@ -25,7 +25,7 @@ from ensemble.core import interrupt
 from ensemble.core import runlock
 from ensemble.core.manifest import Manifest, MemberRecord
 from ensemble.tasks import tables
-from ensemble.tasks.eval_writer import CHUNK_ROWS
+from ensemble.tasks.eval_writer import CHUNK_ROWS, output_files
 from ensemble.tasks.predicted import SplitPredictions
 from ensemble import tasks
 from ensemble.replication.cluster import naming_unreachable_tasks
@@ -280,8 +280,12 @@ def train_member(work: MemberWork, index: int, device: str, callbacks: Sequence 
         from ensemble.replication.tensorboard import MemberScalars
 
         callbacks = [*callbacks, MemberScalars(work.run_dir)]
-    history = member.fit(x_tr, y_tr, (x_val, y_val), Schedule.of(cfg.training),
-                         work.checkpoints / f"member-{index}", callbacks)
+    work.checkpoints.mkdir(parents=True, exist_ok=True)
+    with output_files(work.checkpoints) as files:  # the epochs' validation outputs, on disk
+        history = member.fit(x_tr, y_tr, (x_val, y_val), Schedule.of(cfg.training),
+                             work.checkpoints / f"member-{index}", callbacks,
+                             allocate=files.new)
+        member.validation_outputs = None  # its file goes with the folder
     if member.divergence.epochs:
         return member.divergence.epochs[index]
     with tempfile.TemporaryDirectory(prefix="ensemble-member-") as tmp:

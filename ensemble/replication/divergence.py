@@ -23,6 +23,7 @@ import numpy as np
 from ensemble.core.errors import UsageError
 
 STATUS = "diverged"
+CHUNK_ROWS = 65536  # rows of validation outputs checked at a time
 
 
 class AllDiverged(UsageError):
@@ -68,9 +69,11 @@ class Divergence:
     def check_outputs(self, epoch: int, outputs: np.ndarray, active: np.ndarray) -> bool:
         """Mark the active members whose validation outputs `outputs` `[n_members, n_val,
         ...]` hold a non-finite value; returns whether any member was newly marked."""
-        outputs = np.asarray(outputs)
-        flat = outputs.reshape(len(outputs), -1)
-        bad = active & ~np.isfinite(flat).all(axis=1) if flat.shape[1] else active & False
+        finite = np.ones(len(outputs), bool)
+        for lo in range(0, outputs.shape[1], CHUNK_ROWS):  # a memory map: a chunk at a time
+            chunk = np.asarray(outputs[:, lo:lo + CHUNK_ROWS]).reshape(len(outputs), -1)
+            finite &= np.isfinite(chunk).all(axis=1)
+        bad = active & ~finite
         return any([self._mark(int(k), epoch, "outputs") for k in np.flatnonzero(bad)])
 
     def record(self, members: list) -> None:

@@ -163,20 +163,25 @@ class MemberGroup:
     def _predict_graph(self, x):
         return self._member_probs(x), {}
 
-    def predict(self, x: np.ndarray, batch_size: int | None = None):
+    def predict(self, x: np.ndarray, batch_size: int | None = None, allocate=None):
         """Member (and, for subclasses, ensemble) probabilities of `x` `[n_rows, *input_shape]`,
         in batches of `batch_size` rows (None: `predict_rows`, bounded by bytes).
+
+        Args:
+            allocate: `(shape, dtype) -> array` the members' outputs are written into (a
+                memory map of `eval_writer.OutputFiles.new`); None: a new array in memory.
 
         Returns:
             (`[n_members, n_rows, n_classes]` float32, `{aggregator: [n_rows, n_classes]}`).
         """
         members, ens = None, {}
+        allocate = allocate or np.empty
         batch_size = batch_size or predict_rows(x.shape[1:])
         for lo in range(0, max(len(x), 1), batch_size):  # (no row: one empty call, its shapes)
             m, e = self.predict_fn(tf.constant(x[lo:lo + batch_size], tf.float32))
             m = m.numpy()
             if members is None:  # filled batch by batch: no list of batches joined at the end
-                members = np.empty((m.shape[0], len(x), *m.shape[2:]), m.dtype)
+                members = allocate((m.shape[0], len(x), *m.shape[2:]), m.dtype)
             members[:, lo:lo + m.shape[1]] = m
             for a, v in e.items():
                 v = v.numpy()
@@ -214,7 +219,7 @@ class MemberGroup:
                              self.restore_best, self.task.loss_delta(schedule.min_delta))
 
     def fit(self, x_train, y_train, validation, schedule: Schedule, checkpoint_dir=None,
-            callbacks=()) -> list[dict]:
+            callbacks=(), allocate=None) -> list[dict]:
         """Train every member; returns the history records of `training.train_loop`.
 
         Args:
@@ -224,6 +229,9 @@ class MemberGroup:
             checkpoint_dir: resume from its newest checkpoint and save one every
                 `schedule.checkpoint_every` epochs (and after the last).
             callbacks: `training.Callback`s.
+            allocate: `(shape, dtype) -> array` for the epochs' validation outputs (a memory
+                map of `eval_writer.OutputFiles.new`: one, overwritten every epoch, so the
+                outputs take no memory that grows with the rows); None: in memory.
 
         The last epoch's validation outputs stay in `validation_outputs` while the weights
         are that epoch's (early stopping's restore drops them), so the evaluation that
@@ -246,9 +254,17 @@ class MemberGroup:
                 if checkpoint_dir is not None else None)
         x_val, y_val = validation
 
+        kept: list[np.ndarray] = []
+
+        def into_kept(shape, dtype):  # every epoch's outputs into the first epoch's buffer
+            if not kept:
+                kept.append(allocate(shape, dtype))
+            return kept[0]
+
         def predict_val():
             self.validation_outputs = None  # one copy alive at a time
-            self.validation_outputs = self.predict(x_val)[0]
+            self.validation_outputs = self.predict(
+                x_val, allocate=into_kept if allocate is not None else None)[0]
             return self.validation_outputs
 
         self.validation_outputs = None

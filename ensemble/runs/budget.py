@@ -39,19 +39,14 @@ PREPARE_CHUNKS = 576 << 20
 PREPARE_BASE = 96 << 20
 PREPARE_ROW = 256
 # what preparing leaves in a process that trains next (in-graph): pyarrow's modules and the
-# pools' pages kept; measured in-graph training peaks less the terms below: 0.02-0.17 GiB at
-# 250k-16M rows
-PREPARED = 96 << 20
+# pools' pages kept; measured in-graph training peaks less the terms below: -0.03 to 0.07 GiB
+# at 250k-16M rows (the epochs' validation outputs memory-mapped)
+PREPARED = 32 << 20
 # ... and what training leaves in it for evaluating (the members, their traced functions):
 # measured in-graph evaluation peaks less the terms below: 0.11-0.21 GiB at 250k-16M rows
 TRAINED = 160 << 20
 SPLIT_ROW = 24  # bytes per source row while the split is drawn: the labels, a sorted copy
 HELD_ROW = 3  # bytes per source row through the pass: class code, split code, training mask
-# each epoch's validation outputs, `[members, n_validation, n_outputs]` float32, predicted
-# whole (`MemberGroup.fit`'s `predict_val`) and scored: measured in-graph training peaks grow
-# 17 B per source row from 1M to 16M rows (10 classes, 2 members, a tenth of the rows
-# validating: 8 B of outputs and 11 B of batch orders per row), one copy at a time
-VAL_COPIES = 1
 IN_FLIGHT = 2  # call-sized buffers at once: the gather's two (`feed.Gather`)
 BATCH_ROW = 16 << 10  # at most this many bytes per row in a call (a smaller split: smaller calls)
 # evaluation's buffers (a chunk of every model's rows and its metrics), measured
@@ -79,11 +74,12 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
 
     - prepare: `L + max(SPLIT_ROW n, min(PREPARE_CHUNKS, PREPARE_BASE + PREPARE_ROW n) +
       HELD_ROW n)`;
-    - training, in-graph: `L + PREPARED + IN_FLIGHT calls + (4 n_members + 8) n_train + val`
+    - training, in-graph: `L + PREPARED + IN_FLIGHT calls + (4 n_members + 8) n_train`
       (each member's int32 batch order, an int64 permutation), `calls = min(CALL_BYTES,
-      BATCH_ROW n_members n_train)`, `val = VAL_COPIES 4 n_members n_validation n_outputs`
-      (the epoch's validation outputs); between-graph: `L + clients (CLIENT_PROCESS +
-      max(IN_FLIGHT calls, a chunk of prediction rows) + CLIENT_ROW n) + val`;
+      BATCH_ROW n_members n_train)`; between-graph: `L + clients (CLIENT_PROCESS +
+      max(IN_FLIGHT calls, a chunk of prediction rows) + CLIENT_ROW n)`; the epochs'
+      validation outputs go to a memory map in both modes (`MemberGroup.fit`'s
+      `allocate`);
     - evaluation: `L + EVAL_FIXED + RANK_COUNT min(n_split, MAX_ENTRIES)`, in-graph `+
       TRAINED` (between-graph in an aggregator process of its own: `+ LEAN_PROCESS`).
 
@@ -114,14 +110,13 @@ def estimate(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators
     calls = IN_FLIGHT * min(CALL_BYTES, BATCH_ROW * n_members * n_train)
     orders = (4 * n_members + 8) * n_train
     client_rows = max(calls, min(n_eval, CHUNK_ROWS) * (LONG_ROW + 12 * n_outputs))
-    val = VAL_COPIES * 4 * n_members * rows.get("validation", 0) * n_outputs
     anon = {
         "prepare": launcher + max(SPLIT_ROW * n_rows,
                                   min(PREPARE_CHUNKS, PREPARE_BASE + PREPARE_ROW * n_rows)
                                   + HELD_ROW * n_rows),
-        "training": (launcher + PREPARED + calls + orders + val if launcher_tf
+        "training": (launcher + PREPARED + calls + orders if launcher_tf
                      else launcher + clients * (CLIENT_PROCESS + client_rows
-                                                + CLIENT_ROW * n_rows) + val),
+                                                + CLIENT_ROW * n_rows)),
         "evaluation": launcher + EVAL_FIXED + predictions
                       + (TRAINED if launcher_tf else LEAN_PROCESS),  # the aggregator's process
     }

@@ -109,9 +109,10 @@ def _healthy_outputs(ens, x_val) -> np.ndarray:
     return outputs if ens.divergence is None else outputs[ens.divergence.healthy()]
 
 
-def _keep_healthy(ens, placed: list[str], run_dir: Path, manifest: Manifest, task):
+def _keep_healthy(ens, placed: list[str], run_dir: Path, manifest: Manifest, task, files):
     """Save the members that did not diverge (`divergence.settle`: fails when none is left)
-    and record every member's status; returns (their `InGraphEnsemble`, their devices)."""
+    and record every member's status; returns (their `InGraphEnsemble`, their devices), their
+    last validation outputs copied into a memory map of `files`."""
     from ensemble.models.members import save_member
     from ensemble.replication.in_graph import InGraphEnsemble
 
@@ -127,7 +128,10 @@ def _keep_healthy(ens, placed: list[str], run_dir: Path, manifest: Manifest, tas
     healthy = InGraphEnsemble([ens.models[k] for k in keep], [placed[k] for k in keep], (),
                               [ens.indices[k] for k in keep], task=task)
     if ens.validation_outputs is not None:
-        healthy.validation_outputs = ens.validation_outputs[keep]
+        out = ens.validation_outputs
+        healthy.validation_outputs = files.new((len(keep), *out.shape[1:]), out.dtype)
+        for j, k in enumerate(keep):
+            healthy.validation_outputs[j] = out[k]
     return healthy, [placed[k] for k in keep]
 
 
@@ -155,16 +159,17 @@ def _train_and_write(ctx: RunContext, callbacks: Sequence) -> None:
                      EnsembleScalars(run_dir, lambda: _healthy_outputs(ens, x_val), y_val,
                                      cfg.aggregation.aggregators, task)]
     steady, first = SteadyState(cfg.training.batch_size, len(x_tr)), _FirstEpoch()
-    history = ens.fit(x_tr, y_tr, (x_val, y_val), Schedule.of(cfg.training),
-                      run_dir / "checkpoints" / "in-graph", [*callbacks, steady, first])
-    train_seconds = time.perf_counter() - start
-    manifest.timings.update(steady_rows=steady.rows, steady_seconds=steady.seconds,
-                            first_epoch_end_unix=first.unix)
-    ens, placed = _keep_healthy(ens, placed, run_dir, manifest, task)
-    start = time.perf_counter()
-    history = tables.history_table(history, task.score_names)
-    artifacts.write_parquet(run_dir / artifacts.HISTORY, history)
     with eval_writer.output_files(run_dir) as files:  # predictions on disk as predicted
+        history = ens.fit(x_tr, y_tr, (x_val, y_val), Schedule.of(cfg.training),
+                          run_dir / "checkpoints" / "in-graph", [*callbacks, steady, first],
+                          allocate=files.new)
+        train_seconds = time.perf_counter() - start
+        manifest.timings.update(steady_rows=steady.rows, steady_seconds=steady.seconds,
+                                first_epoch_end_unix=first.unix)
+        ens, placed = _keep_healthy(ens, placed, run_dir, manifest, task, files)
+        start = time.perf_counter()
+        history = tables.history_table(history, task.score_names)
+        artifacts.write_parquet(run_dir / artifacts.HISTORY, history)
         _evaluate(ens, placed, ctx, split, files, history.to_pylist())
     run_status.finish(run_dir, manifest, "completed", train_seconds=train_seconds,
                predict_seconds=time.perf_counter() - start)
@@ -189,10 +194,8 @@ def _evaluate(ens, placed, ctx: RunContext, split: dict, files, history: list[di
     predicted, splits = {}, {}
     for s in artifacts.EVAL_SPLITS:
         x, y, rows = split[s]
-        if s == "validation" and ens.validation_outputs is not None:
-            member_p = files.new(ens.validation_outputs.shape, ens.validation_outputs.dtype)
-            member_p[:] = ens.validation_outputs  # on disk, as predicted outputs are
-            ens.validation_outputs = None
+        if s == "validation" and ens.validation_outputs is not None:  # on disk already
+            member_p, ens.validation_outputs = ens.validation_outputs, None
         else:
             member_p, _ = eval_writer.predict_to(files, ens.predict, x)
         splits[s] = posthoc.SplitMembers(ens.indices, member_p, rows, y)
