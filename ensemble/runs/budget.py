@@ -41,7 +41,7 @@ PREPARE_ROW = 256
 # what preparing leaves in a process that trains next (in-graph): pyarrow's modules and the
 # pools' pages kept; measured in-graph training peaks less the terms below: -0.03 to 0.07 GiB
 # at 250k-16M rows (the epochs' validation outputs memory-mapped)
-PREPARED = 32 << 20
+PREPARED = 64 << 20
 # ... and what training leaves in it for evaluating (the members, their traced functions):
 # measured in-graph evaluation peaks less the terms below: 0.11-0.21 GiB at 250k-16M rows
 TRAINED = 160 << 20
