@@ -53,12 +53,12 @@ BATCH_ROW = 16 << 10  # at most this many bytes per row in a call (a smaller spl
 # between-graph (its aggregator and launcher lean processes): 0.03-0.06 GiB at 250k-8M rows
 EVAL_FIXED = 48 << 20
 # a between-graph client's runtime besides its calls and rows, fitted on measured training
-# peaks of 2 clients at once: 0.22-0.23 GiB per client at 1M-8M rows, 0.17 at 250k (below
+# peaks of 2 clients at once: 0.21-0.22 GiB per client at 1M-8M rows, 0.17 at 250k (below
 # `TF_PROCESS`, the CLI's process with TensorFlow and pyarrow's dataset imported)
 CLIENT_PROCESS = 232 << 20
 # bytes per source row a client holds (its batch order; its splits' labels are memory-mapped):
-# with `CLIENT_PROCESS`, measured between-graph training peaks of 2 clients (0.85, 0.92 and
-# 1.01 GiB at 1M, 4M and 8M rows of 64 float32 columns) within 1% of the estimate
+# with `CLIENT_PROCESS`, measured between-graph training peaks of 2 clients (0.83, 0.85 and
+# 0.92 GiB at 1M, 4M and 8M rows of 64 float32 columns) within 5% of the estimate
 CLIENT_ROW = 8
 LONG_ROW = 64  # bytes of one predictions.parquet row besides its outputs (columns, copies)
 RANK_COUNT = 80  # bytes per distinct score of one class's rank-metric counts while they merge
@@ -150,13 +150,14 @@ def check(rows: dict[str, int], n_outputs: int, n_members: int, n_aggregators: i
     if have is None or need["total"] <= have:
         return
     n = sum(rows.values())
+    process = (CLIENT_PROCESS if member_rows else TF_PROCESS) + FILE_SET
     phase = max(("prepare", "training", "evaluation"), key=need.__getitem__)
     jobs = " or fewer clients at once (--jobs)" if phase == "training" and member_rows else ""
     raise UsageError(
         f"This run would hold about {memory.gib(need['total'])} while {_DOING[phase]} "
         f"({n:,} rows; {memory.gib(need['predictions'])} of validation and test predictions; "
         f"{clients} TensorFlow process{'es' * (clients > 1)} at "
-        f"{memory.gib((CLIENT_PROCESS if member_rows else TF_PROCESS) + FILE_SET)}), more than the "
+        f"{memory.gib(process)}), more than the "
         f"{memory.gib(have)} of {what}; {_LEVERS[phase]}{jobs}, or raise the limit.")
 
 
