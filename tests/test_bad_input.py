@@ -287,6 +287,23 @@ def test_engine_ray_without_ray_is_refused_before_the_run_directory(tmp_path, ca
     assert not run_dir.exists()
 
 
+def test_evaluate_data_given_predicts_output_points_to_predictions(trained, tmp_path, capsys):
+    """`ensemble predict`'s output passed as --data (new features to predict) is refused in
+    one line that names the flag which scores it."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True, as_frame=True)
+    data, preds = tmp_path / "new.csv", tmp_path / "preds.parquet"
+    x.head(30).assign(target=y.head(30)).to_csv(data, index=False)
+    assert run_cli("predict", "--run", trained, "--data", data, "--out", preds) == 0
+    capsys.readouterr()
+    assert run_cli("evaluate", "--run", trained, "--data", preds) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "missing from the input" in err, err
+    assert f"score it with `ensemble evaluate --predictions {preds}`" in err, err
+    assert run_cli("evaluate", "--predictions", preds) == 0
+
+
 def test_evaluate_of_unlabelled_data_names_the_data(trained, tmp_path, capsys):
     from sklearn.datasets import load_digits
 

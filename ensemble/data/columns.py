@@ -60,8 +60,12 @@ def select_expected(table: pa.Table, name: str, expected: Sequence[str],
     missing = [c for c in expected if c not in table.column_names]
     if missing:
         shown = ", ".join(map(repr, missing[:8])) + (", ..." if len(missing) > 8 else "")
+        looks = "y_pred" in table.column_names and len(missing) == len(expected)
+        hint = (f"; {name} looks like `ensemble predict`'s output (predictions, not "
+                f"features): score it with `ensemble evaluate --predictions {name}`"
+                if looks else "")
         problems.append(f"{len(missing)} training column{'s' * (len(missing) > 1)} "
-                        f"{shown} missing from the input (expected {len(expected)})")
+                        f"{shown} missing from the input (expected {len(expected)}){hint}")
     extra = [c for c in table.column_names if c not in expected and c not in identifiers]
     if extra and strict:
         problems.append(f"extra column{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))}"
