@@ -272,6 +272,28 @@ def test_only_staging_entries_of_dead_writers_are_swept(tmp_path):
     assert (tmp_path / "b.parquet").read_text() == "whole"
 
 
+def test_a_scratch_folder_left_by_a_killed_run_is_swept_by_the_next(tmp_path):
+    """The memory-mapped outputs of a training or evaluation killed by SIGKILL stay in the run
+    directory until the next `output_files` there removes them (their writer is dead); a
+    live writer's folder is kept."""
+    from ensemble.tasks import eval_writer
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    host = staging._host()
+    dead = tmp_path / f".outputs.{host}-{int(done.stdout)}.0a1b{staging.MARK}"
+    alive = tmp_path / f".outputs.{host}-{os.getppid()}.0a1b{staging.MARK}"
+    for folder in (dead, alive):
+        folder.mkdir()
+        (folder / "outputs-1.npy").write_bytes(b"\0" * 1024)
+    with eval_writer.output_files(tmp_path) as files:
+        files.new((2, 3)).fill(1.0)
+        mine = files.folder
+        assert mine.is_dir() and not dead.exists() and alive.exists()
+    assert not mine.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [alive.name]
+
+
 LAUNCHER = """import sys
 from ensemble.replication.processes import run_process
 run_process(["-n", "1", sys.argv[1]], module="timeit")

@@ -15,14 +15,14 @@ memory is a few chunks of rows.
 from __future__ import annotations
 
 import contextlib
-import tempfile
+import shutil
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from ensemble.core import artifacts
+from ensemble.core import artifacts, staging
 from ensemble.core.notices import notice
 from ensemble.tasks.predicted import SplitPredictions
 from ensemble.tasks.table_parts import PRIOR, prior_metadata
@@ -53,9 +53,14 @@ class OutputFiles:
 
 @contextlib.contextmanager
 def output_files(run_dir: str | Path) -> Iterator[OutputFiles]:
-    """`OutputFiles` in a hidden scratch folder of `run_dir`, removed on exit."""
-    with tempfile.TemporaryDirectory(dir=run_dir, prefix=".outputs-") as folder:
-        yield OutputFiles(Path(folder))
+    """`OutputFiles` in a hidden scratch folder of `run_dir`, removed on exit; the folder has
+    an owned staging name (`core.staging`), so one left by a killed process is swept by the
+    next `output_files` of the same folder."""
+    folder = staging.new_path(Path(run_dir) / "outputs", folder=True)
+    try:
+        yield OutputFiles(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def predict_to(files: OutputFiles, predict, x, chunk_rows: int = CHUNK_ROWS
