@@ -21,9 +21,9 @@ from typing import Sequence
 import numpy as np
 
 from ensemble.core.errors import UsageError
+from ensemble.tasks.eval_writer import CHUNK_ROWS  # rows of validation outputs checked at a time
 
 STATUS = "diverged"
-CHUNK_ROWS = 65536  # rows of validation outputs checked at a time
 
 
 class AllDiverged(UsageError):

@@ -95,10 +95,9 @@ def out_of_fold_nll(task, outputs: np.ndarray, y: np.ndarray, names: Sequence[st
     Returns:
         `({name: NLL or None}, {"folds": folds used (0 without a fitted aggregator), "rows":
         rows scored, "mistakes": rows of them the mean gets wrong, None where the task
-        counts none})`: None for an aggregator
-        with no NLL (`vote`), for a fitted one when fewer than 2 rows leave nothing to hold
-        out or when the mean gets no row wrong (`mistakes` 0), and where the NLL is not
-        finite.
+        counts none})`: None for an aggregator with no NLL (`vote`), for a fitted one when
+        fewer than 2 rows leave nothing to hold out or when the mean gets no row wrong
+        (`mistakes` 0), and where the NLL is not finite.
 
     Raises:
         UsageError: an aggregator `task` does not have, or a fit refusing its rows.
