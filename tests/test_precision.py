@@ -5,6 +5,7 @@ their policy through resume, predict and export; loss scaling skips non-finite s
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import zipfile
 
@@ -193,6 +194,22 @@ def test_notice_when_the_cpu_lacks_the_lower_type(tmp_path):
     assert "mixed_float16" in check_hardware("mixed_float16", False, bf16)
     assert check_hardware("float32", False, plain) is None
     assert check_hardware("mixed_bfloat16", False, tmp_path / "missing") is None
+
+
+def test_a_mixed_precision_process_takes_onednn_tensors_from_the_system_allocator(monkeypatch):
+    from ensemble.config import schema
+    from ensemble.models.precision import SYSTEM_ALLOCATOR
+    from ensemble.replication import devices
+
+    monkeypatch.setenv(SYSTEM_ALLOCATOR, "restored after the test")
+    monkeypatch.delenv(SYSTEM_ALLOCATOR)
+    devices.configure(schema.load(None, {"training.precision": "float32"}))
+    assert SYSTEM_ALLOCATOR not in os.environ  # float32 keeps TensorFlow's pool
+    devices.configure(schema.load(None, {"training.precision": "mixed_bfloat16"}))
+    assert os.environ[SYSTEM_ALLOCATOR] == "1"
+    monkeypatch.setenv(SYSTEM_ALLOCATOR, "0")  # the user's own setting stays
+    devices.configure(schema.load(None, {"training.precision": "mixed_float16"}))
+    assert os.environ[SYSTEM_ALLOCATOR] == "0"
 
 
 def test_bad_precision_is_refused_naming_it(capsys):

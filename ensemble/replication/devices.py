@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from ensemble.core.errors import UsageError
+from ensemble.models.precision import use_system_allocator
 
 AUTO_CPU_CAP = 8  # logical CPU devices share the cores: more than this only adds overhead
 
@@ -215,7 +216,8 @@ def set_op_threads(intra_op: int) -> list[str]:
 
 def configure(cfg) -> list[str]:
     """THE TensorFlow set-up of a training or prediction process for a run config `cfg`:
-    the threads of one op (`set_op_threads(training.intra_op_threads)`, before TensorFlow
+    oneDNN's allocator for a mixed precision (`precision.use_system_allocator`), the threads
+    of one op (`set_op_threads(training.intra_op_threads)`, before TensorFlow
     initialises), GPU memory settings (`configure_gpus`, once per process) and, with
     `training.deterministic`, op determinism (both needed for mode parity).
 
@@ -223,6 +225,7 @@ def configure(cfg) -> list[str]:
         `configure_gpus`'s notices the first time, and `set_op_threads`'s, else [].
     """
     global _gpus_configured
+    use_system_allocator(cfg.training.precision)
     notices = set_op_threads(cfg.training.intra_op_threads)
     if not _gpus_configured:
         notices += configure_gpus(cfg.placement.memory_growth, cfg.placement.memory_limit_mb)
