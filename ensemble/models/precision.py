@@ -15,7 +15,7 @@ float32.
 
 A process that trains in a mixed precision takes its oneDNN tensors from the system allocator
 (`TF_ONEDNN_USE_SYSTEM_ALLOCATOR`, `use_system_allocator`) rather than TensorFlow's pooled one:
-`mixed_bfloat16` steps of `wide` ran 5-9% faster that way, float32 steps no faster
+`mixed_bfloat16` training of `wide` ran 5-8% faster that way, float32 no faster
 (docs/benchmarks.md), so float32 runs keep the pool.
 """
 
