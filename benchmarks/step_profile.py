@@ -15,10 +15,6 @@ step of all members, the shortest's share and the number of ops; with the median
 step of the profiled calls.
 `--batch 1` leaves mostly what does not scale with the batch: the optimiser, the casts of the
 variables, and the dispatch of every op.
-When a mixed precision is among `--precisions`, the process takes oneDNN's tensors from the
-system allocator, as `ensemble train` does in that precision
-(`precision.use_system_allocator`); float32 then runs under it too (its steps are the same
-either way within 1%, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -60,11 +56,8 @@ def profile(cfg_path: str | None, precisions: list[str], steps: int, calls: int,
     from ensemble import tasks
     from ensemble.config import schema
     from ensemble.core.tfimport import import_tensorflow_quietly
-    from ensemble.models.precision import use_system_allocator
     from ensemble.replication import devices
 
-    for p in precisions:
-        use_system_allocator(p)
     base = schema.load(cfg_path, sets)
     devices.configure(base)
     import_tensorflow_quietly()
