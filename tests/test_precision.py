@@ -201,8 +201,8 @@ def test_a_mixed_precision_process_takes_onednn_tensors_from_the_system_allocato
     from ensemble.models.precision import SYSTEM_ALLOCATOR
     from ensemble.replication import devices
 
-    monkeypatch.setenv(SYSTEM_ALLOCATOR, "restored after the test")
-    monkeypatch.delenv(SYSTEM_ALLOCATOR)
+    monkeypatch.setenv(SYSTEM_ALLOCATOR, "0")  # so that monkeypatch restores the variable
+    monkeypatch.delenv(SYSTEM_ALLOCATOR)  # unset, as in a fresh shell
     devices.configure(schema.load(None, {"training.precision": "float32"}))
     assert SYSTEM_ALLOCATOR not in os.environ  # float32 keeps TensorFlow's pool
     devices.configure(schema.load(None, {"training.precision": "mixed_bfloat16"}))
